@@ -1,0 +1,41 @@
+"""Django system checks (`manage.py check`) for the RATELIMIT settings and the Redis connection.
+
+Ids are stable: ratelimit.E001 invalid settings, ratelimit.E002 no usable Redis configuration,
+ratelimit.W001 Redis does not answer (a warning: the fail mode covers outages at run time).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from redis.exceptions import RedisError
+
+from .conf import ratelimit_settings
+
+
+@checks.register("ratelimit")
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Validate RATELIMIT and that the Redis it names is configured and reachable."""
+    try:
+        ratelimit_settings.reload()
+        ratelimit_settings.as_dict()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), hint="Fix settings.RATELIMIT; see docs/settings.md.", id="ratelimit.E001")]
+    from .connection import get_redis
+
+    try:
+        client = get_redis()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), hint="Set RATELIMIT['REDIS_URL'].", id="ratelimit.E002")]
+    messages: list[checks.CheckMessage] = []
+    try:
+        client.ping()
+    except (RedisError, OSError) as exc:
+        messages.append(checks.Warning(
+            f"Redis for rate limiting does not answer: {exc}",
+            hint=f"Requests follow RATELIMIT['FAIL_MODE'] = {ratelimit_settings.FAIL_MODE!r} until it does.",
+            id="ratelimit.W001",
+        ))
+    return messages

@@ -1,0 +1,57 @@
+"""The answer to one rate-limit question: allowed or not, and where the caller stands."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyResult:
+    """Where one policy stands after a decision.
+
+    `limit` is the most units the policy can grant at once: its limit, or for token_bucket and gcra
+    its burst. `remaining` is what is left after this request when it was charged, else what is left now.
+    `reset_after` is seconds until the policy is back to its full allowance. `retry_after` is None
+    when this policy allows, else seconds until the same request would be allowed by it
+    (math.inf when the request costs more than the policy can ever grant).
+    """
+
+    policy: str
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_after: float
+    retry_after: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of `RateLimiter.hit` or `peek` over several policies.
+
+    The scalar fields describe the policy that matters most: when denied, the one that denied with
+    the longest wait; when allowed, the one with the fewest remaining. `results` holds every policy.
+    `degraded` is True when the decision was made without Redis (see the fail modes).
+    """
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_after: float
+    retry_after: float | None
+    policy: str
+    results: tuple[PolicyResult, ...]
+    degraded: bool = False
+
+    @classmethod
+    def from_results(cls, results: tuple[PolicyResult, ...], *, degraded: bool = False) -> Decision:
+        """Summarise per-policy results into one decision (see the class docstring for the rule)."""
+        if not results:
+            return cls(True, 0, 0, 0.0, None, "", (), degraded)
+        denied = [r for r in results if not r.allowed]
+        if denied:
+            worst = max(denied, key=lambda r: r.retry_after or 0.0)
+            return cls(False, worst.limit, worst.remaining, worst.reset_after, worst.retry_after,
+                       worst.policy, results, degraded)
+        tightest = min(results, key=lambda r: (r.remaining, -r.reset_after))
+        return cls(True, tightest.limit, tightest.remaining, tightest.reset_after, None,
+                   tightest.policy, results, degraded)

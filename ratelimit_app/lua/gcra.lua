@@ -1,0 +1,37 @@
+-- gcra: the generic cell rate algorithm. One timestamp, the theoretical arrival time (TAT): a request
+-- of `cost` moves it `cost` emission intervals into the future and is allowed while the TAT stays
+-- within capacity intervals of now. Same admission as a token bucket, a third of its state.
+--
+-- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
+--   key        KEYS[i] of decide.lua: a string holding the TAT in microseconds since the epoch
+--   now_us     Redis TIME in microseconds
+--   limit      ARGV: requests per period (integer >= 1): the sustained rate
+--   period_ms  ARGV: period in milliseconds (integer >= 1)
+--   capacity   ARGV: burst tolerance in requests (integer >= 1)
+--   cost       units this request wants (integer >= 1)
+-- Returns: allowed (boolean), remaining now (integer), reset now (us: until the TAT is reached),
+--   retry (us, 0 when allowed, -1 when cost > capacity: never), apply (function committing the hit and
+--   returning reset in us).
+-- State: one string; TTL = TAT - now (<= capacity x period / limit), after which a missing key means
+-- the same thing as an idle client. The emission interval is rounded up to whole microseconds, which
+-- can only make the limit stricter (by under 1 us per request), never looser.
+local function gcra(key, now_us, limit, period_ms, capacity, cost)
+  local interval = math.ceil(period_ms * 1000 / limit)
+  local tolerance = capacity * interval
+  local tat = tonumber(redis.call('GET', key) or '0')
+  if tat < now_us then tat = now_us end
+  local reset_us = tat - now_us
+  local remaining = math.floor((tolerance - reset_us) / interval)
+  if remaining < 0 then remaining = 0 end
+  if cost > capacity then
+    return false, remaining, reset_us, -1, nil
+  end
+  local new_tat = tat + cost * interval
+  if new_tat - now_us > tolerance then
+    return false, remaining, reset_us, new_tat - now_us - tolerance, nil
+  end
+  return true, remaining, reset_us, 0, function()
+    redis.call('SET', key, string.format('%d', new_tat), 'PX', math.ceil((new_tat - now_us) / 1000))
+    return new_tat - now_us
+  end
+end

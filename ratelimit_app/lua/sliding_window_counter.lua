@@ -1,0 +1,63 @@
+-- sliding_window_counter: two fixed-window counters (current and previous) weighted by how much of
+-- the previous window still overlaps the sliding window. O(1) memory; approximate (assumes the
+-- previous window's traffic was evenly spread).
+--
+-- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
+--   key        KEYS[i] of decide.lua: a hash {w = current window index, c = its count, p = previous count}
+--   now_us     Redis TIME in microseconds
+--   limit      ARGV: units allowed per window (integer >= 1)
+--   period_ms  ARGV: window length in milliseconds (integer >= 1)
+--   capacity   ARGV: equal to limit for this algorithm
+--   cost       units this request wants (integer >= 1)
+-- Returns: allowed (boolean), remaining now (integer, floor of limit - estimate), reset now (us: until
+--   the estimate decays to 0), retry (us, 0 when allowed, -1 when cost > capacity: never), apply
+--   (function committing the hit and returning reset in us).
+-- State: one hash; TTL = end of the next window (<= 2 x period), set on every write, because the
+-- current count still weighs on the next window.
+local function sliding_window_counter(key, now_us, limit, period_ms, capacity, cost)
+  local period_us = period_ms * 1000
+  local window = math.floor(now_us / period_us)
+  local elapsed = now_us - window * period_us
+  local state = redis.call('HMGET', key, 'w', 'c', 'p')
+  local stored_window = tonumber(state[1])
+  local current, previous = 0, 0
+  if stored_window == window then
+    current, previous = tonumber(state[2]) or 0, tonumber(state[3]) or 0
+  elseif stored_window == window - 1 then
+    previous = tonumber(state[2]) or 0
+  end
+  local weight = (period_us - elapsed) / period_us
+  local estimate = previous * weight + current
+  local remaining = math.floor(limit - estimate)
+  if remaining < 0 then remaining = 0 end
+  local reset_us = 0
+  if current > 0 then
+    reset_us = 2 * period_us - elapsed
+  elseif previous > 0 then
+    reset_us = period_us - elapsed
+  end
+  if cost > capacity then
+    return false, remaining, reset_us, -1, nil
+  end
+  if estimate + cost > limit then
+    local retry_us
+    if current + cost <= limit then
+      -- fits later in this window, once enough of the previous window has slid out
+      retry_us = math.ceil(period_us - elapsed - (limit - current - cost) * period_us / previous)
+    else
+      -- fits in the next window, once enough of this window's count has slid out
+      retry_us = period_us - elapsed
+      if current > 0 then
+        local into_next = math.ceil(period_us - (limit - cost) * period_us / current)
+        if into_next > 0 then retry_us = retry_us + into_next end
+      end
+    end
+    if retry_us < 1 then retry_us = 1 end
+    return false, remaining, reset_us, retry_us, nil
+  end
+  return true, remaining, reset_us, 0, function()
+    redis.call('HSET', key, 'w', window, 'c', current + cost, 'p', previous)
+    redis.call('PEXPIRE', key, math.ceil((2 * period_us - elapsed) / 1000))
+    return 2 * period_us - elapsed
+  end
+end

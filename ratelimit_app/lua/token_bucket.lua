@@ -1,0 +1,49 @@
+-- token_bucket: a bucket of `capacity` tokens refilled continuously at limit / period; a request takes
+-- `cost` tokens. Integer arithmetic only: one token is period_ms units, and each millisecond refills
+-- `limit` units, so refills are exact and never drift.
+--
+-- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
+--   key        KEYS[i] of decide.lua: a hash {t = tokens in units, ts = time of the last refill, ms}
+--   now_us     Redis TIME in microseconds
+--   limit      ARGV: tokens refilled per period (integer >= 1): the sustained rate
+--   period_ms  ARGV: refill period in milliseconds (integer >= 1)
+--   capacity   ARGV: bucket size, the burst (integer >= 1)
+--   cost       tokens this request wants (integer >= 1)
+-- Returns: allowed (boolean), remaining now (whole tokens), reset now (us: until the bucket is full),
+--   retry (us, 0 when allowed, -1 when cost > capacity: never), apply (function committing the hit and
+--   returning reset in us).
+-- State: one hash; TTL = time until the bucket is full again (<= capacity x period / limit), after
+-- which a missing key means the same thing as a full bucket.
+local function token_bucket(key, now_us, limit, period_ms, capacity, cost)
+  local now_ms = math.floor(now_us / 1000)
+  local full = capacity * period_ms
+  local state = redis.call('HMGET', key, 't', 'ts')
+  local units, stamp = tonumber(state[1]), tonumber(state[2])
+  if units == nil or stamp == nil then
+    units, stamp = full, now_ms
+  end
+  local elapsed = now_ms - stamp
+  if elapsed < 0 then elapsed = 0 end
+  units = units + elapsed * limit
+  if units >= full then
+    units = full
+  end
+  -- advance the refill clock by whole milliseconds only, so no partial refill is ever lost
+  stamp = stamp + elapsed
+  local remaining = math.floor(units / period_ms)
+  local reset_us = math.ceil((full - units) / limit) * 1000
+  local need = cost * period_ms
+  if cost > capacity then
+    return false, remaining, reset_us, -1, nil
+  end
+  if units < need then
+    return false, remaining, reset_us, math.ceil((need - units) / limit) * 1000, nil
+  end
+  return true, remaining, reset_us, 0, function()
+    local left = units - need
+    local to_full_ms = math.ceil((full - left) / limit)
+    redis.call('HSET', key, 't', left, 'ts', stamp)
+    redis.call('PEXPIRE', key, to_full_ms)
+    return to_full_ms * 1000
+  end
+end

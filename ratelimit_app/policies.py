@@ -1,0 +1,143 @@
+"""Policies: what one limit allows, and the rate strings that describe it ("20/m", "5/10m")."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+ALGORITHMS: tuple[str, ...] = (
+    "fixed_window",
+    "sliding_window",
+    "sliding_window_counter",
+    "token_bucket",
+    "gcra",
+)
+#: Algorithms whose capacity (burst) may differ from the limit.
+BURST_ALGORITHMS = frozenset({"token_bucket", "gcra"})
+
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_UNIT_WORDS = {
+    "sec": "s", "second": "s", "seconds": "s",
+    "min": "m", "minute": "m", "minutes": "m",
+    "hour": "h", "hours": "h",
+    "day": "d", "days": "d",
+}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([a-z]+)\s*$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+# Lua numbers are doubles: integers stay exact up to 2**53. Token bucket state is counted in
+# capacity x period_ms units, so that product must stay below it.
+_MAX_EXACT = 2**53
+MAX_LIMIT = 10**9
+MAX_PERIOD_SECONDS = 366 * 86400
+
+
+class InvalidPolicy(ValueError):
+    """A policy or rate string that cannot be enforced; the message names the field at fault."""
+
+
+def parse_period(text: str) -> int:
+    """Return the seconds in a period such as "m", "10m", "1h", "30s", "day"."""
+    match = re.fullmatch(r"\s*(\d*)\s*([a-z]+)\s*", text.lower())
+    if not match:
+        raise InvalidPolicy(f"period: {text!r} is not a period such as '30s', '10m', '1h' or '1d'")
+    multiplier = int(match.group(1) or 1)
+    unit = _UNIT_WORDS.get(match.group(2), match.group(2))
+    if unit not in _UNIT_SECONDS:
+        raise InvalidPolicy(f"period: unknown unit {match.group(2)!r} (use s, m, h or d)")
+    if multiplier < 1:
+        raise InvalidPolicy(f"period: multiplier in {text!r} must be at least 1")
+    return multiplier * _UNIT_SECONDS[unit]
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """Parse "LIMIT/[N]UNIT" (units s, m, h, d) into (limit, period in seconds): "5/10m" -> (5, 600)."""
+    if not isinstance(rate, str):
+        raise InvalidPolicy(f"rate: expected a string such as '20/m', got {type(rate).__name__}")
+    match = _RATE.match(rate.lower())
+    if not match:
+        raise InvalidPolicy(f"rate: {rate!r} is not a rate such as '20/m', '5/10m' or '1000/d'")
+    limit = int(match.group(1))
+    period = parse_period(f"{match.group(2)}{match.group(3)}")
+    return limit, period
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One named limit: `limit` units per `period` seconds under `algorithm`.
+
+    For token_bucket and gcra, limit/period is the sustained rate and `burst` the capacity
+    (default: `limit`). Other algorithms take no burst. Invalid values raise InvalidPolicy.
+    """
+
+    name: str
+    algorithm: str
+    limit: int
+    period: float
+    burst: int | None = None
+    period_ms: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise InvalidPolicy(
+                f"name: {self.name!r} must be 1-64 characters of letters, digits, '_', '-' or '.'"
+            )
+        if self.algorithm not in ALGORITHMS:
+            raise InvalidPolicy(
+                f"algorithm: {self.algorithm!r} for policy {self.name!r} is not one of "
+                f"{', '.join(ALGORITHMS)}"
+            )
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= MAX_LIMIT:
+            raise InvalidPolicy(
+                f"limit: {self.limit!r} for policy {self.name!r} must be an integer from 1 to {MAX_LIMIT}"
+            )
+        if isinstance(self.period, bool) or not isinstance(self.period, (int, float)):
+            raise InvalidPolicy(f"period: {self.period!r} for policy {self.name!r} must be a number of seconds")
+        period_ms = round(self.period * 1000)
+        if not 1 <= period_ms <= MAX_PERIOD_SECONDS * 1000:
+            raise InvalidPolicy(
+                f"period: {self.period!r} for policy {self.name!r} must be between 0.001 and "
+                f"{MAX_PERIOD_SECONDS} seconds"
+            )
+        object.__setattr__(self, "period_ms", period_ms)
+        if self.burst is not None:
+            if self.algorithm not in BURST_ALGORITHMS:
+                raise InvalidPolicy(
+                    f"burst: policy {self.name!r} uses {self.algorithm}, which has no burst "
+                    f"(only {' and '.join(sorted(BURST_ALGORITHMS))} do)"
+                )
+            if isinstance(self.burst, bool) or not isinstance(self.burst, int) or not 1 <= self.burst <= MAX_LIMIT:
+                raise InvalidPolicy(
+                    f"burst: {self.burst!r} for policy {self.name!r} must be an integer from 1 to {MAX_LIMIT}"
+                )
+        if self.capacity * period_ms >= _MAX_EXACT:
+            raise InvalidPolicy(
+                f"burst: policy {self.name!r} holds {self.capacity} units over {self.period}s, too large "
+                "to count exactly; use a shorter period or a smaller burst"
+            )
+
+    @property
+    def capacity(self) -> int:
+        """The most units one request can ever be granted: the burst, or the limit."""
+        return self.burst if self.burst is not None else self.limit
+
+    @property
+    def state_ttl(self) -> float:
+        """The longest time, in seconds, that this policy's Redis state lives after a hit."""
+        if self.algorithm in BURST_ALGORITHMS:
+            return self.capacity * self.period / self.limit
+        if self.algorithm == "sliding_window_counter":
+            return 2 * self.period
+        return float(self.period)
+
+    @classmethod
+    def parse(cls, rate: str, *, name: str, algorithm: str = "sliding_window", burst: int | None = None) -> Policy:
+        """Build a policy from a rate string: Policy.parse("5/10m", name="burst", algorithm="gcra")."""
+        limit, period = parse_rate(rate)
+        return cls(name, algorithm, limit=limit, period=period, burst=burst)
+
+    @property
+    def rate(self) -> str:
+        """The policy as a rate string, such as "20/60s"."""
+        period = self.period_ms / 1000
+        return f"{self.limit}/{period:g}s"

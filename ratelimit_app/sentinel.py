@@ -1,0 +1,47 @@
+"""Redis Sentinel: find the current master of a service through a group of sentinels."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import redis
+from django.core.exceptions import ImproperlyConfigured
+from redis.sentinel import Sentinel
+
+from .conf import ratelimit_settings
+
+
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int]:
+    """Split "redis+sentinel://host:port,host:port/SERVICE[/DB]" into (sentinels, service, db)."""
+    parts = urlsplit(url)
+    hosts: list[tuple[str, int]] = []
+    for item in parts.netloc.rsplit("@", 1)[-1].split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ImproperlyConfigured(
+                f"RATELIMIT['REDIS_URL']: sentinel address {item!r} must be host:port "
+                "(redis+sentinel://host:26379,host:26380/SERVICE/DB)"
+            )
+        hosts.append((host.strip("[]"), int(port)))
+    segments = [s for s in parts.path.split("/") if s]
+    service = segments[0] if segments else ratelimit_settings.SENTINEL_SERVICE
+    db_text = segments[1] if len(segments) > 1 else parse_qs(parts.query).get("db", ["0"])[0]
+    if not db_text.isdigit():
+        raise ImproperlyConfigured(f"RATELIMIT['REDIS_URL']: database {db_text!r} must be a number")
+    return hosts, service, int(db_text)
+
+
+def sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
+    """A client that always talks to the master that the sentinels currently name."""
+    hosts, service, db = parse_sentinel_url(url)
+    password = urlsplit(url).password
+    sentinel = Sentinel(
+        hosts,
+        sentinel_kwargs={
+            "socket_connect_timeout": options["socket_connect_timeout"],
+            "socket_timeout": options["socket_timeout"],
+        },
+        **options,
+    )
+    return sentinel.master_for(service, db=db, password=password)

@@ -1,0 +1,60 @@
+"""Fixtures shared by the suite: a real Redis (see ratelimit_app.embedded) and per-test key prefixes."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings as django_settings
+
+from ratelimit_app import RateLimiter
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The Redis the suite runs against: the one the demo settings resolved."""
+    return str(django_settings.RATELIMIT["REDIS_URL"])
+
+
+@pytest.fixture(scope="session")
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client: redis.Redis = redis.Redis.from_url(redis_url, socket_timeout=10, socket_connect_timeout=5)
+    yield client
+    client.close()
+
+
+def delete_prefix(client: redis.Redis, prefix: str) -> None:
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    for start in range(0, len(keys), 500):
+        client.delete(*keys[start:start + 500])
+
+
+@pytest.fixture
+def key_prefix(redis_client: redis.Redis) -> Iterator[str]:
+    """A key prefix no other test uses; every key under it is deleted after the test."""
+    prefix = f"rltest-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    delete_prefix(redis_client, prefix)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_ratelimit_settings(settings: Any, key_prefix: str) -> None:
+    """Every test limits under its own key prefix, with timeouts generous enough for a loaded CI box.
+
+    Tests of timeouts and fail modes set their own values on top of these.
+    """
+    settings.RATELIMIT = {
+        **settings.RATELIMIT,
+        "KEY_PREFIX": key_prefix,
+        "SOCKET_CONNECT_TIMEOUT": 2.0,
+        "SOCKET_TIMEOUT": 5.0,
+        "BUDGET_MS": 5000,
+    }
+
+
+@pytest.fixture
+def limiter(redis_client: redis.Redis, key_prefix: str) -> RateLimiter:
+    return RateLimiter(redis_client, prefix=key_prefix)

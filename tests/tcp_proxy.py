@@ -1,0 +1,88 @@
+"""A loopback TCP proxy for failure injection a real Redis cannot produce on demand.
+
+Modes: "forward" (normal), "drop_replies" (requests reach Redis, replies are thrown away: a reply lost
+after the command was sent) and "black_hole" (accepts connections and bytes, forwards nothing).
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class TcpProxy:
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.mode = "forward"
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(128)
+        self.port = int(self._listener.getsockname()[1])
+        self._closed = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self._track(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream: socket.socket | None = None
+        try:
+            while not self._closed.is_set():
+                if upstream is None and self.mode != "black_hole":
+                    upstream = socket.create_connection(self.upstream, timeout=5)
+                    self._track(upstream)
+                sockets = [client] if upstream is None else [client, upstream]
+                readable, _, _ = select.select(sockets, [], [], 0.05)
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    if sock is client and upstream is not None and self.mode != "black_hole":
+                        upstream.sendall(data)
+                    elif sock is upstream and self.mode == "forward":
+                        client.sendall(data)
+        except OSError:
+            return
+        finally:
+            client.close()
+            if upstream is not None:
+                upstream.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+
+@contextmanager
+def tcp_proxy(host: str, port: int) -> Iterator[TcpProxy]:
+    proxy = TcpProxy(host, port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

@@ -1,0 +1,298 @@
+"""The engine against a real Redis: exact admission, recovery, atomicity, TTLs and script recovery."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+
+from ratelimit_app import Decision, Policy, RateLimiter
+from ratelimit_app.policies import ALGORITHMS
+
+from .engine_workers import hammer
+from .tcp_proxy import tcp_proxy
+
+EXACT = ["fixed_window", "sliding_window", "token_bucket", "gcra"]
+
+
+def small_policy(algorithm: str, limit: int = 5, period: float = 1.0) -> Policy:
+    return Policy("p", algorithm, limit=limit, period=period)
+
+
+def wait_out_fixed_window(limiter: RateLimiter, identity: str, policies: list[Policy], margin: float) -> None:
+    """Fixed windows are aligned to the epoch: start a test well inside one, per Redis' own clock."""
+    fixed = [p for p in policies if p.algorithm == "fixed_window"]
+    if fixed:
+        decision = limiter.peek(identity, fixed)
+        if decision.reset_after < margin:
+            time.sleep(decision.reset_after + 0.01)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_admits_exactly_the_limit_then_recovers(limiter: RateLimiter, algorithm: str) -> None:
+    policies = [small_policy(algorithm, limit=5, period=2.0)]
+    wait_out_fixed_window(limiter, "client", policies, margin=1.0)
+    decisions = [limiter.hit("client", policies) for _ in range(7)]
+    assert [d.allowed for d in decisions] == [True] * 5 + [False] * 2
+    assert [d.remaining for d in decisions[:5]] == [4, 3, 2, 1, 0]
+    denied = decisions[-1]
+    assert denied.retry_after is not None and 0 < denied.retry_after <= policies[0].state_ttl
+    assert denied.policy == "p" and denied.limit == 5
+    # Waiting exactly what the limiter said is enough for the same request.
+    time.sleep(denied.retry_after)
+    assert limiter.hit("client", policies).allowed
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_reset_after_names_the_full_recovery(limiter: RateLimiter, algorithm: str) -> None:
+    policies = [small_policy(algorithm, limit=3, period=1.0)]
+    wait_out_fixed_window(limiter, "client", policies, margin=0.8)
+    last = None
+    for _ in range(3):
+        last = limiter.hit("client", policies)
+    assert last is not None and last.allowed and last.remaining == 0
+    time.sleep(last.reset_after)
+    assert limiter.peek("client", policies).remaining == 3
+
+
+def test_allowed_decision_reports_the_tightest_policy(limiter: RateLimiter) -> None:
+    policies = [
+        Policy("burst", "token_bucket", limit=20, period=60, burst=10),
+        Policy("minute", "sliding_window", limit=20, period=60),
+        Policy("day", "fixed_window", limit=1000, period=86400),
+    ]
+    decision = limiter.hit("apikey:42", policies)
+    assert decision.allowed and decision.retry_after is None
+    assert (decision.policy, decision.limit, decision.remaining) == ("burst", 10, 9)
+    assert [(r.policy, r.remaining) for r in decision.results] == [("burst", 9), ("minute", 19), ("day", 999)]
+
+
+def test_denied_request_charges_no_policy(limiter: RateLimiter) -> None:
+    policies = [
+        Policy("burst", "token_bucket", limit=20, period=3600, burst=3),
+        Policy("minute", "sliding_window", limit=20, period=60),
+        Policy("day", "fixed_window", limit=1000, period=86400),
+    ]
+    wait_out_fixed_window(limiter, "k", policies, margin=5)
+    for _ in range(3):
+        assert limiter.hit("k", policies).allowed
+    for _ in range(5):
+        denied = limiter.hit("k", policies)
+        assert not denied.allowed and denied.policy == "burst"
+    after = {r.policy: r.remaining for r in limiter.peek("k", policies).results}
+    assert after == {"burst": 0, "minute": 17, "day": 997}
+
+
+def test_denial_by_a_later_policy_leaves_earlier_ones_untouched(limiter: RateLimiter) -> None:
+    policies = [
+        Policy("minute", "sliding_window", limit=20, period=60),
+        Policy("day", "gcra", limit=2, period=86400),
+    ]
+    assert limiter.hit("k", policies).allowed
+    assert limiter.hit("k", policies).allowed
+    denied = limiter.hit("k", policies)
+    assert not denied.allowed and denied.policy == "day"
+    assert limiter.peek("k", policies).results[0].remaining == 18
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_cost_larger_than_capacity_is_denied_without_charge(limiter: RateLimiter, algorithm: str) -> None:
+    policies = [small_policy(algorithm, limit=5, period=60)]
+    decision = limiter.hit("k", policies, cost=6)
+    assert not decision.allowed and decision.retry_after == math.inf
+    assert limiter.peek("k", policies).remaining == 5
+    assert limiter.hit("k", policies, cost=5).allowed
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_cost_is_charged_in_full(limiter: RateLimiter, algorithm: str) -> None:
+    policies = [small_policy(algorithm, limit=10, period=60)]
+    wait_out_fixed_window(limiter, "k", policies, margin=5)
+    assert limiter.hit("k", policies, cost=4).remaining == 6
+    assert limiter.hit("k", policies, cost=6).remaining == 0
+    assert not limiter.hit("k", policies, cost=1).allowed
+
+
+def test_peek_reports_current_state_and_charges_nothing(limiter: RateLimiter) -> None:
+    policies = [small_policy("sliding_window", limit=3, period=60)]
+    for _ in range(5):
+        peeked = limiter.peek("k", policies)
+        assert peeked.allowed and peeked.remaining == 3
+    limiter.hit("k", policies)
+    assert limiter.peek("k", policies).remaining == 2
+
+
+def test_reset_forgets_the_identity(limiter: RateLimiter, redis_client: redis.Redis) -> None:
+    policies = [small_policy(a, limit=2, period=60).__class__(f"p{i}", a, limit=2, period=60)
+                for i, a in enumerate(ALGORITHMS)]
+    limiter.hit("k", policies)
+    limiter.hit("k", policies)
+    assert not limiter.hit("k", policies).allowed
+    limiter.reset("k", policies)
+    assert redis_client.exists(*limiter.keys("k", policies)) == 0
+    assert limiter.hit("k", policies).allowed
+
+
+def test_identities_are_isolated_and_keys_are_safe(limiter: RateLimiter) -> None:
+    policies = [small_policy("gcra", limit=1, period=60)]
+    hostile = ["{tag}", "a" * 100_000, "x}:{y", "ünïcødé\x00", "\ud800"]
+    for identity in hostile:
+        assert limiter.hit(identity, policies).allowed
+        assert not limiter.hit(identity, policies).allowed
+        [key] = limiter.keys(identity, policies)
+        assert len(key) < 100 and key.count("{") == 1 and key.count("}") == 1
+    assert len({limiter.keys(i, policies)[0] for i in hostile}) == len(hostile)
+    with pytest.raises(ValueError, match="identity"):
+        limiter.hit("", policies)
+
+
+def test_all_keys_of_a_decision_share_one_hash_tag(limiter: RateLimiter) -> None:
+    policies = [Policy(f"p{i}", a, limit=3, period=60) for i, a in enumerate(ALGORITHMS)]
+    tags = {key[key.index("{"):key.index("}") + 1] for key in limiter.keys("apikey:1", policies)}
+    assert len(tags) == 1
+
+
+def test_bad_arguments_raise_clear_errors(limiter: RateLimiter) -> None:
+    policies = [small_policy("gcra")]
+    with pytest.raises(ValueError, match="cost"):
+        limiter.hit("k", policies, cost=0)
+    with pytest.raises(ValueError, match="unique"):
+        limiter.hit("k", [small_policy("gcra"), small_policy("fixed_window")])
+    with pytest.raises(ValueError, match="prefix"):
+        RateLimiter(limiter.client, prefix="a{b}")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_every_written_key_expires_within_its_state_lifetime(
+    limiter: RateLimiter, redis_client: redis.Redis, key_prefix: str, seed: int
+) -> None:
+    rng = random.Random(seed)
+    policy_sets = []
+    for n in range(6):
+        policies = []
+        for i in range(rng.randint(1, 3)):
+            algorithm = rng.choice(ALGORITHMS)
+            burst = rng.randint(1, 30) if algorithm in ("token_bucket", "gcra") else None
+            policies.append(Policy(f"p{i}", algorithm, limit=rng.randint(1, 20),
+                                   period=rng.choice([0.5, 2, 60, 3600]), burst=burst))
+        policy_sets.append((f"id{n}", policies))
+    for _ in range(400):
+        identity, policies = rng.choice(policy_sets)
+        action = rng.random()
+        if action < 0.8:
+            limiter.hit(identity, policies, cost=rng.randint(1, 4))
+        elif action < 0.95:
+            limiter.peek(identity, policies)
+        else:
+            limiter.reset(identity, policies)
+    lifetime = {}
+    for identity, policies in policy_sets:
+        for key, policy in zip(limiter.keys(identity, policies), policies, strict=True):
+            lifetime[key] = policy.state_ttl
+    written = [k.decode() for k in redis_client.scan_iter(match=f"{key_prefix}:*")]
+    assert written, "the random run wrote nothing"
+    for key in written:
+        ttl_ms = redis_client.pttl(key)
+        assert 0 < ttl_ms <= lifetime[key] * 1000 + 50, (key, ttl_ms, lifetime[key])
+
+
+def test_script_flush_is_recovered_and_charges_once(limiter: RateLimiter, redis_client: redis.Redis) -> None:
+    policies = [small_policy("sliding_window", limit=10, period=60), Policy("day", "gcra", limit=10, period=86400)]
+    assert limiter.hit("k", policies).remaining == 9
+    redis_client.script_flush()
+    decision = limiter.hit("k", policies)
+    assert decision.allowed
+    assert [r.remaining for r in limiter.peek("k", policies).results] == [8, 8]
+
+
+def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str) -> None:
+    """A reply lost after sending is never resent, even by a client configured to retry 5 times."""
+    from urllib.parse import urlsplit
+
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.retry import Retry
+
+    target = urlsplit(redis_url)
+    with tcp_proxy(target.hostname or "127.0.0.1", target.port or 6379) as proxy:
+        client: redis.Redis = redis.Redis.from_url(
+            proxy.url, socket_timeout=0.2, retry=Retry(NoBackoff(), 5),
+            retry_on_error=[RedisTimeoutError, RedisConnectionError],
+        )
+        limiter = RateLimiter(client, prefix=key_prefix)
+        policies = [small_policy("sliding_window", limit=10, period=60)]
+        limiter.hit("k", policies)  # loads the script, warms the connection
+        proxy.mode = "drop_replies"  # the EVALSHA reaches Redis and is charged; its reply is lost
+        with pytest.raises(RedisTimeoutError):
+            limiter.hit("k", policies)
+        proxy.mode = "forward"
+        assert limiter.peek("k", policies).remaining == 8  # charged once: 1 before + 1 lost reply
+        client.close()
+
+
+def run_concurrently(limiter: RateLimiter, redis_url: str, key_prefix: str, policies: list[Policy],
+                     threads: int, processes: int, hits: int) -> int:
+    """Hit one identity from `threads` threads here and `processes` processes of 4 threads; return admitted."""
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    results = context.Queue()
+    children = [context.Process(target=hammer, args=(redis_url, key_prefix, "apikey:hot", policies, 4, hits,
+                                                     start, results))
+                for _ in range(processes)]
+    for child in children:
+        child.start()
+    barrier = threading.Barrier(threads)
+
+    def one_thread(_: int) -> int:
+        barrier.wait()
+        start.set()
+        return sum(limiter.hit("apikey:hot", policies).allowed for _ in range(hits))
+
+    with ThreadPoolExecutor(threads) as executor:
+        admitted = sum(executor.map(one_thread, range(threads)))
+    admitted += sum(results.get(timeout=120) for _ in children)
+    for child in children:
+        child.join(timeout=30)
+        assert child.exitcode == 0
+    return admitted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", EXACT)
+def test_concurrent_clients_admit_exactly_the_tightest_limit(
+    redis_client: redis.Redis, redis_url: str, key_prefix: str, algorithm: str
+) -> None:
+    # 32 threads here plus 4 processes of 4 threads, 6 hits each: 288 hits at a tier whose tightest
+    # policy allows 40. Long periods keep refills out of the count.
+    client: redis.Redis = redis.Redis.from_url(redis_url, socket_timeout=30, max_connections=40)
+    limiter = RateLimiter(client, prefix=key_prefix)
+    policies = [
+        Policy("tight", algorithm, limit=40, period=86400),
+        Policy("minute", "sliding_window", limit=100, period=60),
+        Policy("day", "fixed_window", limit=1000, period=86400),
+    ]
+    wait_out_fixed_window(limiter, "apikey:hot", policies, margin=60)
+    admitted = run_concurrently(limiter, redis_url, key_prefix, policies, threads=32, processes=4, hits=6)
+    assert admitted == 40
+    peeked = limiter.peek("apikey:hot", policies)
+    assert [r.remaining for r in peeked.results] == [0, 60, 960]
+    client.close()
+
+
+def test_decision_summary_rules() -> None:
+    from ratelimit_app import PolicyResult
+
+    a = PolicyResult("a", False, 10, 0, 5.0, 2.0)
+    b = PolicyResult("b", False, 10, 0, 9.0, 7.0)
+    c = PolicyResult("c", True, 100, 50, 1.0, None)
+    denied = Decision.from_results((a, b, c))
+    assert (denied.allowed, denied.policy, denied.retry_after) == (False, "b", 7.0)
+    allowed = Decision.from_results((c, PolicyResult("d", True, 10, 3, 1.0, None)))
+    assert (allowed.allowed, allowed.policy, allowed.remaining, allowed.retry_after) == (True, "d", 3, None)

@@ -1,0 +1,30 @@
+"""The Lua scripts cannot drift silently: their hash is pinned, and Redis agrees with it."""
+
+from __future__ import annotations
+
+import redis
+
+from ratelimit_app.scripts import ALGORITHM_FILES, ENTRY_FILE, decide_sha, decide_source, read_lua
+
+# Update deliberately when a script changes (and say why in the commit).
+PINNED_DECIDE_SHA = "5561cb6dc91710aa8325a1c1bf90464f43a76ebd"
+
+
+def test_decide_script_hash_is_pinned(redis_client: redis.Redis) -> None:
+    assert redis_client.script_load(decide_source()) == decide_sha() == PINNED_DECIDE_SHA
+
+
+def test_every_script_documents_its_interface() -> None:
+    for name in ALGORITHM_FILES:
+        header = read_lua(name).split("local function", 1)[0]
+        for word in ("KEYS[i]", "now_us", "limit", "period_ms", "capacity", "cost", "Returns", "TTL"):
+            assert word in header, f"{name} header does not document {word}"
+    header = read_lua(ENTRY_FILE).split("if redis.replicate_commands", 1)[0]
+    for word in ("KEYS[i]", "ARGV[1]", "ARGV[2]", "ARGV[3]", "ARGV[4 + 4(i-1)]", "ARGV[7 + 4(i-1)]", "Reply"):
+        assert word in header, f"{ENTRY_FILE} header does not document {word}"
+
+
+def test_scripts_read_time_only_from_redis() -> None:
+    code = "\n".join(line for line in decide_source().splitlines() if not line.lstrip().startswith("--"))
+    assert code.count("redis.call('TIME')") == 1
+    assert "os.time" not in code and "os.clock" not in code
