@@ -8,11 +8,14 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import redis
 
 from ratelimit_app import Decision, Policy, RateLimiter
+from ratelimit_app.engine import parse_reply, prepare_call
+from ratelimit_app.exceptions import BackendError
 from ratelimit_app.policies import ALGORITHMS
 
 from .engine_workers import hammer
@@ -160,8 +163,13 @@ def test_all_keys_of_a_decision_share_one_hash_tag(limiter: RateLimiter) -> None
 
 def test_bad_arguments_raise_clear_errors(limiter: RateLimiter) -> None:
     policies = [small_policy("gcra")]
-    with pytest.raises(ValueError, match="cost"):
-        limiter.hit("k", policies, cost=0)
+    for cost in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="cost"):
+            limiter.hit("k", policies, cost=cost)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="client"):
+        RateLimiter(object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Policy"):
+        limiter.hit("k", ["20/m"])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="unique"):
         limiter.hit("k", [small_policy("gcra"), small_policy("fixed_window")])
     with pytest.raises(ValueError, match="prefix"):
@@ -230,8 +238,9 @@ def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str)
         policies = [small_policy("sliding_window", limit=10, period=60)]
         limiter.hit("k", policies)  # loads the script, warms the connection
         proxy.mode = "drop_replies"  # the EVALSHA reaches Redis and is charged; its reply is lost
-        with pytest.raises(RedisTimeoutError):
+        with pytest.raises(BackendError) as raised:
             limiter.hit("k", policies)
+        assert raised.value.maybe_applied and isinstance(raised.value.__cause__, RedisTimeoutError)
         proxy.mode = "forward"
         assert limiter.peek("k", policies).remaining == 8  # charged once: 1 before + 1 lost reply
         client.close()
@@ -296,3 +305,62 @@ def test_decision_summary_rules() -> None:
     assert (denied.allowed, denied.policy, denied.retry_after) == (False, "b", 7.0)
     allowed = Decision.from_results((c, PolicyResult("d", True, 10, 3, 1.0, None)))
     assert (allowed.allowed, allowed.policy, allowed.remaining, allowed.retry_after) == (True, "d", 3, None)
+
+
+@pytest.mark.parametrize("reply", [None, b"OK", [1, 1, 4], [1, 1, 4, 1000, b"x"], [1, 1, 4, 1000, 0, 9]])
+def test_malformed_reply_raises_one_documented_error(reply: Any) -> None:
+    call = prepare_call("rl", [("k", [small_policy("gcra")])], 1, charge=True)
+    with pytest.raises(BackendError, match="unexpected reply"):
+        parse_reply(call, reply)
+
+
+def test_unreachable_redis_raises_backend_error(key_prefix: str) -> None:
+    from ratelimit_app.embedded import free_port
+
+    client = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    with pytest.raises(BackendError) as raised:
+        RateLimiter(client, prefix=key_prefix).hit("k", [small_policy("gcra")])
+    assert not raised.value.maybe_applied
+
+
+def test_a_three_policy_hit_is_one_redis_command() -> None:
+    """Counted with MONITOR on a private server: commands sent by clients, not those run inside the script."""
+    from ratelimit_app.embedded import start_redis
+
+    server = start_redis()
+    try:
+        client = redis.Redis.from_url(server.url)
+        private = RateLimiter(client, prefix="rl")
+        policies = [
+            Policy("burst", "token_bucket", limit=20, period=60, burst=10),
+            Policy("minute", "sliding_window", limit=20, period=60),
+            Policy("day", "fixed_window", limit=1000, period=86400),
+        ]
+        private.hit("warm", policies)  # the first call also loads the script
+        seen: list[str] = []
+        with redis.Redis.from_url(server.url).monitor() as monitor:
+            private.hit("apikey:42", policies)
+            client.execute_command("ECHO", "end-of-test")
+            for event in monitor.listen():
+                if event["command"] == "ECHO end-of-test":
+                    break
+                if event["client_type"] != "lua":
+                    seen.append(event["command"].split()[0])
+        assert seen == ["EVALSHA"]
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_a_thousand_units_in_one_millisecond_count_as_a_thousand(
+    limiter: RateLimiter, redis_client: redis.Redis
+) -> None:
+    policies = [Policy("minute", "sliding_window", limit=5000, period=60)]
+    decision = limiter.hit("k", policies, cost=1000)
+    assert decision.allowed and decision.remaining == 4000
+    [key] = limiter.keys("k", policies)
+    assert redis_client.zcard(key) == 1000
+    # and many separate hits within the same milliseconds never collide
+    pipe_limiter_hits = [limiter.hit("k", policies) for _ in range(200)]
+    assert pipe_limiter_hits[-1].remaining == 3800
+    assert redis_client.zcard(key) == 1200
