@@ -47,11 +47,19 @@ class Decision:
         """Summarise per-policy results into one decision (see the class docstring for the rule)."""
         if not results:
             return cls(True, 0, 0, 0.0, None, "", (), degraded)
-        denied = [r for r in results if not r.allowed]
-        if denied:
-            worst = max(denied, key=lambda r: r.retry_after or 0.0)
+        # One pass, no lambdas: this runs on every request.
+        worst: PolicyResult | None = None
+        tightest = results[0]
+        for result in results:
+            if not result.allowed:
+                if worst is None or (result.retry_after or 0.0) > (worst.retry_after or 0.0):
+                    worst = result
+            elif result.remaining < tightest.remaining or (
+                result.remaining == tightest.remaining and result.reset_after > tightest.reset_after
+            ):
+                tightest = result
+        if worst is not None:
             return cls(False, worst.limit, worst.remaining, worst.reset_after, worst.retry_after,
                        worst.policy, results, degraded)
-        tightest = min(results, key=lambda r: (r.remaining, -r.reset_after))
         return cls(True, tightest.limit, tightest.remaining, tightest.reset_after, None,
                    tightest.policy, results, degraded)

@@ -90,6 +90,7 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
         raise BackendError(f"unexpected reply from the decision script: {reply!r:.200}", maybe_applied=True)
     decisions = []
     offset = 1
+    all_allowed = bool(reply[0])
     for _, policies in call.checks:
         results = []
         for policy in policies:
@@ -101,10 +102,10 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
                 retry_after = math.inf
             else:
                 retry_after = retry_ms / 1000.0
-            results.append(PolicyResult(policy.name, bool(allowed), policy.capacity, max(remaining, 0),
-                                        reset_ms / 1000.0, retry_after))
+            results.append(PolicyResult(policy.name, allowed == 1, policy.capacity,
+                                        remaining if remaining > 0 else 0, reset_ms / 1000.0, retry_after))
         decision = Decision.from_results(tuple(results))
-        if decision.allowed and not reply[0]:
+        if decision.allowed and not all_allowed:
             # all-or-nothing: this identity's own policies allowed, but another identity in the same
             # call denied, so nothing was charged and the request is refused
             decision = Decision(False, decision.limit, decision.remaining, decision.reset_after,

@@ -25,8 +25,7 @@ _UNIT_WORDS = {
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([a-z]+)\s*$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-# Lua numbers are doubles: integers stay exact up to 2**53. Token bucket state is counted in
-# capacity x period_ms units, so that product must stay below it.
+# Lua numbers are doubles: integers stay exact up to 2**53, and every algorithm's state must stay below.
 _MAX_EXACT = 2**53
 MAX_LIMIT = 10**9
 MAX_PERIOD_SECONDS = 366 * 86400
@@ -110,11 +109,21 @@ class Policy:
                 raise InvalidPolicy(
                     f"burst: {self.burst!r} for policy {self.name!r} must be an integer from 1 to {MAX_LIMIT}"
                 )
-        if self.capacity * period_ms >= _MAX_EXACT:
+        if self._state_magnitude() >= _MAX_EXACT:
+            field_name = "burst" if self.burst is not None else "limit"
             raise InvalidPolicy(
-                f"burst: policy {self.name!r} holds {self.capacity} units over {self.period}s, too large "
-                "to count exactly; use a shorter period or a smaller burst"
+                f"{field_name}: policy {self.name!r} allows {self.capacity} units over {self.period}s, too "
+                "large to count exactly in Redis; use a shorter period or a smaller burst"
             )
+
+    def _state_magnitude(self) -> int:
+        """The largest number the Lua state of this policy reaches (it must stay exact in a double)."""
+        if self.algorithm == "token_bucket":
+            return self.capacity * self.period_ms  # tokens are counted in period_ms units
+        if self.algorithm == "gcra":
+            # the TAT is now (about 2**51 us) plus up to capacity emission intervals
+            return 2**51 + self.capacity * -(-self.period_ms * 1000 // self.limit)
+        return self.capacity
 
     @property
     def capacity(self) -> int:

@@ -60,6 +60,8 @@ def test_reset_after_names_the_full_recovery(limiter: RateLimiter, algorithm: st
     for _ in range(3):
         last = limiter.hit("client", policies)
     assert last is not None and last.allowed and last.remaining == 0
+    peeked = limiter.peek("client", policies)
+    assert peeked.remaining == 0 and last.reset_after - 0.25 <= peeked.reset_after <= last.reset_after
     time.sleep(last.reset_after)
     assert limiter.peek("client", policies).remaining == 3
 

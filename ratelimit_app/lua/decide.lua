@@ -20,10 +20,9 @@
 --   reset_ms_i           milliseconds until policy i is back to its full allowance (integer, rounded up)
 --   retry_ms_i           0 when policy i allows; else milliseconds until this request would be allowed
 --                        by policy i (integer >= 1, rounded up), or -1 when cost exceeds its capacity
-if redis.replicate_commands then
-  redis.replicate_commands()
-end
-
+-- Needs Redis 5 or later, where scripts replicate their effects, so TIME may precede writes.
+-- (redis.replicate_commands() is not called: on Redis 7 it is a deprecated no-op that costs about
+-- as much as the rest of a one-policy decision.)
 local algorithms = {
   fixed_window = fixed_window,
   sliding_window = sliding_window,
@@ -51,7 +50,7 @@ for i = 1, n do
     return redis.error_reply('ERR ratelimit decide: unknown algorithm')
   end
   local allowed, remaining, reset_us, retry_us, apply = algorithm(KEYS[i], now_us,
-    tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), cost)
+    tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), cost, charge)
   checks[i] = {allowed = allowed, remaining = remaining, reset_us = reset_us, retry_us = retry_us,
     apply = apply}
   if not allowed then all_allowed = false end

@@ -8,19 +8,21 @@
 --   period_ms  ARGV: window length in milliseconds (integer >= 1)
 --   capacity   ARGV: equal to limit for this algorithm
 --   cost       units this request wants (integer >= 1)
+--   charge     true for a hit, false for a peek (a hit that is allowed never needs "reset now")
 -- Returns: allowed (boolean), remaining now (integer), reset now (us: until the newest unit leaves the
 --   window), retry (us, 0 when allowed, -1 when cost > capacity: never), apply (function committing the
 --   hit and returning reset in us).
 -- State: one sorted set with at most limit live members; TTL = period, set on every write. Members are
 -- unique even when several requests share one microsecond (ZADD NX, then the next free suffix).
-local function sliding_window(key, now_us, limit, period_ms, capacity, cost)
+local function sliding_window(key, now_us, limit, period_ms, capacity, cost, charge)
   local period_us = period_ms * 1000
   local window_start = now_us - period_us
   local used = redis.call('ZCOUNT', key, '(' .. window_start, '+inf')
   local remaining = limit - used
   if remaining < 0 then remaining = 0 end
+  -- reset now: until the newest live unit leaves the window (read only when it is reported)
   local reset_us = 0
-  if used > 0 then
+  if used > 0 and (cost > capacity or used + cost > limit or not charge) then
     local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(' .. window_start, 'WITHSCORES', 'LIMIT', 0, 1)
     reset_us = tonumber(newest[2]) + period_us - now_us
   end

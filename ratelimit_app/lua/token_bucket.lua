@@ -3,7 +3,7 @@
 -- `limit` units, so refills are exact and never drift.
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   key        KEYS[i] of decide.lua: a hash {t = tokens in units, ts = time of the last refill, ms}
+--   key        KEYS[i] of decide.lua: a string "<tokens in units>:<time of the last refill, ms>"
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: tokens refilled per period (integer >= 1): the sustained rate
 --   period_ms  ARGV: refill period in milliseconds (integer >= 1)
@@ -12,13 +12,20 @@
 -- Returns: allowed (boolean), remaining now (whole tokens), reset now (us: until the bucket is full),
 --   retry (us, 0 when allowed, -1 when cost > capacity: never), apply (function committing the hit and
 --   returning reset in us).
--- State: one hash; TTL = time until the bucket is full again (<= capacity x period / limit), after
+-- State: one string (cheaper than a hash: one GET and one SET); TTL = time until the bucket is full again (<= capacity x period / limit), after
 -- which a missing key means the same thing as a full bucket.
 local function token_bucket(key, now_us, limit, period_ms, capacity, cost)
   local now_ms = math.floor(now_us / 1000)
   local full = capacity * period_ms
-  local state = redis.call('HMGET', key, 't', 'ts')
-  local units, stamp = tonumber(state[1]), tonumber(state[2])
+  local units, stamp
+  local stored = redis.call('GET', key)
+  if stored then
+    local separator = string.find(stored, ':', 1, true)
+    if separator then
+      units = tonumber(string.sub(stored, 1, separator - 1))
+      stamp = tonumber(string.sub(stored, separator + 1))
+    end
+  end
   if units == nil or stamp == nil then
     units, stamp = full, now_ms
   end
@@ -42,8 +49,7 @@ local function token_bucket(key, now_us, limit, period_ms, capacity, cost)
   return true, remaining, reset_us, 0, function()
     local left = units - need
     local to_full_ms = math.ceil((full - left) / limit)
-    redis.call('HSET', key, 't', left, 'ts', stamp)
-    redis.call('PEXPIRE', key, to_full_ms)
+    redis.call('SET', key, string.format('%d:%d', left, stamp), 'PX', to_full_ms)
     return to_full_ms * 1000
   end
 end
