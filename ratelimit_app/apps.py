@@ -8,3 +8,6 @@ class RateLimitConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .lookups import connect_signals
+
+        connect_signals()  # saving or deleting tiers, limits, keys or user tiers invalidates the caches

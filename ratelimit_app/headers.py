@@ -1,0 +1,94 @@
+"""Rate limit response headers: legacy `X-RateLimit-*` and the IETF draft `RateLimit-Policy` / `RateLimit`.
+
+RATELIMIT['HEADERS'] chooses "legacy", "ietf" or "both" (default). For one request:
+
+    X-RateLimit-Limit: 10          capacity of the policy that matters most (see Decision)
+    X-RateLimit-Remaining: 0       units left in it
+    X-RateLimit-Reset: 30          seconds until it is back to its full allowance (delta, not a timestamp)
+    X-RateLimit-Tier: free         the tier that applied (absent when none did)
+    RateLimit-Policy: "ip";q=100;w=60, "burst";q=10;w=30, "minute";q=20;w=60, "day";q=1000;w=86400
+    RateLimit: "ip";r=99;t=1, "burst";r=0;t=30, "minute";r=10;t=58, "day";r=990;t=40000
+
+The IETF fields follow draft-ietf-httpapi-ratelimit-headers (-08 and later): Structured Field lists whose
+members are policy names (sf-strings) with parameters q (quota), w (window, seconds), r (remaining) and
+t (seconds until the quota resets). For token_bucket and gcra, q is the burst and w the time the burst
+takes to refill at the sustained rate, so q/w is the sustained rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import lru_cache
+
+from django.http import HttpResponseBase
+
+from .decision import Decision, PolicyResult
+from .policies import BURST_ALGORITHMS, Policy
+
+LEGACY = "legacy"
+IETF = "ietf"
+BOTH = "both"
+
+
+def _seconds(value: float) -> int:
+    """Whole seconds, rounded up (a client that waits this long is never early)."""
+    if value <= 0:
+        return 0
+    if math.isinf(value):
+        return 0
+    return math.ceil(value)
+
+
+def window_seconds(policy: Policy) -> int:
+    """The `w` of a policy: its period, or for token_bucket/gcra the time its burst takes to refill."""
+    if policy.algorithm in BURST_ALGORITHMS:
+        return max(1, math.ceil(policy.capacity * policy.period / policy.limit))
+    return max(1, math.ceil(policy.period))
+
+
+def _sf_string(name: str) -> str:
+    # Policy names are limited to [A-Za-z0-9_.-] by Policy itself; escaping keeps this safe regardless.
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@lru_cache(maxsize=1024)
+def policy_field(policies: tuple[Policy, ...]) -> str:
+    """The `RateLimit-Policy` value for a set of policies (computed once per distinct set)."""
+    return ", ".join(f"{_sf_string(p.name)};q={p.capacity};w={window_seconds(p)}" for p in policies)
+
+
+def ratelimit_field(results: Sequence[PolicyResult]) -> str:
+    """The `RateLimit` value: remaining units and seconds to reset, per policy."""
+    return ", ".join(f"{_sf_string(r.policy)};r={r.remaining};t={_seconds(r.reset_after)}" for r in results)
+
+
+def apply_headers(response: HttpResponseBase, decision: Decision, policies: tuple[Policy, ...],
+                  tier: str | None, mode: str) -> None:
+    """Add the headers chosen by `mode` ("legacy", "ietf" or "both") describing `decision`.
+
+    `decision.results` are the results of `policies`, in order. A degraded decision (made without
+    Redis) carries no real counts, so only the static fields (tier, policy) are sent for it.
+    """
+    headers = response.headers
+    live = not decision.degraded and bool(decision.results)
+    if mode != IETF:
+        if live:
+            headers["X-RateLimit-Limit"] = str(decision.limit)
+            headers["X-RateLimit-Remaining"] = str(decision.remaining)
+            headers["X-RateLimit-Reset"] = str(_seconds(decision.reset_after))
+        if tier:
+            headers["X-RateLimit-Tier"] = tier
+    if mode != LEGACY:
+        if policies:
+            headers["RateLimit-Policy"] = policy_field(policies)
+        if live:
+            headers["RateLimit"] = ratelimit_field(decision.results)
+
+
+def retry_after_seconds(retry_after: float | None) -> int | None:
+    """The `Retry-After` value for a denial: whole seconds, rounded up, at least 1; None when the
+    request can never succeed (cost above capacity, `math.inf`) or no time is known."""
+    if retry_after is None or math.isinf(retry_after) or math.isnan(retry_after):
+        return None
+    return max(1, math.ceil(retry_after))

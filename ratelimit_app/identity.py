@@ -1,0 +1,176 @@
+"""Who is calling: the API key a request carries, the client IP (behind trusted proxies only), and the
+identity strings limits are counted under.
+
+Identity strings: `key:<api key prefix>`, `user:<user pk>`, `ip:<address>` for IPv4 and
+`ip:<network>/<len>` for IPv6 (grouped by RATELIMIT['IPV6_PREFIX'], default /64, because one IPv6
+client usually owns a whole /64). The engine hashes identities into fixed-length Redis keys, so no
+header value ever becomes a Redis key name.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, cast
+
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
+
+from .conf import on_reload, ratelimit_settings
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+#: Most X-Forwarded-For entries walked when trusted proxies are a CIDR list.
+MAX_FORWARDED_HOPS = 32
+UNKNOWN_IP = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityConfig:
+    """The identity settings, parsed once per settings change."""
+
+    api_key_meta: str  # request.META name of RATELIMIT['API_KEY_HEADER']
+    trusted_hops: int
+    trusted_networks: tuple[IPNetwork, ...]
+    ipv6_prefix: int
+
+
+def _parse_config() -> IdentityConfig:
+    header = ratelimit_settings.API_KEY_HEADER
+    if not isinstance(header, str) or not header.strip():
+        raise ImproperlyConfigured(f"RATELIMIT['API_KEY_HEADER'] is {header!r}; expected a header name")
+    meta = "HTTP_" + header.strip().upper().replace("-", "_")
+    proxies = ratelimit_settings.TRUSTED_PROXIES
+    hops, networks = 0, cast(tuple[IPNetwork, ...], ())
+    if isinstance(proxies, int):
+        hops = proxies
+    else:
+        try:
+            networks = tuple(ipaddress.ip_network(cidr.strip(), strict=False) for cidr in proxies)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"RATELIMIT['TRUSTED_PROXIES'] has an invalid CIDR: {exc}") from exc
+    return IdentityConfig(meta, hops, networks, ratelimit_settings.IPV6_PREFIX)
+
+
+_lock = threading.Lock()
+_config: IdentityConfig | None = None
+
+
+def get_config() -> IdentityConfig:
+    """The parsed identity settings (parsed on first use and after every settings change)."""
+    global _config
+    config = _config
+    if config is None:
+        with _lock:
+            if _config is None:
+                _config = _parse_config()
+            config = _config
+    return config
+
+
+@on_reload
+def _reset_config() -> None:
+    global _config
+    with _lock:
+        _config = None
+
+
+def api_key_from_request(request: HttpRequest) -> str | None:
+    """The raw API key the request carries (the API key header, else `Authorization: Bearer`), or None.
+
+    The value is untrusted and unbounded: check it with `apikeys.parse_key` before any other use.
+    """
+    meta = request.META
+    key = meta.get(get_config().api_key_meta)
+    if key is not None:
+        return str(key)
+    authorization = meta.get("HTTP_AUTHORIZATION")
+    if authorization and authorization[:7].lower() == "bearer ":
+        return str(authorization[7:].strip())
+    return None
+
+
+def _parse_ip(text: str) -> IPAddress | None:
+    try:
+        address = ipaddress.ip_address(text.strip())
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def client_ip(request: HttpRequest) -> str:
+    """The client's address: REMOTE_ADDR, unless trusted proxies are configured.
+
+    With a hop count N, the N-th X-Forwarded-For entry from the right (what the outermost trusted proxy
+    saw). With a CIDR list, X-Forwarded-For is walked from the right while the hops are trusted proxies;
+    the first untrusted address is the client. Without trusted proxies the header is ignored entirely,
+    so a client cannot choose its own address. Returns "unknown" when no address can be read.
+    """
+    meta = request.META
+    remote = str(meta.get("REMOTE_ADDR") or "")
+    config = get_config()
+    if config.trusted_hops:
+        forwarded = meta.get("HTTP_X_FORWARDED_FOR")
+        if not forwarded:
+            return remote or UNKNOWN_IP
+        entries = str(forwarded).rsplit(",", config.trusted_hops)
+        candidate = entries[-config.trusted_hops] if len(entries) >= config.trusted_hops else entries[0]
+        address = _parse_ip(candidate)
+        return str(address) if address is not None else (remote or UNKNOWN_IP)
+    if config.trusted_networks:
+        address = _parse_ip(remote)
+        if address is None or not _is_trusted(address, config.trusted_networks):
+            return remote or UNKNOWN_IP
+        forwarded = str(meta.get("HTTP_X_FORWARDED_FOR") or "")
+        for entry in reversed(forwarded.split(",")[-MAX_FORWARDED_HOPS:] if forwarded else []):
+            hop = _parse_ip(entry)
+            if hop is None:
+                break  # a malformed entry: trust nothing left of it; the last trusted hop is what we know
+            address = hop
+            if not _is_trusted(hop, config.trusted_networks):
+                break
+        return str(address)
+    return remote or UNKNOWN_IP
+
+
+def _is_trusted(address: IPAddress, networks: tuple[IPNetwork, ...]) -> bool:
+    return any(address.version == network.version and address in network for network in networks)
+
+
+@lru_cache(maxsize=8192)
+def ip_identity(address: str, ipv6_prefix: int = 64) -> str:
+    """The identity of a client address: `ip:<IPv4>` or `ip:<IPv6 network>/<ipv6_prefix>`."""
+    parsed = _parse_ip(address)
+    if parsed is None:
+        return f"ip:{UNKNOWN_IP}"
+    if isinstance(parsed, ipaddress.IPv6Address):
+        return f"ip:{ipaddress.IPv6Network((parsed, ipv6_prefix), strict=False)}"
+    return f"ip:{parsed}"
+
+
+def request_ip_identity(request: HttpRequest) -> str:
+    """`ip_identity(client_ip(request))` with the configured IPv6 prefix."""
+    return ip_identity(client_ip(request), get_config().ipv6_prefix)
+
+
+def key_identity(prefix: str) -> str:
+    """The identity of an API key: `key:<prefix>` (never the secret part)."""
+    return f"key:{prefix}"
+
+
+def user_identity(user_pk: Any) -> str:
+    """The identity of an authenticated user: `user:<pk>`."""
+    return f"user:{user_pk}"
+
+
+def authenticated_user(request: Any) -> Any:
+    """The request's authenticated user, or None (also when no authentication middleware ran)."""
+    user = getattr(request, "user", None)
+    if user is not None and getattr(user, "is_authenticated", False):
+        return user
+    return None

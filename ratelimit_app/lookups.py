@@ -1,0 +1,361 @@
+"""Cached lookups of tiers, API keys and user tiers: what request handling reads instead of the models.
+
+Three layers, fastest first:
+
+1. an in-process cache (bounded: RATELIMIT['LOCAL_CACHE_SIZE'] entries, plus a separate negative cache
+   of unknown key prefixes bounded by RATELIMIT['NEGATIVE_CACHE_SIZE']). Every entry expires
+   RATELIMIT['CACHE_TTL'] seconds after it was loaded, which is what bounds how long a change takes to
+   reach every app server;
+2. the Django cache named by RATELIMIT['CACHE_ALIAS'], shared by app servers, holding plain rows under
+   a *generation*: saving or deleting a Tier, TierLimit, ApiKey or UserTier bumps the generation (right
+   away and again after the transaction commits), which makes every older shared entry unreachable;
+3. the database.
+
+A warm request therefore makes no database query and no cache call. Values are frozen dataclasses; a
+tier's policies are compiled once per load, never per request. Raw API keys are never cached, logged or
+stored: entries are keyed by the key's prefix and hold its hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.cache import BaseCache, caches
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+
+from .conf import on_reload, ratelimit_settings
+from .policies import Policy
+
+#: Lifetime of the rows kept in the shared Django cache. Changes made through the ORM (admin, shell,
+#: signals) apply within CACHE_TTL; changes that bypass signals (`QuerySet.update`, raw SQL) apply once
+#: this runs out, or at the next `invalidate()`.
+SHARED_TTL = 300
+
+logger = logging.getLogger("ratelimit_app")
+
+
+class _Miss:
+    """The "not cached" marker (distinct from a cached None, which means "does not exist")."""
+
+    def __repr__(self) -> str:
+        return "MISS"
+
+
+MISS: Any = _Miss()
+
+
+@dataclass(frozen=True, slots=True)
+class TierInfo:
+    """A tier as request handling sees it, with its enabled limits compiled into policies.
+
+    `policies` are the limits without a scope; `scoped[scope]` are those plus the limits of `scope`.
+    `fail_mode` is None when the tier follows RATELIMIT['FAIL_MODE'].
+    """
+
+    slug: str
+    name: str
+    fail_mode: str | None
+    policies: tuple[Policy, ...]
+    scoped: dict[str, tuple[Policy, ...]] = field(default_factory=dict, hash=False, compare=False)
+
+    def policies_for(self, scope: str | None) -> tuple[Policy, ...]:
+        """The policies a request to a route declaring `scope` (None or "" for none) is checked against."""
+        if scope:
+            return self.scoped.get(scope, self.policies)
+        return self.policies
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """An API key as request handling sees it: never the key itself, only its prefix and hash."""
+
+    id: int
+    prefix: str
+    name: str
+    hashed_key: str
+    tier_slug: str
+    revoked: bool
+    expires_at: float | None  # Unix time, or None for never
+    owner_id: int | None
+
+    def refusal(self, now: float) -> str | None:
+        """Why the key is refused at Unix time `now` ("revoked" or "expired"), or None when usable."""
+        if self.revoked:
+            return "revoked"
+        if self.expires_at is not None and now >= self.expires_at:
+            return "expired"
+        return None
+
+
+class LocalCache:
+    """A bounded in-process map whose entries expire `ttl` seconds after they were set.
+
+    Reads take no lock (a dict lookup is atomic in CPython); writes do. When full, the oldest entry is
+    dropped; hot entries are re-inserted at every expiry, so they stay.
+    """
+
+    def __init__(self, maxsize: int, ttl: float) -> None:
+        self.maxsize = maxsize
+        self.ttl = ttl
+        self._data: dict[Hashable, tuple[Any, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any:
+        """The cached value, or MISS when absent or expired."""
+        entry = self._data.get(key)
+        if entry is None or entry[1] <= time.monotonic():
+            return MISS
+        return entry[0]
+
+    def set(self, key: Hashable, value: Any) -> None:
+        """Cache `value` for `ttl` seconds, evicting the oldest entries beyond `maxsize`."""
+        expires = time.monotonic() + self.ttl
+        with self._lock:
+            self._data.pop(key, None)
+            self._data[key] = (value, expires)
+            while len(self._data) > self.maxsize:
+                del self._data[next(iter(self._data))]
+
+    def discard(self, key: Hashable) -> None:
+        with self._lock:
+            self._data.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+class Lookups:
+    """The three-layer lookup service (see the module docstring). One instance serves a process;
+    tests build a second one to play a second app server sharing the same database and Django cache.
+    """
+
+    def __init__(self, *, cache_ttl: float, local_size: int, negative_size: int, cache_alias: str,
+                 namespace: str) -> None:
+        self.local = LocalCache(local_size, cache_ttl)
+        self.negative = LocalCache(negative_size, cache_ttl)
+        self.cache_alias = cache_alias
+        self.namespace = namespace
+
+    # -- public ----------------------------------------------------------------------------------
+    def tier(self, slug: str) -> TierInfo | None:
+        """The tier named `slug`, or None when no such tier exists."""
+        local_key = ("tier", slug)
+        value = self.local.get(local_key)
+        if value is MISS:
+            row = self._shared("tier", slug, _load_tier_row)
+            value = _build_tier(row) if row is not None else None
+            self.local.set(local_key, value)
+        return value
+
+    def cached_key(self, prefix: str) -> Any:
+        """The key with `prefix` if this process has it cached (KeyInfo, or None for unknown), else MISS.
+
+        Never does I/O: the middleware uses it to decide whether a lookup is needed at all.
+        """
+        value = self.local.get(("key", prefix))
+        if value is MISS and self.negative.get(prefix) is not MISS:
+            return None
+        return value
+
+    def key(self, prefix: str) -> KeyInfo | None:
+        """The API key with `prefix` (whatever its state), or None when no key has that prefix."""
+        value = self.cached_key(prefix)
+        if value is MISS:
+            row = self._shared("key", prefix, _load_key_row, cache_missing=False)
+            if row is None:
+                self.negative.set(prefix, True)
+                return None
+            value = KeyInfo(*row)
+            self.local.set(("key", prefix), value)
+        return value
+
+    def user_tier_slug(self, user_pk: Any) -> str | None:
+        """The slug of the tier assigned to user `user_pk` in the admin, or None when none is."""
+        local_key = ("user", str(user_pk))
+        value = self.local.get(local_key)
+        if value is MISS:
+            value = self._shared("user", str(user_pk), _load_user_tier_slug)
+            self.local.set(local_key, value)
+        return value
+
+    def clear_local(self) -> None:
+        """Forget everything cached in this process."""
+        self.local.clear()
+        self.negative.clear()
+
+    def invalidate(self) -> None:
+        """Make every app server reload from the database within CACHE_TTL; this one right away."""
+        cache = self._cache()
+        if cache is not None:
+            try:
+                cache.set(self._generation_key, uuid.uuid4().hex, timeout=None)
+            except Exception as exc:  # a cache outage must not fail an admin save
+                logger.warning(
+                    "ratelimit: could not invalidate the shared lookup cache (%s); other app servers apply "
+                    "the change within %s seconds", exc, SHARED_TTL,
+                )
+        self.clear_local()
+
+    # -- internals -------------------------------------------------------------------------------
+    @property
+    def _generation_key(self) -> str:
+        return f"{self.namespace}:lookups:generation"
+
+    def _cache(self) -> BaseCache | None:
+        try:
+            return caches[self.cache_alias]
+        except Exception:  # no such alias: run without the shared layer
+            return None
+
+    def _shared(self, kind: str, name: str, load: Any, *, cache_missing: bool = True) -> Any:
+        """Read `kind:name` from the shared cache, else load it from the database and share it."""
+        cache = self._cache()
+        entry_key = None
+        if cache is not None:
+            try:
+                generation = cache.get(self._generation_key)
+                if generation is None:
+                    cache.add(self._generation_key, uuid.uuid4().hex, timeout=None)
+                    generation = cache.get(self._generation_key)
+                entry_key = f"{self.namespace}:lookups:{generation}:{kind}:{name}"
+                found = cache.get(entry_key, MISSING_MARKER)
+                if found != MISSING_MARKER:
+                    return _from_shared(found)
+            except Exception:  # the cache is an optimisation; the database is the truth
+                cache = None
+        row = load(name)
+        if cache is not None and entry_key is not None and (row is not None or cache_missing):
+            with contextlib.suppress(Exception):  # sharing is an optimisation
+                cache.set(entry_key, _to_shared(row), timeout=SHARED_TTL)
+        return row
+
+
+#: Stored in the shared cache for "does not exist" (None cannot be told apart from a cache miss).
+MISSING_MARKER = "__ratelimit_missing__"
+
+
+def _to_shared(row: Any) -> Any:
+    return MISSING_MARKER + ":none" if row is None else row
+
+
+def _from_shared(value: Any) -> Any:
+    return None if value == MISSING_MARKER + ":none" else value
+
+
+# -- database loaders: plain rows, picklable and independent of the code version of the dataclasses --
+def _load_tier_row(slug: str) -> tuple[Any, ...] | None:
+    from .models import Tier, TierLimit
+
+    tier = Tier.objects.filter(slug=slug).values_list("id", "slug", "name", "fail_mode").first()
+    if tier is None:
+        return None
+    limits = list(
+        TierLimit.objects.filter(tier_id=tier[0], enabled=True)
+        .order_by("scope", "period", "id")
+        .values_list("name", "algorithm", "limit", "period", "burst", "scope")
+    )
+    return (*tier[1:], limits)
+
+
+def _build_tier(row: tuple[Any, ...]) -> TierInfo:
+    from .models import TierLimit
+
+    slug, name, fail_mode, limit_rows = row
+    base: list[Policy] = []
+    by_scope: dict[str, list[Policy]] = {}
+    for limit_name, algorithm, limit, period, burst, scope in limit_rows:
+        policy = TierLimit(name=limit_name, algorithm=algorithm, limit=limit, period=period, burst=burst,
+                           scope=scope).to_policy()
+        (by_scope.setdefault(scope, []) if scope else base).append(policy)
+    scoped = {scope: (*base, *policies) for scope, policies in by_scope.items()}
+    return TierInfo(slug, name, fail_mode or None, tuple(base), scoped)
+
+
+def _load_key_row(prefix: str) -> tuple[Any, ...] | None:
+    from .models import ApiKey
+
+    row = (
+        ApiKey.objects.filter(prefix=prefix)
+        .values_list("id", "prefix", "name", "hashed_key", "tier__slug", "revoked", "expires", "owner_id")
+        .first()
+    )
+    if row is None:
+        return None
+    expires = row[6]
+    return (*row[:6], expires.timestamp() if expires is not None else None, row[7])
+
+
+def _load_user_tier_slug(user_pk: str) -> str | None:
+    from .models import UserTier
+
+    return UserTier.objects.filter(user_id=user_pk).values_list("tier__slug", flat=True).first()
+
+
+# -- the process-wide instance ---------------------------------------------------------------------
+_lock = threading.Lock()
+_lookups: Lookups | None = None
+
+
+def build_lookups() -> Lookups:
+    """A new Lookups configured from settings.RATELIMIT (the process uses `get_lookups()`)."""
+    return Lookups(
+        cache_ttl=ratelimit_settings.CACHE_TTL,
+        local_size=ratelimit_settings.LOCAL_CACHE_SIZE,
+        negative_size=ratelimit_settings.NEGATIVE_CACHE_SIZE,
+        cache_alias=ratelimit_settings.CACHE_ALIAS,
+        namespace=ratelimit_settings.KEY_PREFIX,
+    )
+
+
+def get_lookups() -> Lookups:
+    """The lookup service of this process (created on first use from settings)."""
+    global _lookups
+    lookups = _lookups
+    if lookups is None:
+        with _lock:
+            if _lookups is None:
+                _lookups = build_lookups()
+            lookups = _lookups
+    return lookups
+
+
+@on_reload
+def reset_lookups() -> None:
+    """Forget the lookup service so the next use builds one from the current settings."""
+    global _lookups
+    with _lock:
+        _lookups = None
+
+
+def invalidate() -> None:
+    """Apply a change of tiers, limits, keys or user tiers: see `Lookups.invalidate`."""
+    get_lookups().invalidate()
+
+
+def _on_model_change(sender: Any, using: str = "default", **kwargs: Any) -> None:
+    invalidate()
+    # Again after commit: a server that reloaded between the first bump and the commit read the old
+    # rows, and this second bump makes what it shared unreachable.
+    if transaction.get_connection(using).in_atomic_block:
+        transaction.on_commit(invalidate, using=using)
+
+
+def connect_signals() -> None:
+    """Invalidate the caches whenever a Tier, TierLimit, ApiKey or UserTier is saved or deleted."""
+    from .models import ApiKey, Tier, TierLimit, UserTier
+
+    for model in (Tier, TierLimit, ApiKey, UserTier):
+        for signal_name, signal in (("post_save", post_save), ("post_delete", post_delete)):
+            signal.connect(_on_model_change, sender=model, dispatch_uid=f"ratelimit-{model.__name__}-{signal_name}")

@@ -1,0 +1,205 @@
+"""Plans ("tiers"), their limits, API keys and per-user tier assignments, as staff edit them in the admin.
+
+Request handling never reads these models directly: `ratelimit_app.lookups` caches what it needs
+(frozen `TierInfo` / `KeyInfo` values) and is invalidated when any of these rows is saved or deleted.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import IntegrityError, models, transaction
+from django.utils import timezone
+
+from . import apikeys
+from .policies import ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
+
+FAIL_MODE_CHOICES = [
+    ("", "Default (RATELIMIT['FAIL_MODE'])"),
+    ("open", "Open: allow, marked degraded"),
+    ("closed", "Closed: refuse with 503"),
+    ("local", "Local: in-process fallback limiter"),
+]
+ALGORITHM_CHOICES = [(name, name.replace("_", " ")) for name in ALGORITHMS]
+
+#: Policy name of the per-IP limit; tier limits may not use it, so the two never share a Redis key.
+IP_POLICY_NAME = "ip"
+
+_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,30}$"
+_name_validator = RegexValidator(
+    _NAME_PATTERN, "Use 1-30 letters, digits, '_' or '-'.", code="invalid_name"
+)
+
+
+class Tier(models.Model):
+    """A plan such as free, pro or enterprise: a named set of limits, and what to do when Redis is down."""
+
+    slug = models.SlugField(max_length=50, unique=True, help_text="Stable identifier used in settings and headers.")
+    name = models.CharField(max_length=100)
+    description = models.TextField(blank=True)
+    fail_mode = models.CharField(
+        max_length=10, blank=True, default="", choices=FAIL_MODE_CHOICES,
+        help_text="What requests of this tier get when Redis is unavailable.",
+    )
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name or self.slug
+
+
+class TierLimit(models.Model):
+    """One limit of a tier: `limit` units per `period` seconds under `algorithm`.
+
+    `burst` is the bucket size of token_bucket and gcra (empty: the limit). An empty `scope` applies to
+    every route; a scope name applies only to views that declare that scope (and is counted separately
+    for it). The policy a limit becomes is named `name`, or `scope.name` for a scoped limit.
+    """
+
+    tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="limits")
+    name = models.CharField(max_length=30, validators=[_name_validator], help_text="For example burst, minute, day.")
+    algorithm = models.CharField(max_length=30, choices=ALGORITHM_CHOICES)
+    limit = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    period = models.PositiveIntegerField(validators=[MinValueValidator(1)], help_text="Seconds.")
+    burst = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Bucket size for token bucket and GCRA; empty means the limit.",
+    )
+    scope = models.CharField(
+        max_length=30, blank=True, default="", validators=[_name_validator],
+        help_text="Empty: every route. Otherwise only views that declare this scope.",
+    )
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["scope", "period", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["tier", "scope", "name"], name="ratelimit_unique_limit_name"),
+        ]
+
+    def __str__(self) -> str:
+        burst = f" burst {self.burst}" if self.burst else ""
+        scope = f" [{self.scope}]" if self.scope else ""
+        return f"{self.name}: {self.limit}/{self.period}s {self.algorithm}{burst}{scope}"
+
+    @property
+    def policy_name(self) -> str:
+        """The name this limit carries in decisions, headers and Redis keys."""
+        return f"{self.scope}.{self.name}" if self.scope else self.name
+
+    def to_policy(self) -> Policy:
+        """The engine policy for this limit (raises InvalidPolicy when the values cannot be enforced)."""
+        return Policy(self.policy_name, self.algorithm, limit=self.limit, period=self.period, burst=self.burst)
+
+    def clean(self) -> None:
+        """Refuse values the engine cannot enforce, naming the field at fault."""
+        super().clean()
+        errors: dict[str, str] = {}
+        if self.name == IP_POLICY_NAME and not self.scope:
+            errors["name"] = f"'{IP_POLICY_NAME}' is reserved for the per-IP limit."
+        if self.burst is not None and self.algorithm not in BURST_ALGORITHMS:
+            errors["burst"] = f"Only {' and '.join(sorted(BURST_ALGORITHMS))} take a burst; leave it empty."
+        if self.limit is not None and self.limit > MAX_LIMIT:
+            errors["limit"] = f"At most {MAX_LIMIT}."
+        if self.period is not None and self.period > MAX_PERIOD_SECONDS:
+            errors["period"] = f"At most {MAX_PERIOD_SECONDS} seconds (366 days)."
+        if errors:
+            raise ValidationError(errors)
+        if None in (self.name, self.algorithm, self.limit, self.period):
+            return  # field validation reports the missing values
+        try:
+            self.to_policy()
+        except InvalidPolicy as exc:
+            field, _, message = str(exc).partition(": ")
+            raise ValidationError({field if field in ("limit", "period", "burst") else "__all__": message}) from exc
+
+
+class ApiKeyManager(models.Manager["ApiKey"]):
+    def create_key(
+        self, *, name: str, tier: Tier, owner: Any = None, expires: datetime | None = None
+    ) -> tuple[ApiKey, str]:
+        """Create a key and return `(api_key, full_key)`. The full key exists only in this return value."""
+        for _ in range(5):
+            prefix, key = apikeys.generate_key()
+            try:
+                with transaction.atomic():
+                    obj = self.create(name=name, tier=tier, owner=owner, expires=expires, prefix=prefix,
+                                      hashed_key=apikeys.hash_key(key))
+            except IntegrityError:
+                if self.filter(prefix=prefix).exists():
+                    continue  # a prefix collision (1 in 2e14): draw again
+                raise
+            return obj, key
+        raise RuntimeError("could not draw an unused API key prefix in 5 attempts")
+
+
+class ApiKey(models.Model):
+    """A client's API key. Only its prefix and a SHA-512 hash are stored; revocation cannot be undone."""
+
+    name = models.CharField(max_length=100, help_text="Who or what uses this key.")
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="api_keys")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="api_keys",
+    )
+    prefix = models.CharField(max_length=apikeys.PREFIX_LENGTH, unique=True, editable=False)
+    hashed_key = models.CharField(max_length=128, editable=False)
+    created = models.DateTimeField(auto_now_add=True)
+    expires = models.DateTimeField(null=True, blank=True, help_text="Empty: never expires.")
+    revoked = models.BooleanField(default=False, help_text="A revoked key is refused; this cannot be undone.")
+
+    objects = ApiKeyManager()
+
+    class Meta:
+        ordering = ["-created"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix})"
+
+    @property
+    def is_expired(self) -> bool:
+        """True once the expiry time has passed."""
+        return self.expires is not None and self.expires <= timezone.now()
+
+    def _unrevokes(self) -> bool:
+        """True when this save would restore a key that is revoked in the database."""
+        return (not self.revoked and self.pk is not None
+                and type(self)._default_manager.filter(pk=self.pk, revoked=True).exists())
+
+    def clean(self) -> None:
+        super().clean()
+        if self._unrevokes():
+            raise ValidationError({"revoked": "A revoked key cannot be restored; create a new key."})
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.prefix or not self.hashed_key:
+            raise ValidationError("Create API keys with ApiKey.objects.create_key(), which returns the key.")
+        if self._unrevokes():
+            raise ValidationError("A revoked API key cannot be restored; create a new key.")
+        super().save(*args, **kwargs)
+
+
+class UserTier(models.Model):
+    """The tier of an authenticated user who calls without an API key (else RATELIMIT['DEFAULT_USER_TIER'])."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ratelimit_tier")
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="users")
+
+    class Meta:
+        verbose_name = "user tier"
+
+    def __str__(self) -> str:
+        return f"{self.user} -> {self.tier.slug}"
+
+
+def is_valid_scope(scope: str) -> bool:
+    """True when `scope` could be a TierLimit scope (views declare scopes with the same rules)."""
+    return bool(re.match(_NAME_PATTERN, scope))
