@@ -33,6 +33,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # After authentication (session users get their tier); limits RATELIMIT['PATH_PREFIXES'] (/api/).
+    "ratelimit_app.middleware.RateLimitMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -79,6 +81,8 @@ RATELIMIT = {
 REST_FRAMEWORK: dict[str, object] = {
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "UNAUTHENTICATED_USER": None,
+    # Read at request time by ratelimit_app.throttling (the demo's /drf/items/ uses the "items" scope).
+    "DEFAULT_THROTTLE_RATES": {"anon": "100/m", "user": "1000/h", "items": "30/m"},
 }
 
 LANGUAGE_CODE = "en-us"

@@ -1,9 +1,18 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
+from rest_framework.routers import SimpleRouter
 
 from project.demo import views
+
+router = SimpleRouter()
+router.register("items", views.ItemViewSet, basename="item")
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("health", views.health, name="health"),
+    path("api/users", views.users, name="users"),
+    path("api/data", views.data, name="data"),
+    path("api/rate-limit/status", views.rate_limit_status, name="rate-limit-status"),
+    path("drf/", include(router.urls)),
+    path("public/quote", views.quote, name="quote"),
 ]

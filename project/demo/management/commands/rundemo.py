@@ -1,20 +1,74 @@
-"""`manage.py rundemo`: migrate, then serve the demo on 127.0.0.1:8000 in this one process."""
+"""`manage.py rundemo`: migrate (which seeds the tiers), create one demo API key per tier and print them,
+create an admin login, then serve the demo on 127.0.0.1:8000 in this one process."""
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+from django.db.models import Min
+
+from ratelimit_app.models import ApiKey, Tier
+
+DEMO_KEY_PREFIX = "demo key for "
+ADMIN_USERNAME = "admin"
 
 
 class Command(BaseCommand):
-    help = "Prepare and serve the demo site (migrate, then runserver without the autoreloader)."
+    help = "Prepare and serve the demo site (migrate, demo keys, admin login, then runserver without reloader)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
+        parser.add_argument("--no-serve", action="store_true", help="Prepare and print the keys, do not serve.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         call_command("migrate", interactive=False, verbosity=0)
-        # --noreload: one process, so an embedded Redis started by the settings is the one served.
-        call_command("runserver", options["addrport"], use_reloader=False)
+        keys = self.create_demo_keys()
+        password = self.reset_admin_password()
+        base = f"http://{options['addrport']}"
+        self.stdout.write("\nDemo API keys (new on every start; the previous ones are revoked):")
+        for slug, key in keys:
+            self.stdout.write(f"  {slug:<11} {key}")
+        free_key = keys[0][1] if keys else "<key>"
+        self.stdout.write(
+            f"\nAdmin: {base}/admin/  user {ADMIN_USERNAME!r}, password {password!r}\n"
+            f"Try:\n"
+            f"  curl -i {base}/api/users -H 'X-API-Key: {free_key}'\n"
+            f"  curl -i -X POST {base}/api/data -H 'Authorization: Bearer {free_key}' -d '{{}}'\n"
+            f"  curl -i {base}/api/rate-limit/status -H 'X-API-Key: {free_key}'\n"
+            f"  curl -i {base}/drf/items/ -H 'X-API-Key: {free_key}'\n"
+            f"  curl -i {base}/public/quote\n"
+            f"  curl -i {base}/health\n"
+        )
+        if options["no_serve"]:
+            return
+        # --noreload: one process, so an embedded Redis started by the settings is the one served;
+        # insecure_serving: the admin's static files without collectstatic (DEBUG is off).
+        call_command("runserver", options["addrport"], use_reloader=False, insecure_serving=True)
+
+    def create_demo_keys(self) -> list[tuple[str, str]]:
+        """Revoke the previous demo keys and create one per tier: [(tier slug, full key)]."""
+        keys = []
+        with transaction.atomic():
+            for api_key in ApiKey.objects.filter(name__startswith=DEMO_KEY_PREFIX, revoked=False):
+                api_key.revoked = True
+                api_key.save(update_fields=["revoked"])
+            for tier in Tier.objects.annotate(smallest=Min("limits__limit")).order_by("smallest", "slug"):
+                _, key = ApiKey.objects.create_key(name=f"{DEMO_KEY_PREFIX}{tier.slug}", tier=tier)
+                keys.append((tier.slug, key))
+        return keys
+
+    def reset_admin_password(self) -> str:
+        """Create the demo superuser, or give it a new random password; return the password."""
+        user_model = get_user_model()
+        user = user_model._default_manager.filter(**{user_model.USERNAME_FIELD: ADMIN_USERNAME}).first()
+        if user is None:
+            user = user_model(**{user_model.USERNAME_FIELD: ADMIN_USERNAME}, is_staff=True, is_superuser=True)
+        password = secrets.token_urlsafe(12)
+        user.set_password(password)
+        user.save()
+        return password
