@@ -133,6 +133,7 @@ class _Recorder:
         self.failing = False
         self.thread: threading.Thread | None = None
         self.stop_event = threading.Event()
+        self.wake_event = threading.Event()
 
     # -- request path --------------------------------------------------------------------------
     def record(self, allowed: bool, tier: str, policy: str | None, degraded: bool, identity: str) -> None:
@@ -189,9 +190,11 @@ class _Recorder:
     def forget_settings(self) -> None:
         """Settings changed: read the prefix and switch again on the next decision.
 
-        Unflushed counts keep the prefix they were recorded under.
+        Unflushed counts keep the prefix they were recorded under. The flusher wakes up to flush them
+        and to wait the (possibly new) interval from now on.
         """
         self.target = None
+        self.wake_event.set()
 
     # -- flushing ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -199,12 +202,17 @@ class _Recorder:
             if self.thread is not None and self.thread.is_alive():
                 return
             self.stop_event = threading.Event()
+            self.wake_event = threading.Event()
             self.thread = threading.Thread(target=self._run, name="ratelimit-metrics-flusher", daemon=True)
             self.thread.start()
 
     def _run(self) -> None:
-        stop = self.stop_event
-        while not stop.wait(self._interval()):
+        stop, wake = self.stop_event, self.wake_event
+        while not stop.is_set():
+            wake.wait(self._interval())
+            wake.clear()
+            if stop.is_set():
+                break
             try:
                 self.flush()
             except Exception:  # the flusher must outlive any bug; the counts were kept by flush()
@@ -306,6 +314,7 @@ class _Recorder:
         if self.pid != os.getpid():
             self.after_fork()
         self.stop_event.set()
+        self.wake_event.set()
         thread = self.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)

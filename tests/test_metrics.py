@@ -172,14 +172,16 @@ def test_counts_survive_a_redis_outage_and_land_once_it_is_back(settings: Any, c
     server = start_redis()
     port = server.port
     try:
-        settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url, "METRICS_FLUSH_INTERVAL": 0.05}
-        send_load(allowed={"free": 30}, blocked={("free", "minute", "ip:192.0.2.9"): 6})
+        settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url, "METRICS_FLUSH_INTERVAL": 3600.0}
+        assert flush()
         server.stop()
+        send_load(allowed={"free": 30}, blocked={("free", "minute", "ip:192.0.2.9"): 6})
         caplog.set_level(logging.WARNING, logger="ratelimit_app")
         assert flush() is False
         send_load(allowed={"free": 4}, blocked={})
         assert flush() is False
         # the background flusher keeps failing too, and stays alive
+        settings.RATELIMIT = {**settings.RATELIMIT, "METRICS_FLUSH_INTERVAL": 0.05}
         errors_before = process_metrics().flush_errors
         deadline = time.monotonic() + 10
         while process_metrics().flush_errors < errors_before + 3:
