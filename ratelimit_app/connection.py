@@ -1,15 +1,27 @@
-"""The Redis client the limiter uses, built once from settings (REDIS_URL or a django-redis alias)."""
+"""The Redis client the limiter uses, built once from settings (REDIS_URL or a django-redis alias).
+
+Every client built here has explicit timeouts, no retries (a retried EVALSHA could charge twice) and
+connections that respect the limiter's time budget: while a budget is running (`budget_deadline`, set
+by the service around each decision), every connect and every read waits at most for the time left
+in it, so no sequence of steps inside one decision (connect, handshake, EVALSHA, SCRIPT LOAD, a
+Sentinel lookup, a cluster topology refresh) can add up past RATELIMIT['BUDGET_MS'].
+"""
 
 from __future__ import annotations
 
+import inspect
 import threading
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+import time
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import Connection, ConnectionPool, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .conf import on_reload, ratelimit_settings
@@ -21,27 +33,164 @@ _client: RedisClient | None = None
 CLUSTER_SCHEME = "redis+cluster"
 SENTINEL_SCHEME = "redis+sentinel"
 
+#: The monotonic time (time.monotonic()) by which the running limiter call must be answered, or None
+#: outside a budget. Set by LimiterService around each decision; read by the connection classes below.
+budget_deadline: ContextVar[float | None] = ContextVar("ratelimit_budget_deadline", default=None)
+
+# A read issued after the budget ran out still gets this long: the command was already sent, and a
+# reply that is on its way is worth a millisecond more than an unknown outcome.
+_LAST_READ = 0.001
+
+if TYPE_CHECKING:
+    from redis.connection import AbstractConnection as _ConnectionBase
+else:
+    _ConnectionBase = object
+
+
+class BudgetMixin(_ConnectionBase):
+    """Clips each socket connect and each reply wait to the time left in the current budget.
+
+    Outside a budget (`budget_deadline` is None) the connection behaves exactly like its base class.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._configured_connect_timeout: float | None = self.socket_connect_timeout
+
+    def _connect(self) -> Any:
+        deadline = budget_deadline.get()
+        configured = self._configured_connect_timeout
+        if deadline is None:
+            self.socket_connect_timeout = configured
+        else:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the limiter's time budget ran out before connecting to Redis")
+            self.socket_connect_timeout = left if configured is None else min(configured, left)
+        return super()._connect()  # type: ignore[safe-super]
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        deadline = budget_deadline.get()
+        if deadline is not None and "timeout" not in kwargs:
+            left = deadline - time.monotonic()
+            # only override when the budget is tighter than the socket's own timeout (the common
+            # first read of a call is not), which keeps the hot path free of extra syscalls
+            if self.socket_timeout is None or left < self.socket_timeout:
+                kwargs["timeout"] = max(left, _LAST_READ)
+        return super().read_response(*args, **kwargs)
+
+
+class BudgetConnection(BudgetMixin, Connection):
+    """A TCP connection that respects the limiter's time budget."""
+
+
+class BudgetSSLConnection(BudgetMixin, SSLConnection):
+    """A TLS connection that respects the limiter's time budget."""
+
+
+class BudgetUnixConnection(BudgetMixin, UnixDomainSocketConnection):
+    """A Unix socket connection that respects the limiter's time budget."""
+
+
+_BUDGET_CLASSES: dict[type[Any], type[Any]] = {
+    Connection: BudgetConnection,
+    SSLConnection: BudgetSSLConnection,
+    UnixDomainSocketConnection: BudgetUnixConnection,
+}
+
+
+def budget_class_for(connection_class: type[Any]) -> type[Any] | None:
+    """The budget-respecting variant of a redis-py connection class, or None when there is none."""
+    if issubclass(connection_class, BudgetMixin):
+        return connection_class
+    return _BUDGET_CLASSES.get(connection_class)
+
 
 def _no_retry() -> Retry:
     # A retried EVALSHA may be charged twice; failures go to the fail mode instead.
     return Retry(NoBackoff(), 0)
 
 
+def _no_handshake_options() -> dict[str, Any]:
+    # CLIENT SETINFO costs two round trips on every new connection: time the budget cannot spare
+    # when connections are re-established after an outage. redis-py >= 7 names it driver_info.
+    base = getattr(redis.connection, "AbstractConnection", Connection)
+    if "driver_info" in inspect.signature(base.__init__).parameters:
+        return {"driver_info": None}
+    return {"lib_name": None, "lib_version": None}
+
+
+_HANDSHAKE = _no_handshake_options()
+
+
+def budget_seconds() -> float:
+    """RATELIMIT['BUDGET_MS'] in seconds."""
+    return float(ratelimit_settings.BUDGET_MS) / 1000.0
+
+
+def socket_timeouts() -> tuple[float, float]:
+    """(connect timeout, read timeout) in seconds: the settings, never longer than the budget."""
+    budget = budget_seconds()
+    return (min(float(ratelimit_settings.SOCKET_CONNECT_TIMEOUT), budget),
+            min(float(ratelimit_settings.SOCKET_TIMEOUT), budget))
+
+
 def client_options() -> dict[str, Any]:
     """Connection options shared by every client the limiter builds: explicit timeouts, no retries."""
+    connect_timeout, read_timeout = socket_timeouts()
     return {
-        "socket_connect_timeout": ratelimit_settings.SOCKET_CONNECT_TIMEOUT,
-        "socket_timeout": ratelimit_settings.SOCKET_TIMEOUT,
+        "socket_connect_timeout": connect_timeout,
+        "socket_timeout": read_timeout,
         "retry": _no_retry(),
+        **_HANDSHAKE,
     }
+
+
+def _scheme_connection_class(scheme: str) -> type[Any]:
+    if scheme == "rediss":
+        return BudgetSSLConnection
+    if scheme == "unix":
+        return BudgetUnixConnection
+    return BudgetConnection
+
+
+def _cluster_client(url: str) -> RedisCluster:
+    """A RedisCluster for "redis+cluster://[user:pass@]host:port[,host:port...]" or a plain redis:// URL."""
+    parts = urlsplit(url)
+    scheme = "redis" if parts.scheme == CLUSTER_SCHEME else parts.scheme
+    options = client_options()
+    options["connection_class"] = _scheme_connection_class(scheme)
+    # Each node gets its own pool of budget-respecting connections; the cluster client itself never
+    # retries, so a decision whose reply was lost is never resent to another node.
+    hosts = parts.netloc.rsplit("@", 1)[-1]
+    try:
+        if "," in hosts:
+            nodes = []
+            for item in hosts.split(","):
+                host, _, port = item.rpartition(":")
+                if not host or not port.isdigit():
+                    raise ImproperlyConfigured(
+                        f"RATELIMIT['REDIS_URL']: cluster node {item!r} must be host:port "
+                        "(redis+cluster://host:7000,host:7001)"
+                    )
+                nodes.append(ClusterNode(host.strip("[]"), int(port)))
+            if parts.username:
+                options["username"] = unquote(parts.username)
+            if parts.password:
+                options["password"] = unquote(parts.password)
+            return RedisCluster(startup_nodes=nodes, **options)
+        return RedisCluster.from_url(urlunsplit(parts._replace(scheme=scheme)), **options)
+    except RedisClusterException as exc:
+        # RedisCluster contacts the cluster when built; keep that failure in the RedisError family
+        # that every caller of a Redis client already handles.
+        raise redis.ConnectionError(f"Redis Cluster at {hosts} cannot be reached: {exc}") from exc
 
 
 def build_client(url: str) -> RedisClient:
     """Build a client for `url` with the limiter's timeouts (see docs/settings.md for the schemes)."""
     parts = urlsplit(url)
     if parts.scheme == CLUSTER_SCHEME or (ratelimit_settings.CLUSTER and parts.scheme in ("redis", "rediss")):
-        plain = urlunsplit(parts._replace(scheme="redis")) if parts.scheme == CLUSTER_SCHEME else url
-        return RedisCluster.from_url(plain, **client_options())
+        return _cluster_client(url)
     if parts.scheme == SENTINEL_SCHEME:
         from .sentinel import sentinel_master
 
@@ -51,7 +200,7 @@ def build_client(url: str) -> RedisClient:
             f"RATELIMIT['REDIS_URL'] has scheme {parts.scheme!r}; expected redis, rediss, unix, "
             f"{CLUSTER_SCHEME} or {SENTINEL_SCHEME}"
         )
-    return redis.Redis.from_url(url, **client_options())
+    return redis.Redis.from_url(url, connection_class=_scheme_connection_class(parts.scheme), **client_options())
 
 
 def _client_from_cache_alias(alias: str) -> RedisClient:
@@ -64,16 +213,30 @@ def _client_from_cache_alias(alias: str) -> RedisClient:
     try:
         from django_redis import get_redis_connection
 
-        return get_redis_connection(alias)
+        client = get_redis_connection(alias)
     except NotImplementedError as exc:
         raise ImproperlyConfigured(
             f"RATELIMIT['CACHE_ALIAS'] = {alias!r} is not a django-redis cache; set RATELIMIT['REDIS_URL'] "
             "or point CACHE_ALIAS at a django_redis.cache.RedisCache"
         ) from exc
+    pool = getattr(client, "connection_pool", None)
+    budget_class = budget_class_for(pool.connection_class) if type(pool) is ConnectionPool else None
+    if pool is None or budget_class is None:
+        # a Sentinel or cluster cache client: used as configured (its own timeouts and retries apply)
+        return client
+    # The same server and credentials as the cache, but the limiter's own pool: its timeouts, no
+    # retries, and the time budget (the cache may be configured to retry, which must never resend
+    # a decision).
+    kwargs = {**pool.connection_kwargs, **client_options()}
+    return redis.Redis(connection_pool=ConnectionPool(connection_class=budget_class, **kwargs))
 
 
 def get_redis() -> RedisClient:
-    """The process-wide Redis client for rate limiting (created on first use, thread-safe)."""
+    """The process-wide Redis client for rate limiting (created on first use, thread-safe).
+
+    Raises ImproperlyConfigured for a bad configuration, and redis.ConnectionError when a Redis
+    Cluster cannot be reached to learn its topology.
+    """
     global _client
     client = _client
     if client is None:

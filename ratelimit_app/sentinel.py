@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from .conf import ratelimit_settings
+from .connection import BudgetConnection, BudgetMixin
+
+
+class BudgetSentinelConnection(BudgetMixin, SentinelManagedConnection):
+    """A connection to the master the sentinels name, respecting the limiter's time budget."""
 
 
 def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int]:
@@ -33,15 +38,22 @@ def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int]:
 
 
 def sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
-    """A client that always talks to the master that the sentinels currently name."""
+    """A client that always talks to the master that the sentinels currently name.
+
+    `options` are the limiter's client options (timeouts, no retries). The password in the URL is
+    the master's; the sentinels are asked without one. Each sentinel gets at most an equal share of
+    the connect timeout, so asking all of them cannot take longer than connecting to one server.
+    """
     hosts, service, db = parse_sentinel_url(url)
     password = urlsplit(url).password
-    sentinel = Sentinel(
-        hosts,
-        sentinel_kwargs={
-            "socket_connect_timeout": options["socket_connect_timeout"],
-            "socket_timeout": options["socket_timeout"],
-        },
+    share = len(hosts) or 1
+    sentinel_options = {
         **options,
+        "socket_connect_timeout": options["socket_connect_timeout"] / share,
+        "socket_timeout": options["socket_timeout"],
+        "connection_class": BudgetConnection,
+    }
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_options, **options)
+    return sentinel.master_for(
+        service, db=db, password=unquote(password) if password else None, connection_class=BudgetSentinelConnection,
     )
-    return sentinel.master_for(service, db=db, password=password)
