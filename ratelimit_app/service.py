@@ -1,50 +1,263 @@
 """The process-wide limiter service: what the middleware, throttles, decorator and commands call.
 
-`get_limiter()` returns a `LimiterService`: the engine (`RateLimiter`) configured from settings,
-plus the policies of this process around it (failure handling when Redis is slow or down).
+`get_limiter()` returns a `LimiterService`: the engine (`RateLimiter`) configured from settings, plus
+what keeps the API serving when Redis is slow or down (docs/operations.md tells the whole story):
+
+- a time budget (RATELIMIT['BUDGET_MS']): every connect and read of one decision waits at most for
+  what is left of it (see ratelimit_app.connection), so no request hangs on Redis;
+- a circuit breaker (ratelimit_app.breaker): after BREAKER_FAILURES consecutive failures, decisions
+  skip Redis until a single probe finds it answering again;
+- fail modes for decisions Redis cannot make: "open" (allow, degraded), "closed" (refuse, degraded:
+  HTTP 503 with Retry-After) or "local" (the in-process limiter of ratelimit_app.fallback, each
+  policy divided by APP_SERVERS);
+- a local deny cache (ratelimit_app.denycache): a request Redis denied until T is denied in process
+  until T, without a Redis call.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from redis.exceptions import RedisClusterException, RedisError
+
+from . import metrics
+from .breaker import CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
 from .conf import on_reload, ratelimit_settings
-from .connection import get_redis
+from .connection import budget_deadline, get_redis
 from .decision import Decision
+from .denycache import DenyCache
 from .engine import RateLimiter
+from .exceptions import RateLimiterError
+from .fallback import LocalLimiter
+from .logs import log_event
 from .policies import Policy
+
+FAIL_MODES = ("open", "closed", "local")
+Check = tuple[str, Sequence[Policy]]
+
+# Everything that means "Redis could not decide": the engine's BackendError, plus what a client may
+# raise outside the engine (building a cluster client, a cluster topology refresh).
+_BACKEND_ERRORS = (RateLimiterError, RedisError, RedisClusterException, OSError)
+
+#: The answer of the "open" fail mode: allowed, made without Redis, nothing known about the limits.
+OPEN_DECISION = Decision(True, 0, 0, 0.0, None, "", (), True)
+
+
+@dataclass(frozen=True)
+class ServiceStats:
+    """Counters of one LimiterService since it was built (per process).
+
+    `degraded` counts decisions answered without Redis (by fail mode: `degraded_open`,
+    `degraded_closed`, `local_allowed`, `local_denied`); `redis_failures` calls that failed or timed
+    out; `deny_cache_hits` requests denied in process; `local_states` states held by the fallback.
+    """
+
+    breaker: BreakerState
+    redis_failures: int
+    degraded_open: int
+    degraded_closed: int
+    local_allowed: int
+    local_denied: int
+    deny_cache_hits: int
+    deny_cache_size: int
+    local_states: int
+
+    @property
+    def degraded(self) -> int:
+        """Decisions answered without Redis, in every fail mode."""
+        return self.degraded_open + self.degraded_closed + self.local_allowed + self.local_denied
+
+
+def _request_key(checks: Sequence[Check], cost: int) -> Hashable:
+    """The deny-cache key of one request: its cost and every (identity, policy set), in order."""
+    if len(checks) == 1:
+        identity, policies = checks[0]
+        return (cost, identity, policies if type(policies) is tuple else tuple(policies))
+    parts: list[Any] = [cost]
+    for identity, policies in checks:
+        parts.append(identity)
+        parts.append(tuple(policies))
+    return tuple(parts)
 
 
 class LimiterService:
-    """The engine as request-handling code sees it.
+    """The engine as request-handling code sees it, with the failure handling described above.
 
-    `fail_mode` ("open", "closed", "local" or None for RATELIMIT['FAIL_MODE']) chooses what a call
-    answers when Redis cannot: see docs/operations.md. A decision made without Redis has
-    `degraded=True`; a degraded denial (`allowed=False, degraded=True`) means "refused because the
-    limiter is unavailable" and is answered with 503, not 429.
+    `limiter` is a RateLimiter, or a callable that builds one (called lazily, inside the time budget,
+    and again after a failure: a Redis Cluster that is down when the process starts is not fatal);
+    None builds one from settings. Every other argument defaults to its RATELIMIT setting, read once
+    here (the service is rebuilt when settings change).
+
+    `fail_mode` ("open", "closed", "local", or None for the service's default) chooses what a call
+    answers when Redis cannot. A decision made without Redis has `degraded=True`; a degraded denial
+    (`allowed=False, degraded=True`) means "refused because the limiter is unavailable" (HTTP 503 with
+    Retry-After). In "local" mode a request over its local share is denied like any rate-limited
+    request (`allowed=False, degraded=False`: HTTP 429); local admissions are `degraded=True`.
+    Invalid arguments (an unknown fail mode, a bad cost or policy) raise ValueError/TypeError.
     """
 
-    def __init__(self, limiter: RateLimiter) -> None:
-        self.limiter = limiter
+    def __init__(self, limiter: RateLimiter | Callable[[], RateLimiter] | None = None, *,
+                 fail_mode: str | None = None, budget_ms: float | None = None, app_servers: int | None = None,
+                 breaker: CircuitBreaker | None = None, deny_cache_size: int | None = None,
+                 fallback: LocalLimiter | None = None) -> None:
+        settings = ratelimit_settings
+        self.fail_mode = _check_mode(settings.FAIL_MODE if fail_mode is None else fail_mode)
+        self.budget = float(settings.BUDGET_MS if budget_ms is None else budget_ms) / 1000.0
+        if self.budget <= 0:
+            raise ValueError(f"budget_ms: {budget_ms!r} must be > 0")
+        self.breaker = breaker or CircuitBreaker(
+            settings.BREAKER_FAILURES, settings.BREAKER_COOLDOWN, settings.BREAKER_MAX_COOLDOWN,
+            on_change=self._breaker_changed,
+        )
+        self.deny_cache = DenyCache(settings.DENY_CACHE_SIZE if deny_cache_size is None else deny_cache_size)
+        self.fallback = fallback or LocalLimiter(app_servers=settings.APP_SERVERS if app_servers is None
+                                                 else app_servers)
+        self._engine: RateLimiter | None = None
+        self._build: Callable[[], RateLimiter]
+        if isinstance(limiter, RateLimiter):
+            self._engine = limiter
+            self._build = lambda: limiter
+        elif limiter is None:
+            prefix = settings.KEY_PREFIX
+            self._build = lambda: RateLimiter(get_redis(), prefix=prefix)
+        else:
+            self._build = limiter
+        self._build_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self._redis_failures = 0
+        self._counts = {"open": 0, "closed": 0, "local_allowed": 0, "local_denied": 0}
+
+    # -- the public API ----------------------------------------------------------------------------
+    @property
+    def limiter(self) -> RateLimiter:
+        """The engine (built on first use; raises what building it raises)."""
+        return self._engine or self._build_engine()
 
     def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
             fail_mode: str | None = None) -> Decision:
-        """Charge `cost` to every policy if all allow (see RateLimiter.hit)."""
-        return self.hit_many([(identity, policies)], cost, fail_mode=fail_mode)[0]
+        """Charge `cost` to every policy if all allow (see RateLimiter.hit); the fail mode applies
+        when Redis cannot decide."""
+        return self._decide([(identity, policies)], cost, fail_mode, charge=True)[0]
 
-    def hit_many(self, checks: Sequence[tuple[str, Sequence[Policy]]], cost: int = 1, *,
+    def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
                  fail_mode: str | None = None) -> list[Decision]:
-        """Decide several identities together (see RateLimiter.hit_many)."""
-        return self.limiter.hit_many(checks, cost)
+        """Decide several identities together (see RateLimiter.hit_many); the fail mode applies to
+        all of them when Redis cannot decide."""
+        return self._decide(checks, cost, fail_mode, charge=True)
 
-    def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
-        """Report what `hit` would decide, charging nothing (see RateLimiter.peek)."""
-        return self.limiter.peek(identity, policies, cost)
+    def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
+             fail_mode: str | None = None) -> Decision:
+        """Report what `hit` would decide, charging nothing (see RateLimiter.peek); the fail mode
+        applies when Redis cannot answer."""
+        return self._decide([(identity, policies)], cost, fail_mode, charge=False)[0]
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
-        """Forget the state of `identity` for these policies."""
-        self.limiter.reset(identity, policies)
+        """Forget the state of `identity` for these policies: in Redis, in this process' deny cache and
+        in the local fallback. Raises BackendError when Redis cannot be reached (the local state is
+        forgotten anyway; other processes keep their cached denials until their retry time)."""
+        self.deny_cache.forget(identity)
+        self.fallback.reset(identity, policies)
+        token = budget_deadline.set(time.monotonic() + self.budget)
+        try:
+            self.limiter.reset(identity, policies)
+        finally:
+            budget_deadline.reset(token)
+
+    def stats(self) -> ServiceStats:
+        """A snapshot of this service's counters."""
+        with self._stats_lock:
+            counts = dict(self._counts)
+            failures = self._redis_failures
+        return ServiceStats(self.breaker.snapshot(), failures, counts["open"], counts["closed"],
+                            counts["local_allowed"], counts["local_denied"], self.deny_cache.hits,
+                            len(self.deny_cache), len(self.fallback))
+
+    # -- one decision ------------------------------------------------------------------------------
+    def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool) -> list[Decision]:
+        mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
+        cache = self.deny_cache
+        key: Hashable | None = None
+        if len(cache):
+            key = _request_key(checks, cost)
+            cached = cache.get(key, time.monotonic())
+            if cached is not None:
+                return cached
+        step = self.breaker.before_call()
+        if step == SKIP:
+            return self._degraded(mode, checks, cost, charge)
+        started = time.monotonic()
+        token = budget_deadline.set(started + self.budget)
+        try:
+            engine = self._engine or self._build_engine()
+            if charge:
+                decisions = engine.hit_many(checks, cost)
+            else:
+                identity, policies = checks[0]
+                decisions = [engine.peek(identity, policies, cost)]
+        except _BACKEND_ERRORS as exc:
+            budget_deadline.reset(token)
+            metrics.observe_latency(time.monotonic() - started)
+            with self._stats_lock:
+                self._redis_failures += 1
+            self.breaker.record_failure(exc, probe=step == PROBE)
+            return self._degraded(mode, checks, cost, charge)
+        except BaseException:
+            budget_deadline.reset(token)
+            if step == PROBE:
+                self.breaker.abandon_probe()
+            raise
+        budget_deadline.reset(token)
+        metrics.observe_latency(time.monotonic() - started)
+        self.breaker.record_success(probe=step == PROBE)
+        if decisions and not decisions[-1].allowed:
+            cache.remember(_request_key(checks, cost) if key is None else key,
+                           tuple(identity for identity, _ in checks), decisions, started)
+        return decisions
+
+    def _degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool) -> list[Decision]:
+        """The answer of `mode` when Redis cannot decide (see the class docstring)."""
+        if mode == "local":
+            decisions = self.fallback.decide(checks, cost, charge=charge)
+            allowed = bool(decisions) and decisions[-1].allowed
+            with self._stats_lock:
+                self._counts["local_allowed" if allowed else "local_denied"] += 1
+            if allowed:
+                return [dataclasses.replace(d, degraded=True) for d in decisions]
+            return decisions
+        with self._stats_lock:
+            self._counts[mode] += 1
+        if mode == "open":
+            return [OPEN_DECISION] * len(checks)
+        # closed: come back when the breaker will try Redis again
+        retry_after = self.breaker.retry_in() or self.breaker.base_cooldown
+        refused = Decision(False, 0, 0, 0.0, retry_after, "", (), True)
+        return [refused] * len(checks)
+
+    def _build_engine(self) -> RateLimiter:
+        with self._build_lock:
+            if self._engine is None:
+                self._engine = self._build()
+            return self._engine
+
+    def _breaker_changed(self, state: str, detail: dict[str, Any]) -> None:
+        # metrics counts the transition and logs it once on "ratelimit_app" (WARNING when opening)
+        metrics.set_breaker_state(state)
+        log_event("ratelimit.breaker_detail", logging.DEBUG, state=state, **detail)
+        if state == CLOSED:
+            # Redis is back: the next outage starts from a clean local state (and frees the memory)
+            self.fallback.clear()
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in FAIL_MODES:
+        raise ValueError(f"fail_mode: {mode!r} is not one of {', '.join(FAIL_MODES)}")
+    return mode
 
 
 _lock = threading.Lock()
@@ -58,7 +271,7 @@ def get_limiter() -> LimiterService:
     if service is None:
         with _lock:
             if _service is None:
-                _service = LimiterService(RateLimiter(get_redis(), prefix=ratelimit_settings.KEY_PREFIX))
+                _service = LimiterService()
             service = _service
     return service
 

@@ -1,0 +1,111 @@
+"""The local deny cache: a request Redis denied until T is denied in process until T, without Redis.
+
+What is cached, and why it is safe: Redis answered "denied, retry after r" for one exact request (the
+same identities, the same policy sets, the same cost), decided at some moment at or after `started`.
+No other request can make that one allowed earlier (other requests only consume; a denial consumes
+nothing), so until `started + r` Redis would deny it again. The only ways to free it earlier are a
+`reset` of one of its identities, which clears the entries of that identity in this process, or a
+Redis that lost its data; both are documented in docs/operations.md. Only denials of the request's own
+policies are cached (never "refused because a sibling identity denied", never a degraded answer).
+
+The cache is bounded: when full, expired entries are dropped first, then the oldest entries.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Hashable, Sequence
+
+from .decision import Decision, PolicyResult
+
+# Redis' clock and this process' monotonic clock may drift apart by a little; ending the local denial
+# this fraction early keeps the cache from ever outlasting the denial Redis announced.
+_CLOCK_MARGIN = 1e-3
+# A cost above a policy's capacity is denied forever (retry_after = inf); remember it this long.
+_NEVER_SECONDS = 60.0
+
+
+class DenyCache:
+    """Decisions of denied requests, keyed by the exact request, until their retry time.
+
+    Keys are built by the caller (see LimiterService): any hashable value naming the identities,
+    the policy sets and the cost of one request. Thread-safe; lookups of an empty cache are free.
+    """
+
+    def __init__(self, size: int) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"size: {size!r} must be an integer >= 1")
+        self.size = size
+        # key -> (denied until, moment of the denial, decisions, identities)
+        self._entries: dict[Hashable, tuple[float, float, list[Decision], tuple[str, ...]]] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Hashable, now: float) -> list[Decision] | None:
+        """The cached denial for `key`, its times shifted to `now`, or None (not denied, or expired)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        until, started, decisions, _ = entry
+        if now >= until:
+            with self._lock:
+                if self._entries.get(key) is entry:
+                    del self._entries[key]
+            return None
+        self.hits += 1  # a statistic: an occasional lost increment under contention is acceptable
+        elapsed = now - started
+        return [_shift(decision, elapsed) for decision in decisions]
+
+    def remember(self, key: Hashable, identities: tuple[str, ...], decisions: Sequence[Decision],
+                 started: float) -> None:
+        """Cache `decisions` (the answer to one request, started at `started`) if they are a denial
+        by the request's own policies; the entry lasts until the longest retry_after among them."""
+        wait = 0.0
+        for decision in decisions:
+            if not decision.allowed and not decision.degraded and decision.retry_after is not None:
+                wait = max(wait, decision.retry_after)
+        if wait <= 0:
+            return
+        until = started + (_NEVER_SECONDS if math.isinf(wait) else wait * (1 - _CLOCK_MARGIN))
+        with self._lock:
+            entries = self._entries
+            if key not in entries and len(entries) >= self.size:
+                for stale in [k for k, v in entries.items() if v[0] <= started]:
+                    del entries[stale]
+                while len(entries) >= self.size:
+                    del entries[next(iter(entries))]
+            entries[key] = (until, started, list(decisions), identities)
+
+    def forget(self, identity: str) -> int:
+        """Drop every entry that involves `identity` (after a reset); returns how many were dropped."""
+        with self._lock:
+            stale = [k for k, v in self._entries.items() if identity in v[3]]
+            for key in stale:
+                del self._entries[key]
+        return len(stale)
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._entries.clear()
+
+
+def _shift_seconds(value: float | None, elapsed: float) -> float | None:
+    if value is None or math.isinf(value):
+        return value
+    return max(value - elapsed, 0.001)
+
+
+def _shift(decision: Decision, elapsed: float) -> Decision:
+    """The same denial, as seen `elapsed` seconds after Redis made it."""
+    results = tuple(
+        PolicyResult(r.policy, r.allowed, r.limit, r.remaining, max(r.reset_after - elapsed, 0.0),
+                     _shift_seconds(r.retry_after, elapsed))
+        for r in decision.results
+    )
+    return Decision(decision.allowed, decision.limit, decision.remaining, max(decision.reset_after - elapsed, 0.0),
+                    _shift_seconds(decision.retry_after, elapsed), decision.policy, results, decision.degraded)

@@ -1,0 +1,360 @@
+"""The in-process limiter: the five algorithms of ratelimit_app/lua, in Python, for Redis outages.
+
+`LocalLimiter` mirrors the Lua scripts line by line: the same state, the same arithmetic (Lua numbers
+are doubles, so this module computes in floats too, and rounds exactly where the scripts do), the same
+all-or-nothing decision over several policies and the same replies. It serves two purposes:
+
+- the `local` fail mode: while Redis is unavailable each app server enforces every policy divided by
+  RATELIMIT['APP_SERVERS'] (`app_servers`), so the fleet as a whole stays near the real limit;
+- a model of the Lua engine: with `app_servers=1` and an injected clock it must decide exactly as
+  Redis does (tests/test_model_property.py checks this with hypothesis).
+
+It is thread-safe (one lock per limiter) and its memory is bounded: at most `max_keys` states are kept,
+the least recently written is dropped first (which can only make the limiter more lenient).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from array import array
+from bisect import bisect_right, insort
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .decision import Decision, PolicyResult
+from .engine import identity_digest
+from .policies import BURST_ALGORITHMS, Policy
+
+#: A clock returning microseconds since the Unix epoch (the scripts use Redis TIME the same way).
+Clock = Callable[[], int]
+Check = tuple[str, Sequence[Policy]]
+# allowed, remaining now, reset now (us), retry (us; 0 allowed, -1 never), apply (commit -> reset us)
+Outcome = tuple[bool, float, float, float, Callable[[], float] | None]
+
+DEFAULT_MAX_KEYS = 100_000
+
+
+def wall_clock_us() -> int:
+    """Microseconds since the Unix epoch from this machine's clock (windows align to the epoch)."""
+    return time.time_ns() // 1000
+
+
+class _Store:
+    """Key -> state with a TTL (like the Redis keys the scripts write), bounded, least recently written out."""
+
+    def __init__(self, max_keys: int) -> None:
+        self.max_keys = max_keys
+        self._data: OrderedDict[str, tuple[Any, float]] = OrderedDict()
+
+    def get(self, key: str, now_us: float) -> Any:
+        entry = self._data.get(key)
+        if entry is None:
+            return None
+        value, expires_us = entry
+        # Redis drops a key once its time is past; a missing key means the same as the expired state
+        if now_us >= expires_us:
+            del self._data[key]
+            return None
+        return value
+
+    def set(self, key: str, value: Any, ttl_ms: float, now_us: float) -> None:
+        self._data[key] = (value, now_us + ttl_ms * 1000)
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_keys:
+            self._data.popitem(last=False)
+
+    def delete(self, key: str) -> None:
+        self._data.pop(key, None)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def fixed_window(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
+                 cost: float, charge: bool) -> Outcome:
+    """ratelimit_app/lua/fixed_window.lua."""
+    period_us = period_ms * 1000
+    window = math.floor(now_us / period_us)
+    reset_us = (window + 1) * period_us - now_us
+    used: float = 0
+    stored = store.get(key, now_us)
+    if stored is not None and stored[0] == window:
+        used = stored[1]
+    remaining = max(limit - used, 0)
+    if cost > capacity:
+        return False, remaining, reset_us, -1, None
+    if used + cost > limit:
+        return False, remaining, reset_us, reset_us, None
+
+    def apply() -> float:
+        store.set(key, (window, used + cost), math.ceil(reset_us / 1000), now_us)
+        return reset_us
+
+    return True, remaining, reset_us, 0, apply
+
+
+def _lua_concat(number: float) -> float:
+    # Lua turns a number into text with "%.14g" when it is concatenated ('(' .. window_start), so the
+    # script's ZCOUNT/ZRANGEBYSCORE bound is the window start rounded to 14 significant digits.
+    return float(f"{number:.14g}")
+
+
+def sliding_window(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
+                   cost: float, charge: bool) -> Outcome:
+    """ratelimit_app/lua/sliding_window.lua (the sorted set is a sorted array of scores)."""
+    period_us = period_ms * 1000
+    window_start = now_us - period_us
+    bound = _lua_concat(window_start)
+    scores = store.get(key, now_us)
+    if scores is None:
+        scores = array("d")
+    first_live = bisect_right(scores, bound)
+    used = len(scores) - first_live
+    remaining = max(limit - used, 0)
+    # reset now is read only when it is reported (not for a hit this policy allows)
+    reset_us: float = 0
+    if used > 0 and (cost > capacity or used + cost > limit or not charge):
+        reset_us = scores[-1] + period_us - now_us
+    if cost > capacity:
+        return False, remaining, reset_us, -1, None
+    if used + cost > limit:
+        oldest = scores[first_live + int(used + cost - limit - 1)]
+        return False, remaining, reset_us, oldest + period_us - now_us, None
+
+    def apply() -> float:
+        del scores[:bisect_right(scores, window_start)]
+        for _ in range(int(cost)):
+            insort(scores, now_us)
+        store.set(key, scores, period_ms, now_us)
+        return period_us
+
+    return True, remaining, reset_us, 0, apply
+
+
+def sliding_window_counter(store: _Store, key: str, now_us: float, limit: float, period_ms: float,
+                           capacity: float, cost: float, charge: bool) -> Outcome:
+    """ratelimit_app/lua/sliding_window_counter.lua."""
+    period_us = period_ms * 1000
+    window = math.floor(now_us / period_us)
+    elapsed = now_us - window * period_us
+    state = store.get(key, now_us)
+    current: float = 0
+    previous: float = 0
+    if state is not None:
+        if state[0] == window:
+            current, previous = state[1], state[2]
+        elif state[0] == window - 1:
+            previous = state[1]
+    weight = (period_us - elapsed) / period_us
+    estimate = previous * weight + current
+    remaining = max(math.floor(limit - estimate), 0)
+    reset_us: float = 0
+    if current > 0:
+        reset_us = 2 * period_us - elapsed
+    elif previous > 0:
+        reset_us = period_us - elapsed
+    if cost > capacity:
+        return False, remaining, reset_us, -1, None
+    if estimate + cost > limit:
+        if current + cost <= limit:
+            retry_us: float = math.ceil(period_us - elapsed - (limit - current - cost) * period_us / previous)
+        else:
+            retry_us = period_us - elapsed
+            if current > 0:
+                into_next = math.ceil(period_us - (limit - cost) * period_us / current)
+                if into_next > 0:
+                    retry_us = retry_us + into_next
+        if retry_us < 1:
+            retry_us = 1
+        return False, remaining, reset_us, retry_us, None
+
+    def apply() -> float:
+        store.set(key, (window, current + cost, previous), math.ceil((2 * period_us - elapsed) / 1000), now_us)
+        return 2 * period_us - elapsed
+
+    return True, remaining, reset_us, 0, apply
+
+
+def token_bucket(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
+                 cost: float, charge: bool) -> Outcome:
+    """ratelimit_app/lua/token_bucket.lua (the string "<units>:<stamp>" is a tuple here)."""
+    now_ms = math.floor(now_us / 1000)
+    full = capacity * period_ms
+    state = store.get(key, now_us)
+    if state is None:
+        units, stamp = full, float(now_ms)
+    else:
+        units, stamp = state
+    elapsed = max(now_ms - stamp, 0)
+    units = units + elapsed * limit
+    if units >= full:
+        units = full
+    stamp = stamp + elapsed
+    remaining = math.floor(units / period_ms)
+    reset_us = math.ceil((full - units) / limit) * 1000
+    need = cost * period_ms
+    if cost > capacity:
+        return False, remaining, reset_us, -1, None
+    if units < need:
+        return False, remaining, reset_us, math.ceil((need - units) / limit) * 1000, None
+
+    def apply() -> float:
+        left = units - need
+        to_full_ms = math.ceil((full - left) / limit)
+        store.set(key, (left, stamp), to_full_ms, now_us)
+        return to_full_ms * 1000
+
+    return True, remaining, reset_us, 0, apply
+
+
+def gcra(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
+         cost: float, charge: bool) -> Outcome:
+    """ratelimit_app/lua/gcra.lua."""
+    interval = math.ceil(period_ms * 1000 / limit)
+    tolerance = capacity * interval
+    tat = store.get(key, now_us)
+    if tat is None or tat < now_us:
+        tat = now_us
+    reset_us = tat - now_us
+    remaining = max(math.floor((tolerance - reset_us) / interval), 0)
+    if cost > capacity:
+        return False, remaining, reset_us, -1, None
+    new_tat = tat + cost * interval
+    if new_tat - now_us > tolerance:
+        return False, remaining, reset_us, new_tat - now_us - tolerance, None
+
+    def apply() -> float:
+        store.set(key, new_tat, math.ceil((new_tat - now_us) / 1000), now_us)
+        return new_tat - now_us
+
+    return True, remaining, reset_us, 0, apply
+
+
+ALGORITHMS: dict[str, Callable[..., Outcome]] = {
+    "fixed_window": fixed_window,
+    "sliding_window": sliding_window,
+    "sliding_window_counter": sliding_window_counter,
+    "token_bucket": token_bucket,
+    "gcra": gcra,
+}
+
+
+def local_share(policy: Policy, app_servers: int) -> tuple[float, float, float]:
+    """(limit, period_ms, capacity) that one of `app_servers` servers enforces for `policy`.
+
+    Window algorithms get limit // app_servers per period. token_bucket and gcra keep their exact
+    rate divided by app_servers (the period is stretched) and get capacity // app_servers as burst.
+    Shares never drop below 1, so a limit smaller than the number of servers still admits something.
+    """
+    if app_servers == 1:
+        return float(policy.limit), float(policy.period_ms), float(policy.capacity)
+    if policy.algorithm in BURST_ALGORITHMS:
+        return (float(policy.limit), float(policy.period_ms * app_servers),
+                float(max(policy.capacity // app_servers, 1)))
+    share = float(max(policy.limit // app_servers, 1))
+    return share, float(policy.period_ms), share
+
+
+class LocalLimiter:
+    """Decides requests against policies in this process, with the semantics of the Lua engine.
+
+    The API mirrors `RateLimiter`: `hit`, `peek`, `hit_many` (always all-or-nothing) and `reset`.
+    `clock` returns microseconds since the epoch; `app_servers` divides every policy (see
+    `local_share`); `max_keys` bounds the number of states kept.
+    """
+
+    def __init__(self, *, app_servers: int = 1, clock: Clock = wall_clock_us,
+                 max_keys: int = DEFAULT_MAX_KEYS) -> None:
+        if isinstance(app_servers, bool) or not isinstance(app_servers, int) or app_servers < 1:
+            raise ValueError(f"app_servers: {app_servers!r} must be an integer >= 1")
+        if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
+            raise ValueError(f"max_keys: {max_keys!r} must be an integer >= 1")
+        self.app_servers = app_servers
+        self.clock = clock
+        self._store = _Store(max_keys)
+        self._lock = threading.Lock()
+
+    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
+        """Charge `cost` to every policy if all of them allow it; charge nothing otherwise."""
+        return self.decide([(identity, policies)], cost, charge=True)[0]
+
+    def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
+        """Report what `hit` would decide for `cost`, charging nothing."""
+        return self.decide([(identity, policies)], cost, charge=False)[0]
+
+    def hit_many(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
+        """Decide several identities together, all-or-nothing across all of them."""
+        return self.decide(checks, cost, charge=True)
+
+    def reset(self, identity: str, policies: Sequence[Policy]) -> None:
+        """Forget the state of `identity` for these policies."""
+        digest = identity_digest(identity)
+        with self._lock:
+            for policy in policies:
+                self._store.delete(f"{digest}:{policy.name}:{policy.algorithm}")
+
+    def clear(self) -> None:
+        """Forget every state (used when Redis is back: the next outage starts afresh)."""
+        with self._lock:
+            self._store.clear()
+
+    def __len__(self) -> int:
+        """The number of states held (at most max_keys)."""
+        return len(self._store)
+
+    def decide(self, checks: Sequence[Check], cost: int, *, charge: bool) -> list[Decision]:
+        """One all-or-nothing decision over every policy of every check (decide.lua)."""
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+            raise ValueError(f"cost: {cost!r} must be an integer >= 1")
+        plan = []
+        for identity, policies in checks:
+            digest = identity_digest(identity)
+            rows = []
+            for policy in policies:
+                if not isinstance(policy, Policy):
+                    raise TypeError(f"policies: expected Policy objects, got {type(policy).__name__}")
+                limit, period_ms, capacity = local_share(policy, self.app_servers)
+                rows.append((policy, f"{digest}:{policy.name}:{policy.algorithm}", limit, period_ms, capacity))
+            plan.append(rows)
+        fcost = float(cost)
+        with self._lock:
+            now_us = float(self.clock())
+            outcomes = [[ALGORITHMS[policy.algorithm](self._store, key, now_us, limit, period_ms, capacity, fcost,
+                                                      charge)
+                         for policy, key, limit, period_ms, capacity in rows] for rows in plan]
+            all_allowed = all(outcome[0] for per_check in outcomes for outcome in per_check)
+            decisions = []
+            for rows, per_check in zip(plan, outcomes, strict=True):
+                results = []
+                for (policy, _, _, _, capacity), (allowed, remaining, reset_us, retry_us, apply) in zip(
+                        rows, per_check, strict=True):
+                    if charge and all_allowed and apply is not None:
+                        reset_us = apply()
+                        remaining = remaining - fcost
+                    results.append(_result(policy.name, allowed, capacity, remaining, reset_us, retry_us))
+                decision = Decision.from_results(tuple(results))
+                if decision.allowed and not all_allowed:
+                    decision = Decision(False, decision.limit, decision.remaining, decision.reset_after,
+                                        decision.retry_after, decision.policy, decision.results)
+                decisions.append(decision)
+        return decisions
+
+
+def _result(name: str, allowed: bool, capacity: float, remaining: float, reset_us: float,
+            retry_us: float) -> PolicyResult:
+    """One policy's result, rounded as decide.lua and engine.parse_reply round it."""
+    # Lua numbers leave a script truncated to integers; decide.lua rounds times up to milliseconds
+    reset_ms = math.ceil(reset_us / 1000)
+    if allowed:
+        retry_after = None
+    elif retry_us < 0:
+        retry_after = math.inf
+    else:
+        retry_after = int(max(1, math.ceil(retry_us / 1000))) / 1000.0
+    return PolicyResult(name, allowed, int(capacity), max(int(remaining), 0), reset_ms / 1000.0, retry_after)
