@@ -1,0 +1,206 @@
+"""Decisions per second and latency of one decision, per limiter, in 1 and N processes.
+
+Two kinds of traffic:
+- allowed: every decision is for a new identity (distinct clients), so every limiter admits it;
+- denied: one hot identity, filled to its limit first, asked again and again.
+
+A measurement runs each worker in a tight loop for `duration` seconds from a common start time and
+counts decisions. Latency percentiles come from timing every call in the 1-process run. Before the
+timed runs, a probe counts the Redis round trips one decision costs (commands written to a socket:
+a pipeline counts once) so the tables say why a limiter is as fast as it is.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from bench.peers import BY_KEY, Rate
+from bench.workers import WorkerPool, WorkerState
+
+#: The rate every engine measurement uses; the tier variants turn it into the free tier (see tier_policies).
+ENGINE_RATE = Rate(20, 60)
+MODES = ("allowed", "denied")
+
+
+# -- worker side ------------------------------------------------------------------------------------
+def prepare(state: WorkerState, variant: str, rate: Rate, tag: str, worker: int) -> int:
+    """Build the limiter and warm it up (connections, script loads) on throwaway identities; its capacity."""
+    limiter = state.limiter(variant, rate)
+    for i in range(20):
+        limiter.hit(f"{tag}:warm:{worker}:{i}")
+    return limiter.capacity
+
+
+def prefill(state: WorkerState, variant: str, rate: Rate, identity: str, worker: int) -> int:
+    """Hit `identity` until it is denied; how many hits were admitted."""
+    limiter = state.limiter(variant, rate)
+    admitted = 0
+    for _ in range(limiter.capacity + 2):
+        if not limiter.hit(identity):
+            break
+        admitted += 1
+    return admitted
+
+
+def count_round_trips(state: WorkerState, variant: str, rate: Rate, mode: str, tag: str, hot: str,
+                      decisions: int, worker: int) -> float:
+    """Average Redis round trips (packed commands written to a connection) per decision."""
+    from redis.connection import AbstractConnection
+
+    limiter = state.limiter(variant, rate)
+    original = AbstractConnection.send_packed_command
+    sent = [0]
+
+    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        sent[0] += 1
+        original(self, command, check_health)
+
+    AbstractConnection.send_packed_command = counting  # type: ignore[method-assign]
+    try:
+        for i in range(decisions):
+            limiter.hit(hot if mode == "denied" else f"{tag}:probe:{i}")
+    finally:
+        AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
+    return sent[0] / decisions
+
+
+def timed_hits(state: WorkerState, variant: str, rate: Rate, mode: str, tag: str, hot: str,
+               start_at: float, duration: float, worker: int) -> dict[str, Any]:
+    """Decide as fast as possible from `start_at` (time.monotonic) for `duration` seconds."""
+    limiter = state.limiter(variant, rate)
+    hit = limiter.hit
+    clock = time.monotonic
+    latencies = array("d")
+    record = latencies.append
+    prefix = f"{tag}:{worker}:"
+    count = admitted = 0
+    while clock() < start_at:
+        time.sleep(0.0005)
+    end = start_at + duration
+    now = clock()
+    while now < end:
+        identity = hot if mode == "denied" else prefix + str(count)
+        before = clock()
+        if hit(identity):
+            admitted += 1
+        now = clock()
+        record(now - before)
+        count += 1
+    return {"count": count, "admitted": admitted, "elapsed": now - start_at, "latencies": latencies.tobytes()}
+
+
+# -- coordinator side -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run:
+    """One timed run: decisions per second over all processes, and latency percentiles (seconds)."""
+
+    processes: int
+    decisions: int
+    admitted: int
+    per_second: float
+    p50: float
+    p99: float
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """Every run of one variant in one traffic mode."""
+
+    variant: str
+    mode: str
+    round_trips: float
+    runs: tuple[Run, ...]
+
+    def run(self, processes: int) -> Run | None:
+        """The run with `processes` processes, if measured."""
+        return next((r for r in self.runs if r.processes == processes), None)
+
+
+def _percentile(values: Sequence[float], fraction: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def measure(pool: WorkerPool, variant: str, mode: str, processes: int, duration: float, tag: str,
+            hot: str) -> Run:
+    """One timed run of `variant` in `processes` workers from a common start."""
+    start_at = time.monotonic() + 0.15
+    kwargs = {"variant": variant, "rate": ENGINE_RATE, "mode": mode, "tag": tag, "hot": hot,
+              "start_at": start_at, "duration": duration}
+    results = pool.run({i: ("bench.engine_bench:timed_hits", {**kwargs, "worker": i}) for i in range(processes)})
+    latencies: list[float] = []
+    for result in results:
+        latencies.extend(array("d", result["latencies"]))
+    decisions = sum(r["count"] for r in results)
+    per_second = sum(r["count"] / r["elapsed"] for r in results if r["elapsed"] > 0)
+    return Run(processes, decisions, sum(r["admitted"] for r in results), per_second,
+               _percentile(latencies, 0.50), _percentile(latencies, 0.99))
+
+
+def run_variant(pool: WorkerPool, admin: redis.Redis, variant: str, process_counts: Sequence[int],
+                duration: float, probe: int, tag: str) -> list[EngineResult]:
+    """Both traffic modes of one variant: probe round trips, then one timed run per process count."""
+    results = []
+    pool.run_all("bench.engine_bench:prepare", {"variant": variant, "rate": ENGINE_RATE, "tag": tag})
+    for mode in MODES:
+        admin.flushall()
+        hot = f"{tag}:hot:{mode}"
+        if mode == "denied":
+            pool.run({0: ("bench.engine_bench:prefill",
+                          {"variant": variant, "rate": ENGINE_RATE, "identity": hot, "worker": 0})})
+        trips = pool.run({0: ("bench.engine_bench:count_round_trips",
+                              {"variant": variant, "rate": ENGINE_RATE, "mode": mode, "tag": f"{tag}:{mode}",
+                               "hot": hot, "decisions": probe, "worker": 0})})[0]
+        runs = tuple(measure(pool, variant, mode, n, duration, f"{tag}:{mode}:{n}", hot) for n in process_counts)
+        results.append(EngineResult(variant, mode, trips, runs))
+    admin.flushall()
+    return results
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Alternating rounds of the baselines and the tier, for the headline ratio (medians of rounds)."""
+
+    processes: int
+    rounds: int
+    per_second: dict[str, float]
+    samples: dict[str, tuple[float, ...]]
+
+    def ratio(self, variant: str, baseline: str) -> float:
+        """Median decisions/s of `variant` over that of `baseline`."""
+        return self.per_second[variant] / self.per_second[baseline]
+
+
+def paired_rounds(pool: WorkerPool, admin: redis.Redis, variants: Sequence[str], processes: int, rounds: int,
+                  duration: float, tag: str) -> Paired:
+    """Measure `variants` in turn, `rounds` times, allowed traffic; medians per variant."""
+    for variant in variants:
+        pool.run_all("bench.engine_bench:prepare", {"variant": variant, "rate": ENGINE_RATE, "tag": tag})
+    samples: dict[str, list[float]] = {v: [] for v in variants}
+    for r in range(rounds):
+        for variant in variants:
+            admin.flushall()
+            run = measure(pool, variant, "allowed", processes, duration, f"{tag}:{r}:{variant}", "")
+            samples[variant].append(run.per_second)
+    admin.flushall()
+    return Paired(processes, rounds, {v: statistics.median(s) for v, s in samples.items()},
+                  {v: tuple(s) for v, s in samples.items()})
+
+
+def run_engine(pool: WorkerPool, admin: redis.Redis, variants: Sequence[str], process_counts: Sequence[int],
+               duration: float, probe: int, progress: Callable[[str], None]) -> list[EngineResult]:
+    """The decisions/s table: every available variant, both modes, every process count."""
+    results: list[EngineResult] = []
+    for i, variant in enumerate(variants):
+        progress(f"engine {i + 1}/{len(variants)}: {BY_KEY[variant].label}")
+        results.extend(run_variant(pool, admin, variant, process_counts, duration, probe, f"e{i}"))
+    return results

@@ -1,0 +1,67 @@
+"""The trivial views the HTTP benchmark serves, one per variant (see variants.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from bench.peers import INCR_SCRIPT
+
+BODY = {"ok": True}
+_sha: str | None = None
+
+
+def ping(request: HttpRequest) -> HttpResponse:
+    """The view itself: no limiter."""
+    return JsonResponse(BODY)
+
+
+def ping_evalsha(request: HttpRequest) -> HttpResponse:
+    """The floor of any Redis-backed limiter: one bare EVALSHA per request, then the view."""
+    global _sha
+    from ratelimit_app.connection import get_redis
+
+    client: Any = get_redis()
+    if _sha is None:
+        _sha = str(client.script_load(INCR_SCRIPT))
+    client.evalsha(_sha, 1, "floor:" + str(request.META.get("REMOTE_ADDR", "")))
+    return JsonResponse(BODY)
+
+
+def drf_view(throttled: bool) -> Any:
+    """A DRF APIView returning the same body, with or without AnonRateThrottle."""
+    from rest_framework.response import Response
+    from rest_framework.throttling import AnonRateThrottle
+    from rest_framework.views import APIView
+
+    from bench.httpapp.variants import HUGE_RATE
+
+    class HugeAnonThrottle(AnonRateThrottle):
+        rate = HUGE_RATE
+
+    class Ping(APIView):
+        throttle_classes = [HugeAnonThrottle] if throttled else []
+
+        def get(self, request: Any) -> Response:
+            return Response(BODY)
+
+    return Ping.as_view()
+
+
+def django_ratelimit_view() -> Any:
+    """The plain view under django-ratelimit's decorator."""
+    from django_ratelimit.decorators import ratelimit
+
+    from bench.httpapp.variants import HUGE_RATE
+
+    return ratelimit(key="ip", rate=HUGE_RATE, block=True)(ping)
+
+
+def smart_view() -> Any:
+    """The plain view under django-smart-ratelimit's decorator."""
+    from django_smart_ratelimit import rate_limit
+
+    from bench.httpapp.variants import HUGE_RATE
+
+    return rate_limit(key="ip", rate=HUGE_RATE)(ping)
