@@ -265,8 +265,8 @@ def _ip_precheck(config: LimitConfig, ip_id: str, cost: int) -> LimitOutcome | N
         decision = get_limiter().peek(ip_id, config.ip_policies, max(cost, 1))
     except (RateLimiterError, RedisError, OSError):
         return None  # the charge that follows applies the fail mode
-    if decision.allowed:
-        return None
+    if decision.allowed or decision.degraded:
+        return None  # a limiter that cannot decide: the charge that follows applies the tier's fail mode
     return _decided(decision, config.ip_policies, None, ip_id)
 
 
@@ -290,7 +290,7 @@ def _report(checks: list[tuple[str, tuple[Policy, ...]]], policies: tuple[Policy
     """Cost 0: where the client stands in every policy, charging nothing (one peek per identity)."""
     limiter = get_limiter()
     try:
-        decisions = [limiter.peek(ident, pols) for ident, pols in checks]
+        decisions = [limiter.peek(ident, pols, fail_mode=fail_mode) for ident, pols in checks]
     except (RateLimiterError, RedisError, OSError):
         decision = Decision(fail_mode == "open", 0, 0, 0.0, None, "", (), degraded=True)
         return LimitOutcome(ALLOWED, decision, policies, tier, identity, charged=False)

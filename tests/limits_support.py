@@ -1,0 +1,53 @@
+"""Helpers shared by the tests of tiers, keys, the middleware and the HTTP API (not fixtures: plain calls)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any
+
+from django.apps import apps as django_apps
+
+from ratelimit_app.models import ApiKey, Tier, TierLimit
+
+#: (name, algorithm, limit, period, burst, scope)
+LimitSpec = tuple[str, str, int, int, "int | None", str]
+
+
+def seed_tiers() -> None:
+    """Restore the tiers the data migration seeds (transactional tests flush the tables)."""
+    migration = importlib.import_module("ratelimit_app.migrations.0002_seed_tiers")
+    migration.seed_tiers(django_apps)
+
+
+def make_tier(slug: str, limits: list[LimitSpec], *, fail_mode: str = "") -> Tier:
+    """A tier with exactly these limits (validated like the admin would)."""
+    tier = Tier.objects.create(slug=slug, name=slug.title(), fail_mode=fail_mode)
+    for name, algorithm, limit, period, burst, scope in limits:
+        item = TierLimit(tier=tier, name=name, algorithm=algorithm, limit=limit, period=period, burst=burst,
+                         scope=scope)
+        item.full_clean()
+        item.save()
+    return tier
+
+
+def make_key(tier: Tier | str, name: str = "test key", **kwargs: Any) -> str:
+    """Create an API key for `tier` (an object or a slug); return the full key."""
+    if isinstance(tier, str):
+        tier = Tier.objects.get(slug=tier)
+    _, key = ApiKey.objects.create_key(name=name, tier=tier, **kwargs)
+    return key
+
+
+_FIELD = re.compile(r'"([^"]+)";(\w+)=(\d+);(\w+)=(\d+)')
+
+
+def parse_ietf(value: str) -> dict[str, dict[str, int]]:
+    """Parse a RateLimit / RateLimit-Policy value into {policy: {param: int}}."""
+    parsed = {}
+    for member in value.split(", "):
+        match = _FIELD.fullmatch(member)
+        assert match, f"not a structured-field member: {member!r}"
+        name, k1, v1, k2, v2 = match.groups()
+        parsed[name] = {k1: int(v1), k2: int(v2)}
+    return parsed

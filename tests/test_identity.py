@@ -1,0 +1,102 @@
+"""Client identity: API key headers, the client IP behind trusted proxies only, IPv6 grouped by prefix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import RequestFactory
+
+from ratelimit_app.identity import (
+    api_key_from_request,
+    client_ip,
+    ip_identity,
+    key_identity,
+    request_ip_identity,
+    user_identity,
+)
+
+rf = RequestFactory()
+
+
+def request(remote: str = "203.0.113.7", xff: str | None = None, **meta: Any) -> Any:
+    extra = {"REMOTE_ADDR": remote, **meta}
+    if xff is not None:
+        extra["HTTP_X_FORWARDED_FOR"] = xff
+    return rf.get("/api/users", **extra)
+
+
+def use(settings: Any, **values: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, **values}
+
+
+def test_api_key_from_x_api_key_or_bearer() -> None:
+    assert api_key_from_request(request(HTTP_X_API_KEY="abc")) == "abc"
+    assert api_key_from_request(request(HTTP_AUTHORIZATION="Bearer abc.def")) == "abc.def"
+    assert api_key_from_request(request(HTTP_AUTHORIZATION="bearer   abc.def ")) == "abc.def"
+    assert api_key_from_request(request(HTTP_AUTHORIZATION="Basic dXNlcjpwdw==")) is None
+    assert api_key_from_request(request()) is None
+    # X-API-Key wins over Authorization when both are sent.
+    assert api_key_from_request(request(HTTP_X_API_KEY="one", HTTP_AUTHORIZATION="Bearer two")) == "one"
+
+
+def test_api_key_header_is_configurable(settings: Any) -> None:
+    use(settings, API_KEY_HEADER="X-Client-Token")
+    assert api_key_from_request(request(HTTP_X_CLIENT_TOKEN="abc")) == "abc"
+    assert api_key_from_request(request(HTTP_X_API_KEY="abc")) is None
+
+
+def test_without_trusted_proxies_forwarded_for_is_ignored() -> None:
+    assert client_ip(request("203.0.113.7", xff="198.51.100.1")) == "203.0.113.7"
+    assert client_ip(request("203.0.113.7", xff="garbage, 1.2.3.4")) == "203.0.113.7"
+
+
+def test_hop_count_reads_forwarded_for_from_the_right(settings: Any) -> None:
+    use(settings, TRUSTED_PROXIES=1)
+    # The client sent a spoofed entry; our one proxy appended what it saw.
+    assert client_ip(request("10.0.0.2", xff="6.6.6.6, 198.51.100.1")) == "198.51.100.1"
+    assert client_ip(request("10.0.0.2", xff="198.51.100.1")) == "198.51.100.1"
+    assert client_ip(request("10.0.0.2")) == "10.0.0.2"  # no header: the proxy itself
+    use(settings, TRUSTED_PROXIES=2)
+    assert client_ip(request("10.0.0.3", xff="6.6.6.6, 198.51.100.1, 10.0.0.2")) == "198.51.100.1"
+    assert client_ip(request("10.0.0.3", xff="198.51.100.1")) == "198.51.100.1"  # fewer entries than hops
+    assert client_ip(request("10.0.0.3", xff="6.6.6.6, not-an-ip, 10.0.0.2")) == "10.0.0.3"
+
+
+def test_cidr_list_skips_trusted_hops_from_the_right(settings: Any) -> None:
+    use(settings, TRUSTED_PROXIES=["10.0.0.0/8", "2001:db8:ffff::/48"])
+    assert client_ip(request("10.0.0.2", xff="6.6.6.6, 198.51.100.1, 10.1.1.1")) == "198.51.100.1"
+    assert client_ip(request("2001:db8:ffff::1", xff="198.51.100.9")) == "198.51.100.9"
+    # A direct client (not a trusted proxy) cannot choose its address with the header.
+    assert client_ip(request("198.51.100.1", xff="10.0.0.5, 1.2.3.4")) == "198.51.100.1"
+    # Every hop trusted: the leftmost is the best we know.
+    assert client_ip(request("10.0.0.2", xff="10.0.0.9")) == "10.0.0.9"
+    # A malformed entry: nothing left of it is trusted.
+    assert client_ip(request("10.0.0.2", xff="1.2.3.4, junk, 10.0.0.3")) == "10.0.0.3"
+
+
+def test_invalid_cidr_names_the_setting(settings: Any) -> None:
+    use(settings, TRUSTED_PROXIES=["10.0.0.0/33"])
+    with pytest.raises(ImproperlyConfigured, match="TRUSTED_PROXIES"):
+        client_ip(request())
+
+
+def test_ipv6_clients_are_grouped_by_prefix(settings: Any) -> None:
+    assert request_ip_identity(request("2001:db8:1:2:3:4:5:6")) == "ip:2001:db8:1:2::/64"
+    assert request_ip_identity(request("2001:db8:1:2:ffff::1")) == "ip:2001:db8:1:2::/64"
+    assert request_ip_identity(request("2001:db8:1:3::1")) == "ip:2001:db8:1:3::/64"
+    use(settings, IPV6_PREFIX=48)
+    assert request_ip_identity(request("2001:db8:1:3::1")) == "ip:2001:db8:1::/48"
+
+
+def test_ipv4_identities_and_mapped_addresses() -> None:
+    assert request_ip_identity(request("203.0.113.7")) == "ip:203.0.113.7"
+    assert request_ip_identity(request("::ffff:203.0.113.7")) == "ip:203.0.113.7"
+    assert ip_identity("not an ip") == "ip:unknown"
+    assert request_ip_identity(request("")) == "ip:unknown"
+
+
+def test_identity_strings() -> None:
+    assert key_identity("AbCd1234") == "key:AbCd1234"
+    assert user_identity(42) == "user:42"

@@ -1,0 +1,141 @@
+"""Models: the seeded tiers, limit validation, keys stored hashed, one-way revocation, complete migrations."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from ratelimit_app import Policy
+from ratelimit_app.apikeys import hash_key
+from ratelimit_app.models import ApiKey, Tier, TierLimit
+
+from .limits_support import make_tier, seed_tiers
+
+pytestmark = pytest.mark.django_db
+
+
+def limits_of(slug: str) -> list[tuple[str, str, int, int, int | None, str, bool]]:
+    return list(TierLimit.objects.filter(tier__slug=slug).order_by("period", "id").values_list(
+        "name", "algorithm", "limit", "period", "burst", "scope", "enabled"))
+
+
+def test_migration_seeds_free_pro_and_enterprise() -> None:
+    seed_tiers()  # idempotent: restores the seed if a transactional test flushed it
+    assert set(Tier.objects.values_list("slug", flat=True)) >= {"free", "pro", "enterprise"}
+    assert limits_of("free") == [
+        ("burst", "token_bucket", 20, 60, 10, "", True),
+        ("minute", "sliding_window", 20, 60, None, "", True),
+        ("day", "fixed_window", 1_000, 86_400, None, "", True),
+    ]
+    assert [(n, lim, b) for n, _, lim, _, b, _, _ in limits_of("pro")] == [
+        ("burst", 200, 50), ("minute", 200, None), ("day", 50_000, None)]
+    assert [(n, lim, b) for n, _, lim, _, b, _, _ in limits_of("enterprise")] == [
+        ("burst", 2_000, 200), ("minute", 2_000, None), ("day", 1_000_000, None)]
+
+
+def test_seeded_free_tier_is_the_documented_policy_set() -> None:
+    seed_tiers()
+    policies = [limit.to_policy() for limit in TierLimit.objects.filter(tier__slug="free").order_by("period", "id")]
+    assert policies == [
+        Policy("burst", "token_bucket", limit=20, period=60, burst=10),
+        Policy("minute", "sliding_window", limit=20, period=60),
+        Policy("day", "fixed_window", limit=1000, period=86400),
+    ]
+
+
+@pytest.mark.parametrize(("fields", "field_at_fault"), [
+    ({"algorithm": "sliding_window", "burst": 5}, "burst"),
+    ({"name": "ip"}, "name"),
+    ({"name": "has space"}, "name"),
+    ({"limit": 0}, "limit"),
+    ({"period": 0}, "period"),
+    ({"period": 400 * 86400}, "period"),
+    ({"algorithm": "leaky"}, "algorithm"),
+    ({"scope": "bad scope"}, "scope"),
+])
+def test_invalid_limits_are_refused_naming_the_field(fields: dict[str, object], field_at_fault: str) -> None:
+    tier = Tier.objects.create(slug="t", name="T")
+    values: dict[str, object] = {"name": "minute", "algorithm": "token_bucket", "limit": 20, "period": 60}
+    values.update(fields)
+    limit = TierLimit(tier=tier, **values)
+    with pytest.raises(ValidationError) as excinfo:
+        limit.full_clean()
+    assert field_at_fault in excinfo.value.message_dict
+
+
+def test_scoped_limit_becomes_a_policy_named_scope_dot_name() -> None:
+    tier = make_tier("t", [("minute", "sliding_window", 5, 60, None, "write"), ("ip", "gcra", 1, 1, 2, "x")])
+    names = sorted(limit.to_policy().name for limit in tier.limits.all())
+    assert names == ["write.minute", "x.ip"]
+
+
+def test_limit_names_are_unique_per_tier_and_scope() -> None:
+    make_tier("t", [("minute", "sliding_window", 5, 60, None, ""), ("minute", "sliding_window", 2, 60, None, "w")])
+    duplicate = TierLimit(tier=Tier.objects.get(slug="t"), name="minute", algorithm="gcra", limit=1, period=1)
+    with pytest.raises(ValidationError):
+        duplicate.full_clean()
+
+
+def test_key_is_stored_as_prefix_and_hash_only() -> None:
+    seed_tiers()
+    api_key, key = ApiKey.objects.create_key(name="acme", tier=Tier.objects.get(slug="free"))
+    prefix, secret = key.split(".")
+    assert api_key.prefix == prefix and api_key.hashed_key == hash_key(key)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM ratelimit_app_apikey WHERE id = %s", [api_key.pk])
+        row = cursor.fetchone()
+    assert row is not None
+    assert not any(isinstance(value, str) and secret in value for value in row)
+    assert "acme" in str(api_key) and secret not in str(api_key)
+
+
+def test_revocation_cannot_be_undone() -> None:
+    seed_tiers()
+    api_key, _ = ApiKey.objects.create_key(name="acme", tier=Tier.objects.get(slug="free"))
+    api_key.revoked = True
+    api_key.save()
+    restored = ApiKey.objects.get(pk=api_key.pk)
+    restored.revoked = False
+    with pytest.raises(ValidationError, match="cannot be restored"):
+        restored.full_clean()
+    with pytest.raises(ValidationError, match="cannot be restored"):
+        restored.save()
+    assert ApiKey.objects.get(pk=api_key.pk).revoked
+
+
+def test_keys_cannot_be_saved_without_a_hash() -> None:
+    seed_tiers()
+    with pytest.raises(ValidationError, match="create_key"):
+        ApiKey(name="x", tier=Tier.objects.get(slug="free")).save()
+
+
+def test_expiry() -> None:
+    seed_tiers()
+    free = Tier.objects.get(slug="free")
+    past, _ = ApiKey.objects.create_key(name="a", tier=free, expires=timezone.now() - timedelta(seconds=1))
+    future, _ = ApiKey.objects.create_key(name="b", tier=free, expires=timezone.now() + timedelta(days=1))
+    never, _ = ApiKey.objects.create_key(name="c", tier=free)
+    assert (past.is_expired, future.is_expired, never.is_expired) == (True, False, False)
+
+
+def test_a_tier_in_use_cannot_be_deleted() -> None:
+    seed_tiers()
+    free = Tier.objects.get(slug="free")
+    ApiKey.objects.create_key(name="a", tier=free)
+    from django.db.models import ProtectedError
+
+    with pytest.raises(ProtectedError):
+        free.delete()
+
+
+def test_migrations_are_complete_and_the_demo_passes_check() -> None:
+    out = StringIO()
+    call_command("makemigrations", "--check", "--dry-run", stdout=out)
+    assert "No changes detected" in out.getvalue()
+    call_command("check", stdout=out)
