@@ -8,6 +8,7 @@ router = SimpleRouter()
 router.register("items", views.ItemViewSet, basename="item")
 
 urlpatterns = [
+    path("admin/", include("ratelimit_app.dashboard")),  # rate-limit dashboard: before admin.site.urls
     path("admin/", admin.site.urls),
     path("health", views.health, name="health"),
     path("api/users", views.users, name="users"),
@@ -15,4 +16,5 @@ urlpatterns = [
     path("api/rate-limit/status", views.rate_limit_status, name="rate-limit-status"),
     path("drf/", include(router.urls)),
     path("public/quote", views.quote, name="quote"),
+    path("", include("ratelimit_app.urls")),  # GET /metrics (Prometheus)
 ]
