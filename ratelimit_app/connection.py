@@ -14,7 +14,7 @@ import threading
 import time
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
@@ -162,24 +162,21 @@ def _cluster_client(url: str) -> RedisCluster:
     options["connection_class"] = _scheme_connection_class(scheme)
     # Each node gets its own pool of budget-respecting connections; the cluster client itself never
     # retries, so a decision whose reply was lost is never resent to another node.
-    hosts = parts.netloc.rsplit("@", 1)[-1]
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    nodes = []
+    for item in hosts.split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ImproperlyConfigured(
+                f"RATELIMIT['REDIS_URL']: cluster node {item!r} must be host:port "
+                "(redis+cluster://host:7000,host:7001)"
+            )
+        nodes.append(ClusterNode(host.strip("[]"), int(port)))
+    # from_url (one node) builds every node's pool with our connection class; the other nodes of the
+    # URL join as extra startup nodes, so the client starts while any one of them answers
+    first = urlunsplit(parts._replace(scheme=scheme, netloc=f"{userinfo}{at}{hosts.split(',')[0]}"))
     try:
-        if "," in hosts:
-            nodes = []
-            for item in hosts.split(","):
-                host, _, port = item.rpartition(":")
-                if not host or not port.isdigit():
-                    raise ImproperlyConfigured(
-                        f"RATELIMIT['REDIS_URL']: cluster node {item!r} must be host:port "
-                        "(redis+cluster://host:7000,host:7001)"
-                    )
-                nodes.append(ClusterNode(host.strip("[]"), int(port)))
-            if parts.username:
-                options["username"] = unquote(parts.username)
-            if parts.password:
-                options["password"] = unquote(parts.password)
-            return RedisCluster(startup_nodes=nodes, **options)
-        return RedisCluster.from_url(urlunsplit(parts._replace(scheme=scheme)), **options)
+        return RedisCluster.from_url(first, startup_nodes=nodes[1:], **options)
     except RedisClusterException as exc:
         # RedisCluster contacts the cluster when built; keep that failure in the RedisError family
         # that every caller of a Redis client already handles.

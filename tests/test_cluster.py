@@ -1,0 +1,216 @@
+"""The limiter on a real 3-master Redis Cluster (started by a fixture): the engine's exactness tests,
+no CROSSSLOT, identities spread over every shard, and the service configured by a cluster URL."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from redis.cluster import RedisCluster
+
+from ratelimit_app import Policy, RateLimiter
+from ratelimit_app.connection import BudgetConnection, get_redis
+from ratelimit_app.policies import ALGORITHMS
+from ratelimit_app.service import get_limiter
+
+from .topology import ClusterTopology, hammer_cluster, run_threads, start_cluster
+
+EXACT = ["fixed_window", "sliding_window", "token_bucket", "gcra"]
+TIER = [
+    Policy("burst", "token_bucket", limit=20, period=60, burst=10),
+    Policy("minute", "sliding_window", limit=20, period=60),
+    Policy("day", "fixed_window", limit=1000, period=86400),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterTopology]:
+    topology = start_cluster()
+    yield topology
+    topology.stop()
+
+
+@pytest.fixture
+def cluster_client(cluster: ClusterTopology) -> Iterator[RedisCluster]:
+    client = cluster.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def cluster_limiter(cluster_client: RedisCluster, key_prefix: str) -> RateLimiter:
+    return RateLimiter(cluster_client, prefix=key_prefix)
+
+
+def start_inside_fixed_windows(limiter: RateLimiter, identity: str, policies: list[Policy], margin: float) -> None:
+    """Fixed windows align to the epoch: begin well inside one, by Redis' own clock."""
+    fixed = [p for p in policies if p.algorithm == "fixed_window"]
+    if fixed:
+        decision = limiter.peek(identity, fixed)
+        if decision.reset_after < margin:
+            time.sleep(decision.reset_after + 0.01)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_each_algorithm_admits_exactly_its_limit_then_recovers(cluster_limiter: RateLimiter, algorithm: str) -> None:
+    policies = [Policy("p", algorithm, limit=5, period=2.0)]
+    start_inside_fixed_windows(cluster_limiter, "client", policies, margin=1.0)
+    decisions = [cluster_limiter.hit("client", policies) for _ in range(7)]
+    assert [d.allowed for d in decisions] == [True] * 5 + [False] * 2
+    assert [d.remaining for d in decisions[:5]] == [4, 3, 2, 1, 0]
+    denied = decisions[-1]
+    assert denied.retry_after is not None and 0 < denied.retry_after <= policies[0].state_ttl
+    time.sleep(denied.retry_after)  # the wait the limiter named is enough
+    assert cluster_limiter.hit("client", policies).allowed
+
+
+def test_a_decision_over_every_algorithm_is_one_slot(cluster_limiter: RateLimiter,
+                                                     cluster_client: RedisCluster) -> None:
+    """Five policies of five algorithms in one script call: no CROSSSLOT, every key on one node."""
+    policies = [Policy(f"p{i}", algorithm, limit=3, period=60) for i, algorithm in enumerate(ALGORITHMS)]
+    for _ in range(3):
+        assert cluster_limiter.hit("apikey:1", policies).allowed
+    assert not cluster_limiter.hit("apikey:1", policies).allowed
+    keys = cluster_limiter.keys("apikey:1", policies)
+    assert len({cluster_client.keyslot(key) for key in keys}) == 1
+    assert cluster_client.exists(*keys) == len(keys)
+
+
+def test_a_denied_request_charges_no_policy(cluster_limiter: RateLimiter) -> None:
+    policies = [
+        Policy("burst", "token_bucket", limit=20, period=3600, burst=3),
+        Policy("minute", "sliding_window", limit=20, period=60),
+        Policy("day", "fixed_window", limit=1000, period=86400),
+    ]
+    start_inside_fixed_windows(cluster_limiter, "k", policies, margin=5)
+    for _ in range(3):
+        assert cluster_limiter.hit("k", policies).allowed
+    for _ in range(5):
+        assert cluster_limiter.hit("k", policies).policy == "burst"
+    after = {r.policy: r.remaining for r in cluster_limiter.peek("k", policies).results}
+    assert after == {"burst": 0, "minute": 17, "day": 997}
+
+
+def test_identities_spread_over_every_shard(cluster: ClusterTopology, cluster_limiter: RateLimiter,
+                                            key_prefix: str) -> None:
+    policies = [Policy("minute", "gcra", limit=10, period=60)]
+    for n in range(300):
+        assert cluster_limiter.hit(f"apikey:{n}", policies).allowed
+    per_node = []
+    for client in cluster.node_clients():
+        per_node.append(sum(1 for _ in client.scan_iter(match=f"{key_prefix}:*", count=1000)))
+        client.close()
+    assert sum(per_node) == 300
+    assert min(per_node) >= 50, per_node  # about 100 each: the digests spread evenly over the slots
+
+
+def test_hit_many_decides_identities_on_different_slots(cluster_limiter: RateLimiter,
+                                                        cluster_client: RedisCluster) -> None:
+    ip = [Policy("ip", "sliding_window", limit=5, period=60)]
+    key = [Policy("burst", "gcra", limit=2, period=60)]
+    slots = {cluster_client.keyslot(cluster_limiter.keys(i, p)[0]) for i, p in (("ip:1.2.3.4", ip), ("key:ab", key))}
+    assert len(slots) == 2
+    for _ in range(2):
+        assert all(d.allowed for d in cluster_limiter.hit_many([("ip:1.2.3.4", ip), ("key:ab", key)]))
+    denied = cluster_limiter.hit_many([("ip:1.2.3.4", ip), ("key:ab", key)])
+    assert not denied[-1].allowed and denied[-1].policy == "burst"
+
+
+def test_script_flush_on_every_master_is_recovered_and_charges_once(
+        cluster: ClusterTopology, cluster_limiter: RateLimiter) -> None:
+    policies = [Policy("minute", "sliding_window", limit=10, period=60), Policy("day", "gcra", limit=10, period=86400)]
+    assert cluster_limiter.hit("k", policies).remaining == 9
+    for client in cluster.node_clients():
+        client.script_flush()
+        client.close()
+    assert cluster_limiter.hit("k", policies).allowed
+    assert [r.remaining for r in cluster_limiter.peek("k", policies).results] == [8, 8]
+
+
+def test_every_written_key_expires_within_its_state_lifetime(cluster: ClusterTopology, cluster_limiter: RateLimiter,
+                                                             key_prefix: str) -> None:
+    policies = [Policy(f"p{i}", a, limit=4, period=30) for i, a in enumerate(ALGORITHMS)]
+    for n in range(40):
+        cluster_limiter.hit(f"id{n % 7}", policies, cost=1 + n % 3)
+    seen = 0
+    for client in cluster.node_clients():
+        for key in client.scan_iter(match=f"{key_prefix}:*"):
+            ttl_ms = client.pttl(key)
+            assert 0 < ttl_ms <= 2 * 30 * 1000 + 50, (key, ttl_ms)
+            seen += 1
+        client.close()
+    assert seen == 7 * len(ALGORITHMS)
+
+
+def concurrent_admissions(cluster: ClusterTopology, limiter: Any, key_prefix: str, policies: list[Policy],
+                          threads: int, processes: int, hits: int) -> int:
+    """Hit one identity from `threads` threads here (through `limiter`) and `processes` processes of 4
+    threads (each its own cluster client); return how many were admitted."""
+    context = multiprocessing.get_context("spawn")
+    start = context.Event()
+    results = context.Queue()
+    ports = [node.port for node in cluster.nodes]
+    children = [context.Process(target=hammer_cluster, args=(ports, key_prefix, "apikey:hot", policies, 4, hits,
+                                                             start, results))
+                for _ in range(processes)]
+    for child in children:
+        child.start()
+
+    def one_thread(_: int) -> int:
+        start.set()
+        return sum(limiter.hit("apikey:hot", policies).allowed for _ in range(hits))
+
+    admitted = sum(run_threads(threads, one_thread))
+    admitted += sum(results.get(timeout=120) for _ in children)
+    for child in children:
+        child.join(timeout=30)
+        assert child.exitcode == 0
+    return admitted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", EXACT)
+def test_concurrent_clients_admit_exactly_the_tightest_limit(cluster: ClusterTopology, key_prefix: str,
+                                                             algorithm: str) -> None:
+    # 32 threads here plus 4 processes of 4 threads, 6 hits each: 288 hits at a tier whose tightest
+    # policy allows 40. Long periods keep refills out of the count.
+    client = cluster.client(max_connections=64)
+    limiter = RateLimiter(client, prefix=key_prefix)
+    policies = [
+        Policy("tight", algorithm, limit=40, period=86400),
+        Policy("minute", "sliding_window", limit=100, period=60),
+        Policy("day", "fixed_window", limit=1000, period=86400),
+    ]
+    start_inside_fixed_windows(limiter, "apikey:hot", policies, margin=60)
+    assert concurrent_admissions(cluster, limiter, key_prefix, policies, threads=32, processes=4, hits=6) == 40
+    assert [r.remaining for r in limiter.peek("apikey:hot", policies).results] == [0, 60, 960]
+    client.close()
+
+
+def test_the_service_runs_on_a_cluster_url_with_exactness(cluster: ClusterTopology, settings: Any) -> None:
+    """REDIS_URL redis+cluster://... -> a RedisCluster; 32 concurrent clients of the service admit exactly."""
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": cluster.url}
+    client = get_redis()
+    assert isinstance(client, RedisCluster)
+    # every node's connections respect the limiter's time budget
+    assert {node.redis_connection.connection_pool.connection_class for node in client.get_primaries()} == {
+        BudgetConnection}
+    service = get_limiter()
+    policies = [Policy("tight", "gcra", limit=50, period=86400),
+                Policy("minute", "sliding_window", limit=500, period=60)]
+    decisions = run_threads(32, lambda _: [service.hit("apikey:svc", policies) for _ in range(5)])
+    flat = [d for per_thread in decisions for d in per_thread]
+    assert not any(d.degraded for d in flat)
+    assert sum(d.allowed for d in flat) == 50
+    assert [r.remaining for r in service.peek("apikey:svc", policies).results] == [0, 450]
+
+
+def test_the_cluster_setting_turns_a_plain_url_into_a_cluster_client(cluster: ClusterTopology, settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{cluster.nodes[1].port}/0",
+                          "CLUSTER": True}
+    client = get_redis()
+    assert isinstance(client, RedisCluster)
+    assert len(client.get_primaries()) == 3
