@@ -1,0 +1,139 @@
+"""What `ratelimit_status` and `ratelimit_reset` act on: an identity and the policies that limit it.
+
+An argument names one of:
+- an API key by its prefix ("AbCd1234" or "key:AbCd1234"; a full key is accepted and only its prefix
+  is used or shown): the key's tier limits, identity `key:<prefix>`;
+- a user ("user:5"): the user's tier (or RATELIMIT['DEFAULT_USER_TIER']), identity `user:<pk>`;
+- a client address ("ip:203.0.113.7", "ip:2001:db8::1" grouped by IPV6_PREFIX, or a network
+  "ip:2001:db8::/64"): the per-IP limit (policy "ip", from IP_RATE / IP_ALGORITHM) and, when
+  RATELIMIT['ANONYMOUS_TIER'] is set, that tier's limits, identity `ip:<address or network>`.
+
+A tier's limits are all of them: the unscoped ones and those of every scope.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import CommandError
+
+from ratelimit_app.apikeys import PREFIX_LENGTH, parse_key
+from ratelimit_app.conf import ratelimit_settings
+from ratelimit_app.identity import ip_identity
+from ratelimit_app.limiting import get_config
+from ratelimit_app.lookups import TierInfo, get_lookups
+from ratelimit_app.policies import Policy
+
+
+@dataclass(frozen=True)
+class Check:
+    """One identity and the policies it is limited by (`label` says where they come from)."""
+
+    identity: str
+    policies: tuple[Policy, ...]
+    label: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an operator named: a description for humans, the tier if any, and the checks to act on."""
+
+    description: str
+    tier: TierInfo | None
+    checks: tuple[Check, ...]
+
+
+def tier_policies(tier: TierInfo) -> tuple[Policy, ...]:
+    """Every policy of `tier`: the unscoped ones, then each scope's own, each once."""
+    seen: dict[str, Policy] = {}
+    for policy in tier.policies:
+        seen.setdefault(policy.name, policy)
+    for scope in sorted(tier.scoped):
+        for policy in tier.scoped[scope]:
+            seen.setdefault(policy.name, policy)
+    return tuple(seen.values())
+
+
+def _tier(slug: str, where: str) -> TierInfo:
+    tier = get_lookups().tier(slug)
+    if tier is None:
+        raise CommandError(f"{where} names tier {slug!r}, which does not exist")
+    return tier
+
+
+def _ip_target(text: str) -> Target:
+    try:
+        if "/" in text:
+            identity = f"ip:{ipaddress.ip_network(text, strict=False)}"
+        else:
+            ipaddress.ip_address(text)
+            identity = ip_identity(text, int(ratelimit_settings.IPV6_PREFIX))
+    except ValueError as exc:
+        raise CommandError(f"{text!r} is not an IP address or network ({exc})") from exc
+    config = get_config()
+    checks = []
+    if config.ip_policies:
+        checks.append(Check(identity, config.ip_policies, "per-IP limit (RATELIMIT['IP_RATE'])"))
+    tier = None
+    if config.anonymous_tier is not None:
+        tier = _tier(config.anonymous_tier, "RATELIMIT['ANONYMOUS_TIER']")
+        checks.append(Check(identity, tier_policies(tier), f"anonymous tier {tier.slug}"))
+    if not checks:
+        raise CommandError(f"{identity} is not limited: RATELIMIT['IP_RATE'] and ['ANONYMOUS_TIER'] are None")
+    return Target(f"client address {identity}", tier, tuple(checks))
+
+
+def _user_target(text: str) -> Target:
+    user_model = get_user_model()
+    try:
+        user = user_model._default_manager.filter(pk=text).first()
+    except (ValueError, TypeError) as exc:
+        raise CommandError(f"user:{text}: not a valid user id") from exc
+    if user is None:
+        raise CommandError(f"user:{text}: no such user")
+    slug = get_lookups().user_tier_slug(user.pk)
+    where = f"the user tier of user {user.pk}"
+    if slug is None:
+        slug = ratelimit_settings.DEFAULT_USER_TIER
+        where = "RATELIMIT['DEFAULT_USER_TIER']"
+        if slug is None:
+            raise CommandError(f"user:{user.pk} has no tier and RATELIMIT['DEFAULT_USER_TIER'] is None")
+    tier = _tier(slug, where)
+    identity = f"user:{user.pk}"
+    return Target(f"user {user.pk} ({user})", tier, (Check(identity, tier_policies(tier), f"tier {tier.slug}"),))
+
+
+def _key_target(prefix: str) -> Target:
+    from ratelimit_app.models import ApiKey
+
+    api_key = ApiKey.objects.select_related("tier").filter(prefix=prefix).first()
+    if api_key is None:
+        raise CommandError(f"no API key with prefix {prefix!r}")
+    tier = _tier(api_key.tier.slug, f"API key {prefix}")
+    state = "revoked" if api_key.revoked else ("expired" if api_key.is_expired else "active")
+    identity = f"key:{prefix}"
+    return Target(f"API key {prefix} ({api_key.name}, {state})", tier,
+                  (Check(identity, tier_policies(tier), f"tier {tier.slug}"),))
+
+
+def resolve(text: str) -> Target:
+    """The target an operator named (see the module docstring); CommandError names what is wrong."""
+    value = text.strip()
+    scheme, colon, rest = value.partition(":")
+    if colon and scheme == "ip":
+        return _ip_target(rest)
+    if colon and scheme == "user":
+        return _user_target(rest)
+    if colon and scheme == "key":
+        value = rest
+    elif colon:
+        raise CommandError(f"{text!r}: expected ip:<address>, user:<id>, key:<prefix> or an API key prefix")
+    full_key_prefix = parse_key(value)
+    prefix = full_key_prefix or value
+    if len(prefix) != PREFIX_LENGTH or not prefix.isalnum() or not prefix.isascii():
+        shown = prefix[:PREFIX_LENGTH] + "…" if "." in value else value
+        raise CommandError(f"{shown!r} is not an API key prefix ({PREFIX_LENGTH} letters or digits), nor "
+                           "ip:<address> or user:<id>")
+    return _key_target(prefix)

@@ -1,0 +1,90 @@
+"""`manage.py ratelimit_metrics [--hours N] [--json]`: the dashboard's numbers in the terminal.
+
+Per hour (UTC): total, allowed, blocked, block rate and degraded decisions; then the range's totals,
+the per-tier and per-policy breakdowns and the top blocked identities. Read from Redis, so it covers
+every app server (up to one flush interval behind).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from redis.exceptions import RedisError
+
+from ratelimit_app.conf import ratelimit_settings
+from ratelimit_app.metrics import MAX_RANGE_HOURS, MetricsRange, recent_metrics
+
+
+def table(rows: list[tuple[str, ...]], numeric_from: int = 1) -> list[str]:
+    """Rows as aligned text lines; columns from `numeric_from` on are right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.rjust(w) if i >= numeric_from else cell.ljust(w)
+                      for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in rows]
+
+
+def rate(blocked: int, total: int) -> str:
+    return f"{blocked / total * 100:.1f}%" if total else "-"
+
+
+class Command(BaseCommand):
+    help = "Print allowed / blocked requests per hour, per tier and per policy, and the top blocked identities."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--hours", type=int, default=48, help="Hours to show, the current one included "
+                            "(default 48, at most RATELIMIT['METRICS_TTL_HOURS']).")
+        parser.add_argument("--json", action="store_true", help="Print the numbers as JSON instead.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        limit = min(int(ratelimit_settings.METRICS_TTL_HOURS), MAX_RANGE_HOURS)
+        hours = options["hours"]
+        if not 1 <= hours <= limit:
+            raise CommandError(f"--hours: {hours} must be from 1 to {limit} (metrics are kept "
+                               f"RATELIMIT['METRICS_TTL_HOURS'] = {ratelimit_settings.METRICS_TTL_HOURS} hours)")
+        try:
+            summary = recent_metrics(hours)
+        except (RedisError, OSError) as exc:
+            raise CommandError(f"Redis did not answer ({type(exc).__name__}: {exc})") from exc
+        if options["json"]:
+            payload = asdict(summary)
+            payload.update(total=summary.total, block_rate=summary.block_rate)
+            self.stdout.write(json.dumps(payload, default=str, indent=2))
+            return
+        self.write_report(summary, hours)
+
+    def write_report(self, summary: MetricsRange, hours: int) -> None:
+        out = self.stdout
+        out.write(f"Rate limiting, last {hours} hour(s): {summary.start:%Y-%m-%d %H:00} to "
+                  f"{summary.end:%Y-%m-%d %H:00} UTC")
+        rows: list[tuple[str, ...]] = [("hour (UTC)", "total", "allowed", "blocked", "block rate", "degraded")]
+        for h in summary.hours:
+            rows.append((f"{h.hour:%Y-%m-%d %H:00}", f"{h.total:,}", f"{h.allowed:,}", f"{h.blocked:,}",
+                         rate(h.blocked, h.total), f"{h.degraded:,}"))
+        rows.append(("total", f"{summary.total:,}", f"{summary.allowed:,}", f"{summary.blocked:,}",
+                     rate(summary.blocked, summary.total), f"{summary.degraded:,}"))
+        for line in table(rows):
+            out.write(line)
+        out.write("")
+        tiers: list[tuple[str, ...]] = [("tier", "allowed", "blocked", "block rate")]
+        tiers += [(t.tier, f"{t.allowed:,}", f"{t.blocked:,}", rate(t.blocked, t.total)) for t in summary.tiers]
+        out.write("Per tier:" if summary.tiers else "Per tier: no traffic")
+        if summary.tiers:
+            for line in table(tiers):
+                out.write("  " + line)
+        policies: list[tuple[str, ...]] = [("policy", "blocked")]
+        policies += [(p.policy, f"{p.blocked:,}") for p in summary.policies]
+        out.write("Blocked by policy:" if summary.policies else "Blocked by policy: nothing blocked")
+        if summary.policies:
+            for line in table(policies):
+                out.write("  " + line)
+        top: list[tuple[str, ...]] = [("identity", "blocked")]
+        top += [(b.identity, f"{b.blocked:,}") for b in summary.top_blocked]
+        out.write("Top blocked (UTC days of the range):" if summary.top_blocked else "Top blocked: nothing blocked")
+        if summary.top_blocked:
+            for line in table(top):
+                out.write("  " + line)
+        if summary.degraded:
+            out.write(f"Degraded decisions (made without Redis): {summary.degraded:,}, "
+                      f"of which refused: {summary.degraded_blocked:,}")

@@ -1,0 +1,67 @@
+"""`manage.py ratelimit_status IDENTITY_OR_KEY_PREFIX`: the tier, and remaining / reset of each limit.
+
+Accepts an API key prefix ("AbCd1234" or "key:AbCd1234"), "user:<id>" or "ip:<address>" (see
+`_targets`). Reads Redis without charging anything (a peek per identity). Exits with an error when
+the target is unknown or Redis does not answer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from redis.exceptions import RedisError
+
+from ratelimit_app.conf import ratelimit_settings
+from ratelimit_app.exceptions import RateLimiterError
+from ratelimit_app.policies import Policy
+from ratelimit_app.service import get_limiter
+
+from ._targets import resolve
+
+
+def seconds(value: float | None) -> str:
+    """Seconds for a table cell: "-" for None, "never" for infinity, else "12.3s"."""
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "never"
+    return f"{value:.1f}s"
+
+
+def describe(policy: Policy) -> str:
+    """A policy as "20/60s" with its burst, for a table cell."""
+    burst = f" burst {policy.burst}" if policy.burst is not None else ""
+    return f"{policy.rate}{burst}"
+
+
+class Command(BaseCommand):
+    help = "Show the tier of an API key prefix, user:<id> or ip:<address>, and where it stands in each limit."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("target", help="An API key prefix (or key:<prefix>), user:<id> or ip:<address>.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        target = resolve(options["target"])
+        engine = get_limiter().limiter
+        self.stdout.write(f"Target:    {target.description}")
+        if target.tier is not None:
+            mode = target.tier.fail_mode or f"default ({ratelimit_settings.FAIL_MODE})"
+            self.stdout.write(f"Tier:      {target.tier.slug} ({target.tier.name}), fail mode {mode}")
+        rows = [("identity", "policy", "algorithm", "limit", "remaining", "full in", "next request")]
+        for check in target.checks:
+            if not check.policies:
+                self.stdout.write(f"{check.identity}: {check.label} has no enabled limits (unlimited)")
+                continue
+            try:
+                decision = engine.peek(check.identity, check.policies)
+            except (RateLimiterError, RedisError, OSError) as exc:
+                raise CommandError(f"Redis did not answer ({type(exc).__name__}: {exc})") from exc
+            for policy, result in zip(check.policies, decision.results, strict=True):
+                verdict = "allowed" if result.allowed else f"denied, retry in {seconds(result.retry_after)}"
+                rows.append((check.identity, policy.name, policy.algorithm, describe(policy),
+                             f"{result.remaining}/{result.limit}", seconds(result.reset_after), verdict))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
