@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -229,6 +230,63 @@ def test_exit_flushes_in_the_parent_and_in_a_forked_worker(redis_url: str, key_p
     # 25 recorded before the fork (flushed once, by the parent) + 17 in the child (flushed at its exit)
     assert (hour.allowed, hour.blocked) == (25, 17)
     assert [(t.identity, t.blocked) for t in stored().top_blocked] == [("key:child", 17)]
+
+
+def _get(port: int, path: str) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("preload", [False, True])
+def test_gunicorn_workers_flush_their_counts_at_shutdown(redis_url: str, key_prefix: str, preload: bool) -> None:
+    port = free_port()
+    env = {**os.environ, "REDIS_URL": redis_url, "RATELIMIT_TEST_PREFIX": key_prefix,
+           "DJANGO_SETTINGS_MODULE": "tests.metrics_gunicorn_settings"}
+    command = [str(Path(sys.executable).parent / "gunicorn"), "project.wsgi:application", "--workers", "3",
+               "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "20", *(["--preload"] if preload else [])]
+    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if _get(port, "/health") == 200:
+                    break
+            except OSError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, "gunicorn did not start"
+            time.sleep(0.1)
+        # No API key: each request is charged to the per-IP limit (40/min): 401 while it allows, then 429.
+        statuses: list[int] = []
+        lock = threading.Lock()
+
+        def client() -> None:
+            for _ in range(15):
+                status = _get(port, "/api/users")
+                with lock:
+                    statuses.append(status)
+
+        clients = [threading.Thread(target=client) for _ in range(4)]
+        for thread in clients:
+            thread.start()
+        for thread in clients:
+            thread.join()
+        assert sorted(set(statuses)) == [401, 429] and statuses.count(401) == 40
+        # Nothing was flushed yet (the interval is an hour): the counts live in the workers.
+        assert stored().total == 0
+    finally:
+        server.terminate()  # SIGTERM: graceful shutdown, each worker exits through atexit
+        _, stderr = server.communicate(timeout=60)
+    assert server.returncode == 0, stderr.decode()[-2000:]
+    result = stored()
+    assert (result.allowed, result.blocked) == (40, 20)
+    assert [(t.tier, t.allowed, t.blocked) for t in result.tiers] == [("ip", 40, 20)]
+    assert [(b.identity, b.blocked) for b in result.top_blocked] == [("ip:127.0.0.1", 20)]
 
 
 def test_range_sums_hours_and_fills_gaps(redis_client: redis.Redis, key_prefix: str) -> None:
