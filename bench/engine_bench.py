@@ -107,6 +107,7 @@ class Run:
     per_second: float
     p50: float
     p99: float
+    server_cpu: float  # Redis CPU seconds (user + sys) per decision, from INFO cpu
 
 
 @dataclass(frozen=True)
@@ -130,20 +131,27 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def measure(pool: WorkerPool, variant: str, mode: str, processes: int, duration: float, tag: str,
-            hot: str) -> Run:
+def _redis_cpu(admin: redis.Redis) -> float:
+    cpu = admin.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def measure(pool: WorkerPool, admin: redis.Redis, variant: str, mode: str, processes: int, duration: float,
+            tag: str, hot: str) -> Run:
     """One timed run of `variant` in `processes` workers from a common start."""
     start_at = time.monotonic() + 0.15
     kwargs = {"variant": variant, "rate": ENGINE_RATE, "mode": mode, "tag": tag, "hot": hot,
               "start_at": start_at, "duration": duration}
+    cpu_before = _redis_cpu(admin)
     results = pool.run({i: ("bench.engine_bench:timed_hits", {**kwargs, "worker": i}) for i in range(processes)})
+    cpu = _redis_cpu(admin) - cpu_before
     latencies: list[float] = []
     for result in results:
         latencies.extend(array("d", result["latencies"]))
     decisions = sum(r["count"] for r in results)
     per_second = sum(r["count"] / r["elapsed"] for r in results if r["elapsed"] > 0)
     return Run(processes, decisions, sum(r["admitted"] for r in results), per_second,
-               _percentile(latencies, 0.50), _percentile(latencies, 0.99))
+               _percentile(latencies, 0.50), _percentile(latencies, 0.99), cpu / decisions if decisions else 0.0)
 
 
 def run_variant(pool: WorkerPool, admin: redis.Redis, variant: str, process_counts: Sequence[int],
@@ -160,7 +168,8 @@ def run_variant(pool: WorkerPool, admin: redis.Redis, variant: str, process_coun
         trips = pool.run({0: ("bench.engine_bench:count_round_trips",
                               {"variant": variant, "rate": ENGINE_RATE, "mode": mode, "tag": f"{tag}:{mode}",
                                "hot": hot, "decisions": probe, "worker": 0})})[0]
-        runs = tuple(measure(pool, variant, mode, n, duration, f"{tag}:{mode}:{n}", hot) for n in process_counts)
+        runs = tuple(measure(pool, admin, variant, mode, n, duration, f"{tag}:{mode}:{n}", hot)
+                     for n in process_counts)
         results.append(EngineResult(variant, mode, trips, runs))
     admin.flushall()
     return results
@@ -189,7 +198,7 @@ def paired_rounds(pool: WorkerPool, admin: redis.Redis, variants: Sequence[str],
     for r in range(rounds):
         for variant in variants:
             admin.flushall()
-            run = measure(pool, variant, "allowed", processes, duration, f"{tag}:{r}:{variant}", "")
+            run = measure(pool, admin, variant, "allowed", processes, duration, f"{tag}:{r}:{variant}", "")
             samples[variant].append(run.per_second)
     admin.flushall()
     return Paired(processes, rounds, {v: statistics.median(s) for v, s in samples.items()},

@@ -111,7 +111,8 @@ class Baseline:
 
 
 class RawBaseline(Baseline):
-    """The same EVALSHA sent the way ratelimit_app's engine sends it: straight to a pooled connection."""
+    """The same EVALSHA sent the way ratelimit_app's engine sends it: `send_command` / `read_response`
+    straight on a pooled connection, without redis-py's command wrapper."""
 
     def hit(self, identity: str) -> bool:
         pool = self.client.connection_pool
@@ -180,6 +181,7 @@ def _ours(algorithm: str) -> Callable[[Rate, Context], Limiter]:
 
         return Ours([Policy("limit", algorithm, limit=rate.limit, period=rate.period)], ctx)
 
+    build.__doc__ = Ours.__doc__
     return build
 
 
@@ -255,6 +257,7 @@ def _limits(strategy_name: str) -> Callable[[Rate, Context], Limiter]:
     def build(rate: Rate, ctx: Context) -> Limiter:
         return Limits(strategy_name, rate, ctx)
 
+    build.__doc__ = Limits.__doc__
     return build
 
 
@@ -323,6 +326,8 @@ def _smart(algorithm: str) -> Callable[[Rate, Context], Limiter]:
             return SmartBucket(algorithm, rate, ctx)
         return SmartWindow(algorithm, rate, ctx)
 
+    bucket = algorithm in ("token_bucket", "leaky_bucket")
+    build.__doc__ = (SmartBucket if bucket else SmartWindow).__doc__
     return build
 
 
@@ -379,14 +384,17 @@ def _pyrate(algorithm: str) -> Callable[[Rate, Context], Limiter]:
     def build(rate: Rate, ctx: Context) -> Limiter:
         return Pyrate(algorithm, rate, ctx)
 
+    build.__doc__ = Pyrate.__doc__
     return build
 
 
 def _tier(rate: Rate, ctx: Context) -> Limiter:
+    """`RateLimiter.hit(identity, policies)` with the three policies of the tier, on the shared client."""
     return Ours(tier_policies(rate), ctx)
 
 
 def _service_tier(rate: Rate, ctx: Context) -> Limiter:
+    """`ratelimit_app.service.get_limiter().hit(identity, policies)`: the call request-handling code makes."""
     return OursService(tier_policies(rate), ctx)
 
 
@@ -394,8 +402,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("baseline", "redis-py", "baseline: bare EVALSHA of INCR (client.evalsha)", "INCR script", 1, False,
             "redis", "baseline", Baseline, fill_by_hits=True),
     Variant("baseline.raw", "redis-py", "baseline: bare EVALSHA, raw pooled connection", "INCR script", 1, False,
-            "redis", "baseline", RawBaseline, fill_by_hits=True,
-            note="sent the way ratelimit_app's engine sends: send_command/read_response on a pooled connection"),
+            "redis", "baseline", RawBaseline, fill_by_hits=True),
     Variant("ours.tier", "ratelimit_app", "ours: free tier (3 policies)", "token_bucket+sliding_window+fixed_window",
             3, True, "ratelimit_app", "ours", _tier, state_per_unit=True, keys_per_identity=3),
     Variant("ours.service.tier", "ratelimit_app", "ours: free tier via service.get_limiter()",

@@ -1,0 +1,267 @@
+"""HTTP: a trivial view under gunicorn, in variants, loaded from loopback by a bounded client.
+
+For each variant (bench/httpapp/variants.py) a fresh gunicorn serves bench.httpapp.wsgi on a free
+loopback port; the load generator (wrk when it is on PATH, else the bounded Python client below)
+first warms it up, then sends GET /api/ping with the same headers for a fixed time over a fixed
+number of keep-alive connections, and reports requests per second, the p99 latency and how many
+answers were not 200 (must be 0: every limit is set far above what a run can send).
+
+Before the variants run, the SQLite database of the bench settings is migrated and a tier "bench"
+shaped like the seeded free tier (token_bucket + sliding_window + fixed_window) but with huge
+limits is created, with an API key for it made by `create_api_key` (the key every variant sends).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ratelimit_app.embedded import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+PATH = "/api/ping"
+
+#: The tier every HTTP request of the "ours" variant is decided against: the free tier's shape,
+#: with limits no run can reach. (name, algorithm, limit, period seconds, burst)
+BENCH_TIER = (
+    ("burst", "token_bucket", 1_000_000, 60, 1_000_000),
+    ("minute", "sliding_window", 1_000_000, 60, None),
+    ("day", "fixed_window", 100_000_000, 86_400, None),
+)
+
+
+@dataclass(frozen=True)
+class HttpResult:
+    """One variant's run: requests per second, latency percentiles (seconds) and non-200 answers."""
+
+    variant: str
+    requests: int
+    per_second: float
+    p50: float
+    p99: float
+    errors: int
+    generator: str
+
+
+def _env(redis_url: str, db_path: Path, variant: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "BENCH_REDIS_URL": redis_url,
+        "BENCH_DB_PATH": str(db_path),
+        "BENCH_HTTP_VARIANT": variant,
+        "DJANGO_SETTINGS_MODULE": "bench.httpapp.settings",
+        "PYTHONPATH": str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    })
+    return env
+
+
+def _django(args: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run([sys.executable, "-m", "django", *args], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"django-admin {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+_SEED = """
+from ratelimit_app.models import Tier, TierLimit
+tier, _ = Tier.objects.update_or_create(slug="bench", defaults={"name": "Benchmark (huge limits)"})
+for name, algorithm, limit, period, burst in %r:
+    TierLimit.objects.update_or_create(tier=tier, scope="", name=name, defaults={
+        "algorithm": algorithm, "limit": limit, "period": period, "burst": burst, "enabled": True})
+"""
+
+
+def prepare_database(redis_url: str, db_path: Path) -> str:
+    """Migrate the bench database, create the "bench" tier, and return a new API key for it."""
+    env = _env(redis_url, db_path, "ours")
+    _django(["migrate", "--noinput", "-v", "0"], env)
+    _django(["shell", "-c", _SEED % (BENCH_TIER,)], env)
+    output = _django(["create_api_key", "benchmark", "--tier", "bench"], env)
+    return output.strip().splitlines()[-1].strip()
+
+
+class Server:
+    """gunicorn serving one variant on a free loopback port (a context manager that stops it)."""
+
+    def __init__(self, redis_url: str, db_path: Path, variant: str, workers: int, threads: int) -> None:
+        self.port = free_port()
+        # gthread workers keep connections alive, as a real deployment behind a proxy would; no access log
+        command = [sys.executable, "-m", "gunicorn", "bench.httpapp.wsgi:application", "--bind",
+                   f"127.0.0.1:{self.port}", "--workers", str(workers), "--worker-class", "gthread",
+                   "--threads", str(threads), "--log-level", "warning"]
+        self.process = subprocess.Popen(command, env=_env(redis_url, db_path, variant), cwd=ROOT,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.url = f"http://127.0.0.1:{self.port}{PATH}"
+
+    def wait_ready(self, headers: dict[str, str], timeout: float = 30.0) -> tuple[int, dict[str, str]]:
+        """Wait until the server answers; the first answer's status and headers."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                error = self.process.stderr.read().decode() if self.process.stderr else ""
+                raise RuntimeError(f"gunicorn exited with {self.process.returncode}:\n{error}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", PATH, headers=headers)
+                response = conn.getresponse()
+                response.read()
+                conn.close()
+                return response.status, dict(response.getheaders())
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# -- load generators --------------------------------------------------------------------------------
+_WRK_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+
+
+def _wrk_seconds(text: str) -> float:
+    match = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    if not match:
+        raise ValueError(f"unexpected wrk latency {text!r}")
+    return float(match.group(1)) * _WRK_UNITS[match.group(2)]
+
+
+def wrk_load(url: str, headers: dict[str, str], connections: int, duration: float) -> HttpResult:
+    """Run wrk (1 thread, `connections` keep-alive connections, `duration` seconds, --latency)."""
+    command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency", "--timeout", "5s"]
+    for name, value in headers.items():
+        command += ["-H", f"{name}: {value}"]
+    done = subprocess.run([*command, url], capture_output=True, text=True, timeout=duration + 60, check=True)
+    out = done.stdout
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    per_second = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    p50 = _wrk_seconds(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    p99 = _wrk_seconds(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
+    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    errors = int(non_2xx.group(1)) if non_2xx else 0
+    if socket_errors:
+        errors += sum(int(n) for n in socket_errors.groups())
+    return HttpResult("", requests, per_second, p50, p99, errors, "wrk")
+
+
+def python_load(url: str, headers: dict[str, str], connections: int, duration: float) -> HttpResult:
+    """A bounded Python client: `connections` threads, each one keep-alive connection, for `duration` s."""
+    match = re.match(r"http://([^:/]+):(\d+)(/.*)", url)
+    if not match:
+        raise ValueError(f"unexpected url {url!r}")
+    host, port, path = match.group(1), int(match.group(2)), match.group(3)
+    end = time.monotonic() + duration
+    latencies: list[list[float]] = [[] for _ in range(connections)]
+    errors = [0] * connections
+
+    def client(slot: int) -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=5)
+        while True:
+            before = time.monotonic()
+            if before >= end:
+                break
+            try:
+                conn.request("GET", path, headers=headers)
+                response = conn.getresponse()
+                response.read()
+                if response.status != 200:
+                    errors[slot] += 1
+            except (OSError, http.client.HTTPException):
+                errors[slot] += 1
+                conn.close()
+                conn = http.client.HTTPConnection(host, port, timeout=5)
+                continue
+            latencies[slot].append(time.monotonic() - before)
+        conn.close()
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=client, args=(slot,)) for slot in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - started
+    ordered = sorted(value for values in latencies for value in values)
+    count = len(ordered)
+    p50 = ordered[count // 2] if ordered else float("nan")
+    p99 = ordered[min(count - 1, int(0.99 * count))] if ordered else float("nan")
+    return HttpResult("", count, count / elapsed, p50, p99, sum(errors), "python")
+
+
+def load_generator() -> tuple[str, Callable[[str, dict[str, str], int, float], HttpResult]]:
+    """wrk when installed (it costs the server's CPU far less than Python), else the Python client."""
+    if shutil.which("wrk"):
+        return "wrk", wrk_load
+    return "python", python_load
+
+
+@dataclass(frozen=True)
+class HttpRun:
+    """The HTTP section: per-variant results (means over the rounds; requests and errors summed),
+    every round's requests/s, the response headers of our variant, and the set-up."""
+
+    results: tuple[HttpResult, ...]
+    rounds: dict[str, tuple[float, ...]]
+    ours_headers: dict[str, str]
+    generator: str
+    workers: int
+    threads: int
+    connections: int
+    duration: float
+
+
+def run_http(redis_url: str, work_dir: Path, variants: list[str], duration: float, warmup: float, rounds: int,
+             connections: int, workers: int, threads: int, progress: Callable[[str], None],
+             flush: Callable[[], None]) -> HttpRun:
+    """Every variant in turn on a fresh gunicorn, `rounds` times (see the module docstring)."""
+    db_path = work_dir / "bench-http.sqlite3"
+    api_key = prepare_database(redis_url, db_path)
+    headers = {"X-API-Key": api_key}
+    generator_name, generate = load_generator()
+    runs: dict[str, list[HttpResult]] = {variant: [] for variant in variants}
+    ours_headers: dict[str, str] = {}
+    for round_index in range(rounds):
+        for i, variant in enumerate(variants):
+            progress(f"http round {round_index + 1}/{rounds}, {i + 1}/{len(variants)}: {variant}")
+            flush()
+            with Server(redis_url, db_path, variant, workers, threads) as server:
+                status, first_headers = server.wait_ready(headers)
+                if status != 200:
+                    raise RuntimeError(f"HTTP variant {variant}: first answer was {status}, expected 200")
+                if variant == "ours":
+                    ours_headers = {k: v for k, v in first_headers.items() if "ratelimit" in k.lower()}
+                if warmup > 0:
+                    generate(server.url, headers, connections, warmup)
+                result = generate(server.url, headers, connections, duration)
+            runs[variant].append(HttpResult(variant, result.requests, result.per_second, result.p50, result.p99,
+                                            result.errors, result.generator))
+    flush()
+    means = []
+    for variant in variants:
+        done = runs[variant]
+        means.append(HttpResult(variant, sum(r.requests for r in done), statistics.fmean(r.per_second for r in done),
+                                statistics.fmean(r.p50 for r in done), statistics.fmean(r.p99 for r in done),
+                                sum(r.errors for r in done), done[0].generator))
+    return HttpRun(tuple(means), {v: tuple(r.per_second for r in runs[v]) for v in variants}, ours_headers,
+                   generator_name, workers, threads, connections, duration)

@@ -1,0 +1,101 @@
+"""The benchmark, in one command: `python bench/run.py [--quick]` from the repository root.
+
+Creates (or updates) its own environment .bench-venv/ with bench/requirements.txt (the project
+itself plus its peers), re-runs itself there, starts its own redis-server on a free loopback port
+(never the shared 127.0.0.1:6379), and measures:
+
+1. decisions per second and latency, 1 and 4 processes, allowed and denied traffic (engine_bench);
+2. admissions when 32 concurrent clients race for one identity (accuracy);
+3. Redis memory per active identity (memory);
+4. requests per second of a trivial view under gunicorn, per limiter (http_bench);
+
+then writes docs/benchmarks.md and docs/img/benchmarks.png (report). `--quick` is a shorter run
+for development; `--smoke` a tiny one that CI runs (with `--output` so it never touches docs/) in
+the current environment, where peers that are not installed are reported as not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_VENV = ROOT / ".bench-venv"
+REQUIREMENTS = ROOT / "bench" / "requirements.txt"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench/run.py", description=__doc__.split("\n\n")[0])
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="shorter runs, for development (about 3 minutes)")
+    size.add_argument("--smoke", action="store_true",
+                      help="tiny counts in the current environment (what CI runs); implies --here")
+    parser.add_argument("--output", type=Path, default=ROOT / "docs",
+                        help="directory for benchmarks.md and img/benchmarks.png (default: docs/)")
+    parser.add_argument("--here", action="store_true",
+                        help="run in the current Python environment instead of .bench-venv/ (peers that are "
+                             "not installed are reported as not run)")
+    parser.add_argument("--skip-http", action="store_true", help="leave out the HTTP measurements")
+    parser.add_argument("--json", type=Path, help="also write the raw results as JSON to this file")
+    return parser.parse_args(argv)
+
+
+# -- the benchmark's own environment ---------------------------------------------------------------
+def _requirements_stamp() -> str:
+    digest = hashlib.sha1(usedforsecurity=False)
+    for path in (REQUIREMENTS, ROOT / "pyproject.toml"):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def ensure_bench_venv() -> Path:
+    """Create .bench-venv/ and install bench/requirements.txt into it when they changed; its python."""
+    python = BENCH_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"creating {BENCH_VENV.relative_to(ROOT)}/", flush=True)
+        venv.EnvBuilder(with_pip=True).create(BENCH_VENV)
+    stamp = BENCH_VENV / f".installed-{_requirements_stamp()}"
+    if not stamp.exists():
+        print(f"installing {REQUIREMENTS.relative_to(ROOT)} into {BENCH_VENV.relative_to(ROOT)}/", flush=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-r",
+                        str(REQUIREMENTS)], cwd=ROOT, check=True)
+        stamp.touch()
+    return python
+
+
+def in_bench_venv() -> bool:
+    return Path(sys.prefix).resolve() == BENCH_VENV.resolve()
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.smoke:
+        args.here = True
+    if not args.here and not in_bench_venv():
+        python = ensure_bench_venv()
+        os.execv(str(python), [str(python), str(Path(__file__).resolve()), *argv])  # noqa: S606 (our venv)
+
+    sys.path.insert(0, str(ROOT))
+    from bench.runner import run_benchmark
+    from bench.sizes import FULL, QUICK, SMOKE
+
+    sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
+    command = "python bench/run.py" + "".join(f" {a}" for a in argv)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ratelimit-bench-") as work_dir:
+        run_benchmark(sizes, Path(work_dir), args.output.resolve(), command, skip_http=args.skip_http,
+                      json_path=args.json, started=started)
+    print(f"done in {time.monotonic() - started:.0f}s: {args.output / 'benchmarks.md'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,198 @@
+"""Runs every measurement against a private Redis and hands the results to the report."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench import accuracy, engine_bench, memory
+from bench.peers import BY_KEY, VARIANTS, availability
+from bench.sizes import Sizes
+from bench.workers import WorkerPool
+from ratelimit_app.embedded import start_redis
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("django-ratelimit-app", "redis", "hiredis", "Django", "djangorestframework", "django-redis",
+            "django-ratelimit", "limits", "django-smart-ratelimit", "pyrate-limiter", "gunicorn", "matplotlib")
+#: HTTP variant -> the module it needs (see bench/httpapp/variants.py).
+HTTP_REQUIRES = {"none": "django", "evalsha": "redis", "ours": "ratelimit_app.middleware",
+                 "drf-none": "rest_framework", "drf": "rest_framework", "django-ratelimit": "django_ratelimit",
+                 "smart": "django_smart_ratelimit"}
+
+
+@dataclass(frozen=True)
+class Results:
+    """Everything one run measured, plus what it ran on."""
+
+    sizes: Sizes
+    command: str
+    machine: dict[str, str]
+    versions: dict[str, str]
+    unavailable: dict[str, str]
+    engine: list[engine_bench.EngineResult]
+    paired: list[engine_bench.Paired]
+    accuracy: list[accuracy.AccuracyResult]
+    memory: list[memory.MemoryResult]
+    http: Any  # http_bench.HttpRun | None
+    http_unavailable: dict[str, str]
+    http_note: str
+    duration: float = 0.0
+    finished: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def machine_info(admin: redis.Redis) -> dict[str, str]:
+    """CPU, cores, memory, OS, Python, Redis server, load generator and the commit measured."""
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown")
+    mem_kb = next((int(line.split()[1]) for line in _read("/proc/meminfo").splitlines()
+                   if line.startswith("MemTotal")), 0)
+    os_name = next((line.split("=", 1)[1].strip('"') for line in _read("/etc/os-release").splitlines()
+                    if line.startswith("PRETTY_NAME=")), platform.system())
+    server = admin.info("server")
+    try:
+        wrk = subprocess.run(["wrk", "-v"], capture_output=True, text=True, timeout=10)
+        wrk_version = (wrk.stdout + wrk.stderr).splitlines()[0].split(" [")[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        wrk_version = "not installed (the bounded Python client is used)"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "ratelimit_app"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        commit += " (ratelimit_app/ has uncommitted changes)" if dirty else ""
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    parser = type(admin.connection_pool.get_connection()._parser).__name__  # type: ignore[attr-defined]
+    return {
+        "CPU": f"{cpu}, {os.cpu_count()} cores",
+        "memory": f"{mem_kb / 1024 / 1024:.1f} GiB",
+        "OS": f"{os_name}, Linux {platform.release()}",
+        "Python": f"{platform.python_implementation()} {platform.python_version()}",
+        "Redis server": f"{server['redis_version']} (own process on a free loopback port, no persistence)",
+        "redis-py parser": parser,
+        "load generator": wrk_version,
+        "ratelimit_app commit": commit,
+    }
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the project, its client libraries and the peers."""
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def _importable(module: str) -> str | None:
+    try:
+        importlib.import_module(module)
+        return None
+    except Exception as exc:  # an app module may fail for reasons other than ImportError; report it
+        return f"{module} is not importable ({type(exc).__name__}: {exc})"
+
+
+def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, skip_http: bool,
+                  json_path: Path | None, started: float) -> Results:
+    """Run every section with `sizes` and write the report to `output`."""
+    from bench import report
+
+    server = start_redis()
+    admin = redis.Redis.from_url(server.url, socket_timeout=60)
+    # this process and the workers it spawns use the bench settings, pointed at the private Redis
+    os.environ["BENCH_REDIS_URL"] = server.url
+    os.environ["BENCH_DB_PATH"] = str(work_dir / "bench-http.sqlite3")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.httpapp.settings"
+    import django
+
+    django.setup()
+
+    def progress(message: str) -> None:
+        print(f"[{time.monotonic() - started:5.0f}s] {message}", flush=True)
+
+    try:
+        missing = {key: why for key, why in availability().items() if why}
+        available = [v.key for v in VARIANTS if v.key not in missing]
+        progress(f"redis-server on port {server.port}; {len(available)} of {len(VARIANTS)} limiters available")
+        pool = WorkerPool(sizes.processes, server.url)
+        try:
+            engine_results, paired = _engine(pool, admin, sizes, available, progress)
+            limiters = [key for key in available if BY_KEY[key].family != "baseline"]
+            accuracy_results = []
+            for i, key in enumerate(limiters):
+                progress(f"accuracy {i + 1}/{len(limiters)}: {BY_KEY[key].label}")
+                accuracy_results.append(accuracy.run_accuracy(pool, admin, key, sizes.accuracy_clients,
+                                                              sizes.accuracy_hits, sizes.accuracy_runs, f"a{i}"))
+            memory_results = []
+            # the service keeps exactly the engine's state in Redis: measured once, as ours.tier
+            memory_keys = [key for key in limiters if key != "ours.service.tier"]
+            for i, key in enumerate(memory_keys):
+                for rate in memory.MEMORY_RATES:
+                    progress(f"memory {i + 1}/{len(memory_keys)} at {rate}: {BY_KEY[key].label}")
+                    memory_results.append(memory.run_memory(pool, admin, key, rate, sizes.memory_identities,
+                                                            sizes.memory_hit_budget, sizes.memory_unit_budget,
+                                                            f"m{i}"))
+        finally:
+            pool.close()
+        http_run, http_missing, http_note = _http(server.url, admin, work_dir, sizes, skip_http, progress)
+        results = Results(sizes, command, machine_info(admin), package_versions(), missing, engine_results, paired,
+                          accuracy_results, memory_results, http_run, http_missing, http_note,
+                          duration=time.monotonic() - started, finished=time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                        time.gmtime()))
+    finally:
+        server.stop()
+    progress("writing the report")
+    report.write(results, output)
+    if json_path is not None:
+        json_path.write_text(json.dumps(dataclasses.asdict(results), indent=1, default=str))
+    return results
+
+
+def _engine(pool: WorkerPool, admin: redis.Redis, sizes: Sizes, available: list[str],
+            progress: Callable[[str], None]) -> tuple[list[engine_bench.EngineResult], list[engine_bench.Paired]]:
+    results = engine_bench.run_engine(pool, admin, available, (1, sizes.processes), sizes.engine_duration,
+                                      sizes.probe_decisions, progress)
+    paired = []
+    headline = [key for key in ("baseline", "baseline.raw", "ours.tier") if key in available]
+    for processes in (1, sizes.processes):
+        progress(f"paired rounds, {processes} process(es): {', '.join(headline)}")
+        paired.append(engine_bench.paired_rounds(pool, admin, headline, processes, sizes.paired_rounds,
+                                                 sizes.paired_duration, f"p{processes}"))
+    return results, paired
+
+
+def _http(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, skip: bool,
+          progress: Callable[[str], None]) -> tuple[Any, dict[str, str], str]:
+    if skip:
+        return None, {}, "left out of this run (--skip-http)"
+    from bench import http_bench
+    from bench.httpapp.variants import VARIANTS as HTTP_VARIANTS
+
+    missing = {name: why for name in HTTP_VARIANTS if (why := _importable(HTTP_REQUIRES[name]))}
+    names = [name for name in HTTP_VARIANTS if name not in missing]
+    run = http_bench.run_http(url, work_dir, names, sizes.http_duration, sizes.http_warmup, sizes.http_rounds,
+                              sizes.http_connections, sizes.http_workers, sizes.http_threads, progress,
+                              admin.flushall)
+    return run, missing, ""
