@@ -30,14 +30,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from django.http import HttpRequest, HttpResponseBase
-from redis.exceptions import RedisError
 
 from . import metrics
 from .decision import Decision
-from .exceptions import RateLimiterError
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
-from .limiting import get_config
+from .limiting import LIMITER_ERRORS, get_config
 from .policies import InvalidPolicy, Policy
 from .responses import limiter_unavailable, too_many_requests
 from .service import get_limiter
@@ -109,7 +107,7 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
             identity = f"view:{namespace}|{client}"
             try:
                 decision = get_limiter().hit(identity, policies, cost)
-            except (RateLimiterError, RedisError, OSError):
+            except LIMITER_ERRORS:
                 allowed = get_config().fail_mode == "open"
                 decision = Decision(allowed, 0, 0, 0.0, None if allowed else 1.0, policy.name, (), degraded=True)
             metrics.record_decision(allowed=decision.allowed, tier=DECORATOR_TIER,

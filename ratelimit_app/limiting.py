@@ -16,6 +16,7 @@ causes no database query at all.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -24,7 +25,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from . import metrics
 from .apikeys import key_matches, parse_key
@@ -47,6 +48,10 @@ ALLOWED = "allowed"
 DENIED = "denied"  # 429
 UNAVAILABLE = "unavailable"  # 503: denied because the limiter is unavailable (fail mode)
 UNAUTHORIZED = "unauthorized"  # 401
+
+#: What a limiter call may raise when Redis cannot decide (the service normally answers with its fail
+#: mode instead; these are caught as a last resort so a request never fails because of Redis).
+LIMITER_ERRORS = (RateLimiterError, RedisError, RedisClusterException, OSError)
 
 #: Tier label of decisions made on the per-IP limit alone (no valid key or tier yet).
 IP_ONLY_TIER = "ip"
@@ -218,7 +223,7 @@ def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user:
         return _report(checks, all_policies, tier, identity, fail_mode or config.fail_mode)
     try:
         decisions = get_limiter().hit_many(checks, cost, fail_mode=fail_mode)
-    except (RateLimiterError, RedisError, OSError):
+    except LIMITER_ERRORS:
         return _failed(fail_mode or config.fail_mode, all_policies, tier, identity)
     summary = summarize(decisions, len(checks))
     return _decided(summary, all_policies, tier, identity)
@@ -263,7 +268,7 @@ def _ip_precheck(config: LimitConfig, ip_id: str, cost: int) -> LimitOutcome | N
     """Peek at the per-IP limit; an outcome when it already refuses (nothing charged), else None."""
     try:
         decision = get_limiter().peek(ip_id, config.ip_policies, max(cost, 1))
-    except (RateLimiterError, RedisError, OSError):
+    except LIMITER_ERRORS:
         return None  # the charge that follows applies the fail mode
     if decision.allowed or decision.degraded:
         return None  # a limiter that cannot decide: the charge that follows applies the tier's fail mode
@@ -276,7 +281,7 @@ def _refuse(config: LimitConfig, ip_id: str, cost: int, message: str) -> LimitOu
         return LimitOutcome(UNAUTHORIZED, None, (), None, ip_id, message)
     try:
         decision = get_limiter().hit(ip_id, config.ip_policies, max(cost, 1))
-    except (RateLimiterError, RedisError, OSError):
+    except LIMITER_ERRORS:
         outcome = _failed(config.fail_mode, config.ip_policies, None, ip_id)
     else:
         outcome = _decided(decision, config.ip_policies, None, ip_id)
@@ -288,10 +293,17 @@ def _refuse(config: LimitConfig, ip_id: str, cost: int, message: str) -> LimitOu
 def _report(checks: list[tuple[str, tuple[Policy, ...]]], policies: tuple[Policy, ...], tier: TierInfo,
             identity: str, fail_mode: str) -> LimitOutcome:
     """Cost 0: where the client stands in every policy, charging nothing (one peek per identity)."""
-    limiter = get_limiter()
-    try:
-        decisions = [limiter.peek(ident, pols, fail_mode=fail_mode) for ident, pols in checks]
-    except (RateLimiterError, RedisError, OSError):
-        decision = Decision(fail_mode == "open", 0, 0, 0.0, None, "", (), degraded=True)
-        return LimitOutcome(ALLOWED, decision, policies, tier, identity, charged=False)
+    service = get_limiter()
+    decisions = []
+    for ident, pols in checks:
+        try:
+            decision = service.peek(ident, pols, fail_mode=fail_mode)
+        except LIMITER_ERRORS:
+            decision = Decision(fail_mode == "open", 0, 0, 0.0, None, "", (), degraded=True)
+        if not decision.allowed and not decision.degraded:
+            # A denial may come from the service's local deny cache, whose counts are those of the
+            # moment Redis denied; a report must show the counts of now (Redis answered just now).
+            with contextlib.suppress(*LIMITER_ERRORS):
+                decision = service.limiter.peek(ident, pols)
+        decisions.append(decision)
     return LimitOutcome(ALLOWED, summarize(decisions, len(checks)), policies, tier, identity, charged=False)

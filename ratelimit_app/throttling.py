@@ -19,7 +19,6 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
-from redis.exceptions import RedisError
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
@@ -27,10 +26,9 @@ from rest_framework.throttling import BaseThrottle
 
 from . import metrics
 from .decision import Decision
-from .exceptions import RateLimiterError
 from .headers import retry_after_seconds
 from .identity import authenticated_user, request_ip_identity, user_identity
-from .limiting import ALLOWED, UNAUTHORIZED, LimitOutcome, get_config, limit_request
+from .limiting import ALLOWED, LIMITER_ERRORS, UNAUTHORIZED, LimitOutcome, get_config, limit_request
 from .middleware import REQUEST_ATTRIBUTE, add_headers
 from .policies import InvalidPolicy, Policy
 from .routes import route_for_view
@@ -164,7 +162,7 @@ class AtomicRateThrottle(BaseThrottle):
         label = f"throttle.{scope}"
         try:
             decision = get_limiter().hit(f"throttle:{identity}", [policy])
-        except (RateLimiterError, RedisError, OSError):
+        except LIMITER_ERRORS:
             decision = Decision(get_config().fail_mode == "open", 0, 0, 0.0, 1.0, scope, (), degraded=True)
             metrics.record_decision(allowed=decision.allowed, tier=label, policy=None if decision.allowed
                                     else scope, degraded=True, identity=identity)

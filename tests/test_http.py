@@ -1,0 +1,130 @@
+"""The demo API over real HTTP (a live server thread, `requests`), with the seeded free tier and real Redis."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import requests
+
+from .limits_support import make_key, parse_ietf, seed_tiers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def free_key(live_server: Any) -> str:
+    seed_tiers()  # transactional tests flush tables: restore what the data migration seeds
+    return make_key("free")
+
+
+def remaining_of(base: str, key: str) -> dict[str, int]:
+    """What the status endpoint reports as remaining in each limit (consumes nothing)."""
+    response = requests.get(f"{base}/api/rate-limit/status", headers={"X-API-Key": key}, timeout=10)
+    assert response.status_code == 200 and response.json()["tier"] == "free"
+    return {limit["name"]: limit["remaining"] for limit in response.json()["limits"]}
+
+
+@pytest.mark.slow
+def test_seed_scenario(live_server: Any, free_key: str) -> None:
+    base = live_server.url
+    session = requests.Session()
+    session.headers["X-API-Key"] = free_key
+
+    # Without a key: 401 with a JSON reason.
+    anonymous = requests.get(f"{base}/api/users", timeout=10)
+    assert anonymous.status_code == 401 and anonymous.json() == {"error": "API key required"}
+
+    # The status endpoint consumes nothing.
+    assert remaining_of(base, free_key) == remaining_of(base, free_key) == {
+        "ip": 99, "burst": 10, "minute": 20, "day": 1000}  # the 401 above was charged to the IP
+
+    # 10 rapid requests pass (the bucket holds 10); the 11th is 429.
+    responses = [session.get(f"{base}/api/users", timeout=10) for _ in range(11)]
+    assert [r.status_code for r in responses] == [200] * 10 + [429]
+    assert [int(r.headers["X-RateLimit-Remaining"]) for r in responses[:10]] == list(range(9, -1, -1))
+    for response in responses:
+        assert response.headers["X-RateLimit-Limit"] == "10" and response.headers["X-RateLimit-Tier"] == "free"
+        assert parse_ietf(response.headers["RateLimit-Policy"]) == {
+            "ip": {"q": 100, "w": 60}, "burst": {"q": 10, "w": 30},
+            "minute": {"q": 20, "w": 60}, "day": {"q": 1000, "w": 86400}}
+    denied = responses[-1]
+    body = denied.json()
+    assert body["error"] == "rate limit exceeded" and (body["tier"], body["policy"]) == ("free", "burst")
+    assert 0 < body["retry_after"] <= 3.0  # one token every 3 s
+    assert int(denied.headers["Retry-After"]) == max(1, math.ceil(body["retry_after"]))
+    live = parse_ietf(denied.headers["RateLimit"])
+    assert (live["burst"]["r"], live["minute"]["r"], live["day"]["r"], live["ip"]["r"]) == (0, 10, 990, 89)
+
+    # As the bucket refills (one token per 3 s, waiting what the limiter says), requests pass again,
+    # until the 20/min sliding window is full: 20 admitted in the minute, then "minute" refuses.
+    admitted, wait = 10, body["retry_after"]
+    for _ in range(40):  # bounded: one 200 and at most one 429 per token
+        if admitted == 20:
+            break
+        time.sleep(wait)
+        response = session.get(f"{base}/api/users", timeout=10)
+        if response.status_code == 200:
+            admitted, wait = admitted + 1, 0.0  # try again at once: a 429 says how long to wait
+        else:
+            assert response.status_code == 429 and response.json()["policy"] == "burst"
+            wait = response.json()["retry_after"]
+    assert admitted == 20
+    # Once the bucket holds a token again (polled on the status endpoint, which consumes nothing), the
+    # bucket would allow the next request, and the per-minute window alone refuses it.
+    deadline = time.monotonic() + 10
+    while remaining_of(base, free_key)["burst"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    standing = remaining_of(base, free_key)
+    assert standing["minute"] == 0 and standing["burst"] >= 1 and standing["day"] == 980
+    blocked = session.get(f"{base}/api/users", timeout=10)
+    assert blocked.status_code == 429 and blocked.json()["policy"] == "minute"
+    assert parse_ietf(blocked.headers["RateLimit"])["burst"]["r"] >= 1
+    # The window frees its first slot when the first request is a minute old.
+    assert 0 < blocked.json()["retry_after"] <= 60
+
+
+def test_health_is_never_limited(live_server: Any, free_key: str) -> None:
+    base = live_server.url
+    session = requests.Session()
+    responses = [session.get(f"{base}/health", timeout=10) for _ in range(120)]  # more than the IP's 100/min
+    assert all(r.status_code == 200 and r.json() == {"status": "ok", "redis": "up"} for r in responses)
+    assert not any("X-RateLimit-Limit" in r.headers or "RateLimit" in r.headers for r in responses)
+    # none of it counted against the per-IP limit
+    response = session.get(f"{base}/api/users", headers={"X-API-Key": free_key}, timeout=10)
+    assert response.status_code == 200 and parse_ietf(response.headers["RateLimit"])["ip"]["r"] == 99
+
+
+def test_concurrent_burst_from_eight_clients_admits_exactly_ten(live_server: Any, free_key: str) -> None:
+    base = live_server.url
+    remaining_of(base, free_key)  # look the key up once (costs nothing), so the burst races only on Redis
+    per_client = [7, 7, 6, 6, 6, 6, 6, 6]  # 50 requests
+    start = threading.Barrier(len(per_client))
+
+    def client(count: int) -> list[int]:
+        session = requests.Session()
+        session.headers["X-API-Key"] = free_key
+        session.get(f"{base}/health", timeout=10)  # open the connection before the race
+        start.wait()
+        return [session.get(f"{base}/api/users", timeout=10).status_code for _ in range(count)]
+
+    with ThreadPoolExecutor(len(per_client)) as pool:
+        statuses = [status for result in pool.map(client, per_client) for status in result]
+    assert len(statuses) == 50
+    assert statuses.count(200) == 10 and statuses.count(429) == 40
+    assert remaining_of(base, free_key)["minute"] == 10  # denied requests consumed nothing
+
+
+def test_post_data_costs_five_over_http(live_server: Any, free_key: str) -> None:
+    base = live_server.url
+    response = requests.post(f"{base}/api/data", json={"a": 1}, headers={"Authorization": f"Bearer {free_key}"},
+                             timeout=10)
+    assert response.status_code == 201 and response.json()["keys"] == ["a"]
+    assert response.headers["X-RateLimit-Remaining"] == "5"  # the bucket of 10, minus 5
+    assert remaining_of(base, free_key)["minute"] == 15
+    bad = requests.post(f"{base}/api/data", data=b"{not json", headers={"X-API-Key": free_key}, timeout=10)
+    assert bad.status_code == 400 and bad.json() == {"error": "the body must be JSON"}
