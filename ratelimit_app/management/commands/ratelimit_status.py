@@ -22,12 +22,17 @@ from ._targets import resolve
 
 
 def seconds(value: float | None) -> str:
-    """Seconds for a table cell: "-" for None, "never" for infinity, else "12.3s"."""
+    """A duration for a table cell: "-" for None, "never" for infinity, else "12.3s", "4m 05s", "10h 36m"."""
     if value is None:
         return "-"
     if math.isinf(value):
         return "never"
-    return f"{value:.1f}s"
+    if value < 60:
+        return f"{value:.1f}s"
+    whole = int(value)
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
 
 
 def describe(policy: Policy) -> str:
