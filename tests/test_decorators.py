@@ -1,0 +1,132 @@
+"""`@ratelimit` on plain Django views, against the real Redis."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from django.http import HttpRequest, JsonResponse
+from django.urls import path
+
+from ratelimit_app import InvalidPolicy
+from ratelimit_app.decorators import ratelimit
+
+from .limits_support import parse_ietf
+
+pytestmark = pytest.mark.urls(__name__)
+
+
+@ratelimit(rate="2/m", key="ip")
+def by_ip(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+@ratelimit(rate="2/m", key="ip")
+def by_ip_too(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+@ratelimit(rate="1/m", key="user")
+def by_user(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+@ratelimit(rate="1/m", key="header:x-device-id")
+def by_header(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+@ratelimit(rate="1/m", key=lambda request: request.GET.get("account"))
+def by_callable(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+@ratelimit(rate="1/m", key="ip", block=False)
+def flagged(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"limited": request.limited})  # type: ignore[attr-defined]
+
+
+@ratelimit(rate="3/5s", key="ip", algorithm="gcra", burst=2, name="smooth")
+def smooth(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [
+    path("ip", by_ip), path("ip2", by_ip_too), path("user", by_user), path("header", by_header),
+    path("callable", by_callable), path("flagged", flagged), path("smooth", smooth),
+]
+
+
+def test_limits_per_ip_with_429_and_headers(client: Any) -> None:
+    responses = [client.get("/ip") for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 200, 429]
+    assert [r["X-RateLimit-Remaining"] for r in responses] == ["1", "0", "0"]
+    denied = responses[-1]
+    body = denied.json()
+    assert set(body) == {"error", "tier", "policy", "retry_after"} and body["policy"] == "by_ip"
+    assert int(denied["Retry-After"]) == max(1, math.ceil(body["retry_after"]))
+    assert parse_ietf(denied["RateLimit-Policy"]) == {"by_ip": {"q": 2, "w": 60}}
+    assert client.get("/ip", REMOTE_ADDR="198.51.100.7").status_code == 200  # another client
+
+
+def test_each_decorated_view_counts_separately(client: Any) -> None:
+    assert [client.get("/ip").status_code for _ in range(3)] == [200, 200, 429]
+    assert client.get("/ip2").status_code == 200
+
+
+@pytest.mark.django_db
+def test_key_user_counts_users_and_falls_back_to_ip(client: Any, django_user_model: Any) -> None:
+    client.force_login(django_user_model.objects.create_user("alice", password="pw"))
+    assert [client.get("/user").status_code for _ in range(2)] == [200, 429]
+    client.force_login(django_user_model.objects.create_user("bob", password="pw"))
+    assert client.get("/user").status_code == 200
+    client.logout()
+    assert [client.get("/user").status_code for _ in range(2)] == [200, 429]
+
+
+def test_key_header(client: Any) -> None:
+    assert [client.get("/header", HTTP_X_DEVICE_ID="a").status_code for _ in range(2)] == [200, 429]
+    assert client.get("/header", HTTP_X_DEVICE_ID="b").status_code == 200
+    assert [client.get("/header").status_code for _ in range(2)] == [200, 429]  # no header: one shared counter
+
+
+def test_key_callable_and_none_means_unlimited(client: Any) -> None:
+    assert [client.get("/callable?account=1").status_code for _ in range(2)] == [200, 429]
+    assert client.get("/callable?account=2").status_code == 200
+    assert all(client.get("/callable").status_code == 200 for _ in range(5))
+
+
+def test_block_false_flags_the_request(client: Any) -> None:
+    assert [client.get("/flagged").json()["limited"] for _ in range(3)] == [False, True, True]
+    assert client.get("/flagged").status_code == 200
+
+
+def test_algorithm_burst_and_name(client: Any) -> None:
+    responses = [client.get("/smooth") for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 200, 429]
+    assert responses[-1].json()["policy"] == "smooth"
+    assert responses[0]["X-RateLimit-Limit"] == "2"
+
+
+def test_bad_declarations_fail_at_import_naming_the_view() -> None:
+    def view(request: HttpRequest) -> JsonResponse:
+        return JsonResponse({})
+
+    with pytest.raises(InvalidPolicy, match="view"):
+        ratelimit(rate="ten/m")(view)
+    with pytest.raises(InvalidPolicy, match="burst"):
+        ratelimit(rate="10/m", algorithm="fixed_window", burst=3)(view)
+    with pytest.raises(ValueError, match="key"):
+        ratelimit(rate="10/m", key="cookie")
+
+
+def test_redis_down_follows_the_fail_mode(client: Any, settings: Any) -> None:
+    from ratelimit_app.embedded import free_port
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+                          "FAIL_MODE": "closed", "BUDGET_MS": 500}
+    response = client.get("/ip")
+    assert response.status_code == 503 and int(response["Retry-After"]) >= 1
+    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "open"}
+    assert client.get("/ip").status_code == 200

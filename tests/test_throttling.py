@@ -1,0 +1,210 @@
+"""DRF throttles on the real Redis: TierRateThrottle, and the atomic drop-ins for DRF's own throttles."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import Client
+from django.urls import path
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ratelimit_app.embedded import free_port
+from ratelimit_app.throttling import (
+    AnonRateThrottle,
+    RateLimitHeadersMixin,
+    ScopedRateThrottle,
+    TierRateThrottle,
+    UserRateThrottle,
+)
+
+from .limits_support import make_key, make_tier, parse_ietf
+
+pytestmark = pytest.mark.urls(__name__)
+
+
+class Ok(APIView):
+    def get(self, request: Any) -> Response:
+        return Response({"ok": True})
+
+
+class TierView(Ok):
+    throttle_classes = [TierRateThrottle]
+
+
+class ScopedTierView(Ok):
+    throttle_classes = [TierRateThrottle]
+    throttle_scope = "write"
+
+
+class HeaderTierView(RateLimitHeadersMixin, Ok):
+    throttle_classes = [TierRateThrottle]
+
+
+class AnonView(Ok):
+    throttle_classes = [AnonRateThrottle]
+
+
+class UserView(Ok):
+    authentication_classes = [SessionAuthentication]
+    throttle_classes = [UserRateThrottle]
+
+
+class ScopeA(Ok):
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "a"
+
+
+class ScopeB(Ok):
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "b"
+
+
+class NoScope(Ok):
+    throttle_classes = [ScopedRateThrottle]
+
+
+class UnknownScope(Ok):
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "nowhere"
+
+
+urlpatterns = [
+    path("t/tier", TierView.as_view()),
+    path("t/tier/write", ScopedTierView.as_view()),
+    path("t/tier/headers", HeaderTierView.as_view()),
+    path("api/t/tier", TierView.as_view()),  # under the middleware's /api/ too
+    path("t/anon", AnonView.as_view()),
+    path("t/user", UserView.as_view()),
+    path("t/a", ScopeA.as_view()),
+    path("t/b", ScopeB.as_view()),
+    path("t/none", NoScope.as_view()),
+    path("t/unknown", UnknownScope.as_view()),
+]
+
+
+def rates(settings: Any, **values: str) -> None:
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": values}
+
+
+@pytest.fixture
+def small_key(db: Any) -> str:
+    tier = make_tier("small", [("burst", "token_bucket", 1, 3600, 3, ""),
+                               ("write", "sliding_window", 1, 60, None, "write")])
+    return make_key(tier)
+
+
+def test_tier_throttle_enforces_the_tier_with_retry_after(client: Any, small_key: str) -> None:
+    responses = [client.get("/t/tier", HTTP_X_API_KEY=small_key) for _ in range(4)]
+    assert [r.status_code for r in responses] == [200, 200, 200, 429]
+    denied = responses[-1]
+    assert "throttled" in denied.json()["detail"]
+    assert 1 <= int(denied["Retry-After"]) <= 3600
+    # RateLimitMiddleware (installed in the demo settings) adds the headers to the throttle's answers.
+    assert [r["X-RateLimit-Remaining"] for r in responses] == ["2", "1", "0", "0"]
+    assert denied["X-RateLimit-Tier"] == "small" and parse_ietf(denied["RateLimit"])["burst"]["r"] == 0
+
+
+@pytest.mark.django_db
+def test_tier_throttle_refuses_bad_keys_with_401(client: Any) -> None:
+    missing = client.get("/t/tier")
+    assert missing.status_code == 401 and missing.json() == {"detail": "API key required"}
+    malformed = client.get("/t/tier", HTTP_X_API_KEY="x" * 5000)
+    assert malformed.status_code == 401 and malformed.json() == {"detail": "malformed API key"}
+    assert "xxxxx" not in malformed.content.decode()
+
+
+def test_tier_throttle_respects_throttle_scope(client: Any, small_key: str) -> None:
+    assert client.get("/t/tier/write", HTTP_X_API_KEY=small_key).status_code == 200
+    denied = client.get("/t/tier/write", HTTP_X_API_KEY=small_key)
+    assert denied.status_code == 429 and denied["X-RateLimit-Remaining"] == "0"
+    assert "write.write" in parse_ietf(denied["RateLimit-Policy"])
+    assert client.get("/t/tier", HTTP_X_API_KEY=small_key).status_code == 200  # unscoped: base limits only
+
+
+def test_headers_mixin_adds_headers_without_the_middleware(client: Any, settings: Any, small_key: str) -> None:
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
+    assert "X-RateLimit-Limit" not in client.get("/t/tier", HTTP_X_API_KEY=small_key)
+    response = client.get("/t/tier/headers", HTTP_X_API_KEY=small_key)
+    assert response.status_code == 200 and response["X-RateLimit-Remaining"] == "1"  # the second of 3
+
+
+def test_no_double_charge_when_the_middleware_already_limited(client: Any, small_key: str) -> None:
+    first = client.get("/api/t/tier", HTTP_X_API_KEY=small_key)
+    second = client.get("/api/t/tier", HTTP_X_API_KEY=small_key)
+    assert (first["X-RateLimit-Remaining"], second["X-RateLimit-Remaining"]) == ("2", "1")
+
+
+def test_anon_throttle_reads_rates_at_request_time(client: Any, settings: Any) -> None:
+    rates(settings, anon="3/m")
+    statuses = [client.get("/t/anon").status_code for _ in range(4)]
+    assert statuses == [200, 200, 200, 429]
+    rates(settings, anon="5/m")  # no re-import, no restart: the next request sees it
+    assert [client.get("/t/anon").status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_rates_with_a_multiplied_period(client: Any, settings: Any) -> None:
+    rates(settings, anon="2/10m")
+    assert [client.get("/t/anon").status_code for _ in range(2)] == [200, 200]
+    denied = client.get("/t/anon")
+    assert denied.status_code == 429
+    assert 540 < int(denied["Retry-After"]) <= 600  # the window is ten minutes, not one
+
+
+def test_anon_throttle_is_atomic_under_concurrency(settings: Any) -> None:
+    rates(settings, anon="5/m")
+    start = threading.Barrier(20)
+
+    def one(_: int) -> int:
+        client = Client()
+        start.wait()
+        return client.get("/t/anon").status_code
+
+    with ThreadPoolExecutor(20) as pool:
+        statuses = list(pool.map(one, range(20)))
+    assert statuses.count(200) == 5 and statuses.count(429) == 15
+
+
+@pytest.mark.django_db
+def test_user_throttle_counts_each_user(client: Any, settings: Any, django_user_model: Any) -> None:
+    rates(settings, user="2/m")
+    alice = django_user_model.objects.create_user("alice", password="pw")
+    bob = django_user_model.objects.create_user("bob", password="pw")
+    client.force_login(alice)
+    assert [client.get("/t/user").status_code for _ in range(3)] == [200, 200, 429]
+    client.force_login(bob)
+    assert client.get("/t/user").status_code == 200
+    client.logout()
+    assert [client.get("/t/user").status_code for _ in range(3)] == [200, 200, 429]  # anonymous: by IP
+
+
+def test_scoped_throttle_counts_each_scope(client: Any, settings: Any) -> None:
+    rates(settings, a="1/m", b="2/m")
+    assert [client.get("/t/a").status_code for _ in range(2)] == [200, 429]
+    assert [client.get("/t/b").status_code for _ in range(3)] == [200, 200, 429]
+    assert all(client.get("/t/none").status_code == 200 for _ in range(5))  # no scope, no limit
+    with pytest.raises(ImproperlyConfigured, match="nowhere"):
+        client.get("/t/unknown")
+
+
+def test_bad_rate_names_the_scope(client: Any, settings: Any) -> None:
+    rates(settings, anon="ten per minute")
+    with pytest.raises(ImproperlyConfigured, match=r"DEFAULT_THROTTLE_RATES\['anon'\]"):
+        client.get("/t/anon")
+
+
+@pytest.mark.parametrize(("mode", "status"), [("open", 200), ("closed", 503)])
+def test_throttles_follow_the_fail_mode_when_redis_is_down(client: Any, settings: Any, mode: str,
+                                                          status: int) -> None:
+    rates(settings, anon="5/m")
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+                          "FAIL_MODE": mode, "BUDGET_MS": 500}
+    response = client.get("/t/anon")
+    assert response.status_code == status
+    if status == 503:
+        assert int(response["Retry-After"]) >= 1
