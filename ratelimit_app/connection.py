@@ -112,12 +112,15 @@ def _no_retry() -> Retry:
 
 
 def _no_handshake_options() -> dict[str, Any]:
-    # CLIENT SETINFO costs two round trips on every new connection: time the budget cannot spare
-    # when connections are re-established after an outage. redis-py >= 7 names it driver_info.
+    # A new connection should cost the TCP connect and nothing more: with RESP3 (the default of recent
+    # redis-py) it would first send HELLO and CLIENT MAINT_NOTIFICATIONS, and CLIENT SETINFO twice:
+    # up to four round trips that the budget cannot spare when connections are re-established after
+    # an outage. The limiter's replies are flat integer arrays, the same in RESP2. redis-py >= 7 names
+    # the SETINFO option driver_info.
     base = getattr(redis.connection, "AbstractConnection", Connection)
     if "driver_info" in inspect.signature(base.__init__).parameters:
-        return {"driver_info": None}
-    return {"lib_name": None, "lib_version": None}
+        return {"protocol": 2, "driver_info": None}
+    return {"protocol": 2, "lib_name": None, "lib_version": None}
 
 
 _HANDSHAKE = _no_handshake_options()

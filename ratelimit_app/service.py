@@ -132,6 +132,8 @@ class LimiterService:
         self._stats_lock = threading.Lock()
         self._redis_failures = 0
         self._counts = {"open": 0, "closed": 0, "local_allowed": 0, "local_denied": 0}
+        # a new service starts closed (the one it replaces may have been open when settings changed)
+        metrics.set_breaker_state(CLOSED)
 
     # -- the public API ----------------------------------------------------------------------------
     @property

@@ -2,6 +2,8 @@
 
 Modes: "forward" (normal), "drop_replies" (requests reach Redis, replies are thrown away: a reply lost
 after the command was sent) and "black_hole" (accepts connections and bytes, forwards nothing).
+`connections` counts accepted client connections and `from_clients` keeps every byte clients sent, in
+every mode, so a test can tell whether (and how often) a client tried to talk to Redis.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class TcpProxy:
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
+        self.connections = 0
+        self.from_clients = bytearray()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -42,6 +46,8 @@ class TcpProxy:
             except OSError:
                 return
             self._track(client)
+            with self._lock:
+                self.connections += 1
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
@@ -57,6 +63,9 @@ class TcpProxy:
                     data = sock.recv(65536)
                     if not data:
                         return
+                    if sock is client:
+                        with self._lock:
+                            self.from_clients += data
                     if sock is client and upstream is not None and self.mode != "black_hole":
                         upstream.sendall(data)
                     elif sock is upstream and self.mode == "forward":
@@ -67,6 +76,12 @@ class TcpProxy:
             client.close()
             if upstream is not None:
                 upstream.close()
+
+    def commands_seen(self, name: str) -> int:
+        """How many times clients sent the command `name` (counted in the RESP bytes, any mode)."""
+        encoded = name.upper().encode()
+        with self._lock:
+            return bytes(self.from_clients).count(b"$%d\r\n%s\r\n" % (len(encoded), encoded))
 
     def close(self) -> None:
         self._closed.set()

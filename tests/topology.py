@@ -40,9 +40,10 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: 
 
 
 def command_calls(client: redis.Redis, command: str) -> int:
-    """How many times the server ran `command` (INFO commandstats), 0 when never."""
-    stats = client.info("commandstats")
-    return int(stats.get(f"cmdstat_{command.lower()}", {}).get("calls", 0))
+    """How many times the server ran `command` successfully (INFO commandstats: calls - failed_calls;
+    an EVALSHA answered NOSCRIPT ran nothing), 0 when never."""
+    stats = client.info("commandstats").get(f"cmdstat_{command.lower()}", {})
+    return int(stats.get("calls", 0)) - int(stats.get("failed_calls", 0))
 
 
 # -- Redis Cluster -------------------------------------------------------------------------------
