@@ -7,6 +7,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
+from redis.connection import ConnectionPool
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from .conf import ratelimit_settings
@@ -47,13 +48,15 @@ def sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
     hosts, service, db = parse_sentinel_url(url)
     password = urlsplit(url).password
     share = len(hosts) or 1
-    sentinel_options = {
-        **options,
-        "socket_connect_timeout": options["socket_connect_timeout"] / share,
-        "socket_timeout": options["socket_timeout"],
-        "connection_class": BudgetConnection,
-    }
+    sentinel_options = {**options, "socket_connect_timeout": options["socket_connect_timeout"] / share}
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_options, **options)
+    # the sentinels are asked inside the same time budget as the master (redis.Redis takes no
+    # connection class of its own, so each sentinel client gets a pool of budget-aware connections)
+    sentinel.sentinels = [
+        redis.Redis(connection_pool=ConnectionPool(connection_class=BudgetConnection, host=host, port=port,
+                                                   **sentinel_options))
+        for host, port in hosts
+    ]
     return sentinel.master_for(
         service, db=db, password=unquote(password) if password else None, connection_class=BudgetSentinelConnection,
     )
