@@ -90,7 +90,7 @@ def test_a_one_mib_key_is_refused_without_a_lookup_or_a_large_redis_key(
     assert len(response.content) < 100
     written = engine_keys(redis_client, key_prefix)
     assert written and all(KEY_NAME.fullmatch(k) and len(k) < 100 for k in written)
-    assert all(redis_client.memory_usage(k) < 4096 for k in written)  # only the per-IP counter
+    assert all((redis_client.memory_usage(k) or 0) < 4096 for k in written)  # only the per-IP counter
 
 
 @pytest.mark.django_db(transaction=True)
@@ -106,7 +106,7 @@ def test_a_one_mib_header_over_http_is_refused_and_writes_nothing(live_server: A
             pass  # the server may close while we are still sending: that is a refusal too
         reply = sock.recv(200)
     assert reply.startswith(b"HTTP/1.") and reply.split()[1] in (b"400", b"401", b"431")
-    assert all(redis_client.memory_usage(k) < 4096 for k in engine_keys(redis_client, key_prefix))
+    assert all((redis_client.memory_usage(k) or 0) < 4096 for k in engine_keys(redis_client, key_prefix))
 
 
 @pytest.mark.django_db
