@@ -9,8 +9,9 @@ all-or-nothing decision over several policies and the same replies. It serves tw
 - a model of the Lua engine: with `app_servers=1` and an injected clock it must decide exactly as
   Redis does (tests/test_model_property.py checks this with hypothesis).
 
-It is thread-safe (one lock per limiter) and its memory is bounded: at most `max_keys` states are kept,
-the least recently written is dropped first (which can only make the limiter more lenient).
+It is thread-safe (one lock per limiter) and its memory is bounded: at most `max_keys` states and at
+most `max_units` sliding-window log entries (8 bytes each) are kept; the least recently written state
+is dropped first (which can only make the limiter more lenient).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ Check = tuple[str, Sequence[Policy]]
 Outcome = tuple[bool, float, float, float, Callable[[], float] | None]
 
 DEFAULT_MAX_KEYS = 100_000
+DEFAULT_MAX_UNITS = 1_000_000
 
 
 def wall_clock_us() -> int:
@@ -43,34 +45,46 @@ def wall_clock_us() -> int:
 
 
 class _Store:
-    """Key -> state with a TTL (like the Redis keys the scripts write), bounded, least recently written out."""
+    """Key -> state with a TTL (like the Redis keys the scripts write), bounded, least recently written out.
 
-    def __init__(self, max_keys: int) -> None:
+    Each state weighs 1, a sliding-window log its number of entries; the store keeps at most `max_keys`
+    states and a total weight of at most `max_units` (always at least the newest state).
+    """
+
+    def __init__(self, max_keys: int, max_units: int) -> None:
         self.max_keys = max_keys
-        self._data: OrderedDict[str, tuple[Any, float]] = OrderedDict()
+        self.max_units = max_units
+        self.weight = 0
+        self._data: OrderedDict[str, tuple[Any, float, int]] = OrderedDict()
 
     def get(self, key: str, now_us: float) -> Any:
         entry = self._data.get(key)
         if entry is None:
             return None
-        value, expires_us = entry
         # Redis drops a key once its time is past; a missing key means the same as the expired state
-        if now_us >= expires_us:
-            del self._data[key]
+        if now_us >= entry[1]:
+            self.delete(key)
             return None
-        return value
+        return entry[0]
 
-    def set(self, key: str, value: Any, ttl_ms: float, now_us: float) -> None:
-        self._data[key] = (value, now_us + ttl_ms * 1000)
-        self._data.move_to_end(key)
-        while len(self._data) > self.max_keys:
-            self._data.popitem(last=False)
+    def set(self, key: str, value: Any, ttl_ms: float, now_us: float, weight: int = 1) -> None:
+        old = self._data.pop(key, None)
+        if old is not None:
+            self.weight -= old[2]
+        self._data[key] = (value, now_us + ttl_ms * 1000, weight)
+        self.weight += weight
+        while len(self._data) > 1 and (len(self._data) > self.max_keys or self.weight > self.max_units):
+            _, (_, _, dropped) = self._data.popitem(last=False)
+            self.weight -= dropped
 
     def delete(self, key: str) -> None:
-        self._data.pop(key, None)
+        entry = self._data.pop(key, None)
+        if entry is not None:
+            self.weight -= entry[2]
 
     def clear(self) -> None:
         self._data.clear()
+        self.weight = 0
 
     def __len__(self) -> int:
         return len(self._data)
@@ -131,7 +145,7 @@ def sliding_window(store: _Store, key: str, now_us: float, limit: float, period_
         del scores[:bisect_right(scores, window_start)]
         for _ in range(int(cost)):
             insort(scores, now_us)
-        store.set(key, scores, period_ms, now_us)
+        store.set(key, scores, period_ms, now_us, len(scores))
         return period_us
 
     return True, remaining, reset_us, 0, apply
@@ -266,18 +280,20 @@ class LocalLimiter:
 
     The API mirrors `RateLimiter`: `hit`, `peek`, `hit_many` (always all-or-nothing) and `reset`.
     `clock` returns microseconds since the epoch; `app_servers` divides every policy (see
-    `local_share`); `max_keys` bounds the number of states kept.
+    `local_share`); `max_keys` bounds the number of states kept and `max_units` the entries of all
+    sliding-window logs together.
     """
 
     def __init__(self, *, app_servers: int = 1, clock: Clock = wall_clock_us,
-                 max_keys: int = DEFAULT_MAX_KEYS) -> None:
+                 max_keys: int = DEFAULT_MAX_KEYS, max_units: int = DEFAULT_MAX_UNITS) -> None:
         if isinstance(app_servers, bool) or not isinstance(app_servers, int) or app_servers < 1:
             raise ValueError(f"app_servers: {app_servers!r} must be an integer >= 1")
-        if isinstance(max_keys, bool) or not isinstance(max_keys, int) or max_keys < 1:
-            raise ValueError(f"max_keys: {max_keys!r} must be an integer >= 1")
+        for name, value in (("max_keys", max_keys), ("max_units", max_units)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: {value!r} must be an integer >= 1")
         self.app_servers = app_servers
         self.clock = clock
-        self._store = _Store(max_keys)
+        self._store = _Store(max_keys, max_units)
         self._lock = threading.Lock()
 
     def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:

@@ -164,6 +164,15 @@ def test_memory_is_bounded_by_max_keys(clock: FakeClock) -> None:
     assert len(limiter) == 0
 
 
+def test_sliding_window_logs_are_bounded_by_max_units(clock: FakeClock) -> None:
+    limiter = LocalLimiter(clock=clock, max_units=1000)
+    policies = [Policy("p", "sliding_window", limit=300, period=60)]
+    for n in range(10):
+        assert limiter.hit(f"id{n}", policies, cost=300).allowed
+    assert len(limiter) == 3  # 3 logs of 300 entries fit in 1,000; older ones were dropped
+    assert not limiter.hit("id9", policies).allowed
+
+
 def test_concurrent_threads_admit_exactly_the_limit() -> None:
     limiter = LocalLimiter()  # the real clock; a one-day period keeps refills out of the count
     policies = [Policy("tight", "token_bucket", limit=100, period=86400), Policy("w", "sliding_window", limit=500,
