@@ -203,8 +203,12 @@ class _Recorder:
                 return
             self.stop_event = threading.Event()
             self.wake_event = threading.Event()
-            self.thread = threading.Thread(target=self._run, name="ratelimit-metrics-flusher", daemon=True)
-            self.thread.start()
+            thread = threading.Thread(target=self._run, name="ratelimit-metrics-flusher", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:
+                return  # interpreter shutdown: the atexit flush sends what is counted
+            self.thread = thread
 
     def _run(self) -> None:
         stop, wake = self.stop_event, self.wake_event
