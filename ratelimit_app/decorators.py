@@ -12,7 +12,8 @@
 `key` counts the limit per: "ip" (client IP, trusted proxies only), "user" (the authenticated user,
 else the IP), "header:<name>" (the value of that request header; requests without it share one
 counter), or a callable `key(request) -> str | None` (None: do not limit this request). Each
-decorated view has its own counters (`group`, default: the view's module and qualified name).
+decorated view has its own counters; views given the same `group` (and the same rate and algorithm)
+share them. The policy is named `name`, else after the group, else after the view.
 
 Denied with `block=True` (default): 429 JSON `{"error", "tier", "policy", "retry_after"}` with
 `Retry-After`; when Redis is unavailable and RATELIMIT['FAIL_MODE'] refuses: 503. With `block=False`
@@ -90,7 +91,7 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
     )
 
     def decorate(view: ViewT) -> ViewT:
-        policy_name = name or _UNSAFE.sub("_", getattr(view, "__name__", "view"))[:64] or "view"
+        policy_name = name or _UNSAFE.sub("_", group or getattr(view, "__name__", "view"))[:64] or "view"
         try:
             policy = Policy.parse(rate, name=policy_name, algorithm=algorithm, burst=burst)
         except InvalidPolicy as exc:

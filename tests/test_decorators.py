@@ -52,7 +52,18 @@ def smooth(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
 
 
+@ratelimit(rate="2/m", key="ip", group="shared")
+def shared_one(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+@ratelimit(rate="2/m", key="ip", group="shared")
+def shared_two(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
 urlpatterns = [
+    path("shared1", shared_one), path("shared2", shared_two),
     path("ip", by_ip), path("ip2", by_ip_too), path("user", by_user), path("header", by_header),
     path("callable", by_callable), path("flagged", flagged), path("smooth", smooth),
 ]
@@ -73,6 +84,13 @@ def test_limits_per_ip_with_429_and_headers(client: Any) -> None:
 def test_each_decorated_view_counts_separately(client: Any) -> None:
     assert [client.get("/ip").status_code for _ in range(3)] == [200, 200, 429]
     assert client.get("/ip2").status_code == 200
+
+
+def test_views_of_one_group_share_a_counter(client: Any) -> None:
+    assert client.get("/shared1").status_code == 200
+    assert client.get("/shared2").status_code == 200
+    denied = client.get("/shared1")
+    assert denied.status_code == 429 and denied.json()["policy"] == "shared"
 
 
 @pytest.mark.django_db
