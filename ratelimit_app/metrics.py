@@ -191,9 +191,11 @@ class _Recorder:
         """Settings changed: read the prefix and switch again on the next decision.
 
         Unflushed counts keep the prefix they were recorded under. The flusher wakes up to flush them
-        and to wait the (possibly new) interval from now on.
+        and to wait the (possibly new) interval from now on. A settings change also rebuilds the limiter
+        service, whose new circuit breaker starts closed: the reported state follows (not a transition).
         """
         self.target = None
+        self.breaker_state = "closed"
         self.wake_event.set()
 
     # -- flushing ------------------------------------------------------------------------------

@@ -127,6 +127,29 @@ def test_real_requests_through_the_middleware_are_counted(client: Client) -> Non
         value(before, name, tier="free", policy="burst", outcome="blocked") == 3
 
 
+@pytest.mark.django_db
+def test_a_redis_outage_shows_as_degraded_decisions_and_an_open_breaker(client: Client, settings: Any) -> None:
+    _, key = ApiKey.objects.create_key(name="outage", tier=Tier.objects.get(slug="free"))
+    assert client.get("/api/users", HTTP_X_API_KEY=key).status_code == 200  # warms the key lookup cache
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+                          "FAIL_MODE": "open", "BREAKER_FAILURES": 2, "BREAKER_COOLDOWN": 30.0}
+    before = scrape(client)
+    statuses = [client.get("/api/users", HTTP_X_API_KEY=key).status_code for _ in range(5)]
+    after = scrape(client)
+    assert statuses == [200] * 5  # fail mode "open": served, marked degraded
+    name = "ratelimit_degraded_decisions_total"
+    assert value(after, name, tier="free", outcome="allowed") - value(before, name, tier="free", outcome="allowed") == 5
+    assert value(after, "ratelimit_breaker_state", state="open") == 1
+    assert value(after, "ratelimit_breaker_transitions_total", state="open") - \
+        value(before, "ratelimit_breaker_transitions_total", state="open") == 1
+    # the failed Redis calls were timed too (2 failures open the breaker; then Redis is skipped)
+    assert value(after, "ratelimit_limiter_latency_seconds_count") - \
+        value(before, "ratelimit_limiter_latency_seconds_count") == 2
+    # settings change: a new limiter service with a closed breaker, and the gauge follows
+    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed"}
+    assert value(scrape(client), "ratelimit_breaker_state", state="closed") == 1
+
+
 def test_a_dedicated_registry_serves_only_the_limiter_series(client: Client) -> None:
     names = {name for name, _ in scrape(client)}
     assert names and all(name.startswith("ratelimit_") for name in names)
