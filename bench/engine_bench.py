@@ -12,6 +12,7 @@ a pipeline counts once) so the tables say why a limiter is as fast as it is.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from array import array
@@ -108,6 +109,7 @@ class Run:
     p50: float
     p99: float
     server_cpu: float  # Redis CPU seconds (user + sys) per decision, from INFO cpu
+    samples: tuple[float, ...] = ()  # decisions/s of every round; this run is the median one
 
 
 @dataclass(frozen=True)
@@ -154,25 +156,50 @@ def measure(pool: WorkerPool, admin: redis.Redis, variant: str, mode: str, proce
                _percentile(latencies, 0.50), _percentile(latencies, 0.99), cpu / decisions if decisions else 0.0)
 
 
-def run_variant(pool: WorkerPool, admin: redis.Redis, variant: str, process_counts: Sequence[int],
-                duration: float, probe: int, tag: str) -> list[EngineResult]:
-    """Both traffic modes of one variant: probe round trips, then one timed run per process count."""
-    results = []
-    pool.run_all("bench.engine_bench:prepare", {"variant": variant, "rate": ENGINE_RATE, "tag": tag})
-    for mode in MODES:
-        admin.flushall()
-        hot = f"{tag}:hot:{mode}"
-        if mode == "denied":
-            pool.run({0: ("bench.engine_bench:prefill",
-                          {"variant": variant, "rate": ENGINE_RATE, "identity": hot, "worker": 0})})
-        trips = pool.run({0: ("bench.engine_bench:count_round_trips",
-                              {"variant": variant, "rate": ENGINE_RATE, "mode": mode, "tag": f"{tag}:{mode}",
-                               "hot": hot, "decisions": probe, "worker": 0})})[0]
-        runs = tuple(measure(pool, admin, variant, mode, n, duration, f"{tag}:{mode}:{n}", hot)
-                     for n in process_counts)
-        results.append(EngineResult(variant, mode, trips, runs))
+def _median_run(runs: list[Run]) -> Run:
+    ordered = sorted(runs, key=lambda run: run.per_second)
+    return dataclasses.replace(ordered[(len(ordered) - 1) // 2], samples=tuple(r.per_second for r in runs))
+
+
+def run_engine(pool: WorkerPool, admin: redis.Redis, variants: Sequence[str], process_counts: Sequence[int],
+               duration: float, probe: int, rounds: int, progress: Callable[[str], None]) -> list[EngineResult]:
+    """The decisions/s table: every variant, both modes, every process count, in `rounds` interleaved rounds.
+
+    Round r measures every variant once before round r+1 starts, so a disturbance of the machine hits
+    one round of many variants rather than every round of one; each cell is the median round.
+    """
+    trips: dict[tuple[str, str], float] = {}
+    for i, variant in enumerate(variants):
+        progress(f"engine: preparing {i + 1}/{len(variants)}: {BY_KEY[variant].label}")
+        pool.run_all("bench.engine_bench:prepare", {"variant": variant, "rate": ENGINE_RATE, "tag": f"e{i}"})
+        for mode in MODES:
+            admin.flushall()
+            hot = f"e{i}:probe:hot"
+            if mode == "denied":
+                pool.run({0: ("bench.engine_bench:prefill",
+                              {"variant": variant, "rate": ENGINE_RATE, "identity": hot, "worker": 0})})
+            trips[(variant, mode)] = pool.run({0: ("bench.engine_bench:count_round_trips",
+                                                   {"variant": variant, "rate": ENGINE_RATE, "mode": mode,
+                                                    "tag": f"e{i}:probe", "hot": hot, "decisions": probe,
+                                                    "worker": 0})})[0]
+    samples: dict[tuple[str, str, int], list[Run]] = {}
+    for r in range(rounds):
+        for i, variant in enumerate(variants):
+            progress(f"engine round {r + 1}/{rounds}, {i + 1}/{len(variants)}: {BY_KEY[variant].label}")
+            for mode in MODES:
+                admin.flushall()
+                tag = f"e{i}:r{r}:{mode}"
+                hot = f"{tag}:hot"
+                if mode == "denied":
+                    pool.run({0: ("bench.engine_bench:prefill",
+                                  {"variant": variant, "rate": ENGINE_RATE, "identity": hot, "worker": 0})})
+                for n in process_counts:
+                    run = measure(pool, admin, variant, mode, n, duration, f"{tag}:{n}", hot)
+                    samples.setdefault((variant, mode, n), []).append(run)
     admin.flushall()
-    return results
+    return [EngineResult(variant, mode, trips[(variant, mode)],
+                         tuple(_median_run(samples[(variant, mode, n)]) for n in process_counts))
+            for variant in variants for mode in MODES]
 
 
 @dataclass(frozen=True)
@@ -205,11 +232,3 @@ def paired_rounds(pool: WorkerPool, admin: redis.Redis, variants: Sequence[str],
                   {v: tuple(s) for v, s in samples.items()})
 
 
-def run_engine(pool: WorkerPool, admin: redis.Redis, variants: Sequence[str], process_counts: Sequence[int],
-               duration: float, probe: int, progress: Callable[[str], None]) -> list[EngineResult]:
-    """The decisions/s table: every available variant, both modes, every process count."""
-    results: list[EngineResult] = []
-    for i, variant in enumerate(variants):
-        progress(f"engine {i + 1}/{len(variants)}: {BY_KEY[variant].label}")
-        results.extend(run_variant(pool, admin, variant, process_counts, duration, probe, f"e{i}"))
-    return results

@@ -14,6 +14,7 @@ limits is created, with an API key for it made by `create_api_key` (the key ever
 from __future__ import annotations
 
 import http.client
+import math
 import os
 import re
 import shutil
@@ -25,6 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import redis
 
 from ratelimit_app.embedded import free_port
 
@@ -51,6 +54,7 @@ class HttpResult:
     p99: float
     errors: int
     generator: str
+    server_cpu: float = math.nan  # Redis CPU seconds (user + sys) per request, from INFO cpu
 
 
 def _env(redis_url: str, db_path: Path, variant: str) -> dict[str, str]:
@@ -65,30 +69,31 @@ def _env(redis_url: str, db_path: Path, variant: str) -> dict[str, str]:
     return env
 
 
-def _django(args: list[str], env: dict[str, str]) -> str:
-    done = subprocess.run([sys.executable, "-m", "django", *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(f"django-admin {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout
-
-
-_SEED = """
+_PREPARE = """
+import io, sys
+import django
+django.setup()
+from django.core.management import call_command
 from ratelimit_app.models import Tier, TierLimit
+call_command("migrate", interactive=False, verbosity=0)
 tier, _ = Tier.objects.update_or_create(slug="bench", defaults={"name": "Benchmark (huge limits)"})
 for name, algorithm, limit, period, burst in %r:
     TierLimit.objects.update_or_create(tier=tier, scope="", name=name, defaults={
         "algorithm": algorithm, "limit": limit, "period": period, "burst": burst, "enabled": True})
+out = io.StringIO()
+call_command("create_api_key", "benchmark", "--tier", "bench", stdout=out)
+sys.stdout.write(out.getvalue())
 """
 
 
 def prepare_database(redis_url: str, db_path: Path) -> str:
-    """Migrate the bench database, create the "bench" tier, and return a new API key for it."""
-    env = _env(redis_url, db_path, "ours")
-    _django(["migrate", "--noinput", "-v", "0"], env)
-    _django(["shell", "-c", _SEED % (BENCH_TIER,)], env)
-    output = _django(["create_api_key", "benchmark", "--tier", "bench"], env)
-    return output.strip().splitlines()[-1].strip()
+    """Migrate the bench database, create the "bench" tier, and return a new API key for it, made by
+    `create_api_key` (which prints the key alone on its last line). One process, to start Django once."""
+    done = subprocess.run([sys.executable, "-c", _PREPARE % (BENCH_TIER,)], env=_env(redis_url, db_path, "ours"),
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing the HTTP database failed:\n{done.stdout}\n{done.stderr}")
+    return done.stdout.strip().splitlines()[-1].strip()
 
 
 class Server:
@@ -231,9 +236,14 @@ class HttpRun:
     duration: float
 
 
-def run_http(redis_url: str, work_dir: Path, variants: list[str], duration: float, warmup: float, rounds: int,
-             connections: int, workers: int, threads: int, progress: Callable[[str], None],
-             flush: Callable[[], None]) -> HttpRun:
+def _redis_cpu(admin: redis.Redis) -> float:
+    cpu = admin.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def run_http(redis_url: str, admin: redis.Redis, work_dir: Path, variants: list[str], duration: float,
+             warmup: float, rounds: int, connections: int, workers: int, threads: int,
+             progress: Callable[[str], None]) -> HttpRun:
     """Every variant in turn on a fresh gunicorn, `rounds` times (see the module docstring)."""
     db_path = work_dir / "bench-http.sqlite3"
     api_key = prepare_database(redis_url, db_path)
@@ -244,7 +254,7 @@ def run_http(redis_url: str, work_dir: Path, variants: list[str], duration: floa
     for round_index in range(rounds):
         for i, variant in enumerate(variants):
             progress(f"http round {round_index + 1}/{rounds}, {i + 1}/{len(variants)}: {variant}")
-            flush()
+            admin.flushall()
             with Server(redis_url, db_path, variant, workers, threads) as server:
                 status, first_headers = server.wait_ready(headers)
                 if status != 200:
@@ -253,15 +263,18 @@ def run_http(redis_url: str, work_dir: Path, variants: list[str], duration: floa
                     ours_headers = {k: v for k, v in first_headers.items() if "ratelimit" in k.lower()}
                 if warmup > 0:
                     generate(server.url, headers, connections, warmup)
+                cpu_before = _redis_cpu(admin)
                 result = generate(server.url, headers, connections, duration)
+                cpu = _redis_cpu(admin) - cpu_before
             runs[variant].append(HttpResult(variant, result.requests, result.per_second, result.p50, result.p99,
-                                            result.errors, result.generator))
-    flush()
+                                            result.errors, result.generator, cpu / max(1, result.requests)))
+    admin.flushall()
     means = []
     for variant in variants:
         done = runs[variant]
         means.append(HttpResult(variant, sum(r.requests for r in done), statistics.fmean(r.per_second for r in done),
                                 statistics.fmean(r.p50 for r in done), statistics.fmean(r.p99 for r in done),
-                                sum(r.errors for r in done), done[0].generator))
+                                sum(r.errors for r in done), done[0].generator,
+                                statistics.fmean(r.server_cpu for r in done)))
     return HttpRun(tuple(means), {v: tuple(r.per_second for r in runs[v]) for v in variants}, ours_headers,
                    generator_name, workers, threads, connections, duration)

@@ -154,7 +154,8 @@ def _engine_section(results: Results) -> list[str]:
         "## 1. Decisions per second",
         "",
         f"Each limiter decides in a tight loop for {results.sizes.engine_duration:g} s, in 1 process and in {n} "
-        "processes started together (long-lived worker processes, one redis-py client each, hiredis parser). "
+        "processes started together (long-lived worker processes, one redis-py client each, hiredis parser), "
+        f"in {results.sizes.engine_rounds} interleaved round(s) over all limiters; each cell is the median round. "
         "*Allowed*: every decision is for a new identity (distinct clients), so every limiter admits it. "
         "*Denied*: one hot identity, first filled to its limit, asked again and again. Latency is the time of "
         "one call in the 1-process run. *Round trips* are the commands one decision writes to Redis (a "
@@ -164,7 +165,7 @@ def _engine_section(results: Results) -> list[str]:
         "fixed_window 1000/day).",
         "",
     ]
-    header = ["limiter", "algorithm", "round trips allowed / denied", "Redis CPU µs allowed",
+    header = ["limiter", "algorithm", "round trips allowed / denied", "Redis CPU µs allowed 1p",
               "allowed 1p /s", f"allowed {n}p /s", "denied 1p /s", f"denied {n}p /s",
               "p50 / p99 µs allowed 1p", "p50 / p99 µs denied 1p"]
     rows = []
@@ -298,9 +299,9 @@ def _http_section(results: Results) -> list[str]:
         name = f"**{label}**" if result.variant == "ours" else label
         rounds = " / ".join(_n(v) for v in http.rounds.get(result.variant, ()))
         rows.append([name, _n(result.per_second), _x(result.per_second / floor), _ms(result.p50), _ms(result.p99),
-                     str(result.errors), rounds, what])
-    lines += _table(["variant", "requests/s", "vs floor", "p50 ms", "p99 ms", "non-200", "each round /s",
-                     "configured"], rows, "lrrrrrrl")
+                     _us(result.server_cpu), str(result.errors), rounds, what])
+    lines += _table(["variant", "requests/s", "vs floor", "p50 ms", "p99 ms", "Redis CPU µs/request", "non-200",
+                     "each round /s", "configured"], rows, "lrrrrrrrl")
     if http.ours_headers:
         lines += ["Headers our middleware added to a response of the run:", "", "```",
                   *(f"{k}: {v}" for k, v in http.ours_headers.items()), "```", ""]

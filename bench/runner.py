@@ -60,6 +60,11 @@ def _read(path: str) -> str:
         return ""
 
 
+def load_average() -> str:
+    """The 1-minute load average (the machine may be shared; a high number means noisy results)."""
+    return _read("/proc/loadavg").split(" ")[0] or "unknown"
+
+
 def machine_info(admin: redis.Redis) -> dict[str, str]:
     """CPU, cores, memory, OS, Python, Redis server, load generator and the commit measured."""
     cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
@@ -82,7 +87,9 @@ def machine_info(admin: redis.Redis) -> dict[str, str]:
         commit += " (ratelimit_app/ has uncommitted changes)" if dirty else ""
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
-    parser = type(admin.connection_pool.get_connection()._parser).__name__  # type: ignore[attr-defined]
+    connection: Any = admin.connection_pool.get_connection()
+    parser = type(connection._parser).__name__
+    admin.connection_pool.release(connection)
     return {
         "CPU": f"{cpu}, {os.cpu_count()} cores",
         "memory": f"{mem_kb / 1024 / 1024:.1f} GiB",
@@ -133,6 +140,7 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
         print(f"[{time.monotonic() - started:5.0f}s] {message}", flush=True)
 
     try:
+        load_before = load_average()
         missing = {key: why for key, why in availability().items() if why}
         available = [v.key for v in VARIANTS if v.key not in missing]
         progress(f"redis-server on port {server.port}; {len(available)} of {len(VARIANTS)} limiters available")
@@ -157,7 +165,9 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
         finally:
             pool.close()
         http_run, http_missing, http_note = _http(server.url, admin, work_dir, sizes, skip_http, progress)
-        results = Results(sizes, command, machine_info(admin), package_versions(), missing, engine_results, paired,
+        machine = machine_info(admin)
+        machine["load average (1 min) at start / end"] = f"{load_before} / {load_average()}"
+        results = Results(sizes, command, machine, package_versions(), missing, engine_results, paired,
                           accuracy_results, memory_results, http_run, http_missing, http_note,
                           duration=time.monotonic() - started, finished=time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                         time.gmtime()))
@@ -173,7 +183,7 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
 def _engine(pool: WorkerPool, admin: redis.Redis, sizes: Sizes, available: list[str],
             progress: Callable[[str], None]) -> tuple[list[engine_bench.EngineResult], list[engine_bench.Paired]]:
     results = engine_bench.run_engine(pool, admin, available, (1, sizes.processes), sizes.engine_duration,
-                                      sizes.probe_decisions, progress)
+                                      sizes.probe_decisions, sizes.engine_rounds, progress)
     paired = []
     headline = [key for key in ("baseline", "baseline.raw", "ours.tier") if key in available]
     for processes in (1, sizes.processes):
@@ -192,7 +202,7 @@ def _http(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, skip: bool
 
     missing = {name: why for name in HTTP_VARIANTS if (why := _importable(HTTP_REQUIRES[name]))}
     names = [name for name in HTTP_VARIANTS if name not in missing]
-    run = http_bench.run_http(url, work_dir, names, sizes.http_duration, sizes.http_warmup, sizes.http_rounds,
-                              sizes.http_connections, sizes.http_workers, sizes.http_threads, progress,
-                              admin.flushall)
+    run = http_bench.run_http(url, admin, work_dir, names, sizes.http_duration, sizes.http_warmup,
+                              sizes.http_rounds, sizes.http_connections, sizes.http_workers, sizes.http_threads,
+                              progress)
     return run, missing, ""

@@ -12,6 +12,7 @@ class Sizes:
     name: str
     processes: int  # worker processes of the multi-process runs
     engine_duration: float  # one timed run of one variant
+    engine_rounds: int  # interleaved rounds of the whole engine table; each cell is the median round
     probe_decisions: int  # decisions counted for round trips per decision
     paired_rounds: int  # alternating rounds of baseline vs tier for the headline ratio
     paired_duration: float
@@ -29,17 +30,17 @@ class Sizes:
     http_threads: int
 
 
-FULL = Sizes("full", processes=4, engine_duration=1.5, probe_decisions=50, paired_rounds=5, paired_duration=1.5,
-             accuracy_clients=32, accuracy_hits=10, accuracy_runs=3, memory_identities=10_000,
-             memory_hit_budget=30_000, memory_unit_budget=1_000_000, http_duration=5.0, http_warmup=1.0,
-             http_rounds=2, http_connections=8, http_workers=2, http_threads=4)
-QUICK = Sizes("quick", processes=4, engine_duration=0.5, probe_decisions=20, paired_rounds=3, paired_duration=0.5,
-              accuracy_clients=32, accuracy_hits=10, accuracy_runs=3, memory_identities=2_000,
-              memory_hit_budget=5_000, memory_unit_budget=200_000, http_duration=2.0, http_warmup=0.5,
-              http_rounds=1, http_connections=8, http_workers=2, http_threads=4)
-SMOKE = Sizes("smoke", processes=2, engine_duration=0.05, probe_decisions=3, paired_rounds=1, paired_duration=0.05,
-              accuracy_clients=8, accuracy_hits=20, accuracy_runs=1, memory_identities=20, memory_hit_budget=200,
-              memory_unit_budget=2_000, http_duration=0.3, http_warmup=0.0, http_rounds=1, http_connections=2,
-              http_workers=1, http_threads=2)
+FULL = Sizes("full", processes=4, engine_duration=0.5, engine_rounds=3, probe_decisions=50, paired_rounds=5,
+             paired_duration=1.0, accuracy_clients=32, accuracy_hits=10, accuracy_runs=3,
+             memory_identities=10_000, memory_hit_budget=20_000, memory_unit_budget=1_000_000,
+             http_duration=4.0, http_warmup=1.0, http_rounds=2, http_connections=8, http_workers=2, http_threads=4)
+QUICK = Sizes("quick", processes=4, engine_duration=0.4, engine_rounds=1, probe_decisions=20, paired_rounds=3,
+              paired_duration=0.5, accuracy_clients=32, accuracy_hits=10, accuracy_runs=3,
+              memory_identities=2_000, memory_hit_budget=5_000, memory_unit_budget=200_000,
+              http_duration=2.0, http_warmup=0.5, http_rounds=1, http_connections=8, http_workers=2, http_threads=4)
+SMOKE = Sizes("smoke", processes=2, engine_duration=0.05, engine_rounds=1, probe_decisions=3, paired_rounds=1,
+              paired_duration=0.05, accuracy_clients=8, accuracy_hits=20, accuracy_runs=1,
+              memory_identities=20, memory_hit_budget=200, memory_unit_budget=2_000,
+              http_duration=0.3, http_warmup=0.0, http_rounds=1, http_connections=2, http_workers=1, http_threads=2)
 
 BY_NAME = {sizes.name: sizes for sizes in (FULL, QUICK, SMOKE)}

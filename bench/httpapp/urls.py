@@ -22,4 +22,4 @@ def _view(variant: str) -> Any:
     return views.ping
 
 
-urlpatterns = [path("api/ping", _view(settings.VARIANT))]
+urlpatterns = [path("api/ping", _view(str(getattr(settings, "VARIANT", "none"))))]
