@@ -91,7 +91,7 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
     )
 
     def decorate(view: ViewT) -> ViewT:
-        policy_name = name or _UNSAFE.sub("_", group or getattr(view, "__name__", "view"))[:64] or "view"
+        policy_name = name or _UNSAFE.sub("_", str(group or getattr(view, "__name__", "view")))[:64] or "view"
         try:
             policy = Policy.parse(rate, name=policy_name, algorithm=algorithm, burst=burst)
         except InvalidPolicy as exc:
