@@ -18,8 +18,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ratelimit_app import Policy, RateLimiter  # noqa: E402
-from ratelimit_app.embedded import start_redis  # noqa: E402
+from ratelimit_app import Policy, RateLimiter
+from ratelimit_app.embedded import start_redis
 
 IDENTITIES = 1000
 
@@ -71,7 +71,8 @@ def main() -> None:
         client = redis.Redis(port=server.port, socket_timeout=30)
         version = client.info("server")["redis_version"]
         print(f"Redis {version}, {IDENTITIES} identities per case, one policy per key\n")
-        print("| algorithm | state after the hit(s) | MEMORY USAGE per key (bytes) | used_memory per identity (bytes) |")
+        print("| algorithm | state after the hit(s) | MEMORY USAGE per key (bytes) "
+              "| used_memory per identity (bytes) |")
         print("|---|---|---|---|")
         for algorithm, limit, units, label in CASES:
             per_key, per_identity = measure(client, algorithm, limit, units)
