@@ -230,22 +230,29 @@ def _accuracy_section(results: Results) -> list[str]:
         name = f"**{variant.label}**" if variant.family == "ours" else variant.label
         rows.append([name, "yes" if variant.exact else "no", str(result.limit), admitted, verdict])
     lines += _table(["limiter", "exact algorithm?", "limit", "admitted per run", "result"], rows, "lllll")
-    notes = [n for n in (_accuracy_note(r.variant, r) for r in results.accuracy) if n]
+    notes = _accuracy_notes(results.accuracy)
     if notes:
         lines += ["Why the peers that miss do:", "", *notes, ""]
     return lines
 
 
-def _accuracy_note(key: str, result: Any) -> str:
-    if key == "drf" and result.over_admission:
-        return ("- DRF's SimpleRateThrottle reads the history list (GET), decides in Python and writes it back "
-                "(SET): concurrent requests overwrite each other's entries, so the list grows slower than the "
-                "traffic (DRF issue #5181).")
-    if key.startswith("pyrate.") and min(result.admitted) < result.limit:
-        return (f"- {BY_KEY[key].label}: `Limiter.try_acquire(name, blocking=False)` answers False whenever another "
-                "thread of the same process holds the limiter's lock, which it holds across the Redis round trip; "
-                "concurrent clients are refused although the limit has room (under-admission).")
-    return ""
+def _accuracy_notes(accuracy: list[Any]) -> list[str]:
+    notes = []
+    if any(r.variant == "drf" and r.over_admission for r in accuracy):
+        notes.append("- DRF's SimpleRateThrottle reads the history list (GET), decides in Python and writes it back "
+                     "(SET): concurrent requests overwrite each other's entries, so the list grows slower than the "
+                     "traffic (DRF issue #5181).")
+    pyrate = [BY_KEY[r.variant].algorithm for r in accuracy
+              if r.variant.startswith("pyrate.") and min(r.admitted) < r.limit]
+    if pyrate:
+        notes.append(f"- pyrate-limiter ({', '.join(pyrate)}): `Limiter.try_acquire(name, blocking=False)` answers "
+                     "False whenever another thread of the same process holds the limiter's lock, which it holds "
+                     "across the Redis round trip, so concurrent clients are refused while the limit still has room "
+                     "(under-admission). With `blocking=True` it would wait instead, which a request handler cannot.")
+    other = [r for r in accuracy if BY_KEY[r.variant].family == "peer" and r.variant != "drf"
+             and not r.variant.startswith("pyrate.") and (r.over_admission or min(r.admitted) < r.limit)]
+    notes += [f"- {BY_KEY[r.variant].label}: admitted {', '.join(map(str, r.admitted))} of {r.limit}." for r in other]
+    return notes
 
 
 def _memory_section(results: Results) -> list[str]:
@@ -370,23 +377,33 @@ def chart(results: Results, path: Path) -> str | None:
     n = results.sizes.processes
     variants = [v for v in VARIANTS if _engine(results, v.key, "allowed") and _engine(results, v.key, "denied")]
     colors = {"baseline": "#888888", "ours": "#1f77b4", "peer": "#ff7f0e"}
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
     fig, axes = plt.subplots(1, 2, figsize=(14, 0.42 * len(variants) + 2), sharey=True)
+    axes[0].invert_yaxis()  # first variant on top (the axes share y: invert once)
     for ax, mode in zip(axes, ("allowed", "denied"), strict=True):
         y = list(range(len(variants)))
         one = [_rate(_run(results, v.key, mode, 1)) for v in variants]
         many = [_rate(_run(results, v.key, mode, n)) for v in variants]
-        ax.barh([i + 0.2 for i in y], one, height=0.4, color=[colors[v.family] for v in variants], alpha=0.55,
+        ax.barh([i - 0.2 for i in y], one, height=0.4, color=[colors[v.family] for v in variants], alpha=0.55,
                 label="1 process")
-        ax.barh([i - 0.2 for i in y], many, height=0.4, color=[colors[v.family] for v in variants],
+        ax.barh([i + 0.2 for i in y], many, height=0.4, color=[colors[v.family] for v in variants],
                 label=f"{n} processes")
         ax.set_yticks(y)
         ax.set_yticklabels([v.label for v in variants], fontsize=8)
-        ax.invert_yaxis()
-        ax.set_title(f"{mode} traffic" + (" (one hot identity over its limit)" if mode == "denied"
+        if mode == "denied":
+            # a local deny cache answers an order of magnitude faster than any round trip
+            ax.set_xscale("log")
+            ax.set_xlim(left=500)
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+        ax.set_title(f"{mode} traffic" + (" (one hot identity over its limit; log scale)" if mode == "denied"
                                           else " (distinct identities)"))
         ax.set_xlabel("decisions per second (higher is better)")
         ax.grid(axis="x", alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(handles=[Patch(color="#555555", alpha=0.55, label="1 process"),
+                           Patch(color="#555555", label=f"{n} processes")], loc="lower right", fontsize=8)
     fig.suptitle(f"Rate limiter decisions per second: light bars 1 process, dark bars {n} processes "
                  "(grey baseline, blue ours, orange peers)", fontsize=10)
     fig.tight_layout()
