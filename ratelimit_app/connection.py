@@ -203,6 +203,12 @@ def build_client(url: str) -> RedisClient:
     return redis.Redis.from_url(url, connection_class=_scheme_connection_class(parts.scheme), **client_options())
 
 
+_ALIAS_KEYS = frozenset({
+    "host", "port", "path", "db", "username", "password", "credential_provider", "client_name",
+    "socket_keepalive", "socket_keepalive_options", "encoding", "encoding_errors", "decode_responses",
+})
+
+
 def _client_from_cache_alias(alias: str) -> RedisClient:
     from django.conf import settings
 
@@ -227,8 +233,10 @@ def _client_from_cache_alias(alias: str) -> RedisClient:
     # The same server and credentials as the cache, but the limiter's own pool: its timeouts, no
     # retries, and the time budget (the cache may be configured to retry, which must never resend
     # a decision).
-    kwargs = {**pool.connection_kwargs, **client_options()}
-    return redis.Redis(connection_pool=ConnectionPool(connection_class=budget_class, **kwargs))
+    # Only where and who to connect as: the cache pool's other keys belong to its own protocol and
+    # handlers (RESP3 maintenance notifications, for one).
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _ALIAS_KEYS or k.startswith("ssl_")}
+    return redis.Redis(connection_pool=ConnectionPool(connection_class=budget_class, **kwargs, **client_options()))
 
 
 def get_redis() -> RedisClient:

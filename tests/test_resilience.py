@@ -396,3 +396,19 @@ def test_the_deny_cache_is_bounded(settings: Any, server: RedisProcess) -> None:
     assert len(service.deny_cache) == 50
     assert not service.hit("key:199", policies).allowed  # recent denials are kept; old ones asked again
     assert not service.hit("key:0", policies).allowed
+
+
+def test_the_cache_alias_client_gets_the_limiters_timeouts_and_budget(settings: Any) -> None:
+    """REDIS_URL None: the django-redis cache's server, but the limiter's own pool (its cache may retry)."""
+    from ratelimit_app.connection import BudgetConnection, get_redis
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": None, "CACHE_ALIAS": "default", "BUDGET_MS": 50,
+                          "SOCKET_TIMEOUT": 5.0, "SOCKET_CONNECT_TIMEOUT": 5.0}
+    client = get_redis()
+    assert isinstance(client, redis.Redis)
+    pool = client.connection_pool
+    assert pool.connection_class is BudgetConnection
+    kwargs = pool.connection_kwargs
+    assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (0.05, 0.05)
+    assert kwargs["retry"].get_retries() == 0
+    assert not get_limiter().hit("k", DAY).degraded
