@@ -2,7 +2,11 @@
 
 from .decision import Decision, PolicyResult
 from .engine import RateLimiter
+from .exceptions import BackendError, RateLimiterError
 from .policies import InvalidPolicy, Policy, parse_rate
 
-__all__ = ["Decision", "InvalidPolicy", "Policy", "PolicyResult", "RateLimiter", "parse_rate"]
+__all__ = [
+    "BackendError", "Decision", "InvalidPolicy", "Policy", "PolicyResult", "RateLimiter", "RateLimiterError",
+    "parse_rate",
+]
 __version__ = "0.1.0"
