@@ -32,7 +32,7 @@ from .conf import on_reload, ratelimit_settings
 from .connection import budget_deadline, get_redis
 from .decision import Decision
 from .denycache import DenyCache
-from .engine import RateLimiter
+from .engine import RateLimiter, prepare_call
 from .exceptions import RateLimiterError
 from .fallback import LocalLimiter
 from .logs import log_event
@@ -232,6 +232,8 @@ class LimiterService:
             if allowed:
                 return [dataclasses.replace(d, degraded=True) for d in decisions]
             return decisions
+        # bad input is refused the same way with or without Redis
+        prepare_call("rl", checks, cost, charge=charge)
         with self._stats_lock:
             self._counts[mode] += 1
         if mode == "open":

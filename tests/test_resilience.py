@@ -155,6 +155,11 @@ def test_a_tier_may_override_the_fail_mode_per_call(settings: Any, server: Redis
     assert service.hit_many([("ip:1", DAY), ("k", DAY)], fail_mode="local")[0].allowed
     with pytest.raises(ValueError, match="fail_mode"):
         service.hit("k", DAY, fail_mode="sometimes")
+    for mode in ("open", "closed", "local"):  # bad input is refused alike with Redis down
+        with pytest.raises(ValueError, match="cost"):
+            service.hit("k", DAY, cost=0, fail_mode=mode)
+        with pytest.raises(ValueError, match="identity"):
+            service.hit("", DAY, fail_mode=mode)
 
 
 def test_a_cluster_that_cannot_be_reached_at_start_is_an_outage_not_a_crash(settings: Any) -> None:
