@@ -8,6 +8,7 @@ Readiness is polled with a deadline, never slept on.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import tempfile
 import threading
@@ -73,17 +74,28 @@ class ClusterTopology:
             node.stop()
 
 
+def free_cluster_port() -> int:
+    """A free port P whose cluster bus port P + 10000 is free too (works with any Redis version)."""
+    for _ in range(200):
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free pair of ports (P, P + 10000) for a cluster node")
+
+
 def start_cluster(masters: int = 3, timeout: float = 30.0) -> ClusterTopology:
     """Start `masters` cluster-enabled redis-servers, give each an equal share of slots, join them."""
     nodes: list[RedisProcess] = []
     try:
-        bus_ports = []
         for _ in range(masters):
-            bus = free_port()
-            bus_ports.append(bus)
-            nodes.append(start_redis(extra_args=(
-                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-port", str(bus), "--cluster-node-timeout", "2000",
+            nodes.append(start_redis(port=free_cluster_port(), extra_args=(
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
             )))
         clients = [redis.Redis(port=n.port, socket_timeout=10) for n in nodes]
         share = HASH_SLOTS // masters
@@ -92,7 +104,7 @@ def start_cluster(masters: int = 3, timeout: float = 30.0) -> ClusterTopology:
             last = HASH_SLOTS - 1 if index == masters - 1 else first + share - 1
             client.execute_command("CLUSTER ADDSLOTS", *range(first, last + 1))
         for client in clients[1:]:
-            client.execute_command("CLUSTER MEET", "127.0.0.1", nodes[0].port, bus_ports[0])
+            client.execute_command("CLUSTER MEET", "127.0.0.1", nodes[0].port)
 
         def ready() -> bool:
             for client in clients:
