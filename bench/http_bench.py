@@ -13,12 +13,12 @@ limits is created, with an API key for it made by `create_api_key` (the key ever
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import math
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
@@ -223,8 +223,8 @@ def load_generator() -> tuple[str, Callable[[str, dict[str, str], int, float], H
 
 @dataclass(frozen=True)
 class HttpRun:
-    """The HTTP section: per-variant results (means over the rounds; requests and errors summed),
-    every round's requests/s, the response headers of our variant, and the set-up."""
+    """The HTTP section: per-variant results (the median round by requests/s; requests and errors
+    summed over rounds), every round's requests/s, the response headers of our variant, and the set-up."""
 
     results: tuple[HttpResult, ...]
     rounds: dict[str, tuple[float, ...]]
@@ -269,12 +269,11 @@ def run_http(redis_url: str, admin: redis.Redis, work_dir: Path, variants: list[
             runs[variant].append(HttpResult(variant, result.requests, result.per_second, result.p50, result.p99,
                                             result.errors, result.generator, cpu / max(1, result.requests)))
     admin.flushall()
-    means = []
+    medians = []
     for variant in variants:
-        done = runs[variant]
-        means.append(HttpResult(variant, sum(r.requests for r in done), statistics.fmean(r.per_second for r in done),
-                                statistics.fmean(r.p50 for r in done), statistics.fmean(r.p99 for r in done),
-                                sum(r.errors for r in done), done[0].generator,
-                                statistics.fmean(r.server_cpu for r in done)))
-    return HttpRun(tuple(means), {v: tuple(r.per_second for r in runs[v]) for v in variants}, ours_headers,
+        done = sorted(runs[variant], key=lambda r: r.per_second)
+        middle = done[(len(done) - 1) // 2]
+        medians.append(dataclasses.replace(middle, requests=sum(r.requests for r in done),
+                                           errors=sum(r.errors for r in done)))
+    return HttpRun(tuple(medians), {v: tuple(r.per_second for r in runs[v]) for v in variants}, ours_headers,
                    generator_name, workers, threads, connections, duration)

@@ -293,7 +293,8 @@ def _http_section(results: Results) -> list[str]:
         f"`GET /api/ping` returns a small JSON body. gunicorn: {http.workers} workers x {http.threads} threads "
         f"(gthread, keep-alive), no access log; load: {http.generator}, {http.connections} keep-alive connections "
         f"from 127.0.0.1 for {http.duration:g} s after a warm-up, {results.sizes.http_rounds} round(s) per variant "
-        "(a fresh gunicorn each; numbers are means over rounds). Every request carries the same `X-API-Key`. "
+        "(interleaved, a fresh gunicorn each; each row is the median round). Every request carries the same "
+        "`X-API-Key`. "
         f"Limits are far above what a run sends, so nothing is denied (non-200 must be 0): peers at "
         f"{HUGE_RATE} per client IP; ours: `IP_RATE` {HUGE_RATE} (sliding_window) plus a tier `bench` shaped "
         f"like the seeded free tier with huge limits ({tier}), one EVALSHA per request for both.",

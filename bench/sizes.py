@@ -33,7 +33,7 @@ class Sizes:
 FULL = Sizes("full", processes=4, engine_duration=0.5, engine_rounds=3, probe_decisions=50, paired_rounds=5,
              paired_duration=1.0, accuracy_clients=32, accuracy_hits=10, accuracy_runs=3,
              memory_identities=10_000, memory_hit_budget=20_000, memory_unit_budget=1_000_000,
-             http_duration=4.0, http_warmup=1.0, http_rounds=2, http_connections=8, http_workers=2, http_threads=4)
+             http_duration=3.0, http_warmup=1.0, http_rounds=3, http_connections=8, http_workers=2, http_threads=4)
 QUICK = Sizes("quick", processes=4, engine_duration=0.4, engine_rounds=1, probe_decisions=20, paired_rounds=3,
               paired_duration=0.5, accuracy_clients=32, accuracy_hits=10, accuracy_runs=3,
               memory_identities=2_000, memory_hit_budget=5_000, memory_unit_budget=200_000,
