@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from .conf import ratelimit_settings
 
@@ -25,14 +25,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [checks.Error(str(exc), hint="Fix settings.RATELIMIT; see docs/settings.md.", id="ratelimit.E001")]
     from .connection import get_redis
 
-    try:
-        client = get_redis()
-    except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), hint="Set RATELIMIT['REDIS_URL'].", id="ratelimit.E002")]
     messages: list[checks.CheckMessage] = []
     try:
-        client.ping()
-    except (RedisError, OSError) as exc:
+        get_redis().ping()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), hint="Set RATELIMIT['REDIS_URL'].", id="ratelimit.E002")]
+    except (RedisError, RedisClusterException, OSError) as exc:
+        # building a cluster client already talks to a node, so it can fail here as well as the PING
         messages.append(checks.Warning(
             f"Redis for rate limiting does not answer: {exc}",
             hint=f"Requests follow RATELIMIT['FAIL_MODE'] = {ratelimit_settings.FAIL_MODE!r} until it does.",

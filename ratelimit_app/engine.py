@@ -17,7 +17,7 @@ from typing import Any, Union, cast
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from .decision import Decision, PolicyResult
 from .exceptions import BackendError
@@ -28,6 +28,9 @@ RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, 
 Check = tuple[str, Sequence[Policy]]
 
 _PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+# What a client raises when Redis cannot answer; RedisClusterException ("no node reachable") is not a
+# RedisError.
+_REDIS_FAILURES = (RedisError, RedisClusterException, OSError)
 
 
 @lru_cache(maxsize=1024)
@@ -167,7 +170,7 @@ class RateLimiter:
         if keys:
             try:
                 self.client.delete(*keys)
-            except RedisError as exc:
+            except _REDIS_FAILURES as exc:
                 raise BackendError(f"could not reset {identity!r:.80}: {exc}", maybe_applied=True) from exc
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
@@ -187,7 +190,7 @@ class RateLimiter:
             # so loading the script and sending once more cannot charge twice.
             try:
                 self.client.script_load(decide_source())
-            except RedisError as exc:
+            except _REDIS_FAILURES as exc:
                 raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
             reply = self._send(command)
         return parse_reply(call, reply)
@@ -198,7 +201,7 @@ class RateLimiter:
                 return self.client.execute_command(*command)
             except NoScriptError:
                 raise
-            except (RedisError, OSError) as exc:
+            except _REDIS_FAILURES as exc:
                 raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=True) from exc
         # Standalone: talk to a pooled connection directly, so a client configured with retries can
         # never resend an EVALSHA whose reply was lost (Redis may already have charged it).

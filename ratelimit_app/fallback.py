@@ -113,28 +113,19 @@ def fixed_window(store: _Store, key: str, now_us: float, limit: float, period_ms
     return True, remaining, reset_us, 0, apply
 
 
-def _lua_concat(number: float) -> float:
-    # Lua turns a number into text with "%.14g" when it is concatenated ('(' .. window_start), so the
-    # script's ZCOUNT/ZRANGEBYSCORE bound is the window start rounded to 14 significant digits.
-    return float(f"{number:.14g}")
-
-
 def sliding_window(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                    cost: float, charge: bool) -> Outcome:
     """ratelimit_app/lua/sliding_window.lua (the sorted set is a sorted array of scores)."""
     period_us = period_ms * 1000
     window_start = now_us - period_us
-    bound = _lua_concat(window_start)
     scores = store.get(key, now_us)
     if scores is None:
         scores = array("d")
-    first_live = bisect_right(scores, bound)
+    first_live = bisect_right(scores, window_start)
     used = len(scores) - first_live
     remaining = max(limit - used, 0)
-    # reset now is read only when it is reported (not for a hit this policy allows)
-    reset_us: float = 0
-    if used > 0 and (cost > capacity or used + cost > limit or not charge):
-        reset_us = scores[-1] + period_us - now_us
+    # (the script reads "reset now" lazily, only when it is reported; here it costs nothing)
+    reset_us: float = scores[-1] + period_us - now_us if used > 0 else 0
     if cost > capacity:
         return False, remaining, reset_us, -1, None
     if used + cost > limit:

@@ -103,6 +103,9 @@ def test_denial_by_a_later_policy_leaves_earlier_ones_untouched(limiter: RateLim
     assert limiter.hit("k", policies).allowed
     denied = limiter.hit("k", policies)
     assert not denied.allowed and denied.policy == "day"
+    # the policy that allowed reports where it stands: 18 left, full again a minute after the last hit
+    minute = denied.results[0]
+    assert minute.allowed and minute.remaining == 18 and 55 < minute.reset_after <= 60
     assert limiter.peek("k", policies).results[0].remaining == 18
 
 

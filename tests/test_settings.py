@@ -78,3 +78,8 @@ def test_client_has_explicit_timeouts_and_no_retries(settings: Any) -> None:
     kwargs = client.connection_pool.connection_kwargs
     assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (0.25, 0.5)
     assert kwargs["retry"].get_retries() == 0
+
+
+def test_unreachable_cluster_is_a_warning_not_a_crash(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis+cluster://127.0.0.1:{free_port()}"}
+    assert [m.id for m in check_settings()] == ["ratelimit.W001"]

@@ -49,10 +49,10 @@ for i = 1, n do
   if algorithm == nil then
     return redis.error_reply('ERR ratelimit decide: unknown algorithm')
   end
-  local allowed, remaining, reset_us, retry_us, apply = algorithm(KEYS[i], now_us,
-    tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), cost, charge)
+  local allowed, remaining, reset_us, retry_us, apply, reset_now = algorithm(KEYS[i], now_us,
+    tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), cost)
   checks[i] = {allowed = allowed, remaining = remaining, reset_us = reset_us, retry_us = retry_us,
-    apply = apply}
+    apply = apply, reset_now = reset_now}
   if not allowed then all_allowed = false end
 end
 
@@ -63,6 +63,8 @@ for i = 1, n do
   if charge and all_allowed then
     reset_us = check.apply()
     remaining = remaining - cost
+  elseif reset_us == nil then
+    reset_us = check.reset_now()  -- an algorithm that reads "reset now" only when it is reported
   end
   if not check.allowed then
     if check.retry_us < 0 then

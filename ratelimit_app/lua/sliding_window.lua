@@ -8,43 +8,46 @@
 --   period_ms  ARGV: window length in milliseconds (integer >= 1)
 --   capacity   ARGV: equal to limit for this algorithm
 --   cost       units this request wants (integer >= 1)
---   charge     true for a hit, false for a peek (a hit that is allowed never needs "reset now")
 -- Returns: allowed (boolean), remaining now (integer), reset now (us: until the newest unit leaves the
---   window), retry (us, 0 when allowed, -1 when cost > capacity: never), apply (function committing the
---   hit and returning reset in us).
+--   window; nil when allowed, since a charged hit never reports it), retry (us, 0 when allowed, -1 when
+--   cost > capacity: never), apply (function committing the hit and returning reset in us), and when
+--   allowed, reset_now (function returning reset now, for a hit that another policy refused).
 -- State: one sorted set with at most limit live members; TTL = period, set on every write. Members are
 -- unique even when several requests share one microsecond (ZADD NX, then the next free suffix).
-local function sliding_window(key, now_us, limit, period_ms, capacity, cost, charge)
+local function sliding_window(key, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
   local window_start = now_us - period_us
-  local used = redis.call('ZCOUNT', key, '(' .. window_start, '+inf')
+  -- string.format('%d'): concatenating a number would print it with 14 significant digits, which
+  -- rounds a microsecond timestamp to about 100 us
+  local live_from = string.format('(%d', window_start)
+  local used = redis.call('ZCOUNT', key, live_from, '+inf')
   local remaining = limit - used
   if remaining < 0 then remaining = 0 end
-  -- reset now: until the newest live unit leaves the window (read only when it is reported)
-  local reset_us = 0
-  if used > 0 and (cost > capacity or used + cost > limit or not charge) then
-    local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(' .. window_start, 'WITHSCORES', 'LIMIT', 0, 1)
-    reset_us = tonumber(newest[2]) + period_us - now_us
+  -- reset now: until the newest live unit leaves the window (an extra read, so only when reported)
+  local function reset_now()
+    if used == 0 then return 0 end
+    local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', live_from, 'WITHSCORES', 'LIMIT', 0, 1)
+    return tonumber(newest[2]) + period_us - now_us
   end
   if cost > capacity then
-    return false, remaining, reset_us, -1, nil
+    return false, remaining, reset_now(), -1, nil
   end
   if used + cost > limit then
     -- the request fits once the (used + cost - limit) oldest live units have left the window
-    local oldest = redis.call('ZRANGEBYSCORE', key, '(' .. window_start, '+inf', 'WITHSCORES', 'LIMIT',
+    local oldest = redis.call('ZRANGEBYSCORE', key, live_from, '+inf', 'WITHSCORES', 'LIMIT',
       used + cost - limit - 1, 1)
-    return false, remaining, reset_us, tonumber(oldest[2]) + period_us - now_us, nil
+    return false, remaining, reset_now(), tonumber(oldest[2]) + period_us - now_us, nil
   end
-  return true, remaining, reset_us, 0, function()
+  return true, remaining, nil, 0, function()
     redis.call('ZREMRANGEBYSCORE', key, '-inf', window_start)
     local suffix = 0
     for _ = 1, cost do
-      while redis.call('ZADD', key, 'NX', now_us, now_us .. ':' .. suffix) == 0 do
+      while redis.call('ZADD', key, 'NX', now_us, string.format('%d:%d', now_us, suffix)) == 0 do
         suffix = suffix + 1
       end
       suffix = suffix + 1
     end
     redis.call('PEXPIRE', key, period_ms)
     return period_us
-  end
+  end, reset_now
 end
