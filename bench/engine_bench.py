@@ -85,6 +85,7 @@ def timed_hits(state: WorkerState, variant: str, rate: Rate, mode: str, tag: str
     while clock() < start_at:
         time.sleep(0.0005)
     end = start_at + duration
+    cpu_before = time.process_time()
     now = clock()
     while now < end:
         identity = hot if mode == "denied" else prefix + str(count)
@@ -94,7 +95,8 @@ def timed_hits(state: WorkerState, variant: str, rate: Rate, mode: str, tag: str
         now = clock()
         record(now - before)
         count += 1
-    return {"count": count, "admitted": admitted, "elapsed": now - start_at, "latencies": latencies.tobytes()}
+    return {"count": count, "admitted": admitted, "elapsed": now - start_at, "latencies": latencies.tobytes(),
+            "cpu": time.process_time() - cpu_before}
 
 
 # -- coordinator side -------------------------------------------------------------------------------
@@ -109,6 +111,7 @@ class Run:
     p50: float
     p99: float
     server_cpu: float  # Redis CPU seconds (user + sys) per decision, from INFO cpu
+    client_cpu: float  # CPU seconds of the deciding processes per decision (time.process_time)
     samples: tuple[float, ...] = ()  # decisions/s of every round; this run is the median one
 
 
@@ -153,7 +156,8 @@ def measure(pool: WorkerPool, admin: redis.Redis, variant: str, mode: str, proce
     decisions = sum(r["count"] for r in results)
     per_second = sum(r["count"] / r["elapsed"] for r in results if r["elapsed"] > 0)
     return Run(processes, decisions, sum(r["admitted"] for r in results), per_second,
-               _percentile(latencies, 0.50), _percentile(latencies, 0.99), cpu / decisions if decisions else 0.0)
+               _percentile(latencies, 0.50), _percentile(latencies, 0.99), cpu / decisions if decisions else 0.0,
+               sum(r["cpu"] for r in results) / decisions if decisions else 0.0)
 
 
 def _median_run(runs: list[Run]) -> Run:
@@ -210,6 +214,7 @@ class Paired:
     rounds: int
     per_second: dict[str, float]
     samples: dict[str, tuple[float, ...]]
+    cpu: dict[str, float]  # median client + Redis CPU seconds per decision
 
     def ratio(self, variant: str, baseline: str) -> float:
         """Median decisions/s of `variant` over that of `baseline`."""
@@ -222,13 +227,15 @@ def paired_rounds(pool: WorkerPool, admin: redis.Redis, variants: Sequence[str],
     for variant in variants:
         pool.run_all("bench.engine_bench:prepare", {"variant": variant, "rate": ENGINE_RATE, "tag": tag})
     samples: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(rounds):
         for variant in variants:
             admin.flushall()
             run = measure(pool, admin, variant, "allowed", processes, duration, f"{tag}:{r}:{variant}", "")
             samples[variant].append(run.per_second)
+            cpu[variant].append(run.client_cpu + run.server_cpu)
     admin.flushall()
     return Paired(processes, rounds, {v: statistics.median(s) for v, s in samples.items()},
-                  {v: tuple(s) for v, s in samples.items()})
+                  {v: tuple(s) for v, s in samples.items()}, {v: statistics.median(c) for v, c in cpu.items()})
 
 

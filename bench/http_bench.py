@@ -1,10 +1,11 @@
 """HTTP: a trivial view under gunicorn, in variants, loaded from loopback by a bounded client.
 
-For each variant (bench/httpapp/variants.py) a fresh gunicorn serves bench.httpapp.wsgi on a free
+Each variant (bench/httpapp/variants.py) gets its own gunicorn serving bench.httpapp.wsgi on a free
 loopback port; the load generator (wrk when it is on PATH, else the bounded Python client below)
-first warms it up, then sends GET /api/ping with the same headers for a fixed time over a fixed
-number of keep-alive connections, and reports requests per second, the p99 latency and how many
-answers were not 200 (must be 0: every limit is set far above what a run can send).
+warms it up, then sends GET /api/ping with the same headers for a fixed time over a fixed number of
+keep-alive connections, and reports requests per second, the p99 latency and how many answers were
+not 200 (must be 0: every limit is set far above what a run can send). Rounds are interleaved
+across variants and each variant's row is its median round.
 
 Before the variants run, the SQLite database of the bench settings is migrated and a tier "bench"
 shaped like the seeded free tier (token_bucket + sliding_window + fixed_window) but with huge
@@ -13,12 +14,14 @@ limits is created, with an API key for it made by `create_api_key` (the key ever
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import math
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -55,6 +58,7 @@ class HttpResult:
     errors: int
     generator: str
     server_cpu: float = math.nan  # Redis CPU seconds (user + sys) per request, from INFO cpu
+    app_cpu: float = math.nan  # CPU seconds of the gunicorn workers per request (from /proc)
 
 
 def _env(redis_url: str, db_path: Path, variant: str) -> dict[str, str]:
@@ -127,6 +131,19 @@ class Server:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+    def worker_cpu(self) -> float:
+        """CPU seconds (user + system) used so far by this server's worker processes."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # a process that ended while we looked
+            if int(fields[1]) == self.process.pid:  # ppid
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / ticks
 
     def __enter__(self) -> Server:
         return self
@@ -244,36 +261,50 @@ def _redis_cpu(admin: redis.Redis) -> float:
 def run_http(redis_url: str, admin: redis.Redis, work_dir: Path, variants: list[str], duration: float,
              warmup: float, rounds: int, connections: int, workers: int, threads: int,
              progress: Callable[[str], None]) -> HttpRun:
-    """Every variant in turn on a fresh gunicorn, `rounds` times (see the module docstring)."""
+    """Every variant, `rounds` interleaved times (see the module docstring).
+
+    All variants' gunicorns are started first and stay up (idle ones cost nothing), so a round is
+    only load: round r loads every variant once, for `warmup` then `duration` seconds, before round
+    r+1 starts. A disturbance of the machine then hits one round of several variants, not every round
+    of one, and each variant's row is its median round.
+    """
     db_path = work_dir / "bench-http.sqlite3"
     api_key = prepare_database(redis_url, db_path)
     headers = {"X-API-Key": api_key}
     generator_name, generate = load_generator()
     runs: dict[str, list[HttpResult]] = {variant: [] for variant in variants}
     ours_headers: dict[str, str] = {}
-    for round_index in range(rounds):
-        for i, variant in enumerate(variants):
-            progress(f"http round {round_index + 1}/{rounds}, {i + 1}/{len(variants)}: {variant}")
-            admin.flushall()
-            with Server(redis_url, db_path, variant, workers, threads) as server:
-                status, first_headers = server.wait_ready(headers)
-                if status != 200:
-                    raise RuntimeError(f"HTTP variant {variant}: first answer was {status}, expected 200")
-                if variant == "ours":
-                    ours_headers = {k: v for k, v in first_headers.items() if "ratelimit" in k.lower()}
+    with contextlib.ExitStack() as stack:
+        progress(f"http: starting {len(variants)} gunicorn servers")
+        servers = {variant: stack.enter_context(Server(redis_url, db_path, variant, workers, threads))
+                   for variant in variants}
+        for variant, server in servers.items():
+            status, first_headers = server.wait_ready(headers)
+            if status != 200:
+                raise RuntimeError(f"HTTP variant {variant}: first answer was {status}, expected 200")
+            if variant == "ours":
+                ours_headers = {k: v for k, v in first_headers.items() if "ratelimit" in k.lower()}
+        for round_index in range(rounds):
+            progress(f"http round {round_index + 1}/{rounds}: {', '.join(variants)}")
+            for variant, server in servers.items():
+                admin.flushall()
                 if warmup > 0:
                     generate(server.url, headers, connections, warmup)
-                cpu_before = _redis_cpu(admin)
+                cpu_before, app_before = _redis_cpu(admin), server.worker_cpu()
                 result = generate(server.url, headers, connections, duration)
-                cpu = _redis_cpu(admin) - cpu_before
-            runs[variant].append(HttpResult(variant, result.requests, result.per_second, result.p50, result.p99,
-                                            result.errors, result.generator, cpu / max(1, result.requests)))
+                cpu, app = _redis_cpu(admin) - cpu_before, server.worker_cpu() - app_before
+                requests = max(1, result.requests)
+                runs[variant].append(HttpResult(variant, result.requests, result.per_second, result.p50,
+                                                result.p99, result.errors, result.generator, cpu / requests,
+                                                app / requests))
     admin.flushall()
     medians = []
     for variant in variants:
         done = sorted(runs[variant], key=lambda r: r.per_second)
         middle = done[(len(done) - 1) // 2]
         medians.append(dataclasses.replace(middle, requests=sum(r.requests for r in done),
-                                           errors=sum(r.errors for r in done)))
+                                           errors=sum(r.errors for r in done),
+                                           server_cpu=statistics.median(r.server_cpu for r in done),
+                                           app_cpu=statistics.median(r.app_cpu for r in done)))
     return HttpRun(tuple(medians), {v: tuple(r.per_second for r in runs[v]) for v in variants}, ours_headers,
                    generator_name, workers, threads, connections, duration)

@@ -30,14 +30,14 @@ class Sizes:
     http_threads: int
 
 
-FULL = Sizes("full", processes=4, engine_duration=0.5, engine_rounds=3, probe_decisions=50, paired_rounds=5,
-             paired_duration=1.0, accuracy_clients=32, accuracy_hits=10, accuracy_runs=3,
+FULL = Sizes("full", processes=4, engine_duration=0.5, engine_rounds=3, probe_decisions=50, paired_rounds=7,
+             paired_duration=0.7, accuracy_clients=32, accuracy_hits=10, accuracy_runs=3,
              memory_identities=10_000, memory_hit_budget=20_000, memory_unit_budget=1_000_000,
-             http_duration=3.0, http_warmup=1.0, http_rounds=3, http_connections=8, http_workers=2, http_threads=4)
+             http_duration=2.0, http_warmup=1.0, http_rounds=5, http_connections=8, http_workers=2, http_threads=4)
 QUICK = Sizes("quick", processes=4, engine_duration=0.4, engine_rounds=1, probe_decisions=20, paired_rounds=3,
               paired_duration=0.5, accuracy_clients=32, accuracy_hits=10, accuracy_runs=3,
               memory_identities=2_000, memory_hit_budget=5_000, memory_unit_budget=200_000,
-              http_duration=2.0, http_warmup=0.5, http_rounds=1, http_connections=8, http_workers=2, http_threads=4)
+              http_duration=2.0, http_warmup=1.0, http_rounds=1, http_connections=8, http_workers=2, http_threads=4)
 SMOKE = Sizes("smoke", processes=2, engine_duration=0.05, engine_rounds=1, probe_decisions=3, paired_rounds=1,
               paired_duration=0.05, accuracy_clients=8, accuracy_hits=20, accuracy_runs=1,
               memory_identities=20, memory_hit_budget=200, memory_unit_budget=2_000,
