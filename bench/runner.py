@@ -80,11 +80,12 @@ def machine_info(admin: redis.Redis) -> dict[str, str]:
     except (OSError, IndexError, subprocess.SubprocessError):
         wrk_version = "not installed (the bounded Python client is used)"
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
+        commit = os.environ.get("BENCH_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "ratelimit_app"], cwd=ROOT,
                                capture_output=True, text=True, timeout=10).stdout.strip()
-        commit += " (ratelimit_app/ has uncommitted changes)" if dirty else ""
+        commit += " (ratelimit_app/ has uncommitted changes)" if dirty and "BENCH_COMMIT" not in os.environ else ""
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
     connection: Any = admin.connection_pool.get_connection()
