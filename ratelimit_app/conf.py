@@ -7,7 +7,9 @@ ImproperlyConfigured, so a typo is never silently ignored. Changing RATELIMIT in
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
@@ -153,3 +155,36 @@ def _reload_on_change(*, setting: str, **kwargs: Any) -> None:
         ratelimit_settings.reload()
         for callback in _reload_hooks:
             callback()
+
+
+T = TypeVar("T")
+
+
+class SettingsCached(Generic[T]):
+    """A per-process value built from the settings on first use and rebuilt after RATELIMIT changes.
+
+    For everything the request path derives from settings (parsed rates, the Redis client, the limiter
+    service), so no request re-reads or re-validates them. Thread-safe: concurrent first uses build the
+    value once.
+    """
+
+    def __init__(self, build: Callable[[], T]) -> None:
+        self._build = build
+        self._value: T | None = None
+        self._lock = threading.Lock()
+        on_reload(self.clear)
+
+    def get(self) -> T:
+        """The value, built now if settings changed since it was last built."""
+        value = self._value
+        if value is None:
+            with self._lock:
+                if self._value is None:
+                    self._value = self._build()
+                value = self._value
+        return value
+
+    def clear(self) -> None:
+        """Forget the value; the next `get` builds it from the current settings."""
+        with self._lock:
+            self._value = None

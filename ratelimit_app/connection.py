@@ -10,7 +10,6 @@ Sentinel lookup, a cluster topology refresh) can add up past RATELIMIT['BUDGET_M
 from __future__ import annotations
 
 import inspect
-import threading
 import time
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -24,11 +23,8 @@ from redis.connection import Connection, ConnectionPool, SSLConnection, UnixDoma
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from .conf import on_reload, ratelimit_settings
+from .conf import SettingsCached, ratelimit_settings
 from .engine import RedisClient
-
-_lock = threading.Lock()
-_client: RedisClient | None = None
 
 CLUSTER_SCHEME = "redis+cluster"
 SENTINEL_SCHEME = "redis+sentinel"
@@ -239,26 +235,19 @@ def _client_from_cache_alias(alias: str) -> RedisClient:
     return redis.Redis(connection_pool=ConnectionPool(connection_class=budget_class, **kwargs, **client_options()))
 
 
+def _client_from_settings() -> RedisClient:
+    url = ratelimit_settings.REDIS_URL
+    return build_client(url) if url else _client_from_cache_alias(ratelimit_settings.CACHE_ALIAS)
+
+
+_client = SettingsCached(_client_from_settings)
+
+
 def get_redis() -> RedisClient:
-    """The process-wide Redis client for rate limiting (created on first use, thread-safe).
+    """The process-wide Redis client for rate limiting (created on first use, thread-safe, rebuilt after
+    every settings change).
 
     Raises ImproperlyConfigured for a bad configuration, and redis.ConnectionError when a Redis
     Cluster cannot be reached to learn its topology.
     """
-    global _client
-    client = _client
-    if client is None:
-        with _lock:
-            if _client is None:
-                url = ratelimit_settings.REDIS_URL
-                _client = build_client(url) if url else _client_from_cache_alias(ratelimit_settings.CACHE_ALIAS)
-            client = _client
-    return client
-
-
-@on_reload
-def reset_client() -> None:
-    """Forget the client so the next use builds one from the current settings."""
-    global _client
-    with _lock:
-        _client = None
+    return _client.get()

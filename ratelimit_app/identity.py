@@ -10,7 +10,6 @@ header value ever becomes a Redis key name.
 from __future__ import annotations
 
 import ipaddress
-import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
@@ -18,7 +17,7 @@ from typing import Any, cast
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from .conf import on_reload, ratelimit_settings
+from .conf import SettingsCached, ratelimit_settings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -55,27 +54,12 @@ def _parse_config() -> IdentityConfig:
     return IdentityConfig(meta, hops, networks, ratelimit_settings.IPV6_PREFIX)
 
 
-_lock = threading.Lock()
-_config: IdentityConfig | None = None
+_config = SettingsCached(_parse_config)
 
 
 def get_config() -> IdentityConfig:
     """The parsed identity settings (parsed on first use and after every settings change)."""
-    global _config
-    config = _config
-    if config is None:
-        with _lock:
-            if _config is None:
-                _config = _parse_config()
-            config = _config
-    return config
-
-
-@on_reload
-def _reset_config() -> None:
-    global _config
-    with _lock:
-        _config = None
+    return _config.get()
 
 
 def api_key_from_request(request: HttpRequest) -> str | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from . import metrics
 from .apikeys import key_matches, parse_key
-from .conf import on_reload, ratelimit_settings
+from .conf import SettingsCached, ratelimit_settings
 from .decision import Decision
 from .exceptions import RateLimiterError
 from .identity import (
@@ -101,27 +100,12 @@ def _parse_config() -> LimitConfig:
     )
 
 
-_lock = threading.Lock()
-_config: LimitConfig | None = None
+_config = SettingsCached(_parse_config)
 
 
 def get_config() -> LimitConfig:
     """The parsed settings (parsed on first use and after every settings change, never per request)."""
-    global _config
-    config = _config
-    if config is None:
-        with _lock:
-            if _config is None:
-                _config = _parse_config()
-            config = _config
-    return config
-
-
-@on_reload
-def _reset_config() -> None:
-    global _config
-    with _lock:
-        _config = None
+    return _config.get()
 
 
 @dataclass(frozen=True, slots=True)

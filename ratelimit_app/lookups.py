@@ -31,7 +31,7 @@ from django.core.cache import BaseCache, caches
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
-from .conf import on_reload, ratelimit_settings
+from .conf import SettingsCached, ratelimit_settings
 from .policies import Policy
 
 #: Lifetime of the rows kept in the shared Django cache. Changes made through the ORM (admin, shell,
@@ -304,10 +304,6 @@ def _load_user_tier_slug(user_pk: str) -> str | None:
 
 
 # -- the process-wide instance ---------------------------------------------------------------------
-_lock = threading.Lock()
-_lookups: Lookups | None = None
-
-
 def build_lookups() -> Lookups:
     """A new Lookups configured from settings.RATELIMIT (the process uses `get_lookups()`)."""
     return Lookups(
@@ -319,24 +315,13 @@ def build_lookups() -> Lookups:
     )
 
 
+_lookups = SettingsCached(build_lookups)
+
+
 def get_lookups() -> Lookups:
-    """The lookup service of this process (created on first use from settings)."""
-    global _lookups
-    lookups = _lookups
-    if lookups is None:
-        with _lock:
-            if _lookups is None:
-                _lookups = build_lookups()
-            lookups = _lookups
-    return lookups
-
-
-@on_reload
-def reset_lookups() -> None:
-    """Forget the lookup service so the next use builds one from the current settings."""
-    global _lookups
-    with _lock:
-        _lookups = None
+    """The lookup service of this process (created on first use from settings, rebuilt after every
+    settings change)."""
+    return _lookups.get()
 
 
 def invalidate() -> None:

@@ -28,7 +28,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from . import metrics
 from .breaker import CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
-from .conf import on_reload, ratelimit_settings
+from .conf import SettingsCached, ratelimit_settings
 from .connection import budget_deadline, get_redis
 from .decision import Decision
 from .denycache import DenyCache
@@ -264,25 +264,10 @@ def _check_mode(mode: str) -> str:
     return mode
 
 
-_lock = threading.Lock()
-_service: LimiterService | None = None
+_service = SettingsCached(LimiterService)
 
 
 def get_limiter() -> LimiterService:
-    """The limiter service for this process, configured from settings.RATELIMIT (created on first use)."""
-    global _service
-    service = _service
-    if service is None:
-        with _lock:
-            if _service is None:
-                _service = LimiterService()
-            service = _service
-    return service
-
-
-@on_reload
-def reset_limiter() -> None:
-    """Forget the service so the next use builds one from the current settings."""
-    global _service
-    with _lock:
-        _service = None
+    """The limiter service for this process, configured from settings.RATELIMIT (created on first use,
+    rebuilt after every settings change)."""
+    return _service.get()
