@@ -30,6 +30,15 @@ class Target:
     rule: str
     measured: str
     status: str
+    spread: float = 1.0  # largest max/min ratio among the rounds the verdict rests on
+
+
+NOISY_SPREAD = 1.5
+
+
+def _spread(*samples: tuple[float, ...]) -> float:
+    spreads = [max(s) / min(s) for s in samples if s and min(s) > 0]
+    return max(spreads, default=1.0)
 
 
 # -- formatting ------------------------------------------------------------------------------------
@@ -76,6 +85,11 @@ def _rate(run: Run | None) -> float:
     return run.per_second if run else float("nan")
 
 
+def _samples(results: Results, variant: str, mode: str, processes: int) -> tuple[float, ...]:
+    run = _run(results, variant, mode, processes)
+    return run.samples if run else ()
+
+
 # -- targets ---------------------------------------------------------------------------------------
 def evaluate(results: Results) -> list[Target]:
     """Judge every target from the measured numbers (see each Target's rule)."""
@@ -92,7 +106,8 @@ def evaluate(results: Results) -> list[Target]:
                 f"median of {paired.rounds} alternating rounds, allowed traffic, same client",
                 f"{_n(paired.per_second['ours.tier'])} vs {_n(paired.per_second['baseline'])} decisions/s "
                 f"= {_x(ratio)}{raw}; by CPU per decision (client + Redis) {_x(by_cpu)}",
-                "pass" if ratio >= ENGINE_TARGET else "miss"))
+                "pass" if ratio >= ENGINE_TARGET else "miss",
+                _spread(paired.samples["ours.tier"], paired.samples["baseline"])))
     if not any({"baseline", "ours.tier"} <= set(p.per_second) for p in results.paired):
         targets.append(Target(f"3-policy tier >= {ENGINE_TARGET}x one bare EVALSHA", "paired rounds",
                               results.unavailable.get("ours.tier", "the tier or the baseline did not run"),
@@ -108,7 +123,8 @@ def evaluate(results: Results) -> list[Target]:
             f"tier (3 policies) faster than every peer's single policy, {processes} process(es)",
             "allowed traffic, decisions/s of the main table",
             f"tier {_n(tier)}; fastest peer {BY_KEY[best].label} {_n(best_rate)} ({_x(tier / best_rate)})",
-            "pass" if tier > best_rate else "miss"))
+            "pass" if tier > best_rate else "miss",
+            _spread(*(_samples(results, key, "allowed", processes) for key in ("ours.tier", best)))))
     exact = [a for a in results.accuracy if BY_KEY[a.variant].family == "ours" and BY_KEY[a.variant].exact]
     if exact:
         worst = max(exact, key=lambda a: a.over_admission)
@@ -129,7 +145,8 @@ def evaluate(results: Results) -> list[Target]:
             targets.append(Target(
                 f"denied hot identity >= {DENY_TARGET:g}x faster than the baseline, {processes} process(es)",
                 "get_limiter().hit() on an identity over its limit vs one bare EVALSHA (local deny cache)",
-                measured, status))
+                measured, status,
+                _spread(*(_samples(results, key, "denied", processes) for key in ("ours.service.tier", "baseline")))))
     http = results.http
     if http is not None:
         by = {r.variant: r for r in http.results}
@@ -147,7 +164,8 @@ def evaluate(results: Results) -> list[Target]:
                 "requests/s under gunicorn, same view, same load (median rounds)",
                 f"{_n(by['ours'].per_second)} vs {_n(by['evalsha'].per_second)} req/s = {_x(ratio)}; by CPU per "
                 f"request (gunicorn + Redis) {_x(cpu_ratio)}",
-                "pass" if ratio >= HTTP_TARGET else "miss"))
+                "pass" if ratio >= HTTP_TARGET else "miss",
+                _spread(http.rounds.get("ours", ()), http.rounds.get("evalsha", ()))))
             peer_variants = [v for v in ("drf", "django-ratelimit", "smart") if v in by]
             if peer_variants:
                 best_http = max(peer_variants, key=lambda v: by[v].per_second)
@@ -156,7 +174,8 @@ def evaluate(results: Results) -> list[Target]:
                     "requests/s under gunicorn",
                     f"ours {_n(by['ours'].per_second)}; fastest peer {best_http} {_n(by[best_http].per_second)} "
                     f"req/s ({_x(by['ours'].per_second / by[best_http].per_second)})",
-                    "pass" if by["ours"].per_second > by[best_http].per_second else "miss"))
+                    "pass" if by["ours"].per_second > by[best_http].per_second else "miss",
+                    _spread(http.rounds.get("ours", ()), http.rounds.get(best_http, ()))))
     return targets
 
 
@@ -373,7 +392,13 @@ def render(results: Results, targets: list[Target]) -> str:
         "",
     ]
     lines += _table(["target", "how it is judged", "measured", "result"],
-                    [[t.promise, t.rule, t.measured, status_mark.get(t.status, t.status)] for t in targets], "llll")
+                    [[t.promise, t.rule, t.measured, status_mark.get(t.status, t.status)
+                      + (f" (noisy: rounds {t.spread:.1f}x apart)" if t.spread > NOISY_SPREAD else "")]
+                     for t in targets], "llll")
+    lines += [f"A verdict marked *noisy* rests on rounds more than {NOISY_SPREAD}x apart (see the load average "
+              "below): the machine was busy with other work during the run, so that verdict may flip on a rerun. "
+              "CPU time per decision / request is given next to the rates as a second, less load-sensitive view.",
+              ""]
     lines += ["## Machine and versions", ""]
     lines += _table(["", ""], [[k, v] for k, v in results.machine.items()]
                     + [[k, v] for k, v in results.versions.items()], "ll")
