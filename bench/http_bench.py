@@ -232,8 +232,9 @@ def python_load(url: str, headers: dict[str, str], connections: int, duration: f
 
 
 def load_generator() -> tuple[str, Callable[[str, dict[str, str], int, float], HttpResult]]:
-    """wrk when installed (it costs the server's CPU far less than Python), else the Python client."""
-    if shutil.which("wrk"):
+    """wrk when installed (it costs the server's CPU far less than Python), else the Python client;
+    BENCH_LOAD_GENERATOR=python forces the Python client."""
+    if shutil.which("wrk") and os.environ.get("BENCH_LOAD_GENERATOR") != "python":
         return "wrk", wrk_load
     return "python", python_load
 

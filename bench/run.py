@@ -9,7 +9,8 @@ itself plus its peers), re-runs itself there, starts its own redis-server on a f
 3. Redis memory per active identity (memory);
 4. requests per second of a trivial view under gunicorn, per limiter (http_bench);
 
-then writes docs/benchmarks.md and docs/img/benchmarks.png (report). `--quick` is a shorter run
+then writes docs/benchmarks.md and docs/img/benchmarks.png (report). The HTTP load comes from wrk
+when it is installed (`apt-get install -y wrk`), else from a bounded Python client. `--quick` is a shorter run
 for development; `--smoke` a tiny one that CI runs (with `--output` so it never touches docs/) in
 the current environment, where peers that are not installed are reported as not run.
 """
