@@ -30,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "PATH_PREFIXES": ["/api/"],  # the middleware limits these paths ...
     "EXEMPT_PATHS": ["/health"],  # ... except these (prefix match)
     "IP_RATE": "100/m",  # per-client-IP limit applied before authentication; None disables it
-    "IP_ALGORITHM": "sliding_window",
+    "IP_ALGORITHM": "sliding_window_counter",  # O(1) per address: an abuse guard, approximate is enough
     "DEFAULT_USER_TIER": "free",  # tier of an authenticated user without an API key or own tier
     "ANONYMOUS_TIER": None,  # tier for clients with no key and no user; None: a key is required (401)
     "HEADERS": "both",  # "legacy" (X-RateLimit-*), "ietf" (RateLimit, RateLimit-Policy) or "both"

@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
+from ratelimit_app.conf import ratelimit_settings
 from ratelimit_app.embedded import free_port
 from ratelimit_app.metrics import flush, recent_metrics, record_decision
 from ratelimit_app.models import ApiKey, Tier, TierLimit
@@ -88,11 +89,12 @@ def test_status_of_an_exhausted_key_says_when_to_retry(free_key: tuple[ApiKey, s
 
 
 def test_status_of_an_address_shows_the_per_ip_limit(db: Any, settings: Any) -> None:
-    ip_policy = Policy.parse(settings.RATELIMIT.get("IP_RATE", "100/m"), name="ip", algorithm="sliding_window")
+    algorithm = ratelimit_settings.IP_ALGORITHM
+    ip_policy = Policy.parse(ratelimit_settings.IP_RATE, name="ip", algorithm=algorithm)
     for _ in range(4):
         get_limiter().hit("ip:203.0.113.7", [ip_policy])
     table = rows(run("ratelimit_status", "ip:203.0.113.7")[0])
-    assert table["ip"][:5] == ["ip:203.0.113.7", "ip", "sliding_window", "100/60s", "96/100"]
+    assert table["ip"][:5] == ["ip:203.0.113.7", "ip", algorithm, "100/60s", "96/100"]
     # IPv6 addresses are grouped by RATELIMIT['IPV6_PREFIX'] (/64), as the middleware does
     out, _ = run("ratelimit_status", "ip:2001:db8::1")
     assert "ip:2001:db8::/64" in out
@@ -162,7 +164,7 @@ def test_reset_without_a_terminal_needs_yes(free_key: tuple[ApiKey, str], monkey
 
 
 def test_reset_of_an_address_clears_the_per_ip_limit(db: Any) -> None:
-    ip_policy = Policy("ip", "sliding_window", limit=100, period=60)
+    ip_policy = Policy("ip", ratelimit_settings.IP_ALGORITHM, limit=100, period=60)
     for _ in range(6):
         get_limiter().hit("ip:192.0.2.77", [ip_policy])
     assert rows(run("ratelimit_status", "ip:192.0.2.77")[0])["ip"][4] == "94/100"

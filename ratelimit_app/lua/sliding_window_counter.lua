@@ -3,7 +3,7 @@
 -- previous window's traffic was evenly spread).
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   key        KEYS[i] of decide.lua: a hash {w = current window index, c = its count, p = previous count}
+--   key        KEYS[i] of decide.lua: a string "<current window index>:<its count>:<previous count>"
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed per window (integer >= 1)
 --   period_ms  ARGV: window length in milliseconds (integer >= 1)
@@ -12,19 +12,26 @@
 -- Returns: allowed (boolean), remaining now (integer, floor of limit - estimate), reset now (us: until
 --   the estimate decays to 0), retry (us, 0 when allowed, -1 when cost > capacity: never), apply
 --   (function committing the hit and returning reset in us).
--- State: one hash; TTL = end of the next window (<= 2 x period), set on every write, because the
+-- State: one string (one GET, one SET); TTL = end of the next window (<= 2 x period), set on every write, because the
 -- current count still weighs on the next window.
 local function sliding_window_counter(key, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
   local window = math.floor(now_us / period_us)
   local elapsed = now_us - window * period_us
-  local state = redis.call('HMGET', key, 'w', 'c', 'p')
-  local stored_window = tonumber(state[1])
   local current, previous = 0, 0
-  if stored_window == window then
-    current, previous = tonumber(state[2]) or 0, tonumber(state[3]) or 0
-  elseif stored_window == window - 1 then
-    previous = tonumber(state[2]) or 0
+  local stored = redis.call('GET', key)
+  if stored then
+    local first = string.find(stored, ':', 1, true)
+    local second = first and string.find(stored, ':', first + 1, true)
+    if second then
+      local stored_window = tonumber(string.sub(stored, 1, first - 1))
+      if stored_window == window then
+        current = tonumber(string.sub(stored, first + 1, second - 1)) or 0
+        previous = tonumber(string.sub(stored, second + 1)) or 0
+      elseif stored_window == window - 1 then
+        previous = tonumber(string.sub(stored, first + 1, second - 1)) or 0
+      end
+    end
   end
   local weight = (period_us - elapsed) / period_us
   local estimate = previous * weight + current
@@ -56,8 +63,8 @@ local function sliding_window_counter(key, now_us, limit, period_ms, capacity, c
     return false, remaining, reset_us, retry_us, nil
   end
   return true, remaining, reset_us, 0, function()
-    redis.call('HSET', key, 'w', window, 'c', current + cost, 'p', previous)
-    redis.call('PEXPIRE', key, math.ceil((2 * period_us - elapsed) / 1000))
+    redis.call('SET', key, string.format('%d:%d:%d', window, current + cost, previous), 'PX',
+      math.ceil((2 * period_us - elapsed) / 1000))
     return 2 * period_us - elapsed
   end
 end
