@@ -63,3 +63,9 @@ class Decision:
                        worst.policy, results, degraded)
         return cls(True, tightest.limit, tightest.remaining, tightest.reset_after, None,
                    tightest.policy, results, degraded)
+
+    def refused(self) -> Decision:
+        """This decision turned into a refusal that charged nothing: the identity's own policies allowed,
+        but another identity decided in the same all-or-nothing call denied."""
+        return Decision(False, self.limit, self.remaining, self.reset_after, self.retry_after, self.policy,
+                        self.results, self.degraded)

@@ -111,8 +111,7 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
         if decision.allowed and not all_allowed:
             # all-or-nothing: this identity's own policies allowed, but another identity in the same
             # call denied, so nothing was charged and the request is refused
-            decision = Decision(False, decision.limit, decision.remaining, decision.reset_after,
-                                decision.retry_after, decision.policy, decision.results)
+            decision = decision.refused()
         decisions.append(decision)
     return decisions
 

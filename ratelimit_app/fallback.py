@@ -347,8 +347,7 @@ class LocalLimiter:
                     results.append(_result(policy.name, allowed, capacity, remaining, reset_us, retry_us))
                 decision = Decision.from_results(tuple(results))
                 if decision.allowed and not all_allowed:
-                    decision = Decision(False, decision.limit, decision.remaining, decision.reset_after,
-                                        decision.retry_after, decision.policy, decision.results)
+                    decision = decision.refused()
                 decisions.append(decision)
         return decisions
 

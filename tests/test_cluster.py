@@ -16,6 +16,7 @@ from ratelimit_app.connection import BudgetConnection, get_redis
 from ratelimit_app.policies import ALGORITHMS
 from ratelimit_app.service import get_limiter
 
+from .test_engine import wait_out_fixed_window
 from .topology import ClusterTopology, hammer_cluster, run_threads, start_cluster
 
 EXACT = ["fixed_window", "sliding_window", "token_bucket", "gcra"]
@@ -45,19 +46,10 @@ def cluster_limiter(cluster_client: RedisCluster, key_prefix: str) -> RateLimite
     return RateLimiter(cluster_client, prefix=key_prefix)
 
 
-def start_inside_fixed_windows(limiter: RateLimiter, identity: str, policies: list[Policy], margin: float) -> None:
-    """Fixed windows align to the epoch: begin well inside one, by Redis' own clock."""
-    fixed = [p for p in policies if p.algorithm == "fixed_window"]
-    if fixed:
-        decision = limiter.peek(identity, fixed)
-        if decision.reset_after < margin:
-            time.sleep(decision.reset_after + 0.01)
-
-
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_each_algorithm_admits_exactly_its_limit_then_recovers(cluster_limiter: RateLimiter, algorithm: str) -> None:
     policies = [Policy("p", algorithm, limit=5, period=2.0)]
-    start_inside_fixed_windows(cluster_limiter, "client", policies, margin=1.0)
+    wait_out_fixed_window(cluster_limiter, "client", policies, margin=1.0)
     decisions = [cluster_limiter.hit("client", policies) for _ in range(7)]
     assert [d.allowed for d in decisions] == [True] * 5 + [False] * 2
     assert [d.remaining for d in decisions[:5]] == [4, 3, 2, 1, 0]
@@ -85,7 +77,7 @@ def test_a_denied_request_charges_no_policy(cluster_limiter: RateLimiter) -> Non
         Policy("minute", "sliding_window", limit=20, period=60),
         Policy("day", "fixed_window", limit=1000, period=86400),
     ]
-    start_inside_fixed_windows(cluster_limiter, "k", policies, margin=5)
+    wait_out_fixed_window(cluster_limiter, "k", policies, margin=5)
     for _ in range(3):
         assert cluster_limiter.hit("k", policies).allowed
     for _ in range(5):
@@ -184,7 +176,7 @@ def test_concurrent_clients_admit_exactly_the_tightest_limit(cluster: ClusterTop
         Policy("minute", "sliding_window", limit=100, period=60),
         Policy("day", "fixed_window", limit=1000, period=86400),
     ]
-    start_inside_fixed_windows(limiter, "apikey:hot", policies, margin=60)
+    wait_out_fixed_window(limiter, "apikey:hot", policies, margin=60)
     assert concurrent_admissions(cluster, limiter, key_prefix, policies, threads=32, processes=4, hits=6) == 40
     assert [r.remaining for r in limiter.peek("apikey:hot", policies).results] == [0, 60, 960]
     client.close()
