@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 from django.apps import apps as django_apps
@@ -51,3 +53,13 @@ def parse_ietf(value: str) -> dict[str, dict[str, int]]:
         name, k1, v1, k2, v2 = match.groups()
         parsed[name] = {k1: int(v1), k2: int(v2)}
     return parsed
+
+
+def poll(condition: Callable[[], bool], deadline: float) -> bool:
+    """Poll `condition` until it holds or `deadline` seconds pass; True when it held."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()

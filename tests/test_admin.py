@@ -4,8 +4,6 @@ revoked keys are refused, a new key is shown exactly once, revocation cannot be 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,20 +14,13 @@ from ratelimit_app.apikeys import hash_key
 from ratelimit_app.lookups import build_lookups
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 
-from .limits_support import make_key, seed_tiers
+from .limits_support import make_key, poll, seed_tiers
 
 pytestmark = pytest.mark.django_db
 
 KEY_PATTERN = re.compile(r"[A-Za-z0-9]{8}\.[A-Za-z0-9_-]{43}")
 
 
-def poll(condition: Callable[[], bool], deadline: float) -> bool:
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def form_data(response: Any) -> dict[str, Any]:

@@ -4,7 +4,6 @@ saved through the ORM reaches this process at once and every other app server wi
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,19 +15,11 @@ from ratelimit_app.apikeys import generate_key
 from ratelimit_app.lookups import MISS, KeyInfo, LocalCache, build_lookups, get_lookups, invalidate
 from ratelimit_app.models import ApiKey, Tier, TierLimit, UserTier
 
-from .limits_support import make_key, make_tier, seed_tiers
+from .limits_support import make_key, make_tier, poll, seed_tiers
 
 pytestmark = pytest.mark.django_db
 
 
-def poll(condition: Callable[[], bool], deadline: float) -> bool:
-    """Poll `condition` until it holds or `deadline` seconds pass; True when it held."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
 
 
 def test_tier_policies_are_compiled_once_and_scoped_limits_add_to_the_base() -> None:
