@@ -315,7 +315,7 @@ def _memory_section(results: Results) -> list[str]:
 
 def _http_section(results: Results) -> list[str]:
     from bench.http_bench import BENCH_TIER
-    from bench.httpapp.variants import HUGE_RATE
+    from bench.httpapp.variants import HUGE_RATE, IP_ALGORITHM
     from bench.httpapp.variants import VARIANTS as HTTP_VARIANTS
 
     lines = ["## 4. HTTP: a trivial view under gunicorn", ""]
@@ -331,7 +331,7 @@ def _http_section(results: Results) -> list[str]:
         "interleaved over the variants (every variant's gunicorn is started first and stays up; each row is the "
         "variant's median round). Every request carries the same `X-API-Key`. "
         f"Limits are far above what a run sends, so nothing is denied (non-200 must be 0): peers at "
-        f"{HUGE_RATE} per client IP; ours: `IP_RATE` {HUGE_RATE} (sliding_window) plus a tier `bench` shaped "
+        f"{HUGE_RATE} per client IP; ours: `IP_RATE` {HUGE_RATE} ({IP_ALGORITHM}) plus a tier `bench` shaped "
         f"like the seeded free tier with huge limits ({tier}), one EVALSHA per request for both.",
         "",
     ]

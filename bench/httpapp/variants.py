@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from ratelimit_app.conf import DEFAULTS
+
 #: The limit each peer gets in the HTTP runs: far above what a run can send, so nothing is denied.
 HUGE_RATE = "1000000/m"
+
+#: The per-IP algorithm the middleware variant runs with: the default, not set by the bench settings.
+IP_ALGORITHM = DEFAULTS["IP_ALGORITHM"]
 
 #: variant -> (label, what is configured), in report order.
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -19,7 +24,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
                 "the same view, plus client.evalsha() of the INCR script on ratelimit_app's Redis client "
                 "(connection.get_redis(): same timeouts, no retries) with the client IP as key"),
     "ours": ("ratelimit_app middleware",
-             "RateLimitMiddleware: per-IP limit (IP_RATE, sliding_window) + the API key's tier (3 policies "
+             f"RateLimitMiddleware: per-IP limit (IP_RATE, {IP_ALGORITHM}) + the API key's tier (3 policies "
              "shaped like the free tier: token_bucket, sliding_window, fixed_window; huge limits) decided "
              "in one EVALSHA, rate-limit headers on the response"),
     "drf-none": ("DRF APIView, no throttle", "DRF APIView returning Response; no throttle (DRF's own cost)"),
