@@ -1,17 +1,27 @@
 """The rate limiter engine: one atomic Redis round trip decides a request against many policies.
 
 The work is split so that an asyncio client can reuse everything but the I/O: `prepare_call` builds
-keys and arguments, `parse_reply` turns the script's reply into decisions, and `RateLimiter` only
-sends the prepared call (EVALSHA, with NOSCRIPT recovery) over a synchronous client.
+keys and arguments (and the whole EVALSHA command, packed), `parse_reply` turns the script's reply
+into decisions, and `RateLimiter` only sends the prepared call (EVALSHA, with NOSCRIPT recovery)
+over a synchronous client.
+
+Speed matters here: this runs on every request. The packed command of a policy set is built once and
+cached (`_plan`); a call only splices in the identity's digest. On a standalone Redis each thread
+keeps its own connection (see `RateLimiter`), so a decision costs one write and one read, with no
+pool checkout.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
+import struct
+import threading
+import time
+from binascii import hexlify
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Union, cast
 
@@ -31,29 +41,82 @@ _PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 # What a client raises when Redis cannot answer; RedisClusterException ("no node reachable") is not a
 # RedisError.
 _REDIS_FAILURES = (RedisError, RedisClusterException, OSError)
+#: Length of an identity digest in hex characters (blake2b, 12 bytes).
+DIGEST_CHARS = 24
+#: How decide.lua receives a policy's limit, period in ms and capacity: binary, since every decimal
+#: argument the script parses costs Redis a strtod.
+_POLICY_NUMBERS = struct.Struct(">qqq")
+#: A thread's connection unused for longer than this (seconds) is checked for a server-side close
+#: (a restart, an idle timeout) before it is used again, as a pool checkout would; one in back-to-back
+#: use skips that system call, which costs about as much as the rest of the client's work.
+IDLE_CHECK_AFTER = 0.01
+
+
+def _bulk(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+class _Plan:
+    """Everything about a call that depends only on the prefix, the policy sets, the cost and the mode.
+
+    `pieces` is the packed EVALSHA command cut where each key's identity digest goes: the command is
+    `pieces[0] + digest(owner 0) + pieces[1] + ... + pieces[-1]`, with `owners[i]` the index of the
+    check whose digest fills gap i. Built once per distinct plan (see `_plan`).
+    """
+
+    __slots__ = ("args", "key_count", "owners", "pieces", "policy_sets", "prefix", "suffixes")
+
+    def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, charge: bool) -> None:
+        self.prefix = prefix
+        self.policy_sets = policy_sets
+        suffixes: list[tuple[str, ...]] = []
+        args: list[int | str | bytes] = [cost, 1 if charge else 0]
+        for policies in policy_sets:
+            for policy in policies:
+                if not isinstance(policy, Policy):
+                    raise TypeError(f"policies: expected Policy objects, got {type(policy).__name__}")
+            names = [p.name for p in policies]
+            if len(set(names)) != len(names):
+                raise ValueError(f"policies: names must be unique within one decision, got {names}")
+            suffixes.append(tuple(f"{p.name}:{p.algorithm}" for p in policies))
+            for p in policies:
+                args += [p.algorithm, _POLICY_NUMBERS.pack(p.limit, p.period_ms, p.capacity)]
+        self.suffixes = tuple(suffixes)
+        self.key_count = sum(len(s) for s in suffixes)
+        self.args = tuple(args)
+
+        head = prefix.encode() + b":{"
+        pieces: list[bytes] = []
+        owners: list[int] = []
+        current = b"*%d\r\n" % (3 + self.key_count + len(args)) + _bulk(b"EVALSHA") + \
+            _bulk(decide_sha().encode()) + _bulk(b"%d" % self.key_count)
+        for owner, set_suffixes in enumerate(suffixes):
+            for suffix in set_suffixes:
+                tail = b"}:" + suffix.encode()
+                current += b"$%d\r\n" % (len(head) + DIGEST_CHARS + len(tail)) + head
+                pieces.append(current)
+                owners.append(owner)
+                current = tail + b"\r\n"
+        pieces.append(current + b"".join(_bulk(arg if isinstance(arg, bytes) else str(arg).encode()) for arg in args))
+        self.pieces = tuple(pieces)
+        self.owners = tuple(owners)
 
 
 @lru_cache(maxsize=1024)
-def _compile(policies: tuple[Policy, ...]) -> tuple[tuple[str, ...], tuple[int | str, ...]]:
-    """Key suffixes and script arguments for a policy set; computed once per distinct set."""
-    for policy in policies:
-        if not isinstance(policy, Policy):
-            raise TypeError(f"policies: expected Policy objects, got {type(policy).__name__}")
-    names = [p.name for p in policies]
-    if len(set(names)) != len(names):
-        raise ValueError(f"policies: names must be unique within one decision, got {names}")
-    suffixes = tuple(f"{p.name}:{p.algorithm}" for p in policies)
-    args: list[int | str] = []
-    for p in policies:
-        args += [p.algorithm, p.limit, p.period_ms, p.capacity]
-    return suffixes, tuple(args)
+def _plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, charge: bool) -> _Plan:
+    return _Plan(prefix, policy_sets, cost, charge)
+
+
+def _digest(identity: str) -> bytes:
+    if type(identity) is not str or not identity:
+        raise ValueError(f"identity: expected a non-empty string, got {identity!r:.80}")
+    return hexlify(hashlib.blake2b(identity.encode("utf-8", "surrogatepass"), digest_size=12).digest())
 
 
 def identity_digest(identity: str) -> str:
     """A fixed-length, hash-tag-safe digest of an identity: users never choose Redis key names."""
-    if not isinstance(identity, str) or not identity:
-        raise ValueError(f"identity: expected a non-empty string, got {identity!r:.80}")
-    return hashlib.blake2b(identity.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+    return _digest(identity).decode()
 
 
 def key_base(prefix: str, identity: str) -> str:
@@ -61,40 +124,65 @@ def key_base(prefix: str, identity: str) -> str:
     return f"{prefix}:{{{identity_digest(identity)}}}:"
 
 
-@dataclass(frozen=True)
 class PreparedCall:
-    """One invocation of the decision script: its KEYS, its ARGV and the checks they encode."""
+    """One invocation of the decision script: the packed command, and what `parse_reply` needs.
 
-    keys: list[str]
-    args: list[int | str]
-    checks: list[tuple[str, tuple[Policy, ...]]]
+    `keys` and `args` give the same call as KEYS and ARGV lists, for clients that pack commands
+    themselves (Redis Cluster routes by key).
+    """
+
+    __slots__ = ("digests", "packed", "plan")
+
+    def __init__(self, plan: _Plan, digests: list[bytes], packed: bytes) -> None:
+        self.plan = plan
+        self.digests = digests
+        self.packed = packed
+
+    @property
+    def policy_sets(self) -> tuple[tuple[Policy, ...], ...]:
+        return self.plan.policy_sets
+
+    @property
+    def keys(self) -> list[str]:
+        keys = []
+        for digest, suffixes in zip(self.digests, self.plan.suffixes, strict=True):
+            base = f"{self.plan.prefix}:{{{digest.decode()}}}:"
+            keys += [base + suffix for suffix in suffixes]
+        return keys
+
+    @property
+    def args(self) -> list[int | str | bytes]:
+        return list(self.plan.args)
 
 
 def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool) -> PreparedCall:
-    """Build the KEYS and ARGV of decide.lua for these checks (see its header for the layout)."""
-    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+    """Build the EVALSHA of decide.lua for these checks (see its header for KEYS and ARGV)."""
+    if type(cost) is not int or cost < 1:
         raise ValueError(f"cost: {cost!r} must be an integer >= 1")
-    normalized = [(identity, tuple(policies)) for identity, policies in checks]
-    keys: list[str] = []
-    args: list[int | str] = [cost, 1 if charge else 0, 0]
-    for identity, policies in normalized:
-        suffixes, policy_args = _compile(policies)
-        base = key_base(prefix, identity)
-        keys += [base + suffix for suffix in suffixes]
-        args += policy_args
-    args[2] = len(keys)
-    return PreparedCall(keys, args, normalized)
+    policy_sets = tuple(policies if type(policies) is tuple else tuple(policies) for _, policies in checks)
+    plan = _plan(prefix, policy_sets, cost, charge)
+    digests = [_digest(identity) for identity, _ in checks]
+    if len(digests) == 1:
+        packed = digests[0].join(plan.pieces)
+    else:
+        pieces = plan.pieces
+        parts = [pieces[0]]
+        for gap, owner in enumerate(plan.owners, 1):
+            parts.append(digests[owner])
+            parts.append(pieces[gap])
+        packed = b"".join(parts)
+    return PreparedCall(plan, digests, packed)
 
 
 def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
     """Turn the script's reply into one Decision per check; a malformed reply raises BackendError."""
-    expected = 1 + 4 * len(call.keys)
-    if not isinstance(reply, list) or len(reply) != expected or not all(isinstance(v, int) for v in reply):
+    if type(reply) is not list or len(reply) != 1 + 4 * call.plan.key_count or \
+            any(type(value) is not int for value in reply):
         raise BackendError(f"unexpected reply from the decision script: {reply!r:.200}", maybe_applied=True)
     decisions = []
     offset = 1
-    all_allowed = bool(reply[0])
-    for _, policies in call.checks:
+    all_allowed = reply[0] == 1
+    for policies in call.plan.policy_sets:
         results = []
         for policy in policies:
             allowed, remaining, reset_ms, retry_ms = reply[offset:offset + 4]
@@ -104,9 +192,9 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
             elif retry_ms < 0:
                 retry_after = math.inf
             else:
-                retry_after = retry_ms / 1000.0
+                retry_after = retry_ms / 1000
             results.append(PolicyResult(policy.name, allowed == 1, policy.capacity,
-                                        remaining if remaining > 0 else 0, reset_ms / 1000.0, retry_after))
+                                        remaining if remaining > 0 else 0, reset_ms / 1000, retry_after))
         decision = Decision.from_results(tuple(results))
         if decision.allowed and not all_allowed:
             # all-or-nothing: this identity's own policies allowed, but another identity in the same
@@ -116,6 +204,22 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
     return decisions
 
 
+def _stale(connection: Any) -> bool:
+    """True when the server closed this idle connection (restart, idle timeout) or it holds stray data."""
+    try:
+        return bool(connection.can_read())
+    except (RedisError, OSError):  # redis-py reports a closed connection by raising
+        return True
+
+
+class _ThreadConnection(threading.local):
+    """The connection of one thread (and one process: a forked child makes its own)."""
+
+    connection: Any = None
+    pid: int = 0
+    last_used: float = 0.0
+
+
 class RateLimiter:
     """Decides requests against policies using Redis as the one shared state.
 
@@ -123,6 +227,12 @@ class RateLimiter:
     (EVALSHA of the decision script, plus a SCRIPT LOAD when Redis has lost the script). Redis
     failures raise `BackendError`; a call whose reply is lost after it was sent is never resent,
     because Redis may already have charged it.
+
+    On a standalone Redis (or Sentinel) each thread that decides keeps one connection of its own,
+    made from the client's connection settings (its pool's connection class and options) and not
+    counted by its pool. A decision is then one write and one read, without a pool checkout. A
+    connection idle for more than IDLE_CHECK_AFTER seconds is checked for a server-side close before
+    use, as a pool checkout does; a connection that failed is closed and made again on next use.
     """
 
     def __init__(self, client: RedisClient, prefix: str = "rl") -> None:
@@ -135,15 +245,15 @@ class RateLimiter:
         self.client = client
         self.prefix = prefix
         self._cluster = isinstance(client, RedisCluster)
-        self._sha = decide_sha()
+        self._thread = _ThreadConnection()
 
     def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise."""
-        return self._run(prepare_call(self.prefix, [(identity, policies)], cost, charge=True))[0]
+        return self._run(prepare_call(self.prefix, ((identity, policies),), cost, charge=True))[0]
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-        return self._run(prepare_call(self.prefix, [(identity, policies)], cost, charge=False))[0]
+        return self._run(prepare_call(self.prefix, ((identity, policies),), cost, charge=False))[0]
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
         """Decide several identities together (for example a client IP and its API key).
@@ -156,7 +266,7 @@ class RateLimiter:
         if self._cluster and len(checks) > 1:
             decisions: list[Decision] = []
             for check in checks:
-                decision = self._run(prepare_call(self.prefix, [check], cost, charge=True))[0]
+                decision = self._run(prepare_call(self.prefix, (check,), cost, charge=True))[0]
                 decisions.append(decision)
                 if not decision.allowed:
                     break
@@ -174,16 +284,20 @@ class RateLimiter:
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
         """The Redis keys that hold the state of `identity` under these policies."""
-        suffixes, _ = _compile(tuple(policies))
-        base = key_base(self.prefix, identity)
-        return [base + suffix for suffix in suffixes]
+        return prepare_call(self.prefix, ((identity, policies),), 1, charge=False).keys
+
+    def close(self) -> None:
+        """Close this thread's connection (other threads' connections close when their thread ends)."""
+        connection = self._thread.connection
+        self._thread.connection = None
+        if connection is not None:
+            connection.disconnect()
 
     def _run(self, call: PreparedCall) -> list[Decision]:
-        if not call.keys:
-            return [Decision.from_results(()) for _ in call.checks]
-        command = ("EVALSHA", self._sha, len(call.keys), *call.keys, *call.args)
+        if not call.plan.key_count:
+            return [Decision.from_results(()) for _ in call.digests]
         try:
-            reply = self._send(command)
+            reply = self._send(call)
         except NoScriptError:
             # Redis lost its script cache (restart, failover, SCRIPT FLUSH). NOSCRIPT means nothing ran,
             # so loading the script and sending once more cannot charge twice.
@@ -191,34 +305,49 @@ class RateLimiter:
                 self.client.script_load(decide_source())
             except _REDIS_FAILURES as exc:
                 raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
-            reply = self._send(command)
+            reply = self._send(call)
         return parse_reply(call, reply)
 
-    def _send(self, command: tuple[Any, ...]) -> Any:
+    def _connection(self) -> Any:
+        """This thread's connection, made on first use (and again after a fork or a failure)."""
+        thread = self._thread
+        connection = thread.connection
+        now = time.monotonic()
+        if connection is None or thread.pid != os.getpid():
+            pool = cast(redis.Redis, self.client).connection_pool
+            connection = pool.connection_class(**pool.connection_kwargs)
+            thread.connection, thread.pid = connection, os.getpid()
+        elif now - thread.last_used > IDLE_CHECK_AFTER and connection.is_connected and _stale(connection):
+            connection.disconnect()  # made again below, before anything is sent
+        thread.last_used = now
+        return connection
+
+    def _send(self, call: PreparedCall) -> Any:
         if self._cluster:
             try:
-                return self.client.execute_command(*command)
+                return self.client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys,
+                                                   *call.plan.args)
             except NoScriptError:
                 raise
             except _REDIS_FAILURES as exc:
                 raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=True) from exc
-        # Standalone: talk to a pooled connection directly, so a client configured with retries can
+        # Standalone: write to this thread's own connection, so a client configured with retries can
         # never resend an EVALSHA whose reply was lost (Redis may already have charged it).
-        pool = cast(redis.Redis, self.client).connection_pool
         sent = False
         try:
-            conn = pool.get_connection()
+            connection = self._connection()
+            if not connection.is_connected:
+                connection.connect()
         except (RedisError, OSError) as exc:
+            self.close()
             raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
         try:
-            conn.send_command(*command)
+            connection.send_packed_command((call.packed,))
             sent = True
-            return conn.read_response()
+            return connection.read_response()
         except NoScriptError:
             raise
         except (RedisError, OSError) as exc:
             if not isinstance(exc, redis.ResponseError):
-                conn.disconnect()  # the connection's state is unknown: never reuse it
+                self.close()  # the connection's state is unknown: never reuse it
             raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
-        finally:
-            pool.release(conn)

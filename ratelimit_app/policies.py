@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 ALGORITHMS: tuple[str, ...] = (
     "fixed_window",
@@ -75,6 +76,7 @@ class Policy:
     period: float
     burst: int | None = None
     period_ms: int = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -99,6 +101,8 @@ class Policy:
                 f"{MAX_PERIOD_SECONDS} seconds"
             )
         object.__setattr__(self, "period_ms", period_ms)
+        # hashed on every decision (the engine caches its packed commands by policy set), so once here
+        object.__setattr__(self, "_hash", hash((self.name, self.algorithm, self.limit, self.period, self.burst)))
         if self.burst is not None:
             if self.algorithm not in BURST_ALGORITHMS:
                 raise InvalidPolicy(
@@ -115,6 +119,13 @@ class Policy:
                 f"{field_name}: policy {self.name!r} allows {self.capacity} units over {self.period}s, too "
                 "large to count exactly in Redis; use a shorter period or a smaller burst"
             )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt, not copied: the cached hash of another process (string hashes are salted) is wrong here
+        return (Policy, (self.name, self.algorithm, self.limit, self.period, self.burst))
 
     def _state_magnitude(self) -> int:
         """The largest number the Lua state of this policy reaches (it must stay exact in a double)."""

@@ -3,15 +3,14 @@
 -- The algorithm files are prepended to this one when the engine loads the script, so this file sees
 -- their functions as locals; the set of scripts is fixed and request data never becomes source.
 --
--- KEYS[i]          state key of policy i (1 <= i <= n); all share one hash tag on Redis Cluster
--- ARGV[1]          cost: units to charge (integer >= 1)
+-- KEYS[i]          state key of policy i (1 <= i <= n, n = #KEYS); all share one hash tag on Redis Cluster
+-- ARGV[1]          cost: units to charge (decimal integer >= 1)
 -- ARGV[2]          "1" to charge when allowed (hit), "0" to only report (peek)
--- ARGV[3]          n: number of policies
--- ARGV[4 + 4(i-1)] algorithm of policy i: fixed_window | sliding_window | sliding_window_counter |
+-- ARGV[1 + 2i]     algorithm of policy i: fixed_window | sliding_window | sliding_window_counter |
 --                  token_bucket | gcra
--- ARGV[5 + 4(i-1)] limit of policy i (integer >= 1)
--- ARGV[6 + 4(i-1)] period of policy i in milliseconds (integer >= 1)
--- ARGV[7 + 4(i-1)] capacity of policy i (integer >= 1): the burst for token_bucket and gcra, else limit
+-- ARGV[2 + 2i]     limit, period in milliseconds and capacity of policy i (integers >= 1; capacity is
+--                  the burst for token_bucket and gcra, else the limit), packed as three big-endian
+--                  signed 64-bit integers (struct format '>i8i8i8', 24 bytes)
 -- Time comes from redis.call('TIME') only: one clock for every app server.
 --
 -- Reply: {allowed, then for each policy i: allowed_i, remaining_i, reset_ms_i, retry_ms_i}
@@ -20,62 +19,76 @@
 --   reset_ms_i           milliseconds until policy i is back to its full allowance (integer, rounded up)
 --   retry_ms_i           0 when policy i allows; else milliseconds until this request would be allowed
 --                        by policy i (integer >= 1, rounded up), or -1 when cost exceeds its capacity
+-- Speed: this runs on every request, and on Redis the costly steps are conversions between numbers
+-- and strings (each decimal argument parsed is a strtod). So the policy numbers arrive packed in binary,
+-- no closure or table is made per policy (each algorithm returns its result and its write as plain
+-- values, kept in one flat table until all have allowed), and strings already formatted are reused.
 -- Needs Redis 5 or later, where scripts replicate their effects, so TIME may precede writes.
 -- (redis.replicate_commands() is not called: on Redis 7 it is a deprecated no-op that costs about
 -- as much as the rest of a one-policy decision.)
-local algorithms = {
-  fixed_window = fixed_window,
-  sliding_window = sliding_window,
-  sliding_window_counter = sliding_window_counter,
-  token_bucket = token_bucket,
-  gcra = gcra,
-}
-
 local cost = tonumber(ARGV[1])
 local charge = ARGV[2] == '1'
-local n = tonumber(ARGV[3])
-if cost == nil or cost < 1 or n == nil or n ~= #KEYS then
+local n = #KEYS
+if cost == nil or cost < 1 or #ARGV ~= 2 + 2 * n then
   return redis.error_reply('ERR ratelimit decide: bad arguments')
 end
 
 local time = redis.call('TIME')
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
 
-local checks = {}
+-- 1. check every policy; state[7(i-1) + 1..7] holds policy i's results (see the algorithm headers)
+local state = {}
 local all_allowed = true
 for i = 1, n do
-  local base = 4 * (i - 1) + 4
-  local algorithm = algorithms[ARGV[base]]
-  if algorithm == nil then
-    return redis.error_reply('ERR ratelimit decide: unknown algorithm')
+  local name = ARGV[1 + 2 * i]
+  local algorithm
+  if name == 'token_bucket' then algorithm = token_bucket
+  elseif name == 'sliding_window' then algorithm = sliding_window
+  elseif name == 'fixed_window' then algorithm = fixed_window
+  elseif name == 'gcra' then algorithm = gcra
+  elseif name == 'sliding_window_counter' then algorithm = sliding_window_counter
+  else return redis.error_reply('ERR ratelimit decide: unknown algorithm') end
+  local numbers = ARGV[2 + 2 * i]
+  if #numbers ~= 24 then
+    return redis.error_reply('ERR ratelimit decide: bad policy numbers')
   end
-  local allowed, remaining, reset_us, retry_us, apply, reset_now = algorithm(KEYS[i], now_us,
-    tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), cost)
-  checks[i] = {allowed = allowed, remaining = remaining, reset_us = reset_us, retry_us = retry_us,
-    apply = apply, reset_now = reset_now}
+  local limit, period_ms, capacity = struct.unpack('>i8i8i8', numbers)
+  local allowed, remaining, reset_us, retry_us, value, ttl_ms, charged_reset_us = algorithm(KEYS[i], now_us,
+    limit, period_ms, capacity, cost)
+  local at = 7 * (i - 1)
+  state[at + 1], state[at + 2], state[at + 3], state[at + 4] = allowed, remaining, reset_us, retry_us
+  state[at + 5], state[at + 6], state[at + 7] = value, ttl_ms, charged_reset_us
   if not allowed then all_allowed = false end
 end
 
+-- 2. charge all of them, or none; then reply
+local charged = charge and all_allowed
 local reply = {all_allowed and 1 or 0}
 for i = 1, n do
-  local check = checks[i]
-  local remaining, reset_us, retry_ms = check.remaining, check.reset_us, 0
-  if charge and all_allowed then
-    reset_us = check.apply()
+  local at = 7 * (i - 1)
+  local allowed, remaining, reset_us, retry_us = state[at + 1], state[at + 2], state[at + 3], state[at + 4]
+  if charged then
+    local ttl_ms = state[at + 6]
+    if ttl_ms then
+      redis.call('SET', KEYS[i], state[at + 5], 'PX', ttl_ms)
+    else
+      sliding_window_charge(KEYS[i], now_us, state[at + 7], state[at + 5], cost)
+    end
+    reset_us = state[at + 7]
     remaining = remaining - cost
   elseif reset_us == nil then
-    reset_us = check.reset_now()  -- an algorithm that reads "reset now" only when it is reported
+    reset_us = sliding_window_reset(KEYS[i], now_us, state[at + 7], state[at + 5])
   end
-  if not check.allowed then
-    if check.retry_us < 0 then
-      retry_ms = -1
-    else
-      retry_ms = math.max(1, math.ceil(check.retry_us / 1000))
-    end
+  local out = 4 * i - 2
+  reply[out] = allowed and 1 or 0
+  reply[out + 1] = remaining
+  reply[out + 2] = math.ceil(reset_us / 1000)
+  if allowed then
+    reply[out + 3] = 0
+  elseif retry_us < 0 then
+    reply[out + 3] = -1
+  else
+    reply[out + 3] = math.max(1, math.ceil(retry_us / 1000))
   end
-  reply[#reply + 1] = check.allowed and 1 or 0
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = math.ceil(reset_us / 1000)
-  reply[#reply + 1] = retry_ms
 end
 return reply

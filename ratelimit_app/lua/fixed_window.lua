@@ -9,7 +9,8 @@
 --   capacity   ARGV: equal to limit for this algorithm
 --   cost       units this request wants (integer >= 1)
 -- Returns: allowed (boolean), remaining now (integer), reset now (us), retry (us, 0 when allowed,
---   -1 when cost > capacity: never), apply (function committing the hit and returning reset in us).
+--   -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
+--   only when every policy allows): the new value, its TTL in ms, and reset after the charge (us).
 -- State: one string; TTL = time to the end of the window (<= period), set on every write. The window
 -- index is stored with the count, so a key that outlives its window by a millisecond counts for nothing.
 local function fixed_window(key, now_us, limit, period_ms, capacity, cost)
@@ -27,13 +28,11 @@ local function fixed_window(key, now_us, limit, period_ms, capacity, cost)
   local remaining = limit - used
   if remaining < 0 then remaining = 0 end
   if cost > capacity then
-    return false, remaining, reset_us, -1, nil
+    return false, remaining, reset_us, -1
   end
   if used + cost > limit then
-    return false, remaining, reset_us, reset_us, nil
+    return false, remaining, reset_us, reset_us
   end
-  return true, remaining, reset_us, 0, function()
-    redis.call('SET', key, string.format('%d:%d', window, used + cost), 'PX', math.ceil(reset_us / 1000))
-    return reset_us
-  end
+  return true, remaining, reset_us, 0, string.format('%d:%d', window, used + cost), math.ceil(reset_us / 1000),
+    reset_us
 end

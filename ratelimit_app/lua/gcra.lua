@@ -9,9 +9,9 @@
 --   period_ms  ARGV: period in milliseconds (integer >= 1)
 --   capacity   ARGV: burst tolerance in requests (integer >= 1)
 --   cost       units this request wants (integer >= 1)
--- Returns: allowed (boolean), remaining now (integer), reset now (us: until the TAT is reached),
---   retry (us, 0 when allowed, -1 when cost > capacity: never), apply (function committing the hit and
---   returning reset in us).
+-- Returns: allowed (boolean), remaining now (integer), reset now (us), retry (us, 0 when allowed,
+--   -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
+--   only when every policy allows): the new value, its TTL in ms, and reset after the charge (us).
 -- State: one string; TTL = TAT - now (<= capacity x period / limit), after which a missing key means
 -- the same thing as an idle client. The emission interval is rounded up to whole microseconds, which
 -- can only make the limit stricter (by under 1 us per request), never looser.
@@ -24,14 +24,12 @@ local function gcra(key, now_us, limit, period_ms, capacity, cost)
   local remaining = math.floor((tolerance - reset_us) / interval)
   if remaining < 0 then remaining = 0 end
   if cost > capacity then
-    return false, remaining, reset_us, -1, nil
+    return false, remaining, reset_us, -1
   end
   local new_tat = tat + cost * interval
   if new_tat - now_us > tolerance then
-    return false, remaining, reset_us, new_tat - now_us - tolerance, nil
+    return false, remaining, reset_us, new_tat - now_us - tolerance
   end
-  return true, remaining, reset_us, 0, function()
-    redis.call('SET', key, string.format('%d', new_tat), 'PX', math.ceil((new_tat - now_us) / 1000))
-    return new_tat - now_us
-  end
+  return true, remaining, reset_us, 0, string.format('%d', new_tat), math.ceil((new_tat - now_us) / 1000),
+    new_tat - now_us
 end

@@ -9,45 +9,52 @@
 --   capacity   ARGV: equal to limit for this algorithm
 --   cost       units this request wants (integer >= 1)
 -- Returns: allowed (boolean), remaining now (integer), reset now (us: until the newest unit leaves the
---   window; nil when allowed, since a charged hit never reports it), retry (us, 0 when allowed, -1 when
---   cost > capacity: never), apply (function committing the hit and returning reset in us), and when
---   allowed, reset_now (function returning reset now, for a hit that another policy refused).
+--   window; nil when allowed, since a charged hit reports the period instead: decide.lua asks
+--   sliding_window_reset only when the hit is not charged), retry (us, 0 when allowed, -1 when
+--   cost > capacity: never), then in place of a string write: the live bound "(<window start us>"
+--   and nil (decide.lua passes them to sliding_window_charge, which writes the log), and reset after
+--   the charge (us: the period).
 -- State: one sorted set with at most limit live members; TTL = period, set on every write. Members are
 -- unique even when several requests share one microsecond (ZADD NX, then the next free suffix).
+
+-- reset now: until the newest live unit leaves the window (0 when none is live)
+local function sliding_window_reset(key, now_us, period_us, live_from)
+  local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', live_from, 'WITHSCORES', 'LIMIT', 0, 1)
+  if newest[2] == nil then return 0 end
+  return tonumber(newest[2]) + period_us - now_us
+end
+
+-- the charge: drop the units that left the window, log `cost` new ones, keep the key for one period.
+-- Scores and members are formatted once with '%d' (concatenating a number would print it with 14
+-- significant digits, which rounds a microsecond timestamp to about 100 us).
+local function sliding_window_charge(key, now_us, period_us, live_from, cost)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', live_from)
+  local score = string.format('%d', now_us)
+  local suffix = 0
+  for _ = 1, cost do
+    while redis.call('ZADD', key, 'NX', score, score .. ':' .. suffix) == 0 do
+      suffix = suffix + 1
+    end
+    suffix = suffix + 1
+  end
+  redis.call('PEXPIRE', key, period_us / 1000)
+end
+
 local function sliding_window(key, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
-  local window_start = now_us - period_us
-  -- string.format('%d'): concatenating a number would print it with 14 significant digits, which
-  -- rounds a microsecond timestamp to about 100 us
-  local live_from = string.format('(%d', window_start)
+  local live_from = string.format('(%d', now_us - period_us)
   local used = redis.call('ZCOUNT', key, live_from, '+inf')
   local remaining = limit - used
   if remaining < 0 then remaining = 0 end
-  -- reset now: until the newest live unit leaves the window (an extra read, so only when reported)
-  local function reset_now()
-    if used == 0 then return 0 end
-    local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', live_from, 'WITHSCORES', 'LIMIT', 0, 1)
-    return tonumber(newest[2]) + period_us - now_us
-  end
   if cost > capacity then
-    return false, remaining, reset_now(), -1, nil
+    return false, remaining, sliding_window_reset(key, now_us, period_us, live_from), -1
   end
   if used + cost > limit then
     -- the request fits once the (used + cost - limit) oldest live units have left the window
     local oldest = redis.call('ZRANGEBYSCORE', key, live_from, '+inf', 'WITHSCORES', 'LIMIT',
       used + cost - limit - 1, 1)
-    return false, remaining, reset_now(), tonumber(oldest[2]) + period_us - now_us, nil
+    return false, remaining, sliding_window_reset(key, now_us, period_us, live_from),
+      tonumber(oldest[2]) + period_us - now_us
   end
-  return true, remaining, nil, 0, function()
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', window_start)
-    local suffix = 0
-    for _ = 1, cost do
-      while redis.call('ZADD', key, 'NX', now_us, string.format('%d:%d', now_us, suffix)) == 0 do
-        suffix = suffix + 1
-      end
-      suffix = suffix + 1
-    end
-    redis.call('PEXPIRE', key, period_ms)
-    return period_us
-  end, reset_now
+  return true, remaining, nil, 0, live_from, nil, period_us
 end

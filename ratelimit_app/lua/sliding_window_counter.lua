@@ -10,8 +10,8 @@
 --   capacity   ARGV: equal to limit for this algorithm
 --   cost       units this request wants (integer >= 1)
 -- Returns: allowed (boolean), remaining now (integer, floor of limit - estimate), reset now (us: until
---   the estimate decays to 0), retry (us, 0 when allowed, -1 when cost > capacity: never), apply
---   (function committing the hit and returning reset in us).
+--   the estimate decays to 0), retry (us, 0 when allowed, -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
+--   only when every policy allows): the new value, its TTL in ms, and reset after the charge (us).
 -- State: one string (one GET, one SET); TTL = end of the next window (<= 2 x period), set on every write, because the
 -- current count still weighs on the next window.
 local function sliding_window_counter(key, now_us, limit, period_ms, capacity, cost)
@@ -44,7 +44,7 @@ local function sliding_window_counter(key, now_us, limit, period_ms, capacity, c
     reset_us = period_us - elapsed
   end
   if cost > capacity then
-    return false, remaining, reset_us, -1, nil
+    return false, remaining, reset_us, -1
   end
   if estimate + cost > limit then
     local retry_us
@@ -60,11 +60,8 @@ local function sliding_window_counter(key, now_us, limit, period_ms, capacity, c
       end
     end
     if retry_us < 1 then retry_us = 1 end
-    return false, remaining, reset_us, retry_us, nil
+    return false, remaining, reset_us, retry_us
   end
-  return true, remaining, reset_us, 0, function()
-    redis.call('SET', key, string.format('%d:%d:%d', window, current + cost, previous), 'PX',
-      math.ceil((2 * period_us - elapsed) / 1000))
-    return 2 * period_us - elapsed
-  end
+  return true, remaining, reset_us, 0, string.format('%d:%d:%d', window, current + cost, previous),
+    math.ceil((2 * period_us - elapsed) / 1000), 2 * period_us - elapsed
 end

@@ -9,11 +9,11 @@
 --   period_ms  ARGV: refill period in milliseconds (integer >= 1)
 --   capacity   ARGV: bucket size, the burst (integer >= 1)
 --   cost       tokens this request wants (integer >= 1)
--- Returns: allowed (boolean), remaining now (whole tokens), reset now (us: until the bucket is full),
---   retry (us, 0 when allowed, -1 when cost > capacity: never), apply (function committing the hit and
---   returning reset in us).
--- State: one string (cheaper than a hash: one GET and one SET); TTL = time until the bucket is full again (<= capacity x period / limit), after
--- which a missing key means the same thing as a full bucket.
+-- Returns: allowed (boolean), remaining now (integer), reset now (us), retry (us, 0 when allowed,
+--   -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
+--   only when every policy allows): the new value, its TTL in ms, and reset after the charge (us).
+-- State: one string (cheaper than a hash: one GET and one SET); TTL = time until the bucket is full
+-- again (<= capacity x period / limit), after which a missing key means the same thing as a full bucket.
 local function token_bucket(key, now_us, limit, period_ms, capacity, cost)
   local now_ms = math.floor(now_us / 1000)
   local full = capacity * period_ms
@@ -41,15 +41,12 @@ local function token_bucket(key, now_us, limit, period_ms, capacity, cost)
   local reset_us = math.ceil((full - units) / limit) * 1000
   local need = cost * period_ms
   if cost > capacity then
-    return false, remaining, reset_us, -1, nil
+    return false, remaining, reset_us, -1
   end
   if units < need then
-    return false, remaining, reset_us, math.ceil((need - units) / limit) * 1000, nil
+    return false, remaining, reset_us, math.ceil((need - units) / limit) * 1000
   end
-  return true, remaining, reset_us, 0, function()
-    local left = units - need
-    local to_full_ms = math.ceil((full - left) / limit)
-    redis.call('SET', key, string.format('%d:%d', left, stamp), 'PX', to_full_ms)
-    return to_full_ms * 1000
-  end
+  local left = units - need
+  local to_full_ms = math.ceil((full - left) / limit)
+  return true, remaining, reset_us, 0, string.format('%d:%d', left, stamp), to_full_ms, to_full_ms * 1000
 end

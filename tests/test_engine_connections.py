@@ -1,0 +1,79 @@
+"""How the engine talks to a standalone Redis: one connection per thread (and per process), no pool checkout.
+
+Each test runs against its own redis-server, so connection counts are exact.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from ratelimit_app import Policy, RateLimiter
+from ratelimit_app.embedded import RedisProcess, start_redis
+from ratelimit_app.engine import IDLE_CHECK_AFTER
+from ratelimit_app.scripts import decide_source
+
+from .topology import run_threads, wait_for
+
+MINUTE = [Policy("minute", "fixed_window", limit=1000, period=60)]
+
+
+@pytest.fixture
+def server() -> Iterator[RedisProcess]:
+    process = start_redis()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def admin_of(server: RedisProcess) -> redis.Redis:
+    """A client of the test itself, with the decision script loaded (no NOSCRIPT round trips to count)."""
+    admin = redis.Redis(port=server.port)
+    admin.script_load(decide_source())
+    return admin
+
+
+def connections_received(admin: redis.Redis) -> int:
+    return int(admin.info("stats")["total_connections_received"])
+
+
+def test_each_thread_decides_over_one_connection_of_its_own(server: RedisProcess) -> None:
+    admin = admin_of(server)
+    limiter = RateLimiter(redis.Redis(port=server.port), prefix="t")
+    before = connections_received(admin)
+    run_threads(6, lambda i: [limiter.hit(f"client:{i}", MINUTE) for _ in range(50)])
+    assert connections_received(admin) - before == 6
+    assert limiter.peek("client:0", MINUTE).remaining == 950
+    # the client's own pool was never asked for a connection by the engine
+    assert limiter.client.connection_pool._created_connections == 0  # type: ignore[union-attr]
+
+
+def test_a_forked_child_makes_its_own_connection_and_the_parent_keeps_its_own(server: RedisProcess) -> None:
+    limiter = RateLimiter(redis.Redis(port=server.port), prefix="t")
+    assert limiter.hit("k", MINUTE).remaining == 999
+    pid = os.fork()
+    if pid == 0:  # the child: a decision of its own over a new connection, then out without cleanup
+        code = 0 if limiter.hit("k", MINUTE).remaining == 998 else 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert limiter.hit("k", MINUTE).remaining == 997  # the parent's connection was not disturbed
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_before_use(server: RedisProcess) -> None:
+    admin = admin_of(server)
+    limiter = RateLimiter(redis.Redis(port=server.port), prefix="t")
+    limiter.hit("k", MINUTE)
+    killed = admin.client_kill_filter(_type="normal", skipme=True)
+    assert killed == 1  # the engine's connection
+    wait_for(lambda: len(admin.client_list()) == 1, 5.0, "the kill")
+    before = connections_received(admin)
+    time.sleep(2 * IDLE_CHECK_AFTER)  # idle for longer than that: checked before use, found closed, replaced
+    decision = limiter.hit("k", MINUTE)
+    assert decision.allowed and decision.remaining == 998
+    assert connections_received(admin) - before == 1
