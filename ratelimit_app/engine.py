@@ -29,7 +29,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
-from .decision import Decision, PolicyResult
+from .decision import Decision, new_policy_result
 from .exceptions import BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
@@ -46,6 +46,7 @@ DIGEST_CHARS = 24
 #: How decide.lua receives a policy's limit, period in ms and capacity: binary, since every decimal
 #: argument the script parses costs Redis a strtod.
 _POLICY_NUMBERS = struct.Struct(">qqq")
+_INTEGERS = {int}
 #: A thread's connection unused for longer than this (seconds) is checked for a server-side close
 #: (a restart, an idle timeout) before it is used again, as a pool checkout would; one in back-to-back
 #: use skips that system call, which costs about as much as the rest of the client's work.
@@ -65,7 +66,7 @@ class _Plan:
     check whose digest fills gap i. Built once per distinct plan (see `_plan`).
     """
 
-    __slots__ = ("args", "key_count", "owners", "pieces", "policy_sets", "prefix", "suffixes")
+    __slots__ = ("args", "key_count", "named_capacities", "owners", "pieces", "policy_sets", "prefix", "suffixes")
 
     def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, charge: bool) -> None:
         self.prefix = prefix
@@ -83,6 +84,7 @@ class _Plan:
             for p in policies:
                 args += [p.algorithm, _POLICY_NUMBERS.pack(p.limit, p.period_ms, p.capacity)]
         self.suffixes = tuple(suffixes)
+        self.named_capacities = tuple(tuple((p.name, p.capacity) for p in policies) for policies in policy_sets)
         self.key_count = sum(len(s) for s in suffixes)
         self.args = tuple(args)
 
@@ -176,25 +178,25 @@ def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: boo
 
 def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
     """Turn the script's reply into one Decision per check; a malformed reply raises BackendError."""
-    if type(reply) is not list or len(reply) != 1 + 4 * call.plan.key_count or \
-            any(type(value) is not int for value in reply):
+    plan = call.plan
+    if type(reply) is not list or len(reply) != 1 + 4 * plan.key_count or set(map(type, reply)) != _INTEGERS:
         raise BackendError(f"unexpected reply from the decision script: {reply!r:.200}", maybe_applied=True)
+    values = iter(reply)
+    all_allowed = next(values) == 1
     decisions = []
-    offset = 1
-    all_allowed = reply[0] == 1
-    for policies in call.plan.policy_sets:
+    for policies in plan.named_capacities:
         results = []
-        for policy in policies:
-            allowed, remaining, reset_ms, retry_ms = reply[offset:offset + 4]
-            offset += 4
+        # each policy takes the next four values (allowed, remaining, reset_ms, retry_ms) of one iterator
+        quads = zip(policies, values, values, values, values, strict=False)
+        for (name, capacity), allowed, remaining, reset_ms, retry_ms in quads:
             if allowed:
                 retry_after = None
             elif retry_ms < 0:
                 retry_after = math.inf
             else:
                 retry_after = retry_ms / 1000
-            results.append(PolicyResult(policy.name, allowed == 1, policy.capacity,
-                                        remaining if remaining > 0 else 0, reset_ms / 1000, retry_after))
+            results.append(new_policy_result(name, allowed == 1, capacity, remaining if remaining > 0 else 0,
+                                             reset_ms / 1000, retry_after))
         decision = Decision.from_results(tuple(results))
         if decision.allowed and not all_allowed:
             # all-or-nothing: this identity's own policies allowed, but another identity in the same
@@ -212,11 +214,22 @@ def _stale(connection: Any) -> bool:
         return True
 
 
+_forks = 0  # forks this process has come from: a child never writes to a connection of its parent
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
+
+
 class _ThreadConnection(threading.local):
     """The connection of one thread (and one process: a forked child makes its own)."""
 
     connection: Any = None
-    pid: int = 0
+    forks: int = 0
     last_used: float = 0.0
 
 
@@ -313,10 +326,10 @@ class RateLimiter:
         thread = self._thread
         connection = thread.connection
         now = time.monotonic()
-        if connection is None or thread.pid != os.getpid():
+        if connection is None or thread.forks != _forks:
             pool = cast(redis.Redis, self.client).connection_pool
             connection = pool.connection_class(**pool.connection_kwargs)
-            thread.connection, thread.pid = connection, os.getpid()
+            thread.connection, thread.forks = connection, _forks
         elif now - thread.last_used > IDLE_CHECK_AFTER and connection.is_connected and _stale(connection):
             connection.disconnect()  # made again below, before anything is sent
         thread.last_used = now

@@ -15,6 +15,8 @@ ALGORITHM_FILES: tuple[str, ...] = (
     "gcra.lua",
 )
 ENTRY_FILE = "decide.lua"
+#: Locals every other file uses; it comes first.
+PRELUDE_FILE = "prelude.lua"
 
 
 def read_lua(name: str) -> str:
@@ -24,8 +26,8 @@ def read_lua(name: str) -> str:
 
 @cache
 def decide_source() -> str:
-    """The complete decision script: the algorithm functions followed by decide.lua."""
-    return "\n".join(read_lua(name) for name in (*ALGORITHM_FILES, ENTRY_FILE))
+    """The complete decision script: the prelude, the algorithm functions, then decide.lua."""
+    return "\n".join(read_lua(name) for name in (PRELUDE_FILE, *ALGORITHM_FILES, ENTRY_FILE))
 
 
 @cache

@@ -26,7 +26,8 @@
 -- Needs Redis 5 or later, where scripts replicate their effects, so TIME may precede writes.
 -- (redis.replicate_commands() is not called: on Redis 7 it is a deprecated no-op that costs about
 -- as much as the rest of a one-policy decision.)
-local cost = tonumber(ARGV[1])
+local cost = 1
+if ARGV[1] ~= '1' then cost = tonumber(ARGV[1]) end  -- skips a strtod in the usual case
 local charge = ARGV[2] == '1'
 local n = #KEYS
 if cost == nil or cost < 1 or #ARGV ~= 2 + 2 * n then
@@ -36,8 +37,12 @@ end
 local time = redis.call('TIME')
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
 
+-- Lua 5.1 has no table.new, but a constructor listing nils allocates that many slots at once; growing
+-- a table slot by slot (rehashing at 1, 2, 4, 8, 16) costs Redis more than the arithmetic of a policy.
+-- These hold up to 4 policies without growing (more still work); the nils are not part of the reply.
 -- 1. check every policy; state[7(i-1) + 1..7] holds policy i's results (see the algorithm headers)
-local state = {}
+local state = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 local all_allowed = true
 for i = 1, n do
   local name = ARGV[1 + 2 * i]
@@ -63,14 +68,14 @@ end
 
 -- 2. charge all of them, or none; then reply
 local charged = charge and all_allowed
-local reply = {all_allowed and 1 or 0}
+local reply = {all_allowed and 1 or 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 for i = 1, n do
   local at = 7 * (i - 1)
   local allowed, remaining, reset_us, retry_us = state[at + 1], state[at + 2], state[at + 3], state[at + 4]
   if charged then
     local ttl_ms = state[at + 6]
     if ttl_ms then
-      redis.call('SET', KEYS[i], state[at + 5], 'PX', ttl_ms)
+      call('SET', KEYS[i], state[at + 5], 'PX', ttl_ms)
     else
       sliding_window_charge(KEYS[i], now_us, state[at + 7], state[at + 5], cost)
     end
@@ -82,13 +87,13 @@ for i = 1, n do
   local out = 4 * i - 2
   reply[out] = allowed and 1 or 0
   reply[out + 1] = remaining
-  reply[out + 2] = math.ceil(reset_us / 1000)
+  reply[out + 2] = ceil(reset_us / 1000)
   if allowed then
     reply[out + 3] = 0
   elseif retry_us < 0 then
     reply[out + 3] = -1
   else
-    reply[out + 3] = math.max(1, math.ceil(retry_us / 1000))
+    reply[out + 3] = math.max(1, ceil(retry_us / 1000))
   end
 end
 return reply

@@ -15,10 +15,10 @@
 -- index is stored with the count, so a key that outlives its window by a millisecond counts for nothing.
 local function fixed_window(key, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
-  local window = math.floor(now_us / period_us)
+  local window = floor(now_us / period_us)
   local reset_us = (window + 1) * period_us - now_us
   local used = 0
-  local stored = redis.call('GET', key)
+  local stored = call('GET', key)
   if stored then
     local separator = string.find(stored, ':', 1, true)
     if separator and tonumber(string.sub(stored, 1, separator - 1)) == window then
@@ -33,6 +33,6 @@ local function fixed_window(key, now_us, limit, period_ms, capacity, cost)
   if used + cost > limit then
     return false, remaining, reset_us, reset_us
   end
-  return true, remaining, reset_us, 0, string.format('%d:%d', window, used + cost), math.ceil(reset_us / 1000),
+  return true, remaining, reset_us, 0, format('%d:%d', window, used + cost), ceil(reset_us / 1000),
     reset_us
 end

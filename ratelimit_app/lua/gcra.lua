@@ -16,12 +16,12 @@
 -- the same thing as an idle client. The emission interval is rounded up to whole microseconds, which
 -- can only make the limit stricter (by under 1 us per request), never looser.
 local function gcra(key, now_us, limit, period_ms, capacity, cost)
-  local interval = math.ceil(period_ms * 1000 / limit)
+  local interval = ceil(period_ms * 1000 / limit)
   local tolerance = capacity * interval
-  local tat = tonumber(redis.call('GET', key) or '0')
+  local tat = tonumber(call('GET', key) or '0')
   if tat < now_us then tat = now_us end
   local reset_us = tat - now_us
-  local remaining = math.floor((tolerance - reset_us) / interval)
+  local remaining = floor((tolerance - reset_us) / interval)
   if remaining < 0 then remaining = 0 end
   if cost > capacity then
     return false, remaining, reset_us, -1
@@ -30,6 +30,6 @@ local function gcra(key, now_us, limit, period_ms, capacity, cost)
   if new_tat - now_us > tolerance then
     return false, remaining, reset_us, new_tat - now_us - tolerance
   end
-  return true, remaining, reset_us, 0, string.format('%d', new_tat), math.ceil((new_tat - now_us) / 1000),
+  return true, remaining, reset_us, 0, format('%d', new_tat), ceil((new_tat - now_us) / 1000),
     new_tat - now_us
 end

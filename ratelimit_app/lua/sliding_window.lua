@@ -19,7 +19,7 @@
 
 -- reset now: until the newest live unit leaves the window (0 when none is live)
 local function sliding_window_reset(key, now_us, period_us, live_from)
-  local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', live_from, 'WITHSCORES', 'LIMIT', 0, 1)
+  local newest = call('ZREVRANGEBYSCORE', key, '+inf', live_from, 'WITHSCORES', 'LIMIT', 0, 1)
   if newest[2] == nil then return 0 end
   return tonumber(newest[2]) + period_us - now_us
 end
@@ -28,22 +28,22 @@ end
 -- Scores and members are formatted once with '%d' (concatenating a number would print it with 14
 -- significant digits, which rounds a microsecond timestamp to about 100 us).
 local function sliding_window_charge(key, now_us, period_us, live_from, cost)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', live_from)
-  local score = string.format('%d', now_us)
+  call('ZREMRANGEBYSCORE', key, '-inf', live_from)
+  local score = format('%d', now_us)
   local suffix = 0
   for _ = 1, cost do
-    while redis.call('ZADD', key, 'NX', score, score .. ':' .. suffix) == 0 do
+    while call('ZADD', key, 'NX', score, suffix == 0 and score .. ':0' or score .. ':' .. suffix) == 0 do
       suffix = suffix + 1
     end
     suffix = suffix + 1
   end
-  redis.call('PEXPIRE', key, period_us / 1000)
+  call('PEXPIRE', key, period_us / 1000)
 end
 
 local function sliding_window(key, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
-  local live_from = string.format('(%d', now_us - period_us)
-  local used = redis.call('ZCOUNT', key, live_from, '+inf')
+  local live_from = format('(%d', now_us - period_us)
+  local used = call('ZCOUNT', key, live_from, '+inf')
   local remaining = limit - used
   if remaining < 0 then remaining = 0 end
   if cost > capacity then
@@ -51,7 +51,7 @@ local function sliding_window(key, now_us, limit, period_ms, capacity, cost)
   end
   if used + cost > limit then
     -- the request fits once the (used + cost - limit) oldest live units have left the window
-    local oldest = redis.call('ZRANGEBYSCORE', key, live_from, '+inf', 'WITHSCORES', 'LIMIT',
+    local oldest = call('ZRANGEBYSCORE', key, live_from, '+inf', 'WITHSCORES', 'LIMIT',
       used + cost - limit - 1, 1)
     return false, remaining, sliding_window_reset(key, now_us, period_us, live_from),
       tonumber(oldest[2]) + period_us - now_us

@@ -16,10 +16,10 @@
 -- current count still weighs on the next window.
 local function sliding_window_counter(key, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
-  local window = math.floor(now_us / period_us)
+  local window = floor(now_us / period_us)
   local elapsed = now_us - window * period_us
   local current, previous = 0, 0
-  local stored = redis.call('GET', key)
+  local stored = call('GET', key)
   if stored then
     local first = string.find(stored, ':', 1, true)
     local second = first and string.find(stored, ':', first + 1, true)
@@ -35,7 +35,7 @@ local function sliding_window_counter(key, now_us, limit, period_ms, capacity, c
   end
   local weight = (period_us - elapsed) / period_us
   local estimate = previous * weight + current
-  local remaining = math.floor(limit - estimate)
+  local remaining = floor(limit - estimate)
   if remaining < 0 then remaining = 0 end
   local reset_us = 0
   if current > 0 then
@@ -50,18 +50,18 @@ local function sliding_window_counter(key, now_us, limit, period_ms, capacity, c
     local retry_us
     if current + cost <= limit then
       -- fits later in this window, once enough of the previous window has slid out
-      retry_us = math.ceil(period_us - elapsed - (limit - current - cost) * period_us / previous)
+      retry_us = ceil(period_us - elapsed - (limit - current - cost) * period_us / previous)
     else
       -- fits in the next window, once enough of this window's count has slid out
       retry_us = period_us - elapsed
       if current > 0 then
-        local into_next = math.ceil(period_us - (limit - cost) * period_us / current)
+        local into_next = ceil(period_us - (limit - cost) * period_us / current)
         if into_next > 0 then retry_us = retry_us + into_next end
       end
     end
     if retry_us < 1 then retry_us = 1 end
     return false, remaining, reset_us, retry_us
   end
-  return true, remaining, reset_us, 0, string.format('%d:%d:%d', window, current + cost, previous),
-    math.ceil((2 * period_us - elapsed) / 1000), 2 * period_us - elapsed
+  return true, remaining, reset_us, 0, format('%d:%d:%d', window, current + cost, previous),
+    ceil((2 * period_us - elapsed) / 1000), 2 * period_us - elapsed
 end

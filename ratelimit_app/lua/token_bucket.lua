@@ -15,10 +15,10 @@
 -- State: one string (cheaper than a hash: one GET and one SET); TTL = time until the bucket is full
 -- again (<= capacity x period / limit), after which a missing key means the same thing as a full bucket.
 local function token_bucket(key, now_us, limit, period_ms, capacity, cost)
-  local now_ms = math.floor(now_us / 1000)
+  local now_ms = floor(now_us / 1000)
   local full = capacity * period_ms
   local units, stamp
-  local stored = redis.call('GET', key)
+  local stored = call('GET', key)
   if stored then
     local separator = string.find(stored, ':', 1, true)
     if separator then
@@ -37,16 +37,16 @@ local function token_bucket(key, now_us, limit, period_ms, capacity, cost)
   end
   -- advance the refill clock by whole milliseconds only, so no partial refill is ever lost
   stamp = stamp + elapsed
-  local remaining = math.floor(units / period_ms)
-  local reset_us = math.ceil((full - units) / limit) * 1000
+  local remaining = floor(units / period_ms)
+  local reset_us = ceil((full - units) / limit) * 1000
   local need = cost * period_ms
   if cost > capacity then
     return false, remaining, reset_us, -1
   end
   if units < need then
-    return false, remaining, reset_us, math.ceil((need - units) / limit) * 1000
+    return false, remaining, reset_us, ceil((need - units) / limit) * 1000
   end
   local left = units - need
-  local to_full_ms = math.ceil((full - left) / limit)
-  return true, remaining, reset_us, 0, string.format('%d:%d', left, stamp), to_full_ms, to_full_ms * 1000
+  local to_full_ms = ceil((full - left) / limit)
+  return true, remaining, reset_us, 0, format('%d:%d', left, stamp), to_full_ms, to_full_ms * 1000
 end
