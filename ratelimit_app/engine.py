@@ -161,19 +161,20 @@ def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: boo
     """Build the EVALSHA of decide.lua for these checks (see its header for KEYS and ARGV)."""
     if type(cost) is not int or cost < 1:
         raise ValueError(f"cost: {cost!r} must be an integer >= 1")
+    if len(checks) == 1:  # the usual case, kept short: it runs on every request
+        identity, policies = checks[0]
+        plan = _plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, charge)
+        digest = _digest(identity)
+        return PreparedCall(plan, [digest], digest.join(plan.pieces))
     policy_sets = tuple(policies if type(policies) is tuple else tuple(policies) for _, policies in checks)
     plan = _plan(prefix, policy_sets, cost, charge)
     digests = [_digest(identity) for identity, _ in checks]
-    if len(digests) == 1:
-        packed = digests[0].join(plan.pieces)
-    else:
-        pieces = plan.pieces
-        parts = [pieces[0]]
-        for gap, owner in enumerate(plan.owners, 1):
-            parts.append(digests[owner])
-            parts.append(pieces[gap])
-        packed = b"".join(parts)
-    return PreparedCall(plan, digests, packed)
+    pieces = plan.pieces
+    parts = [pieces[0]]
+    for gap, owner in enumerate(plan.owners, 1):
+        parts.append(digests[owner])
+        parts.append(pieces[gap])
+    return PreparedCall(plan, digests, b"".join(parts))
 
 
 def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:

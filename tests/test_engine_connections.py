@@ -77,3 +77,11 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_before_use(server
     decision = limiter.hit("k", MINUTE)
     assert decision.allowed and decision.remaining == 998
     assert connections_received(admin) - before == 1
+
+
+def test_a_client_that_decodes_responses_still_gets_exact_decisions(server: RedisProcess) -> None:
+    """The script's reply is binary; the engine reads it undecoded whatever the client's decode_responses."""
+    limiter = RateLimiter(redis.Redis(port=server.port, decode_responses=True), prefix="t")
+    small = [Policy("burst", "token_bucket", limit=3, period=60)]
+    assert [limiter.hit("k", small).allowed for _ in range(4)] == [True, True, True, False]
+    assert limiter.peek("k", small).remaining == 0
