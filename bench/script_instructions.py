@@ -1,0 +1,116 @@
+"""Redis CPU instructions per decision, counted by callgrind: a measure that machine load cannot skew.
+
+    python bench/script_instructions.py [--calls N]
+
+Runs redis-server under `valgrind --tool=callgrind` (valgrind must be on PATH), sends N and then 2N
+EVALSHA calls for new identities through one pipeline, and reports (instructions of the 2N run -
+instructions of the N run) / N for each script: the Redis work of one call, start-up excluded. Needs
+redis-server on PATH and the project importable (run it from the repository root with the project's
+virtualenv). The numbers in docs/algorithms.md come from this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis
+
+from ratelimit_app.embedded import free_port
+from ratelimit_app.engine import prepare_call
+from ratelimit_app.policies import Policy
+from ratelimit_app.scripts import decide_source
+
+INCR_SCRIPT = "return redis.call('INCR', KEYS[1])"
+FREE_TIER = (
+    Policy("burst", "token_bucket", limit=20, period=60, burst=10),
+    Policy("minute", "sliding_window", limit=20, period=60),
+    Policy("day", "fixed_window", limit=1000, period=86400),
+)
+Sender = Callable[[redis.client.Pipeline, int], None]
+
+
+def _decide(policies: tuple[Policy, ...]) -> Sender:
+    def send(pipe: redis.client.Pipeline, i: int) -> None:
+        call = prepare_call("rl", ((f"identity:{i}", policies),), 1, charge=True)
+        pipe.execute_command("EVALSHA", SHAS["decide"], len(call.keys), *call.keys, *call.args)
+    return send
+
+
+def _incr(pipe: redis.client.Pipeline, i: int) -> None:
+    pipe.execute_command("EVALSHA", SHAS["incr"], 1, f"bl:identity:{i}")
+
+
+SHAS: dict[str, str] = {}
+CASES: dict[str, Sender] = {
+    "bare EVALSHA of INCR (the benchmark's baseline)": _incr,
+    "decision: free tier (token_bucket + sliding_window + fixed_window)": _decide(FREE_TIER),
+    **{f"decision: {name}": _decide((Policy("p", name, limit=20, period=60),))
+       for name in ("fixed_window", "sliding_window", "sliding_window_counter", "token_bucket", "gcra")},
+}
+
+
+def _instructions(send: Sender, calls: int, work: Path) -> int:
+    port = free_port()
+    out = work / f"callgrind.{port}.out"
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
+         "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        SHAS["decide"] = client.script_load(decide_source())
+        SHAS["incr"] = client.script_load(INCR_SCRIPT)
+        for start in range(0, calls, 500):
+            pipe = client.pipeline(transaction=False)
+            for i in range(start, min(calls, start + 500)):
+                send(pipe, i)
+            pipe.execute()
+        client.shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass  # SHUTDOWN closes the connection
+    finally:
+        server.wait(timeout=120)
+    summary = subprocess.run(["callgrind_annotate", str(out)], capture_output=True, text=True, check=True).stdout
+    match = re.search(r"([\d,]+)\s+\(100\.0%\)\s+PROGRAM TOTALS", summary)
+    if not match:
+        raise SystemExit("callgrind_annotate printed no total")
+    return int(match.group(1).replace(",", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=3000, help="calls in the shorter run (default 3000)")
+    args = parser.parse_args()
+    for tool in ("valgrind", "callgrind_annotate", "redis-server"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} is not on PATH")
+    version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
+    print(f"Redis {version.removeprefix('v=')}, instructions per call (callgrind), new identities, "
+          f"{args.calls} vs {2 * args.calls} calls")
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, send in CASES.items():
+            short, long = _instructions(send, args.calls, Path(tmp)), _instructions(send, 2 * args.calls, Path(tmp))
+            print(f"| {label} | {(long - short) // args.calls:,} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
