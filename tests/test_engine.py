@@ -371,3 +371,22 @@ def test_a_thousand_units_in_one_millisecond_count_as_a_thousand(
     pipe_limiter_hits = [limiter.hit("k", policies) for _ in range(200)]
     assert pipe_limiter_hits[-1].remaining == 3800
     assert redis_client.zcard(key) == 1200
+
+
+def test_the_sliding_log_drops_units_that_left_the_window_when_it_is_charged(
+    limiter: RateLimiter, redis_client: redis.Redis
+) -> None:
+    policies = [Policy("minute", "sliding_window", limit=5, period=60)]
+    [key] = limiter.keys("k", policies)
+    seconds, micros = redis_client.time()
+    stale = (seconds - 120) * 1_000_000 + micros  # two periods ago: outside the window
+    # a log holding only units that left the window counts as empty
+    redis_client.zadd(key, {f"{stale}:0": stale, f"{stale}:1": stale})
+    redis_client.pexpire(key, 60_000)
+    assert limiter.hit("k", policies).remaining == 4
+    # (with no live unit the charge does not trim: such a log is empty or about to expire)
+    assert redis_client.zcard(key) == 3
+    # a charge with a live unit drops every unit that left the window: memory stays within the limit
+    assert limiter.hit("k", policies).remaining == 3
+    assert redis_client.zcard(key) == 2
+    assert all(score > stale for _, score in redis_client.zrange(key, 0, -1, withscores=True))

@@ -12,8 +12,9 @@
 --   window; nil when allowed, since a charged hit reports the period instead: decide.lua asks
 --   sliding_window_reset only when the hit is not charged), retry (us, 0 when allowed, -1 when
 --   cost > capacity: never), then in place of a string write: the live bound "(<window start us>"
---   and nil (decide.lua passes them to sliding_window_charge, which writes the log), and reset after
---   the charge (us: the period).
+--   below which units are trimmed (false when no unit is live: then there is nothing to trim and reset
+--   now is 0) and nil (decide.lua passes them to sliding_window_charge, which writes the log), and
+--   reset after the charge (us: the period).
 -- State: one sorted set with at most limit live members; TTL = period, set on every write. Members are
 -- unique even when several requests share one microsecond (ZADD NX, then the next free suffix).
 
@@ -28,7 +29,7 @@ end
 -- Scores and members are formatted once with '%d' (concatenating a number would print it with 14
 -- significant digits, which rounds a microsecond timestamp to about 100 us).
 local function sliding_window_charge(key, now_us, period_us, live_from, cost)
-  call('ZREMRANGEBYSCORE', key, '-inf', live_from)
+  if live_from then call('ZREMRANGEBYSCORE', key, '-inf', live_from) end
   local score = format('%d', now_us)
   local suffix = 0
   for _ = 1, cost do
@@ -55,6 +56,11 @@ local function sliding_window(key, now_us, limit, period_ms, capacity, cost)
       used + cost - limit - 1, 1)
     return false, remaining, sliding_window_reset(key, now_us, period_us, live_from),
       tonumber(oldest[2]) + period_us - now_us
+  end
+  if used == 0 then
+    -- no live unit: the log is empty or expiring (its TTL is one period from its newest unit), so
+    -- nothing needs trimming when it is charged, and reset now is 0
+    return true, remaining, 0, 0, false, nil, period_us
   end
   return true, remaining, nil, 0, live_from, nil, period_us
 end
