@@ -43,9 +43,12 @@ _PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _REDIS_FAILURES = (RedisError, RedisClusterException, OSError)
 #: Length of an identity digest in hex characters (blake2b, 12 bytes).
 DIGEST_CHARS = 24
-#: How decide.lua receives a policy's limit, period in ms and capacity: binary, since every decimal
-#: argument the script parses costs Redis a strtod.
-_POLICY_NUMBERS = struct.Struct(">qqq")
+#: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
+#: would cost Redis a strtod each, and every argument is parsed and interned as a Lua string.
+_CALL_NUMBERS = struct.Struct(">qq")  # cost, charge
+_POLICY_NUMBERS = struct.Struct(">qqqq")  # algorithm code, limit, period in ms, capacity
+#: The algorithm codes decide.lua dispatches on.
+ALGORITHM_CODES = {"token_bucket": 1, "sliding_window": 2, "fixed_window": 3, "gcra": 4, "sliding_window_counter": 5}
 _INTEGERS = {int}
 #: A thread's connection unused for longer than this (seconds) is checked for a server-side close
 #: (a restart, an idle timeout) before it is used again, as a pool checkout would; one in back-to-back
@@ -72,7 +75,7 @@ class _Plan:
         self.prefix = prefix
         self.policy_sets = policy_sets
         suffixes: list[tuple[str, ...]] = []
-        args: list[int | str | bytes] = [cost, 1 if charge else 0]
+        numbers = [_CALL_NUMBERS.pack(cost, 1 if charge else 0)]
         for policies in policy_sets:
             for policy in policies:
                 if not isinstance(policy, Policy):
@@ -81,11 +84,12 @@ class _Plan:
             if len(set(names)) != len(names):
                 raise ValueError(f"policies: names must be unique within one decision, got {names}")
             suffixes.append(tuple(f"{p.name}:{p.algorithm}" for p in policies))
-            for p in policies:
-                args += [p.algorithm, _POLICY_NUMBERS.pack(p.limit, p.period_ms, p.capacity)]
+            numbers += [_POLICY_NUMBERS.pack(ALGORITHM_CODES[p.algorithm], p.limit, p.period_ms, p.capacity)
+                        for p in policies]
         self.suffixes = tuple(suffixes)
         self.named_capacities = tuple(tuple((p.name, p.capacity) for p in policies) for policies in policy_sets)
         self.key_count = sum(len(s) for s in suffixes)
+        args = [b"".join(numbers)]
         self.args = tuple(args)
 
         head = prefix.encode() + b":{"
@@ -100,7 +104,7 @@ class _Plan:
                 pieces.append(current)
                 owners.append(owner)
                 current = tail + b"\r\n"
-        pieces.append(current + b"".join(_bulk(arg if isinstance(arg, bytes) else str(arg).encode()) for arg in args))
+        pieces.append(current + b"".join(_bulk(arg) for arg in args))
         self.pieces = tuple(pieces)
         self.owners = tuple(owners)
 
@@ -153,7 +157,7 @@ class PreparedCall:
         return keys
 
     @property
-    def args(self) -> list[int | str | bytes]:
+    def args(self) -> list[bytes]:
         return list(self.plan.args)
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import redis
 
 from ratelimit_app.scripts import ALGORITHM_FILES, ENTRY_FILE, decide_sha, decide_source, read_lua
 
 # Update deliberately when a script changes (and say why in the commit).
-PINNED_DECIDE_SHA = "9f7076d329b495234ea2298b8e6922492fa1b834"
+PINNED_DECIDE_SHA = "9f1f0ebec869610d5443b35367f9b7e6efaaadff"
 
 
 def test_decide_script_hash_is_pinned(redis_client: redis.Redis) -> None:
@@ -20,7 +22,7 @@ def test_every_script_documents_its_interface() -> None:
         for word in ("KEYS[i]", "now_us", "limit", "period_ms", "capacity", "cost", "Returns", "TTL"):
             assert word in header, f"{name} header does not document {word}"
     header = read_lua(ENTRY_FILE).split("local cost", 1)[0]
-    for word in ("KEYS[i]", "ARGV[1]", "ARGV[2]", "ARGV[1 + 2i]", "ARGV[2 + 2i]", "'>i8i8i8'", "Reply"):
+    for word in ("KEYS[i]", "ARGV[1]", "'>i8i8' + n x '>i8i8i8i8'", "algorithm codes", "Reply"):
         assert word in header, f"{ENTRY_FILE} header does not document {word}"
 
 
@@ -28,3 +30,15 @@ def test_scripts_read_time_only_from_redis() -> None:
     code = "\n".join(line for line in decide_source().splitlines() if not line.lstrip().startswith("--"))
     assert code.count("redis.call('TIME')") == 1
     assert "os.time" not in code and "os.clock" not in code
+
+
+def test_the_engine_and_the_script_agree_on_algorithm_codes() -> None:
+    from ratelimit_app.engine import ALGORITHM_CODES
+    from ratelimit_app.policies import ALGORITHMS
+
+    dispatch = dict(re.findall(r"code == (\d+) then algorithm = (\w+)", read_lua(ENTRY_FILE)))
+    assert {name: int(code) for code, name in dispatch.items()} == ALGORITHM_CODES
+    assert set(ALGORITHM_CODES) == set(ALGORITHMS)
+    header = read_lua(ENTRY_FILE).split("local numbers", 1)[0]
+    for name, code in ALGORITHM_CODES.items():
+        assert f"{code} {name}" in header

@@ -4,13 +4,13 @@
 -- their functions as locals; the set of scripts is fixed and request data never becomes source.
 --
 -- KEYS[i]          state key of policy i (1 <= i <= n, n = #KEYS); all share one hash tag on Redis Cluster
--- ARGV[1]          cost: units to charge (decimal integer >= 1)
--- ARGV[2]          "1" to charge when allowed (hit), "0" to only report (peek)
--- ARGV[1 + 2i]     algorithm of policy i: fixed_window | sliding_window | sliding_window_counter |
---                  token_bucket | gcra
--- ARGV[2 + 2i]     limit, period in milliseconds and capacity of policy i (integers >= 1; capacity is
---                  the burst for token_bucket and gcra, else the limit), packed as three big-endian
---                  signed 64-bit integers (struct format '>i8i8i8', 24 bytes)
+-- ARGV[1]          every number of the call, packed as big-endian signed 64-bit integers
+--                  (16 + 32n bytes): cost (units to charge, >= 1), charge (1 to charge when allowed, as
+--                  hit does; 0 to only report, as peek does), then for each policy i: its algorithm
+--                  code, limit, period in milliseconds and capacity (integers >= 1; capacity is the
+--                  burst for token_bucket and gcra, else the limit), struct format '>i8i8' + n x '>i8i8i8i8'
+--                  algorithm codes: 1 token_bucket, 2 sliding_window, 3 fixed_window, 4 gcra,
+--                  5 sliding_window_counter (engine.ALGORITHM_CODES, checked by tests/test_scripts.py)
 -- Time comes from redis.call('TIME') only: one clock for every app server.
 --
 -- Reply: {allowed, then for each policy i: allowed_i, remaining_i, reset_ms_i, retry_ms_i}
@@ -20,17 +20,21 @@
 --   retry_ms_i           0 when policy i allows; else milliseconds until this request would be allowed
 --                        by policy i (integer >= 1, rounded up), or -1 when cost exceeds its capacity
 -- Speed: this runs on every request, and on Redis the costly steps are conversions between numbers
--- and strings (each decimal argument parsed is a strtod). So the policy numbers arrive packed in binary,
+-- and strings (each decimal argument parsed is a strtod) and the arguments themselves (each one is
+-- parsed, then interned as a Lua string). So every number arrives in one binary argument,
 -- no closure or table is made per policy (each algorithm returns its result and its write as plain
 -- values, kept in one flat table until all have allowed), and strings already formatted are reused.
 -- Needs Redis 5 or later, where scripts replicate their effects, so TIME may precede writes.
 -- (redis.replicate_commands() is not called: on Redis 7 it is a deprecated no-op that costs about
 -- as much as the rest of a one-policy decision.)
-local cost = 1
-if ARGV[1] ~= '1' then cost = tonumber(ARGV[1]) end  -- skips a strtod in the usual case
-local charge = ARGV[2] == '1'
+local numbers = ARGV[1]
 local n = #KEYS
-if cost == nil or cost < 1 or #ARGV ~= 2 + 2 * n then
+if #ARGV ~= 1 or #numbers ~= 16 + 32 * n then
+  return redis.error_reply('ERR ratelimit decide: bad arguments')
+end
+local cost, charge_flag = struct.unpack('>i8i8', numbers)
+local charge = charge_flag == 1
+if cost < 1 then
   return redis.error_reply('ERR ratelimit decide: bad arguments')
 end
 
@@ -45,19 +49,14 @@ local state = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, 
   nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 local all_allowed = true
 for i = 1, n do
-  local name = ARGV[1 + 2 * i]
+  local code, limit, period_ms, capacity = struct.unpack('>i8i8i8i8', numbers, 32 * i - 15)
   local algorithm
-  if name == 'token_bucket' then algorithm = token_bucket
-  elseif name == 'sliding_window' then algorithm = sliding_window
-  elseif name == 'fixed_window' then algorithm = fixed_window
-  elseif name == 'gcra' then algorithm = gcra
-  elseif name == 'sliding_window_counter' then algorithm = sliding_window_counter
+  if code == 1 then algorithm = token_bucket
+  elseif code == 2 then algorithm = sliding_window
+  elseif code == 3 then algorithm = fixed_window
+  elseif code == 4 then algorithm = gcra
+  elseif code == 5 then algorithm = sliding_window_counter
   else return redis.error_reply('ERR ratelimit decide: unknown algorithm') end
-  local numbers = ARGV[2 + 2 * i]
-  if #numbers ~= 24 then
-    return redis.error_reply('ERR ratelimit decide: bad policy numbers')
-  end
-  local limit, period_ms, capacity = struct.unpack('>i8i8i8', numbers)
   local allowed, remaining, reset_us, retry_us, value, ttl_ms, charged_reset_us = algorithm(KEYS[i], now_us,
     limit, period_ms, capacity, cost)
   local at = 7 * (i - 1)
