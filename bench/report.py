@@ -228,8 +228,9 @@ def _engine_section(results: Results) -> list[str]:
               "from the same client in the same run. To keep machine noise out of the ratio, the baselines and "
               "the tier run in alternating rounds (allowed traffic) and the medians are compared. *Baseline* is "
               "`client.evalsha()`, redis-py's public call (what the target names); *raw* sends the same EVALSHA "
-              "the way the engine does (`send_command` / `read_response` on a pooled connection, skipping "
-              "redis-py's command wrapper), so it is the stricter floor.", ""]
+              "with `send_command` / `read_response` on a pooled connection, skipping redis-py's command "
+              "wrapper, so it is the stricter floor. (The engine goes further: each thread keeps its own "
+              "connection and sends a command packed once per policy set.)", ""]
     rows = []
     for paired in results.paired:
         ps = paired.per_second
