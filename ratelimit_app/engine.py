@@ -230,10 +230,27 @@ def _count_fork() -> None:
 os.register_at_fork(after_in_child=_count_fork)
 
 
+class _Owned:
+    """Holds a thread's connection and closes it as soon as it is dropped: when its thread ends (the
+    thread's slot of the thread-local is cleared at once), not when a garbage collection finds the
+    connection's own reference cycles."""
+
+    __slots__ = ("connection",)
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    def __del__(self) -> None:
+        try:
+            self.connection.disconnect()  # in a forked child this closes only the child's copy
+        except Exception:  # noqa: S110 (interpreter shutdown, a socket already gone)
+            pass
+
+
 class _ThreadConnection(threading.local):
     """The connection of one thread (and one process: a forked child makes its own)."""
 
-    connection: Any = None
+    owned: _Owned | None = None
     forks: int = 0
     last_used: float = 0.0
 
@@ -306,10 +323,10 @@ class RateLimiter:
 
     def close(self) -> None:
         """Close this thread's connection (other threads' connections close when their thread ends)."""
-        connection = self._thread.connection
-        self._thread.connection = None
-        if connection is not None:
-            connection.disconnect()
+        owned = self._thread.owned
+        self._thread.owned = None
+        if owned is not None:
+            owned.connection.disconnect()
 
     def _run(self, call: PreparedCall) -> list[Decision]:
         if not call.plan.key_count:
@@ -329,14 +346,16 @@ class RateLimiter:
     def _connection(self) -> Any:
         """This thread's connection, made on first use (and again after a fork or a failure)."""
         thread = self._thread
-        connection = thread.connection
+        owned = thread.owned
         now = time.monotonic()
-        if connection is None or thread.forks != _forks:
+        if owned is None or thread.forks != _forks:
             pool = cast(redis.Redis, self.client).connection_pool
             connection = pool.connection_class(**pool.connection_kwargs)
-            thread.connection, thread.forks = connection, _forks
-        elif now - thread.last_used > IDLE_CHECK_AFTER and connection.is_connected and _stale(connection):
-            connection.disconnect()  # made again below, before anything is sent
+            thread.owned, thread.forks = _Owned(connection), _forks
+        else:
+            connection = owned.connection
+            if now - thread.last_used > IDLE_CHECK_AFTER and connection.is_connected and _stale(connection):
+                connection.disconnect()  # connected again before anything is sent
         thread.last_used = now
         return connection
 

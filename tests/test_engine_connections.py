@@ -85,3 +85,11 @@ def test_a_client_that_decodes_responses_still_gets_exact_decisions(server: Redi
     small = [Policy("burst", "token_bucket", limit=3, period=60)]
     assert [limiter.hit("k", small).allowed for _ in range(4)] == [True, True, True, False]
     assert limiter.peek("k", small).remaining == 0
+
+
+def test_a_threads_connection_closes_when_the_thread_ends(server: RedisProcess) -> None:
+    admin = admin_of(server)
+    limiter = RateLimiter(redis.Redis(port=server.port), prefix="t")
+    run_threads(4, lambda i: limiter.hit(f"client:{i}", MINUTE))
+    # the four threads have ended: only the test's own connection is left
+    wait_for(lambda: len(admin.client_list()) == 1, 5.0, "the threads' connections to close")
