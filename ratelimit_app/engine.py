@@ -69,11 +69,10 @@ class _Plan:
     check whose digest fills gap i. Built once per distinct plan (see `_plan`).
     """
 
-    __slots__ = ("args", "key_count", "named_capacities", "owners", "pieces", "policy_sets", "prefix", "suffixes")
+    __slots__ = ("args", "key_count", "named_capacities", "owners", "pieces", "prefix", "suffixes")
 
     def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, charge: bool) -> None:
         self.prefix = prefix
-        self.policy_sets = policy_sets
         suffixes: list[tuple[str, ...]] = []
         numbers = [_CALL_NUMBERS.pack(cost, 1 if charge else 0)]
         for policies in policy_sets:
@@ -125,11 +124,6 @@ def identity_digest(identity: str) -> str:
     return _digest(identity).decode()
 
 
-def key_base(prefix: str, identity: str) -> str:
-    """The start of every key of `identity`: "<prefix>:{<digest>}:" (the braces are the hash tag)."""
-    return f"{prefix}:{{{identity_digest(identity)}}}:"
-
-
 class PreparedCall:
     """One invocation of the decision script: the packed command, and what `parse_reply` needs.
 
@@ -145,11 +139,8 @@ class PreparedCall:
         self.packed = packed
 
     @property
-    def policy_sets(self) -> tuple[tuple[Policy, ...], ...]:
-        return self.plan.policy_sets
-
-    @property
     def keys(self) -> list[str]:
+        """Each key is "<prefix>:{<digest>}:<policy>:<algorithm>" (the braces are the hash tag)."""
         keys = []
         for digest, suffixes in zip(self.digests, self.plan.suffixes, strict=True):
             base = f"{self.plan.prefix}:{{{digest.decode()}}}:"
