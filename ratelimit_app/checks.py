@@ -10,9 +10,9 @@ from typing import Any
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from redis.exceptions import RedisClusterException, RedisError
 
 from .conf import ratelimit_settings
+from .exceptions import REDIS_CLIENT_ERRORS
 
 
 @checks.register("ratelimit")
@@ -30,7 +30,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         get_redis().ping()
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), hint="Set RATELIMIT['REDIS_URL'].", id="ratelimit.E002")]
-    except (RedisError, RedisClusterException, OSError) as exc:
+    except REDIS_CLIENT_ERRORS as exc:
         # building a cluster client already talks to a node, so it can fail here as well as the PING
         messages.append(checks.Warning(
             f"Redis for rate limiting does not answer: {exc}",

@@ -27,10 +27,10 @@ from typing import Any, Union, cast
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from .decision import Decision, new_policy_result
-from .exceptions import BackendError
+from .exceptions import REDIS_CLIENT_ERRORS, BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
 
@@ -38,9 +38,6 @@ RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, 
 Check = tuple[str, Sequence[Policy]]
 
 _PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-# What a client raises when Redis cannot answer; RedisClusterException ("no node reachable") is not a
-# RedisError.
-_REDIS_FAILURES = (RedisError, RedisClusterException, OSError)
 #: Length of an identity digest in hex characters (blake2b, 12 bytes).
 DIGEST_CHARS = 24
 #: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
@@ -305,7 +302,7 @@ class RateLimiter:
         if keys:
             try:
                 self.client.delete(*keys)
-            except _REDIS_FAILURES as exc:
+            except REDIS_CLIENT_ERRORS as exc:
                 raise BackendError(f"could not reset {identity!r:.80}: {exc}", maybe_applied=True) from exc
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
@@ -329,7 +326,7 @@ class RateLimiter:
             # so loading the script and sending once more cannot charge twice.
             try:
                 self.client.script_load(decide_source())
-            except _REDIS_FAILURES as exc:
+            except REDIS_CLIENT_ERRORS as exc:
                 raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
             reply = self._send(call)
         return parse_reply(call, reply)
@@ -357,7 +354,7 @@ class RateLimiter:
                                                    *call.plan.args)
             except NoScriptError:
                 raise
-            except _REDIS_FAILURES as exc:
+            except REDIS_CLIENT_ERRORS as exc:
                 raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=True) from exc
         # Standalone: write to this thread's own connection, so a client configured with retries can
         # never resend an EVALSHA whose reply was lost (Redis may already have charged it).

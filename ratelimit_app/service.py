@@ -24,16 +24,14 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisClusterException, RedisError
-
 from . import metrics
 from .breaker import CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
 from .conf import SettingsCached, ratelimit_settings
 from .connection import budget_deadline, get_redis
-from .decision import Decision
+from .decision import Decision, degraded_decision
 from .denycache import DenyCache
 from .engine import RateLimiter, prepare_call
-from .exceptions import RateLimiterError
+from .exceptions import BACKEND_ERRORS
 from .fallback import LocalLimiter
 from .logs import log_event
 from .policies import Policy
@@ -41,12 +39,8 @@ from .policies import Policy
 FAIL_MODES = ("open", "closed", "local")
 Check = tuple[str, Sequence[Policy]]
 
-# Everything that means "Redis could not decide": the engine's BackendError, plus what a client may
-# raise outside the engine (building a cluster client, a cluster topology refresh).
-_BACKEND_ERRORS = (RateLimiterError, RedisError, RedisClusterException, OSError)
-
 #: The answer of the "open" fail mode: allowed, made without Redis, nothing known about the limits.
-OPEN_DECISION = Decision(True, 0, 0, 0.0, None, "", (), True)
+OPEN_DECISION = degraded_decision(True)
 
 
 @dataclass(frozen=True)
@@ -202,7 +196,7 @@ class LimiterService:
             else:
                 identity, policies = checks[0]
                 decisions = [engine.peek(identity, policies, cost)]
-        except _BACKEND_ERRORS as exc:
+        except BACKEND_ERRORS as exc:
             budget_deadline.reset(token)
             metrics.observe_latency(time.monotonic() - started)
             with self._stats_lock:
@@ -240,7 +234,7 @@ class LimiterService:
             return [OPEN_DECISION] * len(checks)
         # closed: come back when the breaker will try Redis again
         retry_after = self.breaker.retry_in() or self.breaker.base_cooldown
-        refused = Decision(False, 0, 0, 0.0, retry_after, "", (), True)
+        refused = degraded_decision(False, retry_after)
         return [refused] * len(checks)
 
     def _build_engine(self) -> RateLimiter:

@@ -94,7 +94,7 @@ def test_status_of_an_address_shows_the_per_ip_limit(db: Any, settings: Any) -> 
     for _ in range(4):
         get_limiter().hit("ip:203.0.113.7", [ip_policy])
     table = rows(run("ratelimit_status", "ip:203.0.113.7")[0])
-    assert table["ip"][:5] == ["ip:203.0.113.7", "ip", algorithm, "100/60s", "96/100"]
+    assert table["ip"][:5] == ["ip:203.0.113.7", "ip", algorithm, "100/m", "96/100"]
     # IPv6 addresses are grouped by RATELIMIT['IPV6_PREFIX'] (/64), as the middleware does
     out, _ = run("ratelimit_status", "ip:2001:db8::1")
     assert "ip:2001:db8::/64" in out
