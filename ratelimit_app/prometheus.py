@@ -4,8 +4,8 @@
 `CollectorRegistry` (`registry`), so nothing else registered with prometheus-client's global registry
 leaks in, and the app's series never collide with a project's own. Series (all per process):
 
-- `ratelimit_decisions_total{tier,policy,outcome}` counter: limited requests; `outcome` is "allowed"
-  or "blocked", `policy` the policy that denied ("none" when allowed).
+- `ratelimit_decisions_total{tier,policy,outcome}` counter: limited requests; `outcome` is "allowed",
+  "blocked" or "unauthorized" (401), `policy` the policy that denied ("none" otherwise).
 - `ratelimit_degraded_decisions_total{tier,outcome}` counter: those decided without Redis.
 - `ratelimit_limiter_latency_seconds` histogram: duration of limiter calls to Redis.
 - `ratelimit_breaker_state{state}` gauge: 1 for the breaker's current state, 0 for the others.
