@@ -86,14 +86,14 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
     rates = api_settings.DEFAULT_THROTTLE_RATES or {}
     with contextlib.suppress(Exception):  # the URLconf's own errors are reported by Django's checks
         for view_class in _drf_view_classes(get_resolver().url_patterns):
-            scope = getattr(view_class, "throttle_scope", None)
+            view_scope = getattr(view_class, "throttle_scope", None)
             scoped = [t for t in getattr(view_class, "throttle_classes", ()) or ()
                       if isinstance(t, type) and issubclass(t, ScopedRateThrottle) and "THROTTLE_RATES" not in vars(t)]
-            if scope and scoped and scope not in rates:
+            if view_scope and scoped and view_scope not in rates:
                 messages.append(checks.Error(
-                    f"{view_class.__module__}.{view_class.__qualname__}.throttle_scope = {scope!r} has no rate in "
-                    "REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']",
-                    hint=f"Add DEFAULT_THROTTLE_RATES[{scope!r}] (None: not limited).", id="ratelimit.E011",
+                    f"{view_class.__module__}.{view_class.__qualname__}.throttle_scope = {view_scope!r} has no rate "
+                    "in REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']",
+                    hint=f"Add DEFAULT_THROTTLE_RATES[{view_scope!r}] (None: not limited).", id="ratelimit.E011",
                 ))
     for name, attributes in sorted(IGNORED_OVERRIDES.items()):
         messages.append(checks.Warning(
