@@ -194,6 +194,8 @@ class JointThrottle(drf_throttling.BaseThrottle):
             base = outcome.decision_for(REQUEST_LIMITS)
             if base is not None and not base.allowed:
                 self.decision, refused = base, True
+        if self.decision is None and not refused:
+            return True  # this throttle did not limit this request (like DRF for a None cache key: no hook)
         return self.throttle_failure() if refused else self.throttle_success()
 
     def throttle_success(self) -> bool:

@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app import limiting, metrics
 from ratelimit_app.apikeys import generate_key
+from ratelimit_app.decorators import ratelimit
 from ratelimit_app.embedded import free_port, start_redis
 from ratelimit_app.models import ApiKey, Tier, UserTier
 from ratelimit_app.routes import limit_cost
@@ -45,8 +46,14 @@ class ScopedApiView(APIView):
         return Response({"ok": True})
 
 
+@ratelimit(rate="2/m", key="ip")
+def decorated(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
 urlpatterns = [
     *demo_urlpatterns,
+    path("api/decorated", decorated),
     path("api/scoped/write", scoped_write),
     path("api/scoped/drf", ScopedApiView.as_view()),
     path("api/plain", plain),
@@ -373,3 +380,14 @@ def test_each_limited_request_is_counted_once_in_the_metrics(client: Any, small_
     assert after.unauthorized - before.unauthorized == 1  # the bad key: a 401, its own outcome
     prefix = small_key.split(".")[0]
     assert any(b.identity == f"key:{prefix}" for b in after.top_blocked)
+
+
+@pytest.mark.urls(__name__)
+def test_a_decorated_view_is_decided_with_the_tier_in_one_call(client: Any, small_key: str) -> None:
+    responses = [get(client, "/api/decorated", key=small_key) for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 200, 429]
+    assert responses[-1].json()["policy"] == "decorated"  # the decorator's limit refused ...
+    assert responses[-1]["X-RateLimit-Limit"] == "2"  # ... and the headers describe it
+    # ... and charged nothing: the tier's bucket of 3 still has 1 (2 served requests), the per-IP limit 98
+    results = {r.policy: r.remaining for r in responses[-1].wsgi_request.ratelimit.decision.results}
+    assert results["burst"] == 1 and results["ip"] == 98 and results["decorated"] == 0
