@@ -256,6 +256,7 @@ def test_any_scope_string_drf_accepts_is_a_safe_policy(client: Any, settings: An
 
 def test_num_proxies_is_honoured_and_none_ignores_x_forwarded_for(client: Any, settings: Any) -> None:
     rates(settings, anon="1/m")
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": None}
     # NUM_PROXIES None (DRF's default): X-Forwarded-For is ignored, so it cannot split one client
     assert client.get("/c/anon", HTTP_X_FORWARDED_FOR="198.51.100.1").status_code == 200
     assert client.get("/c/anon", HTTP_X_FORWARDED_FOR="198.51.100.2").status_code == 429
