@@ -347,14 +347,10 @@ def _peek_all(pairs: list[tuple[str, tuple[Policy, ...]]], fail_mode: str) -> li
     decisions = []
     for identity, policies in pairs:
         try:
-            decision = service.peek(identity, policies, fail_mode=fail_mode)
+            # fresh: a report shows the counts of now, not those a cached denial remembers
+            decision = service.peek(identity, policies, fail_mode=fail_mode, fresh=True)
         except BACKEND_ERRORS:
             decision = degraded_decision(fail_mode == "open")
-        if not decision.allowed and not decision.degraded:
-            # A denial may come from the service's local deny cache, whose counts are those of the
-            # moment Redis denied; a report must show the counts of now (Redis answered just now).
-            with contextlib.suppress(*BACKEND_ERRORS):
-                decision = service.limiter.peek(identity, policies)
         decisions.append(decision)
     return decisions
 

@@ -148,10 +148,11 @@ class LimiterService:
         return self._decide(checks, cost, fail_mode, charge=True)
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
-             fail_mode: str | None = None) -> Decision:
+             fail_mode: str | None = None, fresh: bool = False) -> Decision:
         """Report what `hit` would decide, charging nothing (see RateLimiter.peek); the fail mode
-        applies when Redis cannot answer."""
-        return self._decide([(identity, policies)], cost, fail_mode, charge=False)[0]
+        applies when Redis cannot answer. `fresh` skips the deny cache (whose counts are those of the
+        moment Redis denied): a report of where a client stands now."""
+        return self._decide([(identity, policies)], cost, fail_mode, charge=False, fresh=fresh)[0]
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies: in Redis, in this process' deny cache and
@@ -175,11 +176,12 @@ class LimiterService:
                             len(self.deny_cache), len(self.fallback))
 
     # -- one decision ------------------------------------------------------------------------------
-    def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool) -> list[Decision]:
+    def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool,
+                fresh: bool = False) -> list[Decision]:
         mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
         cache = self.deny_cache
         key: Hashable | None = None
-        if len(cache):
+        if len(cache) and not fresh:
             key = _request_key(checks, cost)
             cached = cache.get(key, time.monotonic())
             if cached is not None:

@@ -63,7 +63,7 @@ def test_status_of_a_key_shows_its_tier_and_each_limit(free_key: tuple[ApiKey, s
     assert f"API key {api_key.prefix} (Ops test key, active)" in out
     assert "Tier:      free" in out
     table = rows(out)
-    assert table["burst"][:5] == [f"key:{api_key.prefix}", "burst", "token_bucket", "20/60s burst 10", "7/10"]
+    assert table["burst"][:5] == [f"key:{api_key.prefix}", "burst", "token_bucket", "20/m burst 10", "7/10"]
     assert table["minute"][4] == "17/20" and table["day"][4] == "997/1000"
     assert table["burst"][-1] == "allowed"
     assert key.partition(".")[2] not in out
