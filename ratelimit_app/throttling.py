@@ -101,7 +101,10 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
             "from Redis TIME and the history lives in Redis.",
             hint="Remove the override; see the compatibility table in docs/usage.md.", id="ratelimit.W010",
         ))
-    config = identity_config()
+    try:
+        config = identity_config()
+    except ImproperlyConfigured:
+        return messages  # invalid RATELIMIT settings: ratelimit.E001 says which
     if api_settings.NUM_PROXIES is None and not (config.trusted_hops or config.trusted_networks):
         messages.append(checks.Warning(
             "X-Forwarded-For is ignored by ratelimit_app's throttles: REST_FRAMEWORK['NUM_PROXIES'] is None "

@@ -278,14 +278,14 @@ def test_gunicorn_workers_flush_their_counts_at_shutdown(redis_url: str, key_pre
             thread.join()
         assert sorted(set(statuses)) == [401, 429] and statuses.count(401) == 40
         # Nothing was flushed yet (the interval is an hour): the counts live in the workers.
-        assert stored().total == 0
+        assert stored().total == 0 and stored().unauthorized == 0
     finally:
         server.terminate()  # SIGTERM: graceful shutdown, each worker exits through atexit
         _, stderr = server.communicate(timeout=60)
     assert server.returncode == 0, stderr.decode()[-2000:]
     result = stored()
-    assert (result.allowed, result.blocked) == (40, 20)
-    assert [(t.tier, t.allowed, t.blocked) for t in result.tiers] == [("ip", 40, 20)]
+    assert (result.allowed, result.blocked, result.unauthorized) == (0, 20, 40)  # a 401 is its own outcome
+    assert [(t.tier, t.allowed, t.blocked) for t in result.tiers] == [("ip", 0, 20)]
     assert [(b.identity, b.blocked) for b in result.top_blocked] == [("ip:127.0.0.1", 20)]
 
 
