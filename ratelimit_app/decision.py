@@ -31,7 +31,9 @@ class Decision:
 
     The scalar fields describe the policy that matters most: when denied, the one that denied with
     the longest wait; when allowed, the one with the fewest remaining. `results` holds every policy.
-    `degraded` is True when the decision was made without Redis (see the fail modes).
+    `degraded` is True when the decision was made without Redis (see the fail modes). `shadow` holds
+    the results of shadow (dry-run) policies, which never refuse and are not in `results`: a result
+    there with `allowed=False` is a request the policy would have refused.
     """
 
     allowed: bool
@@ -42,12 +44,19 @@ class Decision:
     policy: str
     results: tuple[PolicyResult, ...]
     degraded: bool = False
+    shadow: tuple[PolicyResult, ...] = ()
+
+    @property
+    def would_block(self) -> tuple[str, ...]:
+        """The shadow policies that would have refused this request."""
+        return tuple(result.policy for result in self.shadow if not result.allowed)
 
     @classmethod
-    def from_results(cls, results: tuple[PolicyResult, ...], *, degraded: bool = False) -> Decision:
+    def from_results(cls, results: tuple[PolicyResult, ...], *, degraded: bool = False,
+                     shadow: tuple[PolicyResult, ...] = ()) -> Decision:
         """Summarise per-policy results into one decision (see the class docstring for the rule)."""
         if not results:
-            return cls(True, 0, 0, 0.0, None, "", (), degraded)
+            return cls(True, 0, 0, 0.0, None, "", (), degraded, shadow)
         # One pass, no lambdas: this runs on every request.
         worst: PolicyResult | None = None
         tightest = results[0]
@@ -61,15 +70,15 @@ class Decision:
                 tightest = result
         if worst is not None:
             return new_decision(False, worst.limit, worst.remaining, worst.reset_after, worst.retry_after,
-                                worst.policy, results, degraded)
+                                worst.policy, results, degraded, shadow)
         return new_decision(True, tightest.limit, tightest.remaining, tightest.reset_after, None,
-                            tightest.policy, results, degraded)
+                            tightest.policy, results, degraded, shadow)
 
     def refused(self) -> Decision:
         """This decision turned into a refusal that charged nothing: the identity's own policies allowed,
         but another identity decided in the same all-or-nothing call denied."""
         return new_decision(False, self.limit, self.remaining, self.reset_after, self.retry_after, self.policy,
-                            self.results, self.degraded)
+                            self.results, self.degraded, self.shadow)
 
 
 def degraded_decision(allowed: bool, retry_after: float | None = None, policy: str = "") -> Decision:
@@ -106,7 +115,8 @@ class _DecisionDraft:
     __slots__ = Decision.__slots__
 
     def __init__(self, allowed: bool, limit: int, remaining: int, reset_after: float, retry_after: float | None,
-                 policy: str, results: tuple[PolicyResult, ...], degraded: bool) -> None:
+                 policy: str, results: tuple[PolicyResult, ...], degraded: bool,
+                 shadow: tuple[PolicyResult, ...]) -> None:
         self.allowed = allowed
         self.limit = limit
         self.remaining = remaining
@@ -115,6 +125,7 @@ class _DecisionDraft:
         self.policy = policy
         self.results = results
         self.degraded = degraded
+        self.shadow = shadow
 
 
 def new_policy_result(policy: str, allowed: bool, limit: int, remaining: int, reset_after: float,
@@ -126,8 +137,10 @@ def new_policy_result(policy: str, allowed: bool, limit: int, remaining: int, re
 
 
 def new_decision(allowed: bool, limit: int, remaining: int, reset_after: float, retry_after: float | None,
-                 policy: str, results: tuple[PolicyResult, ...], degraded: bool = False) -> Decision:
+                 policy: str, results: tuple[PolicyResult, ...], degraded: bool = False,
+                 shadow: tuple[PolicyResult, ...] = ()) -> Decision:
     """Decision(...), built faster (see above)."""
-    draft: Any = _DecisionDraft(allowed, limit, remaining, reset_after, retry_after, policy, results, degraded)
+    draft: Any = _DecisionDraft(allowed, limit, remaining, reset_after, retry_after, policy, results, degraded,
+                                shadow)
     draft.__class__ = Decision
     return draft

@@ -29,7 +29,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
-from .decision import Decision, new_policy_result
+from .decision import Decision, PolicyResult, new_policy_result
 from .exceptions import REDIS_CLIENT_ERRORS, BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
@@ -46,6 +46,8 @@ _CALL_NUMBERS = struct.Struct(">qq")  # cost, charge
 _POLICY_NUMBERS = struct.Struct(">qqqq")  # algorithm code, limit, period in ms, capacity
 #: The algorithm codes decide.lua dispatches on.
 ALGORITHM_CODES = {"token_bucket": 1, "sliding_window": 2, "fixed_window": 3, "gcra": 4, "sliding_window_counter": 5}
+#: Added to the algorithm code of a shadow policy: decide.lua counts it but never lets it refuse.
+SHADOW_FLAG = 64
 _INTEGERS = {int}
 #: A thread's connection unused for longer than this (seconds) is checked for a server-side close
 #: (a restart, an idle timeout) before it is used again, as a pool checkout would; one in back-to-back
@@ -80,10 +82,12 @@ class _Plan:
             if len(set(names)) != len(names):
                 raise ValueError(f"policies: names must be unique within one decision, got {names}")
             suffixes.append(tuple(f"{p.name}:{p.algorithm}" for p in policies))
-            numbers += [_POLICY_NUMBERS.pack(ALGORITHM_CODES[p.algorithm], p.limit, p.period_ms, p.capacity)
+            numbers += [_POLICY_NUMBERS.pack(ALGORITHM_CODES[p.algorithm] + (SHADOW_FLAG if p.shadow else 0),
+                                             p.limit, p.period_ms, p.capacity)
                         for p in policies]
         self.suffixes = tuple(suffixes)
-        self.named_capacities = tuple(tuple((p.name, p.capacity) for p in policies) for policies in policy_sets)
+        self.named_capacities = tuple(tuple((p.name, p.capacity, p.shadow) for p in policies)
+                                      for policies in policy_sets)
         self.key_count = sum(len(s) for s in suffixes)
         args = [b"".join(numbers)]
         self.args = tuple(args)
@@ -178,19 +182,21 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
     all_allowed = next(values) == 1
     decisions = []
     for policies in plan.named_capacities:
-        results = []
+        results: list[PolicyResult] = []
+        shadow: list[PolicyResult] = []
         # each policy takes the next four values (allowed, remaining, reset_ms, retry_ms) of one iterator
         quads = zip(policies, values, values, values, values, strict=False)
-        for (name, capacity), allowed, remaining, reset_ms, retry_ms in quads:
+        for (name, capacity, is_shadow), allowed, remaining, reset_ms, retry_ms in quads:
             if allowed:
                 retry_after = None
             elif retry_ms < 0:
                 retry_after = math.inf
             else:
                 retry_after = retry_ms / 1000
-            results.append(new_policy_result(name, allowed == 1, capacity, remaining if remaining > 0 else 0,
-                                             reset_ms / 1000, retry_after))
-        decision = Decision.from_results(tuple(results))
+            (shadow if is_shadow else results).append(new_policy_result(
+                name, allowed == 1, capacity, remaining if remaining > 0 else 0, reset_ms / 1000, retry_after))
+        decision = Decision.from_results(tuple(results), shadow=tuple(shadow)) if shadow else \
+            Decision.from_results(tuple(results))
         if decision.allowed and not all_allowed:
             # all-or-nothing: this identity's own policies allowed, but another identity in the same
             # call denied, so nothing was charged and the request is refused

@@ -335,17 +335,20 @@ class LocalLimiter:
             outcomes = [[ALGORITHMS[policy.algorithm](self._store, key, now_us, limit, period_ms, capacity, fcost,
                                                       charge)
                          for policy, key, limit, period_ms, capacity in rows] for rows in plan]
-            all_allowed = all(outcome[0] for per_check in outcomes for outcome in per_check)
+            all_allowed = all(outcome[0] or row[0].shadow for rows, per_check in zip(plan, outcomes, strict=True)
+                              for row, outcome in zip(rows, per_check, strict=True))
             decisions = []
             for rows, per_check in zip(plan, outcomes, strict=True):
-                results = []
+                results: list[PolicyResult] = []
+                shadow: list[PolicyResult] = []
                 for (policy, _, _, _, capacity), (allowed, remaining, reset_us, retry_us, apply) in zip(
                         rows, per_check, strict=True):
-                    if charge and all_allowed and apply is not None:
+                    if charge and all_allowed and allowed and apply is not None:
                         reset_us = apply()
                         remaining = remaining - fcost
-                    results.append(_result(policy.name, allowed, capacity, remaining, reset_us, retry_us))
-                decision = Decision.from_results(tuple(results))
+                    (shadow if policy.shadow else results).append(
+                        _result(policy.name, allowed, capacity, remaining, reset_us, retry_us))
+                decision = Decision.from_results(tuple(results), shadow=tuple(shadow))
                 if decision.allowed and not all_allowed:
                     decision = decision.refused()
                 decisions.append(decision)

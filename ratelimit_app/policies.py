@@ -74,7 +74,9 @@ class Policy:
     """One named limit: `limit` units per `period` seconds under `algorithm`.
 
     For token_bucket and gcra, limit/period is the sustained rate and `burst` the capacity
-    (default: `limit`). Other algorithms take no burst. Invalid values raise InvalidPolicy.
+    (default: `limit`). Other algorithms take no burst. A `shadow` policy (a dry run) is counted like
+    any other but never refuses: its would-be refusals are reported apart (`Decision.shadow`).
+    Invalid values raise InvalidPolicy.
     """
 
     name: str
@@ -82,6 +84,7 @@ class Policy:
     limit: int
     period: float
     burst: int | None = None
+    shadow: bool = False
     period_ms: int = field(init=False, repr=False, compare=False)
     _hash: int = field(init=False, repr=False, compare=False)
 
@@ -108,8 +111,11 @@ class Policy:
                 f"{MAX_PERIOD_SECONDS} seconds"
             )
         object.__setattr__(self, "period_ms", period_ms)
+        if not isinstance(self.shadow, bool):
+            raise InvalidPolicy(f"shadow: {self.shadow!r} for policy {self.name!r} must be True or False")
         # hashed on every decision (the engine caches its packed commands by policy set), so once here
-        object.__setattr__(self, "_hash", hash((self.name, self.algorithm, self.limit, self.period, self.burst)))
+        object.__setattr__(self, "_hash", hash((self.name, self.algorithm, self.limit, self.period, self.burst,
+                                                         self.shadow)))
         if self.burst is not None:
             if self.algorithm not in BURST_ALGORITHMS:
                 raise InvalidPolicy(
@@ -132,7 +138,7 @@ class Policy:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # rebuilt, not copied: the cached hash of another process (string hashes are salted) is wrong here
-        return (Policy, (self.name, self.algorithm, self.limit, self.period, self.burst))
+        return (Policy, (self.name, self.algorithm, self.limit, self.period, self.burst, self.shadow))
 
     def _state_magnitude(self) -> int:
         """The largest number the Lua state of this policy reaches (it must stay exact in a double)."""

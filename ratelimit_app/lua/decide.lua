@@ -10,11 +10,14 @@
 --                  code, limit, period in milliseconds and capacity (integers >= 1; capacity is the
 --                  burst for token_bucket and gcra, else the limit), struct format '>i8i8' + n x '>i8i8i8i8'
 --                  algorithm codes: 1 token_bucket, 2 sliding_window, 3 fixed_window, 4 gcra,
---                  5 sliding_window_counter (engine.ALGORITHM_CODES, checked by tests/test_scripts.py)
+--                  5 sliding_window_counter (engine.ALGORITHM_CODES, checked by tests/test_scripts.py);
+--                  64 added to the code marks a shadow (dry-run) policy: it is checked and charged like
+--                  the others when it allows, never refuses the call, and is not charged when it would
+--                  have refused (so its count stays what it would be if it were enforced)
 -- Time comes from redis.call('TIME') only: one clock for every app server.
 --
 -- Reply: {allowed, then for each policy i: allowed_i, remaining_i, reset_ms_i, retry_ms_i}
---   allowed, allowed_i   1 or 0
+--   allowed, allowed_i   1 or 0 (allowed ignores shadow policies; allowed_i of a shadow policy is its verdict)
 --   remaining_i          units left after this request (hit and allowed) or now (otherwise)
 --   reset_ms_i           milliseconds until policy i is back to its full allowance (integer, rounded up)
 --   retry_ms_i           0 when policy i allows; else milliseconds until this request would be allowed
@@ -50,6 +53,8 @@ local state = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, 
 local all_allowed = true
 for i = 1, n do
   local code, limit, period_ms, capacity = struct.unpack('>i8i8i8i8', numbers, 32 * i - 15)
+  local shadow = code >= 64
+  if shadow then code = code - 64 end
   local algorithm
   if code == 1 then algorithm = token_bucket
   elseif code == 2 then algorithm = sliding_window
@@ -62,7 +67,7 @@ for i = 1, n do
   local at = 7 * (i - 1)
   state[at + 1], state[at + 2], state[at + 3], state[at + 4] = allowed, remaining, reset_us, retry_us
   state[at + 5], state[at + 6], state[at + 7] = value, ttl_ms, charged_reset_us
-  if not allowed then all_allowed = false end
+  if not allowed and not shadow then all_allowed = false end
 end
 
 -- 2. charge all of them, or none; then reply
@@ -71,7 +76,7 @@ local reply = {all_allowed and 1 or 0, nil, nil, nil, nil, nil, nil, nil, nil, n
 for i = 1, n do
   local at = 7 * (i - 1)
   local allowed, remaining, reset_us, retry_us = state[at + 1], state[at + 2], state[at + 3], state[at + 4]
-  if charged then
+  if charged and allowed then
     local ttl_ms = state[at + 6]
     if ttl_ms then
       call('SET', KEYS[i], state[at + 5], 'PX', ttl_ms)
