@@ -1,4 +1,5 @@
-"""Admin for tiers (with their limits inline), API keys and user tiers.
+"""Admin for tiers (with their limits inline), API keys and user tiers (each with its own limit
+overrides inline, and the effective limits on its page), and client allow/deny rules.
 
 Every save or delete here invalidates the lookup caches (signals in `lookups`), so a change is enforced
 on every app server within RATELIMIT['CACHE_TTL'] seconds. A new API key is shown exactly once, in the
@@ -13,15 +14,67 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
 
 from . import apikeys
-from .models import ApiKey, Tier, TierLimit, UserTier
+from .lookups import apply_overrides, get_lookups
+from .models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
+from .policies import Policy
+
+_LIMIT_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow")
 
 
 class TierLimitInline(admin.TabularInline):
     model = TierLimit
     extra = 0
-    fields = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled")
+    fields = _LIMIT_FIELDS
+
+
+class ApiKeyLimitInline(admin.TabularInline):
+    model = ApiKeyLimit
+    extra = 0
+    fields = _LIMIT_FIELDS
+    verbose_name = "limit override"
+    verbose_name_plural = "Limit overrides (a tier limit's name replaces it for this key; other names add a limit)"
+
+
+class UserTierLimitInline(admin.TabularInline):
+    model = UserTierLimit
+    extra = 0
+    fields = _LIMIT_FIELDS
+    verbose_name = "limit override"
+    verbose_name_plural = "Limit overrides (a tier limit's name replaces it for this user; other names add a limit)"
+
+
+def _describe(policy: Policy, source: str) -> tuple[str, str, str, str, str]:
+    burst = f" burst {policy.burst}" if policy.burst is not None else ""
+    return (policy.name, f"{policy.rate}{burst}", policy.algorithm, "shadow (dry run)" if policy.shadow else "enforced",
+            source)
+
+
+def effective_limits_table(tier_slug: str, overrides: QuerySet[Any]) -> str:
+    """An HTML table of the limits a client gets: its tier's, with its overrides applied."""
+    tier = get_lookups().tier(tier_slug)
+    if tier is None:
+        return "(the tier does not exist)"
+    rows = tuple(overrides.order_by("scope", "period", "id").values_list(
+        "name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow"))
+    merged = apply_overrides(tier, rows)
+    own = {f"{row[5]}.{row[0]}" if row[5] else row[0] for row in rows if row[6]}
+    seen: dict[str, Policy] = {}
+    for policy in merged.policies:
+        seen.setdefault(policy.name, policy)
+    for scope in sorted(merged.scoped):
+        for policy in merged.scoped[scope]:
+            seen.setdefault(policy.name, policy)
+    if not seen:
+        return "unlimited"
+    body = format_html_join(
+        "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        (_describe(p, "override" if p.name in own else f"tier {tier.slug}") for p in seen.values()),
+    )
+    return format_html('<table class="rl-effective-limits"><thead><tr><th>policy</th><th>rate</th>'
+                       "<th>algorithm</th><th>mode</th><th>from</th></tr></thead><tbody>{}</tbody></table>", body)
 
 
 @admin.register(Tier)
@@ -46,16 +99,23 @@ class ApiKeyAdmin(admin.ModelAdmin):
     search_fields = ("name", "prefix")
     raw_id_fields = ("owner",)
     actions = ["revoke_keys"]
+    inlines = [ApiKeyLimitInline]
 
     def get_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
         if obj is None:
             return ("name", "tier", "owner", "expires")
-        return ("name", "prefix", "tier", "owner", "created", "expires", "revoked")
+        return ("name", "prefix", "tier", "owner", "created", "expires", "revoked", "effective_limits")
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
         if obj is None:
             return ()
-        return ("prefix", "created", "revoked") if obj.revoked else ("prefix", "created")
+        return ("prefix", "created", "revoked", "effective_limits") if obj.revoked else (
+            "prefix", "created", "effective_limits")
+
+    @admin.display(description="effective limits")
+    def effective_limits(self, obj: ApiKey) -> str:
+        """The limits this key gets: its tier's, with its overrides applied (as saved)."""
+        return effective_limits_table(obj.tier.slug, obj.limits.all())
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: ModelForm[ApiKey], change: bool) -> None:
         if change:
@@ -85,3 +145,21 @@ class UserTierAdmin(admin.ModelAdmin):
     list_display = ("user", "tier")
     list_filter = ("tier",)
     raw_id_fields = ("user",)
+    inlines = [UserTierLimitInline]
+    readonly_fields = ("effective_limits",)
+
+    @admin.display(description="effective limits")
+    def effective_limits(self, obj: UserTier) -> str:
+        """The limits this user gets: the tier's, with the user's overrides applied (as saved)."""
+        if obj.pk is None:
+            return "-"
+        return effective_limits_table(obj.tier.slug, obj.limits.all())
+
+
+@admin.register(ClientRule)
+class ClientRuleAdmin(admin.ModelAdmin):
+    list_display = ("action", "network", "api_key", "note", "enabled", "created")
+    list_filter = ("action", "enabled")
+    search_fields = ("network", "note", "api_key__prefix", "api_key__name")
+    raw_id_fields = ("api_key",)
+    fields = ("action", "network", "api_key", "note", "enabled")

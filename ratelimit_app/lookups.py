@@ -31,6 +31,7 @@ from django.core.cache import BaseCache, caches
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
+from .clientrules import ClientRules
 from .conf import SettingsCached, ratelimit_settings
 from .policies import Policy
 
@@ -85,6 +86,8 @@ class KeyInfo:
     revoked: bool
     expires_at: float | None  # Unix time, or None for never
     owner_id: int | None
+    #: The key's own limits (ApiKeyLimit rows: name, algorithm, limit, period, burst, scope, enabled, shadow)
+    overrides: tuple[tuple[Any, ...], ...] = ()
 
     def refusal(self, now: float) -> str | None:
         """Why the key is refused at Unix time `now` ("revoked" or "expired"), or None when usable."""
@@ -183,11 +186,40 @@ class Lookups:
 
     def user_tier_slug(self, user_pk: Any) -> str | None:
         """The slug of the tier assigned to user `user_pk` in the admin, or None when none is."""
+        return self.user_plan(user_pk)[0]
+
+    def user_plan(self, user_pk: Any) -> tuple[str | None, tuple[tuple[Any, ...], ...]]:
+        """The tier slug assigned to user `user_pk` (None when none is) and the user's own limits
+        (UserTierLimit rows, as `KeyInfo.overrides`)."""
         local_key = ("user", str(user_pk))
         value = self.local.get(local_key)
         if value is MISS:
-            value = self._shared("user", str(user_pk), _load_user_tier_slug)
+            value = self._shared("userplan", str(user_pk), _load_user_plan)
+            if value is None:
+                value = (None, ())
             self.local.set(local_key, value)
+        return value
+
+    def with_overrides(self, owner: str, tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> TierInfo:
+        """`tier` with the limits of `overrides` replacing or adding to its own (see `apply_overrides`),
+        cached per `owner` (a key prefix or a user) for as long as `tier` is the tier this process holds."""
+        if not overrides:
+            return tier
+        local_key = ("merged", owner)
+        cached = self.local.get(local_key)
+        if cached is not MISS and cached[0] is tier and cached[1] == overrides:
+            return cached[2]
+        merged = apply_overrides(tier, overrides)
+        self.local.set(local_key, (tier, overrides, merged))
+        return merged
+
+    def client_rules(self) -> ClientRules:
+        """The enabled allow/deny rules (ClientRule), compiled."""
+        value = self.local.get(("rules",))
+        if value is MISS:
+            rows = self._shared("rules", "all", _load_client_rules)
+            value = ClientRules.build(rows or ())
+            self.local.set(("rules",), value)
         return value
 
     def clear_local(self) -> None:
@@ -264,7 +296,7 @@ def _load_tier_row(slug: str) -> tuple[Any, ...] | None:
     limits = list(
         TierLimit.objects.filter(tier_id=tier[0], enabled=True)
         .order_by("scope", "period", "id")
-        .values_list("name", "algorithm", "limit", "period", "burst", "scope")
+        .values_list("name", "algorithm", "limit", "period", "burst", "scope", "shadow")
     )
     return (*tier[1:], limits)
 
@@ -275,16 +307,41 @@ def _build_tier(row: tuple[Any, ...]) -> TierInfo:
     slug, name, fail_mode, limit_rows = row
     base: list[Policy] = []
     by_scope: dict[str, list[Policy]] = {}
-    for limit_name, algorithm, limit, period, burst, scope in limit_rows:
+    for limit_name, algorithm, limit, period, burst, scope, *shadow in limit_rows:
         policy = TierLimit(name=limit_name, algorithm=algorithm, limit=limit, period=period, burst=burst,
-                           scope=scope).to_policy()
+                           scope=scope, shadow=bool(shadow and shadow[0])).to_policy()
         (by_scope.setdefault(scope, []) if scope else base).append(policy)
     scoped = {scope: (*base, *policies) for scope, policies in by_scope.items()}
     return TierInfo(slug, name, fail_mode or None, tuple(base), scoped)
 
 
+_OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow")
+
+
+def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> TierInfo:
+    """`tier` with one client's own limits: an override whose scope and name are those of a tier limit
+    replaces it (or, when disabled, removes it); any other enabled override is added."""
+    from .models import TierLimit
+
+    base = list(tier.policies)
+    own = {scope: list(policies[len(tier.policies):]) for scope, policies in tier.scoped.items()}
+    for name, algorithm, limit, period, burst, scope, enabled, shadow in overrides:
+        row = TierLimit(name=name, algorithm=algorithm, limit=limit, period=period, burst=burst, scope=scope,
+                        shadow=shadow)
+        target = own.setdefault(scope, []) if scope else base
+        policy_name = row.policy_name
+        kept = [p for p in target if p.name != policy_name]
+        if enabled:
+            replaced = len(kept) != len(target)
+            index = next((i for i, p in enumerate(target) if p.name == policy_name), len(kept))
+            kept.insert(index if replaced else len(kept), row.to_policy())
+        target[:] = kept
+    scoped = {scope: (*base, *policies) for scope, policies in own.items()}
+    return TierInfo(tier.slug, tier.name, tier.fail_mode, tuple(base), scoped)
+
+
 def _load_key_row(prefix: str) -> tuple[Any, ...] | None:
-    from .models import ApiKey
+    from .models import ApiKey, ApiKeyLimit
 
     row = (
         ApiKey.objects.filter(prefix=prefix)
@@ -294,13 +351,26 @@ def _load_key_row(prefix: str) -> tuple[Any, ...] | None:
     if row is None:
         return None
     expires = row[6]
-    return (*row[:6], expires.timestamp() if expires is not None else None, row[7])
+    overrides = tuple(ApiKeyLimit.objects.filter(api_key_id=row[0]).order_by("scope", "period", "id")
+                      .values_list(*_OVERRIDE_FIELDS))
+    return (*row[:6], expires.timestamp() if expires is not None else None, row[7], overrides)
 
 
-def _load_user_tier_slug(user_pk: str) -> str | None:
-    from .models import UserTier
+def _load_user_plan(user_pk: str) -> tuple[str, tuple[tuple[Any, ...], ...]] | None:
+    from .models import UserTier, UserTierLimit
 
-    return UserTier.objects.filter(user_id=user_pk).values_list("tier__slug", flat=True).first()
+    row = UserTier.objects.filter(user_id=user_pk).values_list("id", "tier__slug").first()
+    if row is None:
+        return None
+    overrides = tuple(UserTierLimit.objects.filter(user_tier_id=row[0]).order_by("scope", "period", "id")
+                      .values_list(*_OVERRIDE_FIELDS))
+    return row[1], overrides
+
+
+def _load_client_rules(_: str) -> list[tuple[str, str, str | None]]:
+    from .models import ClientRule
+
+    return list(ClientRule.objects.filter(enabled=True).values_list("action", "network", "api_key__prefix"))
 
 
 # -- the process-wide instance ---------------------------------------------------------------------
@@ -338,9 +408,10 @@ def _on_model_change(sender: Any, using: str = "default", **kwargs: Any) -> None
 
 
 def connect_signals() -> None:
-    """Invalidate the caches whenever a Tier, TierLimit, ApiKey or UserTier is saved or deleted."""
-    from .models import ApiKey, Tier, TierLimit, UserTier
+    """Invalidate the caches whenever a Tier, TierLimit, ApiKey, UserTier, one of their override limits
+    or a ClientRule is saved or deleted."""
+    from .models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
 
-    for model in (Tier, TierLimit, ApiKey, UserTier):
+    for model in (Tier, TierLimit, ApiKey, UserTier, ApiKeyLimit, UserTierLimit, ClientRule):
         for signal_name, signal in (("post_save", post_save), ("post_delete", post_delete)):
             signal.connect(_on_model_change, sender=model, dispatch_uid=f"ratelimit-{model.__name__}-{signal_name}")

@@ -6,6 +6,7 @@ Request handling never reads these models directly: `ratelimit_app.lookups` cach
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from datetime import datetime
 from typing import Any
@@ -78,6 +79,10 @@ class TierLimit(models.Model):
         help_text="Empty: every route. Otherwise only views that declare this scope.",
     )
     enabled = models.BooleanField(default=True)
+    shadow = models.BooleanField(
+        default=False,
+        help_text="Dry run: counted as if enforced, never refuses; requests it would refuse show in the dashboard.",
+    )
 
     class Meta:
         ordering = ["scope", "period", "id"]
@@ -88,7 +93,8 @@ class TierLimit(models.Model):
     def __str__(self) -> str:
         burst = f" burst {self.burst}" if self.burst else ""
         scope = f" [{self.scope}]" if self.scope else ""
-        return f"{self.name}: {self.limit}/{self.period}s {self.algorithm}{burst}{scope}"
+        shadow = " (shadow)" if self.shadow else ""
+        return f"{self.name}: {self.limit}/{self.period}s {self.algorithm}{burst}{scope}{shadow}"
 
     @property
     def policy_name(self) -> str:
@@ -97,7 +103,8 @@ class TierLimit(models.Model):
 
     def to_policy(self) -> Policy:
         """The engine policy for this limit (raises InvalidPolicy when the values cannot be enforced)."""
-        return Policy(self.policy_name, self.algorithm, limit=self.limit, period=self.period, burst=self.burst)
+        return Policy(self.policy_name, self.algorithm, limit=self.limit, period=self.period, burst=self.burst,
+                      shadow=bool(self.shadow))
 
     def clean(self) -> None:
         """Refuse values the engine cannot enforce, naming the field at fault."""
@@ -198,6 +205,124 @@ class UserTier(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} -> {self.tier.slug}"
+
+
+class OverrideLimit(models.Model):
+    """A limit of one API key or one user on top of its tier: the fields of TierLimit, validated the same.
+
+    A limit with the name (and scope) of a tier limit replaces it for that client; another name adds a
+    limit. Disabling an override that replaces a tier limit removes that tier limit for the client.
+    """
+
+    name = models.CharField(max_length=30, validators=[_name_validator],
+                            help_text="The name of a tier limit replaces it; another name adds a limit.")
+    algorithm = models.CharField(max_length=30, choices=ALGORITHM_CHOICES)
+    limit = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    period = models.PositiveIntegerField(validators=[MinValueValidator(1)], help_text="Seconds.")
+    burst = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Bucket size for token bucket and GCRA; empty means the limit.",
+    )
+    scope = models.CharField(
+        max_length=30, blank=True, default="", validators=[_name_validator],
+        help_text="Empty: every route. Otherwise only views that declare this scope.",
+    )
+    enabled = models.BooleanField(default=True, help_text="Off: the tier limit of this name does not apply.")
+    shadow = models.BooleanField(default=False, help_text="Dry run: counted as if enforced, never refuses.")
+
+    class Meta:
+        abstract = True
+        ordering = ["scope", "period", "id"]
+
+    def __str__(self) -> str:
+        return str(self.as_tier_limit())
+
+    def as_tier_limit(self) -> TierLimit:
+        """This override as an unsaved TierLimit (the same validation and policy)."""
+        return TierLimit(name=self.name, algorithm=self.algorithm, limit=self.limit, period=self.period,
+                         burst=self.burst, scope=self.scope, enabled=self.enabled, shadow=self.shadow)
+
+    @property
+    def policy_name(self) -> str:
+        """The name this limit carries in decisions, headers and Redis keys."""
+        return self.as_tier_limit().policy_name
+
+    def to_policy(self) -> Policy:
+        """The engine policy for this limit (raises InvalidPolicy when the values cannot be enforced)."""
+        return self.as_tier_limit().to_policy()
+
+    def clean(self) -> None:
+        """Refuse values the engine cannot enforce, as TierLimit.clean does."""
+        super().clean()
+        self.as_tier_limit().clean()
+
+
+class ApiKeyLimit(OverrideLimit):
+    """A limit of one API key: replaces the tier limit of the same name and scope, or adds one."""
+
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="limits")
+
+    class Meta(OverrideLimit.Meta):
+        verbose_name = "API key limit override"
+        constraints = [
+            models.UniqueConstraint(fields=["api_key", "scope", "name"], name="ratelimit_unique_key_limit_name"),
+        ]
+
+
+class UserTierLimit(OverrideLimit):
+    """A limit of one user (through the user's tier assignment): replaces or adds, like ApiKeyLimit."""
+
+    user_tier = models.ForeignKey(UserTier, on_delete=models.CASCADE, related_name="limits")
+
+    class Meta(OverrideLimit.Meta):
+        verbose_name = "user limit override"
+        constraints = [
+            models.UniqueConstraint(fields=["user_tier", "scope", "name"], name="ratelimit_unique_user_limit_name"),
+        ]
+
+
+class ClientRule(models.Model):
+    """An allow or deny rule for a client network (CIDR) or an API key, applied before any Redis call.
+
+    allow: never limited (nothing is charged or counted in Redis). deny: refused with 403. When both
+    kinds match a request, deny wins.
+    """
+
+    ALLOW = "allow"
+    DENY = "deny"
+    ACTION_CHOICES = [(ALLOW, "Allow: never limited"), (DENY, "Deny: always refused (403)")]
+
+    action = models.CharField(max_length=5, choices=ACTION_CHOICES)
+    network = models.CharField(
+        max_length=49, blank=True, default="",
+        help_text="A client network in CIDR notation (10.0.0.0/8, 2001:db8::/48) or one address; "
+                  "empty when the rule names an API key.",
+    )
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, null=True, blank=True,
+                                related_name="client_rules", help_text="Empty when the rule names a network.")
+    note = models.CharField(max_length=200, blank=True, help_text="Why this rule exists.")
+    enabled = models.BooleanField(default=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["action", "network", "id"]
+        verbose_name = "client allow/deny rule"
+
+    def __str__(self) -> str:
+        target = self.network or (f"API key {self.api_key.prefix}" if self.api_key_id and self.api_key else "?")
+        return f"{self.action} {target}"
+
+    def clean(self) -> None:
+        """Exactly one of network and api_key; a network is stored in its canonical CIDR form."""
+        super().clean()
+        network = (self.network or "").strip()
+        if bool(network) == bool(self.api_key_id):
+            raise ValidationError("Give either a network or an API key (exactly one).")
+        if network:
+            try:
+                self.network = str(ipaddress.ip_network(network, strict=False))
+            except ValueError as exc:
+                raise ValidationError({"network": f"Not a network in CIDR notation: {exc}"}) from exc
 
 
 def is_valid_scope(scope: str) -> bool:
