@@ -14,6 +14,7 @@ own; a custom site can set `index_template = "ratelimit_app/admin_index.html"`).
 The page shows the last 48 hours (`?hours=N`, up to METRICS_TTL_HOURS) of allowed vs blocked requests
 as a server-rendered SVG chart (no script, no CDN), block rate, per-tier and per-policy breakdowns, the
 top blocked identities (an API key links to its admin change page, for staff allowed to view API keys),
+what shadow (dry-run) limits would have blocked and for whom, requests decided by allow/deny rules,
 degraded decisions, Redis health and this process's breaker and metrics-flush state. Counts come from
 Redis (`metrics.recent_metrics`), so they cover every app server, up to one flush interval behind.
 """
@@ -261,6 +262,7 @@ def _render(request: HttpRequest) -> HttpResponse:
             summary=summary,
             chart=build_chart(summary.hours),
             blocked=blocked_rows(summary.top_blocked, request.user),
+            shadow_blocked=blocked_rows(summary.top_shadow_blocked, request.user),
             days=metrics.days_of(summary),
         )
     return TemplateResponse(request, "ratelimit_app/dashboard.html", context)

@@ -11,10 +11,14 @@ What Redis holds (`<KEY_PREFIX>` is RATELIMIT['KEY_PREFIX']; every key lives MET
 hours after its last write, default 48):
 - `<KEY_PREFIX>:{metrics}:h:<YYYYMMDDHH>` (UTC hour), a hash of counters: `allowed`, `blocked`,
   `unauthorized` (401s), `degraded`, `degraded_blocked`, `tier:<tier>:allowed`, `tier:<tier>:blocked`,
-  `tier:<tier>:unauthorized`, `policy:<policy>:blocked`.
+  `tier:<tier>:unauthorized`, `policy:<policy>:blocked`; for allow/deny lists `denied_by_list`,
+  `allowed_by_list` and `tier:<tier>:<either>`; for shadow limits `shadow:<tier>:<policy>` (requests a
+  shadow limit would have refused).
 - `<KEY_PREFIX>:{metrics}:blocked:<YYYYMMDD>` (UTC day), a sorted set of blocked identity labels
   ("key:<prefix>" or "ip:<address>", never a full key) scored by blocked requests. It keeps the
   `max(50 x TOP_BLOCKED, 1000)` most blocked identities of the day; queries return TOP_BLOCKED.
+- `<KEY_PREFIX>:{metrics}:shadow:<YYYYMMDD>` (UTC day), the same for identities a shadow limit would
+  have blocked.
 
 Accuracy: stored counts equal recorded counts once `flush()` has returned True (the flusher does
 that within one interval; a reader may miss at most the last interval). If Redis is down, counts stay
@@ -50,7 +54,8 @@ HOUR = 3600
 NO_POLICY = "none"
 #: What a limited request came to: allowed, blocked (429 or a fail-mode 503) or unauthorized (401: no
 #: usable API key; charged to the per-IP limit only).
-OUTCOMES: tuple[str, ...] = ("allowed", "blocked", "unauthorized")
+#: allowed_by_list / denied_by_list: an allow or deny rule (ClientRule) decided, without Redis.
+OUTCOMES: tuple[str, ...] = ("allowed", "blocked", "unauthorized", "allowed_by_list", "denied_by_list")
 #: States accepted by `set_breaker_state`.
 BREAKER_STATES: tuple[str, ...] = ("closed", "open", "half_open")
 #: Upper bounds (seconds) of the limiter latency histogram buckets; a last +Inf bucket follows.
@@ -82,23 +87,32 @@ def day_key(prefix: str, day: int) -> str:
     return f"{prefix}:{{metrics}}:blocked:{time.strftime('%Y%m%d', time.gmtime(day * 86400))}"
 
 
+def shadow_day_key(prefix: str, day: int) -> str:
+    """Redis key of the identities shadow limits would have blocked on `day` (days since the epoch, UTC)."""
+    return f"{prefix}:{{metrics}}:shadow:{time.strftime('%Y%m%d', time.gmtime(day * 86400))}"
+
+
 # -- in-process counting -----------------------------------------------------------------------
 
 # (hour, tier, policy, outcome, degraded) -> decisions; outcome is one of OUTCOMES
 _CountKey = tuple[int, str, str, str, bool]
 # (day, identity label as given) -> blocked decisions
 _BlockedKey = tuple[int, str]
+# (hour, tier, policy) -> requests a shadow limit would have refused
+_ShadowKey = tuple[int, str, str]
 
 
 class _Batch:
     """Counts not yet in Redis, for one key prefix."""
 
-    __slots__ = ("blocked", "counts", "prefix")
+    __slots__ = ("blocked", "counts", "prefix", "shadow", "shadow_identities")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.counts: dict[_CountKey, int] = {}
         self.blocked: dict[_BlockedKey, int] = {}
+        self.shadow: dict[_ShadowKey, int] = {}
+        self.shadow_identities: dict[_BlockedKey, int] = {}
 
     def size(self) -> int:
         return sum(self.counts.values())
@@ -126,6 +140,7 @@ class _Recorder:
         self.labels: dict[str, str] = {}
         self.batches: dict[str, _Batch] = {}
         self.totals: dict[tuple[str, str, str, bool], int] = {}
+        self.shadow_totals: dict[tuple[str, str], int] = {}
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self.transitions: dict[str, int] = {}
@@ -171,6 +186,33 @@ class _Recorder:
             self.start()
         if blocked and logger.isEnabledFor(logging.DEBUG):
             log_denial(tier=tier_label, policy=policy_label, identity=identity, degraded=degraded)
+
+    def record_shadow(self, tier: str, policies: tuple[str, ...], identity: str) -> None:
+        if self.pid != os.getpid():
+            self.after_fork()
+        target = self.target or self._load_target()
+        if not target.enabled:
+            return
+        hour = int(time.time()) // HOUR
+        tier_label = self._label(tier)
+        with self.lock:
+            batch = self.batches.get(target.prefix)
+            if batch is None:
+                batch = self.batches[target.prefix] = _Batch(target.prefix)
+            for policy in policies:
+                policy_label = self._label(policy)
+                key = (hour, tier_label, policy_label)
+                batch.shadow[key] = batch.shadow.get(key, 0) + 1
+                total_key = (tier_label, policy_label)
+                self.shadow_totals[total_key] = self.shadow_totals.get(total_key, 0) + 1
+            identity_key = (hour // 24, identity)
+            seen = batch.shadow_identities.get(identity_key)
+            if seen is not None:
+                batch.shadow_identities[identity_key] = seen + 1
+            elif len(batch.shadow_identities) < MAX_PENDING_IDENTITIES:
+                batch.shadow_identities[identity_key] = 1
+        if self.thread is None:
+            self.start()
 
     def _label(self, value: Any) -> str:
         label = self.labels.get(value)
@@ -277,6 +319,10 @@ class _Recorder:
                 fields = hours.setdefault(hour, {})
                 for name in _fields(tier, policy, outcome, degraded):
                     fields[name] = fields.get(name, 0) + count
+            for (hour, tier, policy), count in batch.shadow.items():
+                fields = hours.setdefault(hour, {})
+                name = f"shadow:{tier}:{policy}"
+                fields[name] = fields.get(name, 0) + count
             for hour, fields in hours.items():
                 key = hour_key(batch.prefix, hour)
                 for name, count in fields.items():
@@ -289,6 +335,17 @@ class _Recorder:
                 members[label] = members.get(label, 0) + count
             for day, members in days.items():
                 key = day_key(batch.prefix, day)
+                for label, count in members.items():
+                    pipe.zincrby(key, count, label)
+                pipe.zremrangebyrank(key, 0, -(keep + 1))
+                pipe.expire(key, ttl)
+            shadow_days: dict[int, dict[str, int]] = {}
+            for (day, identity), count in batch.shadow_identities.items():
+                members = shadow_days.setdefault(day, {})
+                label = safe_identity(identity)
+                members[label] = members.get(label, 0) + count
+            for day, members in shadow_days.items():
+                key = shadow_day_key(batch.prefix, day)
                 for label, count in members.items():
                     pipe.zincrby(key, count, label)
                 pipe.zremrangebyrank(key, 0, -(keep + 1))
@@ -316,6 +373,12 @@ class _Recorder:
                         batch.blocked[blocked_key] = batch.blocked.get(blocked_key, 0) + count
                     else:
                         self.dropped += count
+                for shadow_key, count in old.shadow.items():
+                    if shadow_key[0] >= oldest_hour:
+                        batch.shadow[shadow_key] = batch.shadow.get(shadow_key, 0) + count
+                for identity_key, count in old.shadow_identities.items():
+                    if identity_key in batch.shadow_identities or len(batch.shadow_identities) < MAX_PENDING_IDENTITIES:
+                        batch.shadow_identities[identity_key] = batch.shadow_identities.get(identity_key, 0) + count
 
     def shutdown(self) -> None:
         """Stop the flusher and flush what is left (atexit)."""
@@ -371,18 +434,33 @@ if hasattr(os, "register_at_fork"):
 
 
 def record_decision(*, allowed: bool, tier: str, policy: str | None, degraded: bool, identity: str,
-                    unauthorized: bool = False) -> None:
+                    unauthorized: bool = False, listed: str = "") -> None:
     """Count one limited request (cheap: in-process counters only; see the module docstring).
 
     `tier` is the tier slug ("free", or "ip" for the per-IP limit alone); `policy` the name of the policy
     that denied (None when allowed); `degraded` whether Redis was bypassed; `identity` a display label
     such as "key:<prefix>" or "ip:203.0.113.7" -- never a full API key (a "key:" label is cut at its
     first "." before it is stored, as a safeguard). `unauthorized` marks a 401 (no usable API key):
-    counted as its own outcome, neither allowed nor blocked. Denials are also logged at DEBUG. Does
-    nothing when RATELIMIT['METRICS_ENABLED'] is False.
+    counted as its own outcome, neither allowed nor blocked. `listed` ("allow" or "deny") marks a
+    request an allow or deny rule decided: outcome "allowed_by_list" or "denied_by_list". Denials are
+    also logged at DEBUG. Does nothing when RATELIMIT['METRICS_ENABLED'] is False.
     """
-    outcome = "unauthorized" if unauthorized else "allowed" if allowed else "blocked"
+    if unauthorized:
+        outcome = "unauthorized"
+    elif listed:
+        outcome = "denied_by_list" if listed == "deny" else "allowed_by_list"
+    else:
+        outcome = "allowed" if allowed else "blocked"
     _recorder.record(outcome, tier, policy, degraded, identity)
+
+
+def record_shadow_blocked(*, tier: str, policies: tuple[str, ...], identity: str) -> None:
+    """Count one request that the shadow (dry-run) `policies` would have refused, but which was allowed.
+
+    Counted per tier and policy (Prometheus `ratelimit_shadow_blocked_total`, the hourly hash) and per
+    identity (the day's top would-be-blocked identities). In-process only, like `record_decision`.
+    """
+    _recorder.record_shadow(tier, tuple(policies), identity)
 
 
 def observe_latency(seconds: float) -> None:
@@ -437,6 +515,16 @@ class DecisionCount:
 
 
 @dataclass(frozen=True)
+class ShadowCount:
+    """Requests a shadow limit (`policy`, of `tier`) would have refused: counted by this process, or
+    stored for an hour or a range."""
+
+    tier: str
+    policy: str
+    count: int
+
+
+@dataclass(frozen=True)
 class ProcessMetrics:
     """What this process counted since it started (or forked): the source of the Prometheus view.
 
@@ -456,6 +544,7 @@ class ProcessMetrics:
     pending: int
     dropped: int
     last_flush: float | None
+    shadow_blocked: tuple[ShadowCount, ...] = ()
 
     @property
     def latency_count(self) -> int:
@@ -484,6 +573,8 @@ def process_metrics() -> ProcessMetrics:
             pending=sum(batch.size() for batch in recorder.batches.values()),
             dropped=recorder.dropped,
             last_flush=recorder.last_flush,
+            shadow_blocked=tuple(ShadowCount(tier, policy, count)
+                                 for (tier, policy), count in sorted(recorder.shadow_totals.items())),
         )
 
 
@@ -538,6 +629,9 @@ class HourMetrics(_Outcomes):
     tiers: tuple[TierCounts, ...]
     policies: tuple[PolicyCounts, ...]
     unauthorized: int = 0  # 401s: not in `total` (they were refused before any tier was known)
+    allowed_by_list: int = 0  # allow rules: not in `total`
+    denied_by_list: int = 0  # deny rules (403): not in `total`
+    shadow: tuple[ShadowCount, ...] = ()  # would-be refusals of shadow limits, most first
 
 
 @dataclass(frozen=True)
@@ -558,6 +652,10 @@ class MetricsRange(_Outcomes):
     policies: tuple[PolicyCounts, ...]
     top_blocked: tuple[BlockedIdentity, ...]
     unauthorized: int = 0  # 401s: not in `total`
+    allowed_by_list: int = 0
+    denied_by_list: int = 0
+    shadow: tuple[ShadowCount, ...] = ()
+    top_shadow_blocked: tuple[BlockedIdentity, ...] = ()  # identities shadow limits would have blocked
 
 
 def _hour_index(moment: datetime, name: str) -> int:
@@ -580,9 +678,13 @@ def _parse_hour(index: int, raw: dict[Any, Any]) -> HourMetrics:
     fields = {_text(name): int(value) for name, value in raw.items()}
     tiers: dict[str, dict[str, int]] = {}
     policies: dict[str, int] = {}
+    shadow: dict[tuple[str, str], int] = {}
     for name, value in fields.items():
         kind, _, rest = name.partition(":")
-        if kind == "tier":
+        if kind == "shadow":
+            tier, _, policy = rest.partition(":")
+            shadow[(tier, policy)] = value
+        elif kind == "tier":
             tier, _, outcome = rest.rpartition(":")
             tiers.setdefault(tier, {})[outcome] = value
         elif kind == "policy":
@@ -597,7 +699,15 @@ def _parse_hour(index: int, raw: dict[Any, Any]) -> HourMetrics:
         tiers=_sorted_tiers({tier: (c.get("allowed", 0), c.get("blocked", 0)) for tier, c in tiers.items()}),
         policies=_sorted_policies(policies),
         unauthorized=fields.get("unauthorized", 0),
+        allowed_by_list=fields.get("allowed_by_list", 0),
+        denied_by_list=fields.get("denied_by_list", 0),
+        shadow=_sorted_shadow(shadow),
     )
+
+
+def _sorted_shadow(counts: dict[tuple[str, str], int]) -> tuple[ShadowCount, ...]:
+    return tuple(ShadowCount(tier, policy, n)
+                 for (tier, policy), n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def _sorted_tiers(counts: dict[str, tuple[int, int]]) -> tuple[TierCounts, ...]:
@@ -650,6 +760,8 @@ def _read_range(first: int, last: int) -> MetricsRange:
         pipe.hgetall(hour_key(prefix, index))
     for day in days:
         pipe.zrevrange(day_key(prefix, day), 0, top - 1, withscores=True)
+    for day in days:
+        pipe.zrevrange(shadow_day_key(prefix, day), 0, top - 1, withscores=True)
     replies = pipe.execute()
     hour_replies = zip(range(first, last + 1), replies[:last - first + 1], strict=True)
     hours = tuple(_parse_hour(index, raw or {}) for index, raw in hour_replies)
@@ -661,12 +773,21 @@ def _read_range(first: int, last: int) -> MetricsRange:
             tiers[t.tier] = (allowed + t.allowed, blocked + t.blocked)
         for p in hour.policies:
             policies[p.policy] = policies.get(p.policy, 0) + p.blocked
-    identities: dict[str, int] = {}
-    for members in replies[len(hours):]:
-        for member, score in members or ():
-            label = _text(member)
-            identities[label] = identities.get(label, 0) + int(score)
-    top_blocked = sorted(identities.items(), key=lambda item: (-item[1], item[0]))[:top]
+    shadow: dict[tuple[str, str], int] = {}
+    for hour in hours:
+        for item in hour.shadow:
+            shadow[(item.tier, item.policy)] = shadow.get((item.tier, item.policy), 0) + item.count
+
+    def top_of(replies_of_days: list[Any]) -> list[tuple[str, int]]:
+        identities: dict[str, int] = {}
+        for members in replies_of_days:
+            for member, score in members or ():
+                label = _text(member)
+                identities[label] = identities.get(label, 0) + int(score)
+        return sorted(identities.items(), key=lambda item: (-item[1], item[0]))[:top]
+
+    top_blocked = top_of(replies[len(hours):len(hours) + len(days)])
+    top_shadow = top_of(replies[len(hours) + len(days):])
     return MetricsRange(
         allowed=sum(h.allowed for h in hours),
         blocked=sum(h.blocked for h in hours),
@@ -679,6 +800,10 @@ def _read_range(first: int, last: int) -> MetricsRange:
         policies=_sorted_policies(policies),
         top_blocked=tuple(BlockedIdentity(identity, count) for identity, count in top_blocked),
         unauthorized=sum(h.unauthorized for h in hours),
+        allowed_by_list=sum(h.allowed_by_list for h in hours),
+        denied_by_list=sum(h.denied_by_list for h in hours),
+        shadow=_sorted_shadow(shadow),
+        top_shadow_blocked=tuple(BlockedIdentity(identity, count) for identity, count in top_shadow),
     )
 
 

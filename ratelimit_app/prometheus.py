@@ -6,7 +6,10 @@ leaks in, and the app's series never collide with a project's own. Series (all p
 
 - `ratelimit_decisions_total{tier,policy,outcome}` counter: limited requests; `outcome` is "allowed",
   "blocked" or "unauthorized" (401), `policy` the policy that denied ("none" otherwise).
+  "allowed_by_list" / "denied_by_list" (an allow or deny rule decided, without Redis).
 - `ratelimit_degraded_decisions_total{tier,outcome}` counter: those decided without Redis.
+- `ratelimit_shadow_blocked_total{tier,policy}` counter: allowed requests that a shadow (dry-run)
+  limit would have refused.
 - `ratelimit_limiter_latency_seconds` histogram: duration of limiter calls to Redis.
 - `ratelimit_breaker_state{state}` gauge: 1 for the breaker's current state, 0 for the others.
 - `ratelimit_breaker_transitions_total{state}` counter: changes into each state.
@@ -66,6 +69,13 @@ class RateLimitCollector(Collector):
             degraded.add_metric(list(degraded_labels), count)
         yield decisions
         yield degraded
+        shadow = CounterMetricFamily(
+            "ratelimit_shadow_blocked", "Allowed requests a shadow (dry-run) limit would have refused.",
+            labels=["tier", "policy"],
+        )
+        for would_block in snapshot.shadow_blocked:
+            shadow.add_metric([would_block.tier, would_block.policy], would_block.count)
+        yield shadow
 
         cumulative = 0
         buckets: list[tuple[str, float]] = []
