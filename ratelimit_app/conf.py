@@ -34,6 +34,8 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_USER_TIER": "free",  # tier of an authenticated user without an API key or own tier
     "ANONYMOUS_TIER": None,  # tier for clients with no key and no user; None: a key is required (401)
     "HEADERS": "both",  # "legacy" (X-RateLimit-*), "ietf" (RateLimit, RateLimit-Policy) or "both"
+    "HEADER_DRAFT": "draft-11",  # the draft-ietf-httpapi-ratelimit-headers revision the IETF fields follow
+    "ERROR_FORMAT": "json",  # body of 429/503/401/403: "json" or "problem" (RFC 9457 problem+json)
     "TRUSTED_PROXIES": 0,  # number of trusted proxy hops, or a list of trusted CIDRs
     "IPV6_PREFIX": 64,  # IPv6 clients are grouped by this prefix length
     "API_KEY_HEADER": "X-API-Key",
@@ -59,6 +61,8 @@ DEFAULTS: dict[str, Any] = {
 _CHOICES: dict[str, tuple[Any, ...]] = {
     "HEADERS": ("legacy", "ietf", "both"),
     "FAIL_MODE": ("open", "closed", "local"),
+    "HEADER_DRAFT": ("draft-11",),
+    "ERROR_FORMAT": ("json", "problem"),
 }
 _POSITIVE_NUMBERS = (
     "SOCKET_CONNECT_TIMEOUT", "SOCKET_TIMEOUT", "CACHE_TTL", "BUDGET_MS", "BREAKER_COOLDOWN",

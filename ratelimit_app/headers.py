@@ -9,7 +9,9 @@ RATELIMIT['HEADERS'] chooses "legacy", "ietf" or "both" (default). For one reque
     RateLimit-Policy: "ip";q=100;w=60, "burst";q=10;w=30, "minute";q=20;w=60, "day";q=1000;w=86400
     RateLimit: "ip";r=99;t=1, "burst";r=0;t=30, "minute";r=10;t=58, "day";r=990;t=40000
 
-The IETF fields follow draft-ietf-httpapi-ratelimit-headers (-08 and later): Structured Field lists whose
+The IETF fields follow the revision of draft-ietf-httpapi-ratelimit-headers that RATELIMIT['HEADER_DRAFT']
+names (only "draft-11" today; a later draft becomes a new entry of IETF_DRAFTS, chosen by that setting,
+so a project moves when it chooses to): Structured Field lists whose
 members are policy names (sf-strings) with parameters q (quota), w (window, seconds), r (remaining) and
 t (seconds until the quota resets). For token_bucket and gcra, q is the burst and w the time the burst
 takes to refill at the sustained rate, so q/w is the sustained rate.
@@ -23,6 +25,7 @@ from functools import lru_cache
 
 from django.http import HttpResponseBase
 
+from .conf import ratelimit_settings
 from .decision import Decision, PolicyResult
 from .policies import BURST_ALGORITHMS, Policy
 
@@ -63,6 +66,17 @@ def ratelimit_field(results: Sequence[PolicyResult]) -> str:
     return ", ".join(f"{_sf_string(r.policy)};r={r.remaining};t={_seconds(r.reset_after)}" for r in results)
 
 
+#: RATELIMIT['HEADER_DRAFT'] -> the functions that format `RateLimit-Policy` and `RateLimit`.
+IETF_DRAFTS = {"draft-11": (policy_field, ratelimit_field)}
+
+
+def _draft() -> str:
+    try:
+        return str(ratelimit_settings.HEADER_DRAFT)
+    except Exception:  # invalid settings met at run time: the default revision
+        return "draft-11"
+
+
 def apply_headers(response: HttpResponseBase, decision: Decision, policies: tuple[Policy, ...],
                   tier: str | None, mode: str) -> None:
     """Add the headers chosen by `mode` ("legacy", "ietf" or "both") describing `decision`.
@@ -80,10 +94,11 @@ def apply_headers(response: HttpResponseBase, decision: Decision, policies: tupl
         if tier:
             headers["X-RateLimit-Tier"] = tier
     if mode != LEGACY:
+        format_policies, format_state = IETF_DRAFTS.get(_draft(), IETF_DRAFTS["draft-11"])
         if policies:
-            headers["RateLimit-Policy"] = policy_field(policies)
+            headers["RateLimit-Policy"] = format_policies(policies)
         if live:
-            headers["RateLimit"] = ratelimit_field(decision.results)
+            headers["RateLimit"] = format_state(decision.results)
 
 
 def retry_after_seconds(retry_after: float | None) -> int | None:

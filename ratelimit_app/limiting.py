@@ -41,12 +41,14 @@ from django.http import HttpRequest
 
 from . import metrics
 from .apikeys import key_matches, parse_key
+from .clientrules import ALLOW, DENY
 from .conf import DEFAULTS, SettingsCached, ratelimit_settings
 from .decision import Decision, degraded_decision
 from .exceptions import BACKEND_ERRORS
 from .identity import (
     api_key_from_request,
     authenticated_user,
+    client_ip,
     key_identity,
     request_ip_identity,
     user_identity,
@@ -61,6 +63,7 @@ ALLOWED = "allowed"
 DENIED = "denied"  # 429
 UNAVAILABLE = "unavailable"  # 503: denied because the limiter is unavailable (fail mode)
 UNAUTHORIZED = "unauthorized"  # 401
+FORBIDDEN = "forbidden"  # 403: the client is deny-listed (ClientRule)
 
 #: Tier label of decisions made on the per-IP limit alone (no valid key or tier yet).
 IP_ONLY_TIER = "ip"
@@ -138,6 +141,8 @@ class RequestPlan:
     it is then charged to the per-IP limit alone and answered 401 with that message if the IP may
     send. `tier_fail_mode` is the tier's own fail mode (None: RATELIMIT['FAIL_MODE']), `fail_mode` the
     one that applies. `label` names the decision in the metrics (the tier slug, "ip", "decorator"...).
+    `listed` is "allow" when an allow rule (ClientRule) matched: the plan then has no checks, and
+    none are added to it.
     """
 
     checks: tuple[LimitCheck, ...]
@@ -147,10 +152,11 @@ class RequestPlan:
     tier_fail_mode: str | None = None
     refusal: str = ""
     label: str = IP_ONLY_TIER
+    listed: str = ""
 
     def plus(self, extra: Sequence[LimitCheck]) -> RequestPlan:
-        """This plan with more checks decided in the same call."""
-        return dataclasses.replace(self, checks=self.checks + tuple(extra)) if extra else self
+        """This plan with more checks decided in the same call (none for an allow-listed client)."""
+        return dataclasses.replace(self, checks=self.checks + tuple(extra)) if extra and not self.listed else self
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,23 +217,33 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
     """Identify the client of `request` and the policies of its tier for `scope`.
 
     Returns a LimitOutcome instead when a per-IP peek already refuses a request with a key this
-    process has not looked up yet (nothing is charged). `user` is the authenticated user to use
-    instead of `request.user` (DRF authenticates on its own Request object). Raises
+    process has not looked up yet (nothing is charged), or when a deny rule (ClientRule) matches the
+    client (403, decided before any Redis call). An allow rule gives a plan without checks. `user` is
+    the authenticated user to use instead of `request.user` (DRF authenticates on its own Request
+    object). The tier's policies include the key's or user's own limits (overrides). Raises
     ImproperlyConfigured when a tier named in the settings or by a key does not exist.
     """
     config = get_config()
     ip_id = request_ip_identity(request)
-    ip_checks = (LimitCheck(ip_id, config.ip_policies),) if config.ip_policies else ()
     lookups = get_lookups()
+    rules = lookups.client_rules()
+    listed = ""
+    if not rules.empty and rules.has_networks:
+        listed = rules.for_address(client_ip(request)) or ""
+        if listed == DENY:
+            return _denied_by_list(ip_id, "client network")
+    ip_checks = (LimitCheck(ip_id, config.ip_policies),) if config.ip_policies and not listed else ()
     raw_key = api_key_from_request(request)
     tier: TierInfo | None
     if raw_key is not None:
         prefix = parse_key(raw_key)
         if prefix is None:
-            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal="malformed API key")
+            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal="malformed API key", listed=listed)
+        if prefix in rules.deny_keys:
+            return _denied_by_list(key_identity(prefix), "API key")
         info = lookups.cached_key(prefix)
         if info is MISS:
-            if ip_checks:
+            if ip_checks and prefix not in rules.allow_keys:
                 # A key this process has not seen: make sure the IP may send at all before the lookup,
                 # so a flood of random keys from one client costs no more than its per-IP limit.
                 early = _ip_precheck(config, ip_id, cost)
@@ -235,20 +251,24 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
                     return early
             info = lookups.key(prefix)
         if info is None or not key_matches(raw_key, info.hashed_key):
-            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal="unknown API key")
+            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal="unknown API key", listed=listed)
         refusal = info.refusal(time.time())
         if refusal is not None:
-            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal=f"API key {refusal}")
+            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal=f"API key {refusal}", listed=listed)
         tier = lookups.tier(info.tier_slug)
         if tier is None:
             raise ImproperlyConfigured(f"API key {prefix} names tier {info.tier_slug!r}, which does not exist")
         identity = key_identity(prefix)
+        tier = lookups.with_overrides(identity, tier, info.overrides)
+        if prefix in rules.allow_keys:
+            listed = ALLOW  # the key was verified above: a guessed prefix is not enough
     else:
         if user is FROM_REQUEST:
             user = authenticated_user(request)
         slug, setting = None, ""
+        overrides: tuple[tuple[Any, ...], ...] = ()
         if user is not None:
-            slug = lookups.user_tier_slug(user.pk)
+            slug, overrides = lookups.user_plan(user.pk)
             if slug is None and config.default_user_tier is not None:
                 slug, setting = config.default_user_tier, "DEFAULT_USER_TIER"
         if slug is not None:
@@ -261,18 +281,33 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
         if tier is None:
             where = f"RATELIMIT['{setting}']" if setting else f"the user tier of user {user.pk}"
             raise ImproperlyConfigured(f"{where} names tier {slug!r}, which does not exist")
+        tier = lookups.with_overrides(identity, tier, overrides)
+    if listed:
+        return RequestPlan((), tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug,
+                           listed=ALLOW)
     checks = (*ip_checks, LimitCheck(identity, tier.policies_for(scope)))
     return RequestPlan(checks, tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug)
+
+
+def _denied_by_list(identity: str, what: str) -> LimitOutcome:
+    """403 for a deny-listed client, counted as denied-by-list; no Redis call is made."""
+    metrics.record_decision(allowed=False, tier="list", policy=None, degraded=False, identity=identity,
+                            listed=DENY)
+    return LimitOutcome(FORBIDDEN, None, (), None, identity, f"{what} refused by an access rule", charged=False)
 
 
 def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
     """Charge `cost` to every check of `plan` in one all-or-nothing call (cost 0: only report where
     the client stands), and count the request in the metrics once."""
     checks = plan.checks
-    policies = tuple(policy for check in checks for policy in check.policies)
-    if not checks:  # nothing to charge: no per-IP limit and no usable key
+    # shadow policies never show in headers: they are reported apart (Decision.shadow)
+    policies = tuple(policy for check in checks for policy in check.policies if not policy.shadow)
+    if not checks:  # nothing to charge: no per-IP limit and no usable key, or an allow-listed client
         status = UNAUTHORIZED if plan.refusal else ALLOWED
-        return LimitOutcome(status, None, (), plan.tier, plan.identity, plan.refusal)
+        if plan.listed and cost > 0:
+            metrics.record_decision(allowed=True, tier=plan.label, policy=None, degraded=False,
+                                    identity=plan.identity, unauthorized=status == UNAUTHORIZED, listed=ALLOW)
+        return LimitOutcome(status, None, (), plan.tier, plan.identity, plan.refusal, cost > 0)
     pairs = [(check.identity, check.policies) for check in checks]
     if plan.refusal:
         cost = max(cost, 1)  # an unusable key is charged to the per-IP limit even on report-only routes
@@ -293,6 +328,10 @@ def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
             allowed=summary.allowed, tier=plan.label, policy=None if summary.allowed else summary.policy,
             degraded=summary.degraded, identity=plan.identity, unauthorized=status == UNAUTHORIZED,
         )
+        if summary.allowed and summary.shadow:
+            would_block = summary.would_block
+            if would_block:  # refusals a shadow limit would have made: counted, never answered
+                metrics.record_shadow_blocked(tier=plan.label, policies=would_block, identity=plan.identity)
     padded = tuple(decisions) + (None,) * (len(pairs) - len(decisions))
     return LimitOutcome(status, summary, policies, plan.tier, plan.identity,
                         plan.refusal if status == UNAUTHORIZED else "", cost > 0, checks, padded)
@@ -317,11 +356,12 @@ def summarize(decisions: Sequence[Decision], expected: int) -> Decision:
     if not denied and len(decisions) == expected:
         if len(decisions) == 1 and not degraded:
             return decisions[0]
-        return Decision.from_results(results, degraded=degraded)
+        return Decision.from_results(results, degraded=degraded, shadow=tuple(r for d in decisions for r in d.shadow))
     worst = max(denied, key=lambda d: d.retry_after if d.retry_after is not None else 0.0) if denied else None
+    shadow = tuple(r for d in decisions for r in d.shadow)
     if worst is None:
-        return Decision(False, 0, 0, 0.0, None, "", results, degraded)
-    return dataclasses.replace(worst, allowed=False, results=results, degraded=degraded)
+        return Decision(False, 0, 0, 0.0, None, "", results, degraded, shadow)
+    return dataclasses.replace(worst, allowed=False, results=results, degraded=degraded, shadow=shadow)
 
 
 def _ip_precheck(config: LimitConfig, ip_id: str, cost: int) -> LimitOutcome | None:

@@ -32,6 +32,7 @@ from .headers import apply_headers
 from .limiting import (
     ALLOWED,
     DENIED,
+    FORBIDDEN,
     UNAUTHORIZED,
     LimitCheck,
     LimitOutcome,
@@ -39,7 +40,7 @@ from .limiting import (
     limit_request,
     safely,
 )
-from .responses import limiter_unavailable, too_many_requests, unauthorized
+from .responses import forbidden, limiter_unavailable, too_many_requests, unauthorized
 from .routes import DEFERRED_ATTRIBUTE, defers_to_throttles, route_for_view, view_limit_of
 
 #: The request attribute that holds the LimitOutcome (also set by the throttles and the decorator).
@@ -130,8 +131,10 @@ def add_headers(response: HttpResponseBase, outcome: LimitOutcome) -> None:
 
 
 def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
-    """The 429, 503 or 401 answer to a refused outcome, with the rate limit headers."""
+    """The 429, 503, 401 or 403 answer to a refused outcome, with the rate limit headers."""
     decision = outcome.decision
+    if outcome.status == FORBIDDEN:
+        return forbidden(outcome.message)
     if outcome.status == UNAUTHORIZED:
         response = unauthorized(outcome.message)
     elif outcome.status == DENIED and decision is not None:

@@ -1,4 +1,14 @@
-"""The JSON answers to refused requests: 429 (over a limit), 503 (limiter unavailable), 401 (no usable key).
+"""The JSON answers to refused requests: 429 (over a limit), 503 (limiter unavailable), 401 (no usable key),
+403 (a deny rule).
+
+RATELIMIT['ERROR_FORMAT'] chooses the body: "json" (default, shown below) or "problem": RFC 9457
+`application/problem+json` with the problem types of draft-ietf-httpapi-ratelimit-headers
+(`quota-exceeded` for 429 with a `violated-policies` member, `temporary-reduced-capacity` for 503;
+`about:blank` for 401 and 403), keeping `tier` and `retry_after` as extension members:
+
+    429 {"type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+         "title": "Request cannot be satisfied as assigned quota has been exceeded", "status": 429,
+         "detail": "rate limit exceeded", "violated-policies": ["burst"], "tier": "free", "retry_after": 2.85}
 
     429 {"error": "rate limit exceeded", "tier": "free", "policy": "burst", "retry_after": 2.85}
         Retry-After: 3
@@ -15,11 +25,54 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 from django.http import JsonResponse
 
+from .conf import ratelimit_settings
 from .decision import Decision
 from .headers import retry_after_seconds
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+TEMPORARY_REDUCED_CAPACITY = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+_TITLES = {
+    QUOTA_EXCEEDED: "Request cannot be satisfied as assigned quota has been exceeded",
+    TEMPORARY_REDUCED_CAPACITY: "Request cannot be satisfied due to temporary server capacity constraints",
+}
+_STATUS_TITLES = {401: "Unauthorized", 403: "Forbidden"}
+
+
+def _problem_format() -> bool:
+    try:
+        return bool(ratelimit_settings.ERROR_FORMAT == "problem")
+    except Exception:  # invalid settings met at run time: answer in the default format
+        return False
+
+
+def _answer(status: int, body: dict[str, Any], *, problem_type: str = "about:blank",
+            violated: Sequence[str] = ()) -> JsonResponse:
+    """`body` as JSON, or as RFC 9457 problem details when RATELIMIT['ERROR_FORMAT'] is "problem"
+    (its "error" becomes "detail"; the other members stay as extension members)."""
+    if not _problem_format():
+        return JsonResponse(body, status=status)
+    problem: dict[str, Any] = {
+        "type": problem_type,
+        "title": _TITLES.get(problem_type) or _STATUS_TITLES.get(status, "Error"),
+        "status": status,
+        "detail": body.get("error", ""),
+    }
+    if problem_type == QUOTA_EXCEEDED:
+        problem["violated-policies"] = list(violated)
+    problem.update((name, value) for name, value in body.items() if name != "error")
+    return JsonResponse(problem, status=status, content_type=PROBLEM_CONTENT_TYPE)
+
+
+def violated_policies(decision: Decision) -> list[str]:
+    """The names of the policies that refused (the `violated-policies` member)."""
+    names = [result.policy for result in decision.results if not result.allowed]
+    return names or ([decision.policy] if decision.policy else [])
 
 
 def too_many_requests(decision: Decision, tier: str | None, cost: int = 1) -> JsonResponse:
@@ -31,11 +84,11 @@ def too_many_requests(decision: Decision, tier: str | None, cost: int = 1) -> Js
                       f"({decision.limit}); it will never be allowed"),
             "tier": tier, "policy": decision.policy, "retry_after": None,
         }
-        return JsonResponse(body, status=429)
-    response = JsonResponse({
+        return _answer(429, body, problem_type=QUOTA_EXCEEDED, violated=violated_policies(decision))
+    response = _answer(429, {
         "error": "rate limit exceeded", "tier": tier, "policy": decision.policy,
         "retry_after": round(retry_after, 3) if retry_after is not None else None,
-    }, status=429)
+    }, problem_type=QUOTA_EXCEEDED, violated=violated_policies(decision))
     seconds = retry_after_seconds(retry_after)
     response["Retry-After"] = str(seconds if seconds is not None else 1)
     return response
@@ -45,18 +98,23 @@ def limiter_unavailable(decision: Decision | None, tier: str | None) -> JsonResp
     """503 for a request refused because the limiter cannot decide (fail mode closed or local)."""
     retry_after = decision.retry_after if decision is not None else None
     seconds = retry_after_seconds(retry_after) or 1
-    response = JsonResponse({
+    response = _answer(503, {
         "error": "rate limiter unavailable", "tier": tier,
         "policy": decision.policy if decision is not None else "",
         "retry_after": round(retry_after, 3) if retry_after is not None and not math.isinf(retry_after)
         else float(seconds),
-    }, status=503)
+    }, problem_type=TEMPORARY_REDUCED_CAPACITY)
     response["Retry-After"] = str(seconds)
     return response
 
 
 def unauthorized(message: str) -> JsonResponse:
     """401 with a message saying what is wrong with the key (never the key itself)."""
-    response = JsonResponse({"error": message}, status=401)
+    response = _answer(401, {"error": message})
     response["WWW-Authenticate"] = 'Bearer realm="api"'
     return response
+
+
+def forbidden(message: str) -> JsonResponse:
+    """403 for a client refused by a deny rule (ClientRule)."""
+    return _answer(403, {"error": message})

@@ -42,6 +42,7 @@ from .identity import get_config as identity_config
 from .limiting import (
     ALLOWED,
     DENIED,
+    FORBIDDEN,
     REQUEST_LIMITS,
     UNAUTHORIZED,
     UNAVAILABLE,
@@ -137,6 +138,14 @@ class InvalidApiKey(APIException):
     auth_header = 'Bearer realm="api"'
 
 
+class ClientRefused(APIException):
+    """403: a deny rule (ClientRule) refuses the client's network or API key."""
+
+    status_code = 403
+    default_detail = "Refused by an access rule."
+    default_code = "client_refused"
+
+
 class LimiterUnavailable(APIException):
     """503: the limiter cannot decide and the fail mode refuses; `wait` becomes `Retry-After`."""
 
@@ -189,6 +198,8 @@ class JointThrottle(drf_throttling.BaseThrottle):
         refused = self.owner in joint.denied_outright or (self.decision is not None and not self.decision.allowed)
         if joint.carrier == self.owner:
             outcome = joint.outcome
+            if outcome.status == FORBIDDEN:
+                raise ClientRefused(outcome.message)
             if outcome.status == UNAUTHORIZED:
                 raise InvalidApiKey(outcome.message)
             if outcome.status == UNAVAILABLE:
