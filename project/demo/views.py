@@ -76,13 +76,15 @@ def rate_limit_status(request: HttpRequest) -> JsonResponse:
     if not outcome.allowed:  # 401 (and 429 for an IP over its limit) are the middleware's answers
         return JsonResponse({"error": outcome.message or outcome.status}, status=401)
     decision = outcome.decision
-    results = {r.policy: r for r in decision.results} if decision is not None else {}
+    results = {r.policy: r for r in (*decision.results, *decision.shadow)} if decision is not None else {}
+    # the effective set: the tier's limits with the key's or user's overrides, shadow ones included
+    policies = [*outcome.policies, *(p for check in outcome.checks for p in check.policies if p.shadow)]
     limits = []
-    for policy in outcome.policies:
+    for policy in policies:
         result = results.get(policy.name)
         limits.append({
             "name": policy.name, "algorithm": policy.algorithm, "limit": policy.limit,
-            "period": policy.period, "burst": policy.burst,
+            "period": policy.period, "burst": policy.burst, "shadow": policy.shadow,
             "remaining": result.remaining if result else None,
             "reset": round(result.reset_after, 3) if result else None,
         })

@@ -8,7 +8,8 @@ An argument names one of:
   "ip:2001:db8::/64"): the per-IP limit (policy "ip", from IP_RATE / IP_ALGORITHM) and, when
   RATELIMIT['ANONYMOUS_TIER'] is set, that tier's limits, identity `ip:<address or network>`.
 
-A tier's limits are all of them: the unscoped ones and those of every scope.
+A tier's limits are all of them: the unscoped ones and those of every scope, with the key's or user's
+own limits (overrides) applied: the effective set the middleware enforces.
 """
 
 from __future__ import annotations
@@ -93,15 +94,15 @@ def _user_target(text: str) -> Target:
         raise CommandError(f"user:{text}: not a valid user id") from exc
     if user is None:
         raise CommandError(f"user:{text}: no such user")
-    slug = get_lookups().user_tier_slug(user.pk)
+    slug, overrides = get_lookups().user_plan(user.pk)
     where = f"the user tier of user {user.pk}"
     if slug is None:
         slug = ratelimit_settings.DEFAULT_USER_TIER
         where = "RATELIMIT['DEFAULT_USER_TIER']"
         if slug is None:
             raise CommandError(f"user:{user.pk} has no tier and RATELIMIT['DEFAULT_USER_TIER'] is None")
-    tier = _tier(slug, where)
     identity = f"user:{user.pk}"
+    tier = get_lookups().with_overrides(identity, _tier(slug, where), overrides)
     return Target(f"user {user.pk} ({user})", tier, (Check(identity, tier_policies(tier), f"tier {tier.slug}"),))
 
 
@@ -111,9 +112,12 @@ def _key_target(prefix: str) -> Target:
     api_key = ApiKey.objects.select_related("tier").filter(prefix=prefix).first()
     if api_key is None:
         raise CommandError(f"no API key with prefix {prefix!r}")
-    tier = _tier(api_key.tier.slug, f"API key {prefix}")
-    state = "revoked" if api_key.revoked else ("expired" if api_key.is_expired else "active")
     identity = f"key:{prefix}"
+    info = get_lookups().key(prefix)
+    tier = _tier(api_key.tier.slug, f"API key {prefix}")
+    if info is not None:
+        tier = get_lookups().with_overrides(identity, tier, info.overrides)
+    state = "revoked" if api_key.revoked else ("expired" if api_key.is_expired else "active")
     return Target(f"API key {prefix} ({api_key.name}, {state})", tier,
                   (Check(identity, tier_policies(tier), f"tier {tier.slug}"),))
 

@@ -1,8 +1,10 @@
 """`manage.py ratelimit_status IDENTITY_OR_KEY_PREFIX`: the tier, and remaining / reset of each limit.
 
 Accepts an API key prefix ("AbCd1234" or "key:AbCd1234"), "user:<id>" or "ip:<address>" (see
-`_targets`). Reads Redis without charging anything (a peek per identity). Exits with an error when
-the target is unknown or Redis does not answer.
+`_targets`). The limits shown are the effective set: the tier's with the key's or user's overrides
+applied; shadow (dry-run) limits are marked "shadow" (and "would deny" where they would refuse).
+An allow or deny rule (ClientRule) that names the target is reported first. Reads Redis without
+charging anything (a peek per identity). Exits with an error when the target is unknown or Redis does not answer.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
+from ratelimit_app.clientrules import ALLOW
 from ratelimit_app.conf import ratelimit_settings
 from ratelimit_app.exceptions import RateLimiterError
+from ratelimit_app.lookups import get_lookups
 from ratelimit_app.policies import Policy
 from ratelimit_app.service import get_limiter
 
@@ -36,9 +40,30 @@ def seconds(value: float | None) -> str:
 
 
 def describe(policy: Policy) -> str:
-    """A policy as "20/60s" with its burst, for a table cell."""
+    """A policy as "20/60s" with its burst (and "shadow" for a dry-run limit), for a table cell."""
     burst = f" burst {policy.burst}" if policy.burst is not None else ""
-    return f"{policy.rate}{burst}"
+    shadow = " shadow" if policy.shadow else ""
+    return f"{policy.rate}{burst}{shadow}"
+
+
+ALLOW_LISTED = "allow-listed: never limited"
+DENY_LISTED = "deny-listed: refused with 403 before any limit"
+
+
+def listing(identity: str) -> str | None:
+    """The allow or deny rule that names this target (an API key, or the network of an address)."""
+    rules = get_lookups().client_rules()
+    kind, _, value = identity.partition(":")
+    if kind == "key":
+        if value in rules.deny_keys:
+            return DENY_LISTED
+        if value in rules.allow_keys:
+            return ALLOW_LISTED
+    elif kind == "ip" and "/" not in value:
+        action = rules.for_address(value)
+        if action is not None:
+            return ALLOW_LISTED if action == ALLOW else DENY_LISTED
+    return None
 
 
 class Command(BaseCommand):
@@ -54,6 +79,9 @@ class Command(BaseCommand):
         if target.tier is not None:
             mode = target.tier.fail_mode or f"default ({ratelimit_settings.FAIL_MODE})"
             self.stdout.write(f"Tier:      {target.tier.slug} ({target.tier.name}), fail mode {mode}")
+        listed = listing(target.checks[0].identity) if target.checks else None
+        if listed is not None:
+            self.stdout.write(f"Rule:      {listed}")
         rows = [("identity", "policy", "algorithm", "limit", "remaining", "full in", "next request")]
         for check in target.checks:
             if not check.policies:
@@ -63,8 +91,11 @@ class Command(BaseCommand):
                 decision = engine.peek(check.identity, check.policies)
             except (RateLimiterError, RedisError, OSError) as exc:
                 raise CommandError(f"Redis did not answer ({type(exc).__name__}: {exc})") from exc
-            for policy, result in zip(check.policies, decision.results, strict=True):
-                verdict = "allowed" if result.allowed else f"denied, retry in {seconds(result.retry_after)}"
+            by_name = {result.policy: result for result in (*decision.results, *decision.shadow)}
+            for policy in check.policies:
+                result = by_name[policy.name]
+                verdict = "allowed" if result.allowed else (
+                    f"{'would deny (shadow)' if policy.shadow else 'denied'}, retry in {seconds(result.retry_after)}")
                 rows.append((check.identity, policy.name, policy.algorithm, describe(policy),
                              f"{result.remaining}/{result.limit}", seconds(result.reset_after), verdict))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
