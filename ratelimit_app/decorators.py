@@ -24,6 +24,24 @@ applied (at import), so a bad rate, key, cost or algorithm fails at startup, nam
 Under RateLimitMiddleware (a path it limits, `block=True`, the route's cost), the view's limit is
 decided in the same all-or-nothing Redis call as the per-IP limit and the tier: a request refused by
 any of them charges none of them. Otherwise the decorator decides its limit alone.
+
+`shadow=True` makes the limit a dry run: counted, never refusing, its would-be refusals counted in
+the metrics (`ratelimit_shadow_blocked_total{tier="decorator"}`).
+
+Limits counted by outcome: with `count_if=lambda response: ...`, the limit is checked before the view
+runs (a peek: a client already at the limit gets 429 without running the view) and charged after it,
+only when `count_if(response)` is true. A login view that allows 5 failed attempts per 15 minutes per
+username, successful logins being free:
+
+    @ratelimit(rate="5/15m", key="post:username", count_if=lambda r: r.status_code in (401, 403))
+    def login(request): ...
+
+Concurrency bound: the check and the charge are two Redis calls, so requests in flight between them
+all pass the check. The counter itself never exceeds the limit (each charge is atomic, and a charge
+that no longer fits is refused), but up to `limit + C - 1` matching responses can be served in one
+window, where C is the number of requests for the same key in flight at once (the test suite runs 8
+concurrent clients against a limit of 5 and checks both). Such a limit is decided alone, never joined
+with the middleware's call.
 """
 
 from __future__ import annotations
@@ -36,16 +54,29 @@ from typing import Any, TypeVar, cast
 
 from django.http import HttpRequest, HttpResponseBase
 
+from . import metrics
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
-from .limiting import ALLOWED, LimitCheck, LimitOutcome, RequestPlan, decide, get_config, safely
+from .limiting import (
+    ALLOWED,
+    DENIED,
+    UNAVAILABLE,
+    LimitCheck,
+    LimitOutcome,
+    RequestPlan,
+    decide,
+    get_config,
+    safely,
+)
 from .middleware import REQUEST_ATTRIBUTE
 from .policies import InvalidPolicy, Policy
 from .responses import limiter_unavailable, too_many_requests
 from .routes import VIEW_LIMIT_ATTRIBUTE, validate_cost, view_name
+from .service import get_limiter
 
 ViewT = TypeVar("ViewT", bound=Callable[..., HttpResponseBase])
 KeyFunction = Callable[[HttpRequest], "str | None"]
+CountIf = Callable[[HttpResponseBase], bool]
 
 #: `tier` label of the decorator's decisions in the metrics.
 DECORATOR_TIER = "decorator"
@@ -70,7 +101,14 @@ def _key_function(key: str | KeyFunction) -> KeyFunction:
             # The value is user input: the engine hashes identities, so it never becomes a key name.
             return f"header:{header.lower()}:{request.META.get(meta, '')}"
         return by_header
-    raise ValueError(f"key: {key!r} must be 'ip', 'user', 'header:<name>' or a callable")
+    if isinstance(key, str) and key.lower().startswith("post:") and key[len("post:"):].strip():
+        field = key[len("post:"):].strip()
+
+        def by_post_field(request: HttpRequest) -> str:
+            # A form field (a username): user input, hashed by the engine like every identity.
+            return f"post:{field}:{request.POST.get(field, '')}"
+        return by_post_field
+    raise ValueError(f"key: {key!r} must be 'ip', 'user', 'header:<name>', 'post:<field>' or a callable")
 
 
 def _plain_label(client: str) -> str:
@@ -86,7 +124,7 @@ class DecoratorLimit:
     the view answers its decision."""
 
     def __init__(self, policy: Policy, namespace: str, key_function: KeyFunction,
-                 label_of: Callable[[str], str], block: bool, cost: int) -> None:
+                 label_of: Callable[[str], str], block: bool, cost: int, count_if: CountIf | None = None) -> None:
         self.policy = policy
         self.policies = (policy,)
         self.namespace = namespace
@@ -95,10 +133,12 @@ class DecoratorLimit:
         self.label_of = label_of
         self.block = block
         self.cost = cost
+        self.count_if = count_if
         # Decided with the middleware's limits (when the route's cost is this cost) only when a refusal
         # by this limit refuses the request: with block=False the view runs anyway, so charging the
-        # request's other limits must not depend on this one.
-        self.joins_request_limits = block
+        # request's other limits must not depend on this one. A limit counted by outcome is charged
+        # after the view, on its own.
+        self.joins_request_limits = block and count_if is None
 
     def check_for(self, request: HttpRequest) -> LimitCheck | None:
         """This view's check for `request`, or None when its key function says "not limited"."""
@@ -117,9 +157,59 @@ class DecoratorLimit:
         return decide(RequestPlan((check,), None, self.label_of(client), get_config().fail_mode,
                                   label=DECORATOR_TIER), self.cost)
 
+    def check_before(self, check: LimitCheck, label: str) -> LimitOutcome:
+        """Counted by outcome, before the view: may one more matching response be charged? (a peek;
+        a refusal is counted in the metrics)."""
+        decision = get_limiter().peek(check.identity, self.policies, self.cost, fresh=True)
+        if decision.allowed:
+            return LimitOutcome(ALLOWED, decision, self.policies, None, label, charged=False)
+        metrics.record_decision(allowed=False, tier=DECORATOR_TIER, policy=decision.policy,
+                                degraded=decision.degraded, identity=label)
+        return LimitOutcome(UNAVAILABLE if decision.degraded else DENIED, decision, self.policies, None, label,
+                            charged=False)
+
+    def charge_after(self, check: LimitCheck, label: str, counted: bool) -> LimitOutcome:
+        """Counted by outcome, after the view: count the request, and charge it when it matched."""
+        metrics.record_decision(allowed=True, tier=DECORATOR_TIER, policy=None, degraded=False, identity=label)
+        if not counted:
+            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
+        # A charge that no longer fits (requests in flight passed the check together) is refused by the
+        # script and charges nothing: the counter never goes over the limit.
+        decision = get_limiter().hit(check.identity, self.policies, self.cost)
+        return LimitOutcome(ALLOWED, decision, self.policies, None, label)
+
+    def answer_counted(self, request: HttpRequest, view: Callable[..., HttpResponseBase], args: Any,
+                       kwargs: Any) -> HttpResponseBase:
+        """`count_if`: check before the view, run it, charge after it when the response matches."""
+        check = self.check_for(request)
+        if check is None:
+            return view(request, *args, **kwargs)
+        label = self.label_of(check.identity.partition("|")[2])
+        before = safely(lambda: self.check_before(check, label), where=f"@ratelimit ({self.namespace})")
+        decision = before.decision
+        request.limited = not before.allowed  # type: ignore[attr-defined]
+        if before.allowed or not self.block:
+            response = view(request, *args, **kwargs)
+            count_if = self.count_if
+            if count_if is not None:
+                counted = bool(count_if(response))
+                after = safely(lambda: self.charge_after(check, label, counted),
+                               where=f"@ratelimit ({self.namespace})")
+                decision = after.decision or decision
+        elif decision is not None and decision.degraded:
+            response = limiter_unavailable(decision, None)
+        else:
+            response = too_many_requests(decision, None, self.cost) if decision is not None else \
+                limiter_unavailable(None, None)
+        if decision is not None and decision.results:
+            apply_headers(response, decision, self.policies, None, get_config().headers)
+        return response
+
     def answer(self, request: HttpRequest, view: Callable[..., HttpResponseBase], args: Any,
                kwargs: Any) -> HttpResponseBase:
         """Run the view, or refuse, once this view's limit is decided for `request`."""
+        if self.count_if is not None:
+            return self.answer_counted(request, view, args, kwargs)
         joint: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
         if joint is not None and joint.owns(self.owner):
             decision = joint.decision_for(self.owner)  # decided by the middleware, with its limits
@@ -139,11 +229,14 @@ class DecoratorLimit:
 
 def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sliding_window",
               burst: int | None = None, block: bool = True, cost: int = 1, name: str | None = None,
-              group: str | None = None) -> Callable[[ViewT], ViewT]:
+              group: str | None = None, shadow: bool = False,
+              count_if: CountIf | None = None) -> Callable[[ViewT], ViewT]:
     """Limit a view to `rate` per `key` (see the module docstring).
 
-    Every argument is checked when the decorator is applied: a bad rate, algorithm, burst, cost
-    (an integer >= 1), key, name or group raises InvalidPolicy / ValueError / TypeError naming the view.
+    `shadow=True`: a dry run. `count_if(response) -> bool`: charge only responses that match, after
+    the view (see the module docstring for its concurrency bound). Every argument is checked when
+    the decorator is applied: a bad rate, algorithm, burst, cost (an integer >= 1), key, name, group,
+    shadow or count_if raises InvalidPolicy / ValueError / TypeError naming the view.
     """
 
     def decorate(view: ViewT) -> ViewT:
@@ -153,11 +246,15 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
             validate_cost(cost, minimum=1)
             if not isinstance(block, bool):
                 raise TypeError(f"block: {block!r} must be True or False")
+            if count_if is not None and not callable(count_if):
+                raise TypeError(f"count_if: {count_if!r} must be a callable taking the response")
             for label, value in (("name", name), ("group", group)):
                 if value is not None and (not isinstance(value, str) or not value):
                     raise ValueError(f"{label}: {value!r} must be a non-empty string")
             policy_name = name or _UNSAFE.sub("_", str(group or getattr(view, "__name__", "view")))[:64] or "view"
-            policy = Policy.parse(rate, name=policy_name, algorithm=algorithm, burst=burst)
+            parsed = Policy.parse(rate, name=policy_name, algorithm=algorithm, burst=burst)
+            policy = Policy(parsed.name, parsed.algorithm, limit=parsed.limit, period=parsed.period,
+                            burst=parsed.burst, shadow=shadow)
         except InvalidPolicy as exc:
             raise InvalidPolicy(f"{where}: {exc}") from exc
         except (ValueError, TypeError) as exc:
@@ -167,7 +264,7 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
         label_of: Callable[[str], str] = (
             _plain_label if isinstance(key, str) and key in ("ip", "user") else _digest_label
         )
-        limit = DecoratorLimit(policy, group or view_name(view), key_function, label_of, block, cost)
+        limit = DecoratorLimit(policy, group or view_name(view), key_function, label_of, block, cost, count_if)
 
         @functools.wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
