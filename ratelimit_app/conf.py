@@ -31,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "EXEMPT_PATHS": ["/health"],  # ... except these (prefix match)
     "IP_RATE": "100/m",  # per-client-IP limit applied before authentication; None disables it
     "IP_ALGORITHM": "sliding_window_counter",  # O(1) per address: an abuse guard, approximate is enough
+    "IP_SHADOW": False,  # True: the per-IP limit is a dry run (counted, never refuses; see docs/plans.md)
     "DEFAULT_USER_TIER": "free",  # tier of an authenticated user without an API key or own tier
     "ANONYMOUS_TIER": None,  # tier for clients with no key and no user; None: a key is required (401)
     "HEADERS": "both",  # "legacy" (X-RateLimit-*), "ietf" (RateLimit, RateLimit-Policy) or "both"
@@ -88,6 +89,8 @@ def _validate(values: dict[str, Any]) -> None:
         value = values[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ImproperlyConfigured(f"RATELIMIT['{name}'] is {value!r}; expected an integer >= 1")
+    if not isinstance(values["IP_SHADOW"], bool):
+        raise ImproperlyConfigured(f"RATELIMIT['IP_SHADOW'] is {values['IP_SHADOW']!r}; expected True or False")
     for name in ("PATH_PREFIXES", "EXEMPT_PATHS"):
         value = values[name]
         if isinstance(value, str) or not all(isinstance(item, str) for item in value):

@@ -94,7 +94,8 @@ def _parse_config() -> LimitConfig:
     ip_policies: tuple[Policy, ...] = ()
     if ip_rate is not None:
         try:
-            ip_policies = (Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM),)
+            parsed = Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM)
+            ip_policies = (dataclasses.replace(parsed, shadow=bool(ratelimit_settings.IP_SHADOW)),)
         except InvalidPolicy as exc:
             raise ImproperlyConfigured(
                 f"RATELIMIT['IP_RATE'] / ['IP_ALGORITHM'] = {ip_rate!r} / {ratelimit_settings.IP_ALGORITHM!r}: {exc}"
