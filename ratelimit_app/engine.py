@@ -48,6 +48,9 @@ _POLICY_NUMBERS = struct.Struct(">qqqq")  # algorithm code, limit, period in ms,
 ALGORITHM_CODES = {"token_bucket": 1, "sliding_window": 2, "fixed_window": 3, "gcra": 4, "sliding_window_counter": 5}
 #: Added to the algorithm code of a shadow policy: decide.lua counts it but never lets it refuse.
 SHADOW_FLAG = 64
+#: The code of a calendar quota (a fixed window whose boundaries are calendar days, weeks or months):
+#: its period slot carries `Policy.calendar_rule` and its capacity slot `Policy.clock_shift_ms`.
+CALENDAR_CODE = 32
 _INTEGERS = {int}
 #: A thread's connection unused for longer than this (seconds) is checked for a server-side close
 #: (a restart, an idle timeout) before it is used again, as a pool checkout would; one in back-to-back
@@ -83,7 +86,9 @@ class _Plan:
                 raise ValueError(f"policies: names must be unique within one decision, got {names}")
             suffixes.append(tuple(f"{p.name}:{p.algorithm}" for p in policies))
             numbers += [_POLICY_NUMBERS.pack(ALGORITHM_CODES[p.algorithm] + (SHADOW_FLAG if p.shadow else 0),
-                                             p.limit, p.period_ms, p.capacity)
+                                             p.limit, p.period_ms, p.capacity) if not p.calendar else
+                        _POLICY_NUMBERS.pack(CALENDAR_CODE + (SHADOW_FLAG if p.shadow else 0), p.limit,
+                                             p.calendar_rule, p.clock_shift_ms)
                         for p in policies]
         self.suffixes = tuple(suffixes)
         self.named_capacities = tuple(tuple((p.name, p.capacity, p.shadow) for p in policies)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from .calendars import CALENDAR_PERIODS, CALENDARS, is_valid_time_zone, rule_at
 
 ALGORITHMS: tuple[str, ...] = (
     "fixed_window",
@@ -76,6 +79,9 @@ class Policy:
     For token_bucket and gcra, limit/period is the sustained rate and `burst` the capacity
     (default: `limit`). Other algorithms take no burst. A `shadow` policy (a dry run) is counted like
     any other but never refuses: its would-be refusals are reported apart (`Decision.shadow`).
+    A `calendar` policy ("day", "week" or "month"; fixed_window only, its period the calendar's longest,
+    `CALENDAR_PERIODS`) counts per calendar period in `time_zone` (see ratelimit_app.calendars);
+    `clock_shift_ms` moves the Redis time such a policy is decided at, for tests only (0 in production).
     Invalid values raise InvalidPolicy.
     """
 
@@ -85,7 +91,13 @@ class Policy:
     period: float
     burst: int | None = None
     shadow: bool = False
+    calendar: str = ""
+    time_zone: str = "UTC"
+    clock_shift_ms: int = 0
     period_ms: int = field(init=False, repr=False, compare=False)
+    #: the calendar rule sent to the script (0 for other policies); part of equality, so a new rule
+    #: (after a DST change) is a new policy set for the engine's caches
+    calendar_rule: int = field(init=False, repr=False, compare=True, default=0)
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -113,9 +125,11 @@ class Policy:
         object.__setattr__(self, "period_ms", period_ms)
         if not isinstance(self.shadow, bool):
             raise InvalidPolicy(f"shadow: {self.shadow!r} for policy {self.name!r} must be True or False")
+        if self.calendar:
+            self._check_calendar()
         # hashed on every decision (the engine caches its packed commands by policy set), so once here
         object.__setattr__(self, "_hash", hash((self.name, self.algorithm, self.limit, self.period, self.burst,
-                                                         self.shadow)))
+                                                         self.shadow, self.calendar_rule, self.clock_shift_ms)))
         if self.burst is not None:
             if self.algorithm not in BURST_ALGORITHMS:
                 raise InvalidPolicy(
@@ -133,12 +147,31 @@ class Policy:
                 "large to count exactly in Redis; use a shorter period or a smaller burst"
             )
 
+    def _check_calendar(self) -> None:
+        if self.calendar not in CALENDARS:
+            raise InvalidPolicy(f"calendar: {self.calendar!r} for policy {self.name!r} is not one of "
+                                f"'', {', '.join(CALENDARS)}")
+        if self.algorithm != "fixed_window":
+            raise InvalidPolicy(f"algorithm: a calendar quota counts per calendar {self.calendar}: use "
+                                f"fixed_window, not {self.algorithm}")
+        if self.period != CALENDAR_PERIODS[self.calendar]:
+            raise InvalidPolicy(f"period: a calendar {self.calendar} quota has period "
+                                f"{CALENDAR_PERIODS[self.calendar]} (its longest length), not {self.period}")
+        if not is_valid_time_zone(self.time_zone):
+            raise InvalidPolicy(f"time_zone: {self.time_zone!r} for policy {self.name!r} is not a known time zone")
+        if isinstance(self.clock_shift_ms, bool) or not isinstance(self.clock_shift_ms, int):
+            raise InvalidPolicy(f"clock_shift_ms: {self.clock_shift_ms!r} must be an integer")
+        # the app clock only picks which DST change is "next" (see ratelimit_app.calendars)
+        rule = rule_at(self.calendar, self.time_zone, time.time() + self.clock_shift_ms / 1000)
+        object.__setattr__(self, "calendar_rule", rule)
+
     def __hash__(self) -> int:
         return self._hash
 
     def __reduce__(self) -> tuple[Any, ...]:
         # rebuilt, not copied: the cached hash of another process (string hashes are salted) is wrong here
-        return (Policy, (self.name, self.algorithm, self.limit, self.period, self.burst, self.shadow))
+        return (Policy, (self.name, self.algorithm, self.limit, self.period, self.burst, self.shadow,
+                         self.calendar, self.time_zone, self.clock_shift_ms))
 
     def _state_magnitude(self) -> int:
         """The largest number the Lua state of this policy reaches (it must stay exact in a double)."""

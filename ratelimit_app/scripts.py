@@ -13,6 +13,7 @@ ALGORITHM_FILES: tuple[str, ...] = (
     "sliding_window_counter.lua",
     "token_bucket.lua",
     "gcra.lua",
+    "calendar_window.lua",
 )
 ENTRY_FILE = "decide.lua"
 #: Locals every other file uses; it comes first.

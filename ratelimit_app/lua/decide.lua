@@ -11,6 +11,9 @@
 --                  burst for token_bucket and gcra, else the limit), struct format '>i8i8' + n x '>i8i8i8i8'
 --                  algorithm codes: 1 token_bucket, 2 sliding_window, 3 fixed_window, 4 gcra,
 --                  5 sliding_window_counter (engine.ALGORITHM_CODES, checked by tests/test_scripts.py);
+--                  32 calendar_window (a fixed window over calendar days, weeks or months: its period
+--                  slot carries the calendar rule and its capacity slot a clock shift in ms, 0 outside
+--                  tests; engine.CALENDAR_CODE, see calendar_window.lua);
 --                  64 added to the code marks a shadow (dry-run) policy: it is checked and charged like
 --                  the others when it allows, never refuses the call, and is not charged when it would
 --                  have refused (so its count stays what it would be if it were enforced)
@@ -61,6 +64,7 @@ for i = 1, n do
   elseif code == 3 then algorithm = fixed_window
   elseif code == 4 then algorithm = gcra
   elseif code == 5 then algorithm = sliding_window_counter
+  elseif code == 32 then algorithm = calendar_window
   else return redis.error_reply('ERR ratelimit decide: unknown algorithm') end
   local allowed, remaining, reset_us, retry_us, value, ttl_ms, charged_reset_us = algorithm(KEYS[i], now_us,
     limit, period_ms, capacity, cost)
