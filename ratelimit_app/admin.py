@@ -21,7 +21,7 @@ from .lookups import apply_overrides, get_lookups
 from .models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
 from .policies import Policy
 
-_LIMIT_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow")
+_LIMIT_FIELDS = ("name", "algorithm", "limit", "period", "burst", "calendar", "scope", "enabled", "shadow")
 
 
 class TierLimitInline(admin.TabularInline):
@@ -48,7 +48,9 @@ class UserTierLimitInline(admin.TabularInline):
 
 def _describe(policy: Policy, source: str) -> tuple[str, str, str, str, str]:
     burst = f" burst {policy.burst}" if policy.burst is not None else ""
-    return (policy.name, f"{policy.rate}{burst}", policy.algorithm, "shadow (dry run)" if policy.shadow else "enforced",
+    rate = f"{policy.limit} per calendar {policy.calendar} ({policy.time_zone})" if policy.calendar else \
+        f"{policy.rate}{burst}"
+    return (policy.name, rate, policy.algorithm, "shadow (dry run)" if policy.shadow else "enforced",
             source)
 
 
@@ -58,7 +60,7 @@ def effective_limits_table(tier_slug: str, overrides: QuerySet[Any]) -> str:
     if tier is None:
         return "(the tier does not exist)"
     rows = tuple(overrides.order_by("scope", "period", "id").values_list(
-        "name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow"))
+        "name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar"))
     merged = apply_overrides(tier, rows)
     own = {f"{row[5]}.{row[0]}" if row[5] else row[0] for row in rows if row[6]}
     seen: dict[str, Policy] = {}
@@ -79,7 +81,7 @@ def effective_limits_table(tier_slug: str, overrides: QuerySet[Any]) -> str:
 
 @admin.register(Tier)
 class TierAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "fail_mode", "limits_summary")
+    list_display = ("slug", "name", "fail_mode", "time_zone", "limits_summary")
     search_fields = ("slug", "name")
     prepopulated_fields = {"slug": ("name",)}
     inlines = [TierLimitInline]
@@ -99,7 +101,6 @@ class ApiKeyAdmin(admin.ModelAdmin):
     search_fields = ("name", "prefix")
     raw_id_fields = ("owner",)
     actions = ["revoke_keys"]
-    inlines = [ApiKeyLimitInline]
 
     def get_fields(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
         if obj is None:
@@ -111,6 +112,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
             return ()
         return ("prefix", "created", "revoked", "effective_limits") if obj.revoked else (
             "prefix", "created", "effective_limits")
+
+    def get_inlines(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
+        return [ApiKeyLimitInline] if obj is not None else []  # overrides once the key exists
 
     @admin.display(description="effective limits")
     def effective_limits(self, obj: ApiKey) -> str:

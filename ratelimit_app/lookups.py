@@ -58,7 +58,8 @@ class TierInfo:
     """A tier as request handling sees it, with its enabled limits compiled into policies.
 
     `policies` are the limits without a scope; `scoped[scope]` are those plus the limits of `scope`.
-    `fail_mode` is None when the tier follows RATELIMIT['FAIL_MODE'].
+    `fail_mode` is None when the tier follows RATELIMIT['FAIL_MODE']. `time_zone` is where the tier's
+    calendar quotas start their days, weeks and months.
     """
 
     slug: str
@@ -66,6 +67,7 @@ class TierInfo:
     fail_mode: str | None
     policies: tuple[Policy, ...]
     scoped: dict[str, tuple[Policy, ...]] = field(default_factory=dict, hash=False, compare=False)
+    time_zone: str = "UTC"
 
     def policies_for(self, scope: str | None) -> tuple[Policy, ...]:
         """The policies a request to a route declaring `scope` (None or "" for none) is checked against."""
@@ -86,7 +88,8 @@ class KeyInfo:
     revoked: bool
     expires_at: float | None  # Unix time, or None for never
     owner_id: int | None
-    #: The key's own limits (ApiKeyLimit rows: name, algorithm, limit, period, burst, scope, enabled, shadow)
+    #: The key's own limits (ApiKeyLimit rows: name, algorithm, limit, period, burst, scope, enabled, shadow,
+    #: calendar)
     overrides: tuple[tuple[Any, ...], ...] = ()
 
     def refusal(self, now: float) -> str | None:
@@ -290,32 +293,34 @@ def _from_shared(value: Any) -> Any:
 def _load_tier_row(slug: str) -> tuple[Any, ...] | None:
     from .models import Tier, TierLimit
 
-    tier = Tier.objects.filter(slug=slug).values_list("id", "slug", "name", "fail_mode").first()
+    tier = Tier.objects.filter(slug=slug).values_list("id", "slug", "name", "fail_mode", "time_zone").first()
     if tier is None:
         return None
     limits = list(
         TierLimit.objects.filter(tier_id=tier[0], enabled=True)
         .order_by("scope", "period", "id")
-        .values_list("name", "algorithm", "limit", "period", "burst", "scope", "shadow")
+        .values_list("name", "algorithm", "limit", "period", "burst", "scope", "shadow", "calendar")
     )
-    return (*tier[1:], limits)
+    return (*tier[1:4], limits, tier[4])
 
 
 def _build_tier(row: tuple[Any, ...]) -> TierInfo:
     from .models import TierLimit
 
-    slug, name, fail_mode, limit_rows = row
+    slug, name, fail_mode, limit_rows, *rest = row
+    time_zone = rest[0] if rest else "UTC"
     base: list[Policy] = []
     by_scope: dict[str, list[Policy]] = {}
-    for limit_name, algorithm, limit, period, burst, scope, *shadow in limit_rows:
+    for limit_name, algorithm, limit, period, burst, scope, *extra in limit_rows:
+        shadow, calendar = (bool(extra[0]), extra[1]) if len(extra) == 2 else (False, "")
         policy = TierLimit(name=limit_name, algorithm=algorithm, limit=limit, period=period, burst=burst,
-                           scope=scope, shadow=bool(shadow and shadow[0])).to_policy()
+                           scope=scope, shadow=shadow, calendar=calendar).to_policy(time_zone)
         (by_scope.setdefault(scope, []) if scope else base).append(policy)
     scoped = {scope: (*base, *policies) for scope, policies in by_scope.items()}
-    return TierInfo(slug, name, fail_mode or None, tuple(base), scoped)
+    return TierInfo(slug, name, fail_mode or None, tuple(base), scoped, time_zone)
 
 
-_OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow")
+_OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar")
 
 
 def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> TierInfo:
@@ -325,19 +330,19 @@ def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> T
 
     base = list(tier.policies)
     own = {scope: list(policies[len(tier.policies):]) for scope, policies in tier.scoped.items()}
-    for name, algorithm, limit, period, burst, scope, enabled, shadow in overrides:
+    for name, algorithm, limit, period, burst, scope, enabled, shadow, *calendar in overrides:
         row = TierLimit(name=name, algorithm=algorithm, limit=limit, period=period, burst=burst, scope=scope,
-                        shadow=shadow)
+                        shadow=shadow, calendar=calendar[0] if calendar else "")
         target = own.setdefault(scope, []) if scope else base
         policy_name = row.policy_name
         kept = [p for p in target if p.name != policy_name]
         if enabled:
             replaced = len(kept) != len(target)
             index = next((i for i, p in enumerate(target) if p.name == policy_name), len(kept))
-            kept.insert(index if replaced else len(kept), row.to_policy())
+            kept.insert(index if replaced else len(kept), row.to_policy(tier.time_zone))
         target[:] = kept
     scoped = {scope: (*base, *policies) for scope, policies in own.items()}
-    return TierInfo(tier.slug, tier.name, tier.fail_mode, tuple(base), scoped)
+    return TierInfo(tier.slug, tier.name, tier.fail_mode, tuple(base), scoped, tier.time_zone)
 
 
 def _load_key_row(prefix: str) -> tuple[Any, ...] | None:

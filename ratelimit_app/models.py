@@ -18,6 +18,7 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from . import apikeys
+from .calendars import CALENDAR_PERIODS, is_valid_time_zone
 from .policies import ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
 
 FAIL_MODE_CHOICES = [
@@ -27,6 +28,12 @@ FAIL_MODE_CHOICES = [
     ("local", "Local: in-process fallback limiter"),
 ]
 ALGORITHM_CHOICES = [(name, name.replace("_", " ")) for name in ALGORITHMS]
+CALENDAR_CHOICES = [
+    ("", "No: a rolling or epoch-aligned period"),
+    ("day", "Calendar day"),
+    ("week", "Calendar week (from Monday)"),
+    ("month", "Calendar month"),
+]
 
 #: Policy name of the per-IP limit; tier limits may not use it, so the two never share a Redis key.
 IP_POLICY_NAME = "ip"
@@ -47,6 +54,10 @@ class Tier(models.Model):
         max_length=10, blank=True, default="", choices=FAIL_MODE_CHOICES,
         help_text="What requests of this tier get when Redis is unavailable.",
     )
+    time_zone = models.CharField(
+        max_length=64, default="UTC",
+        help_text="IANA time zone of this tier's calendar quotas (Europe/Paris): where a day, week or month starts.",
+    )
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
@@ -55,6 +66,12 @@ class Tier(models.Model):
 
     def __str__(self) -> str:
         return self.name or self.slug
+
+    def clean(self) -> None:
+        """Refuse an unknown time zone."""
+        super().clean()
+        if not is_valid_time_zone(self.time_zone):
+            raise ValidationError({"time_zone": "Not a known IANA time zone (for example UTC or Europe/Paris)."})
 
 
 class TierLimit(models.Model):
@@ -83,6 +100,11 @@ class TierLimit(models.Model):
         default=False,
         help_text="Dry run: counted as if enforced, never refuses; requests it would refuse show in the dashboard.",
     )
+    calendar = models.CharField(
+        max_length=5, blank=True, default="", choices=CALENDAR_CHOICES,
+        help_text="A calendar quota (fixed window only): resets at 00:00 in the tier's time zone each day, "
+                  "Monday or 1st; the period is then set from the calendar.",
+    )
 
     class Meta:
         ordering = ["scope", "period", "id"]
@@ -94,6 +116,8 @@ class TierLimit(models.Model):
         burst = f" burst {self.burst}" if self.burst else ""
         scope = f" [{self.scope}]" if self.scope else ""
         shadow = " (shadow)" if self.shadow else ""
+        if self.calendar:
+            return f"{self.name}: {self.limit} per calendar {self.calendar}{scope}{shadow}"
         return f"{self.name}: {self.limit}/{self.period}s {self.algorithm}{burst}{scope}{shadow}"
 
     @property
@@ -101,15 +125,26 @@ class TierLimit(models.Model):
         """The name this limit carries in decisions, headers and Redis keys."""
         return f"{self.scope}.{self.name}" if self.scope else self.name
 
-    def to_policy(self) -> Policy:
-        """The engine policy for this limit (raises InvalidPolicy when the values cannot be enforced)."""
+    def to_policy(self, time_zone: str | None = None) -> Policy:
+        """The engine policy for this limit (raises InvalidPolicy when the values cannot be enforced).
+        `time_zone` is its tier's (read from the tier when None) and matters only for calendar quotas."""
+        if not self.calendar:
+            return Policy(self.policy_name, self.algorithm, limit=self.limit, period=self.period, burst=self.burst,
+                          shadow=bool(self.shadow))
+        if time_zone is None:
+            time_zone = self.tier.time_zone if self.tier_id is not None else "UTC"
         return Policy(self.policy_name, self.algorithm, limit=self.limit, period=self.period, burst=self.burst,
-                      shadow=bool(self.shadow))
+                      shadow=bool(self.shadow), calendar=self.calendar, time_zone=time_zone)
 
     def clean(self) -> None:
         """Refuse values the engine cannot enforce, naming the field at fault."""
         super().clean()
         errors: dict[str, str] = {}
+        if self.calendar:
+            if self.algorithm != "fixed_window":
+                errors["algorithm"] = "A calendar quota uses fixed window."
+            elif self.calendar in CALENDAR_PERIODS:
+                self.period = CALENDAR_PERIODS[self.calendar]
         if self.name == IP_POLICY_NAME and not self.scope:
             errors["name"] = f"'{IP_POLICY_NAME}' is reserved for the per-IP limit."
         if self.burst is not None and self.algorithm not in BURST_ALGORITHMS:
@@ -229,6 +264,8 @@ class OverrideLimit(models.Model):
     )
     enabled = models.BooleanField(default=True, help_text="Off: the tier limit of this name does not apply.")
     shadow = models.BooleanField(default=False, help_text="Dry run: counted as if enforced, never refuses.")
+    calendar = models.CharField(max_length=5, blank=True, default="", choices=CALENDAR_CHOICES,
+                                help_text="A calendar quota, in the tier's time zone (fixed window only).")
 
     class Meta:
         abstract = True
@@ -240,7 +277,8 @@ class OverrideLimit(models.Model):
     def as_tier_limit(self) -> TierLimit:
         """This override as an unsaved TierLimit (the same validation and policy)."""
         return TierLimit(name=self.name, algorithm=self.algorithm, limit=self.limit, period=self.period,
-                         burst=self.burst, scope=self.scope, enabled=self.enabled, shadow=self.shadow)
+                         burst=self.burst, scope=self.scope, enabled=self.enabled, shadow=self.shadow,
+                         calendar=self.calendar)
 
     @property
     def policy_name(self) -> str:
@@ -254,7 +292,9 @@ class OverrideLimit(models.Model):
     def clean(self) -> None:
         """Refuse values the engine cannot enforce, as TierLimit.clean does."""
         super().clean()
-        self.as_tier_limit().clean()
+        row = self.as_tier_limit()
+        row.clean()
+        self.period = row.period  # a calendar quota's period comes from the calendar
 
 
 class ApiKeyLimit(OverrideLimit):

@@ -32,7 +32,7 @@ def form_data(response: Any) -> dict[str, Any]:
             value = form[name].value()
             if value is True:
                 data[form.add_prefix(name)] = "on"
-            elif value not in (None, False):
+            elif value is not None and value is not False:  # a browser sends zeros (0 == False)
                 data[form.add_prefix(name)] = value
 
     add(response.context["adminform"].form)

@@ -32,9 +32,8 @@ def add_override(admin_client: Client, url: str, **fields: Any) -> Any:
     page = admin_client.get(url)
     data = form_data(page)
     formset = page.context["inline_admin_formsets"][0].formset
-    n = formset.total_form_count()  # form_data leaves out zeros (0 == False)
+    n = int(data[f"{formset.prefix}-TOTAL_FORMS"])
     data[f"{formset.prefix}-TOTAL_FORMS"] = str(n + 1)
-    data[f"{formset.prefix}-INITIAL_FORMS"] = str(formset.initial_form_count())
     row = {"scope": "", "burst": "", "enabled": "on", **fields}
     data.update({f"{formset.prefix}-{n}-{name}": value for name, value in row.items() if value is not False})
     return admin_client.post(url, data)

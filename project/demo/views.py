@@ -85,6 +85,8 @@ def rate_limit_status(request: HttpRequest) -> JsonResponse:
         limits.append({
             "name": policy.name, "algorithm": policy.algorithm, "limit": policy.limit,
             "period": policy.period, "burst": policy.burst, "shadow": policy.shadow,
+            "calendar": policy.calendar or None,  # "day", "week", "month": a calendar quota
+            "used": policy.capacity - result.remaining if result else None,
             "remaining": result.remaining if result else None,
             "reset": round(result.reset_after, 3) if result else None,
         })
