@@ -128,3 +128,39 @@ def test_the_admin_refuses_a_calendar_quota_on_another_algorithm_and_an_unknown_
     assert "time zone" in str(refused.context["adminform"].form.errors["time_zone"])
     assert "fixed window" in str(refused.context["inline_admin_formsets"][0].formset.errors)
     assert Tier.objects.get(pk=tier.pk).time_zone == "UTC"
+
+
+@pytest.mark.django_db
+def test_check_reports_plan_rows_written_around_the_admin() -> None:
+    from django.core.checks import run_checks
+
+    from ratelimit_app.models import ClientRule
+
+    tier = make_tier("metered", [("day", "fixed_window", 5, 86400, None, "")])
+    Tier.objects.filter(pk=tier.pk).update(time_zone="Mars/Olympus")
+    TierLimit.objects.filter(tier=tier).update(calendar="day", algorithm="gcra")
+    ClientRule.objects.create(action="deny", network="10.0.0.300/8")
+    ids = sorted(m.id or "" for m in run_checks(databases=["default"]) if (m.id or "").startswith("ratelimit.E03"))
+    assert ids == ["ratelimit.E030", "ratelimit.E031", "ratelimit.E032"]
+    assert not [m for m in run_checks() if (m.id or "").startswith("ratelimit.E03")]  # only with --database
+
+
+@pytest.mark.django_db
+def test_ratelimit_status_shows_the_current_period(client: Client, settings: Any) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_RATE": None}
+    tier = make_tier("metered", [])
+    tier.time_zone = "Europe/Paris"
+    tier.save()
+    quota = TierLimit(tier=tier, name="month", algorithm="fixed_window", limit=1000, period=1, calendar="month")
+    quota.full_clean()
+    quota.save()
+    key = make_key("metered")
+    assert client.get("/api/users", HTTP_X_API_KEY=key).status_code == 200
+    out = StringIO()
+    call_command("ratelimit_status", key.partition(".")[0], stdout=out)
+    row = next(line for line in out.getvalue().splitlines() if " month " in line).split()
+    assert row[1:5] == ["month", "fixed_window", "1000/calendar-month@Europe/Paris", "999/1000"]
