@@ -149,8 +149,10 @@ class UserTierAdmin(admin.ModelAdmin):
     list_display = ("user", "tier")
     list_filter = ("tier",)
     raw_id_fields = ("user",)
-    inlines = [UserTierLimitInline]
     readonly_fields = ("effective_limits",)
+
+    def get_inlines(self, request: HttpRequest, obj: UserTier | None = None) -> Any:
+        return [UserTierLimitInline] if obj is not None else []  # overrides once the assignment exists
 
     @admin.display(description="effective limits")
     def effective_limits(self, obj: UserTier) -> str:

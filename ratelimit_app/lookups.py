@@ -7,8 +7,9 @@ Three layers, fastest first:
    RATELIMIT['CACHE_TTL'] seconds after it was loaded, which is what bounds how long a change takes to
    reach every app server;
 2. the Django cache named by RATELIMIT['CACHE_ALIAS'], shared by app servers, holding plain rows under
-   a *generation*: saving or deleting a Tier, TierLimit, ApiKey or UserTier bumps the generation (right
-   away and again after the transaction commits), which makes every older shared entry unreachable;
+   a *generation*: saving or deleting a Tier, TierLimit, ApiKey, UserTier, a limit override (ApiKeyLimit,
+   UserTierLimit) or a ClientRule bumps the generation (right away and again after the transaction
+   commits), which makes every older shared entry unreachable;
 3. the database.
 
 A warm request therefore makes no database query and no cache call. Values are frozen dataclasses; a

@@ -13,6 +13,7 @@ from playwright.sync_api import Page, sync_playwright
 from ratelimit_app.metrics import flush
 from ratelimit_app.models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit
 
+from .limits_support import seed_tiers
 from .test_dashboard_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, DASHBOARD, send_requests
 
 
@@ -42,6 +43,7 @@ def test_staff_run_plans_in_the_admin(live_server: Any, transactional_db: Any, d
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     settings.RATELIMIT = {**settings.RATELIMIT, "METRICS_FLUSH_INTERVAL": 3600.0}
     django_user_model.objects.create_superuser(username="ops", password="ops-password-123", email="ops@example.com")
+    seed_tiers()  # an earlier transactional test may have flushed the seeded tiers
     free = Tier.objects.get(slug="free")
     _, heavy = ApiKey.objects.create_key(name="Acme batch importer", tier=free)
     _, light = ApiKey.objects.create_key(name="Globex dashboard", tier=free)
