@@ -7,10 +7,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from io import StringIO
 from typing import Any
 
 import pytest
 import redis
+from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
@@ -77,6 +79,9 @@ def test_a_deny_listed_network_is_refused_without_any_redis_command(
     assert metrics.flush()
     stored = metrics.recent_metrics(1)
     assert (stored.denied_by_list, stored.allowed, stored.blocked) == (4, 2, 0)
+    report = StringIO()
+    call_command("ratelimit_metrics", "--hours", "1", stdout=report)
+    assert "Allow/deny rules: 0 allowed without limits, 4 refused (403)" in report.getvalue()
 
 
 def test_a_deny_listed_api_key_is_refused_before_redis(admin_client: Client, client: Client, settings: Any,

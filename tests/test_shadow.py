@@ -3,9 +3,11 @@ would-be refusals reach the metrics, Prometheus and the dashboard; switched on i
 
 from __future__ import annotations
 
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
@@ -94,6 +96,12 @@ def test_shadow_walk_through_from_the_admin_to_enforcement(admin_client: Client,
     assert [(s.tier, s.policy, s.count) for s in stored.shadow] == [("free", "minute-5", 3)]
     assert [(t.identity, t.blocked) for t in stored.top_shadow_blocked] == [(f"key:{heavy_prefix}", 3)]
     assert stored.blocked == 0 and stored.allowed == 11
+    report = StringIO()
+    call_command("ratelimit_metrics", "--hours", "1", stdout=report)
+    lines = report.getvalue().splitlines()
+    assert lines[lines.index("Shadow limits would have blocked:") + 2].split() == ["free", "minute-5", "3"]
+    assert lines[lines.index("Top would-be-blocked (UTC days of the range):") + 2].split() == [
+        f"key:{heavy_prefix}", "3"]
     dashboard = admin_client.get(reverse("ratelimit_dashboard"), {"hours": 6}).content.decode()
     shadow_panel = dashboard.split('id="rl-shadow"')[1].split("</table>")[0]
     assert "minute-5" in shadow_panel and ">3<" in shadow_panel

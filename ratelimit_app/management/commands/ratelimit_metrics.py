@@ -88,3 +88,17 @@ class Command(BaseCommand):
         if summary.degraded:
             out.write(f"Degraded decisions (made without Redis): {summary.degraded:,}, "
                       f"of which refused: {summary.degraded_blocked:,}")
+        if summary.shadow:
+            out.write("Shadow limits would have blocked:")
+            shadow: list[tuple[str, ...]] = [("tier", "policy", "requests")]
+            shadow += [(item.tier, item.policy, f"{item.count:,}") for item in summary.shadow]
+            for line in table(shadow, numeric_from=2):
+                out.write("  " + line)
+            would: list[tuple[str, ...]] = [("identity", "requests")]
+            would += [(b.identity, f"{b.blocked:,}") for b in summary.top_shadow_blocked]
+            out.write("Top would-be-blocked (UTC days of the range):")
+            for line in table(would):
+                out.write("  " + line)
+        if summary.allowed_by_list or summary.denied_by_list:
+            out.write(f"Allow/deny rules: {summary.allowed_by_list:,} allowed without limits, "
+                      f"{summary.denied_by_list:,} refused (403)")
