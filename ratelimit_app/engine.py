@@ -37,7 +37,8 @@ from .scripts import decide_sha, decide_source
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, kept readable)
 Check = tuple[str, Sequence[Policy]]
 
-_PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+#: What a key prefix may be (RATELIMIT['KEY_PREFIX'] is validated against it too).
+PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 # What a client raises when Redis cannot answer; RedisClusterException ("no node reachable") is not a
 # RedisError.
 _REDIS_FAILURES = (RedisError, RedisClusterException, OSError)
@@ -266,7 +267,7 @@ class RateLimiter:
             raise TypeError(
                 f"client: expected a redis.Redis or redis.cluster.RedisCluster, got {type(client).__name__}"
             )
-        if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        if not isinstance(prefix, str) or not PREFIX_PATTERN.match(prefix):
             raise ValueError(f"prefix: {prefix!r} must be 1-64 characters of letters, digits, '_.:-'")
         self.client = client
         self.prefix = prefix

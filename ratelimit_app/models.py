@@ -17,6 +17,7 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from . import apikeys
+from .conf import IP_POLICY_NAME
 from .policies import ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
 
 FAIL_MODE_CHOICES = [
@@ -26,9 +27,6 @@ FAIL_MODE_CHOICES = [
     ("local", "Local: in-process fallback limiter"),
 ]
 ALGORITHM_CHOICES = [(name, name.replace("_", " ")) for name in ALGORITHMS]
-
-#: Policy name of the per-IP limit; tier limits may not use it, so the two never share a Redis key.
-IP_POLICY_NAME = "ip"
 
 _NAME_PATTERN = r"^[A-Za-z0-9_-]{1,30}$"
 _name_validator = RegexValidator(
