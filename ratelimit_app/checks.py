@@ -7,7 +7,11 @@ Ids are stable (docs/settings.md, "What `check` validates", lists them all):
   cluster or sentinel address);
 - ratelimit.E003: ANONYMOUS_TIER or DEFAULT_USER_TIER names a tier that does not exist (a database
   check: `manage.py check --database default`);
-- ratelimit.W001: Redis does not answer (a warning: the fail mode covers outages at run time).
+- ratelimit.E004: the URLconf routes GET /metrics (ratelimit_app.urls) but prometheus-client is not
+  installed;
+- ratelimit.W001: Redis does not answer (a warning: the fail mode covers outages at run time);
+- ratelimit.W002: the URLconf routes GET /metrics but neither METRICS_TOKEN nor METRICS_ALLOWED_IPS is
+  set, so only staff sessions can read it (Prometheus cannot scrape it).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, router
+from django.urls import URLPattern, URLResolver, get_resolver
 from redis.exceptions import RedisClusterException, RedisError
 
 from .conf import ratelimit_settings, read_settings
@@ -79,3 +84,48 @@ def _all_slugs(alias: str) -> list[str]:
     from .models import Tier
 
     return list(Tier.objects.using(alias).order_by("slug").values_list("slug", flat=True))
+
+
+@checks.register("ratelimit", checks.Tags.urls)
+def check_metrics_endpoint(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """When the URLconf routes GET /metrics: prometheus-client is installed, and someone other than staff
+    sessions (Prometheus) may read it."""
+    from .metrics_endpoint import get_access, metrics_view, prometheus_missing
+
+    if not _routes(metrics_view):
+        return []
+    messages: list[checks.CheckMessage] = []
+    missing = prometheus_missing()
+    if missing is not None:
+        messages.append(checks.Error(
+            f"The URLconf includes ratelimit_app.urls (GET /metrics), but {missing}",
+            hint="Install it, or remove the include; until then GET /metrics answers 501.",
+            id="ratelimit.E004",
+        ))
+    if not read_settings()[1] and not get_access().configured:
+        messages.append(checks.Warning(
+            "GET /metrics answers only to staff sessions: neither RATELIMIT['METRICS_TOKEN'] nor "
+            "RATELIMIT['METRICS_ALLOWED_IPS'] is set, so Prometheus gets 403.",
+            hint="Set RATELIMIT['METRICS_TOKEN'] (Prometheus sends it as a bearer token) or "
+                 "RATELIMIT['METRICS_ALLOWED_IPS'] (the addresses of your Prometheus servers).",
+            id="ratelimit.W002",
+        ))
+    return messages
+
+
+def _routes(view: Any) -> bool:
+    """True when the root URLconf routes `view` (at any depth of includes)."""
+
+    def walk(patterns: Any) -> bool:
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                if walk(pattern.url_patterns):
+                    return True
+            elif isinstance(pattern, URLPattern) and pattern.callback is view:
+                return True
+        return False
+
+    try:
+        return walk(get_resolver().url_patterns)
+    except Exception:  # a URLconf that does not import: Django's own URL checks report it
+        return False

@@ -63,6 +63,8 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_FLUSH_INTERVAL": 1.0,  # seconds between batched flushes of in-process counters to Redis
     "METRICS_TTL_HOURS": 48,
     "TOP_BLOCKED": 20,  # identities kept in the daily top-blocked list shown to operators
+    "METRICS_TOKEN": None,  # GET /metrics answers to "Authorization: Bearer <this>" (and to staff sessions)
+    "METRICS_ALLOWED_IPS": [],  # ... and to client IPs in these CIDRs
 }
 
 #: Policy name of the per-IP limit (RATELIMIT['IP_RATE']); tier limits may not use it, so the two
@@ -72,6 +74,7 @@ IP_POLICY_NAME = "ip"
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel")
 _TIER_SLUG = re.compile(r"^[-a-zA-Z0-9_]+$")  # what Tier.slug (a SlugField) accepts
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9-]{1,100}$")
+_TOKEN = re.compile(r"^[\x21-\x7e]{16,}$")  # printable ASCII, no spaces: it travels in a header
 _RATE_EXAMPLES = "a rate 'LIMIT/PERIOD' with LIMIT >= 1, such as '100/m', '10/30s', '5000/h' or '1000/d'"
 
 
@@ -157,6 +160,10 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "METRICS_FLUSH_INTERVAL": _NUMBER,
     "METRICS_TTL_HOURS": _COUNT,
     "TOP_BLOCKED": _COUNT,
+    "METRICS_TOKEN": (lambda value: value is None or (isinstance(value, str) and bool(_TOKEN.match(value))),
+                      "None or a secret of at least 16 characters without spaces, such as the output of "
+                      "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"),
+    "METRICS_ALLOWED_IPS": (_cidr_list, "a list of CIDRs or addresses, such as ['10.0.0.0/8', '127.0.0.1']"),
 }
 
 
