@@ -3,7 +3,6 @@ another server's local deny cache stops refusing the client once the reset is an
 
 from __future__ import annotations
 
-import http.client
 import io
 import os
 import subprocess
@@ -18,20 +17,8 @@ from django.core.management import call_command
 
 from ratelimit_app.embedded import free_port
 
+from .gunicorn_server import ROOT, http_get, start_gunicorn
 from .reset_server_settings import LIMITS
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def get(port: int, path: str) -> int:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        response.read()
-        return response.status
-    finally:
-        connection.close()
 
 
 @pytest.fixture
@@ -42,19 +29,8 @@ def other_server(tmp_path: Path, redis_url: str, key_prefix: str) -> Iterator[in
     subprocess.run([sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True,
                    timeout=120)
     port = free_port()
-    command = [str(Path(sys.executable).parent / "gunicorn"), "project.wsgi:application", "--workers", "1",
-               "--bind", f"127.0.0.1:{port}"]
-    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = start_gunicorn(port, env, "--workers", "1")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if get(port, "/health") == 200:
-                    break
-            except OSError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "gunicorn did not start"
-            time.sleep(0.1)
         yield port
     finally:
         server.terminate()
@@ -69,7 +45,7 @@ def test_the_other_server_serves_the_client_again_within_a_second_of_the_reset(
     port = other_server
     # an anonymous client on the free tier, 3 requests per minute per IP: the 4th is refused, and the
     # refusals that follow come from the other server's deny cache (for about a minute)
-    assert [get(port, "/api/users") for _ in range(6)] == [200, 200, 200, 429, 429, 429]
+    assert [http_get(port, "/api/users") for _ in range(6)] == [200, 200, 200, 429, 429, 429]
 
     out = io.StringIO()
     call_command("ratelimit_reset", "ip:127.0.0.1", "--yes", stdout=out)
@@ -77,7 +53,7 @@ def test_the_other_server_serves_the_client_again_within_a_second_of_the_reset(
     assert "Reset 4 limit(s)" in out.getvalue()  # the per-IP limit and the free tier's 3
     statuses = []
     while time.monotonic() - reset_at < 5:
-        statuses.append(get(port, "/api/users"))
+        statuses.append(http_get(port, "/api/users"))
         if statuses[-1] == 200:
             break
         time.sleep(0.02)
