@@ -125,8 +125,7 @@ _TIER = (lambda value: value is None or (isinstance(value, str) and bool(_TIER_S
 #: For each setting except IP_RATE (see `_ip_rate_error`): a test of the value, and the accepted values.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "REDIS_URL": (_redis_url, f"None or a URL with scheme {', '.join(_REDIS_SCHEMES)}"),
-    "CACHE_ALIAS": (lambda value: isinstance(value, str) and value in getattr(django_settings, "CACHES", {}),
-                    "the name of a cache in settings.CACHES"),
+    "CACHE_ALIAS": (lambda value: isinstance(value, str) and bool(value), "the name of a cache in settings.CACHES"),
     "KEY_PREFIX": (lambda value: isinstance(value, str) and bool(PREFIX_PATTERN.match(value)),
                    "1 to 64 letters, digits, '_', '.', ':' or '-'"),
     "SOCKET_CONNECT_TIMEOUT": _NUMBER,
@@ -198,6 +197,12 @@ def setting_errors(values: dict[str, Any]) -> list[SettingError]:
     ip_rate = _ip_rate_error(values)
     if ip_rate is not None:
         errors.append(SettingError("IP_RATE", ip_rate))
+    alias = values["CACHE_ALIAS"]
+    if values["REDIS_URL"] is None and isinstance(alias, str) and alias not in getattr(django_settings, "CACHES", {}):
+        # with a REDIS_URL, an alias that is not a cache only means "no shared lookup cache" (see lookups)
+        errors.append(SettingError("CACHE_ALIAS", (
+            f"RATELIMIT['CACHE_ALIAS'] is {alias!r}, which is not in settings.CACHES; expected the name of a "
+            "django-redis cache in settings.CACHES (RATELIMIT['REDIS_URL'] is None), or set REDIS_URL")))
     cooldown, longest = values["BREAKER_COOLDOWN"], values["BREAKER_MAX_COOLDOWN"]
     if _positive_number(cooldown) and _positive_number(longest) and longest < cooldown:
         errors.append(SettingError("BREAKER_MAX_COOLDOWN", (

@@ -32,7 +32,6 @@ def ratelimit_messages(databases: list[str] | None = None) -> list[checks.CheckM
         ("ENABLED", "False", "True or False"),
         ("PATH_PREFIXES", ["api/"], "starting with '/'"),
         ("REDIS_URL", "http://127.0.0.1:6379", "redis+sentinel"),
-        ("CACHE_ALIAS", "nowhere", "settings.CACHES"),
         ("BREAKER_MAX_COOLDOWN", 0.5, "RATELIMIT['BREAKER_COOLDOWN']"),
     ],
 )
@@ -46,6 +45,15 @@ def test_each_invalid_setting_is_an_error_naming_it_and_the_accepted_values(
     assert accepted in messages[0].msg
     with pytest.raises(SystemCheckError, match=r"ratelimit\.E001"):
         call_command("check")
+
+
+def test_without_redis_url_the_cache_alias_must_name_a_cache(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "CACHE_ALIAS": "nowhere"}
+    assert ratelimit_messages() == []  # REDIS_URL is set: no shared lookup cache, which is allowed
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": None}
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.E001"]
+    assert "RATELIMIT['CACHE_ALIAS'] is 'nowhere', which is not in settings.CACHES" in messages[0].msg
 
 
 def test_a_per_ip_limit_of_zero_is_refused_for_locking_everyone_out(settings: Any) -> None:
