@@ -76,6 +76,7 @@ CACHES = {
 
 RATELIMIT = {
     "REDIS_URL": REDIS_URL,
+    "METRICS_ALLOWED_IPS": ["127.0.0.1", "::1"],  # GET /metrics for a Prometheus on this machine
 }
 
 REST_FRAMEWORK: dict[str, object] = {

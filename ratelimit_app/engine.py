@@ -37,7 +37,8 @@ from .scripts import decide_sha, decide_source
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, kept readable)
 Check = tuple[str, Sequence[Policy]]
 
-_PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+#: What a key prefix may be (RATELIMIT['KEY_PREFIX'] is validated against it too).
+PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 #: Length of an identity digest in hex characters (blake2b, 12 bytes).
 DIGEST_CHARS = 24
 #: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
@@ -263,7 +264,7 @@ class RateLimiter:
             raise TypeError(
                 f"client: expected a redis.Redis or redis.cluster.RedisCluster, got {type(client).__name__}"
             )
-        if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        if not isinstance(prefix, str) or not PREFIX_PATTERN.match(prefix):
             raise ValueError(f"prefix: {prefix!r} must be 1-64 characters of letters, digits, '_.:-'")
         self.client = client
         self.prefix = prefix
