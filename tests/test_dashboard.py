@@ -167,6 +167,7 @@ def test_without_chromium_the_browser_test_is_skipped_with_its_reason_unless_req
 ) -> None:
     env = {**os.environ, "RATELIMIT_CHROMIUM": "/nonexistent/chromium"}
     env.pop("RATELIMIT_REQUIRE_BROWSER", None)
+    env.pop("DATABASE_URL", None)  # SQLite: the parent run's PostgreSQL test database is in use
     if required:
         env["RATELIMIT_REQUIRE_BROWSER"] = "1"  # what .ci/run sets
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/test_dashboard_browser.py"],
