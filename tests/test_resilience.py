@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import redis
 
+from devtools.embedded import RedisProcess, start_redis
 from ratelimit_app import Decision, Policy, RateLimiter
 from ratelimit_app import metrics as metrics_module
-from ratelimit_app.embedded import RedisProcess, start_redis
 from ratelimit_app.scripts import decide_source
 from ratelimit_app.service import LimiterService, get_limiter
 
@@ -163,7 +163,7 @@ def test_a_tier_may_override_the_fail_mode_per_call(settings: Any, server: Redis
 
 
 def test_a_cluster_that_cannot_be_reached_at_start_is_an_outage_not_a_crash(settings: Any) -> None:
-    from ratelimit_app.embedded import free_port
+    from devtools.embedded import free_port
 
     service = configure(settings, f"redis+cluster://127.0.0.1:{free_port()}", FAIL_MODE="closed")
     decision = service.hit("k", DAY)

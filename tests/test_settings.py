@@ -10,10 +10,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
+from devtools.embedded import free_port
 from ratelimit_app.checks import check_settings
 from ratelimit_app.conf import DEFAULTS, ratelimit_settings
 from ratelimit_app.connection import get_redis
-from ratelimit_app.embedded import free_port
 
 
 def test_defaults_apply_and_overrides_reload(settings: Any) -> None:
