@@ -61,10 +61,11 @@ class Combination:
     drf: str
     redis: str
     django_redis: str
+    prometheus_client: str = "prometheus-client"  # the [prometheus] extra
 
     @property
     def pins(self) -> list[str]:
-        return [self.django, self.drf, self.redis, self.django_redis]
+        return [self.django, self.drf, self.redis, self.django_redis, self.prometheus_client]
 
 
 #: The support matrix (README "Supported versions"). The oldest row holds every lower bound that
@@ -72,7 +73,7 @@ class Combination:
 #: combination, which ./scripts/test runs with requirements.txt (.ci/run runs it there, not here).
 MATRIX: dict[str, Combination] = {
     "py3.10-django4.2": Combination("3.10", "Django~=4.2.0", "djangorestframework==3.15.0",
-                                    "redis[hiredis]==5.0.0", "django-redis==5.4.0"),
+                                    "redis[hiredis]==5.0.0", "django-redis==5.4.0", "prometheus-client==0.20.0"),
     "py3.11-django5.2": Combination("3.11", "Django~=5.2.0", "djangorestframework==3.18.3",
                                     "redis[hiredis]==8.1.0", "django-redis==7.0.0"),
     "py3.12-django6.0": Combination("3.12", "Django~=6.0.0", "djangorestframework==3.17.2",
