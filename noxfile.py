@@ -21,6 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,13 +119,17 @@ def package(session: nox.Session) -> None:
     if warnings:
         session.error("the build printed warnings:\n" + "\n".join(warnings))
     session.run("twine", "check", "--strict", *map(str, sorted((ROOT / "dist").iterdir())))
-    wheel = _built_wheel()
-    names = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True, text=True,
-                           check=True).stdout
-    outside = [line.split()[0] for line in names.splitlines()[1:]
-               if not line.split()[0].startswith(("ratelimit_app/", "django_ratelimit_app-"))]
+    # The wheel holds the app and only the app: every file of ratelimit_app/ (modules, Lua, templates,
+    # py.typed), and nothing else but its metadata.
+    with zipfile.ZipFile(_built_wheel()) as wheel:
+        names = set(wheel.namelist())
+    outside = sorted(n for n in names if not n.startswith(("ratelimit_app/", "django_ratelimit_app-")))
     if outside:
         session.error(f"the wheel holds files outside ratelimit_app/: {outside}")
+    expected = {path.relative_to(ROOT).as_posix() for path in (ROOT / "ratelimit_app").rglob("*")
+                if path.is_file() and "__pycache__" not in path.parts}
+    if expected - names:
+        session.error(f"the wheel lacks files of ratelimit_app/: {sorted(expected - names)}")
 
 
 def _built_wheel() -> Path:
