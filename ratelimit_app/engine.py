@@ -200,6 +200,11 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
     return decisions
 
 
+def _connected(connection: Any) -> bool:
+    """True when the connection holds a socket (redis-py 8's `is_connected`, which redis-py 5-7 lack)."""
+    return connection._sock is not None
+
+
 def _stale(connection: Any) -> bool:
     """True when the server closed this idle connection (restart, idle timeout) or it holds stray data."""
     try:
@@ -343,7 +348,7 @@ class RateLimiter:
             thread.owned, thread.forks = _Owned(connection), _forks
         else:
             connection = owned.connection
-            if now - thread.last_used > IDLE_CHECK_AFTER and connection.is_connected and _stale(connection):
+            if now - thread.last_used > IDLE_CHECK_AFTER and _connected(connection) and _stale(connection):
                 connection.disconnect()  # connected again before anything is sent
         thread.last_used = now
         return connection
@@ -362,7 +367,7 @@ class RateLimiter:
         sent = False
         try:
             connection = self._connection()
-            if not connection.is_connected:
+            if not _connected(connection):
                 connection.connect()
         except (RedisError, OSError) as exc:
             self.close()

@@ -15,8 +15,8 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
+from devtools.embedded import free_port
 from ratelimit_app.dashboard import build_chart
-from ratelimit_app.embedded import free_port
 from ratelimit_app.metrics import HourMetrics, flush, record_decision
 from ratelimit_app.models import ApiKey, Tier
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis
 
+from devtools.embedded import free_port, start_redis
 from ratelimit_app import metrics
-from ratelimit_app.embedded import free_port, start_redis
 from ratelimit_app.logs import JsonFormatter, mask_key, safe_identity
 from ratelimit_app.metrics import (
     MetricsRange,

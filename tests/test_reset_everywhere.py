@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from ratelimit_app.embedded import free_port
+from devtools.embedded import free_port
 
 from .gunicorn_server import ROOT, http_get, start_gunicorn
 from .reset_server_settings import LIMITS
