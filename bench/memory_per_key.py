@@ -1,6 +1,6 @@
 """Redis memory per key for each algorithm, measured with MEMORY USAGE (the numbers in docs/operations.md).
 
-Starts its own redis-server (ratelimit_app.embedded), so nothing else shares the measurement. For each
+Starts its own redis-server (devtools.embedded), so nothing else shares the measurement. For each
 algorithm and fill level it charges 1,000 identities with one policy named "minute" under the default
 key prefix "rl" (keys look like `rl:{<24 hex>}:minute:<algorithm>`), then reports the mean of
 `MEMORY USAGE <key> SAMPLES 0` (the key's own allocation, key name included) and the growth of
@@ -18,8 +18,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from devtools.embedded import start_redis
 from ratelimit_app import Policy, RateLimiter
-from ratelimit_app.embedded import start_redis
 
 IDENTITIES = 1000
 

@@ -21,7 +21,7 @@ from bench import accuracy, engine_bench, memory
 from bench.peers import BY_KEY, VARIANTS, availability
 from bench.sizes import Sizes
 from bench.workers import WorkerPool
-from ratelimit_app.embedded import start_redis
+from devtools.embedded import start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("django-ratelimit-app", "redis", "hiredis", "Django", "djangorestframework", "django-redis",

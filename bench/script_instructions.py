@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from ratelimit_app.embedded import free_port
+from devtools.embedded import free_port
 from ratelimit_app.engine import prepare_call
 from ratelimit_app.policies import Policy
 from ratelimit_app.scripts import decide_source

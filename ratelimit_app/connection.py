@@ -37,6 +37,10 @@ budget_deadline: ContextVar[float | None] = ContextVar("ratelimit_budget_deadlin
 # reply that is on its way is worth a millisecond more than an unknown outcome.
 _LAST_READ = 0.001
 
+#: redis-py >= 8 accepts read_response(timeout=...); older versions (5.0 to 7.x) read with the socket's
+#: own timeout (see BudgetMixin._read_response_within).
+_READ_TAKES_TIMEOUT = "timeout" in inspect.signature(Connection.read_response).parameters
+
 if TYPE_CHECKING:
     from redis.connection import AbstractConnection as _ConnectionBase
 else:
@@ -72,8 +76,24 @@ class BudgetMixin(_ConnectionBase):
             # only override when the budget is tighter than the socket's own timeout (the common
             # first read of a call is not), which keeps the hot path free of extra syscalls
             if self.socket_timeout is None or left < self.socket_timeout:
+                if not _READ_TAKES_TIMEOUT:
+                    return self._read_response_within(max(left, _LAST_READ), args, kwargs)
                 kwargs["timeout"] = max(left, _LAST_READ)
         return super().read_response(*args, **kwargs)
+
+    def _read_response_within(self, timeout: float, args: Any, kwargs: Any) -> Any:
+        # redis-py < 8: its parsers read with the socket's own timeout, so the budget goes on the socket
+        # for this one reply and the configured timeout comes back after it, as redis-py >= 8 does with
+        # read_response(timeout=...).
+        sock = self._sock
+        if sock is None:
+            return super().read_response(*args, **kwargs)  # not connected: fails as redis-py does
+        sock.settimeout(timeout)
+        try:
+            return super().read_response(*args, **kwargs)
+        finally:
+            if self._sock is sock:  # still connected (a failed read disconnects)
+                sock.settimeout(self.socket_timeout)
 
 
 class BudgetConnection(BudgetMixin, Connection):
@@ -233,6 +253,21 @@ def _client_from_cache_alias(alias: str) -> RedisClient:
     # handlers (RESP3 maintenance notifications, for one).
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _ALIAS_KEYS or k.startswith("ssl_")}
     return redis.Redis(connection_pool=ConnectionPool(connection_class=budget_class, **kwargs, **client_options()))
+
+
+def redacted_url(url: str) -> str:
+    """`url` with its password (in the user info or a `password=` query parameter) shown as `***`, for
+    printing: "redis://:s3cret@host:6380/1" -> "redis://:***@host:6380/1"."""
+    parts = urlsplit(url)
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        url = url.replace(f"{userinfo}@", f"{userinfo.partition(':')[0]}:***@", 1)
+    base, question, query = url.partition("?")
+    if question:
+        query, hash_sign, fragment = query.partition("#")
+        fields = ["password=***" if field.startswith("password=") else field for field in query.split("&")]
+        url = f"{base}?{'&'.join(fields)}{hash_sign}{fragment}"
+    return url
 
 
 def _client_from_settings() -> RedisClient:

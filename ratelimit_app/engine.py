@@ -37,7 +37,8 @@ from .scripts import decide_sha, decide_source
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, kept readable)
 Check = tuple[str, Sequence[Policy]]
 
-_PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+#: What a key prefix may be (RATELIMIT['KEY_PREFIX'] is validated against it too).
+PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 #: Length of an identity digest in hex characters (blake2b, 12 bytes).
 DIGEST_CHARS = 24
 #: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
@@ -210,6 +211,11 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
     return decisions
 
 
+def _connected(connection: Any) -> bool:
+    """True when the connection holds a socket (redis-py 8's `is_connected`, which redis-py 5-7 lack)."""
+    return connection._sock is not None
+
+
 def _stale(connection: Any) -> bool:
     """True when the server closed this idle connection (restart, idle timeout) or it holds stray data."""
     try:
@@ -274,7 +280,7 @@ class RateLimiter:
             raise TypeError(
                 f"client: expected a redis.Redis or redis.cluster.RedisCluster, got {type(client).__name__}"
             )
-        if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        if not isinstance(prefix, str) or not PREFIX_PATTERN.match(prefix):
             raise ValueError(f"prefix: {prefix!r} must be 1-64 characters of letters, digits, '_.:-'")
         self.client = client
         self.prefix = prefix
@@ -353,7 +359,7 @@ class RateLimiter:
             thread.owned, thread.forks = _Owned(connection), _forks
         else:
             connection = owned.connection
-            if now - thread.last_used > IDLE_CHECK_AFTER and connection.is_connected and _stale(connection):
+            if now - thread.last_used > IDLE_CHECK_AFTER and _connected(connection) and _stale(connection):
                 connection.disconnect()  # connected again before anything is sent
         thread.last_used = now
         return connection
@@ -372,7 +378,7 @@ class RateLimiter:
         sent = False
         try:
             connection = self._connection()
-            if not connection.is_connected:
+            if not _connected(connection):
                 connection.connect()
         except (RedisError, OSError) as exc:
             self.close()

@@ -56,7 +56,7 @@ from .identity import (
 from .logs import logger
 from .lookups import MISS, TierInfo, get_lookups
 from .models import IP_POLICY_NAME
-from .policies import InvalidPolicy, Policy
+from .policies import Policy
 from .service import get_limiter
 
 ALLOWED = "allowed"
@@ -90,16 +90,12 @@ class LimitConfig:
 
 
 def _parse_config() -> LimitConfig:
+    # RATELIMIT is validated as a whole when it is read (conf.setting_errors), IP_RATE included.
     ip_rate = ratelimit_settings.IP_RATE
     ip_policies: tuple[Policy, ...] = ()
     if ip_rate is not None:
-        try:
-            parsed = Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM)
-            ip_policies = (dataclasses.replace(parsed, shadow=bool(ratelimit_settings.IP_SHADOW)),)
-        except InvalidPolicy as exc:
-            raise ImproperlyConfigured(
-                f"RATELIMIT['IP_RATE'] / ['IP_ALGORITHM'] = {ip_rate!r} / {ratelimit_settings.IP_ALGORITHM!r}: {exc}"
-            ) from exc
+        parsed = Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM)
+        ip_policies = (dataclasses.replace(parsed, shadow=bool(ratelimit_settings.IP_SHADOW)),)
     return LimitConfig(
         enabled=bool(ratelimit_settings.ENABLED),
         path_prefixes=tuple(ratelimit_settings.PATH_PREFIXES),

@@ -11,7 +11,8 @@ what keeps the API serving when Redis is slow or down (docs/operations.md tells 
   HTTP 503 with Retry-After) or "local" (the in-process limiter of ratelimit_app.fallback, each
   policy divided by APP_SERVERS);
 - a local deny cache (ratelimit_app.denycache): a request Redis denied until T is denied in process
-  until T, without a Redis call.
+  until T, without a Redis call; a reset in any process clears it everywhere within
+  RESET_CHECK_INTERVAL (the deny cache reads the reset epoch at most that often, see ResetWatch).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from .breaker import CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
 from .conf import SettingsCached, ratelimit_settings
 from .connection import budget_deadline, get_redis
 from .decision import Decision, degraded_decision
-from .denycache import DenyCache
+from .denycache import DenyCache, ResetWatch
 from .engine import RateLimiter, prepare_call
 from .exceptions import BACKEND_ERRORS
 from .fallback import LocalLimiter
@@ -114,6 +115,7 @@ class LimiterService:
                                                  else app_servers)
         self._engine: RateLimiter | None = None
         self._build: Callable[[], RateLimiter]
+        self._resets: ResetWatch | None = None  # built with the engine (its key prefix)
         if isinstance(limiter, RateLimiter):
             self._engine = limiter
             self._build = lambda: limiter
@@ -156,13 +158,16 @@ class LimiterService:
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies: in Redis, in this process' deny cache and
-        in the local fallback. Raises BackendError when Redis cannot be reached (the local state is
-        forgotten anyway; other processes keep their cached denials until their retry time)."""
+        in the local fallback; other processes drop their cached denials within RESET_CHECK_INTERVAL
+        (the reset epoch, see ratelimit_app.denycache). Raises BackendError or a RedisError when Redis
+        cannot be reached (the local state is forgotten anyway)."""
         self.deny_cache.forget(identity)
         self.fallback.reset(identity, policies)
         token = budget_deadline.set(time.monotonic() + self.budget)
         try:
-            self.limiter.reset(identity, policies)
+            engine = self.limiter
+            engine.reset(identity, policies)
+            self._reset_watch(engine).announce(engine.client)  # after the delete: see ResetWatch
         finally:
             budget_deadline.reset(token)
 
@@ -184,8 +189,9 @@ class LimiterService:
         if len(cache) and not fresh:
             key = _request_key(checks, cost)
             cached = cache.get(key, time.monotonic())
-            if cached is not None:
+            if cached is not None and not self._reset_elsewhere():
                 return cached
+        generation = cache.generation
         step = self.breaker.before_call()
         if step == SKIP:
             return self._degraded(mode, checks, cost, charge)
@@ -215,7 +221,7 @@ class LimiterService:
         self.breaker.record_success(probe=step == PROBE)
         if decisions and not decisions[-1].allowed:
             cache.remember(_request_key(checks, cost) if key is None else key,
-                           tuple(identity for identity, _ in checks), decisions, started)
+                           tuple(identity for identity, _ in checks), decisions, started, generation)
         return decisions
 
     def _degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool) -> list[Decision]:
@@ -238,6 +244,33 @@ class LimiterService:
         retry_after = self.breaker.retry_in() or self.breaker.base_cooldown
         refused = degraded_decision(False, retry_after)
         return [refused] * len(checks)
+
+    def _reset_watch(self, engine: RateLimiter) -> ResetWatch:
+        if self._resets is None:
+            self._resets = ResetWatch(engine.prefix)
+        return self._resets
+
+    def _reset_elsewhere(self) -> bool:
+        """Before answering from the deny cache: True (and the cache cleared) when some process announced
+        a reset since this one last looked. Reads Redis at most once per RESET_CHECK_INTERVAL, never while
+        the breaker is open; when Redis cannot answer, the cache keeps answering."""
+        engine = self._engine
+        if engine is None or self.breaker.state != CLOSED:
+            return False
+        watch = self._reset_watch(engine)
+        if not watch.due(time.monotonic()):
+            return False
+        token = budget_deadline.set(time.monotonic() + self.budget)
+        try:
+            epoch = engine.client.get(watch.key)
+        except BACKEND_ERRORS:
+            return False
+        finally:
+            budget_deadline.reset(token)
+        if not watch.changed(epoch):
+            return False
+        self.deny_cache.clear()
+        return True
 
     def _build_engine(self) -> RateLimiter:
         with self._build_lock:

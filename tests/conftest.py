@@ -1,4 +1,4 @@
-"""Fixtures shared by the suite: a real Redis (see ratelimit_app.embedded) and per-test key prefixes."""
+"""Fixtures shared by the suite: a real Redis (see devtools.embedded) and per-test key prefixes."""
 
 from __future__ import annotations
 

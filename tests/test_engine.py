@@ -322,7 +322,7 @@ def test_malformed_reply_raises_one_documented_error(reply: Any) -> None:
 
 
 def test_unreachable_redis_raises_backend_error(key_prefix: str) -> None:
-    from ratelimit_app.embedded import free_port
+    from devtools.embedded import free_port
 
     client = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
     with pytest.raises(BackendError) as raised:
@@ -332,7 +332,7 @@ def test_unreachable_redis_raises_backend_error(key_prefix: str) -> None:
 
 def test_a_three_policy_hit_is_one_redis_command() -> None:
     """Counted with MONITOR on a private server: commands sent by clients, not those run inside the script."""
-    from ratelimit_app.embedded import start_redis
+    from devtools.embedded import start_redis
 
     server = start_redis()
     try:

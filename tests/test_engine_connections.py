@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from devtools.embedded import RedisProcess, start_redis
 from ratelimit_app import Policy, RateLimiter
-from ratelimit_app.embedded import RedisProcess, start_redis
 from ratelimit_app.engine import IDLE_CHECK_AFTER
 from ratelimit_app.scripts import decide_source
 

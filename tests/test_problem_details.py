@@ -10,10 +10,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 from django.urls import path
 
+from devtools.embedded import free_port
 from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app.conf import ratelimit_settings
 from ratelimit_app.decorators import ratelimit
-from ratelimit_app.embedded import free_port
 from ratelimit_app.models import ClientRule
 
 from .limits_support import make_key, make_tier

@@ -10,10 +10,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
+from devtools.embedded import free_port
 from ratelimit_app.checks import check_settings
 from ratelimit_app.conf import DEFAULTS, ratelimit_settings
 from ratelimit_app.connection import get_redis
-from ratelimit_app.embedded import free_port
+
+from .limits_support import attempts
 
 
 def test_defaults_apply_and_overrides_reload(settings: Any) -> None:
@@ -56,7 +58,14 @@ def test_bad_url_scheme_names_the_setting(settings: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": "http://127.0.0.1:6379"}
     with pytest.raises(ImproperlyConfigured, match="REDIS_URL"):
         get_redis()
-    assert [m.id for m in check_settings()] == ["ratelimit.E002"]
+    assert [m.id for m in check_settings()] == ["ratelimit.E001"]
+
+
+def test_malformed_cluster_address_is_an_unusable_redis_configuration(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": "redis+cluster://127.0.0.1"}
+    messages = check_settings()
+    assert [m.id for m in messages] == ["ratelimit.E002"]
+    assert "must be host:port" in messages[0].msg
 
 
 def test_cache_alias_must_be_django_redis(settings: Any) -> None:
@@ -77,7 +86,7 @@ def test_client_has_explicit_timeouts_and_no_retries(settings: Any) -> None:
     assert isinstance(client, redis.Redis)
     kwargs = client.connection_pool.connection_kwargs
     assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (0.25, 0.5)
-    assert kwargs["retry"].get_retries() == 0
+    assert attempts(kwargs["retry"]) == 1
 
 
 def test_unreachable_cluster_is_a_warning_not_a_crash(settings: Any) -> None:

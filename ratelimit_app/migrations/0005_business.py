@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ratelimit_app', '0002_seed_tiers'),
+        ('ratelimit_app', '0003_limit_name_not_ip'),
     ]
 
     operations = [
