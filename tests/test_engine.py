@@ -366,11 +366,16 @@ def test_a_thousand_units_in_one_millisecond_count_as_a_thousand(
     decision = limiter.hit("k", policies, cost=1000)
     assert decision.allowed and decision.remaining == 4000
     [key] = limiter.keys("k", policies)
-    assert redis_client.zcard(key) == 1000
-    # and many separate hits within the same milliseconds never collide
+    assert redis_client.strlen(key) == 7 * 1000  # one 7-byte admission time per unit
+    # and many separate hits within the same milliseconds all count
     pipe_limiter_hits = [limiter.hit("k", policies) for _ in range(200)]
     assert pipe_limiter_hits[-1].remaining == 3800
-    assert redis_client.zcard(key) == 1200
+    assert redis_client.strlen(key) == 7 * 1200
+
+
+def _log(*admitted_us: int) -> bytes:
+    """A sliding-window log as decide.lua stores it: 7-byte big-endian admission times, oldest first."""
+    return b"".join(t.to_bytes(7, "big") for t in admitted_us)
 
 
 def test_the_sliding_log_drops_units_that_left_the_window_when_it_is_charged(
@@ -379,14 +384,15 @@ def test_the_sliding_log_drops_units_that_left_the_window_when_it_is_charged(
     policies = [Policy("minute", "sliding_window", limit=5, period=60)]
     [key] = limiter.keys("k", policies)
     seconds, micros = redis_client.time()
-    stale = (seconds - 120) * 1_000_000 + micros  # two periods ago: outside the window
-    # a log holding only units that left the window counts as empty
-    redis_client.zadd(key, {f"{stale}:0": stale, f"{stale}:1": stale})
-    redis_client.pexpire(key, 60_000)
+    now = seconds * 1_000_000 + micros
+    stale = now - 120_000_000  # two periods ago: outside the window
+    # a log holding only units that left the window counts as empty, and the charge drops them
+    redis_client.set(key, _log(stale, stale), px=60_000)
     assert limiter.hit("k", policies).remaining == 4
-    # (with no live unit the charge does not trim: such a log is empty or about to expire)
-    assert redis_client.zcard(key) == 3
-    # a charge with a live unit drops every unit that left the window: memory stays within the limit
-    assert limiter.hit("k", policies).remaining == 3
-    assert redis_client.zcard(key) == 2
-    assert redis_client.zcount(key, "-inf", stale) == 0
+    assert redis_client.strlen(key) == 7
+    # a charge drops every unit that left the window and keeps the live ones: memory stays within the limit
+    live = now - 30_000_000
+    redis_client.set(key, _log(stale, live, live), px=60_000)
+    assert limiter.hit("k", policies).remaining == 2
+    log = redis_client.get(key)
+    assert len(log) == 3 * 7 and log.startswith(_log(live, live))
