@@ -1,0 +1,76 @@
+"""Redis time per decision: `usec_per_call` of EVALSHA (INFO commandstats), ours against a bare INCR script.
+
+One client sends one call per round trip, as the engine does, each for a new identity (every key is
+created: the costly case). Each round measures every case once, after CONFIG RESETSTAT, so a case is
+compared with the INCR script of its own round; a case's ratio is the median of its rounds' ratios.
+Redis counts only the time spent running the command (not reading or writing it), so this is the share
+of a Redis core that one decision takes. It is wall time, so other work on the machine inflates it
+(more for the longer scripts, which a context switch is likelier to interrupt): the callgrind counts of
+`bench/script_instructions.py` are the load-independent view.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import redis
+
+from ratelimit_app.engine import prepare_call
+from ratelimit_app.policies import Policy
+from ratelimit_app.scripts import decide_source
+
+INCR_SCRIPT = "return redis.call('INCR', KEYS[1])"
+TIER = (
+    Policy("burst", "token_bucket", limit=20, period=60, burst=10),
+    Policy("minute", "sliding_window", limit=20, period=60),
+    Policy("day", "fixed_window", limit=1000, period=86400),
+)
+SINGLE = ("fixed_window", "sliding_window", "sliding_window_counter", "token_bucket", "gcra")
+#: case name -> policies (None: the bare INCR script)
+CASES: dict[str, tuple[Policy, ...] | None] = {
+    "incr": None,
+    "tier": TIER,
+    **{name: (Policy("limit", name, limit=20, period=60),) for name in SINGLE},
+}
+
+
+@dataclass(frozen=True)
+class RedisTime:
+    """usec_per_call of each case in each round, and each case's median ratio to the INCR script."""
+
+    rounds: int
+    calls: int
+    usec: dict[str, list[float]]
+    ratio: dict[str, float]  # median over rounds of usec(case) / usec(incr) of the same round
+
+
+def run_redis_time(admin: redis.Redis, rounds: int, calls: int, prefix: str = "rt") -> RedisTime:
+    """Measure every case `rounds` times with `calls` decisions each (new identities)."""
+    client = redis.Redis(connection_pool=admin.connection_pool)
+    decide = client.script_load(decide_source())
+    incr = client.script_load(INCR_SCRIPT)
+    usec: dict[str, list[float]] = {name: [] for name in CASES}
+    serial = 0
+    for _ in range(rounds):
+        for name, policies in CASES.items():
+            client.config_resetstat()
+            for _ in range(calls):
+                serial += 1
+                if policies is None:
+                    client.execute_command("EVALSHA", incr, 1, f"{prefix}:bare:{serial}")
+                else:
+                    call = prepare_call(prefix, ((f"identity:{serial}", policies),), 1, charge=True)
+                    client.execute_command("EVALSHA", decide, len(call.keys), *call.keys, *call.args)
+            usec[name].append(float(client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]))
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+            batch.append(key)
+            if len(batch) == 1000:
+                client.delete(*batch)
+                batch = []
+        if batch:
+            client.delete(*batch)
+    ratio = {name: statistics.median(u / b for u, b in zip(values, usec["incr"], strict=True))
+             for name, values in usec.items()}
+    return RedisTime(rounds, calls, usec, ratio)
