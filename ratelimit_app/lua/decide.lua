@@ -49,7 +49,20 @@ end
 
 local time = redis.call('TIME')
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local values = call('MGET', unpack_list(KEYS))
+local values = call('MGET', unpack_list(KEYS, 1, n))
+-- Upgrades: the previous layout's keys are read only when a state key is missing and one of them
+-- exists (one EXISTS for all of them; a sorted set, which MGET reads as nil, is read by its algorithm).
+local legacy_values = false
+if key_count > n then
+  for i = 1, n do
+    if not values[i] then
+      if call('EXISTS', unpack_list(KEYS, n + 1, key_count)) > 0 then
+        legacy_values = call('MGET', unpack_list(KEYS, n + 1, key_count))
+      end
+      break
+    end
+  end
+end
 
 -- Lua 5.1 has no table.new, but a constructor listing nils allocates that many slots at once; growing
 -- a table slot by slot (rehashing at 1, 2, 4, 8, 16) costs Redis more than the arithmetic of a policy.
@@ -61,9 +74,9 @@ local all_allowed = true
 for i = 1, n do
   local code, limit, period_ms, capacity = unpack('>i8i8i8i8', numbers, 32 * i - 15)
   local stored, legacy = values[i], false
-  if key_count > n then
-    -- the sorted set of a previous-release sliding window reads as nil in MGET: it gets its key instead
-    if code ~= 2 then legacy = values[n + i] elseif not stored then legacy = KEYS[n + i] end
+  if legacy_values and not stored then
+    -- a previous-release sliding window is a sorted set: its algorithm gets the key instead
+    if code == 2 then legacy = KEYS[n + i] else legacy = legacy_values[i] end
   end
   local algorithm
   if code == 1 then algorithm = token_bucket

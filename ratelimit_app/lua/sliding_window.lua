@@ -24,8 +24,8 @@
 
 -- the live units of a previous release's sorted set, as a log (nil when it holds none)
 local function sliding_window_legacy(key, since)
-  if call('EXISTS', key) == 0 then return nil end
   local scored = call('ZRANGEBYSCORE', key, format('(%d', since), '+inf', 'WITHSCORES')
+  if scored[1] == nil then return nil end
   local parts = {}
   for j = 2, #scored, 2 do parts[j / 2] = pack('>I7', tonumber(scored[j])) end
   return table.concat(parts)
