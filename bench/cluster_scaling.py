@@ -6,9 +6,9 @@ For each cluster size it starts that many cluster-enabled redis-servers on free 
 (tests/topology.py, no replicas), then `--processes` client processes each decide the free tier
 (token_bucket + sliding_window + fixed_window) for new identities through `RateLimiter` on a
 `RedisCluster` client, as fast as they can, for `--seconds`. It reports decisions per second (the
-median of `--rounds` rounds), and the CPU time each master spent per decision (INFO cpu), which shows how
-the identities' slots spread the work. Client processes and Redis servers share this machine's cores:
-the scaling it shows is bounded by those cores, not by Redis.
+median of `--rounds` rounds), the share of the decisions each master ran (how the identities' slots
+spread the work) and each master's EVALSHA usec_per_call (INFO commandstats). Client processes and
+Redis servers share this machine's cores: the scaling it shows is bounded by those cores, not by Redis.
 """
 
 from __future__ import annotations
@@ -51,12 +51,13 @@ def _decide(ports: list[int], tag: str, seconds: float, start: Any, results: Any
     results.put(done)
 
 
-def _cpu(ports: list[int]) -> list[float]:
-    values = []
+def _evalsha_stats(ports: list[int]) -> list[tuple[int, float]]:
+    """(EVALSHA calls, usec_per_call) of each master since its last CONFIG RESETSTAT."""
+    stats = []
     for port in ports:
-        info = redis.Redis(port=port).info("cpu")
-        values.append(float(info["used_cpu_user"]) + float(info["used_cpu_sys"]))
-    return values
+        entry = redis.Redis(port=port).info("commandstats").get("cmdstat_evalsha", {})
+        stats.append((int(entry.get("calls", 0)), float(entry.get("usec_per_call", 0.0))))
+    return stats
 
 
 def measure(masters: int, processes: int, seconds: float, rounds: int) -> dict[str, Any]:
@@ -64,7 +65,7 @@ def measure(masters: int, processes: int, seconds: float, rounds: int) -> dict[s
     cluster = start_cluster(masters)
     ports = [node.port for node in cluster.nodes]
     context = multiprocessing.get_context("spawn")
-    rates, cpu_per_decision = [], []
+    rates, stats = [], []
     try:
         for round_index in range(rounds):
             start, results = context.Event(), context.Queue()
@@ -73,18 +74,18 @@ def measure(masters: int, processes: int, seconds: float, rounds: int) -> dict[s
             for worker in workers:
                 worker.start()
             time.sleep(2.0)  # every worker connected and warmed up
-            before = _cpu(ports)
+            for port in ports:
+                redis.Redis(port=port).config_resetstat()
             start.set()
             total = sum(results.get(timeout=seconds + 120) for _ in workers)
-            after = _cpu(ports)
+            stats.append(_evalsha_stats(ports))
             for worker in workers:
                 worker.join()
             rates.append(total / seconds)
-            cpu_per_decision.append([(a - b) * 1e6 / total for a, b in zip(after, before, strict=True)])
     finally:
         cluster.stop()
     middle = sorted(range(rounds), key=lambda r: rates[r])[rounds // 2]
-    return {"masters": masters, "rates": rates, "median": rates[middle], "cpu_us": cpu_per_decision[middle]}
+    return {"masters": masters, "rates": rates, "median": rates[middle], "stats": stats[middle]}
 
 
 def main() -> None:
@@ -95,11 +96,14 @@ def main() -> None:
     parser.add_argument("--masters", type=int, nargs="*", default=[1, 2, 3])
     args = parser.parse_args()
     print(f"free tier, new identities, {args.processes} client processes, {args.seconds:g} s x {args.rounds} rounds")
-    print("| masters | decisions/s (median) | each round | Redis CPU us per decision, per master |")
+    print("| masters | decisions/s (median) | each round | share of the decisions per master | "
+          "EVALSHA usec_per_call per master |")
     for masters in args.masters:
         result = measure(masters, args.processes, args.seconds, args.rounds)
+        calls = sum(c for c, _ in result["stats"]) or 1
         print(f"| {masters} | {result['median']:,.0f} | {' / '.join(f'{r:,.0f}' for r in result['rates'])} | "
-              f"{' / '.join(f'{c:.1f}' for c in result['cpu_us'])} |", flush=True)
+              f"{' / '.join(f'{c / calls:.0%}' for c, _ in result['stats'])} | "
+              f"{' / '.join(f'{u:.1f}' for _, u in result['stats'])} |", flush=True)
     print(f"machine: {multiprocessing.cpu_count()} cores")
 
 
