@@ -8,6 +8,7 @@ error, and never more than the limit granted within one period across the two.
 from __future__ import annotations
 
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,15 @@ def legacy_hit(client: redis.Redis, prefix: str, identity: str, policies: list[P
     return bool(reply[0])
 
 
+def away_from_a_window_edge(client: redis.Redis, period: int) -> None:
+    """Wait out the last 5 s of a window aligned to the epoch: the windowed algorithms count exactly
+    the units of one window only while no edge falls inside the test."""
+    seconds, _ = client.time()
+    left = period - seconds % period
+    if left < 5:
+        time.sleep(left + 0.05)
+
+
 def test_the_legacy_fixture_is_the_previous_release() -> None:
     # a different script than today's, in the previous key layout
     assert "ZADD" in LEGACY_SOURCE and "KEYS[i]          state key of policy i" in LEGACY_SOURCE
@@ -41,13 +51,14 @@ def test_the_legacy_fixture_is_the_previous_release() -> None:
 def test_state_written_before_the_upgrade_is_carried_over(
     algorithm: str, limiter: RateLimiter, redis_client: redis.Redis, key_prefix: str
 ) -> None:
-    policies = [Policy("minute", algorithm, limit=5, period=60)]
+    policies = [Policy("hour", algorithm, limit=5, period=3600)]
+    away_from_a_window_edge(redis_client, 3600)
     assert [legacy_hit(redis_client, key_prefix, "k", policies) for _ in range(3)] == [True] * 3
     # today's engine sees the 3 units already used: 2 more, then denied, with the old state's retry time
     assert limiter.peek("k", policies).remaining == 2
     assert [limiter.hit("k", policies).allowed for _ in range(3)] == [True, True, False]
     denied = limiter.hit("k", policies)
-    assert not denied.allowed and denied.retry_after is not None and 0 < denied.retry_after <= 60
+    assert not denied.allowed and denied.retry_after is not None and 0 < denied.retry_after <= 3600
     # the carried-over state now lives in today's key, which also counts the units admitted since
     [key] = limiter.keys("k", policies)
     assert redis_client.exists(key) == 1
@@ -57,7 +68,8 @@ def test_state_written_before_the_upgrade_is_carried_over(
 def test_a_full_legacy_limit_stays_full(
     algorithm: str, limiter: RateLimiter, redis_client: redis.Redis, key_prefix: str
 ) -> None:
-    policies = [Policy("minute", algorithm, limit=4, period=60)]
+    policies = [Policy("hour", algorithm, limit=4, period=3600)]
+    away_from_a_window_edge(redis_client, 3600)
     assert legacy_hit(redis_client, key_prefix, "k", policies, cost=4)
     assert not legacy_hit(redis_client, key_prefix, "k", policies)
     decision = limiter.hit("k", policies)
@@ -73,6 +85,7 @@ def test_a_tier_half_written_before_the_upgrade_grants_no_more_than_its_limits(
         Policy("minute", "sliding_window", limit=20, period=60),
         Policy("day", "fixed_window", limit=1000, period=86400),
     ]
+    away_from_a_window_edge(redis_client, 86400)
     before = sum(legacy_hit(redis_client, key_prefix, "k", tier) for _ in range(6))
     after = sum(limiter.hit("k", tier).allowed for _ in range(20))
     # the burst of 10 holds across the upgrade (refill over the test's milliseconds is far below a token)
