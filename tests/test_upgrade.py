@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from ratelimit_app import Policy, RateLimiter
+from ratelimit_app import Policy, RateLimiter, engine
 from ratelimit_app.engine import ALGORITHM_CODES, identity_digest
 from ratelimit_app.scripts import ALGORITHM_FILES, ENTRY_FILE, PRELUDE_FILE
 
@@ -100,3 +100,17 @@ def test_reset_forgets_the_previous_layout_too(
     assert legacy_hit(redis_client, key_prefix, "k", policies, cost=2)
     limiter.reset("k", policies)
     assert limiter.hit("k", policies, cost=2).allowed
+
+
+def test_without_the_previous_layout_only_todays_keys_are_sent(
+    limiter: RateLimiter, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine, "LEGACY_KEYS", False)
+    engine._plan.cache_clear()
+    try:
+        policies = [Policy("minute", "sliding_window", limit=2, period=60), Policy("day", "gcra", limit=5, period=60)]
+        call = engine.prepare_call(limiter.prefix, (("k", policies),), 1, charge=True)
+        assert call.keys == limiter.keys("k", policies)
+        assert [limiter.hit("k", policies).allowed for _ in range(3)] == [True, True, False]
+    finally:
+        engine._plan.cache_clear()
