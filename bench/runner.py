@@ -19,6 +19,7 @@ import redis
 
 from bench import accuracy, engine_bench, memory
 from bench.peers import BY_KEY, VARIANTS, availability
+from bench.redis_time import run_redis_time
 from bench.sizes import Sizes
 from bench.workers import WorkerPool
 from devtools.embedded import start_redis
@@ -48,6 +49,7 @@ class Results:
     http: Any  # http_bench.HttpRun | None
     http_unavailable: dict[str, str]
     http_note: str
+    redis_time: Any = None  # redis_time.RedisTime | None
     duration: float = 0.0
     finished: str = ""
     notes: list[str] = field(default_factory=list)
@@ -148,6 +150,8 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
         pool = WorkerPool(sizes.processes, server.url)
         try:
             engine_results, paired = _engine(pool, admin, sizes, available, progress)
+            progress("Redis time per decision (usec_per_call)")
+            redis_time = run_redis_time(admin, sizes.redis_time_rounds, sizes.redis_time_calls)
             limiters = [key for key in available if BY_KEY[key].family != "baseline"]
             accuracy_results = []
             for i, key in enumerate(limiters):
@@ -169,7 +173,7 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
         machine = machine_info(admin)
         machine["load average (1 min) at start / end"] = f"{load_before} / {load_average()}"
         results = Results(sizes, command, machine, package_versions(), missing, engine_results, paired,
-                          accuracy_results, memory_results, http_run, http_missing, http_note,
+                          accuracy_results, memory_results, http_run, http_missing, http_note, redis_time,
                           duration=time.monotonic() - started, finished=time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                         time.gmtime()))
     finally:

@@ -366,11 +366,16 @@ def test_a_thousand_units_in_one_millisecond_count_as_a_thousand(
     decision = limiter.hit("k", policies, cost=1000)
     assert decision.allowed and decision.remaining == 4000
     [key] = limiter.keys("k", policies)
-    assert redis_client.zcard(key) == 1000
-    # and many separate hits within the same milliseconds never collide
+    assert redis_client.strlen(key) == 7 * 1000  # one 7-byte admission time per unit
+    # and many separate hits within the same milliseconds all count
     pipe_limiter_hits = [limiter.hit("k", policies) for _ in range(200)]
     assert pipe_limiter_hits[-1].remaining == 3800
-    assert redis_client.zcard(key) == 1200
+    assert redis_client.strlen(key) == 7 * 1200
+
+
+def _log(*admitted_us: int) -> bytes:
+    """A sliding-window log as decide.lua stores it: 7-byte big-endian admission times, oldest first."""
+    return b"".join(t.to_bytes(7, "big") for t in admitted_us)
 
 
 def test_the_sliding_log_drops_units_that_left_the_window_when_it_is_charged(
@@ -379,14 +384,63 @@ def test_the_sliding_log_drops_units_that_left_the_window_when_it_is_charged(
     policies = [Policy("minute", "sliding_window", limit=5, period=60)]
     [key] = limiter.keys("k", policies)
     seconds, micros = redis_client.time()
-    stale = (seconds - 120) * 1_000_000 + micros  # two periods ago: outside the window
-    # a log holding only units that left the window counts as empty
-    redis_client.zadd(key, {f"{stale}:0": stale, f"{stale}:1": stale})
-    redis_client.pexpire(key, 60_000)
+    now = seconds * 1_000_000 + micros
+    stale = now - 120_000_000  # two periods ago: outside the window
+    # a log holding only units that left the window counts as empty, and the charge drops them
+    redis_client.set(key, _log(stale, stale), px=60_000)
     assert limiter.hit("k", policies).remaining == 4
-    # (with no live unit the charge does not trim: such a log is empty or about to expire)
-    assert redis_client.zcard(key) == 3
-    # a charge with a live unit drops every unit that left the window: memory stays within the limit
-    assert limiter.hit("k", policies).remaining == 3
-    assert redis_client.zcard(key) == 2
-    assert redis_client.zcount(key, "-inf", stale) == 0
+    assert redis_client.strlen(key) == 7
+    # a charge drops every unit that left the window and keeps the live ones: memory stays within the limit
+    live = now - 30_000_000
+    redis_client.set(key, _log(stale, live, live), px=60_000)
+    assert limiter.hit("k", policies).remaining == 2
+    log = redis_client.get(key)
+    assert isinstance(log, bytes) and len(log) == 3 * 7 and log.startswith(_log(live, live))
+
+
+def test_states_too_large_for_an_integer_are_stored_as_short_strings_and_decide_the_same(
+    limiter: RateLimiter, redis_client: redis.Redis
+) -> None:
+    # an emptied daily bucket of 1,000: its missing units times the time span pass 2^47
+    bucket = [Policy("day", "token_bucket", limit=1000, period=86400)]
+    assert limiter.hit("k", bucket, cost=1000).allowed
+    [key] = limiter.keys("k", bucket)
+    assert redis_client.strlen(key) == 12
+    denied = limiter.hit("k", bucket)
+    assert not denied.allowed and denied.remaining == 0 and 86 <= (denied.retry_after or 0) <= 86.4
+    # counts of 2^26 and more in a sliding window counter
+    counter = [Policy("minute", "sliding_window_counter", limit=10**8, period=60)]
+    assert limiter.hit("k", counter, cost=7 * 10**7).allowed
+    [key] = limiter.keys("k", counter)
+    assert redis_client.strlen(key) == 9
+    assert limiter.peek("k", counter).remaining == 3 * 10**7
+    assert limiter.hit("k", counter, cost=3 * 10**7).allowed and not limiter.hit("k", counter).allowed
+
+
+def test_small_states_are_integers(limiter: RateLimiter, redis_client: redis.Redis) -> None:
+    """Redis keeps an integer in the key's object: 88 bytes a key (MEMORY USAGE), its name included."""
+    for algorithm in ("fixed_window", "sliding_window_counter", "token_bucket", "gcra"):
+        policies = [Policy("minute", algorithm, limit=20, period=60)]
+        assert limiter.hit("k", policies, cost=5).allowed
+        [key] = limiter.keys("k", policies)
+        assert redis_client.object("encoding", key) == b"int", algorithm
+        assert limiter.peek("k", policies).remaining == 15, algorithm
+
+
+def test_a_bucket_refills_from_its_stored_time_and_never_from_a_clock_that_stepped_back(
+    limiter: RateLimiter, redis_client: redis.Redis
+) -> None:
+    # 1 token a minute (one unit a millisecond), bucket of 2, one token missing; the stored refill time
+    # is kept modulo a span of 2^17 ms (the key's TTL of 60 s, doubled, rounded up to a power of two)
+    policies = [Policy("minute", "token_bucket", limit=1, period=60, burst=2)]
+    [key] = limiter.keys("k", policies)
+    seconds, micros = redis_client.time()
+    now_ms = seconds * 1000 + micros // 1000
+
+    def stored(stamp_ms: int) -> int:
+        return (60_000 * 2**17 + stamp_ms % 2**17) * 64 + 17
+
+    redis_client.set(key, stored(now_ms - 5_000), px=60_000)  # refilled 5 s ago: 5,000 units since
+    assert 54.9 <= limiter.peek("k", policies).reset_after <= 55.0
+    redis_client.set(key, stored(now_ms + 5_000), px=60_000)  # a refill "in the future": nothing since
+    assert limiter.peek("k", policies).reset_after == 60.0
