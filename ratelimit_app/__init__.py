@@ -1,7 +1,7 @@
 """ratelimit_app: distributed API rate limiting for Django, decided atomically in Redis."""
 
 from .decision import Decision, PolicyResult
-from .engine import RateLimiter
+from .engine_sync import RateLimiter
 from .exceptions import BackendError, RateLimiterError
 from .policies import InvalidPolicy, Policy, parse_rate
 

@@ -24,7 +24,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .conf import SettingsCached, ratelimit_settings
-from .engine import RedisClient
+from .engine_sync import RedisClient
 
 CLUSTER_SCHEME = "redis+cluster"
 SENTINEL_SCHEME = "redis+sentinel"

@@ -32,7 +32,8 @@ from .conf import SettingsCached, ratelimit_settings
 from .connection import budget_deadline, get_redis
 from .decision import Decision
 from .denycache import DenyCache
-from .engine import RateLimiter, prepare_call
+from .engine import prepare_call
+from .engine_sync import RateLimiter
 from .exceptions import RateLimiterError
 from .fallback import LocalLimiter
 from .logs import log_event

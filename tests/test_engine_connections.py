@@ -14,7 +14,7 @@ import redis
 
 from ratelimit_app import Policy, RateLimiter
 from ratelimit_app.embedded import RedisProcess, start_redis
-from ratelimit_app.engine import IDLE_CHECK_AFTER
+from ratelimit_app.engine_sync import IDLE_CHECK_AFTER
 from ratelimit_app.scripts import decide_source
 
 from .topology import run_threads, wait_for
