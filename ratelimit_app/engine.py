@@ -2,8 +2,9 @@
 
 This module is the sans-IO core: it never touches a socket. `prepare_call` builds keys and
 arguments (and the whole EVALSHA command, packed), `parse_reply` turns the script's reply into
-decisions. The transports only send the prepared call: `ratelimit_app.engine_sync.RateLimiter`
-over a synchronous client.
+decisions, and `decide` is the whole exchange with Redis (NOSCRIPT recovery, the never-resend rule,
+one call per slot on a cluster) as steps that a transport carries out. The transports only do the
+I/O: `ratelimit_app.engine_sync.RateLimiter` over a synchronous client.
 
 Speed matters here: this runs on every request. The packed command of a policy set is built once and
 cached (`_plan`); a call only splices in the identity's digest.
@@ -16,7 +17,7 @@ import math
 import re
 import struct
 from binascii import hexlify
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -183,3 +184,88 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
             decision = decision.refused()
         decisions.append(decision)
     return decisions
+
+
+# -- one exchange with Redis, written once for every transport ------------------------------------------
+# A transport drives `decide` like this (the sync one with plain calls, the asyncio one with awaits):
+#
+#     steps = decide(prefix, checks, cost, charge=True, one_slot_per_call=is_cluster)
+#     reply = None
+#     try:
+#         while True:
+#             call = steps.send(reply)
+#             reply = load_script() if call is None else send(call)
+#     except StopIteration as done:
+#         decisions = done.value
+#
+# `send(call)` writes the call's EVALSHA and returns Redis' reply, or NOSCRIPT when Redis answered
+# that it does not have the script; `load_script()` runs SCRIPT LOAD (on every master of a cluster).
+# Both raise BackendError when Redis cannot answer, `maybe_applied` telling whether the EVALSHA
+# reached Redis before its reply was lost: such a call is never sent again.
+
+
+class _NoScript:
+    """The type of NOSCRIPT."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOSCRIPT"
+
+
+#: What a transport hands back to `decide` when Redis answered an EVALSHA with NOSCRIPT (nothing ran).
+NOSCRIPT = _NoScript()
+#: What `decide` yields for "load the script", in place of a call to send.
+LOAD_SCRIPT = None
+#: The decision of an identity checked against no policy: allowed, nothing to report.
+NO_POLICY = Decision(True, 0, 0, 0.0, None, "", ())
+
+Steps = Generator["PreparedCall | None", Any, "list[Decision]"]
+
+
+def check_prefix(prefix: str) -> str:
+    """`prefix` when it is a valid key prefix (1-64 letters, digits, '_.:-'); ValueError otherwise."""
+    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        raise ValueError(f"prefix: {prefix!r} must be 1-64 characters of letters, digits, '_.:-'")
+    return prefix
+
+
+def decide(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool) -> Steps:
+    """The steps of one decision over `checks` (see above for how a transport runs them).
+
+    Normally one call decides every check, all-or-nothing. With `one_slot_per_call` (Redis Cluster,
+    where the identities live on different slots) each check is its own call, in order, and the
+    first denial stops the rest: checks already charged stay charged and the list is shorter than
+    `checks`. Every call is built (and every argument validated) before anything is sent.
+    """
+    if one_slot_per_call and len(checks) > 1:
+        calls = [prepare_call(prefix, (check,), cost, charge=charge) for check in checks]
+        decisions: list[Decision] = []
+        for call in calls:
+            decision = (yield from _exchange(call))[0]
+            decisions.append(decision)
+            if not decision.allowed:
+                break
+        return decisions
+    return (yield from _exchange(prepare_call(prefix, checks, cost, charge=charge)))
+
+
+def _exchange(call: PreparedCall) -> Steps:
+    """Send one call, recovering once from NOSCRIPT; its decisions."""
+    if not call.plan.key_count:
+        return [NO_POLICY] * len(call.digests)
+    reply = yield call
+    if reply is NOSCRIPT:
+        # Redis lost its script cache (restart, failover, SCRIPT FLUSH). NOSCRIPT means nothing ran,
+        # so loading the script and sending once more cannot charge twice.
+        yield LOAD_SCRIPT
+        reply = yield call
+        if reply is NOSCRIPT:
+            raise BackendError("Redis answered NOSCRIPT again right after loading the decision script",
+                               maybe_applied=False)
+    return parse_reply(call, reply)
+
+
+def reset_keys(prefix: str, identity: str, policies: Sequence[Policy]) -> list[str]:
+    """The Redis keys that hold the state of `identity` under these policies (what a reset deletes)."""
+    return prepare_call(prefix, ((identity, policies),), 1, charge=False).keys

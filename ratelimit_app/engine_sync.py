@@ -1,12 +1,22 @@
-"""The synchronous transport of the engine: `RateLimiter` sends the calls of ratelimit_app.engine.
+"""The synchronous transport of the engine: `RateLimiter` carries out the steps of ratelimit_app.engine.
 
-On a standalone Redis each thread keeps its own connection (see `RateLimiter`), so a decision costs
-one write and one read, with no pool checkout.
+It has two ways to reach a standalone Redis (or a Sentinel master), chosen by `connections`:
+
+- "per_thread", the speed path: each thread keeps one connection of its own and writes the call's
+  packed command on it, so a decision costs one write and one read, with no pool checkout;
+- "pool", the reference path: each decision checks a connection out of the client's own pool and
+  sends the EVALSHA with redis-py's `send_command`, then gives it back. It is what per-thread
+  connections would get wrong: under gevent or eventlet a thread-local is per greenlet, so
+  connections would grow with greenlets, while the pool keeps them within its `max_connections`.
+
+"auto" (the default) is "pool" when gevent or eventlet has patched the threading module and
+"per_thread" otherwise. On Redis Cluster both send through the cluster client's node pools.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -17,10 +27,13 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from .decision import Decision
-from .engine import _PREFIX, Check, PreparedCall, parse_reply, prepare_call
+from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, reset_keys
 from .exceptions import BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
+
+#: The values of RateLimiter's `connections` (and of RATELIMIT['CONNECTIONS']).
+CONNECTION_MODES = ("auto", "per_thread", "pool")
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, kept readable)
 # What a client raises when Redis cannot answer; RedisClusterException ("no node reachable") is not a
@@ -30,6 +43,24 @@ _REDIS_FAILURES = (RedisError, RedisClusterException, OSError)
 #: (a restart, an idle timeout) before it is used again, as a pool checkout would; one in back-to-back
 #: use skips that system call, which costs about as much as the rest of the client's work.
 IDLE_CHECK_AFTER = 0.01
+
+
+def green_threads() -> bool:
+    """True when gevent or eventlet has monkey-patched threading: thread-locals are then per greenlet."""
+    gevent_monkey = sys.modules.get("gevent.monkey")
+    if gevent_monkey is not None and gevent_monkey.is_module_patched("threading"):
+        return True
+    eventlet_patcher = sys.modules.get("eventlet.patcher")
+    return eventlet_patcher is not None and bool(eventlet_patcher.is_monkey_patched("thread"))
+
+
+def resolve_connections(connections: str) -> str:
+    """"per_thread" or "pool" for a `connections` value (see the module docstring); ValueError otherwise."""
+    if connections not in CONNECTION_MODES:
+        raise ValueError(f"connections: {connections!r} is not one of {', '.join(CONNECTION_MODES)}")
+    if connections == "auto":
+        return "pool" if green_threads() else "per_thread"
+    return connections
 
 
 def _stale(connection: Any) -> bool:
@@ -82,34 +113,38 @@ class RateLimiter:
     `client` is a `redis.Redis` or a `redis.cluster.RedisCluster`. Each call makes one round trip
     (EVALSHA of the decision script, plus a SCRIPT LOAD when Redis has lost the script). Redis
     failures raise `BackendError`; a call whose reply is lost after it was sent is never resent,
-    because Redis may already have charged it.
+    because Redis may already have charged it (the client's own retries are bypassed: the EVALSHA
+    is written on one connection, or sent to one cluster node, exactly once).
 
-    On a standalone Redis (or Sentinel) each thread that decides keeps one connection of its own,
-    made from the client's connection settings (its pool's connection class and options) and not
-    counted by its pool. A decision is then one write and one read, without a pool checkout. A
-    connection idle for more than IDLE_CHECK_AFTER seconds is checked for a server-side close before
-    use, as a pool checkout does; a connection that failed is closed and made again on next use.
+    `connections` chooses how a standalone Redis (or Sentinel master) is reached: "per_thread",
+    "pool" or "auto" (see the module docstring). With "per_thread" each thread that decides keeps
+    one connection of its own, made from the client's connection settings (its pool's connection
+    class and options) and not counted by its pool. A connection idle for more than
+    IDLE_CHECK_AFTER seconds is checked for a server-side close before use, as a pool checkout does;
+    a connection that failed is closed and made again on next use.
     """
 
-    def __init__(self, client: RedisClient, prefix: str = "rl") -> None:
+    def __init__(self, client: RedisClient, prefix: str = "rl", *, connections: str = "auto") -> None:
         if not isinstance(client, (redis.Redis, RedisCluster)):
             raise TypeError(
                 f"client: expected a redis.Redis or redis.cluster.RedisCluster, got {type(client).__name__}"
             )
-        if not isinstance(prefix, str) or not _PREFIX.match(prefix):
-            raise ValueError(f"prefix: {prefix!r} must be 1-64 characters of letters, digits, '_.:-'")
         self.client = client
-        self.prefix = prefix
+        self.prefix = check_prefix(prefix)
         self._cluster = isinstance(client, RedisCluster)
+        #: "per_thread" or "pool": how this limiter reaches a standalone Redis
+        self.connections = resolve_connections(connections)
         self._thread = _ThreadConnection()
+        self._send = (self._send_cluster if self._cluster
+                      else self._send_pooled if self.connections == "pool" else self._send_own)
 
     def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise."""
-        return self._run(prepare_call(self.prefix, ((identity, policies),), cost, charge=True))[0]
+        return self._run(decide(self.prefix, ((identity, policies),), cost, charge=True, one_slot_per_call=False))[0]
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-        return self._run(prepare_call(self.prefix, ((identity, policies),), cost, charge=False))[0]
+        return self._run(decide(self.prefix, ((identity, policies),), cost, charge=False, one_slot_per_call=False))[0]
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
         """Decide several identities together (for example a client IP and its API key).
@@ -119,19 +154,11 @@ class RateLimiter:
         the first denial stops the rest (identities already charged stay charged; the list is then
         shorter than `checks`).
         """
-        if self._cluster and len(checks) > 1:
-            decisions: list[Decision] = []
-            for check in checks:
-                decision = self._run(prepare_call(self.prefix, (check,), cost, charge=True))[0]
-                decisions.append(decision)
-                if not decision.allowed:
-                    break
-            return decisions
-        return self._run(prepare_call(self.prefix, checks, cost, charge=True))
+        return self._run(decide(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster))
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies."""
-        keys = self.keys(identity, policies)
+        keys = reset_keys(self.prefix, identity, policies)
         if keys:
             try:
                 self.client.delete(*keys)
@@ -140,7 +167,7 @@ class RateLimiter:
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
         """The Redis keys that hold the state of `identity` under these policies."""
-        return prepare_call(self.prefix, ((identity, policies),), 1, charge=False).keys
+        return reset_keys(self.prefix, identity, policies)
 
     def close(self) -> None:
         """Close this thread's connection (other threads' connections close when their thread ends)."""
@@ -149,20 +176,86 @@ class RateLimiter:
         if owned is not None:
             owned.connection.disconnect()
 
-    def _run(self, call: PreparedCall) -> list[Decision]:
-        if not call.plan.key_count:
-            return [Decision.from_results(()) for _ in call.digests]
+    def _run(self, steps: Steps) -> list[Decision]:
+        """Carry out the steps of one decision (see ratelimit_app.engine)."""
+        reply: Any = None
         try:
-            reply = self._send(call)
+            while True:
+                call = steps.send(reply)
+                if call is None:
+                    self._load_script()
+                    reply = None
+                else:
+                    reply = self._send(call)
+        except StopIteration as done:
+            return cast("list[Decision]", done.value)
+
+    def _load_script(self) -> None:
+        try:
+            self.client.script_load(decide_source())
+        except _REDIS_FAILURES as exc:
+            raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
+
+    # -- the three ways to send one call ---------------------------------------------------------------
+    def _send_cluster(self, call: PreparedCall) -> Any:
+        """To the node that owns the call's slot, through the cluster client: naming the node turns
+        off the client's retries (a MOVED or ASK redirection, which means nothing ran, is still followed)."""
+        keys = call.keys
+        client = cast(RedisCluster, self.client)
+        try:
+            node = client.get_node_from_key(keys[0])
+        except _REDIS_FAILURES as exc:
+            raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=False) from exc
+        try:
+            return client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *keys, *call.plan.args,
+                                          target_nodes=node)
         except NoScriptError:
-            # Redis lost its script cache (restart, failover, SCRIPT FLUSH). NOSCRIPT means nothing ran,
-            # so loading the script and sending once more cannot charge twice.
-            try:
-                self.client.script_load(decide_source())
-            except _REDIS_FAILURES as exc:
-                raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
-            reply = self._send(call)
-        return parse_reply(call, reply)
+            return NOSCRIPT
+        except _REDIS_FAILURES as exc:
+            raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=True) from exc
+
+    def _send_pooled(self, call: PreparedCall) -> Any:
+        """The reference path: a connection of the client's pool, redis-py's own command packing."""
+        pool = cast(redis.Redis, self.client).connection_pool
+        try:
+            connection = pool.get_connection()
+        except _REDIS_FAILURES as exc:
+            raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
+        sent = False
+        try:
+            connection.send_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys, *call.plan.args)
+            sent = True
+            return connection.read_response()
+        except NoScriptError:
+            return NOSCRIPT
+        except _REDIS_FAILURES as exc:
+            if not isinstance(exc, redis.ResponseError):
+                connection.disconnect()  # the connection's state is unknown: never reuse it
+            raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
+        finally:
+            pool.release(connection)
+
+    def _send_own(self, call: PreparedCall) -> Any:
+        """The speed path: the packed command on this thread's own connection (so a client configured
+        with retries can never resend an EVALSHA whose reply was lost)."""
+        sent = False
+        try:
+            connection = self._connection()
+            if not connection.is_connected:
+                connection.connect()
+        except (RedisError, OSError) as exc:
+            self.close()
+            raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
+        try:
+            connection.send_packed_command((call.packed,))
+            sent = True
+            return connection.read_response()
+        except NoScriptError:
+            return NOSCRIPT
+        except (RedisError, OSError) as exc:
+            if not isinstance(exc, redis.ResponseError):
+                self.close()  # the connection's state is unknown: never reuse it
+            raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
 
     def _connection(self) -> Any:
         """This thread's connection, made on first use (and again after a fork or a failure)."""
@@ -179,33 +272,3 @@ class RateLimiter:
                 connection.disconnect()  # connected again before anything is sent
         thread.last_used = now
         return connection
-
-    def _send(self, call: PreparedCall) -> Any:
-        if self._cluster:
-            try:
-                return self.client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys,
-                                                   *call.plan.args)
-            except NoScriptError:
-                raise
-            except _REDIS_FAILURES as exc:
-                raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=True) from exc
-        # Standalone: write to this thread's own connection, so a client configured with retries can
-        # never resend an EVALSHA whose reply was lost (Redis may already have charged it).
-        sent = False
-        try:
-            connection = self._connection()
-            if not connection.is_connected:
-                connection.connect()
-        except (RedisError, OSError) as exc:
-            self.close()
-            raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
-        try:
-            connection.send_packed_command((call.packed,))
-            sent = True
-            return connection.read_response()
-        except NoScriptError:
-            raise
-        except (RedisError, OSError) as exc:
-            if not isinstance(exc, redis.ResponseError):
-                self.close()  # the connection's state is unknown: never reuse it
-            raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
