@@ -25,6 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "SOCKET_TIMEOUT": 0.05,  # seconds to wait for a Redis reply
     "CLUSTER": False,  # treat REDIS_URL as a Redis Cluster node even without the redis+cluster scheme
     "SENTINEL_SERVICE": "mymaster",  # master name for redis+sentinel:// URLs
+    "CONNECTIONS": "auto",  # "per_thread", "pool", or "auto": pool under gevent/eventlet, else per_thread
     # What is limited
     "ENABLED": True,
     "PATH_PREFIXES": ["/api/"],  # the middleware limits these paths ...
@@ -59,6 +60,7 @@ DEFAULTS: dict[str, Any] = {
 _CHOICES: dict[str, tuple[Any, ...]] = {
     "HEADERS": ("legacy", "ietf", "both"),
     "FAIL_MODE": ("open", "closed", "local"),
+    "CONNECTIONS": ("auto", "per_thread", "pool"),
 }
 _POSITIVE_NUMBERS = (
     "SOCKET_CONNECT_TIMEOUT", "SOCKET_TIMEOUT", "CACHE_TTL", "BUDGET_MS", "BREAKER_COOLDOWN",

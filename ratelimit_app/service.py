@@ -125,8 +125,8 @@ class LimiterService:
             self._engine = limiter
             self._build = lambda: limiter
         elif limiter is None:
-            prefix = settings.KEY_PREFIX
-            self._build = lambda: RateLimiter(get_redis(), prefix=prefix)
+            prefix, connections = settings.KEY_PREFIX, settings.CONNECTIONS
+            self._build = lambda: RateLimiter(get_redis(), prefix=prefix, connections=connections)
         else:
             self._build = limiter
         self._build_lock = threading.Lock()
