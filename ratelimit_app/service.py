@@ -27,7 +27,7 @@ from typing import Any
 from redis.exceptions import RedisClusterException, RedisError
 
 from . import metrics
-from .breaker import CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
+from .breaker import CALL, CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
 from .conf import SettingsCached, ratelimit_settings
 from .connection import budget_deadline, get_redis
 from .decision import Decision
@@ -85,6 +85,25 @@ def _request_key(checks: Sequence[Check], cost: int) -> Hashable:
         parts.append(identity)
         parts.append(tuple(policies))
     return tuple(parts)
+
+
+class _Call:
+    """One decision on its way through a service: what was asked, and what the service knows so far."""
+
+    __slots__ = ("answer", "charge", "checks", "cost", "key", "mode", "started", "step")
+
+    def __init__(self, checks: Sequence[Check], cost: int, mode: str, charge: bool) -> None:
+        self.checks = checks
+        self.cost = cost
+        self.mode = mode
+        self.charge = charge
+        #: the deny-cache key, when it was computed
+        self.key: Hashable | None = None
+        #: the decisions, when known without asking Redis (deny cache, breaker open)
+        self.answer: list[Decision] | None = None
+        #: the breaker's CALL or PROBE
+        self.step = CALL
+        self.started = 0.0
 
 
 class LimiterService:
@@ -164,8 +183,7 @@ class LimiterService:
         """Forget the state of `identity` for these policies: in Redis, in this process' deny cache and
         in the local fallback. Raises BackendError when Redis cannot be reached (the local state is
         forgotten anyway; other processes keep their cached denials until their retry time)."""
-        self.deny_cache.forget(identity)
-        self.fallback.reset(identity, policies)
+        self._forget_locally(identity, policies)
         token = budget_deadline.set(time.monotonic() + self.budget)
         try:
             self.limiter.reset(identity, policies)
@@ -183,19 +201,10 @@ class LimiterService:
 
     # -- one decision ------------------------------------------------------------------------------
     def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool) -> list[Decision]:
-        mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
-        cache = self.deny_cache
-        key: Hashable | None = None
-        if len(cache):
-            key = _request_key(checks, cost)
-            cached = cache.get(key, time.monotonic())
-            if cached is not None:
-                return cached
-        step = self.breaker.before_call()
-        if step == SKIP:
-            return self._degraded(mode, checks, cost, charge)
-        started = time.monotonic()
-        token = budget_deadline.set(started + self.budget)
+        call = self._open(checks, cost, fail_mode, charge)
+        if call.answer is not None:
+            return call.answer
+        token = budget_deadline.set(call.started + self.budget)
         try:
             engine = self._engine or self._build_engine()
             if charge:
@@ -204,24 +213,59 @@ class LimiterService:
                 identity, policies = checks[0]
                 decisions = [engine.peek(identity, policies, cost)]
         except _BACKEND_ERRORS as exc:
-            budget_deadline.reset(token)
-            metrics.observe_latency(time.monotonic() - started)
-            with self._stats_lock:
-                self._redis_failures += 1
-            self.breaker.record_failure(exc, probe=step == PROBE)
-            return self._degraded(mode, checks, cost, charge)
+            return self._failed(call, exc)
         except BaseException:
-            budget_deadline.reset(token)
-            if step == PROBE:
-                self.breaker.abandon_probe()
+            self._abandoned(call)
             raise
-        budget_deadline.reset(token)
-        metrics.observe_latency(time.monotonic() - started)
-        self.breaker.record_success(probe=step == PROBE)
+        finally:
+            budget_deadline.reset(token)
+        return self._answered(call, decisions)
+
+    # What happens around the Redis call, shared with the asyncio service (ratelimit_app.service_async):
+    # _open before it (deny cache, breaker), then exactly one of _answered, _failed or _abandoned.
+    def _open(self, checks: Sequence[Check], cost: int, fail_mode: str | None, charge: bool) -> _Call:
+        """A call on its way to Redis, or with its `answer` already known (deny cache, breaker open)."""
+        mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
+        call = _Call(checks, cost, mode, charge)
+        cache = self.deny_cache
+        if len(cache):
+            call.key = _request_key(checks, cost)
+            call.answer = cache.get(call.key, time.monotonic())
+            if call.answer is not None:
+                return call
+        call.step = self.breaker.before_call()
+        if call.step == SKIP:
+            call.answer = self._degraded(mode, checks, cost, charge)
+        else:
+            call.started = time.monotonic()
+        return call
+
+    def _answered(self, call: _Call, decisions: list[Decision]) -> list[Decision]:
+        """Redis decided: count the latency and the success; a denial goes into the deny cache."""
+        metrics.observe_latency(time.monotonic() - call.started)
+        self.breaker.record_success(probe=call.step == PROBE)
         if decisions and not decisions[-1].allowed:
-            cache.remember(_request_key(checks, cost) if key is None else key,
-                           tuple(identity for identity, _ in checks), decisions, started)
+            self.deny_cache.remember(_request_key(call.checks, call.cost) if call.key is None else call.key,
+                                     tuple(identity for identity, _ in call.checks), decisions, call.started)
         return decisions
+
+    def _failed(self, call: _Call, error: BaseException) -> list[Decision]:
+        """Redis could not decide (an error, or the budget ran out): count it; the fail mode answers."""
+        metrics.observe_latency(time.monotonic() - call.started)
+        with self._stats_lock:
+            self._redis_failures += 1
+        self.breaker.record_failure(error, probe=call.step == PROBE)
+        return self._degraded(call.mode, call.checks, call.cost, call.charge)
+
+    def _abandoned(self, call: _Call) -> None:
+        """The call ended without an answer from Redis or a Redis failure (bad input, cancellation)."""
+        if call.step == PROBE:
+            self.breaker.abandon_probe()
+
+    def _forget_locally(self, identity: str, policies: Sequence[Policy]) -> None:
+        """The in-process half of a reset: the deny cache's entries and the fallback's state."""
+        self.deny_cache.forget(identity)
+        self.fallback.reset(identity, policies)
 
     def _degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool) -> list[Decision]:
         """The answer of `mode` when Redis cannot decide (see the class docstring)."""
