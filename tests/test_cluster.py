@@ -267,3 +267,24 @@ def test_the_asyncio_engine_recovers_a_script_flush_on_every_master_and_decides_
         assert (await limiter.peek("ip:1", ip)).remaining == 3  # never asked after the key's denial
 
     run_on_cluster(cluster, scenario)
+
+
+def test_the_async_service_runs_on_a_cluster_url_with_exactness(cluster: ClusterTopology, settings: Any) -> None:
+    from ratelimit_app.service_async import get_async_limiter
+
+    from .test_service_async import admitted_by_tasks
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": cluster.url}
+    service = get_async_limiter()
+    policies = [Policy("tight", "gcra", limit=50, period=86400),
+                Policy("minute", "sliding_window", limit=500, period=60)]
+
+    async def scenario() -> None:
+        assert isinstance(service.limiter().client, AsyncRedisCluster)
+        decisions = await admitted_by_tasks(service, "apikey:async-svc", policies, tasks=32, hits=5)
+        assert not any(d.degraded for d in decisions)
+        assert sum(d.allowed for d in decisions) == 50
+        assert [r.remaining for r in (await service.peek("apikey:async-svc", policies)).results] == [0, 450]
+        await service.aclose()
+
+    asyncio.run(scenario())
