@@ -7,6 +7,7 @@ Everything but the I/O is shared with the sync `RateLimiter`: the call (`prepare
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any, Union, cast
 
@@ -26,6 +27,10 @@ AsyncRedisClient = Union[redis.asyncio.Redis, AsyncRedisCluster]  # noqa: UP007 
 _REDIS_FAILURES = (RedisError, RedisClusterException, OSError)
 
 
+#: The values of AsyncRateLimiter's `connections`.
+ASYNC_CONNECTION_MODES = ("own", "pool")
+
+
 class AsyncRateLimiter:
     """Decides requests against policies, like `RateLimiter`, from asyncio code.
 
@@ -33,21 +38,40 @@ class AsyncRateLimiter:
     loop it belongs to. Each call makes one round trip (EVALSHA of the decision script, plus a SCRIPT
     LOAD when Redis has lost the script). Redis failures raise `BackendError`; a call whose reply is
     lost after it was sent is never resent, because Redis may already have charged it: the client's
-    own retries are bypassed (the EVALSHA is written on one connection of the client's pool, or sent
-    to one named cluster node, exactly once). A call cancelled while it waits for Redis (a timeout
-    around it) closes the connection it used, so no later call reads its reply.
+    own retries are bypassed (the EVALSHA is written on one connection exactly once, or sent to one
+    named cluster node). A call cancelled while it waits for Redis (a timeout around it) closes the
+    connection it used, so no later call reads its reply.
+
+    `connections` chooses how a standalone Redis (or Sentinel master) is reached. "own" (the default,
+    the speed path): the limiter keeps connections of its own, made with the client's connection
+    class and options but not taken from its pool, one per decision in flight and at most the pool's
+    `max_connections`; a decision is one write of the packed command and one read, with no pool
+    checkout. A connection the server closed (a restart, an idle timeout) is replaced before use.
+    "pool" (the reference path): each decision checks a connection out of the client's pool and
+    sends the EVALSHA with redis-py's `send_command`. On Redis Cluster both use the client's node
+    pools. `aclose()` closes the limiter's own connections (not the client).
     """
 
-    def __init__(self, client: AsyncRedisClient, prefix: str = "rl") -> None:
+    def __init__(self, client: AsyncRedisClient, prefix: str = "rl", *, connections: str = "own") -> None:
         if not isinstance(client, (redis.asyncio.Redis, AsyncRedisCluster)):
             raise TypeError(
                 "client: expected a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster, "
                 f"got {type(client).__name__}"
             )
+        if connections not in ASYNC_CONNECTION_MODES:
+            raise ValueError(f"connections: {connections!r} is not one of {', '.join(ASYNC_CONNECTION_MODES)}")
         self.client = client
         self.prefix = check_prefix(prefix)
+        self.connections = connections
         self._cluster = isinstance(client, AsyncRedisCluster)
-        self._send = self._send_cluster if self._cluster else self._send_pooled
+        self._send = (self._send_cluster if self._cluster
+                      else self._send_pooled if connections == "pool" else self._send_own)
+        self._idle: list[Any] = []  # own connections not in use, most recently used last
+        self._slots: asyncio.Semaphore | None = None
+        if not self._cluster and connections == "own":
+            limit = getattr(cast(redis.asyncio.Redis, client).connection_pool, "max_connections", None)
+            if isinstance(limit, int) and limit < 2**31 - 1:  # redis-py's "no limit" is 2**31 - 1
+                self._slots = asyncio.Semaphore(limit)
 
     async def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise."""
@@ -97,16 +121,66 @@ class AsyncRateLimiter:
         except _REDIS_FAILURES as exc:
             raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
 
+    async def aclose(self) -> None:
+        """Close the limiter's own connections (the client, and its pool, stay open)."""
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await connection.disconnect()
+
+    async def _send_own(self, call: PreparedCall) -> Any:
+        """The speed path: the packed command on a connection of the limiter's own."""
+        slots = self._slots
+        if slots is not None:
+            await slots.acquire()
+        idle = self._idle
+        if idle:
+            connection = idle.pop()
+        else:
+            pool = cast(redis.asyncio.Redis, self.client).connection_pool
+            connection = pool.connection_class(**pool.connection_kwargs)
+        try:
+            try:
+                # can_read() only looks at what the event loop already received: True means the server
+                # closed this connection while it was idle, or left bytes on it; either way, replace it
+                if connection.is_connected and await connection.can_read():
+                    await connection.disconnect()
+                if not connection.is_connected:
+                    await connection.connect()
+            except _REDIS_FAILURES as exc:
+                await connection.disconnect()
+                raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
+            except BaseException:  # cancelled while connecting: never reuse a half-made connection
+                await connection.disconnect(nowait=True)
+                raise
+            return await self._write_and_read(connection, call)
+        finally:
+            idle.append(connection)
+            if slots is not None:
+                slots.release()
+
     async def _send_pooled(self, call: PreparedCall) -> Any:
-        """The packed command on a connection of the client's pool."""
+        """The reference path: a connection of the client's pool, redis-py's own command packing."""
         pool = cast(redis.asyncio.Redis, self.client).connection_pool
         try:
             connection = await pool.get_connection()
         except _REDIS_FAILURES as exc:
             raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
+        try:
+            return await self._write_and_read(connection, call, packed=False)
+        finally:
+            # a cancelled write or read has already closed the connection (redis-py does on any
+            # BaseException), so what goes back to the pool is clean or closed
+            await pool.release(connection)
+
+    async def _write_and_read(self, connection: Any, call: PreparedCall, packed: bool = True) -> Any:
+        """Write the call once on `connection` and read its reply."""
         sent = False
         try:
-            await connection.send_packed_command(call.packed, False)
+            if packed:
+                await connection.send_packed_command(call.packed, False)
+            else:
+                await connection.send_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys,
+                                              *call.plan.args)
             sent = True
             return await connection.read_response()
         except NoScriptError:
@@ -115,10 +189,6 @@ class AsyncRateLimiter:
             if not isinstance(exc, ResponseError):
                 await connection.disconnect()  # the connection's state is unknown: never reuse it
             raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
-        finally:
-            # a cancelled write or read has already closed the connection (redis-py does on any
-            # BaseException), so what goes back to the pool is clean or closed
-            await pool.release(connection)
 
     async def _send_cluster(self, call: PreparedCall) -> Any:
         """To the node that owns the call's slot: naming the node turns off the cluster client's

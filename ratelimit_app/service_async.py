@@ -125,9 +125,11 @@ class AsyncLimiterService:
         return engine
 
     async def aclose(self) -> None:
-        """Close the client of the engine this service built for the running event loop, if any."""
+        """Close the engine this service built for the running event loop (its connections and its
+        client), if any."""
         engine = self._engines.pop(asyncio.get_running_loop(), None)
         if engine is not None:
+            await engine.aclose()
             await engine.client.aclose()
 
     # -- one decision ------------------------------------------------------------------------------

@@ -22,9 +22,16 @@ from ratelimit_app.embedded import free_port
 from ratelimit_app.policies import ALGORITHMS
 
 from .tcp_proxy import tcp_proxy
+from .topology import wait_for
 
 EXACT = ["fixed_window", "sliding_window", "token_bucket", "gcra"]
 T = TypeVar("T")
+
+
+@pytest.fixture(params=["own", "pool"])
+def async_connections(request: pytest.FixtureRequest) -> str:
+    """Every async engine test runs on both paths: the limiter's own connections and the client's pool."""
+    return str(request.param)
 
 
 def tier(algorithm: str, limit: int) -> list[Policy]:
@@ -58,9 +65,10 @@ async def fixed_window_margin(limiter: AsyncRateLimiter, identity: str, policies
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_admits_exactly_the_limit_then_recovers(redis_url: str, key_prefix: str, algorithm: str) -> None:
+def test_admits_exactly_the_limit_then_recovers(redis_url: str, key_prefix: str, algorithm: str,
+                                                async_connections: str) -> None:
     async def scenario(client: redis.asyncio.Redis) -> None:
-        limiter = AsyncRateLimiter(client, prefix=key_prefix)
+        limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
         policies = [Policy("p", algorithm, limit=5, period=2.0)]
         await fixed_window_margin(limiter, "client", policies, margin=1.0)
         decisions = [await limiter.hit("client", policies) for _ in range(7)]
@@ -76,7 +84,7 @@ def test_admits_exactly_the_limit_then_recovers(redis_url: str, key_prefix: str,
 
 
 def test_the_same_state_gives_the_same_decision_as_the_sync_engine(
-        redis_url: str, redis_client: redis.Redis, key_prefix: str) -> None:
+        redis_url: str, redis_client: redis.Redis, key_prefix: str, async_connections: str) -> None:
     policies = [
         Policy("burst", "token_bucket", limit=20, period=3600, burst=3),
         Policy("minute", "sliding_window", limit=20, period=60),
@@ -85,7 +93,7 @@ def test_the_same_state_gives_the_same_decision_as_the_sync_engine(
     sync = RateLimiter(redis_client, prefix=key_prefix)
 
     async def scenario(client: redis.asyncio.Redis) -> None:
-        limiter = AsyncRateLimiter(client, prefix=key_prefix)
+        limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
         await fixed_window_margin(limiter, "k", policies, margin=5)
         first = await limiter.hit("k", policies)
         assert (first.allowed, first.policy, first.limit, first.remaining) == (True, "burst", 3, 2)
@@ -105,9 +113,10 @@ def test_the_same_state_gives_the_same_decision_as_the_sync_engine(
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_cost_larger_than_capacity_is_denied_without_charge(redis_url: str, key_prefix: str, algorithm: str) -> None:
+def test_cost_larger_than_capacity_is_denied_without_charge(redis_url: str, key_prefix: str, algorithm: str,
+                                                            async_connections: str) -> None:
     async def scenario(client: redis.asyncio.Redis) -> None:
-        limiter = AsyncRateLimiter(client, prefix=key_prefix)
+        limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
         policies = [Policy("p", algorithm, limit=5, period=60)]
         decision = await limiter.hit("k", policies, cost=6)
         assert not decision.allowed and decision.retry_after == math.inf
@@ -117,12 +126,12 @@ def test_cost_larger_than_capacity_is_denied_without_charge(redis_url: str, key_
     run_with(redis_url, scenario)
 
 
-def test_hit_many_is_all_or_nothing_on_one_redis(redis_url: str, key_prefix: str) -> None:
+def test_hit_many_is_all_or_nothing_on_one_redis(redis_url: str, key_prefix: str, async_connections: str) -> None:
     ip = [Policy("ip", "sliding_window", limit=5, period=60)]
     key = [Policy("burst", "gcra", limit=2, period=60)]
 
     async def scenario(client: redis.asyncio.Redis) -> None:
-        limiter = AsyncRateLimiter(client, prefix=key_prefix)
+        limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
         for _ in range(2):
             assert all(d.allowed for d in await limiter.hit_many([("ip:1", ip), ("key:1", key)]))
         refused = await limiter.hit_many([("ip:1", ip), ("key:1", key)])
@@ -133,11 +142,12 @@ def test_hit_many_is_all_or_nothing_on_one_redis(redis_url: str, key_prefix: str
     run_with(redis_url, scenario)
 
 
-def test_reset_forgets_the_identity(redis_url: str, redis_client: redis.Redis, key_prefix: str) -> None:
+def test_reset_forgets_the_identity(redis_url: str, redis_client: redis.Redis, key_prefix: str,
+                                    async_connections: str) -> None:
     policies = [Policy(f"p{i}", a, limit=2, period=60) for i, a in enumerate(ALGORITHMS)]
 
     async def scenario(client: redis.asyncio.Redis) -> None:
-        limiter = AsyncRateLimiter(client, prefix=key_prefix)
+        limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
         await limiter.hit("k", policies)
         await limiter.hit("k", policies)
         assert not (await limiter.hit("k", policies)).allowed
@@ -149,11 +159,11 @@ def test_reset_forgets_the_identity(redis_url: str, redis_client: redis.Redis, k
 
 
 def test_script_flush_is_recovered_and_charges_once(redis_url: str, redis_client: redis.Redis,
-                                                     key_prefix: str) -> None:
+                                                     key_prefix: str, async_connections: str) -> None:
     policies = [Policy("p", "sliding_window", limit=10, period=60), Policy("day", "gcra", limit=10, period=86400)]
 
     async def scenario(client: redis.asyncio.Redis) -> None:
-        limiter = AsyncRateLimiter(client, prefix=key_prefix)
+        limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
         assert (await limiter.hit("k", policies)).remaining == 9
         redis_client.script_flush()
         assert (await limiter.hit("k", policies)).allowed
@@ -162,7 +172,7 @@ def test_script_flush_is_recovered_and_charges_once(redis_url: str, redis_client
     run_with(redis_url, scenario)
 
 
-def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str) -> None:
+def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str, async_connections: str) -> None:
     """A reply lost after sending is never resent, even by a client configured to retry 5 times."""
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
@@ -173,7 +183,7 @@ def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str)
     policies = [Policy("p", "sliding_window", limit=10, period=60)]
     with tcp_proxy(target.hostname or "127.0.0.1", target.port or 6379) as proxy:
         async def scenario(client: redis.asyncio.Redis) -> None:
-            limiter = AsyncRateLimiter(client, prefix=key_prefix)
+            limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
             await limiter.hit("k", policies)  # loads the script, warms the connection
             proxy.mode = "drop_replies"  # the EVALSHA reaches Redis and is charged; its reply is lost
             sent_before = proxy.commands_seen("EVALSHA")
@@ -188,18 +198,20 @@ def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str)
                  retry_on_error=[RedisTimeoutError, RedisConnectionError])
 
 
-def test_unreachable_redis_raises_backend_error_not_applied(key_prefix: str) -> None:
+def test_unreachable_redis_raises_backend_error_not_applied(key_prefix: str, async_connections: str) -> None:
     async def scenario(client: redis.asyncio.Redis) -> None:
         with pytest.raises(BackendError) as raised:
-            await AsyncRateLimiter(client, prefix=key_prefix).hit("k", [Policy("p", "gcra", limit=1, period=1)])
+            limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
+            await limiter.hit("k", [Policy("p", "gcra", limit=1, period=1)])
         assert not raised.value.maybe_applied
 
     run_with(f"redis://127.0.0.1:{free_port()}/0", scenario, socket_connect_timeout=0.5)
 
 
-def test_bad_arguments_raise_the_same_errors_as_the_sync_engine(redis_url: str, key_prefix: str) -> None:
+def test_bad_arguments_raise_the_same_errors_as_the_sync_engine(redis_url: str, key_prefix: str,
+                                                                async_connections: str) -> None:
     async def scenario(client: redis.asyncio.Redis) -> None:
-        limiter = AsyncRateLimiter(client, prefix=key_prefix)
+        limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
         with pytest.raises(ValueError, match="cost"):
             await limiter.hit("k", [Policy("p", "gcra", limit=1, period=1)], cost=0)
         with pytest.raises(ValueError, match="identity"):
@@ -208,6 +220,8 @@ def test_bad_arguments_raise_the_same_errors_as_the_sync_engine(redis_url: str, 
             await limiter.hit("k", ["20/m"])  # type: ignore[list-item]
         with pytest.raises(ValueError, match="prefix"):
             AsyncRateLimiter(client, prefix="a{b}")
+        with pytest.raises(ValueError, match="connections"):
+            AsyncRateLimiter(client, connections="per_thread")
 
     run_with(redis_url, scenario)
     with pytest.raises(TypeError, match="redis.asyncio"):
@@ -231,14 +245,49 @@ async def admitted_by_tasks(limiter: AsyncRateLimiter, identity: str, policies: 
 
 @pytest.mark.parametrize("algorithm", EXACT)
 def test_32_tasks_admit_exactly_the_limit_of_a_three_policy_tier(redis_url: str, key_prefix: str,
-                                                                  algorithm: str) -> None:
+                                                                  algorithm: str, async_connections: str) -> None:
     # 32 tasks x 6 hits = 192 hits at a tier whose tightest policy allows 40
     policies = tier(algorithm, 40)
 
     async def scenario(client: redis.asyncio.Redis) -> None:
-        limiter = AsyncRateLimiter(client, prefix=key_prefix)
+        limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
         await fixed_window_margin(limiter, "apikey:hot", policies, margin=60)
         assert await admitted_by_tasks(limiter, "apikey:hot", policies, tasks=32, hits=6) == 40
         assert [r.remaining for r in (await limiter.peek("apikey:hot", policies)).results] == [0, 360, 3960]
 
     run_with(redis_url, scenario, max_connections=32)
+
+
+def test_own_connections_stay_within_the_pools_limit_and_a_closed_one_is_replaced() -> None:
+    """On a private server, so connection counts are exact."""
+    from ratelimit_app.embedded import start_redis
+    from ratelimit_app.scripts import decide_source
+
+    server = start_redis()
+    admin = redis.Redis(port=server.port, socket_timeout=10)
+    admin.script_load(decide_source())
+    policies = [Policy("minute", "fixed_window", limit=1000, period=60)]
+
+    def received() -> int:
+        return int(admin.info("stats")["total_connections_received"])
+
+    async def scenario(client: redis.asyncio.Redis) -> None:
+        limiter = AsyncRateLimiter(client, prefix="t")
+        before = received()
+        # 32 tasks, a pool of 4: the limiter never holds more than 4 connections of its own
+        assert await admitted_by_tasks(limiter, "k", policies, tasks=32, hits=5) == 160
+        assert received() - before == 4  # (the client's own pool made none)
+        # the server closes them all while they are idle: each is replaced before it is used again
+        assert admin.client_kill_filter(_type="normal", skipme=True) == 4
+        wait_for(lambda: len(admin.client_list()) == 1, 5.0, "the kill")
+        for _ in range(2):  # one turn of the event loop reads the closes, the next runs their callbacks
+            await asyncio.sleep(0)
+        assert (await limiter.hit("k", policies)).remaining == 839
+        assert received() - before == 5
+        await limiter.aclose()
+
+    try:
+        run_with(server.url, scenario, max_connections=4)
+    finally:
+        admin.close()
+        server.stop()
