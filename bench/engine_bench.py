@@ -239,3 +239,150 @@ def paired_rounds(pool: WorkerPool, admin: redis.Redis, variants: Sequence[str],
                   {v: tuple(s) for v, s in samples.items()}, {v: statistics.median(c) for v, c in cpu.items()})
 
 
+
+
+# -- the engine's transports, side by side --------------------------------------------------------------
+#: Rows of the transport comparison: the sync engine on each path, the async engine, and a bare EVALSHA
+#: from the same client for each (the floor each is judged against).
+TRANSPORTS = {
+    "sync.evalsha": "sync: bare EVALSHA (client.evalsha)",
+    "sync.tier": "sync: RateLimiter.hit, 3-policy tier, per-thread connection (speed path)",
+    "sync.tier.pool": "sync: RateLimiter.hit, 3-policy tier, client's pool (reference path)",
+    "async.evalsha": "async: bare EVALSHA (await client.evalsha)",
+    "async.tier": "async: AsyncRateLimiter.hit, 3-policy tier, own connections (speed path)",
+    "async.tier.pool": "async: AsyncRateLimiter.hit, 3-policy tier, client's pool (reference path)",
+}
+_sync_transports: dict[str, Callable[[str], Any]] = {}
+
+
+def _sync_transport(state: WorkerState, variant: str) -> Callable[[str], Any]:
+    """The call one sync row makes per decision, built once per worker process."""
+    found = _sync_transports.get(variant)
+    if found is None:
+        from bench.peers import INCR_SCRIPT, tier_policies
+        from ratelimit_app import RateLimiter
+
+        client = state.ctx.client
+        if variant == "sync.evalsha":
+            sha = client.script_load(INCR_SCRIPT)
+            found = lambda identity: client.evalsha(sha, 1, "bl:" + identity)  # noqa: E731
+        else:
+            limiter = RateLimiter(client, prefix="tr", connections="pool" if variant == "sync.tier.pool"
+                                  else "per_thread")
+            policies = tier_policies(ENGINE_RATE)
+            found = lambda identity: limiter.hit(identity, policies)  # noqa: E731
+        _sync_transports[variant] = found
+    return found
+
+
+async def _timed_async(url: str, variant: str, tasks: int, tag: str, start_at: float,
+                       duration: float) -> dict[str, Any]:
+    import asyncio
+
+    import redis.asyncio
+
+    from bench.peers import INCR_SCRIPT, tier_policies
+    from ratelimit_app import AsyncRateLimiter
+
+    client = redis.asyncio.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+    try:
+        if variant == "async.evalsha":
+            sha = await client.script_load(INCR_SCRIPT)
+
+            async def decide(identity: str) -> Any:
+                return await client.evalsha(sha, 1, "bl:" + identity)
+        else:
+            limiter = AsyncRateLimiter(client, prefix="tr", connections="pool" if variant == "async.tier.pool"
+                                       else "own")
+            policies = tier_policies(ENGINE_RATE)
+
+            async def decide(identity: str) -> Any:
+                return await limiter.hit(identity, policies)
+
+        await asyncio.gather(*(decide(f"{tag}:warm:{i}") for i in range(tasks)))  # connections, script
+        end = start_at + duration
+        counts = [0] * tasks
+
+        async def one_task(slot: int) -> None:
+            prefix = f"{tag}:{slot}:"
+            count = 0
+            while time.monotonic() < end:
+                await decide(prefix + str(count))
+                count += 1
+            counts[slot] = count
+
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        cpu_before, started = time.process_time(), time.monotonic()
+        await asyncio.gather(*(one_task(slot) for slot in range(tasks)))
+        result = {"count": sum(counts), "elapsed": time.monotonic() - started, "cpu": time.process_time() - cpu_before}
+        if variant != "async.evalsha":
+            await limiter.aclose()
+        return result
+    finally:
+        await client.aclose()
+
+
+def timed_transport(state: WorkerState, variant: str, tasks: int, tag: str, start_at: float, duration: float,
+                    worker: int) -> dict[str, Any]:
+    """Decide as fast as possible for `duration` seconds from `start_at`: a sync row in this thread, an
+    async row in `tasks` concurrent tasks of a new event loop (with its own client)."""
+    if variant.startswith("async."):
+        import asyncio
+
+        return asyncio.run(_timed_async(state.ctx.url, variant, tasks, tag, start_at, duration))
+    decide = _sync_transport(state, variant)
+    for i in range(20):
+        decide(f"{tag}:warm:{i}")
+    while time.monotonic() < start_at:
+        time.sleep(0.0005)
+    end = start_at + duration
+    cpu_before, started = time.process_time(), time.monotonic()
+    count = 0
+    while time.monotonic() < end:
+        decide(f"{tag}:{count}")
+        count += 1
+    return {"count": count, "elapsed": time.monotonic() - started, "cpu": time.process_time() - cpu_before}
+
+
+@dataclass(frozen=True)
+class Transports:
+    """Alternating rounds of every transport row, in one process; medians of the rounds.
+
+    Keys are "<row>/<tasks>": a sync row runs in 1 thread ("sync.tier/1"), an async row in each of
+    `tasks` concurrent tasks ("async.tier/16"). `cpu` is the client's plus Redis' CPU per decision.
+    """
+
+    rounds: int
+    duration: float
+    tasks: tuple[int, ...]
+    per_second: dict[str, float]
+    samples: dict[str, tuple[float, ...]]
+    cpu: dict[str, float]
+
+    def ratio(self, row: str, floor: str) -> float:
+        """Median decisions/s of `row` over that of `floor` (keys as above)."""
+        return self.per_second[row] / self.per_second[floor]
+
+
+def transport_rounds(pool: WorkerPool, admin: redis.Redis, rounds: int, duration: float,
+                     tasks: Sequence[int] = (1, 16)) -> Transports:
+    """Measure every row of TRANSPORTS in worker 0, `rounds` alternating rounds (allowed traffic)."""
+    keys = [f"{row}/1" for row in TRANSPORTS if row.startswith("sync.")]
+    keys += [f"{row}/{n}" for n in tasks for row in TRANSPORTS if row.startswith("async.")]
+    samples: dict[str, list[float]] = {key: [] for key in keys}
+    cpu: dict[str, list[float]] = {key: [] for key in keys}
+    for r in range(rounds):
+        for key in keys:
+            row, n = key.rsplit("/", 1)
+            admin.flushall()
+            start_at = time.monotonic() + 0.15
+            redis_before = _redis_cpu(admin)
+            [result] = pool.run({0: ("bench.engine_bench:timed_transport",
+                                     {"variant": row, "tasks": int(n), "tag": f"t{r}:{key}", "start_at": start_at,
+                                      "duration": duration, "worker": 0})})
+            redis_cpu = _redis_cpu(admin) - redis_before
+            samples[key].append(result["count"] / result["elapsed"])
+            cpu[key].append((result["cpu"] + redis_cpu) / max(result["count"], 1))
+    admin.flushall()
+    return Transports(rounds, duration, tuple(tasks), {k: statistics.median(v) for k, v in samples.items()},
+                      {k: tuple(v) for k, v in samples.items()}, {k: statistics.median(v) for k, v in cpu.items()})
