@@ -76,6 +76,7 @@ CACHES = {
 
 RATELIMIT = {
     "REDIS_URL": REDIS_URL,
+    "METRICS_ALLOWED_IPS": ["127.0.0.1", "::1"],  # GET /metrics for a Prometheus on this machine
 }
 
 REST_FRAMEWORK: dict[str, object] = {
@@ -83,6 +84,8 @@ REST_FRAMEWORK: dict[str, object] = {
     "UNAUTHENTICATED_USER": None,
     # Read at request time by ratelimit_app.throttling (the demo's /drf/items/ uses the "items" scope).
     "DEFAULT_THROTTLE_RATES": {"anon": "100/m", "user": "1000/h", "items": "30/m"},
+    # No proxy in front of the demo: clients are told apart by REMOTE_ADDR (see docs/security.md).
+    "NUM_PROXIES": 0,
 }
 
 LANGUAGE_CODE = "en-us"

@@ -242,6 +242,21 @@ def _client_from_cache_alias(alias: str) -> RedisClient:
     return redis.Redis(connection_pool=ConnectionPool(connection_class=budget_class, **kwargs, **client_options()))
 
 
+def redacted_url(url: str) -> str:
+    """`url` with its password (in the user info or a `password=` query parameter) shown as `***`, for
+    printing: "redis://:s3cret@host:6380/1" -> "redis://:***@host:6380/1"."""
+    parts = urlsplit(url)
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        url = url.replace(f"{userinfo}@", f"{userinfo.partition(':')[0]}:***@", 1)
+    base, question, query = url.partition("?")
+    if question:
+        query, hash_sign, fragment = query.partition("#")
+        fields = ["password=***" if field.startswith("password=") else field for field in query.split("&")]
+        url = f"{base}?{'&'.join(fields)}{hash_sign}{fragment}"
+    return url
+
+
 def _client_from_settings() -> RedisClient:
     url = ratelimit_settings.REDIS_URL
     return build_client(url) if url else _client_from_cache_alias(ratelimit_settings.CACHE_ALIAS)

@@ -72,6 +72,16 @@ class Decision:
                             self.results, self.degraded)
 
 
+def degraded_decision(allowed: bool, retry_after: float | None = None, policy: str = "") -> Decision:
+    """A decision made without Redis that knows nothing of the limits: what a fail mode answers.
+
+    Allowed ("open") or refused ("closed": come back after `retry_after` seconds, default 1).
+    """
+    if allowed:
+        return Decision(True, 0, 0, 0.0, None, policy, (), True)
+    return Decision(False, 0, 0, 0.0, 1.0 if retry_after is None else retry_after, policy, (), True)
+
+
 # -- fast construction ------------------------------------------------------------------------------
 # Every request builds one Decision and a PolicyResult per policy. The __init__ that dataclasses
 # generate for a frozen class calls object.__setattr__ once per field, which makes it about 4x slower

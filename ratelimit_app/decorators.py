@@ -18,8 +18,12 @@ share them. The policy is named `name`, else after the group, else after the vie
 Denied with `block=True` (default): 429 JSON `{"error", "tier", "policy", "retry_after"}` with
 `Retry-After`; when Redis is unavailable and RATELIMIT['FAIL_MODE'] refuses: 503. With `block=False`
 the view always runs and `request.limited` says whether the request was over the limit. Responses
-carry the rate limit headers (RATELIMIT['HEADERS']). The rate is parsed when the module is imported,
-so a bad rate fails at startup, naming the view.
+carry the rate limit headers (RATELIMIT['HEADERS']). Every argument is checked when the decorator is
+applied (at import), so a bad rate, key, cost or algorithm fails at startup, naming the view.
+
+Under RateLimitMiddleware (a path it limits, `block=True`, the route's cost), the view's limit is
+decided in the same all-or-nothing Redis call as the per-IP limit and the tier: a request refused by
+any of them charges none of them. Otherwise the decorator decides its limit alone.
 """
 
 from __future__ import annotations
@@ -32,14 +36,13 @@ from typing import Any, TypeVar, cast
 
 from django.http import HttpRequest, HttpResponseBase
 
-from . import metrics
-from .decision import Decision
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
-from .limiting import LIMITER_ERRORS, get_config
+from .limiting import ALLOWED, LimitCheck, LimitOutcome, RequestPlan, decide, get_config, safely
+from .middleware import REQUEST_ATTRIBUTE
 from .policies import InvalidPolicy, Policy
 from .responses import limiter_unavailable, too_many_requests
-from .service import get_limiter
+from .routes import VIEW_LIMIT_ATTRIBUTE, validate_cost, view_name
 
 ViewT = TypeVar("ViewT", bound=Callable[..., HttpResponseBase])
 KeyFunction = Callable[[HttpRequest], "str | None"]
@@ -59,7 +62,7 @@ def _key_function(key: str | KeyFunction) -> KeyFunction:
             user = authenticated_user(request)
             return user_identity(user.pk) if user is not None else request_ip_identity(request)
         return by_user
-    if isinstance(key, str) and key.lower().startswith("header:") and len(key) > len("header:"):
+    if isinstance(key, str) and key.lower().startswith("header:") and key[len("header:"):].strip():
         header = key[len("header:"):].strip()
         meta = "HTTP_" + header.upper().replace("-", "_")
 
@@ -78,52 +81,100 @@ def _digest_label(client: str) -> str:
     return "hash:" + hashlib.blake2b(client.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
 
 
+class DecoratorLimit:
+    """The limit of one decorated view (a `routes.ViewLimit`): which check a request makes, and how
+    the view answers its decision."""
+
+    def __init__(self, policy: Policy, namespace: str, key_function: KeyFunction,
+                 label_of: Callable[[str], str], block: bool, cost: int) -> None:
+        self.policy = policy
+        self.policies = (policy,)
+        self.namespace = namespace
+        self.owner = f"decorator:{namespace}"
+        self.key_function = key_function
+        self.label_of = label_of
+        self.block = block
+        self.cost = cost
+        # Decided with the middleware's limits (when the route's cost is this cost) only when a refusal
+        # by this limit refuses the request: with block=False the view runs anyway, so charging the
+        # request's other limits must not depend on this one.
+        self.joins_request_limits = block
+
+    def check_for(self, request: HttpRequest) -> LimitCheck | None:
+        """This view's check for `request`, or None when its key function says "not limited"."""
+        client = self.key_function(request)
+        if client is None:
+            return None
+        return LimitCheck(f"view:{self.namespace}|{client}", self.policies, self.owner)
+
+    def decide_alone(self, request: HttpRequest) -> LimitOutcome:
+        """Charge this view's limit alone (the middleware did not decide it); the outcome's decision is
+        None when the key function says this request is not limited."""
+        check = self.check_for(request)
+        if check is None:
+            return LimitOutcome(ALLOWED, None, (), None, "")
+        client = check.identity.partition("|")[2]
+        return decide(RequestPlan((check,), None, self.label_of(client), get_config().fail_mode,
+                                  label=DECORATOR_TIER), self.cost)
+
+    def answer(self, request: HttpRequest, view: Callable[..., HttpResponseBase], args: Any,
+               kwargs: Any) -> HttpResponseBase:
+        """Run the view, or refuse, once this view's limit is decided for `request`."""
+        joint: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+        if joint is not None and joint.owns(self.owner):
+            decision = joint.decision_for(self.owner)  # decided by the middleware, with its limits
+        else:
+            decision = safely(lambda: self.decide_alone(request), where=f"@ratelimit ({self.namespace})").decision
+        request.limited = decision is not None and not decision.allowed  # type: ignore[attr-defined]
+        if decision is None or decision.allowed or not self.block:
+            response = view(request, *args, **kwargs)
+        elif decision.degraded:
+            response = limiter_unavailable(decision, None)
+        else:
+            response = too_many_requests(decision, None, self.cost)
+        if decision is not None and decision.results:
+            apply_headers(response, decision, self.policies, None, get_config().headers)
+        return response
+
+
 def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sliding_window",
               burst: int | None = None, block: bool = True, cost: int = 1, name: str | None = None,
               group: str | None = None) -> Callable[[ViewT], ViewT]:
-    """Limit a view to `rate` per `key` (see the module docstring). Raises InvalidPolicy for a bad
-    rate or algorithm and ValueError for a bad key, when the decorator is applied."""
-    key_function = _key_function(key)
-    # Header values and callable results are user data (a header could even carry an API key): the
-    # metrics see a digest of them, never the value.
-    label_of: Callable[[str], str] = (
-        _plain_label if key in ("ip", "user") else _digest_label
-    )
+    """Limit a view to `rate` per `key` (see the module docstring).
+
+    Every argument is checked when the decorator is applied: a bad rate, algorithm, burst, cost
+    (an integer >= 1), key, name or group raises InvalidPolicy / ValueError / TypeError naming the view.
+    """
 
     def decorate(view: ViewT) -> ViewT:
-        policy_name = name or _UNSAFE.sub("_", str(group or getattr(view, "__name__", "view")))[:64] or "view"
+        where = f"@ratelimit on {view_name(view)}"
         try:
+            key_function = _key_function(key)
+            validate_cost(cost, minimum=1)
+            if not isinstance(block, bool):
+                raise TypeError(f"block: {block!r} must be True or False")
+            for label, value in (("name", name), ("group", group)):
+                if value is not None and (not isinstance(value, str) or not value):
+                    raise ValueError(f"{label}: {value!r} must be a non-empty string")
+            policy_name = name or _UNSAFE.sub("_", str(group or getattr(view, "__name__", "view")))[:64] or "view"
             policy = Policy.parse(rate, name=policy_name, algorithm=algorithm, burst=burst)
         except InvalidPolicy as exc:
-            raise InvalidPolicy(f"@ratelimit on {view.__module__}.{view.__qualname__}: {exc}") from exc
-        policies = (policy,)
-        namespace = group or f"{view.__module__}.{view.__qualname__}"
+            raise InvalidPolicy(f"{where}: {exc}") from exc
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"{where}: {exc}") from exc
+        # Header values and callable results are user data (a header could even carry an API key): the
+        # metrics see a digest of them, never the value.
+        label_of: Callable[[str], str] = (
+            _plain_label if isinstance(key, str) and key in ("ip", "user") else _digest_label
+        )
+        limit = DecoratorLimit(policy, group or view_name(view), key_function, label_of, block, cost)
 
         @functools.wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            client = key_function(request)
-            if client is None:
-                request.limited = False  # type: ignore[attr-defined]
-                return view(request, *args, **kwargs)
-            identity = f"view:{namespace}|{client}"
-            try:
-                decision = get_limiter().hit(identity, policies, cost)
-            except LIMITER_ERRORS:
-                allowed = get_config().fail_mode == "open"
-                decision = Decision(allowed, 0, 0, 0.0, None if allowed else 1.0, policy.name, (), degraded=True)
-            metrics.record_decision(allowed=decision.allowed, tier=DECORATOR_TIER,
-                                    policy=None if decision.allowed else decision.policy,
-                                    degraded=decision.degraded, identity=label_of(client))
-            request.limited = not decision.allowed  # type: ignore[attr-defined]
-            if decision.allowed or not block:
-                response = view(request, *args, **kwargs)
-            elif decision.degraded:
-                response = limiter_unavailable(decision, None)
-            else:
-                response = too_many_requests(decision, None, cost)
-            apply_headers(response, decision, policies, None, get_config().headers)
-            return response
+            return limit.answer(request, view, args, kwargs)
 
+        setattr(wrapper, VIEW_LIMIT_ATTRIBUTE, limit)
         return cast(ViewT, wrapper)
 
     return decorate
+

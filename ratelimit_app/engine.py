@@ -28,7 +28,8 @@ from .scripts import decide_sha
 
 Check = tuple[str, Sequence[Policy]]
 
-_PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+#: What a key prefix may be (RATELIMIT['KEY_PREFIX'] is validated against it too).
+PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 #: Length of an identity digest in hex characters (blake2b, 12 bytes).
 DIGEST_CHARS = 24
 #: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
@@ -225,7 +226,7 @@ Steps = Generator["PreparedCall | None", Any, "list[Decision]"]
 
 def check_prefix(prefix: str) -> str:
     """`prefix` when it is a valid key prefix (1-64 letters, digits, '_.:-'); ValueError otherwise."""
-    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+    if not isinstance(prefix, str) or not PREFIX_PATTERN.match(prefix):
         raise ValueError(f"prefix: {prefix!r} must be 1-64 characters of letters, digits, '_.:-'")
     return prefix
 

@@ -13,18 +13,15 @@ from typing import Any, Union, cast
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from .decision import Decision
 from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, reset_keys
-from .exceptions import BackendError
+from .exceptions import REDIS_CLIENT_ERRORS, BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
 
 AsyncRedisClient = Union[redis.asyncio.Redis, AsyncRedisCluster]  # noqa: UP007 (a runtime alias)
-# What a client raises when Redis cannot answer; RedisClusterException ("no node reachable") is not a
-# RedisError.
-_REDIS_FAILURES = (RedisError, RedisClusterException, OSError)
 
 
 #: The values of AsyncRateLimiter's `connections`.
@@ -94,7 +91,7 @@ class AsyncRateLimiter:
         if keys:
             try:
                 await self.client.delete(*keys)
-            except _REDIS_FAILURES as exc:
+            except REDIS_CLIENT_ERRORS as exc:
                 raise BackendError(f"could not reset {identity!r:.80}: {exc}", maybe_applied=True) from exc
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
@@ -118,7 +115,7 @@ class AsyncRateLimiter:
     async def _load_script(self) -> None:
         try:
             await self.client.script_load(decide_source())
-        except _REDIS_FAILURES as exc:
+        except REDIS_CLIENT_ERRORS as exc:
             raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
 
     async def aclose(self) -> None:
@@ -146,7 +143,7 @@ class AsyncRateLimiter:
                     await connection.disconnect()
                 if not connection.is_connected:
                     await connection.connect()
-            except _REDIS_FAILURES as exc:
+            except REDIS_CLIENT_ERRORS as exc:
                 await connection.disconnect()
                 raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
             except BaseException:  # cancelled while connecting: never reuse a half-made connection
@@ -163,7 +160,7 @@ class AsyncRateLimiter:
         pool = cast(redis.asyncio.Redis, self.client).connection_pool
         try:
             connection = await pool.get_connection()
-        except _REDIS_FAILURES as exc:
+        except REDIS_CLIENT_ERRORS as exc:
             raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
         try:
             return await self._write_and_read(connection, call, packed=False)
@@ -185,7 +182,7 @@ class AsyncRateLimiter:
             return await connection.read_response()
         except NoScriptError:
             return NOSCRIPT
-        except _REDIS_FAILURES as exc:
+        except REDIS_CLIENT_ERRORS as exc:
             if not isinstance(exc, ResponseError):
                 await connection.disconnect()  # the connection's state is unknown: never reuse it
             raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
@@ -198,12 +195,12 @@ class AsyncRateLimiter:
         try:
             await client.initialize()  # learns the slots on first use, and again after a failure
             node = client.get_node_from_key(keys[0])
-        except _REDIS_FAILURES as exc:
+        except REDIS_CLIENT_ERRORS as exc:
             raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=False) from exc
         try:
             return await client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *keys,
                                                 *call.plan.args, target_nodes=node)
         except NoScriptError:
             return NOSCRIPT
-        except _REDIS_FAILURES as exc:
+        except REDIS_CLIENT_ERRORS as exc:
             raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=True) from exc

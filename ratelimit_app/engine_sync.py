@@ -24,11 +24,11 @@ from typing import Any, Union, cast
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException, RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from .decision import Decision
 from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, reset_keys
-from .exceptions import BackendError
+from .exceptions import REDIS_CLIENT_ERRORS, BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
 
@@ -36,9 +36,6 @@ from .scripts import decide_sha, decide_source
 CONNECTION_MODES = ("auto", "per_thread", "pool")
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, kept readable)
-# What a client raises when Redis cannot answer; RedisClusterException ("no node reachable") is not a
-# RedisError.
-_REDIS_FAILURES = (RedisError, RedisClusterException, OSError)
 #: A thread's connection unused for longer than this (seconds) is checked for a server-side close
 #: (a restart, an idle timeout) before it is used again, as a pool checkout would; one in back-to-back
 #: use skips that system call, which costs about as much as the rest of the client's work.
@@ -162,7 +159,7 @@ class RateLimiter:
         if keys:
             try:
                 self.client.delete(*keys)
-            except _REDIS_FAILURES as exc:
+            except REDIS_CLIENT_ERRORS as exc:
                 raise BackendError(f"could not reset {identity!r:.80}: {exc}", maybe_applied=True) from exc
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
@@ -193,7 +190,7 @@ class RateLimiter:
     def _load_script(self) -> None:
         try:
             self.client.script_load(decide_source())
-        except _REDIS_FAILURES as exc:
+        except REDIS_CLIENT_ERRORS as exc:
             raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
 
     # -- the three ways to send one call ---------------------------------------------------------------
@@ -204,14 +201,14 @@ class RateLimiter:
         client = cast(RedisCluster, self.client)
         try:
             node = client.get_node_from_key(keys[0])
-        except _REDIS_FAILURES as exc:
+        except REDIS_CLIENT_ERRORS as exc:
             raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=False) from exc
         try:
             return client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *keys, *call.plan.args,
                                           target_nodes=node)
         except NoScriptError:
             return NOSCRIPT
-        except _REDIS_FAILURES as exc:
+        except REDIS_CLIENT_ERRORS as exc:
             raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=True) from exc
 
     def _send_pooled(self, call: PreparedCall) -> Any:
@@ -219,7 +216,7 @@ class RateLimiter:
         pool = cast(redis.Redis, self.client).connection_pool
         try:
             connection = pool.get_connection()
-        except _REDIS_FAILURES as exc:
+        except REDIS_CLIENT_ERRORS as exc:
             raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
         sent = False
         try:
@@ -228,7 +225,7 @@ class RateLimiter:
             return connection.read_response()
         except NoScriptError:
             return NOSCRIPT
-        except _REDIS_FAILURES as exc:
+        except REDIS_CLIENT_ERRORS as exc:
             if not isinstance(exc, redis.ResponseError):
                 connection.disconnect()  # the connection's state is unknown: never reuse it
             raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc

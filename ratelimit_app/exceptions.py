@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from redis.exceptions import RedisClusterException, RedisError
+
 
 class RateLimiterError(Exception):
     """Base class of the errors raised by ratelimit_app."""
@@ -18,3 +20,13 @@ class BackendError(RateLimiterError):
     def __init__(self, message: str, *, maybe_applied: bool) -> None:
         super().__init__(message)
         self.maybe_applied = maybe_applied
+
+
+#: What a redis-py client raises when Redis cannot answer (RedisClusterException, "no node reachable",
+#: is not a RedisError). The engine turns these into BackendError.
+REDIS_CLIENT_ERRORS: tuple[type[Exception], ...] = (RedisError, RedisClusterException, OSError)
+
+#: Everything that means "Redis could not decide": the engine's errors, plus what a client may raise
+#: outside the engine (building a cluster client, a cluster topology refresh). The one list every
+#: layer above the engine catches.
+BACKEND_ERRORS: tuple[type[Exception], ...] = (RateLimiterError, *REDIS_CLIENT_ERRORS)

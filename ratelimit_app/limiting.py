@@ -1,36 +1,49 @@
-"""Limit one request: identify the client, find its tier, and decide in one Redis round trip.
+"""Limit one request in two steps: who is the client and which limits apply (`plan_request`), then
+one all-or-nothing Redis call over every limit of ours that applies (`decide`).
 
-This is the shared core of `RateLimitMiddleware` and `TierRateThrottle`; it returns a `LimitOutcome`
-and leaves the HTTP answer to them. The order of checks:
+This is the shared core of `RateLimitMiddleware`, the DRF throttles and `@ratelimit`; it returns a
+`LimitOutcome` and leaves the HTTP answer to them.
+
+`plan_request` checks, in order:
 
 1. the client IP (trusted proxies only) -> identity `ip:<addr or IPv6 network>`;
 2. an API key (X-API-Key / Authorization: Bearer), whose shape is checked before any lookup; else the
-   authenticated user; else the anonymous tier (RATELIMIT['ANONYMOUS_TIER']) or 401;
-3. one call `hit_many([(ip, [ip policy]), (identity, tier policies)], cost)`: all-or-nothing across both.
+   authenticated user; else the anonymous tier (RATELIMIT['ANONYMOUS_TIER']) or 401.
+
+`decide` then makes one call `hit_many([per-IP check, tier check, *extra checks], cost)`: the extra
+checks are those of our DRF throttles and of `@ratelimit` on the same view, so every limit of ours on
+one request is charged at most once, and only if all of them allow.
 
 A request whose key is missing, malformed, unknown, revoked or expired is still charged to the per-IP
 limit (counted before authentication), so floods of invalid keys are limited. A key not yet cached in
 this process is looked up only after a `peek` at the per-IP limit allows it, so an IP over its limit
 causes no database query at all.
+
+Whatever goes wrong inside the limiter at request time (a bug, a setting changed at run time, a tier
+deleted while a setting names it) never fails the request: `safely` answers with the fail mode and
+logs the error, with its traceback, once per cause.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
-from redis.exceptions import RedisClusterException, RedisError
 
 from . import metrics
 from .apikeys import key_matches, parse_key
-from .conf import SettingsCached, ratelimit_settings
-from .decision import Decision
-from .exceptions import RateLimiterError
+from .conf import DEFAULTS, SettingsCached, ratelimit_settings
+from .decision import Decision, degraded_decision
+from .exceptions import BACKEND_ERRORS
 from .identity import (
     api_key_from_request,
     authenticated_user,
@@ -38,9 +51,10 @@ from .identity import (
     request_ip_identity,
     user_identity,
 )
+from .logs import logger
 from .lookups import MISS, TierInfo, get_lookups
 from .models import IP_POLICY_NAME
-from .policies import InvalidPolicy, Policy
+from .policies import Policy
 from .service import get_limiter
 
 ALLOWED = "allowed"
@@ -48,12 +62,10 @@ DENIED = "denied"  # 429
 UNAVAILABLE = "unavailable"  # 503: denied because the limiter is unavailable (fail mode)
 UNAUTHORIZED = "unauthorized"  # 401
 
-#: What a limiter call may raise when Redis cannot decide (the service normally answers with its fail
-#: mode instead; these are caught as a last resort so a request never fails because of Redis).
-LIMITER_ERRORS = (RateLimiterError, RedisError, RedisClusterException, OSError)
-
 #: Tier label of decisions made on the per-IP limit alone (no valid key or tier yet).
 IP_ONLY_TIER = "ip"
+#: `LimitCheck.owner` of the request's own limits (per-IP and tier).
+REQUEST_LIMITS = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,19 +87,11 @@ class LimitConfig:
 
 
 def _parse_config() -> LimitConfig:
+    # RATELIMIT is validated as a whole when it is read (conf.setting_errors), IP_RATE included.
     ip_rate = ratelimit_settings.IP_RATE
     ip_policies: tuple[Policy, ...] = ()
     if ip_rate is not None:
-        try:
-            ip_policies = (Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM),)
-        except InvalidPolicy as exc:
-            raise ImproperlyConfigured(
-                f"RATELIMIT['IP_RATE'] / ['IP_ALGORITHM'] = {ip_rate!r} / {ratelimit_settings.IP_ALGORITHM!r}: {exc}"
-            ) from exc
-    for name in ("ANONYMOUS_TIER", "DEFAULT_USER_TIER"):
-        value = getattr(ratelimit_settings, name)
-        if value is not None and (not isinstance(value, str) or not value):
-            raise ImproperlyConfigured(f"RATELIMIT['{name}'] is {value!r}; expected a tier slug or None")
+        ip_policies = (Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM),)
     return LimitConfig(
         enabled=bool(ratelimit_settings.ENABLED),
         path_prefixes=tuple(ratelimit_settings.PATH_PREFIXES),
@@ -109,15 +113,54 @@ def get_config() -> LimitConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitCheck:
+    """One identity's policies in a request's decision, and who asked for them.
+
+    `owner` is REQUEST_LIMITS for the per-IP limit and the tier, else the label of the throttle or
+    decorator that added the check (it finds its own result with `LimitOutcome.decision_for`).
+    """
+
+    identity: str
+    policies: tuple[Policy, ...]
+    owner: str = REQUEST_LIMITS
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPlan:
+    """Who the client is and which limits apply: everything known before Redis is asked.
+
+    `checks` are the per-IP limit first, then the tier's (or, for a plan without a tier, what the
+    throttles and decorator add). `refusal` is not "" when the request has no usable key or tier:
+    it is then charged to the per-IP limit alone and answered 401 with that message if the IP may
+    send. `tier_fail_mode` is the tier's own fail mode (None: RATELIMIT['FAIL_MODE']), `fail_mode` the
+    one that applies. `label` names the decision in the metrics (the tier slug, "ip", "decorator"...).
+    """
+
+    checks: tuple[LimitCheck, ...]
+    tier: TierInfo | None
+    identity: str
+    fail_mode: str
+    tier_fail_mode: str | None = None
+    refusal: str = ""
+    label: str = IP_ONLY_TIER
+
+    def plus(self, extra: Sequence[LimitCheck]) -> RequestPlan:
+        """This plan with more checks decided in the same call."""
+        return dataclasses.replace(self, checks=self.checks + tuple(extra)) if extra else self
+
+
+@dataclass(frozen=True, slots=True)
 class LimitOutcome:
     """What limiting decided for one request.
 
     `status` is "allowed", "denied" (429), "unavailable" (503: the limiter is down and the fail mode
     refuses) or "unauthorized" (401, `message` says why). `decision` summarises every policy checked
-    (per-IP and tier; None when nothing was decided); `policies` are all the policies that applied, for
-    the `RateLimit-Policy` header. `tier` is the client's tier when one was established; `identity` a
-    display label ("key:<prefix>", "user:<pk>", "ip:<addr>"), never a full key. `charged` is False for
-    report-only routes (cost 0), whose decision comes from `peek`.
+    (when denied: the policy that refused, so headers describe it; None when nothing was decided);
+    `policies` are all the policies that applied, for the `RateLimit-Policy` header. `tier` is the
+    client's tier when one was established; `identity` a display label ("key:<prefix>", "user:<pk>",
+    "ip:<addr>"), never a full key. `charged` is False for report-only routes (cost 0), whose decision
+    comes from `peek`. `checks` and `decisions` (same order; None where Redis Cluster stopped at the
+    first denial) let each throttle or decorator read its own part.
     """
 
     status: str
@@ -127,6 +170,8 @@ class LimitOutcome:
     identity: str
     message: str = ""
     charged: bool = True
+    checks: tuple[LimitCheck, ...] = ()
+    decisions: tuple[Decision | None, ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -138,31 +183,47 @@ class LimitOutcome:
         """The slug of the tier, or None when none was established."""
         return self.tier.slug if self.tier is not None else None
 
+    def owns(self, owner: str) -> bool:
+        """True when this outcome decided checks of `owner`."""
+        return any(check.owner == owner for check in self.checks)
+
+    def decision_for(self, owner: str) -> Decision | None:
+        """The decision over the checks of `owner` alone (None when it had none). It allows when
+        those limits allow, even if another check refused the request (which then charged nothing)."""
+        mine = [d for check, d in zip(self.checks, self.decisions, strict=True) if check.owner == owner]
+        if not mine:
+            return None
+        if any(d is None for d in mine):
+            return self.decision  # Redis Cluster stopped at an earlier denial: this part was never decided
+        return summarize([d for d in mine if d is not None], len(mine))
+
 
 #: Passed as `user` to mean "read request.user".
 FROM_REQUEST: Any = object()
 
 
-def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST) -> LimitOutcome:
-    """Identify the client of `request`, and charge `cost` to its per-IP limit and its tier's policies
-    for `scope` (cost 0: only report where it stands). Counts the decision in the metrics once.
+def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
+                 user: Any = FROM_REQUEST) -> RequestPlan | LimitOutcome:
+    """Identify the client of `request` and the policies of its tier for `scope`.
 
-    `user` is the authenticated user to use instead of `request.user` (DRF authenticates on its own
-    Request object). Raises ImproperlyConfigured when a tier named in the settings does not exist.
+    Returns a LimitOutcome instead when a per-IP peek already refuses a request with a key this
+    process has not looked up yet (nothing is charged). `user` is the authenticated user to use
+    instead of `request.user` (DRF authenticates on its own Request object). Raises
+    ImproperlyConfigured when a tier named in the settings or by a key does not exist.
     """
     config = get_config()
     ip_id = request_ip_identity(request)
-    ip_policies = config.ip_policies
+    ip_checks = (LimitCheck(ip_id, config.ip_policies),) if config.ip_policies else ()
     lookups = get_lookups()
     raw_key = api_key_from_request(request)
     tier: TierInfo | None
     if raw_key is not None:
         prefix = parse_key(raw_key)
         if prefix is None:
-            return _refuse(config, ip_id, cost, "malformed API key")
+            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal="malformed API key")
         info = lookups.cached_key(prefix)
         if info is MISS:
-            if ip_policies:
+            if ip_checks:
                 # A key this process has not seen: make sure the IP may send at all before the lookup,
                 # so a flood of random keys from one client costs no more than its per-IP limit.
                 early = _ip_precheck(config, ip_id, cost)
@@ -170,10 +231,10 @@ def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user:
                     return early
             info = lookups.key(prefix)
         if info is None or not key_matches(raw_key, info.hashed_key):
-            return _refuse(config, ip_id, cost, "unknown API key")
+            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal="unknown API key")
         refusal = info.refusal(time.time())
         if refusal is not None:
-            return _refuse(config, ip_id, cost, f"API key {refusal}")
+            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal=f"API key {refusal}")
         tier = lookups.tier(info.tier_slug)
         if tier is None:
             raise ImproperlyConfigured(f"API key {prefix} names tier {info.tier_slug!r}, which does not exist")
@@ -191,29 +252,59 @@ def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user:
         elif config.anonymous_tier is not None:
             slug, setting, identity = config.anonymous_tier, "ANONYMOUS_TIER", ip_id
         else:
-            return _refuse(config, ip_id, cost, "API key required")
+            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal="API key required")
         tier = lookups.tier(slug)
         if tier is None:
             where = f"RATELIMIT['{setting}']" if setting else f"the user tier of user {user.pk}"
             raise ImproperlyConfigured(f"{where} names tier {slug!r}, which does not exist")
+    checks = (*ip_checks, LimitCheck(identity, tier.policies_for(scope)))
+    return RequestPlan(checks, tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug)
 
-    policies = tier.policies_for(scope)
-    checks: list[tuple[str, tuple[Policy, ...]]] = [(identity, policies)]
-    if ip_policies:
-        checks.insert(0, (ip_id, ip_policies))
-    all_policies = ip_policies + policies
-    fail_mode = tier.fail_mode
+
+def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
+    """Charge `cost` to every check of `plan` in one all-or-nothing call (cost 0: only report where
+    the client stands), and count the request in the metrics once."""
+    checks = plan.checks
+    policies = tuple(policy for check in checks for policy in check.policies)
+    if not checks:  # nothing to charge: no per-IP limit and no usable key
+        status = UNAUTHORIZED if plan.refusal else ALLOWED
+        return LimitOutcome(status, None, (), plan.tier, plan.identity, plan.refusal)
+    pairs = [(check.identity, check.policies) for check in checks]
+    if plan.refusal:
+        cost = max(cost, 1)  # an unusable key is charged to the per-IP limit even on report-only routes
     if cost == 0:
-        return _report(checks, all_policies, tier, identity, fail_mode or config.fail_mode)
-    try:
-        decisions = get_limiter().hit_many(checks, cost, fail_mode=fail_mode)
-    except LIMITER_ERRORS:
-        return _failed(fail_mode or config.fail_mode, all_policies, tier, identity)
-    summary = summarize(decisions, len(checks))
-    return _decided(summary, all_policies, tier, identity)
+        decisions = _peek_all(pairs, plan.fail_mode)
+    else:
+        try:
+            decisions = get_limiter().hit_many(pairs, cost, fail_mode=plan.tier_fail_mode)
+        except BACKEND_ERRORS:  # the service normally applies the fail mode itself
+            decisions = [degraded_decision(plan.fail_mode == "open")] * len(pairs)
+    summary = summarize(decisions, len(pairs))
+    if summary.allowed or cost == 0:  # a report-only request is never refused for where it stands
+        status = UNAUTHORIZED if plan.refusal else ALLOWED
+    else:
+        status = UNAVAILABLE if summary.degraded else DENIED
+    if cost > 0:
+        metrics.record_decision(
+            allowed=summary.allowed, tier=plan.label, policy=None if summary.allowed else summary.policy,
+            degraded=summary.degraded, identity=plan.identity, unauthorized=status == UNAUTHORIZED,
+        )
+    padded = tuple(decisions) + (None,) * (len(pairs) - len(decisions))
+    return LimitOutcome(status, summary, policies, plan.tier, plan.identity,
+                        plan.refusal if status == UNAUTHORIZED else "", cost > 0, checks, padded)
 
 
-def summarize(decisions: list[Decision], expected: int) -> Decision:
+def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
+                  extra: Sequence[LimitCheck] = ()) -> LimitOutcome:
+    """`plan_request` then `decide`, with `extra` checks decided in the same call (a refusal for an
+    unusable key charges the per-IP limit alone). Raises what `plan_request` raises."""
+    planned = plan_request(request, cost=cost, scope=scope, user=user)
+    if isinstance(planned, LimitOutcome):
+        return planned
+    return decide(planned if planned.refusal else planned.plus(extra), cost)
+
+
+def summarize(decisions: Sequence[Decision], expected: int) -> Decision:
     """One decision over several identities' decisions: denied if any is (or if some are missing, as
     on Redis Cluster after the first denial); `results` holds every policy's result, in order."""
     results = tuple(r for d in decisions for r in d.results)
@@ -229,65 +320,78 @@ def summarize(decisions: list[Decision], expected: int) -> Decision:
     return dataclasses.replace(worst, allowed=False, results=results, degraded=degraded)
 
 
-def _decided(summary: Decision, policies: tuple[Policy, ...], tier: TierInfo | None, identity: str) -> LimitOutcome:
-    if summary.allowed:
-        status = ALLOWED
-    else:
-        status = UNAVAILABLE if summary.degraded else DENIED
-    metrics.record_decision(
-        allowed=summary.allowed, tier=tier.slug if tier is not None else IP_ONLY_TIER,
-        policy=None if summary.allowed else summary.policy, degraded=summary.degraded, identity=identity,
-    )
-    return LimitOutcome(status, summary, policies, tier, identity)
-
-
-def _failed(fail_mode: str, policies: tuple[Policy, ...], tier: TierInfo | None, identity: str) -> LimitOutcome:
-    """The limiter raised instead of answering (the service normally applies the fail mode itself)."""
-    allowed = fail_mode == "open"
-    decision = Decision(allowed, 0, 0, 0.0, None if allowed else 1.0, "", (), degraded=True)
-    return _decided(decision, policies, tier, identity)
-
-
 def _ip_precheck(config: LimitConfig, ip_id: str, cost: int) -> LimitOutcome | None:
-    """Peek at the per-IP limit; an outcome when it already refuses (nothing charged), else None."""
+    """Peek at the per-IP limit; an outcome when it already refuses (nothing charged), else None.
+
+    The peek goes through the service like every other call: its breaker, time budget and deny cache.
+    """
     try:
         decision = get_limiter().peek(ip_id, config.ip_policies, max(cost, 1))
-    except LIMITER_ERRORS:
+    except BACKEND_ERRORS:
         return None  # the charge that follows applies the fail mode
     if decision.allowed or decision.degraded:
         return None  # a limiter that cannot decide: the charge that follows applies the tier's fail mode
-    return _decided(decision, config.ip_policies, None, ip_id)
+    metrics.record_decision(allowed=False, tier=IP_ONLY_TIER, policy=decision.policy, degraded=False,
+                            identity=ip_id)
+    check = LimitCheck(ip_id, config.ip_policies)
+    return LimitOutcome(DENIED, decision, config.ip_policies, None, ip_id, checks=(check,), decisions=(decision,))
 
 
-def _refuse(config: LimitConfig, ip_id: str, cost: int, message: str) -> LimitOutcome:
-    """No usable key or tier: charge the per-IP limit alone, then 401 (or 429/503 if the IP is over)."""
-    if not config.ip_policies:
-        return LimitOutcome(UNAUTHORIZED, None, (), None, ip_id, message)
-    try:
-        decision = get_limiter().hit(ip_id, config.ip_policies, max(cost, 1))
-    except LIMITER_ERRORS:
-        outcome = _failed(config.fail_mode, config.ip_policies, None, ip_id)
-    else:
-        outcome = _decided(decision, config.ip_policies, None, ip_id)
-    if outcome.status != ALLOWED:
-        return outcome
-    return dataclasses.replace(outcome, status=UNAUTHORIZED, message=message)
-
-
-def _report(checks: list[tuple[str, tuple[Policy, ...]]], policies: tuple[Policy, ...], tier: TierInfo,
-            identity: str, fail_mode: str) -> LimitOutcome:
-    """Cost 0: where the client stands in every policy, charging nothing (one peek per identity)."""
+def _peek_all(pairs: list[tuple[str, tuple[Policy, ...]]], fail_mode: str) -> list[Decision]:
+    """Cost 0: where the client stands in every check, charging nothing (one peek per identity)."""
     service = get_limiter()
     decisions = []
-    for ident, pols in checks:
+    for identity, policies in pairs:
         try:
-            decision = service.peek(ident, pols, fail_mode=fail_mode)
-        except LIMITER_ERRORS:
-            decision = Decision(fail_mode == "open", 0, 0, 0.0, None, "", (), degraded=True)
-        if not decision.allowed and not decision.degraded:
-            # A denial may come from the service's local deny cache, whose counts are those of the
-            # moment Redis denied; a report must show the counts of now (Redis answered just now).
-            with contextlib.suppress(*LIMITER_ERRORS):
-                decision = service.limiter.peek(ident, pols)
+            # fresh: a report shows the counts of now, not those a cached denial remembers
+            decision = service.peek(identity, policies, fail_mode=fail_mode, fresh=True)
+        except BACKEND_ERRORS:
+            decision = degraded_decision(fail_mode == "open")
         decisions.append(decision)
-    return LimitOutcome(ALLOWED, summarize(decisions, len(checks)), policies, tier, identity, charged=False)
+    return decisions
+
+
+# -- when the limiter itself fails ------------------------------------------------------------------
+
+#: Causes already logged with their traceback (bounded: a long-lived process logs each cause once).
+_logged_causes: set[tuple[str, str]] = set()
+_logged_lock = threading.Lock()
+MAX_LOGGED_CAUSES = 1000
+
+
+def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "") -> LimitOutcome:
+    """`limit()`, or, if it raises anything (a bug, an invalid setting met at run time), the answer of
+    the fail mode: the limiter degrades, the request never fails because of it. The error is logged
+    on "ratelimit_app" at ERROR with its traceback once per cause, then at DEBUG."""
+    try:
+        return limit()
+    except Exception as exc:
+        _log_once(exc, where)
+        allowed = fail_mode() != "closed"
+        with contextlib.suppress(Exception):
+            metrics.record_decision(allowed=allowed, tier="error", policy=None if allowed else "error",
+                                    degraded=True, identity=identity or "unknown")
+        return LimitOutcome(ALLOWED if allowed else UNAVAILABLE, degraded_decision(allowed), (), None, identity)
+
+
+def fail_mode() -> str:
+    """RATELIMIT['FAIL_MODE'], read even when other settings are invalid ("local" acts as "open" when
+    the limiter cannot even say which limits apply)."""
+    try:
+        return str(ratelimit_settings.FAIL_MODE)
+    except Exception:
+        raw = getattr(django_settings, "RATELIMIT", None)
+        mode = raw.get("FAIL_MODE") if isinstance(raw, dict) else None
+        return mode if mode in ("open", "closed", "local") else str(DEFAULTS["FAIL_MODE"])
+
+
+def _log_once(exc: Exception, where: str) -> None:
+    cause = (type(exc).__qualname__, str(exc)[:200])
+    with _logged_lock:
+        first = cause not in _logged_causes
+        if first and len(_logged_causes) < MAX_LOGGED_CAUSES:
+            _logged_causes.add(cause)
+    level = logging.ERROR if first else logging.DEBUG
+    logger.log(level, "rate limiter failed in %s (%s: %s); the request follows the fail mode %r",
+               where, type(exc).__name__, exc, fail_mode(), exc_info=exc if first else None,
+               extra={"ratelimit_event": "ratelimit.internal_error"})

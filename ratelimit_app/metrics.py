@@ -10,8 +10,8 @@ flusher, so counts the parent had not flushed yet are flushed once, by the paren
 What Redis holds (`<KEY_PREFIX>` is RATELIMIT['KEY_PREFIX']; every key lives METRICS_TTL_HOURS
 hours after its last write, default 48):
 - `<KEY_PREFIX>:{metrics}:h:<YYYYMMDDHH>` (UTC hour), a hash of counters: `allowed`, `blocked`,
-  `degraded`, `degraded_blocked`, `tier:<tier>:allowed`, `tier:<tier>:blocked`,
-  `policy:<policy>:blocked`.
+  `unauthorized` (401s), `degraded`, `degraded_blocked`, `tier:<tier>:allowed`, `tier:<tier>:blocked`,
+  `tier:<tier>:unauthorized`, `policy:<policy>:blocked`.
 - `<KEY_PREFIX>:{metrics}:blocked:<YYYYMMDD>` (UTC day), a sorted set of blocked identity labels
   ("key:<prefix>" or "ip:<address>", never a full key) scored by blocked requests. It keeps the
   `max(50 x TOP_BLOCKED, 1000)` most blocked identities of the day; queries return TOP_BLOCKED.
@@ -48,6 +48,9 @@ from .logs import log_breaker_change, log_config_error, log_denial, log_event, l
 HOUR = 3600
 #: Label of decisions that name no policy (allowed requests).
 NO_POLICY = "none"
+#: What a limited request came to: allowed, blocked (429 or a fail-mode 503) or unauthorized (401: no
+#: usable API key; charged to the per-IP limit only).
+OUTCOMES: tuple[str, ...] = ("allowed", "blocked", "unauthorized")
 #: States accepted by `set_breaker_state`.
 BREAKER_STATES: tuple[str, ...] = ("closed", "open", "half_open")
 #: Upper bounds (seconds) of the limiter latency histogram buckets; a last +Inf bucket follows.
@@ -81,8 +84,8 @@ def day_key(prefix: str, day: int) -> str:
 
 # -- in-process counting -----------------------------------------------------------------------
 
-# (hour, tier, policy, allowed, degraded) -> decisions
-_CountKey = tuple[int, str, str, bool, bool]
+# (hour, tier, policy, outcome, degraded) -> decisions; outcome is one of OUTCOMES
+_CountKey = tuple[int, str, str, str, bool]
 # (day, identity label as given) -> blocked decisions
 _BlockedKey = tuple[int, str]
 
@@ -122,7 +125,7 @@ class _Recorder:
         self.target: _Target | None = None
         self.labels: dict[str, str] = {}
         self.batches: dict[str, _Batch] = {}
-        self.totals: dict[tuple[str, str, bool, bool], int] = {}
+        self.totals: dict[tuple[str, str, str, bool], int] = {}
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self.transitions: dict[str, int] = {}
@@ -136,7 +139,7 @@ class _Recorder:
         self.wake_event = threading.Event()
 
     # -- request path --------------------------------------------------------------------------
-    def record(self, allowed: bool, tier: str, policy: str | None, degraded: bool, identity: str) -> None:
+    def record(self, outcome: str, tier: str, policy: str | None, degraded: bool, identity: str) -> None:
         if self.pid != os.getpid():
             self.after_fork()
         target = self.target or self._load_target()
@@ -145,17 +148,17 @@ class _Recorder:
         hour = int(time.time()) // HOUR
         tier_label = self._label(tier)
         policy_label = self._label(policy) if policy else NO_POLICY
-        allowed = bool(allowed)
+        blocked = outcome == "blocked"
         degraded = bool(degraded)
-        count_key = (hour, tier_label, policy_label, allowed, degraded)
-        total_key = (tier_label, policy_label, allowed, degraded)
+        count_key = (hour, tier_label, policy_label, outcome, degraded)
+        total_key = (tier_label, policy_label, outcome, degraded)
         with self.lock:
             batch = self.batches.get(target.prefix)
             if batch is None:
                 batch = self.batches[target.prefix] = _Batch(target.prefix)
             batch.counts[count_key] = batch.counts.get(count_key, 0) + 1
             self.totals[total_key] = self.totals.get(total_key, 0) + 1
-            if not allowed:
+            if blocked:
                 blocked_key = (hour // 24, identity)
                 seen = batch.blocked.get(blocked_key)
                 if seen is not None:
@@ -166,7 +169,7 @@ class _Recorder:
                     self.dropped += 1
         if self.thread is None:
             self.start()
-        if not allowed and logger.isEnabledFor(logging.DEBUG):
+        if blocked and logger.isEnabledFor(logging.DEBUG):
             log_denial(tier=tier_label, policy=policy_label, identity=identity, degraded=degraded)
 
     def _label(self, value: Any) -> str:
@@ -270,9 +273,8 @@ class _Recorder:
         pipe = client.pipeline(transaction=not isinstance(client, RedisCluster))
         for batch in batches.values():
             hours: dict[int, dict[str, int]] = {}
-            for (hour, tier, policy, allowed, degraded), count in batch.counts.items():
+            for (hour, tier, policy, outcome, degraded), count in batch.counts.items():
                 fields = hours.setdefault(hour, {})
-                outcome = "allowed" if allowed else "blocked"
                 for name in _fields(tier, policy, outcome, degraded):
                     fields[name] = fields.get(name, 0) + count
             for hour, fields in hours.items():
@@ -368,16 +370,19 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_recorder.after_fork)
 
 
-def record_decision(*, allowed: bool, tier: str, policy: str | None, degraded: bool, identity: str) -> None:
+def record_decision(*, allowed: bool, tier: str, policy: str | None, degraded: bool, identity: str,
+                    unauthorized: bool = False) -> None:
     """Count one limited request (cheap: in-process counters only; see the module docstring).
 
     `tier` is the tier slug ("free", or "ip" for the per-IP limit alone); `policy` the name of the policy
     that denied (None when allowed); `degraded` whether Redis was bypassed; `identity` a display label
     such as "key:<prefix>" or "ip:203.0.113.7" -- never a full API key (a "key:" label is cut at its
-    first "." before it is stored, as a safeguard). Denials are also logged at DEBUG. Does nothing
-    when RATELIMIT['METRICS_ENABLED'] is False.
+    first "." before it is stored, as a safeguard). `unauthorized` marks a 401 (no usable API key):
+    counted as its own outcome, neither allowed nor blocked. Denials are also logged at DEBUG. Does
+    nothing when RATELIMIT['METRICS_ENABLED'] is False.
     """
-    _recorder.record(allowed, tier, policy, degraded, identity)
+    outcome = "unauthorized" if unauthorized else "allowed" if allowed else "blocked"
+    _recorder.record(outcome, tier, policy, degraded, identity)
 
 
 def observe_latency(seconds: float) -> None:
@@ -426,7 +431,7 @@ class DecisionCount:
 
     tier: str
     policy: str
-    outcome: str  # "allowed" or "blocked"
+    outcome: str  # one of OUTCOMES
     degraded: bool
     count: int
 
@@ -465,8 +470,8 @@ def process_metrics() -> ProcessMetrics:
         recorder.after_fork()
     with recorder.lock:
         decisions = tuple(
-            DecisionCount(tier, policy, "allowed" if allowed else "blocked", degraded, count)
-            for (tier, policy, allowed, degraded), count in sorted(recorder.totals.items())
+            DecisionCount(tier, policy, outcome, degraded, count)
+            for (tier, policy, outcome, degraded), count in sorted(recorder.totals.items())
         )
         return ProcessMetrics(
             decisions=decisions,
@@ -532,6 +537,7 @@ class HourMetrics(_Outcomes):
     degraded_blocked: int
     tiers: tuple[TierCounts, ...]
     policies: tuple[PolicyCounts, ...]
+    unauthorized: int = 0  # 401s: not in `total` (they were refused before any tier was known)
 
 
 @dataclass(frozen=True)
@@ -551,6 +557,7 @@ class MetricsRange(_Outcomes):
     tiers: tuple[TierCounts, ...]
     policies: tuple[PolicyCounts, ...]
     top_blocked: tuple[BlockedIdentity, ...]
+    unauthorized: int = 0  # 401s: not in `total`
 
 
 def _hour_index(moment: datetime, name: str) -> int:
@@ -589,6 +596,7 @@ def _parse_hour(index: int, raw: dict[Any, Any]) -> HourMetrics:
         degraded_blocked=fields.get("degraded_blocked", 0),
         tiers=_sorted_tiers({tier: (c.get("allowed", 0), c.get("blocked", 0)) for tier, c in tiers.items()}),
         policies=_sorted_policies(policies),
+        unauthorized=fields.get("unauthorized", 0),
     )
 
 
@@ -670,6 +678,7 @@ def _read_range(first: int, last: int) -> MetricsRange:
         tiers=_sorted_tiers(tiers),
         policies=_sorted_policies(policies),
         top_blocked=tuple(BlockedIdentity(identity, count) for identity, count in top_blocked),
+        unauthorized=sum(h.unauthorized for h in hours),
     )
 
 

@@ -6,24 +6,43 @@ Add it after AuthenticationMiddleware (so session users get their tier):
                   "ratelimit_app.middleware.RateLimitMiddleware", ...]
 
 The decision is made in `process_view`, once the view is known, so a view can declare its cost and
-scope (`ratelimit_app.routes.limit_cost`). A limited path that resolves to no view (404) or that an
-earlier middleware answered is still charged, at cost 1, on the way out. Every limited response carries
-the rate limit headers; the outcome is left on `request.ratelimit` for views (the status endpoint).
+scope (`ratelimit_app.routes.limit_cost`), and the limits of `@ratelimit` on the view are decided in
+the same Redis call. A DRF view with any of our throttles is left to them: the first of them decides
+the per-IP limit, the tier and every throttle of ours in one call, after DRF has authenticated the
+request (if DRF refuses the request before its throttles run, the middleware charges it on the way
+out). A limited path that resolves to no view (404) or that an earlier middleware answered is still
+charged, at cost 1, on the way out. Every limited response carries the rate limit headers; the
+outcome is left on `request.ratelimit` for views (the status endpoint).
+
+The limiter never fails a request: whatever goes wrong inside it follows the fail mode and is logged
+(`ratelimit_app.limiting.safely`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.http import HttpRequest, HttpResponseBase
 
+from .conf import DEFAULTS
 from .headers import apply_headers
-from .limiting import ALLOWED, DENIED, UNAUTHORIZED, LimitOutcome, get_config, limit_request
+from .limiting import (
+    ALLOWED,
+    DENIED,
+    UNAUTHORIZED,
+    LimitCheck,
+    LimitOutcome,
+    get_config,
+    limit_request,
+    safely,
+)
 from .responses import limiter_unavailable, too_many_requests, unauthorized
-from .routes import route_for_view
+from .routes import DEFERRED_ATTRIBUTE, defers_to_throttles, route_for_view, view_limit_of
 
-#: The request attribute that holds the LimitOutcome (also set by TierRateThrottle).
+#: The request attribute that holds the LimitOutcome (also set by the throttles and the decorator).
 REQUEST_ATTRIBUTE = "ratelimit"
 
 
@@ -37,35 +56,77 @@ class RateLimitMiddleware:
         response = self.get_response(request)
         outcome: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
         if outcome is None:
-            config = get_config()
-            if not config.enabled or not config.applies(request.path_info):
+            deferred = request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
+            if deferred is None and not _applies(request):
                 return response
-            # No view ran process_view (unresolved URL, or an earlier middleware answered): charge now.
-            outcome = limit_request(request, cost=1)
+            # No decision yet: the URL resolved to no view, an earlier middleware answered, or DRF
+            # refused the request before its throttles ran. Charge it now.
+            cost, scope = deferred if deferred is not None else (1, "")
+            outcome = safely(lambda: limit_request(request, cost=max(cost, 1), scope=scope), where="middleware")
             setattr(request, REQUEST_ATTRIBUTE, outcome)
             if outcome.status != ALLOWED:
                 return refusal(outcome)
-        # Also our own refusals (headers set again, same values) and TierRateThrottle's outcomes.
         add_headers(response, outcome)
         return response
 
     def process_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
                      view_kwargs: Any) -> HttpResponseBase | None:
-        config = get_config()
-        if not config.enabled or not config.applies(request.path_info):
+        if not _applies(request):
             return None
         route = route_for_view(view_func)
-        outcome = limit_request(request, cost=route.cost_for(request.method), scope=route.scope)
+        cost = route.cost_for(request.method)
+        if defers_to_throttles(view_func):
+            setattr(request, DEFERRED_ATTRIBUTE, (cost, route.scope))
+            return None
+
+        def limit() -> LimitOutcome:
+            view_limit = view_limit_of(view_func)
+            extra: list[LimitCheck] = []
+            if view_limit is not None and view_limit.joins_request_limits and view_limit.cost == cost:
+                check = view_limit.check_for(request)
+                if check is not None:
+                    extra.append(check)
+            return limit_request(request, cost=cost, scope=route.scope, extra=extra)
+
+        outcome = safely(limit, where="middleware")
         setattr(request, REQUEST_ATTRIBUTE, outcome)
         if outcome.status == ALLOWED:
             return None
-        return refusal(outcome, route.cost_for(request.method))
+        return refusal(outcome, cost)
+
+
+def _applies(request: HttpRequest) -> bool:
+    """True when the middleware limits this request's path.
+
+    With invalid settings met at run time (`check` reports them before that), the path prefixes are
+    read from the raw setting when they can be, else the defaults: those requests then follow the fail
+    mode (`safely`), and every other page keeps working.
+    """
+    try:
+        config = get_config()
+    except Exception:
+        raw = getattr(django_settings, "RATELIMIT", None)
+        raw = raw if isinstance(raw, dict) else {}
+        prefixes, exempt = raw.get("PATH_PREFIXES", DEFAULTS["PATH_PREFIXES"]), raw.get(
+            "EXEMPT_PATHS", DEFAULTS["EXEMPT_PATHS"])
+        if not _is_path_list(prefixes):
+            prefixes = DEFAULTS["PATH_PREFIXES"]
+        if not _is_path_list(exempt):
+            exempt = DEFAULTS["EXEMPT_PATHS"]
+        path = request.path_info
+        return path.startswith(tuple(prefixes)) and not path.startswith(tuple(exempt))
+    return config.enabled and config.applies(request.path_info)
+
+
+def _is_path_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)
 
 
 def add_headers(response: HttpResponseBase, outcome: LimitOutcome) -> None:
     """Add the rate limit headers chosen by RATELIMIT['HEADERS'] for this outcome."""
-    if outcome.decision is not None:
-        apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, get_config().headers)
+    if outcome.decision is not None and outcome.policies:
+        with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
+            apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, get_config().headers)
 
 
 def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:

@@ -16,11 +16,13 @@ ALGORITHMS: tuple[str, ...] = (
 #: Algorithms whose capacity (burst) may differ from the limit.
 BURST_ALGORITHMS = frozenset({"token_bucket", "gcra"})
 
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Milliseconds per period unit. "ms" exists so that every Policy prints as a rate that parses back.
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+#: Spellings of the units, DRF's included ("100/hr", "10/mins", "5/secs").
 _UNIT_WORDS = {
-    "sec": "s", "second": "s", "seconds": "s",
-    "min": "m", "minute": "m", "minutes": "m",
-    "hour": "h", "hours": "h",
+    "sec": "s", "secs": "s", "second": "s", "seconds": "s",
+    "min": "m", "mins": "m", "minute": "m", "minutes": "m",
+    "hr": "h", "hrs": "h", "hour": "h", "hours": "h",
     "day": "d", "days": "d",
 }
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([a-z]+)\s*$")
@@ -36,22 +38,27 @@ class InvalidPolicy(ValueError):
     """A policy or rate string that cannot be enforced; the message names the field at fault."""
 
 
-def parse_period(text: str) -> int:
-    """Return the seconds in a period such as "m", "10m", "1h", "30s", "day"."""
+def parse_period(text: str) -> int | float:
+    """Return the seconds in a period such as "m", "10m", "1h", "30s", "day", "500ms" (an int when whole)."""
     match = re.fullmatch(r"\s*(\d*)\s*([a-z]+)\s*", text.lower())
     if not match:
         raise InvalidPolicy(f"period: {text!r} is not a period such as '30s', '10m', '1h' or '1d'")
     multiplier = int(match.group(1) or 1)
     unit = _UNIT_WORDS.get(match.group(2), match.group(2))
-    if unit not in _UNIT_SECONDS:
-        raise InvalidPolicy(f"period: unknown unit {match.group(2)!r} (use s, m, h or d)")
+    if unit not in _UNIT_MS:
+        raise InvalidPolicy(f"period: unknown unit {match.group(2)!r} (use ms, s, m, h or d)")
     if multiplier < 1:
         raise InvalidPolicy(f"period: multiplier in {text!r} must be at least 1")
-    return multiplier * _UNIT_SECONDS[unit]
+    milliseconds = multiplier * _UNIT_MS[unit]
+    return milliseconds // 1000 if milliseconds % 1000 == 0 else milliseconds / 1000
 
 
-def parse_rate(rate: str) -> tuple[int, int]:
-    """Parse "LIMIT/[N]UNIT" (units s, m, h, d) into (limit, period in seconds): "5/10m" -> (5, 600)."""
+def parse_rate(rate: str) -> tuple[int, int | float]:
+    """Parse "LIMIT/[N]UNIT" into (limit, period in seconds): "5/10m" -> (5, 600), "100/hr" -> (100, 3600).
+
+    Units: ms, s, m, h, d, and the words sec(s), second(s), min(s), minute(s), hr(s), hour(s), day(s).
+    The limit may be 0 here; a Policy needs at least 1 (a zero rate is for callers that deny everything).
+    """
     if not isinstance(rate, str):
         raise InvalidPolicy(f"rate: expected a string such as '20/m', got {type(rate).__name__}")
     match = _RATE.match(rate.lower())
@@ -158,6 +165,9 @@ class Policy:
 
     @property
     def rate(self) -> str:
-        """The policy as a rate string, such as "20/60s"."""
-        period = self.period_ms / 1000
-        return f"{self.limit}/{period:g}s"
+        """The policy as a rate string that `parse_rate` reads back: "20/m", "5/10m", "5000/30d", "3/500ms"."""
+        for unit in ("d", "h", "m", "s", "ms"):
+            count, rest = divmod(self.period_ms, _UNIT_MS[unit])
+            if rest == 0:
+                return f"{self.limit}/{unit}" if count == 1 else f"{self.limit}/{count}{unit}"
+        raise AssertionError("unreachable: every period is a whole number of milliseconds")

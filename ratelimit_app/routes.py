@@ -13,11 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from django.http import HttpRequest
 
 from .policies import MAX_LIMIT
 
+if TYPE_CHECKING:
+    from .limiting import LimitCheck
+
 ATTRIBUTE = "ratelimit_route"
+#: Attribute of a view wrapped by `@ratelimit`: its ViewLimit.
+VIEW_LIMIT_ATTRIBUTE = "ratelimit_view_limit"
+#: Request attribute left by the middleware when our DRF throttles decide the request: (cost, scope).
+DEFERRED_ATTRIBUTE = "_ratelimit_deferred"
+#: Class attribute of the throttles that decide together with the request's own limits.
+JOINT_THROTTLE_ATTRIBUTE = "decides_with_request_limits"
 _SCOPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
@@ -51,26 +62,44 @@ def validate_scope(scope: str) -> str:
     return scope
 
 
+def validate_cost(cost: Any, *, minimum: int = 0) -> int:
+    """Return `cost` if it is an integer from `minimum` to 1e9, else raise ValueError naming it."""
+    if isinstance(cost, bool) or not isinstance(cost, int) or not minimum <= cost <= MAX_LIMIT:
+        raise ValueError(f"cost: {cost!r} must be an integer from {minimum} to {MAX_LIMIT}")
+    return cost
+
+
+def view_name(view: Any) -> str:
+    """`module.qualname` of a view function or class, for error messages."""
+    return f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', type(view).__name__)}"
+
+
 def limit_cost(cost: int = 1, *, scope: str | None = None, methods: Iterable[str] | None = None) -> Callable[
     [ViewT], ViewT
 ]:
     """Declare the cost and scope of a view (function or class) for RateLimitMiddleware.
 
-    Raises ValueError at import time for a cost outside 0..1e9 or an invalid scope name.
+    Raises ValueError when applied, naming the view, for a cost outside 0..1e9, an invalid scope name
+    or methods that are not a list of HTTP method names.
     """
-    if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= MAX_LIMIT:
-        raise ValueError(f"cost: {cost!r} must be an integer from 0 to {MAX_LIMIT}")
-    route = RouteLimit(
-        cost,
-        validate_scope(scope) if scope else "",
-        frozenset(m.upper() for m in methods) if methods is not None else None,
-    )
 
     def decorate(view: ViewT) -> ViewT:
+        try:
+            route = RouteLimit(validate_cost(cost), validate_scope(scope) if scope else "", _methods(methods))
+        except ValueError as exc:
+            raise ValueError(f"@limit_cost on {view_name(view)}: {exc}") from exc
         setattr(view, ATTRIBUTE, route)
         return view
 
     return decorate
+
+
+def _methods(methods: Iterable[str] | None) -> frozenset[str] | None:
+    if methods is None:
+        return None
+    if isinstance(methods, str) or not all(isinstance(m, str) and m.isalpha() for m in methods):
+        raise ValueError(f"methods: {methods!r} must be a list of HTTP method names such as ['POST']")
+    return frozenset(m.upper() for m in methods)
 
 
 def route_for_view(view_func: Any) -> RouteLimit:
@@ -88,3 +117,27 @@ def route_for_view(view_func: Any) -> RouteLimit:
     if isinstance(scope, str) and scope:
         return RouteLimit(1, scope)
     return DEFAULT_ROUTE
+
+
+class ViewLimit(Protocol):
+    """What `@ratelimit` leaves on the view it wraps, so the middleware decides it with the request's
+    own limits (one Redis call) when `joins_request_limits` is True and the route costs `cost`."""
+
+    joins_request_limits: bool
+    cost: int
+
+    def check_for(self, request: HttpRequest) -> LimitCheck | None:
+        """The check of this view's limit for `request` (None: this request is not limited by it)."""
+
+
+def view_limit_of(view_func: Any) -> ViewLimit | None:
+    """The ViewLimit of a view wrapped by `@ratelimit`, or None."""
+    return getattr(view_func, VIEW_LIMIT_ATTRIBUTE, None)
+
+
+def defers_to_throttles(view_func: Any) -> bool:
+    """True for a DRF view whose throttles include one of ours: they decide the request's limits
+    (after DRF's authentication) together with their own, in one call."""
+    view_class = getattr(view_func, "cls", None)
+    throttles = getattr(view_class, "throttle_classes", None) or ()
+    return any(getattr(throttle, JOINT_THROTTLE_ATTRIBUTE, False) for throttle in throttles)

@@ -11,7 +11,8 @@ what keeps the API serving when Redis is slow or down (docs/operations.md tells 
   HTTP 503 with Retry-After) or "local" (the in-process limiter of ratelimit_app.fallback, each
   policy divided by APP_SERVERS);
 - a local deny cache (ratelimit_app.denycache): a request Redis denied until T is denied in process
-  until T, without a Redis call.
+  until T, without a Redis call; a reset in any process clears it everywhere within
+  RESET_CHECK_INTERVAL (the deny cache reads the reset epoch at most that often, see ResetWatch).
 """
 
 from __future__ import annotations
@@ -24,17 +25,15 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisClusterException, RedisError
-
 from . import metrics
 from .breaker import CALL, CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
 from .conf import SettingsCached, ratelimit_settings
 from .connection import budget_deadline, get_redis
-from .decision import Decision
-from .denycache import DenyCache
+from .decision import Decision, degraded_decision
+from .denycache import DenyCache, ResetWatch
 from .engine import prepare_call
 from .engine_sync import RateLimiter
-from .exceptions import RateLimiterError
+from .exceptions import BACKEND_ERRORS
 from .fallback import LocalLimiter
 from .logs import log_event
 from .policies import Policy
@@ -42,12 +41,8 @@ from .policies import Policy
 FAIL_MODES = ("open", "closed", "local")
 Check = tuple[str, Sequence[Policy]]
 
-# Everything that means "Redis could not decide": the engine's BackendError, plus what a client may
-# raise outside the engine (building a cluster client, a cluster topology refresh).
-_BACKEND_ERRORS = (RateLimiterError, RedisError, RedisClusterException, OSError)
-
 #: The answer of the "open" fail mode: allowed, made without Redis, nothing known about the limits.
-OPEN_DECISION = Decision(True, 0, 0, 0.0, None, "", (), True)
+OPEN_DECISION = degraded_decision(True)
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,7 @@ def _request_key(checks: Sequence[Check], cost: int) -> Hashable:
 class _Call:
     """One decision on its way through a service: what was asked, and what the service knows so far."""
 
-    __slots__ = ("answer", "charge", "checks", "cost", "key", "mode", "started", "step")
+    __slots__ = ("answer", "charge", "checks", "cost", "generation", "key", "mode", "started", "step", "watch")
 
     def __init__(self, checks: Sequence[Check], cost: int, mode: str, charge: bool) -> None:
         self.checks = checks
@@ -101,6 +96,10 @@ class _Call:
         self.key: Hashable | None = None
         #: the decisions, when known without asking Redis (deny cache, breaker open)
         self.answer: list[Decision] | None = None
+        #: set when the reset epoch must be read before a cached answer stands (see LimiterService._open)
+        self.watch: ResetWatch | None = None
+        #: the deny cache's generation before Redis was asked
+        self.generation = 0
         #: the breaker's CALL or PROBE
         self.step = CALL
         self.started = 0.0
@@ -140,6 +139,7 @@ class LimiterService:
                                                  else app_servers)
         self._engine: RateLimiter | None = None
         self._build: Callable[[], RateLimiter]
+        self._resets: ResetWatch | None = None  # built on first use (the engine's key prefix)
         if isinstance(limiter, RateLimiter):
             self._engine = limiter
             self._build = lambda: limiter
@@ -174,19 +174,23 @@ class LimiterService:
         return self._decide(checks, cost, fail_mode, charge=True)
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
-             fail_mode: str | None = None) -> Decision:
+             fail_mode: str | None = None, fresh: bool = False) -> Decision:
         """Report what `hit` would decide, charging nothing (see RateLimiter.peek); the fail mode
-        applies when Redis cannot answer."""
-        return self._decide([(identity, policies)], cost, fail_mode, charge=False)[0]
+        applies when Redis cannot answer. `fresh` skips the deny cache (whose counts are those of the
+        moment Redis denied): a report of where a client stands now."""
+        return self._decide([(identity, policies)], cost, fail_mode, charge=False, fresh=fresh)[0]
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies: in Redis, in this process' deny cache and
-        in the local fallback. Raises BackendError when Redis cannot be reached (the local state is
-        forgotten anyway; other processes keep their cached denials until their retry time)."""
+        in the local fallback; other processes drop their cached denials within RESET_CHECK_INTERVAL
+        (the reset epoch, see ratelimit_app.denycache). Raises BackendError or a RedisError when Redis
+        cannot be reached (the local state is forgotten anyway)."""
         self._forget_locally(identity, policies)
         token = budget_deadline.set(time.monotonic() + self.budget)
         try:
-            self.limiter.reset(identity, policies)
+            engine = self.limiter
+            engine.reset(identity, policies)
+            self._reset_watch(engine.prefix).announce(engine.client)  # after the delete: see ResetWatch
         finally:
             budget_deadline.reset(token)
 
@@ -200,8 +204,12 @@ class LimiterService:
                             len(self.deny_cache), len(self.fallback))
 
     # -- one decision ------------------------------------------------------------------------------
-    def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool) -> list[Decision]:
-        call = self._open(checks, cost, fail_mode, charge)
+    def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool,
+                fresh: bool = False) -> list[Decision]:
+        engine = self._engine
+        call = self._open(checks, cost, fail_mode, charge, fresh, engine.prefix if engine is not None else None)
+        if call.watch is not None:
+            self._read_epoch(call)
         if call.answer is not None:
             return call.answer
         token = budget_deadline.set(call.started + self.budget)
@@ -212,7 +220,7 @@ class LimiterService:
             else:
                 identity, policies = checks[0]
                 decisions = [engine.peek(identity, policies, cost)]
-        except _BACKEND_ERRORS as exc:
+        except BACKEND_ERRORS as exc:
             return self._failed(call, exc)
         except BaseException:
             self._abandoned(call)
@@ -221,21 +229,64 @@ class LimiterService:
             budget_deadline.reset(token)
         return self._answered(call, decisions)
 
+    def _read_epoch(self, call: _Call) -> None:
+        """The reset epoch `_open` asked for, read over the sync engine's client within the budget."""
+        watch, engine = call.watch, self._engine
+        if watch is None or engine is None:  # _open asks only when there is an engine
+            return
+        token = budget_deadline.set(time.monotonic() + self.budget)
+        try:
+            epoch = engine.client.get(watch.key)
+        except BACKEND_ERRORS:
+            self._epoch_read(call, None, failed=True)
+            return
+        finally:
+            budget_deadline.reset(token)
+        self._epoch_read(call, epoch)
+
     # What happens around the Redis call, shared with the asyncio service (ratelimit_app.service_async):
-    # _open before it (deny cache, breaker), then exactly one of _answered, _failed or _abandoned.
-    def _open(self, checks: Sequence[Check], cost: int, fail_mode: str | None, charge: bool) -> _Call:
-        """A call on its way to Redis, or with its `answer` already known (deny cache, breaker open)."""
+    # _open before it (deny cache, breaker); when _open leaves `call.watch` set, the caller reads the
+    # reset epoch and hands it to _epoch_read; then, when no answer is known yet, the caller asks Redis
+    # and ends with exactly one of _answered, _failed or _abandoned. Only the I/O is the caller's.
+    def _open(self, checks: Sequence[Check], cost: int, fail_mode: str | None, charge: bool, fresh: bool,
+              prefix: str | None) -> _Call:
+        """A call on its way to Redis, or with its `answer` already known (deny cache, breaker open).
+
+        `prefix` is the key prefix of the caller's engine, None when it has none yet (the reset epoch
+        is then not read). A cached denial comes with `call.watch` set when the reset epoch is due to
+        be read first (see ResetWatch): the answer stands unless `_epoch_read` finds it changed.
+        """
         mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
         call = _Call(checks, cost, mode, charge)
         cache = self.deny_cache
-        if len(cache):
+        if len(cache) and not fresh:
             call.key = _request_key(checks, cost)
             call.answer = cache.get(call.key, time.monotonic())
             if call.answer is not None:
+                # never while the breaker is open; when Redis cannot answer, the cache keeps answering
+                if prefix is not None and self.breaker.state == CLOSED:
+                    watch = self._reset_watch(prefix)
+                    if watch.due(time.monotonic()):
+                        call.watch = watch
                 return call
+        return self._to_redis(call)
+
+    def _epoch_read(self, call: _Call, epoch: Any, failed: bool = False) -> _Call:
+        """The reset epoch was read (or could not be): keep the cached denial, unless some process
+        announced a reset since this one last looked; then the deny cache is cleared and the call
+        goes on to Redis."""
+        watch, call.watch = call.watch, None
+        if failed or watch is None or not watch.changed(epoch):
+            return call
+        self.deny_cache.clear()
+        return self._to_redis(call)
+
+    def _to_redis(self, call: _Call) -> _Call:
+        call.answer = None
+        call.generation = self.deny_cache.generation
         call.step = self.breaker.before_call()
         if call.step == SKIP:
-            call.answer = self._degraded(mode, checks, cost, charge)
+            call.answer = self._degraded(call.mode, call.checks, call.cost, call.charge)
         else:
             call.started = time.monotonic()
         return call
@@ -246,7 +297,8 @@ class LimiterService:
         self.breaker.record_success(probe=call.step == PROBE)
         if decisions and not decisions[-1].allowed:
             self.deny_cache.remember(_request_key(call.checks, call.cost) if call.key is None else call.key,
-                                     tuple(identity for identity, _ in call.checks), decisions, call.started)
+                                     tuple(identity for identity, _ in call.checks), decisions, call.started,
+                                     call.generation)
         return decisions
 
     def _failed(self, call: _Call, error: BaseException) -> list[Decision]:
@@ -285,8 +337,14 @@ class LimiterService:
             return [OPEN_DECISION] * len(checks)
         # closed: come back when the breaker will try Redis again
         retry_after = self.breaker.retry_in() or self.breaker.base_cooldown
-        refused = Decision(False, 0, 0, 0.0, retry_after, "", (), True)
+        refused = degraded_decision(False, retry_after)
         return [refused] * len(checks)
+
+    def _reset_watch(self, prefix: str) -> ResetWatch:
+        """The reset epoch of this service's key prefix (see ratelimit_app.denycache.ResetWatch)."""
+        if self._resets is None:
+            self._resets = ResetWatch(prefix)
+        return self._resets
 
     def _build_engine(self) -> RateLimiter:
         with self._build_lock:

@@ -27,10 +27,10 @@ from .conf import SettingsCached, ratelimit_settings
 from .connection import get_async_redis
 from .decision import Decision
 from .engine_async import AsyncRateLimiter
-from .exceptions import BackendError
+from .exceptions import BACKEND_ERRORS, BackendError
 from .fallback import LocalLimiter
 from .policies import Policy
-from .service import _BACKEND_ERRORS, Check, LimiterService, ServiceStats, get_limiter
+from .service import Check, LimiterService, ServiceStats, get_limiter
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _budget
@@ -39,7 +39,7 @@ else:  # redis-py depends on async-timeout below Python 3.11.3
 
 # Redis could not decide: the engine's errors, or the budget's timeout (asyncio.TimeoutError is the
 # built-in TimeoutError from Python 3.11 on, an OSError; before, a class of its own).
-_FAILURES = (*_BACKEND_ERRORS, asyncio.TimeoutError)
+_FAILURES: tuple[type[Exception], ...] = (*BACKEND_ERRORS, asyncio.TimeoutError)
 
 
 class AsyncLimiterService:
@@ -94,18 +94,22 @@ class AsyncLimiterService:
         return await self._decide(checks, cost, fail_mode, charge=True)
 
     async def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
-                   fail_mode: str | None = None) -> Decision:
+                   fail_mode: str | None = None, fresh: bool = False) -> Decision:
         """Report what `hit` would decide, charging nothing; the fail mode applies when Redis cannot
-        answer within the budget."""
-        return (await self._decide([(identity, policies)], cost, fail_mode, charge=False))[0]
+        answer within the budget. `fresh` skips the deny cache (see LimiterService.peek)."""
+        return (await self._decide([(identity, policies)], cost, fail_mode, charge=False, fresh=fresh))[0]
 
     async def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies (see LimiterService.reset); raises
         BackendError when Redis cannot do it within the budget."""
-        self.service._forget_locally(identity, policies)
+        service = self.service
+        service._forget_locally(identity, policies)
         try:
-            async with _budget(self.service.budget):
-                await self.limiter().reset(identity, policies)
+            async with _budget(service.budget):
+                engine = self.limiter()
+                await engine.reset(identity, policies)
+                # after the delete: see ratelimit_app.denycache.ResetWatch
+                await service._reset_watch(engine.prefix).announce(engine.client)
         except asyncio.TimeoutError as exc:
             raise BackendError(f"could not reset {identity!r:.80}: the time budget ran out",
                                maybe_applied=True) from exc
@@ -134,9 +138,18 @@ class AsyncLimiterService:
 
     # -- one decision ------------------------------------------------------------------------------
     async def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *,
-                      charge: bool) -> list[Decision]:
+                      charge: bool, fresh: bool = False) -> list[Decision]:
         service = self.service
-        call = service._open(checks, cost, fail_mode, charge)
+        engine = self._engine or self._engines.get(asyncio.get_running_loop())
+        call = service._open(checks, cost, fail_mode, charge, fresh, engine.prefix if engine is not None else None)
+        if call.watch is not None and engine is not None:
+            try:
+                async with _budget(service.budget):
+                    epoch = await engine.client.get(call.watch.key)
+            except _FAILURES:
+                service._epoch_read(call, None, failed=True)
+            else:
+                service._epoch_read(call, epoch)
         if call.answer is not None:
             return call.answer
         try:

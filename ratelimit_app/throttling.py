@@ -1,38 +1,131 @@
 """DRF throttles backed by the limiter: the request's tier, and atomic drop-ins for DRF's own throttles.
 
 - `TierRateThrottle` enforces the request's tier exactly as RateLimitMiddleware does (per-IP limit,
-  then the key's, user's or anonymous tier; the view's `throttle_scope` selects scoped limits). When the
-  middleware already limited the request, it reuses that decision instead of charging twice.
-- `AnonRateThrottle`, `UserRateThrottle`, `ScopedRateThrottle` replace DRF's classes of the same names:
-  same settings (`DEFAULT_THROTTLE_RATES`, `throttle_scope`), but each decision is one atomic Redis
-  call (DRF's read-then-write cache throttle over-admits under concurrency), rates such as "5/10m" are
-  accepted, and rates are read at request time, so `override_settings` reaches them.
+  then the key's, user's or anonymous tier; the view's `throttle_scope` selects scoped limits).
+- `AnonRateThrottle`, `UserRateThrottle`, `ScopedRateThrottle` replace DRF's classes of the same names
+  and are subclasses of them (and of `SimpleRateThrottle`): same settings (`DEFAULT_THROTTLE_RATES`,
+  `NUM_PROXIES`, a `THROTTLE_RATES` or `rate` class attribute, `throttle_scope`), same overridable
+  methods (`get_cache_key`, `get_ident`, `get_rate`, `parse_rate`, `throttle_success`,
+  `throttle_failure`, `wait`), but each decision is atomic in Redis (DRF's read-then-write cache
+  throttle over-admits under concurrency), and rates are read at request time, so
+  `override_settings` reaches them. docs/usage.md has the full compatibility table.
 
-`wait()` returns the limiter's retry time, so DRF answers 429 with `Retry-After`.
+All of our throttles on one view, and the middleware's per-IP and tier limits, are decided in ONE
+all-or-nothing Redis call when DRF asks the first of them: a request refused by any limit is charged
+to none, and each throttle's `allow_request` answers for its own limits. `wait()` returns the
+limiter's retry time, so DRF answers 429 with `Retry-After`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import math
+import re
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
+from django.urls import get_resolver
+from rest_framework import throttling as drf_throttling
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
-from rest_framework.throttling import BaseThrottle
 
-from . import metrics
 from .decision import Decision
 from .headers import retry_after_seconds
-from .identity import authenticated_user, request_ip_identity, user_identity
-from .limiting import ALLOWED, LIMITER_ERRORS, UNAUTHORIZED, LimitOutcome, get_config, limit_request
+from .identity import UNKNOWN_IP, authenticated_user, client_ip, ip_identity
+from .identity import get_config as identity_config
+from .limiting import (
+    ALLOWED,
+    DENIED,
+    REQUEST_LIMITS,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    LimitCheck,
+    LimitOutcome,
+    RequestPlan,
+    decide,
+    get_config,
+    plan_request,
+    safely,
+)
 from .middleware import REQUEST_ATTRIBUTE, add_headers
-from .policies import InvalidPolicy, Policy
-from .routes import route_for_view
-from .service import get_limiter
+from .policies import InvalidPolicy, Policy, parse_rate
+from .routes import DEFERRED_ATTRIBUTE, route_for_view
+
+#: Attribute of a DRF Request holding the joint decision of our throttles for that dispatch.
+_JOINT_ATTRIBUTE = "_ratelimit_throttles"
+_POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+#: Throttle classes that override a SimpleRateThrottle attribute ours do not use (see docs/usage.md):
+#: reported by `manage.py check` (ratelimit.W010).
+IGNORED_OVERRIDES: dict[str, tuple[str, ...]] = {}
+
+
+@checks.register("ratelimit")
+def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """DEFAULT_THROTTLE_RATES parse (ratelimit.E010); every `throttle_scope` of a view with our
+    ScopedRateThrottle has a rate (E011); overrides ours ignore (W010); X-Forwarded-For ignored because
+    NUM_PROXIES is None and no RATELIMIT['TRUSTED_PROXIES'] are set (W011)."""
+    messages: list[checks.CheckMessage] = []
+    for scope, rate in (api_settings.DEFAULT_THROTTLE_RATES or {}).items():
+        if rate is None:
+            continue
+        try:
+            parse_throttle_rate(str(rate))
+        except InvalidPolicy as exc:
+            messages.append(checks.Error(
+                f"REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'][{scope!r}] = {rate!r} is not a rate: {exc}",
+                hint="Use '<requests>/<period>': '100/hour', '10/min', '5/10m', '0/day' (refuse all) or None.",
+                id="ratelimit.E010",
+            ))
+    rates = api_settings.DEFAULT_THROTTLE_RATES or {}
+    with contextlib.suppress(Exception):  # the URLconf's own errors are reported by Django's checks
+        for view_class in _drf_view_classes(get_resolver().url_patterns):
+            view_scope = getattr(view_class, "throttle_scope", None)
+            scoped = [t for t in getattr(view_class, "throttle_classes", ()) or ()
+                      if isinstance(t, type) and issubclass(t, ScopedRateThrottle) and "THROTTLE_RATES" not in vars(t)]
+            if view_scope and scoped and view_scope not in rates:
+                messages.append(checks.Error(
+                    f"{view_class.__module__}.{view_class.__qualname__}.throttle_scope = {view_scope!r} has no rate "
+                    "in REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']",
+                    hint=f"Add DEFAULT_THROTTLE_RATES[{view_scope!r}] (None: not limited).", id="ratelimit.E011",
+                ))
+    for name, attributes in sorted(IGNORED_OVERRIDES.items()):
+        messages.append(checks.Warning(
+            f"{name} overrides {', '.join(attributes)}, which ratelimit_app throttles never use: time comes "
+            "from Redis TIME and the history lives in Redis.",
+            hint="Remove the override; see the compatibility table in docs/usage.md.", id="ratelimit.W010",
+        ))
+    try:
+        config = identity_config()
+    except ImproperlyConfigured:
+        return messages  # invalid RATELIMIT settings: ratelimit.E001 says which
+    if api_settings.NUM_PROXIES is None and not (config.trusted_hops or config.trusted_networks):
+        messages.append(checks.Warning(
+            "X-Forwarded-For is ignored by ratelimit_app's throttles: REST_FRAMEWORK['NUM_PROXIES'] is None "
+            "(DRF would trust the spoofable header) and RATELIMIT['TRUSTED_PROXIES'] is not set.",
+            hint="Behind a proxy, set REST_FRAMEWORK['NUM_PROXIES'] or RATELIMIT['TRUSTED_PROXIES'] so clients "
+                 "are told apart; otherwise every client counts as the proxy's address. Silence this warning "
+                 "with SILENCED_SYSTEM_CHECKS = ['ratelimit.W011'] when no proxy is in front.",
+            id="ratelimit.W011",
+        ))
+    return messages
+
+
+def _drf_view_classes(patterns: Any) -> Any:
+    """The view classes of every URL pattern, included ones too."""
+    for pattern in patterns:
+        if hasattr(pattern, "url_patterns"):
+            yield from _drf_view_classes(pattern.url_patterns)
+        else:
+            view_class = getattr(getattr(pattern, "callback", None), "cls", None)
+            if isinstance(view_class, type):
+                yield view_class
 
 
 class InvalidApiKey(APIException):
@@ -60,46 +153,155 @@ def _django_request(request: Any) -> HttpRequest:
     return request._request if isinstance(request, Request) else request
 
 
-class TierRateThrottle(BaseThrottle):
-    """Enforce the request's tier (see the module docstring); a view may set `throttle_scope`."""
+class JointThrottle(drf_throttling.BaseThrottle):
+    """Base of our throttles: they decide together (see the module docstring).
 
-    def __init__(self) -> None:
-        self.outcome: LimitOutcome | None = None
+    A subclass implements `limit_checks(request, view)`: its checks, [] when it does not limit this
+    request, or None when it refuses it outright (a rate of 0).
+    """
+
+    #: Read by RateLimitMiddleware (routes.JOINT_THROTTLE_ATTRIBUTE) to leave a view's decision to us.
+    decides_with_request_limits: ClassVar[bool] = True
+    #: True for the throttle that carries the request's own limits (per-IP and tier).
+    carries_request_limits: ClassVar[bool] = False
+    decision: Decision | None = None
+    outcome: LimitOutcome | None = None
+
+    @property
+    def owner(self) -> str:
+        """The label of this throttle's checks in the joint decision."""
+        return f"throttle:{type(self).__module__}.{type(self).__qualname__}"
+
+    def metrics_label(self) -> str:
+        """The `tier` label of decisions this throttle leads in the metrics."""
+        return "throttle"
+
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        raise NotImplementedError(".limit_checks() must be overridden")
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        """Charge the request to its per-IP limit and tier; raise 401/503 for a bad key / unavailable limiter."""
-        django_request = _django_request(request)
-        existing: LimitOutcome | None = django_request.__dict__.get(REQUEST_ATTRIBUTE)
-        if existing is not None and existing.charged and existing.status == ALLOWED:
-            self.outcome = existing  # RateLimitMiddleware already charged this request
-            return True
-        route = route_for_view(view.__class__)
-        scope = getattr(view, "throttle_scope", None) or route.scope
-        outcome = limit_request(
-            django_request, cost=max(route.cost_for(request.method), 1), scope=scope,
-            user=authenticated_user(request),
-        )
-        setattr(django_request, REQUEST_ATTRIBUTE, outcome)
-        self.outcome = outcome
-        if outcome.status == UNAUTHORIZED:
-            raise InvalidApiKey(outcome.message)
-        if outcome.decision is not None and outcome.decision.degraded and not outcome.allowed:
-            raise LimiterUnavailable(retry_after_seconds(outcome.decision.retry_after) or 1)
-        return outcome.allowed
+        """Decide (once per request, for all our throttles on the view) and answer for this throttle's
+        limits. Raises InvalidApiKey (401) or LimiterUnavailable (503) from the throttle that carries the
+        request's own limits."""
+        joint = _joint_decision(request, view, self)
+        self.outcome = joint.outcome
+        self.decision = joint.outcome.decision_for(self.owner)
+        refused = self.owner in joint.denied_outright or (self.decision is not None and not self.decision.allowed)
+        if joint.carrier == self.owner:
+            outcome = joint.outcome
+            if outcome.status == UNAUTHORIZED:
+                raise InvalidApiKey(outcome.message)
+            if outcome.status == UNAVAILABLE:
+                retry_after = outcome.decision.retry_after if outcome.decision is not None else None
+                raise LimiterUnavailable(retry_after_seconds(retry_after) or 1)
+            base = outcome.decision_for(REQUEST_LIMITS)
+            if base is not None and not base.allowed:
+                self.decision, refused = base, True
+        if self.decision is None and not refused:
+            return True  # this throttle did not limit this request (like DRF for a None cache key: no hook)
+        return self.throttle_failure() if refused else self.throttle_success()
+
+    def throttle_success(self) -> bool:
+        """Called when this throttle's limits allow the request; returns True."""
+        return True
+
+    def throttle_failure(self) -> bool:
+        """Called when this throttle's limits refuse the request; returns False."""
+        return False
 
     def wait(self) -> float | None:
-        """Seconds until the same request would be allowed (None when it never will be)."""
-        return _wait(self.outcome.decision if self.outcome is not None else None)
+        """Seconds until this throttle would allow the request again (None: never, or not refused)."""
+        decision = self.decision
+        if decision is None or decision.allowed or decision.retry_after is None or math.isinf(decision.retry_after):
+            return None
+        return max(decision.retry_after, 1.0)
 
 
-def _wait(decision: Decision | None) -> float | None:
-    if decision is None or decision.retry_after is None or math.isinf(decision.retry_after):
-        return None
-    return max(decision.retry_after, 1.0)
+@dataclass(frozen=True)
+class _Joint:
+    view: Any
+    outcome: LimitOutcome
+    carrier: str  # owner of the throttle that answers for the request's own limits and for a 401/503
+    denied_outright: frozenset[str]  # owners whose rate is 0
+
+
+def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> _Joint:
+    """The decision over every throttle of ours on `view` and the request's own limits, made on the
+    first call of a dispatch and reused by the others."""
+    joint: _Joint | None = request.__dict__.get(_JOINT_ATTRIBUTE)
+    if joint is not None and joint.view is view:
+        return joint
+    throttles = _our_throttles(view, caller)
+    django_request = _django_request(request)
+    deferred = django_request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
+    # The request's own limits are decided here when a TierRateThrottle asks for them, or when the
+    # middleware left them to us; the carrier answers for them.
+    carrier = next((t for t in throttles if t.carries_request_limits), throttles[0])
+    with_request_limits = carrier.carries_request_limits or deferred is not None
+    route = route_for_view(type(view))
+    if deferred is not None:
+        cost, scope = deferred
+    else:
+        cost, scope = route.cost_for(request.method), getattr(view, "throttle_scope", None) or route.scope
+    denied: set[str] = set()
+
+    def limit() -> LimitOutcome:
+        extra: list[LimitCheck] = []
+        leader = carrier
+        for throttle in throttles:
+            checks = throttle.limit_checks(request, view)
+            if checks is None:
+                denied.add(throttle.owner)
+            elif checks and not extra:
+                leader = throttle
+            extra.extend(checks or ())
+        if denied:  # a rate of 0: refused without asking Redis, nothing charged
+            return LimitOutcome(DENIED, None, (), None, "")
+        if with_request_limits:
+            planned = plan_request(django_request, cost=cost, scope=scope if isinstance(scope, str) else "",
+                                   user=authenticated_user(request))
+            if isinstance(planned, LimitOutcome):
+                return planned
+            return decide(planned if planned.refusal else planned.plus(extra), cost)
+        if not extra:
+            return LimitOutcome(ALLOWED, None, (), None, "")
+        plan = RequestPlan(tuple(extra), None, _display_identity(extra[0]), get_config().fail_mode,
+                           label=leader.metrics_label())
+        return decide(plan, cost)
+
+    outcome = safely(limit, where=f"throttles of {type(view).__qualname__}")
+    if outcome.decision is not None and outcome.policies:
+        setattr(django_request, REQUEST_ATTRIBUTE, outcome)
+    joint = _Joint(view, outcome, carrier.owner, frozenset(denied))
+    request.__dict__[_JOINT_ATTRIBUTE] = joint
+    return joint
+
+
+def _our_throttles(view: Any, caller: JointThrottle) -> list[JointThrottle]:
+    """Our throttles on `view`, in DRF's order, `caller` standing for its own class."""
+    get_throttles = getattr(view, "get_throttles", None)
+    found = [t for t in get_throttles() if isinstance(t, JointThrottle)] if callable(get_throttles) else []
+    throttles = [caller if type(t) is type(caller) else t for t in found]
+    return throttles if caller in throttles else [caller]
+
+
+def _display_identity(check: LimitCheck) -> str:
+    """A metrics label for a throttle's identity: DRF cache keys hold a user pk or an address, but an
+    overridden get_cache_key may hold anything, so those are shown as a digest."""
+    return "hash:" + hashlib.blake2b(check.identity.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+
+
+class TierRateThrottle(JointThrottle):
+    """Enforce the request's tier (see the module docstring); a view may set `throttle_scope`."""
+
+    carries_request_limits = True
+
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        return []  # its limits are the request's own: planned by _joint_decision
 
 
 class RateLimitHeadersMixin:
-    """Add the rate limit headers of TierRateThrottle's decision to a DRF view's responses.
+    """Add the rate limit headers of the throttles' decision to a DRF view's responses.
 
     Not needed when RateLimitMiddleware is installed (it adds them for throttled requests too).
     """
@@ -112,113 +314,170 @@ class RateLimitHeadersMixin:
         return response
 
 
-@lru_cache(maxsize=256)
-def _policy(scope: str, rate: str, algorithm: str) -> Policy:
+def parse_throttle_rate(rate: str) -> tuple[int, int | float]:
+    """(requests, seconds) of a DRF rate: ours ("5/10m", "100/hr") or anything DRF's own `parse_rate`
+    reads ("<int>/<period starting with s, m, h or d>"). Raises InvalidPolicy otherwise."""
     try:
-        return Policy.parse(rate, name=scope, algorithm=algorithm)
-    except InvalidPolicy as exc:
-        raise ImproperlyConfigured(f"DEFAULT_THROTTLE_RATES['{scope}'] = {rate!r}: {exc}") from exc
+        return parse_rate(rate)
+    except InvalidPolicy:
+        num, _, period = str(rate).partition("/")
+        try:
+            requests = int(num)
+        except ValueError:
+            requests = -1
+        seconds = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(period[:1])
+        if requests < 0 or seconds is None:
+            raise
+        return requests, seconds
 
 
-class AtomicRateThrottle(BaseThrottle):
-    """Base of the drop-ins: `rate` (or DEFAULT_THROTTLE_RATES[scope], read per request) per identity.
+@lru_cache(maxsize=1024)
+def _policy(scope: str, rate: str, algorithm: str) -> Policy | None:
+    """The policy of a throttle's scope and rate (None for a rate of 0: refuse every request)."""
+    requests, seconds = parse_throttle_rate(rate)
+    if requests == 0:
+        return None
+    name = scope if _POLICY_NAME.match(scope) else (
+        re.sub(r"[^A-Za-z0-9_.-]", "_", scope)[:50] + "-" + hashlib.blake2b(scope.encode(), digest_size=4).hexdigest()
+    )
+    return Policy(name, algorithm, limit=requests, period=seconds)
 
-    Subclasses implement `get_identity(request, view)`; None means "do not throttle this request".
-    `algorithm` is any engine algorithm (default sliding_window, exact).
+
+class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
+    """Base of the drop-ins: DRF's SimpleRateThrottle contract, decided atomically in Redis.
+
+    `get_cache_key(request, view)` names what is limited (None: not this request); it is hashed before
+    it reaches Redis. `algorithm` is any engine algorithm (default sliding_window: exact, like DRF's).
     """
 
-    scope: str | None = None
-    rate: str | None = None
     algorithm = "sliding_window"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "cache" in cls.__dict__:
+            raise ImproperlyConfigured(
+                f"{cls.__module__}.{cls.__qualname__}.cache: ratelimit_app throttles count in Redis "
+                "(RATELIMIT['REDIS_URL']), never in a Django cache. Remove the attribute, or subclass "
+                "rest_framework.throttling.SimpleRateThrottle to keep DRF's cache throttle."
+            )
+        ignored = tuple(name for name in ("timer", "history") if name in cls.__dict__)
+        if ignored:
+            IGNORED_OVERRIDES[f"{cls.__module__}.{cls.__qualname__}"] = ignored
+
     def __init__(self) -> None:
-        self.decision: Decision | None = None
+        # DRF reads the rate here and a bad one would fail the request with a 500: keep the error for
+        # allow_request, where it follows the fail mode (`manage.py check` reports it first: E010).
+        self.config_error: ImproperlyConfigured | None = None
+        try:
+            super().__init__()
+        except ImproperlyConfigured as exc:
+            self.config_error = exc
 
     def get_rate(self) -> str | None:
-        """The rate for this throttle's scope; ImproperlyConfigured when the scope has none."""
-        if self.rate is not None:
-            return self.rate
-        if not self.scope:
+        """The rate of this throttle's scope: from a `THROTTLE_RATES` attribute of a subclass, else
+        from DEFAULT_THROTTLE_RATES read now. ImproperlyConfigured when there is no scope or no rate."""
+        if not getattr(self, "scope", None):
             raise ImproperlyConfigured(f"You must set either `.scope` or `.rate` for '{type(self).__name__}' throttle")
-        rates = api_settings.DEFAULT_THROTTLE_RATES or {}
-        if self.scope not in rates:
-            raise ImproperlyConfigured(f"No default throttle rate set for '{self.scope}' scope")
-        rate = rates[self.scope]
-        return str(rate) if rate is not None else None
-
-    def get_identity(self, request: Request, view: Any) -> str | None:
-        raise NotImplementedError(".get_identity() must be overridden")
-
-    def allow_request(self, request: Request, view: Any) -> bool:
-        """Charge one unit to this throttle's limit for the request's identity; False when over it."""
-        rate = self.get_rate()
-        if rate is None:
-            return True
-        identity = self.get_identity(request, view)
-        if identity is None:
-            return True
-        scope = self.scope or "throttle"
-        policy = _policy(scope, rate, self.algorithm)
-        label = f"throttle.{scope}"
+        rates = self._throttle_rates()
         try:
-            decision = get_limiter().hit(f"throttle:{identity}", [policy])
-        except LIMITER_ERRORS:
-            decision = Decision(get_config().fail_mode == "open", 0, 0, 0.0, 1.0, scope, (), degraded=True)
-            metrics.record_decision(allowed=decision.allowed, tier=label, policy=None if decision.allowed
-                                    else scope, degraded=True, identity=identity)
-            if not decision.allowed:
-                raise LimiterUnavailable(1) from None
-            return True
-        self.decision = decision
-        metrics.record_decision(allowed=decision.allowed, tier=label,
-                                policy=None if decision.allowed else decision.policy,
-                                degraded=decision.degraded, identity=identity)
-        if decision.degraded and not decision.allowed:
-            raise LimiterUnavailable(retry_after_seconds(decision.retry_after) or 1)
-        return decision.allowed
+            return rates[str(self.scope)]
+        except KeyError:
+            raise ImproperlyConfigured(f"No default throttle rate set for '{self.scope}' scope") from None
 
-    def wait(self) -> float | None:
-        """Seconds until this throttle would allow the request again."""
-        return _wait(self.decision)
+    def _throttle_rates(self) -> dict[str, Any]:
+        for klass in type(self).__mro__:
+            if klass is AtomicRateThrottle:
+                break
+            if "THROTTLE_RATES" in klass.__dict__:
+                return dict(klass.__dict__["THROTTLE_RATES"])
+        return dict(api_settings.DEFAULT_THROTTLE_RATES or {})
 
+    def parse_rate(self, rate: str | None) -> tuple[int | None, int | float | None]:  # type: ignore[override]
+        # (DRF's stubs say the period is an int; ours may be fractional: "3/500ms")
+        """(requests, seconds) of `rate` ((None, None) for None); ImproperlyConfigured naming the class."""
+        if rate is None:
+            return (None, None)
+        try:
+            return parse_throttle_rate(rate)
+        except InvalidPolicy as exc:
+            raise ImproperlyConfigured(
+                f"{type(self).__name__} (scope {getattr(self, 'scope', None)!r}): rate {rate!r} is not a rate "
+                f"such as '100/hour', '10/min' or '5/10m' ({exc})"
+            ) from None
 
-class AnonRateThrottle(AtomicRateThrottle):
-    """Limits anonymous clients by IP (trusted proxies only) at DEFAULT_THROTTLE_RATES['anon']."""
-
-    scope = "anon"
-
-    def get_identity(self, request: Request, view: Any) -> str | None:
-        if authenticated_user(request) is not None:
+    def get_ident(self, request: Any) -> str | None:  # type: ignore[override]
+        # (DRF's stubs say str; DRF's own get_ident returns None too, when REMOTE_ADDR is missing)
+        """The client address. With DRF's NUM_PROXIES set (the project's statement of trust), DRF's rule
+        over X-Forwarded-For; with NUM_PROXIES None (DRF's default, which would trust a spoofable
+        header), RATELIMIT['TRUSTED_PROXIES'] decides, and X-Forwarded-For is ignored without them.
+        IPv6 clients are grouped by RATELIMIT['IPV6_PREFIX']. None when the request has no address."""
+        if api_settings.NUM_PROXIES is not None:
+            return super().get_ident(request)
+        address = client_ip(request)
+        if address == UNKNOWN_IP:
             return None
-        return request_ip_identity(_django_request(request))
+        return ip_identity(address, identity_config().ipv6_prefix).removeprefix("ip:")
 
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        """This throttle's check: its rate for the identity `get_cache_key` names."""
+        if self.config_error is not None:
+            raise self.config_error
+        rate = self.rate
+        if rate is None:
+            return []
+        key = self.get_cache_key(request, view)
+        self.key = key
+        self.history: list[float] = []
+        if key is None:
+            return []
+        policy = _policy(str(self.scope or "throttle"), rate, self.algorithm)
+        if policy is None:
+            return None
+        return [LimitCheck(f"throttle:{key}", (policy,), self.owner)]
 
-class UserRateThrottle(AtomicRateThrottle):
-    """Limits each user (anonymous clients by IP) at DEFAULT_THROTTLE_RATES['user']."""
-
-    scope = "user"
-
-    def get_identity(self, request: Request, view: Any) -> str | None:
-        user = authenticated_user(request)
-        if user is not None:
-            return user_identity(user.pk)
-        return request_ip_identity(_django_request(request))
-
-
-class ScopedRateThrottle(AtomicRateThrottle):
-    """Limits each user (or IP) per view scope (`throttle_scope`) at DEFAULT_THROTTLE_RATES[scope]."""
-
-    scope_attr = "throttle_scope"
+    def metrics_label(self) -> str:
+        return f"throttle.{self.scope or 'throttle'}"
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        # Like DRF: the scope comes from the view, so it is known only now; no scope, no limit.
-        self.scope = getattr(view, self.scope_attr, None)
-        if not self.scope:
+        """Like DRF: no rate, no limit; else decided jointly (see JointThrottle.allow_request)."""
+        if getattr(self, "rate", None) is None and self.config_error is None:
             return True
         return super().allow_request(request, view)
 
-    def get_identity(self, request: Request, view: Any) -> str | None:
-        user = authenticated_user(request)
-        if user is not None:
-            return user_identity(user.pk)
-        return request_ip_identity(_django_request(request))
+
+class AnonRateThrottle(AtomicRateThrottle, drf_throttling.AnonRateThrottle):
+    """Limits anonymous clients by address at DEFAULT_THROTTLE_RATES['anon'] (users are not limited)."""
+
+
+class UserRateThrottle(AtomicRateThrottle, drf_throttling.UserRateThrottle):
+    """Limits each user (anonymous clients by address) at DEFAULT_THROTTLE_RATES['user']."""
+
+
+class ScopedRateThrottle(AtomicRateThrottle, drf_throttling.ScopedRateThrottle):
+    """Limits each user (or address) per view scope (`throttle_scope`, any string) at
+    DEFAULT_THROTTLE_RATES[scope]; views without a scope are not limited."""
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        # Like DRF: the scope comes from the view, so it is known only now; no scope, no limit.
+        if not self._read_scope(view):
+            return True
+        return super().allow_request(request, view)
+
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        if not self._read_scope(view):
+            return []
+        return super().limit_checks(request, view)
+
+    def _read_scope(self, view: Any) -> bool:
+        """Take the view's scope and its rate (a bad rate is kept for allow_request); False: no scope."""
+        self.scope = getattr(view, self.scope_attr, None)
+        if not self.scope:
+            return False
+        self.config_error = None
+        try:
+            self.rate = self.get_rate()
+            self.num_requests, self.duration = self.parse_rate(self.rate)
+        except ImproperlyConfigured as exc:
+            self.rate, self.config_error = None, exc
+        return True
+

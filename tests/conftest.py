@@ -12,6 +12,16 @@ from django.conf import settings as django_settings
 
 from ratelimit_app import RateLimiter
 
+DRF_SUITE_SETTINGS = "tests.drf_suite.settings"
+
+
+def pytest_ignore_collect(collection_path: Any, config: Any) -> bool | None:
+    """DRF's own throttling suite needs DRF's default settings from import on: it runs in a process
+    of its own (`--ds=tests.drf_suite.settings`, see tests/drf_suite/conftest.py), and only there."""
+    if collection_path.name == "drf_suite" and django_settings.SETTINGS_MODULE != DRF_SUITE_SETTINGS:
+        return True
+    return None
+
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:

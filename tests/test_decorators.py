@@ -11,6 +11,7 @@ from django.urls import path
 
 from ratelimit_app import InvalidPolicy
 from ratelimit_app.decorators import ratelimit
+from ratelimit_app.routes import limit_cost
 
 from .limits_support import parse_ietf
 
@@ -135,8 +136,27 @@ def test_bad_declarations_fail_at_import_naming_the_view() -> None:
         ratelimit(rate="ten/m")(view)
     with pytest.raises(InvalidPolicy, match="burst"):
         ratelimit(rate="10/m", algorithm="fixed_window", burst=3)(view)
-    with pytest.raises(ValueError, match="key"):
-        ratelimit(rate="10/m", key="cookie")
+    with pytest.raises(ValueError, match=r"test_decorators\..*view: key"):
+        ratelimit(rate="10/m", key="cookie")(view)
+    for cost in (0, -1, 1.5, "x"):
+        with pytest.raises(ValueError, match=r"view: cost"):
+            ratelimit(rate="10/m", cost=cost)(view)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="view: block"):
+        ratelimit(rate="10/m", block="yes")(view)  # type: ignore[arg-type]
+
+
+def test_limit_cost_checks_its_arguments_when_applied_naming_the_view() -> None:
+    def view(request: HttpRequest) -> JsonResponse:
+        return JsonResponse({})
+
+    for cost in (-1, 1.5, "x", True):
+        with pytest.raises(ValueError, match=r"@limit_cost on .*view: cost"):
+            limit_cost(cost)(view)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="view: scope"):
+        limit_cost(1, scope="has space")(view)
+    with pytest.raises(ValueError, match="view: methods"):
+        limit_cost(1, methods="POST")(view)
+    assert limit_cost(0)(view) is view  # report-only is a valid cost for a route
 
 
 def test_redis_down_follows_the_fail_mode(client: Any, settings: Any) -> None:

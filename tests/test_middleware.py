@@ -3,12 +3,12 @@ answers, headers, route costs and scopes, user and anonymous tiers, one round tr
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 import pytest
 import redis
-from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
@@ -16,8 +16,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from project.urls import urlpatterns as demo_urlpatterns
-from ratelimit_app import metrics
+from ratelimit_app import limiting, metrics
 from ratelimit_app.apikeys import generate_key
+from ratelimit_app.decorators import ratelimit
 from ratelimit_app.embedded import free_port, start_redis
 from ratelimit_app.models import ApiKey, Tier, UserTier
 from ratelimit_app.routes import limit_cost
@@ -45,8 +46,14 @@ class ScopedApiView(APIView):
         return Response({"ok": True})
 
 
+@ratelimit(rate="2/m", key="ip")
+def decorated(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
 urlpatterns = [
     *demo_urlpatterns,
+    path("api/decorated", decorated),
     path("api/scoped/write", scoped_write),
     path("api/scoped/drf", ScopedApiView.as_view()),
     path("api/plain", plain),
@@ -293,16 +300,25 @@ def test_anonymous_clients_get_the_anonymous_tier_per_ip(client: Any, settings: 
     assert get(client, key="nope", REMOTE_ADDR="198.51.100.21").status_code == 401
 
 
-def test_a_missing_tier_named_in_settings_is_a_configuration_error(client: Any, settings: Any) -> None:
-    use(settings, ANONYMOUS_TIER="missing")
-    with pytest.raises(ImproperlyConfigured, match=r"RATELIMIT\['ANONYMOUS_TIER'\]"):
-        get(client)
+@pytest.mark.parametrize(("mode", "status"), [("open", 200), ("closed", 503)])
+def test_a_missing_tier_named_in_settings_follows_the_fail_mode_and_is_logged_once(
+        client: Any, settings: Any, caplog: Any, mode: str, status: int) -> None:
+    use(settings, ANONYMOUS_TIER="missing", FAIL_MODE=mode)
+    limiting._logged_causes.clear()
+    with caplog.at_level(logging.DEBUG, logger="ratelimit_app"):
+        assert [get(client).status_code for _ in range(3)] == [status] * 3
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "ratelimit_app"]
+    assert len(errors) == 1 and errors[0].exc_info is not None
+    assert "RATELIMIT['ANONYMOUS_TIER'] names tier 'missing'" in errors[0].getMessage()
 
 
-def test_invalid_ip_rate_names_the_setting(client: Any, settings: Any) -> None:
-    use(settings, IP_RATE="lots")
-    with pytest.raises(ImproperlyConfigured, match=r"RATELIMIT\['IP_RATE'\]"):
-        get(client)
+@pytest.mark.django_db
+@pytest.mark.parametrize("ip_rate", ["lots", "ten/m", "0/m", "10/0s"])
+def test_an_invalid_ip_rate_met_at_run_time_never_fails_the_site(client: Any, settings: Any, ip_rate: str) -> None:
+    use(settings, IP_RATE=ip_rate, FAIL_MODE="closed")
+    assert get(client).status_code == 503  # limited paths follow the fail mode
+    assert client.get("/health").status_code == 200
+    assert client.get("/admin/login/").status_code == 200
 
 
 @pytest.mark.parametrize(("mode", "legacy", "ietf"), [("legacy", True, False), ("ietf", False, True),
@@ -360,7 +376,18 @@ def test_each_limited_request_is_counted_once_in_the_metrics(client: Any, small_
     old = {t.tier: (t.allowed, t.blocked) for t in before.tiers}
     assert tiers["small"][0] - old.get("small", (0, 0))[0] == 3
     assert tiers["small"][1] - old.get("small", (0, 0))[1] == 1
-    assert tiers["ip"][0] - old.get("ip", (0, 0))[0] == 1  # the bad key, charged to the IP alone
-    assert after.total - before.total == 5
+    assert after.total - before.total == 4
+    assert after.unauthorized - before.unauthorized == 1  # the bad key: a 401, its own outcome
     prefix = small_key.split(".")[0]
     assert any(b.identity == f"key:{prefix}" for b in after.top_blocked)
+
+
+@pytest.mark.urls(__name__)
+def test_a_decorated_view_is_decided_with_the_tier_in_one_call(client: Any, small_key: str) -> None:
+    responses = [get(client, "/api/decorated", key=small_key) for _ in range(3)]
+    assert [r.status_code for r in responses] == [200, 200, 429]
+    assert responses[-1].json()["policy"] == "decorated"  # the decorator's limit refused ...
+    assert responses[-1]["X-RateLimit-Limit"] == "2"  # ... and the headers describe it
+    # ... and charged nothing: the tier's bucket of 3 still has 1 (2 served requests), the per-IP limit 98
+    results = {r.policy: r.remaining for r in responses[-1].wsgi_request.ratelimit.decision.results}
+    assert results["burst"] == 1 and results["ip"] == 98 and results["decorated"] == 0

@@ -63,7 +63,7 @@ def test_status_of_a_key_shows_its_tier_and_each_limit(free_key: tuple[ApiKey, s
     assert f"API key {api_key.prefix} (Ops test key, active)" in out
     assert "Tier:      free" in out
     table = rows(out)
-    assert table["burst"][:5] == [f"key:{api_key.prefix}", "burst", "token_bucket", "20/60s burst 10", "7/10"]
+    assert table["burst"][:5] == [f"key:{api_key.prefix}", "burst", "token_bucket", "20/m burst 10", "7/10"]
     assert table["minute"][4] == "17/20" and table["day"][4] == "997/1000"
     assert table["burst"][-1] == "allowed"
     assert key.partition(".")[2] not in out
@@ -94,7 +94,7 @@ def test_status_of_an_address_shows_the_per_ip_limit(db: Any, settings: Any) -> 
     for _ in range(4):
         get_limiter().hit("ip:203.0.113.7", [ip_policy])
     table = rows(run("ratelimit_status", "ip:203.0.113.7")[0])
-    assert table["ip"][:5] == ["ip:203.0.113.7", "ip", algorithm, "100/60s", "96/100"]
+    assert table["ip"][:5] == ["ip:203.0.113.7", "ip", algorithm, "100/m", "96/100"]
     # IPv6 addresses are grouped by RATELIMIT['IPV6_PREFIX'] (/64), as the middleware does
     out, _ = run("ratelimit_status", "ip:2001:db8::1")
     assert "ip:2001:db8::/64" in out

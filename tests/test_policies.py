@@ -58,3 +58,23 @@ def test_state_ttl_covers_each_algorithm() -> None:
     assert Policy("a", "sliding_window_counter", limit=5, period=60).state_ttl == 120
     assert Policy("a", "token_bucket", limit=20, period=60, burst=10).state_ttl == 30
     assert Policy("a", "gcra", limit=20, period=60, burst=40).state_ttl == 120
+
+
+@pytest.mark.parametrize(
+    ("rate", "expected"),
+    [("100/hr", (100, 3600)), ("10/mins", (10, 60)), ("5/secs", (5, 1)), ("0/day", (0, 86400)),
+     ("3/500ms", (3, 0.5)), ("2/hrs", (2, 3600))],
+)
+def test_parse_rate_reads_drf_spellings_and_milliseconds(rate: str, expected: tuple[int, float]) -> None:
+    assert parse_rate(rate) == expected
+
+
+@pytest.mark.parametrize(
+    ("period", "printed"),
+    [(60, "20/m"), (600, "20/10m"), (30 * 86400, "20/30d"), (3600, "20/h"), (90, "20/90s"), (1.5, "20/1500ms"),
+     (0.001, "20/ms")],
+)
+def test_policy_rate_prints_a_rate_that_parses_back(period: float, printed: str) -> None:
+    policy = Policy("p", "fixed_window", limit=20, period=period)
+    assert policy.rate == printed
+    assert Policy.parse(policy.rate, name="p", algorithm="fixed_window") == policy

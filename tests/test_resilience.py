@@ -20,6 +20,7 @@ import redis
 
 from ratelimit_app import Decision, Policy, RateLimiter
 from ratelimit_app import metrics as metrics_module
+from ratelimit_app.denycache import RESET_CHECK_INTERVAL, DenyCache
 from ratelimit_app.embedded import RedisProcess, start_redis
 from ratelimit_app.scripts import decide_source
 from ratelimit_app.service import LimiterService, get_limiter
@@ -352,14 +353,21 @@ def test_a_denied_hot_identity_floods_without_a_redis_command_until_its_retry_ti
     denied = service.hit("key:hot", policies)
     assert not denied.allowed and not denied.degraded and denied.retry_after is not None
     retry_at = time.monotonic() + denied.retry_after
+    # the first answer from the deny cache reads the reset epoch for the first time, which counts as a
+    # reset (one may have come since the denial): it asks Redis once more, and caches the denial again
+    assert not service.hit("key:hot", policies).allowed
     metrics_module.flush()  # nothing else may talk to this server during the flood
-    before = all_commands(admin)
+    before, gets, started = all_commands(admin), command_calls(admin, "get"), time.monotonic()
     flood = [service.hit("key:hot", policies) for _ in range(10_000)]
+    elapsed = time.monotonic() - started
     assert all(not d.allowed and not d.degraded and 0 < (d.retry_after or 0) <= denied.retry_after for d in flood)
     assert flood[-1].policy == "burst" and flood[-1].limit == 3
-    assert all_commands(admin) == before, "the flood reached Redis"
+    # no decision reached Redis; only the reset epoch was read, at most once per RESET_CHECK_INTERVAL
+    epoch_reads = command_calls(admin, "get") - gets
+    assert all_commands(admin) - before == epoch_reads, "the flood reached Redis"
+    assert epoch_reads <= elapsed / RESET_CHECK_INTERVAL + 1
     assert time.monotonic() < retry_at, "the flood outlasted the retry time; the test proves nothing"
-    assert service.stats().deny_cache_hits == 10_000
+    assert service.stats().deny_cache_hits == 10_000 + 1
     # Redis agrees it was denied the whole time
     assert not engine_peek_identity(server.port, prefix, "key:hot", policies).allowed
     time.sleep(max(retry_at - time.monotonic(), 0))
@@ -390,6 +398,17 @@ def test_the_deny_cache_never_denies_what_redis_would_allow(settings: Any, serve
     assert service.hit("ip:1", ip).allowed  # the IP was refused for the key's sake only
     service.reset("key:a", policies)  # a reset frees the identity at once in this process
     assert service.hit("key:a", policies, cost=2).allowed
+
+
+def test_a_denial_decided_before_a_reset_is_not_cached_after_it() -> None:
+    cache = DenyCache(10)
+    denial = Decision(False, 3, 0, 4.0, 4.0, "burst", (), False)
+    generation = cache.generation  # read when the request is sent ...
+    cache.forget("key:a")  # ... a reset (here or announced by another process) lands meanwhile ...
+    cache.remember(("k",), ("key:a",), [denial], time.monotonic(), generation)  # ... then the reply
+    assert len(cache) == 0
+    cache.remember(("k",), ("key:a",), [denial], time.monotonic(), cache.generation)
+    assert len(cache) == 1
 
 
 def test_the_deny_cache_is_bounded(settings: Any, server: RedisProcess) -> None:

@@ -57,7 +57,14 @@ def test_bad_url_scheme_names_the_setting(settings: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": "http://127.0.0.1:6379"}
     with pytest.raises(ImproperlyConfigured, match="REDIS_URL"):
         get_redis()
-    assert [m.id for m in check_settings()] == ["ratelimit.E002"]
+    assert [m.id for m in check_settings()] == ["ratelimit.E001"]
+
+
+def test_malformed_cluster_address_is_an_unusable_redis_configuration(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": "redis+cluster://127.0.0.1"}
+    messages = check_settings()
+    assert [m.id for m in messages] == ["ratelimit.E002"]
+    assert "must be host:port" in messages[0].msg
 
 
 def test_cache_alias_must_be_django_redis(settings: Any) -> None:

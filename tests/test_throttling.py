@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 from django.urls import path
 from rest_framework.authentication import SessionAuthentication
@@ -21,6 +20,7 @@ from ratelimit_app.throttling import (
     ScopedRateThrottle,
     TierRateThrottle,
     UserRateThrottle,
+    check_throttle_settings,
 )
 
 from .limits_support import make_key, make_tier, parse_ietf
@@ -188,14 +188,21 @@ def test_scoped_throttle_counts_each_scope(client: Any, settings: Any) -> None:
     assert [client.get("/t/a").status_code for _ in range(2)] == [200, 429]
     assert [client.get("/t/b").status_code for _ in range(3)] == [200, 200, 429]
     assert all(client.get("/t/none").status_code == 200 for _ in range(5))  # no scope, no limit
-    with pytest.raises(ImproperlyConfigured, match="nowhere"):
-        client.get("/t/unknown")
+    # A scope without a rate: `check` names the view (before the first request) ...
+    errors = [m for m in check_throttle_settings() if m.id == "ratelimit.E011"]
+    named = [e.msg.split(" has no rate")[0] for e in errors]
+    assert named == ["tests.test_throttling.UnknownScope.throttle_scope = 'nowhere'"]
+    # ... and a request that meets it anyway follows the fail mode instead of a 500
+    assert client.get("/t/unknown").status_code == 200
 
 
-def test_bad_rate_names_the_scope(client: Any, settings: Any) -> None:
+def test_a_bad_rate_is_a_check_error_and_at_run_time_follows_the_fail_mode(client: Any, settings: Any) -> None:
     rates(settings, anon="ten per minute")
-    with pytest.raises(ImproperlyConfigured, match=r"DEFAULT_THROTTLE_RATES\['anon'\]"):
-        client.get("/t/anon")
+    errors = [m for m in check_throttle_settings() if m.id == "ratelimit.E010"]
+    assert len(errors) == 1 and "DEFAULT_THROTTLE_RATES']['anon']" in errors[0].msg
+    assert client.get("/t/anon").status_code == 200  # fail mode "open": the limiter degrades, the site works
+    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed"}
+    assert client.get("/t/anon").status_code == 503
 
 
 @pytest.mark.parametrize(("mode", "status"), [("open", 200), ("closed", 503)])
