@@ -80,12 +80,15 @@ def test_the_async_service_shares_state_and_answers_with_the_sync_service(
         assert [d.remaining for d in decisions] == [6, 0]
         # denied by Redis once: the same request is then denied by the deny cache both services share
         assert not (await service.hit("k", DAY)).allowed
+        # (the first answer from the cache reads the reset epoch for the first time, which counts as a
+        # reset: it asks Redis once more; see test_resilience's flood test)
+        assert not (await service.hit("k", DAY)).allowed
         evalsha = command_calls(admin, "evalsha")
         for _ in range(100):
             assert not (await service.hit("k", DAY)).allowed
             assert not sync.hit("k", DAY).allowed
         assert command_calls(admin, "evalsha") == evalsha
-        assert service.stats().deny_cache_hits == 200
+        assert service.stats().deny_cache_hits == 200 + 1
         # a reset reaches Redis and the shared deny cache
         await service.reset("k", DAY)
         assert (await service.hit("k", DAY)).remaining == 9
@@ -219,3 +222,23 @@ async def admitted_by_tasks(service: AsyncLimiterService, identity: str, policie
     await asyncio.sleep(0)
     start.set()
     return [decision for decisions in await asyncio.gather(*running) for decision in decisions]
+
+
+def test_a_reset_announced_elsewhere_ends_a_cached_denial_within_the_check_interval(
+        settings: Any, server: RedisProcess, admin: redis.Redis) -> None:
+    from ratelimit_app.denycache import RESET_CHECK_INTERVAL
+    from ratelimit_app.service import LimiterService
+
+    service = configure(settings, server.url)
+    elsewhere = LimiterService()  # another process: its own deny cache and reset watch, the same Redis
+    tight = [Policy("day", "gcra", limit=1, period=86400)]
+
+    async def scenario() -> None:
+        assert (await service.hit("k", tight)).allowed
+        for _ in range(3):  # denied by Redis, then (after the first epoch read) from the deny cache
+            assert not (await service.hit("k", tight)).allowed
+        elsewhere.reset("k", tight)  # deletes the state and announces the reset epoch
+        await asyncio.sleep(RESET_CHECK_INTERVAL)  # the interval after which the epoch is read again
+        assert (await service.hit("k", tight)).allowed  # the epoch changed: the cache was dropped
+
+    run(service, scenario)
