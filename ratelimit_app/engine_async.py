@@ -119,10 +119,11 @@ class AsyncRateLimiter:
             raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
 
     async def aclose(self) -> None:
-        """Close the limiter's own connections (the client, and its pool, stay open)."""
-        idle, self._idle = self._idle, []
-        for connection in idle:
-            await connection.disconnect()
+        """Close the limiter's own idle connections (the client, and its pool, stay open). A decision in
+        flight puts its connection back when it ends; the limiter stays usable and reconnects as needed."""
+        idle = self._idle
+        while idle:
+            await idle.pop().disconnect()
 
     async def _send_own(self, call: PreparedCall) -> Any:
         """The speed path: the packed command on a connection of the limiter's own."""
