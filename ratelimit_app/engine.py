@@ -21,7 +21,7 @@ from collections.abc import Generator, Sequence
 from functools import lru_cache
 from typing import Any
 
-from .decision import Decision, PolicyResult
+from .decision import Decision, new_policy_result
 from .exceptions import BackendError
 from .policies import Policy
 from .scripts import decide_sha
@@ -176,8 +176,8 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
                 retry_after = math.inf
             else:
                 retry_after = retry_ms / 1000
-            results.append(PolicyResult(name, allowed == 1, capacity, remaining if remaining > 0 else 0,
-                                        reset_ms / 1000, retry_after))
+            results.append(new_policy_result(name, allowed == 1, capacity, remaining if remaining > 0 else 0,
+                                             reset_ms / 1000, retry_after))
         decision = Decision.from_results(tuple(results))
         if decision.allowed and not all_allowed:
             # all-or-nothing: this identity's own policies allowed, but another identity in the same
