@@ -237,18 +237,22 @@ def decide(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one
     Normally one call decides every check, all-or-nothing. With `one_slot_per_call` (Redis Cluster,
     where the identities live on different slots) each check is its own call, in order, and the
     first denial stops the rest: checks already charged stay charged and the list is shorter than
-    `checks`. Every call is built (and every argument validated) before anything is sent.
+    `checks`. Every call is built, and every argument validated (ValueError, TypeError), here, before
+    anything is sent.
     """
     if one_slot_per_call and len(checks) > 1:
-        calls = [prepare_call(prefix, (check,), cost, charge=charge) for check in checks]
-        decisions: list[Decision] = []
-        for call in calls:
-            decision = (yield from _exchange(call))[0]
-            decisions.append(decision)
-            if not decision.allowed:
-                break
-        return decisions
-    return (yield from _exchange(prepare_call(prefix, checks, cost, charge=charge)))
+        return _one_by_one([prepare_call(prefix, (check,), cost, charge=charge) for check in checks])
+    return _exchange(prepare_call(prefix, checks, cost, charge=charge))
+
+
+def _one_by_one(calls: list[PreparedCall]) -> Steps:
+    decisions: list[Decision] = []
+    for call in calls:
+        decision = (yield from _exchange(call))[0]
+        decisions.append(decision)
+        if not decision.allowed:
+            break
+    return decisions
 
 
 def _exchange(call: PreparedCall) -> Steps:

@@ -110,7 +110,7 @@ class AsyncRateLimiter:
                 else:
                     reply = await self._send(call)
         except StopIteration as done:
-            return cast("list[Decision]", done.value)
+            return done.value
 
     async def _load_script(self) -> None:
         try:

@@ -185,7 +185,7 @@ class RateLimiter:
                 else:
                     reply = self._send(call)
         except StopIteration as done:
-            return cast("list[Decision]", done.value)
+            return done.value
 
     def _load_script(self) -> None:
         try:

@@ -410,7 +410,7 @@ def test_noscript_is_recovered_once_and_a_second_one_is_an_error() -> None:
 def test_one_call_per_slot_validates_every_check_before_sending_and_stops_at_the_first_denial() -> None:
     ip, key = [small_policy("gcra")], [Policy("burst", "gcra", limit=2, period=60)]
     with pytest.raises(ValueError, match="identity"):
-        decide("rl", [("ip:1", ip), ("", key)], 1, charge=True, one_slot_per_call=True).send(None)
+        decide("rl", [("ip:1", ip), ("", key)], 1, charge=True, one_slot_per_call=True)
     steps = decide("rl", [("ip:1", ip), ("key:1", key), ("key:2", key)], 1, charge=True, one_slot_per_call=True)
     first = steps.send(None)
     assert first is not None and first.digests == prepare_call("rl", [("ip:1", ip)], 1, charge=True).digests
