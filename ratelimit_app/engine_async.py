@@ -14,6 +14,7 @@ from typing import Any, Union, cast
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .decision import Decision
 from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, reset_keys
@@ -64,9 +65,12 @@ class AsyncRateLimiter:
         self._send = (self._send_cluster if self._cluster
                       else self._send_pooled if connections == "pool" else self._send_own)
         self._idle: list[Any] = []  # own connections not in use, most recently used last
+        self._read_timeout: float | None = None
         self._slots: asyncio.Semaphore | None = None
         if not self._cluster and connections == "own":
-            limit = getattr(cast(redis.asyncio.Redis, client).connection_pool, "max_connections", None)
+            pool = cast(redis.asyncio.Redis, client).connection_pool
+            self._read_timeout = pool.connection_kwargs.get("socket_timeout")
+            limit = getattr(pool, "max_connections", None)
             if isinstance(limit, int) and limit < 2**31 - 1:  # redis-py's "no limit" is 2**31 - 1
                 self._slots = asyncio.Semaphore(limit)
 
@@ -134,8 +138,13 @@ class AsyncRateLimiter:
         if idle:
             connection = idle.pop()
         else:
+            # With a socket timeout, redis-py wraps every write in asyncio.wait_for, which before Python
+            # 3.12 starts a task and costs a turn of the event loop per command. A write here never
+            # waits (one command in flight per connection: the transport's buffer cannot fill), so the
+            # limiter's own connections have none, and the reply wait gets the client's socket timeout
+            # explicitly (see _write_and_read).
             pool = cast(redis.asyncio.Redis, self.client).connection_pool
-            connection = pool.connection_class(**pool.connection_kwargs)
+            connection = pool.connection_class(**{**pool.connection_kwargs, "socket_timeout": None})
         try:
             try:
                 # can_read() only looks at what the event loop already received: True means the server
@@ -150,7 +159,7 @@ class AsyncRateLimiter:
             except BaseException:  # cancelled while connecting: never reuse a half-made connection
                 await connection.disconnect(nowait=True)
                 raise
-            return await self._write_and_read(connection, call)
+            return await self._write_and_read(connection, call, read_timeout=self._read_timeout)
         finally:
             idle.append(connection)
             if slots is not None:
@@ -170,8 +179,10 @@ class AsyncRateLimiter:
             # BaseException), so what goes back to the pool is clean or closed
             await pool.release(connection)
 
-    async def _write_and_read(self, connection: Any, call: PreparedCall, packed: bool = True) -> Any:
-        """Write the call once on `connection` and read its reply."""
+    async def _write_and_read(self, connection: Any, call: PreparedCall, packed: bool = True,
+                              read_timeout: float | None = None) -> Any:
+        """Write the call once on `connection` and read its reply (waiting at most `read_timeout`
+        seconds when given, else the connection's own socket timeout)."""
         sent = False
         try:
             if packed:
@@ -180,7 +191,12 @@ class AsyncRateLimiter:
                 await connection.send_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys,
                                               *call.plan.args)
             sent = True
-            return await connection.read_response()
+            if read_timeout is None:
+                return await connection.read_response()
+            reply = await connection.read_response(timeout=read_timeout)
+            if reply is None:  # redis-py's answer to a read that timed out (the script never returns nil)
+                raise RedisTimeoutError(f"no reply from Redis within {read_timeout} s")
+            return reply
         except NoScriptError:
             return NOSCRIPT
         except REDIS_CLIENT_ERRORS as exc:

@@ -46,7 +46,7 @@ def tier(algorithm: str, limit: int) -> list[Policy]:
 def run_with(redis_url: str, scenario: Callable[[redis.asyncio.Redis], Awaitable[T]], **options: Any) -> T:
     """Run `scenario(client)` in a new event loop with a client of that loop, closed afterwards."""
     async def main() -> T:
-        client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(redis_url, socket_timeout=10, **options)
+        client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(redis_url, **{"socket_timeout": 10, **options})
         try:
             return await scenario(client)
         finally:
@@ -194,7 +194,7 @@ def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str,
             proxy.mode = "forward"
             assert (await limiter.peek("k", policies)).remaining == 8  # charged once: 1 before + 1 lost reply
 
-        run_with(proxy.url, scenario, retry=Retry(NoBackoff(), 5),
+        run_with(proxy.url, scenario, retry=Retry(NoBackoff(), 5), socket_timeout=0.5,
                  retry_on_error=[RedisTimeoutError, RedisConnectionError])
 
 
