@@ -275,81 +275,109 @@ def _sync_transport(state: WorkerState, variant: str) -> Callable[[str], Any]:
     return found
 
 
-async def _timed_async(url: str, variant: str, tasks: int, tag: str, start_at: float,
-                       duration: float) -> dict[str, Any]:
+def _async_transports(client: Any) -> dict[str, Callable[..., Any]]:
+    """The coroutine function each async row awaits per decision, all over one redis.asyncio client."""
+    from bench.peers import INCR_SCRIPT, tier_policies
+    from ratelimit_app import AsyncRateLimiter
+
+    policies = tier_policies(ENGINE_RATE)
+    own = AsyncRateLimiter(client, prefix="tr")
+    pooled = AsyncRateLimiter(client, prefix="tr", connections="pool")
+    shas: list[str] = []
+
+    async def evalsha(identity: str) -> Any:
+        return await client.evalsha(shas[0], 1, "bl:" + identity)
+
+    async def tier(identity: str) -> Any:
+        return await own.hit(identity, policies)
+
+    async def tier_pool(identity: str) -> Any:
+        return await pooled.hit(identity, policies)
+
+    async def load() -> None:
+        shas.append(await client.script_load(INCR_SCRIPT))
+
+    return {"async.evalsha": evalsha, "async.tier": tier, "async.tier.pool": tier_pool, "": load}
+
+
+def interleaved_transports(state: WorkerState, keys: list[str], duration: float, burst: int, slices: int,
+                           tag: str, worker: int) -> dict[str, Any]:
+    """Every row of `keys` ("<row>/<tasks>") in turn, `burst` decisions per task at a time, for `duration`
+    seconds; per row: decisions, wall time, this process' CPU and Redis' CPU, also per time slice.
+
+    Interleaving in short bursts (rather than rounds of a second) puts every row under the same load
+    from other work on the machine, which a shared machine changes from one second to the next.
+    """
     import asyncio
 
     import redis.asyncio
 
-    from bench.peers import INCR_SCRIPT, tier_policies
-    from ratelimit_app import AsyncRateLimiter
-
-    client = redis.asyncio.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+    loop = asyncio.new_event_loop()
+    client = redis.asyncio.Redis.from_url(state.ctx.url, socket_timeout=10, socket_connect_timeout=5)
+    admin = state.ctx.client
     try:
-        if variant == "async.evalsha":
-            sha = await client.script_load(INCR_SCRIPT)
+        coroutines = _async_transports(client)
+        loop.run_until_complete(coroutines.pop("")())
+        totals: dict[str, dict[str, Any]] = {
+            key: {"count": 0, "wall": 0.0, "cpu": 0.0, "redis": 0.0, "slices": [[0, 0.0] for _ in range(slices)]}
+            for key in keys}
 
-            async def decide(identity: str) -> Any:
-                return await client.evalsha(sha, 1, "bl:" + identity)
-        else:
-            limiter = AsyncRateLimiter(client, prefix="tr", connections="pool" if variant == "async.tier.pool"
-                                       else "own")
-            policies = tier_policies(ENGINE_RATE)
+        def run_burst(key: str, first: int) -> int:
+            row, n = key.rsplit("/", 1)
+            tasks = int(n)
+            if row.startswith("sync."):
+                decide = _sync_transport(state, row)
+                for i in range(burst):
+                    decide(f"{tag}:{key}:{first + i}")
+                return burst
+            decide_async = coroutines[row]
 
-            async def decide(identity: str) -> Any:
-                return await limiter.hit(identity, policies)
+            async def one(start: int) -> None:
+                for i in range(burst):
+                    await decide_async(f"{tag}:{key}:{start + i}")
 
-        await asyncio.gather(*(decide(f"{tag}:warm:{i}") for i in range(tasks)))  # connections, script
-        end = start_at + duration
-        counts = [0] * tasks
+            async def all_tasks() -> None:
+                await asyncio.gather(*(one(first + t * burst) for t in range(tasks)))
 
-        async def one_task(slot: int) -> None:
-            prefix = f"{tag}:{slot}:"
-            count = 0
-            while time.monotonic() < end:
-                await decide(prefix + str(count))
-                count += 1
-            counts[slot] = count
+            loop.run_until_complete(all_tasks())
+            return burst * tasks
 
-        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-        cpu_before, started = time.process_time(), time.monotonic()
-        await asyncio.gather(*(one_task(slot) for slot in range(tasks)))
-        result = {"count": sum(counts), "elapsed": time.monotonic() - started, "cpu": time.process_time() - cpu_before}
-        if variant != "async.evalsha":
-            await limiter.aclose()
-        return result
+        for key in keys:  # warm up: connections, scripts
+            run_burst(key, -10_000)
+        started = time.monotonic()
+        end = started + duration
+        counter = 0
+        while time.monotonic() < end:
+            admin.flushall()  # as the rounds of the main table do: every cycle starts from an empty Redis
+            for key in keys:
+                redis_before = _redis_cpu(admin)
+                cpu_before, wall_before = time.process_time(), time.perf_counter()
+                done = run_burst(key, counter)
+                wall = time.perf_counter() - wall_before
+                cpu = time.process_time() - cpu_before
+                total = totals[key]
+                total["redis"] += _redis_cpu(admin) - redis_before
+                total["count"] += done
+                total["wall"] += wall
+                total["cpu"] += cpu
+                part = total["slices"][min(slices - 1, int((time.monotonic() - started) / duration * slices))]
+                part[0] += done
+                part[1] += wall
+                counter += done
+        return totals
     finally:
-        await client.aclose()
-
-
-def timed_transport(state: WorkerState, variant: str, tasks: int, tag: str, start_at: float, duration: float,
-                    worker: int) -> dict[str, Any]:
-    """Decide as fast as possible for `duration` seconds from `start_at`: a sync row in this thread, an
-    async row in `tasks` concurrent tasks of a new event loop (with its own client)."""
-    if variant.startswith("async."):
-        import asyncio
-
-        return asyncio.run(_timed_async(state.ctx.url, variant, tasks, tag, start_at, duration))
-    decide = _sync_transport(state, variant)
-    for i in range(20):
-        decide(f"{tag}:warm:{i}")
-    while time.monotonic() < start_at:
-        time.sleep(0.0005)
-    end = start_at + duration
-    cpu_before, started = time.process_time(), time.monotonic()
-    count = 0
-    while time.monotonic() < end:
-        decide(f"{tag}:{count}")
-        count += 1
-    return {"count": count, "elapsed": time.monotonic() - started, "cpu": time.process_time() - cpu_before}
+        loop.run_until_complete(client.aclose())
+        loop.close()
 
 
 @dataclass(frozen=True)
 class Transports:
-    """Alternating rounds of every transport row, in one process; medians of the rounds.
+    """Every transport row, interleaved in short bursts in one process for `duration` seconds.
 
     Keys are "<row>/<tasks>": a sync row runs in 1 thread ("sync.tier/1"), an async row in each of
-    `tasks` concurrent tasks ("async.tier/16"). `cpu` is the client's plus Redis' CPU per decision.
+    `tasks` concurrent tasks ("async.tier/16"). `per_second` is decisions over the row's own time;
+    `samples` the same in each of `rounds` equal slices of the run (how steady it was); `cpu` the
+    client's plus Redis' CPU per decision.
     """
 
     rounds: int
@@ -364,25 +392,17 @@ class Transports:
         return self.per_second[row] / self.per_second[floor]
 
 
-def transport_rounds(pool: WorkerPool, admin: redis.Redis, rounds: int, duration: float,
-                     tasks: Sequence[int] = (1, 16)) -> Transports:
-    """Measure every row of TRANSPORTS in worker 0, `rounds` alternating rounds (allowed traffic)."""
+def transport_rounds(pool: WorkerPool, admin: redis.Redis, duration: float, tasks: Sequence[int] = (1, 16),
+                     burst: int = 20, slices: int = 5) -> Transports:
+    """Measure every row of TRANSPORTS in worker 0, interleaved in bursts for `duration` seconds."""
     keys = [f"{row}/1" for row in TRANSPORTS if row.startswith("sync.")]
     keys += [f"{row}/{n}" for n in tasks for row in TRANSPORTS if row.startswith("async.")]
-    samples: dict[str, list[float]] = {key: [] for key in keys}
-    cpu: dict[str, list[float]] = {key: [] for key in keys}
-    for r in range(rounds):
-        for key in keys:
-            row, n = key.rsplit("/", 1)
-            admin.flushall()
-            start_at = time.monotonic() + 0.15
-            redis_before = _redis_cpu(admin)
-            [result] = pool.run({0: ("bench.engine_bench:timed_transport",
-                                     {"variant": row, "tasks": int(n), "tag": f"t{r}:{key}", "start_at": start_at,
-                                      "duration": duration, "worker": 0})})
-            redis_cpu = _redis_cpu(admin) - redis_before
-            samples[key].append(result["count"] / result["elapsed"])
-            cpu[key].append((result["cpu"] + redis_cpu) / max(result["count"], 1))
     admin.flushall()
-    return Transports(rounds, duration, tuple(tasks), {k: statistics.median(v) for k, v in samples.items()},
-                      {k: tuple(v) for k, v in samples.items()}, {k: statistics.median(v) for k, v in cpu.items()})
+    [totals] = pool.run({0: ("bench.engine_bench:interleaved_transports",
+                             {"keys": keys, "duration": duration, "burst": burst, "slices": slices, "tag": "tr",
+                              "worker": 0})})
+    admin.flushall()
+    return Transports(slices, duration, tuple(tasks),
+                      {key: t["count"] / t["wall"] for key, t in totals.items()},
+                      {key: tuple(n / w for n, w in t["slices"] if w > 0) for key, t in totals.items()},
+                      {key: (t["cpu"] + t["redis"]) / max(t["count"], 1) for key, t in totals.items()})

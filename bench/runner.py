@@ -149,8 +149,8 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
         pool = WorkerPool(sizes.processes, server.url)
         try:
             engine_results, paired = _engine(pool, admin, sizes, available, progress)
-            progress("the engine's transports (sync paths, async), paired rounds in 1 process")
-            transports = engine_bench.transport_rounds(pool, admin, sizes.paired_rounds, sizes.paired_duration)
+            progress("the engine's transports (sync paths, async), interleaved in 1 process")
+            transports = engine_bench.transport_rounds(pool, admin, 3 * sizes.paired_rounds * sizes.paired_duration)
             limiters = [key for key in available if BY_KEY[key].family != "baseline"]
             accuracy_results = []
             for i, key in enumerate(limiters):

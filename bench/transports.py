@@ -2,7 +2,7 @@
 EVALSHA from the same client (the part of `bench/run.py` that bench/engine_bench.py's
 `transport_rounds` measures), printed as the Markdown of docs/benchmarks.md.
 
-    python bench/transports.py [--rounds 7] [--duration 0.7] [--tasks 1 16]
+    python bench/transports.py [--duration 20] [--tasks 1 16]
 
 Starts its own redis-server on a free loopback port and one worker process, like bench/run.py,
 in the current environment (the peers are not needed). A full `bench/run.py` includes the same rows.
@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench/transports.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7, as bench/run.py)")
-    parser.add_argument("--duration", type=float, default=0.7, help="seconds per row and round (default 0.7)")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of interleaved traffic (default 20)")
     parser.add_argument("--tasks", type=int, nargs="+", default=[1, 16], help="concurrent tasks of the async rows")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -42,7 +41,7 @@ def main(argv: list[str]) -> int:
     try:
         pool = WorkerPool(1, server.url)
         try:
-            transports = engine_bench.transport_rounds(pool, admin, args.rounds, args.duration, args.tasks)
+            transports = engine_bench.transport_rounds(pool, admin, args.duration, args.tasks)
         finally:
             pool.close()
     finally:
