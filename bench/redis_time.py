@@ -24,7 +24,6 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devtools.embedded import start_redis
-
 from ratelimit_app.engine import prepare_call
 from ratelimit_app.policies import Policy
 from ratelimit_app.scripts import decide_source

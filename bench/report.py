@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.accuracy import ACCURACY_RATE, TIER_ACCURACY_RATE
-from bench.engine_bench import EngineResult, Run
+from bench.engine_bench import TRANSPORTS, EngineResult, Run, Transports
 from bench.peers import BY_KEY, VARIANTS
 from bench.runner import Results
 
@@ -116,6 +116,7 @@ def evaluate(results: Results) -> list[Target]:
         targets.append(Target(f"3-policy tier >= {ENGINE_TARGET}x one bare EVALSHA", "paired rounds",
                               results.unavailable.get("ours.tier", "the tier or the baseline did not run"),
                               "not measured"))
+    targets += transport_targets(results.transports)
     peers = [v.key for v in VARIANTS if v.family == "peer" and _engine(results, v.key, "allowed")]
     for processes in (1, n):
         tier = _rate(_run(results, "ours.tier", "allowed", processes))
@@ -248,6 +249,53 @@ def _redis_time_section(results: Results) -> list[str]:
     return lines
 
 
+def transport_targets(transports: Transports | None) -> list[Target]:
+    """The async engine's target: AsyncRateLimiter.hit on the tier >= 0.9x a bare async EVALSHA."""
+    if transports is None:
+        return [Target(f"AsyncRateLimiter.hit, 3-policy tier >= {ENGINE_TARGET}x one bare async EVALSHA",
+                       "paired rounds", "not run", "not measured")]
+    targets = []
+    for n in transports.tasks:
+        tier, floor = f"async.tier/{n}", f"async.evalsha/{n}"
+        ratio = transports.ratio(tier, floor)
+        targets.append(Target(
+            f"AsyncRateLimiter.hit, 3-policy tier >= {ENGINE_TARGET}x one bare async EVALSHA, {n} task(s)",
+            f"1 process, {transports.duration:g} s of allowed traffic interleaved in bursts, same client",
+            f"{_n(transports.per_second[tier])} vs {_n(transports.per_second[floor])} decisions/s = {_x(ratio)}; "
+            f"by CPU per decision (client + Redis) {_x(transports.cpu[floor] / transports.cpu[tier])}",
+            "pass" if ratio >= ENGINE_TARGET else "miss",
+            _spread(transports.samples[tier], transports.samples[floor])))
+    return targets
+
+
+def transport_section(transports: Transports) -> list[str]:
+    """The table of the engine's transports (bench/engine_bench.py: transport_rounds)."""
+    lines = ["### The engine's transports, paired", "",
+             "The sync engine on both of its paths and the async engine, each next to a bare EVALSHA of the "
+             "INCR script from the same kind of client, in one worker process for "
+             f"{transports.duration:g} s, allowed traffic (a new identity per decision). The rows take turns "
+             "in bursts of 20 decisions per thread or task (Redis flushed before each turn of all rows), so that "
+             "every row meets the same load from other work on the machine; decisions/s is each row's "
+             "decisions over its own time, and *each fifth* the same over each fifth of the run. A sync row "
+             "decides in one thread; an "
+             "async row in N concurrent tasks of one event loop over one `redis.asyncio.Redis`. "
+             "The speed paths are the defaults (`RateLimiter`: a connection per thread; `AsyncRateLimiter`: "
+             "connections of its own, one per decision in flight); the *pool* paths are the reference paths "
+             "(`connections=\"pool\"`; for `RateLimiter` the default under gevent/eventlet).", ""]
+    rows = []
+    floors = {"sync.tier": "sync.evalsha", "sync.tier.pool": "sync.evalsha", "async.tier": "async.evalsha",
+              "async.tier.pool": "async.evalsha"}
+    for key, per_second in transports.per_second.items():
+        row, n = key.rsplit("/", 1)
+        floor = floors.get(row)
+        rows.append([TRANSPORTS[row], n, _n(per_second),
+                     _x(transports.ratio(key, f"{floor}/{n}")) if floor else "",
+                     _us(transports.cpu[key]), " / ".join(_n(v) for v in transports.samples[key])])
+    lines += _table(["row", "threads / tasks", "decisions/s", "vs the bare EVALSHA", "CPU µs per decision "
+                     "(client + Redis)", "each fifth /s"], rows, "lrrrrl")
+    return lines
+
+
 # -- the document ----------------------------------------------------------------------------------
 def _engine_section(results: Results) -> list[str]:
     n = results.sizes.processes
@@ -312,6 +360,8 @@ def _engine_section(results: Results) -> list[str]:
                      " / ".join(_n(v) for v in paired.samples.get("ours.tier", ()))])
     lines += _table(["processes", "rounds", "baseline /s", "raw baseline /s", "tier /s", "tier / baseline",
                      "tier / raw", "CPU µs per decision, baseline / tier", "tier, each round /s"], rows)
+    if results.transports is not None:
+        lines += transport_section(results.transports)
     return lines
 
 
