@@ -58,7 +58,8 @@ def test_state_written_before_the_upgrade_is_carried_over(
     assert limiter.peek("k", policies).remaining == 2
     assert [limiter.hit("k", policies).allowed for _ in range(3)] == [True, True, False]
     denied = limiter.hit("k", policies)
-    assert not denied.allowed and denied.retry_after is not None and 0 < denied.retry_after <= 3600
+    # (a sliding window counter may wait into the next window, while the previous one still weighs)
+    assert not denied.allowed and denied.retry_after is not None and 0 < denied.retry_after <= policies[0].state_ttl
     # the carried-over state now lives in today's key, which also counts the units admitted since
     [key] = limiter.keys("k", policies)
     assert redis_client.exists(key) == 1
