@@ -395,7 +395,7 @@ def test_the_sliding_log_drops_units_that_left_the_window_when_it_is_charged(
     redis_client.set(key, _log(stale, live, live), px=60_000)
     assert limiter.hit("k", policies).remaining == 2
     log = redis_client.get(key)
-    assert len(log) == 3 * 7 and log.startswith(_log(live, live))
+    assert isinstance(log, bytes) and len(log) == 3 * 7 and log.startswith(_log(live, live))
 
 
 def test_states_too_large_for_an_integer_are_stored_as_short_strings_and_decide_the_same(
@@ -405,14 +405,14 @@ def test_states_too_large_for_an_integer_are_stored_as_short_strings_and_decide_
     bucket = [Policy("day", "token_bucket", limit=1000, period=86400)]
     assert limiter.hit("k", bucket, cost=1000).allowed
     [key] = limiter.keys("k", bucket)
-    assert len(redis_client.get(key)) == 12
+    assert redis_client.strlen(key) == 12
     denied = limiter.hit("k", bucket)
     assert not denied.allowed and denied.remaining == 0 and 86 <= (denied.retry_after or 0) <= 86.4
     # counts of 2^26 and more in a sliding window counter
     counter = [Policy("minute", "sliding_window_counter", limit=10**8, period=60)]
     assert limiter.hit("k", counter, cost=7 * 10**7).allowed
     [key] = limiter.keys("k", counter)
-    assert len(redis_client.get(key)) == 9
+    assert redis_client.strlen(key) == 9
     assert limiter.peek("k", counter).remaining == 3 * 10**7
     assert limiter.hit("k", counter, cost=3 * 10**7).allowed and not limiter.hit("k", counter).allowed
 
