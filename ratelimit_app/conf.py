@@ -34,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "SOCKET_TIMEOUT": 0.05,  # seconds to wait for a Redis reply
     "CLUSTER": False,  # treat REDIS_URL as a Redis Cluster node even without the redis+cluster scheme
     "SENTINEL_SERVICE": "mymaster",  # master name for redis+sentinel:// URLs
+    "CONNECTIONS": "auto",  # "per_thread", "pool", or "auto": pool under gevent/eventlet, else per_thread
     # What is limited
     "ENABLED": True,
     "PATH_PREFIXES": ["/api/"],  # the middleware limits these paths ...
@@ -136,6 +137,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "CLUSTER": _BOOLEAN,
     "SENTINEL_SERVICE": (lambda value: isinstance(value, str) and bool(value.strip()),
                          "the name of a Sentinel master, such as 'mymaster'"),
+    "CONNECTIONS": (lambda value: value in ("auto", "per_thread", "pool"), "one of 'auto', 'per_thread', 'pool'"),
     "ENABLED": _BOOLEAN,
     "PATH_PREFIXES": (_path_prefixes, "a list of path prefixes, each starting with '/', such as ['/api/']"),
     "EXEMPT_PATHS": (_path_prefixes, "a list of path prefixes, each starting with '/', such as ['/health']"),

@@ -128,9 +128,10 @@ class ResetWatch:
         self._next_check = 0.0
         self._lock = threading.Lock()
 
-    def announce(self, client: Any) -> None:
-        """Tell every process that a reset happened (run it after the state was deleted in Redis)."""
-        client.set(self.key, secrets.token_hex(8), ex=_EPOCH_TTL_SECONDS)
+    def announce(self, client: Any) -> Any:
+        """Tell every process that a reset happened (run it after the state was deleted in Redis). Returns
+        what `client.set` returns: with a redis.asyncio client, the coroutine to await."""
+        return client.set(self.key, secrets.token_hex(8), ex=_EPOCH_TTL_SECONDS)
 
     def due(self, now: float) -> bool:
         """True, for one caller per interval, when it is time to read the epoch (`client.get(self.key)`)."""

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import metrics
-from .breaker import CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
+from .breaker import CALL, CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
 from .conf import SettingsCached, ratelimit_settings
 from .connection import budget_deadline, get_redis
 from .decision import Decision, degraded_decision
 from .denycache import DenyCache, ResetWatch
-from .engine import RateLimiter, prepare_call
+from .engine import prepare_call
+from .engine_sync import RateLimiter
 from .exceptions import BACKEND_ERRORS
 from .fallback import LocalLimiter
 from .logs import log_event
@@ -81,6 +82,29 @@ def _request_key(checks: Sequence[Check], cost: int) -> Hashable:
     return tuple(parts)
 
 
+class _Call:
+    """One decision on its way through a service: what was asked, and what the service knows so far."""
+
+    __slots__ = ("answer", "charge", "checks", "cost", "generation", "key", "mode", "started", "step", "watch")
+
+    def __init__(self, checks: Sequence[Check], cost: int, mode: str, charge: bool) -> None:
+        self.checks = checks
+        self.cost = cost
+        self.mode = mode
+        self.charge = charge
+        #: the deny-cache key, when it was computed
+        self.key: Hashable | None = None
+        #: the decisions, when known without asking Redis (deny cache, breaker open)
+        self.answer: list[Decision] | None = None
+        #: set when the reset epoch must be read before a cached answer stands (see LimiterService._open)
+        self.watch: ResetWatch | None = None
+        #: the deny cache's generation before Redis was asked
+        self.generation = 0
+        #: the breaker's CALL or PROBE
+        self.step = CALL
+        self.started = 0.0
+
+
 class LimiterService:
     """The engine as request-handling code sees it, with the failure handling described above.
 
@@ -115,13 +139,13 @@ class LimiterService:
                                                  else app_servers)
         self._engine: RateLimiter | None = None
         self._build: Callable[[], RateLimiter]
-        self._resets: ResetWatch | None = None  # built with the engine (its key prefix)
+        self._resets: ResetWatch | None = None  # built on first use (the engine's key prefix)
         if isinstance(limiter, RateLimiter):
             self._engine = limiter
             self._build = lambda: limiter
         elif limiter is None:
-            prefix = settings.KEY_PREFIX
-            self._build = lambda: RateLimiter(get_redis(), prefix=prefix)
+            prefix, connections = settings.KEY_PREFIX, settings.CONNECTIONS
+            self._build = lambda: RateLimiter(get_redis(), prefix=prefix, connections=connections)
         else:
             self._build = limiter
         self._build_lock = threading.Lock()
@@ -161,13 +185,12 @@ class LimiterService:
         in the local fallback; other processes drop their cached denials within RESET_CHECK_INTERVAL
         (the reset epoch, see ratelimit_app.denycache). Raises BackendError or a RedisError when Redis
         cannot be reached (the local state is forgotten anyway)."""
-        self.deny_cache.forget(identity)
-        self.fallback.reset(identity, policies)
+        self._forget_locally(identity, policies)
         token = budget_deadline.set(time.monotonic() + self.budget)
         try:
             engine = self.limiter
             engine.reset(identity, policies)
-            self._reset_watch(engine).announce(engine.client)  # after the delete: see ResetWatch
+            self._reset_watch(engine.prefix).announce(engine.client)  # after the delete: see ResetWatch
         finally:
             budget_deadline.reset(token)
 
@@ -183,20 +206,13 @@ class LimiterService:
     # -- one decision ------------------------------------------------------------------------------
     def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool,
                 fresh: bool = False) -> list[Decision]:
-        mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
-        cache = self.deny_cache
-        key: Hashable | None = None
-        if len(cache) and not fresh:
-            key = _request_key(checks, cost)
-            cached = cache.get(key, time.monotonic())
-            if cached is not None and not self._reset_elsewhere():
-                return cached
-        generation = cache.generation
-        step = self.breaker.before_call()
-        if step == SKIP:
-            return self._degraded(mode, checks, cost, charge)
-        started = time.monotonic()
-        token = budget_deadline.set(started + self.budget)
+        engine = self._engine
+        call = self._open(checks, cost, fail_mode, charge, fresh, engine.prefix if engine is not None else None)
+        if call.watch is not None:
+            self._read_epoch(call)
+        if call.answer is not None:
+            return call.answer
+        token = budget_deadline.set(call.started + self.budget)
         try:
             engine = self._engine or self._build_engine()
             if charge:
@@ -205,24 +221,103 @@ class LimiterService:
                 identity, policies = checks[0]
                 decisions = [engine.peek(identity, policies, cost)]
         except BACKEND_ERRORS as exc:
-            budget_deadline.reset(token)
-            metrics.observe_latency(time.monotonic() - started)
-            with self._stats_lock:
-                self._redis_failures += 1
-            self.breaker.record_failure(exc, probe=step == PROBE)
-            return self._degraded(mode, checks, cost, charge)
+            return self._failed(call, exc)
         except BaseException:
-            budget_deadline.reset(token)
-            if step == PROBE:
-                self.breaker.abandon_probe()
+            self._abandoned(call)
             raise
-        budget_deadline.reset(token)
-        metrics.observe_latency(time.monotonic() - started)
-        self.breaker.record_success(probe=step == PROBE)
+        finally:
+            budget_deadline.reset(token)
+        return self._answered(call, decisions)
+
+    def _read_epoch(self, call: _Call) -> None:
+        """The reset epoch `_open` asked for, read over the sync engine's client within the budget."""
+        watch, engine = call.watch, self._engine
+        if watch is None or engine is None:  # _open asks only when there is an engine
+            return
+        token = budget_deadline.set(time.monotonic() + self.budget)
+        try:
+            epoch = engine.client.get(watch.key)
+        except BACKEND_ERRORS:
+            self._epoch_read(call, None, failed=True)
+            return
+        finally:
+            budget_deadline.reset(token)
+        self._epoch_read(call, epoch)
+
+    # What happens around the Redis call, shared with the asyncio service (ratelimit_app.service_async):
+    # _open before it (deny cache, breaker); when _open leaves `call.watch` set, the caller reads the
+    # reset epoch and hands it to _epoch_read; then, when no answer is known yet, the caller asks Redis
+    # and ends with exactly one of _answered, _failed or _abandoned. Only the I/O is the caller's.
+    def _open(self, checks: Sequence[Check], cost: int, fail_mode: str | None, charge: bool, fresh: bool,
+              prefix: str | None) -> _Call:
+        """A call on its way to Redis, or with its `answer` already known (deny cache, breaker open).
+
+        `prefix` is the key prefix of the caller's engine, None when it has none yet (the reset epoch
+        is then not read). A cached denial comes with `call.watch` set when the reset epoch is due to
+        be read first (see ResetWatch): the answer stands unless `_epoch_read` finds it changed.
+        """
+        mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
+        call = _Call(checks, cost, mode, charge)
+        cache = self.deny_cache
+        if len(cache) and not fresh:
+            call.key = _request_key(checks, cost)
+            call.answer = cache.get(call.key, time.monotonic())
+            if call.answer is not None:
+                # never while the breaker is open; when Redis cannot answer, the cache keeps answering
+                if prefix is not None and self.breaker.state == CLOSED:
+                    watch = self._reset_watch(prefix)
+                    if watch.due(time.monotonic()):
+                        call.watch = watch
+                return call
+        return self._to_redis(call)
+
+    def _epoch_read(self, call: _Call, epoch: Any, failed: bool = False) -> _Call:
+        """The reset epoch was read (or could not be): keep the cached denial, unless some process
+        announced a reset since this one last looked; then the deny cache is cleared and the call
+        goes on to Redis."""
+        watch, call.watch = call.watch, None
+        if failed or watch is None or not watch.changed(epoch):
+            return call
+        self.deny_cache.clear()
+        return self._to_redis(call)
+
+    def _to_redis(self, call: _Call) -> _Call:
+        call.answer = None
+        call.generation = self.deny_cache.generation
+        call.step = self.breaker.before_call()
+        if call.step == SKIP:
+            call.answer = self._degraded(call.mode, call.checks, call.cost, call.charge)
+        else:
+            call.started = time.monotonic()
+        return call
+
+    def _answered(self, call: _Call, decisions: list[Decision]) -> list[Decision]:
+        """Redis decided: count the latency and the success; a denial goes into the deny cache."""
+        metrics.observe_latency(time.monotonic() - call.started)
+        self.breaker.record_success(probe=call.step == PROBE)
         if decisions and not decisions[-1].allowed:
-            cache.remember(_request_key(checks, cost) if key is None else key,
-                           tuple(identity for identity, _ in checks), decisions, started, generation)
+            self.deny_cache.remember(_request_key(call.checks, call.cost) if call.key is None else call.key,
+                                     tuple(identity for identity, _ in call.checks), decisions, call.started,
+                                     call.generation)
         return decisions
+
+    def _failed(self, call: _Call, error: BaseException) -> list[Decision]:
+        """Redis could not decide (an error, or the budget ran out): count it; the fail mode answers."""
+        metrics.observe_latency(time.monotonic() - call.started)
+        with self._stats_lock:
+            self._redis_failures += 1
+        self.breaker.record_failure(error, probe=call.step == PROBE)
+        return self._degraded(call.mode, call.checks, call.cost, call.charge)
+
+    def _abandoned(self, call: _Call) -> None:
+        """The call ended without an answer from Redis or a Redis failure (bad input, cancellation)."""
+        if call.step == PROBE:
+            self.breaker.abandon_probe()
+
+    def _forget_locally(self, identity: str, policies: Sequence[Policy]) -> None:
+        """The in-process half of a reset: the deny cache's entries and the fallback's state."""
+        self.deny_cache.forget(identity)
+        self.fallback.reset(identity, policies)
 
     def _degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool) -> list[Decision]:
         """The answer of `mode` when Redis cannot decide (see the class docstring)."""
@@ -245,32 +340,11 @@ class LimiterService:
         refused = degraded_decision(False, retry_after)
         return [refused] * len(checks)
 
-    def _reset_watch(self, engine: RateLimiter) -> ResetWatch:
+    def _reset_watch(self, prefix: str) -> ResetWatch:
+        """The reset epoch of this service's key prefix (see ratelimit_app.denycache.ResetWatch)."""
         if self._resets is None:
-            self._resets = ResetWatch(engine.prefix)
+            self._resets = ResetWatch(prefix)
         return self._resets
-
-    def _reset_elsewhere(self) -> bool:
-        """Before answering from the deny cache: True (and the cache cleared) when some process announced
-        a reset since this one last looked. Reads Redis at most once per RESET_CHECK_INTERVAL, never while
-        the breaker is open; when Redis cannot answer, the cache keeps answering."""
-        engine = self._engine
-        if engine is None or self.breaker.state != CLOSED:
-            return False
-        watch = self._reset_watch(engine)
-        if not watch.due(time.monotonic()):
-            return False
-        token = budget_deadline.set(time.monotonic() + self.budget)
-        try:
-            epoch = engine.client.get(watch.key)
-        except BACKEND_ERRORS:
-            return False
-        finally:
-            budget_deadline.reset(token)
-        if not watch.changed(epoch):
-            return False
-        self.deny_cache.clear()
-        return True
 
     def _build_engine(self) -> RateLimiter:
         with self._build_lock:

@@ -164,3 +164,16 @@ def test_ratelimit_status_shows_the_current_period(client: Client, settings: Any
     call_command("ratelimit_status", key.partition(".")[0], stdout=out)
     row = next(line for line in out.getvalue().splitlines() if " month " in line).split()
     assert row[1:5] == ["month", "fixed_window", "1000/calendar-month@Europe/Paris", "999/1000"]
+
+
+def test_a_calendar_quota_has_a_key_letter_of_its_own_and_an_integer_state(limiter: RateLimiter) -> None:
+    quota = Policy("quota", "fixed_window", limit=5, period=CALENDAR_PERIODS["day"], calendar="day",
+                   time_zone="UTC")
+    plain = Policy("quota", "fixed_window", limit=5, period=CALENDAR_PERIODS["day"])
+    [quota_key], [plain_key] = limiter.keys("acme", [quota]), limiter.keys("acme", [plain])
+    assert quota_key.endswith("}qquota") and plain_key.endswith("}fquota")
+    assert limiter.hit("acme", [quota], cost=2).remaining == 3
+    stored = limiter.client.get(quota_key)
+    assert stored is not None and int(stored) // 65536 == 2  # 65536 x used + period mod 65536
+    assert limiter.client.object("encoding", quota_key) == b"int"
+    assert limiter.peek("acme", [plain]).remaining == 5  # the plain window's state is apart

@@ -50,7 +50,7 @@ def used(username: str) -> int:
     limit = getattr(login, VIEW_LIMIT_ATTRIBUTE)
     engine = get_limiter().limiter
     key = engine.keys(f"view:login|post:username:{username}", limit.policies)[0]
-    return int(engine.client.zcard(key))
+    return int(engine.client.strlen(key)) // 7  # the sliding log: one 7-byte time per unit
 
 
 @pytest.mark.urls(__name__)

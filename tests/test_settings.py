@@ -33,7 +33,8 @@ def test_unknown_setting_is_rejected_by_name(settings: Any) -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [("FAIL_MODE", "sometimes"), ("HEADERS", "x"), ("SOCKET_TIMEOUT", 0), ("APP_SERVERS", 0),
-     ("PATH_PREFIXES", "/api/"), ("IPV6_PREFIX", 129), ("TRUSTED_PROXIES", "10.0.0.0/8")],
+     ("PATH_PREFIXES", "/api/"), ("IPV6_PREFIX", 129), ("TRUSTED_PROXIES", "10.0.0.0/8"),
+     ("CONNECTIONS", "per_greenlet")],
 )
 def test_invalid_values_name_the_setting(settings: Any, name: str, value: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, name: value}
@@ -92,3 +93,14 @@ def test_client_has_explicit_timeouts_and_no_retries(settings: Any) -> None:
 def test_unreachable_cluster_is_a_warning_not_a_crash(settings: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis+cluster://127.0.0.1:{free_port()}"}
     assert [m.id for m in check_settings()] == ["ratelimit.W001"]
+
+
+@pytest.mark.parametrize("connections", ["per_thread", "pool"])
+def test_the_connections_setting_chooses_the_engines_path(settings: Any, connections: str) -> None:
+    from ratelimit_app import Policy
+    from ratelimit_app.service import get_limiter
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "CONNECTIONS": connections}
+    service = get_limiter()
+    assert service.limiter.connections == connections
+    assert service.hit("k", [Policy("minute", "gcra", limit=2, period=60)]).remaining == 1

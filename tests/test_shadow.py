@@ -32,7 +32,7 @@ def test_a_shadow_policy_counts_but_never_refuses(limiter: RateLimiter) -> None:
     assert [d.shadow[0].remaining for d in decisions] == [2, 1, 0, 0, 0]
     # counted as if enforced: the would-be refusals were not charged to it
     assert limiter.peek("client", [SHADOW]).shadow[0].remaining == 0
-    assert limiter.client.zcard(limiter.keys("client", [SHADOW])[0]) == 3
+    assert limiter.client.strlen(limiter.keys("client", [SHADOW])[0]) == 7 * 3  # 7-byte times, one per unit
 
 
 def test_a_request_refused_by_an_enforced_policy_is_charged_to_no_shadow_policy(limiter: RateLimiter) -> None:
@@ -119,3 +119,34 @@ def test_shadow_walk_through_from_the_admin_to_enforcement(admin_client: Client,
     refused = client.get("/api/users", HTTP_X_API_KEY=heavy)
     assert refused.status_code == 429 and refused.json()["policy"] == "minute-5"
     assert [client.get("/api/users", HTTP_X_API_KEY=light).status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_a_shadow_refusal_in_one_check_refuses_no_other_check_of_the_call(limiter: RateLimiter) -> None:
+    # the binary reply has no flag for shadow policies: parse_reply knows them from the call it built
+    tight = Policy("tight", "fixed_window", limit=1, period=3600, shadow=True)
+    for expected_blocks in [(), ("tight",), ("tight",)]:
+        ip, key = limiter.hit_many([("ip", [tight]), ("key", [ENFORCED])])
+        assert ip.allowed and key.allowed and ip.would_block == expected_blocks
+    assert limiter.peek("key", [ENFORCED]).remaining == 97  # every request charged to the enforced policy
+    assert limiter.peek("ip", [tight]).shadow[0].remaining == 0  # the shadow one charged once
+
+
+def test_the_async_engine_splits_shadow_results_the_same_way(redis_url: str, key_prefix: str) -> None:
+    import asyncio
+
+    import redis.asyncio
+
+    from ratelimit_app import AsyncRateLimiter
+
+    async def main() -> list[Any]:
+        client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(redis_url, socket_timeout=10)
+        try:
+            limiter = AsyncRateLimiter(client, prefix=key_prefix)
+            return [await limiter.hit("client", [ENFORCED, SHADOW]) for _ in range(5)]
+        finally:
+            await client.aclose()
+
+    decisions = asyncio.run(main())
+    assert all(d.allowed for d in decisions)
+    assert [d.would_block for d in decisions] == [(), (), (), ("strict",), ("strict",)]
+    assert [d.shadow[0].remaining for d in decisions] == [2, 1, 0, 0, 0]

@@ -6,7 +6,10 @@
 --   unit 1 day, 2 week, 3 month; offsets in quarter hours; change_minute since the epoch (UTC)
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   key        KEYS[i] of decide.lua: a string "<period index>:<units used in that period>"
+--   stored     the value of KEYS[i] (false when missing): the integer 65536 x units used + period index
+--              mod 65536
+--   legacy     ignored: calendar quotas are newer than the previous release's key layout, so no state
+--              of theirs is carried over
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed per calendar period (integer >= 1)
 --   period_ms  ARGV: for this algorithm, the calendar rule above (not a length)
@@ -14,10 +17,12 @@
 --              use it to stand just before a boundary and just after it without waiting)
 --   cost       units this request wants (integer >= 1)
 -- Returns: as fixed_window.lua: allowed, remaining now, reset now (us), retry (us; -1: never), and the
---   write that charges the hit (value, TTL in ms, reset after the charge in us).
--- State: one string; TTL = time to the start of the next period (set on every write). The period index
--- (local day number, or year * 12 + month) is stored with the count, so a key that outlives its period
--- counts for nothing.
+--   write that charges the hit (the new value, and reset after the charge in us, also when the key
+--   expires).
+-- State: one integer (as fixed_window's); TTL = time to the start of the next period (set on every
+-- write). The period index (local day number, or year * 12 + month) is stored with the count, mod
+-- 65536 (a key lives about one period, never 65536 of them), so a key that outlives its period (a
+-- shifted clock in tests, or a DST rule that changed) counts for nothing.
 local function days_from_civil(y, m, d)
   if m <= 2 then y = y - 1 end
   local era = floor(y / 400)
@@ -41,7 +46,7 @@ local function civil_from_days(days)
   return y, m
 end
 
-local function calendar_window(key, now_us, limit, rule, shift_ms, cost)
+local function calendar_window(stored, legacy, now_us, limit, rule, shift_ms, cost)
   now_us = now_us + shift_ms * 1000
   local change_s = (rule % 134217728) * 60
   local rest = floor(rule / 134217728)
@@ -70,12 +75,9 @@ local function calendar_window(key, now_us, limit, rule, shift_ms, cost)
   local reset_us = next_s * 1000000 - now_us
   if reset_us < 1000 then reset_us = 1000 end
   local used = 0
-  local stored = call('GET', key)
   if stored then
-    local separator = string.find(stored, ':', 1, true)
-    if separator and tonumber(string.sub(stored, 1, separator - 1)) == window then
-      used = tonumber(string.sub(stored, separator + 1)) or 0
-    end
+    local value = tonumber(stored) or 0
+    if value % 65536 == window % 65536 then used = floor(value / 65536) end
   end
   local remaining = limit - used
   if remaining < 0 then remaining = 0 end
@@ -85,5 +87,5 @@ local function calendar_window(key, now_us, limit, rule, shift_ms, cost)
   if used + cost > limit then
     return false, remaining, reset_us, reset_us
   end
-  return true, remaining, reset_us, 0, format('%d:%d', window, used + cost), ceil(reset_us / 1000), reset_us
+  return true, remaining, reset_us, 0, (used + cost) * 65536 + window % 65536, reset_us
 end
