@@ -30,6 +30,30 @@ AsyncRedisClient = Union[redis.asyncio.Redis, AsyncRedisCluster]  # noqa: UP007 
 ASYNC_CONNECTION_MODES = ("own", "pool")
 
 
+async def close_client(client: Any) -> None:
+    """Close a redis.asyncio client: `aclose()`, or `close()` on redis-py 5.0.0, which lacks it."""
+    close = getattr(client, "aclose", None) or client.close
+    await close()
+
+
+async def _checkout(pool: Any) -> Any:
+    """A connection of an asyncio pool (redis-py 5 wants a command name, which redis-py 6+ deprecates)."""
+    try:
+        return await pool.get_connection()
+    except TypeError:
+        return await pool.get_connection("EVALSHA")
+
+
+async def _closed_or_dirty(connection: Any) -> bool:
+    """True when the server closed this idle connection or left bytes on it: `can_read()` (redis-py 8)
+    or `can_read_destructive()` (5 to 7; reading is harmless here: such a connection is dropped)."""
+    can_read = getattr(connection, "can_read", None) or connection.can_read_destructive
+    try:
+        return bool(await can_read())
+    except REDIS_CLIENT_ERRORS:  # redis-py 5 to 7 report a closed connection by raising
+        return True
+
+
 class AsyncRateLimiter:
     """Decides requests against policies, like `RateLimiter`, from asyncio code.
 
@@ -150,7 +174,7 @@ class AsyncRateLimiter:
             try:
                 # can_read() only looks at what the event loop already received: True means the server
                 # closed this connection while it was idle, or left bytes on it; either way, replace it
-                if connection.is_connected and await connection.can_read():
+                if connection.is_connected and await _closed_or_dirty(connection):
                     await connection.disconnect()
                 if not connection.is_connected:
                     await connection.connect()
@@ -170,7 +194,7 @@ class AsyncRateLimiter:
         """The reference path: a connection of the client's pool, redis-py's own command packing."""
         pool = cast(redis.asyncio.Redis, self.client).connection_pool
         try:
-            connection = await pool.get_connection()
+            connection = await _checkout(pool)
         except REDIS_CLIENT_ERRORS as exc:
             raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
         try:

@@ -26,7 +26,7 @@ from .breaker import CircuitBreaker
 from .conf import SettingsCached, ratelimit_settings
 from .connection import get_async_redis
 from .decision import Decision
-from .engine_async import AsyncRateLimiter
+from .engine_async import AsyncRateLimiter, close_client
 from .exceptions import BACKEND_ERRORS, BackendError
 from .fallback import LocalLimiter
 from .policies import Policy
@@ -134,7 +134,7 @@ class AsyncLimiterService:
         engine = self._engines.pop(asyncio.get_running_loop(), None)
         if engine is not None:
             await engine.aclose()
-            await engine.client.aclose()
+            await close_client(engine.client)
 
     # -- one decision ------------------------------------------------------------------------------
     async def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *,

@@ -17,6 +17,7 @@ from redis.cluster import RedisCluster
 
 from ratelimit_app import AsyncRateLimiter, Policy, RateLimiter
 from ratelimit_app.connection import BudgetConnection, get_redis
+from ratelimit_app.engine_async import close_client
 from ratelimit_app.policies import ALGORITHMS
 from ratelimit_app.service import get_limiter
 
@@ -223,7 +224,7 @@ def run_on_cluster(cluster: ClusterTopology, scenario: Callable[[AsyncRedisClust
         try:
             return await scenario(client)
         finally:
-            await client.aclose()
+            await close_client(client)
 
     return asyncio.run(main())
 

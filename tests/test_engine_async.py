@@ -19,6 +19,7 @@ import redis.asyncio
 
 from devtools.embedded import free_port
 from ratelimit_app import AsyncRateLimiter, BackendError, Policy, RateLimiter
+from ratelimit_app.engine_async import close_client
 from ratelimit_app.policies import ALGORITHMS
 
 from .tcp_proxy import tcp_proxy
@@ -50,7 +51,7 @@ def run_with(redis_url: str, scenario: Callable[[redis.asyncio.Redis], Awaitable
         try:
             return await scenario(client)
         finally:
-            await client.aclose()
+            await close_client(client)
 
     return asyncio.run(main())
 

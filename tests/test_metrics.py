@@ -241,7 +241,7 @@ def test_gunicorn_workers_flush_their_counts_at_shutdown(redis_url: str, key_pre
     server = start_gunicorn(port, env, "--workers", "3", "--graceful-timeout", "20",
                             *(["--preload"] if preload else []))
     try:
-        # No API key: each request is charged to the per-IP limit (40/min): 401 while it allows, then 429.
+        # No API key: each request is charged to the per-IP limit (40/h, exact): 401 while it allows, then 429.
         statuses: list[int] = []
         lock = threading.Lock()
 
