@@ -31,7 +31,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from .decision import Decision, new_policy_result
 from .exceptions import REDIS_CLIENT_ERRORS, BackendError
-from .policies import Policy
+from .policies import CONCURRENCY, Policy
 from .scripts import decide_sha, decide_source
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, kept readable)
@@ -45,7 +45,10 @@ DIGEST_CHARS = 24
 _CALL_NUMBERS = struct.Struct(">qq")  # cost, charge
 _POLICY_NUMBERS = struct.Struct(">qqqq")  # algorithm code, limit, period in ms, capacity
 #: The algorithm codes decide.lua dispatches on.
-ALGORITHM_CODES = {"token_bucket": 1, "sliding_window": 2, "fixed_window": 3, "gcra": 4, "sliding_window_counter": 5}
+ALGORITHM_CODES = {"token_bucket": 1, "sliding_window": 2, "fixed_window": 3, "gcra": 4, "sliding_window_counter": 5,
+                   CONCURRENCY: 6}
+#: A lease token (ARGV[2] of decide.lua): the member a request's concurrency slots are held under.
+_LEASE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _INTEGERS = {int}
 #: A thread's connection unused for longer than this (seconds) is checked for a server-side close
 #: (a restart, an idle timeout) before it is used again, as a pool checkout would; one in back-to-back
@@ -66,7 +69,7 @@ class _Plan:
     check whose digest fills gap i. Built once per distinct plan (see `_plan`).
     """
 
-    __slots__ = ("args", "key_count", "named_capacities", "owners", "pieces", "prefix", "suffixes")
+    __slots__ = ("args", "key_count", "leases", "named_capacities", "owners", "pieces", "prefix", "suffixes")
 
     def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, charge: bool) -> None:
         self.prefix = prefix
@@ -85,13 +88,15 @@ class _Plan:
         self.suffixes = tuple(suffixes)
         self.named_capacities = tuple(tuple((p.name, p.capacity) for p in policies) for policies in policy_sets)
         self.key_count = sum(len(s) for s in suffixes)
+        # concurrency policies charged by this call: the command then ends with the lease token (ARGV[2])
+        self.leases = sum(p.algorithm == CONCURRENCY for policies in policy_sets for p in policies) if charge else 0
         args = [b"".join(numbers)]
         self.args = tuple(args)
 
         head = prefix.encode() + b":{"
         pieces: list[bytes] = []
         owners: list[int] = []
-        current = b"*%d\r\n" % (3 + self.key_count + len(args)) + _bulk(b"EVALSHA") + \
+        current = b"*%d\r\n" % (3 + self.key_count + len(args) + (1 if self.leases else 0)) + _bulk(b"EVALSHA") + \
             _bulk(decide_sha().encode()) + _bulk(b"%d" % self.key_count)
         for owner, set_suffixes in enumerate(suffixes):
             for suffix in set_suffixes:
@@ -128,12 +133,13 @@ class PreparedCall:
     themselves (Redis Cluster routes by key).
     """
 
-    __slots__ = ("digests", "packed", "plan")
+    __slots__ = ("digests", "lease", "packed", "plan")
 
-    def __init__(self, plan: _Plan, digests: list[bytes], packed: bytes) -> None:
+    def __init__(self, plan: _Plan, digests: list[bytes], packed: bytes, lease: bytes | None = None) -> None:
         self.plan = plan
         self.digests = digests
         self.packed = packed
+        self.lease = lease
 
     @property
     def keys(self) -> list[str]:
@@ -146,18 +152,39 @@ class PreparedCall:
 
     @property
     def args(self) -> list[bytes]:
-        return list(self.plan.args)
+        return [*self.plan.args, self.lease] if self.lease is not None else list(self.plan.args)
 
 
-def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool) -> PreparedCall:
-    """Build the EVALSHA of decide.lua for these checks (see its header for KEYS and ARGV)."""
+def _with_lease(call: PreparedCall, lease: str | None) -> PreparedCall:
+    """`call` with the lease token its concurrency policies are charged under (ARGV[2] of decide.lua)."""
+    if lease is None:
+        raise ValueError("lease: this call takes a concurrency slot; pass lease=<token> (see new_lease_token), "
+                         "the name under which the slot is held and released")
+    if type(lease) is not str or not _LEASE.match(lease):
+        raise ValueError(f"lease: {lease!r:.80} must be 1-64 characters of letters, digits, '_.:-'")
+    token = lease.encode()
+    call.lease = token
+    call.packed += _bulk(token)
+    return call
+
+
+def new_lease_token() -> str:
+    """A token no other request holds: 128 random bits (unique across every process and server)."""
+    return os.urandom(16).hex()
+
+
+def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool,
+                 lease: str | None = None) -> PreparedCall:
+    """Build the EVALSHA of decide.lua for these checks (see its header for KEYS and ARGV). A call that
+    charges a concurrency policy needs `lease`, the token its slots are held under (ValueError without)."""
     if type(cost) is not int or cost < 1:
         raise ValueError(f"cost: {cost!r} must be an integer >= 1")
     if len(checks) == 1:  # the usual case, kept short: it runs on every request
         identity, policies = checks[0]
         plan = _plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, charge)
         digest = _digest(identity)
-        return PreparedCall(plan, [digest], digest.join(plan.pieces))
+        call = PreparedCall(plan, [digest], digest.join(plan.pieces))
+        return _with_lease(call, lease) if plan.leases else call
     policy_sets = tuple(policies if type(policies) is tuple else tuple(policies) for _, policies in checks)
     plan = _plan(prefix, policy_sets, cost, charge)
     digests = [_digest(identity) for identity, _ in checks]
@@ -166,7 +193,8 @@ def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: boo
     for gap, owner in enumerate(plan.owners, 1):
         parts.append(digests[owner])
         parts.append(pieces[gap])
-    return PreparedCall(plan, digests, b"".join(parts))
+    call = PreparedCall(plan, digests, b"".join(parts))
+    return _with_lease(call, lease) if plan.leases else call
 
 
 def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
@@ -270,31 +298,55 @@ class RateLimiter:
         self._cluster = isinstance(client, RedisCluster)
         self._thread = _ThreadConnection()
 
-    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
-        """Charge `cost` to every policy if all of them allow it; charge nothing otherwise."""
-        return self._run(prepare_call(self.prefix, ((identity, policies),), cost, charge=True))[0]
+    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, lease: str | None = None) -> Decision:
+        """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
+        policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
+        return self._run(prepare_call(self.prefix, ((identity, policies),), cost, charge=True, lease=lease))[0]
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
         return self._run(prepare_call(self.prefix, ((identity, policies),), cost, charge=False))[0]
 
-    def hit_many(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
+    def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None) -> list[Decision]:
         """Decide several identities together (for example a client IP and its API key).
 
         On a single Redis this is one round trip and all-or-nothing across every identity. On Redis
         Cluster the identities live on different slots, so they are decided one after another and
         the first denial stops the rest (identities already charged stay charged; the list is then
-        shorter than `checks`).
+        shorter than `checks`). `lease` as in `hit`.
         """
         if self._cluster and len(checks) > 1:
             decisions: list[Decision] = []
             for check in checks:
-                decision = self._run(prepare_call(self.prefix, (check,), cost, charge=True))[0]
+                decision = self._run(prepare_call(self.prefix, (check,), cost, charge=True, lease=lease))[0]
                 decisions.append(decision)
                 if not decision.allowed:
                     break
             return decisions
-        return self._run(prepare_call(self.prefix, checks, cost, charge=True))
+        return self._run(prepare_call(self.prefix, checks, cost, charge=True, lease=lease))
+
+    def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
+        """Give back the concurrency slots held under `lease`: each (identity, concurrency policy) of
+        `held`. One round trip on a single Redis (one ZREM per slot, pipelined); a slot already freed
+        (its lease ran out) is left alone. Raises BackendError when Redis cannot be asked (the slots
+        then free themselves when their lease runs out)."""
+        keys = [key for identity, policy in held for key in self.keys(identity, (policy,))]
+        if not keys:
+            return
+        try:
+            if self._cluster:
+                for key in keys:  # the identities may live on different nodes
+                    self.client.zrem(key, lease)
+                return
+            connection = self._connection()
+            if not connection.is_connected:
+                connection.connect()
+            connection.send_packed_command(connection.pack_commands([("ZREM", key, lease) for key in keys]))
+            for _ in keys:
+                connection.read_response()
+        except (RedisError, OSError) as exc:
+            self.close()
+            raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies."""
@@ -351,7 +403,7 @@ class RateLimiter:
         if self._cluster:
             try:
                 return self.client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys,
-                                                   *call.plan.args)
+                                                   *call.args)
             except NoScriptError:
                 raise
             except REDIS_CLIENT_ERRORS as exc:

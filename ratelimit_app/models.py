@@ -17,7 +17,7 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from . import apikeys
-from .policies import ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
+from .policies import ALL_ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
 
 FAIL_MODE_CHOICES = [
     ("", "Default (RATELIMIT['FAIL_MODE'])"),
@@ -25,7 +25,7 @@ FAIL_MODE_CHOICES = [
     ("closed", "Closed: refuse with 503"),
     ("local", "Local: in-process fallback limiter"),
 ]
-ALGORITHM_CHOICES = [(name, name.replace("_", " ")) for name in ALGORITHMS]
+ALGORITHM_CHOICES = [(name, name.replace("_", " ")) for name in ALL_ALGORITHMS]
 
 #: Policy name of the per-IP limit; tier limits may not use it, so the two never share a Redis key.
 IP_POLICY_NAME = "ip"

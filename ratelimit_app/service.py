@@ -34,7 +34,7 @@ from .engine import RateLimiter, prepare_call
 from .exceptions import BACKEND_ERRORS
 from .fallback import LocalLimiter
 from .logs import log_event
-from .policies import Policy
+from .policies import CONCURRENCY, Policy
 
 FAIL_MODES = ("open", "closed", "local")
 Check = tuple[str, Sequence[Policy]]
@@ -142,10 +142,40 @@ class LimiterService:
         return self._decide([(identity, policies)], cost, fail_mode, charge=True)[0]
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
-                 fail_mode: str | None = None) -> list[Decision]:
+                 fail_mode: str | None = None, lease: str | None = None) -> list[Decision]:
         """Decide several identities together (see RateLimiter.hit_many); the fail mode applies to
-        all of them when Redis cannot decide."""
-        return self._decide(checks, cost, fail_mode, charge=True)
+        all of them when Redis cannot decide. Concurrency slots are taken under `lease` (in Redis, or
+        in the local fallback when the decision is local: `release` with the same `local`)."""
+        return self._decide(checks, cost, fail_mode, charge=True, lease=lease)
+
+    def release(self, held: Sequence[tuple[str, Policy]], lease: str, *, local: bool = False) -> bool:
+        """Give back the concurrency slots of `held` taken under `lease`: in Redis (one round trip,
+        within the time budget, through the breaker), or in the local fallback when `local` (the
+        decision that took them was made by the "local" fail mode). Never raises for Redis failures:
+        False when Redis could not be asked (those slots then free themselves when their lease runs out)."""
+        if local:
+            self.fallback.release(held, lease)
+            return True
+        step = self.breaker.before_call()
+        if step == SKIP:
+            return False
+        started = time.monotonic()
+        token = budget_deadline.set(started + self.budget)
+        try:
+            (self._engine or self._build_engine()).release(held, lease)
+        except BACKEND_ERRORS as exc:
+            with self._stats_lock:
+                self._redis_failures += 1
+            self.breaker.record_failure(exc, probe=step == PROBE)
+            return False
+        except BaseException:
+            if step == PROBE:
+                self.breaker.abandon_probe()
+            raise
+        finally:
+            budget_deadline.reset(token)
+        self.breaker.record_success(probe=step == PROBE)
+        return True
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
              fail_mode: str | None = None, fresh: bool = False) -> Decision:
@@ -177,7 +207,7 @@ class LimiterService:
 
     # -- one decision ------------------------------------------------------------------------------
     def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool,
-                fresh: bool = False) -> list[Decision]:
+                fresh: bool = False, lease: str | None = None) -> list[Decision]:
         mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
         cache = self.deny_cache
         key: Hashable | None = None
@@ -188,13 +218,13 @@ class LimiterService:
                 return cached
         step = self.breaker.before_call()
         if step == SKIP:
-            return self._degraded(mode, checks, cost, charge)
+            return self._degraded(mode, checks, cost, charge, lease)
         started = time.monotonic()
         token = budget_deadline.set(started + self.budget)
         try:
             engine = self._engine or self._build_engine()
             if charge:
-                decisions = engine.hit_many(checks, cost)
+                decisions = engine.hit_many(checks, cost, lease=lease)
             else:
                 identity, policies = checks[0]
                 decisions = [engine.peek(identity, policies, cost)]
@@ -204,7 +234,7 @@ class LimiterService:
             with self._stats_lock:
                 self._redis_failures += 1
             self.breaker.record_failure(exc, probe=step == PROBE)
-            return self._degraded(mode, checks, cost, charge)
+            return self._degraded(mode, checks, cost, charge, lease)
         except BaseException:
             budget_deadline.reset(token)
             if step == PROBE:
@@ -213,15 +243,17 @@ class LimiterService:
         budget_deadline.reset(token)
         metrics.observe_latency(time.monotonic() - started)
         self.breaker.record_success(probe=step == PROBE)
-        if decisions and not decisions[-1].allowed:
+        # a slot can free at any moment (a response finishes), so a refusal for want of one is not cached
+        if decisions and not decisions[-1].allowed and not _refused_for_slots(checks, decisions):
             cache.remember(_request_key(checks, cost) if key is None else key,
                            tuple(identity for identity, _ in checks), decisions, started)
         return decisions
 
-    def _degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool) -> list[Decision]:
+    def _degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool,
+                  lease: str | None = None) -> list[Decision]:
         """The answer of `mode` when Redis cannot decide (see the class docstring)."""
         if mode == "local":
-            decisions = self.fallback.decide(checks, cost, charge=charge)
+            decisions = self.fallback.decide(checks, cost, charge=charge, lease=lease)
             allowed = bool(decisions) and decisions[-1].allowed
             with self._stats_lock:
                 self._counts["local_allowed" if allowed else "local_denied"] += 1
@@ -229,7 +261,7 @@ class LimiterService:
                 return [dataclasses.replace(d, degraded=True) for d in decisions]
             return decisions
         # bad input is refused the same way with or without Redis
-        prepare_call("rl", checks, cost, charge=charge)
+        prepare_call("rl", checks, cost, charge=charge, lease=lease)
         with self._stats_lock:
             self._counts[mode] += 1
         if mode == "open":
@@ -252,6 +284,15 @@ class LimiterService:
         if state == CLOSED:
             # Redis is back: the next outage starts from a clean local state (and frees the memory)
             self.fallback.clear()
+
+
+def _refused_for_slots(checks: Sequence[Check], decisions: Sequence[Decision]) -> bool:
+    """True when a concurrency policy refused (results follow each check's policies, in order)."""
+    for (_, policies), decision in zip(checks, decisions, strict=False):
+        for policy, result in zip(policies, decision.results, strict=False):
+            if policy.algorithm == CONCURRENCY and not result.allowed:
+                return True
+    return False
 
 
 def _check_mode(mode: str) -> str:

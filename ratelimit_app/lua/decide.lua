@@ -10,7 +10,10 @@
 --                  code, limit, period in milliseconds and capacity (integers >= 1; capacity is the
 --                  burst for token_bucket and gcra, else the limit), struct format '>i8i8' + n x '>i8i8i8i8'
 --                  algorithm codes: 1 token_bucket, 2 sliding_window, 3 fixed_window, 4 gcra,
---                  5 sliding_window_counter (engine.ALGORITHM_CODES, checked by tests/test_scripts.py)
+--                  5 sliding_window_counter, 6 concurrency (engine.ALGORITHM_CODES, checked by
+--                  tests/test_scripts.py)
+-- ARGV[2]          the lease token of this request (only when it charges a concurrency policy: the
+--                  member its slot is held under, which the app server removes when the response ends)
 -- Time comes from redis.call('TIME') only: one clock for every app server.
 --
 -- Reply: {allowed, then for each policy i: allowed_i, remaining_i, reset_ms_i, retry_ms_i}
@@ -29,7 +32,8 @@
 -- as much as the rest of a one-policy decision.)
 local numbers = ARGV[1]
 local n = #KEYS
-if #ARGV ~= 1 or #numbers ~= 16 + 32 * n then
+local lease = ARGV[2]
+if #ARGV > 2 or #numbers ~= 16 + 32 * n then
   return redis.error_reply('ERR ratelimit decide: bad arguments')
 end
 local cost, charge_flag = struct.unpack('>i8i8', numbers)
@@ -56,7 +60,9 @@ for i = 1, n do
   elseif code == 3 then algorithm = fixed_window
   elseif code == 4 then algorithm = gcra
   elseif code == 5 then algorithm = sliding_window_counter
+  elseif code == 6 then algorithm = concurrency
   else return redis.error_reply('ERR ratelimit decide: unknown algorithm') end
+  if code == 6 and charge and not lease then return redis.error_reply('ERR ratelimit decide: no lease token') end
   local allowed, remaining, reset_us, retry_us, value, ttl_ms, charged_reset_us = algorithm(KEYS[i], now_us,
     limit, period_ms, capacity, cost)
   local at = 7 * (i - 1)
@@ -73,13 +79,17 @@ for i = 1, n do
   local allowed, remaining, reset_us, retry_us = state[at + 1], state[at + 2], state[at + 3], state[at + 4]
   if charged then
     local ttl_ms = state[at + 6]
+    local taken = cost
     if ttl_ms then
       call('SET', KEYS[i], state[at + 5], 'PX', ttl_ms)
+    elseif state[at + 5] == concurrency_lease then
+      concurrency_charge(KEYS[i], now_us, state[at + 7], lease)
+      taken = 1  -- a request takes one slot, whatever it costs
     else
       sliding_window_charge(KEYS[i], now_us, state[at + 7], state[at + 5], cost)
     end
     reset_us = state[at + 7]
-    remaining = remaining - cost
+    remaining = remaining - taken
   elseif reset_us == nil then
     reset_us = sliding_window_reset(KEYS[i], now_us, state[at + 7], state[at + 5])
   end
