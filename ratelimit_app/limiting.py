@@ -41,8 +41,10 @@ from django.http import HttpRequest
 
 from . import metrics
 from .apikeys import key_matches, parse_key
+from .concurrency import HeldSlots, needs_lease, slots_taken
 from .conf import DEFAULTS, SettingsCached, ratelimit_settings
 from .decision import Decision, degraded_decision
+from .engine import new_lease_token
 from .exceptions import BACKEND_ERRORS
 from .identity import (
     api_key_from_request,
@@ -164,7 +166,9 @@ class LimitOutcome:
     client's tier when one was established; `identity` a display label ("key:<prefix>", "user:<pk>",
     "ip:<addr>"), never a full key. `charged` is False for report-only routes (cost 0), whose decision
     comes from `peek`. `checks` and `decisions` (same order; None where Redis Cluster stopped at the
-    first denial) let each throttle or decorator read its own part.
+    first denial) let each throttle or decorator read its own part. `slots` are the concurrency slots
+    the request took (None: none); the caller gives them back when the response is finished
+    (ratelimit_app.concurrency).
     """
 
     status: str
@@ -176,6 +180,7 @@ class LimitOutcome:
     charged: bool = True
     checks: tuple[LimitCheck, ...] = ()
     decisions: tuple[Decision | None, ...] = ()
+    slots: HeldSlots | None = None
 
     @property
     def allowed(self) -> bool:
@@ -276,11 +281,14 @@ def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
     pairs = [(check.identity, check.policies) for check in checks]
     if plan.refusal:
         cost = max(cost, 1)  # an unusable key is charged to the per-IP limit even on report-only routes
+    lease: str | None = None
     if cost == 0:
         decisions = _peek_all(pairs, plan.fail_mode)
     else:
+        # a concurrency limit among them: the request's slot is taken in this same call, under a token
+        lease = new_lease_token() if needs_lease(policies) else None
         try:
-            decisions = get_limiter().hit_many(pairs, cost, fail_mode=plan.tier_fail_mode)
+            decisions = get_limiter().hit_many(pairs, cost, fail_mode=plan.tier_fail_mode, lease=lease)
         except BACKEND_ERRORS:  # the service normally applies the fail mode itself
             decisions = [degraded_decision(plan.fail_mode == "open")] * len(pairs)
     summary = summarize(decisions, len(pairs))
@@ -294,8 +302,12 @@ def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
             degraded=summary.degraded, identity=plan.identity, unauthorized=status == UNAUTHORIZED,
         )
     padded = tuple(decisions) + (None,) * (len(pairs) - len(decisions))
+    slots = slots_taken(pairs, decisions, lease)
+    if slots is not None and not summary.allowed:
+        slots.release()  # Redis Cluster charged the identities before the one that refused
+        slots = None
     return LimitOutcome(status, summary, policies, plan.tier, plan.identity,
-                        plan.refusal if status == UNAUTHORIZED else "", cost > 0, checks, padded)
+                        plan.refusal if status == UNAUTHORIZED else "", cost > 0, checks, padded, slots)
 
 
 def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,

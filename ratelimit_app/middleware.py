@@ -14,6 +14,10 @@ out). A limited path that resolves to no view (404) or that an earlier middlewar
 charged, at cost 1, on the way out. Every limited response carries the rate limit headers; the
 outcome is left on `request.ratelimit` for views (the status endpoint).
 
+Concurrency slots the request took (a tier's concurrency limit, `@limit_concurrency`, a
+`ConcurrencyThrottle`) are given back when the response is closed, or at once when the view raises
+(ratelimit_app.concurrency).
+
 The limiter never fails a request: whatever goes wrong inside it follows the fail mode and is logged
 (`ratelimit_app.limiting.safely`).
 """
@@ -27,6 +31,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.http import HttpRequest, HttpResponseBase
 
+from .concurrency import hold, release_pending_now, release_pending_with
 from .conf import DEFAULTS
 from .headers import apply_headers
 from .limiting import (
@@ -53,7 +58,16 @@ class RateLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        response = self.get_response(request)
+        try:
+            response = self.get_response(request)
+        except BaseException:
+            release_pending_now(request)  # the view raised: no response will be closed
+            raise
+        response = self._after_view(request, response)
+        release_pending_with(request, response)
+        return response
+
+    def _after_view(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         outcome: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
         if outcome is None:
             deferred = request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
@@ -64,6 +78,7 @@ class RateLimitMiddleware:
             cost, scope = deferred if deferred is not None else (1, "")
             outcome = safely(lambda: limit_request(request, cost=max(cost, 1), scope=scope), where="middleware")
             setattr(request, REQUEST_ATTRIBUTE, outcome)
+            hold(request, outcome.slots)
             if outcome.status != ALLOWED:
                 return refusal(outcome)
         add_headers(response, outcome)
@@ -82,7 +97,8 @@ class RateLimitMiddleware:
         def limit() -> LimitOutcome:
             view_limit = view_limit_of(view_func)
             extra: list[LimitCheck] = []
-            if view_limit is not None and view_limit.joins_request_limits and view_limit.cost == cost:
+            if view_limit is not None and view_limit.joins_request_limits and (
+                    view_limit.cost == cost or getattr(view_limit, "joins_at_any_cost", False)):
                 check = view_limit.check_for(request)
                 if check is not None:
                     extra.append(check)
@@ -90,6 +106,7 @@ class RateLimitMiddleware:
 
         outcome = safely(limit, where="middleware")
         setattr(request, REQUEST_ATTRIBUTE, outcome)
+        hold(request, outcome.slots)
         if outcome.status == ALLOWED:
             return None
         return refusal(outcome, cost)

@@ -35,6 +35,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
+from .concurrency import hold, release_pending_with
 from .decision import Decision
 from .headers import retry_after_seconds
 from .identity import UNKNOWN_IP, authenticated_user, client_ip, ip_identity
@@ -54,7 +55,7 @@ from .limiting import (
     safely,
 )
 from .middleware import REQUEST_ATTRIBUTE, add_headers
-from .policies import InvalidPolicy, Policy, parse_rate
+from .policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
 from .routes import DEFERRED_ATTRIBUTE, route_for_view
 
 #: Attribute of a DRF Request holding the joint decision of our throttles for that dispatch.
@@ -270,6 +271,7 @@ def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> _Join
         return decide(plan, cost)
 
     outcome = safely(limit, where=f"throttles of {type(view).__qualname__}")
+    hold(django_request, outcome.slots)  # given back with the response (the middleware or the mixin)
     if outcome.decision is not None and outcome.policies:
         setattr(django_request, REQUEST_ATTRIBUTE, outcome)
     joint = _Joint(view, outcome, carrier.owner, frozenset(denied))
@@ -301,16 +303,19 @@ class TierRateThrottle(JointThrottle):
 
 
 class RateLimitHeadersMixin:
-    """Add the rate limit headers of the throttles' decision to a DRF view's responses.
+    """Add the rate limit headers of the throttles' decision to a DRF view's responses, and give back
+    the concurrency slots they took when the response is closed.
 
-    Not needed when RateLimitMiddleware is installed (it adds them for throttled requests too).
+    Not needed when RateLimitMiddleware is installed (it does both for throttled requests too).
     """
 
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
-        outcome = _django_request(request).__dict__.get(REQUEST_ATTRIBUTE)
+        django_request = _django_request(request)
+        outcome = django_request.__dict__.get(REQUEST_ATTRIBUTE)
         if outcome is not None:
             add_headers(response, outcome)
+        release_pending_with(django_request, response)
         return response
 
 
@@ -481,3 +486,42 @@ class ScopedRateThrottle(AtomicRateThrottle, drf_throttling.ScopedRateThrottle):
             self.rate, self.config_error = None, exc
         return True
 
+
+
+class ConcurrencyThrottle(JointThrottle):
+    """At most `slots` requests of one user (anonymous clients: one address) in flight at once in the
+    views it throttles; each holds a slot until its response is closed, `lease` seconds at most if its
+    worker dies. Refused: 429 with `Retry-After: 1`. Set `slots`, `lease` and `scope` (the policy
+    name, and what views sharing it count together) on a subclass; they are checked when the class is
+    defined. The slot is given back by RateLimitMiddleware or RateLimitHeadersMixin (one is needed).
+    """
+
+    slots: ClassVar[int] = 5
+    lease: ClassVar[float] = 60
+    scope: ClassVar[str] = "concurrency"
+    policy: ClassVar[Policy] = Policy("concurrency", CONCURRENCY, limit=5, period=60)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        try:
+            cls.policy = Policy(cls.scope, CONCURRENCY, limit=cls.slots, period=cls.lease)
+        except InvalidPolicy as exc:
+            raise ImproperlyConfigured(
+                f"{cls.__module__}.{cls.__qualname__}: slots {cls.slots!r}, lease {cls.lease!r}, scope {cls.scope!r}: "
+                f"{exc}"
+            ) from exc
+
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        """One slot per user, else per client address (None address: not limited)."""
+        user = authenticated_user(request)
+        if user is not None:
+            ident = f"user:{user.pk}"
+        else:
+            address = client_ip(_django_request(request))
+            if address == UNKNOWN_IP:
+                return []
+            ident = ip_identity(address, identity_config().ipv6_prefix)
+        return [LimitCheck(f"throttle:{self.scope}:{ident}", (self.policy,), self.owner)]
+
+    def metrics_label(self) -> str:
+        return f"throttle.{self.scope}"
