@@ -54,6 +54,14 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_FLUSH_INTERVAL": 1.0,  # seconds between batched flushes of in-process counters to Redis
     "METRICS_TTL_HOURS": 48,
     "TOP_BLOCKED": 20,  # identities kept in the daily top-blocked list shown to operators
+    # Load shedding (docs/protection.md)
+    "SHED_CAPACITY": None,  # requests the fleet can hold in flight (counted in Redis); None: no fleet shedder
+    "SHED_LOW_AT": 0.8,  # low-priority requests are shed from this fraction of SHED_CAPACITY in flight ...
+    "SHED_NORMAL_AT": 0.95,  # ... normal ones from this one; critical ones never
+    "SHED_LEASE": 60,  # seconds a request's place in the fleet count lasts if its worker dies
+    "SHED_PRIORITIES": {},  # path prefix -> "critical", "normal" or "low" (views may declare their own)
+    "SHED_PROCESS_LIMIT": None,  # requests in flight in one process beyond which low ones are shed; None: off
+    "SHED_RETRY_AFTER": 1,  # seconds in the Retry-After of a shed request's 503
 }
 
 _CHOICES: dict[str, tuple[Any, ...]] = {
@@ -91,12 +99,49 @@ def _validate(values: dict[str, Any]) -> None:
     prefix = values["IPV6_PREFIX"]
     if isinstance(prefix, bool) or not isinstance(prefix, int) or not 1 <= prefix <= 128:
         raise ImproperlyConfigured(f"RATELIMIT['IPV6_PREFIX'] is {prefix!r}; expected an integer from 1 to 128")
+    _validate_shedding(values)
     proxies = values["TRUSTED_PROXIES"]
     if not (isinstance(proxies, int) and not isinstance(proxies, bool) and proxies >= 0) and not (
         isinstance(proxies, (list, tuple)) and all(isinstance(item, str) for item in proxies)
     ):
         raise ImproperlyConfigured(
             f"RATELIMIT['TRUSTED_PROXIES'] is {proxies!r}; expected a hop count >= 0 or a list of CIDRs"
+        )
+
+
+def _validate_shedding(values: dict[str, Any]) -> None:
+    from .policies import MAX_LIMIT, MAX_PERIOD_SECONDS
+
+    for name in ("SHED_CAPACITY", "SHED_PROCESS_LIMIT"):
+        value = values[name]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT):
+            raise ImproperlyConfigured(f"RATELIMIT['{name}'] is {value!r}; expected None or an integer from 1 to "
+                                       f"{MAX_LIMIT}")
+    for name in ("SHED_LOW_AT", "SHED_NORMAL_AT"):
+        value = values[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise ImproperlyConfigured(f"RATELIMIT['{name}'] is {value!r}; expected a fraction of SHED_CAPACITY "
+                                       "above 0 and at most 1")
+    if values["SHED_LOW_AT"] > values["SHED_NORMAL_AT"]:
+        raise ImproperlyConfigured(
+            f"RATELIMIT['SHED_LOW_AT'] is {values['SHED_LOW_AT']!r}, above RATELIMIT['SHED_NORMAL_AT'] "
+            f"({values['SHED_NORMAL_AT']!r}): low-priority requests must be shed first"
+        )
+    lease = values["SHED_LEASE"]
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0.001 <= lease <= MAX_PERIOD_SECONDS:
+        raise ImproperlyConfigured(f"RATELIMIT['SHED_LEASE'] is {lease!r}; expected seconds from 0.001 to "
+                                   f"{MAX_PERIOD_SECONDS}")
+    retry = values["SHED_RETRY_AFTER"]
+    if isinstance(retry, bool) or not isinstance(retry, int) or not 1 <= retry <= 86400:
+        raise ImproperlyConfigured(f"RATELIMIT['SHED_RETRY_AFTER'] is {retry!r}; expected whole seconds from 1 to "
+                                   "86400")
+    priorities = values["SHED_PRIORITIES"]
+    if not isinstance(priorities, dict) or not all(
+            isinstance(prefix, str) and prefix.startswith("/") and priority in ("critical", "normal", "low")
+            for prefix, priority in priorities.items()):
+        raise ImproperlyConfigured(
+            f"RATELIMIT['SHED_PRIORITIES'] is {priorities!r}; expected a dict of path prefixes ('/api/reports/') to "
+            "'critical', 'normal' or 'low'"
         )
 
 

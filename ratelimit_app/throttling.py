@@ -44,6 +44,7 @@ from .limiting import (
     ALLOWED,
     DENIED,
     REQUEST_LIMITS,
+    SHED,
     UNAUTHORIZED,
     UNAVAILABLE,
     LimitCheck,
@@ -150,6 +151,20 @@ class LimiterUnavailable(APIException):
         self.wait = wait
 
 
+class Overloaded(APIException):
+    """503: the load shedder refused the request (too many requests in flight for its priority)."""
+
+    status_code = 503
+    default_detail = "Service overloaded: request shed."
+    default_code = "overloaded"
+
+    def __init__(self, priority: str) -> None:
+        super().__init__(f"Service overloaded: {priority}-priority request shed.")
+        from .shedding import get_config
+
+        self.wait = int(get_config().retry_after)
+
+
 def _django_request(request: Any) -> HttpRequest:
     return request._request if isinstance(request, Request) else request
 
@@ -192,6 +207,8 @@ class JointThrottle(drf_throttling.BaseThrottle):
             outcome = joint.outcome
             if outcome.status == UNAUTHORIZED:
                 raise InvalidApiKey(outcome.message)
+            if outcome.status == SHED:
+                raise Overloaded(outcome.message)
             if outcome.status == UNAVAILABLE:
                 retry_after = outcome.decision.retry_after if outcome.decision is not None else None
                 raise LimiterUnavailable(retry_after_seconds(retry_after) or 1)
