@@ -17,11 +17,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -197,6 +199,15 @@ def stream(request: HttpRequest) -> StreamingHttpResponse:
                 time.sleep(ms / 1000)
             yield b"chunk %d\n" % number
 
+    async def async_lines() -> AsyncIterator[bytes]:
+        for number in range(chunks):
+            if number:
+                await asyncio.sleep(ms / 1000)
+            yield b"chunk %d\n" % number
+
+    # Django buffers a whole iterator of the other kind before sending it: under ASGI, stream an async one
+    if isinstance(request, ASGIRequest):
+        return StreamingHttpResponse(async_lines(), content_type="text/plain")
     return StreamingHttpResponse(lines(), content_type="text/plain")
 
 
