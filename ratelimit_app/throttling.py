@@ -72,7 +72,9 @@ IGNORED_OVERRIDES: dict[str, tuple[str, ...]] = {}
 def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """DEFAULT_THROTTLE_RATES parse (ratelimit.E010); every `throttle_scope` of a view with our
     ScopedRateThrottle has a rate (E011); overrides ours ignore (W010); X-Forwarded-For ignored because
-    NUM_PROXIES is None and no RATELIMIT['TRUSTED_PROXIES'] are set (W011)."""
+    NUM_PROXIES is None and no RATELIMIT['TRUSTED_PROXIES'] are set (W011); a view whose throttles may
+    take concurrency slots (ConcurrencyThrottle, TierRateThrottle) with neither RateLimitMiddleware nor
+    RateLimitHeadersMixin to give them back (W012)."""
     messages: list[checks.CheckMessage] = []
     for scope, rate in (api_settings.DEFAULT_THROTTLE_RATES or {}).items():
         if rate is None:
@@ -86,8 +88,21 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                 id="ratelimit.E010",
             ))
     rates = api_settings.DEFAULT_THROTTLE_RATES or {}
+    from django.conf import settings as django_settings
+
+    middleware_installed = "ratelimit_app.middleware.RateLimitMiddleware" in (django_settings.MIDDLEWARE or ())
     with contextlib.suppress(Exception):  # the URLconf's own errors are reported by Django's checks
         for view_class in _drf_view_classes(get_resolver().url_patterns):
+            takes_slots = [t for t in getattr(view_class, "throttle_classes", ()) or ()
+                           if isinstance(t, type) and issubclass(t, (ConcurrencyThrottle, TierRateThrottle))]
+            if takes_slots and not middleware_installed and not issubclass(view_class, RateLimitHeadersMixin):
+                messages.append(checks.Warning(
+                    f"{view_class.__module__}.{view_class.__qualname__} uses {takes_slots[0].__name__}, which may "
+                    "take concurrency slots, but neither RateLimitMiddleware nor RateLimitHeadersMixin gives them "
+                    "back: each slot would be held until its lease runs out.",
+                    hint="Add ratelimit_app.middleware.RateLimitMiddleware to MIDDLEWARE, or RateLimitHeadersMixin to "
+                         "the view.", id="ratelimit.W012",
+                ))
             view_scope = getattr(view_class, "throttle_scope", None)
             scoped = [t for t in getattr(view_class, "throttle_classes", ()) or ()
                       if isinstance(t, type) and issubclass(t, ScopedRateThrottle) and "THROTTLE_RATES" not in vars(t)]

@@ -69,7 +69,12 @@ class ThrottledStream(RateLimitHeadersMixin, APIView):
         return StreamingHttpResponse(iter([b"drf"]))
 
 
+class Unreleased(APIView):
+    throttle_classes = [TwoAtOnce]
+
+
 urlpatterns = [
+    path("drf/unreleased", Unreleased.as_view()),
     path("api/boom", boom),
     path("api/streaming", streaming),
     path("api/low", low),
@@ -294,3 +299,13 @@ def test_the_outcome_names_the_slots_it_holds(client: Any, two_slot_key: str) ->
     assert slots is not None and [policy.name for _, policy in slots.held] == ["concurrency"]
     response.close()
     assert slots.released
+
+
+def test_check_warns_when_nothing_gives_a_throttles_slots_back(settings: Any) -> None:
+    from ratelimit_app.throttling import check_throttle_settings
+
+    assert not [m for m in check_throttle_settings() if m.id == "ratelimit.W012"]  # the middleware does
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
+    warned = [m.msg for m in check_throttle_settings() if m.id == "ratelimit.W012"]
+    assert any("test_protection.Unreleased uses TwoAtOnce" in m for m in warned)
+    assert not any("ThrottledStream" in m for m in warned)  # the mixin gives its slots back
