@@ -249,17 +249,16 @@ def concurrency(store: _Store, key: str, now_us: float, limit: float, period_ms:
     live = [expiry for expiry in leases.values() if expiry > now_us]
     used = len(live)
     remaining = max(limit - used, 0)
-    reset_us: float = max(live) - now_us if live else 0
     if used + 1 > limit:
-        return False, remaining, reset_us, 1_000_000, None
+        return False, remaining, max(live) - now_us, 1_000_000, None
 
     def apply() -> float:
         kept = {token: expiry for token, expiry in leases.items() if expiry > now_us}
         kept[str(lease)] = now_us + period_us
-        store.set(key, kept, max(max(kept.values()) - now_us, period_us) / 1000, now_us, len(kept))
+        store.set(key, kept, period_ms, now_us, len(kept))
         return period_us
 
-    return True, remaining, reset_us, 0, apply
+    return True, remaining, period_us if used else 0, 0, apply
 
 
 ALGORITHMS: dict[str, Callable[..., Outcome]] = {
