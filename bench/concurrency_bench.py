@@ -1,7 +1,7 @@
 """What a concurrency slot costs over HTTP: rate limits alone against rate limits plus a slot, under gunicorn.
 
     python3 bench/concurrency_bench.py [--duration 5] [--warmup 1] [--rounds 5] [--connections 8]
-                                       [--workers 2] [--threads 4]
+                                       [--workers 2] [--threads 4] [--write]
 
 One gunicorn (gthread) serves bench.httpapp with RateLimitMiddleware ("ours" variant of
 bench/httpapp/variants.py) against a private redis-server. Two API keys, side by side in the same
@@ -18,12 +18,14 @@ a disturbance of the machine hits both). CPU per request is measured too, less s
 load on the machine: the gunicorn workers' (from /proc) and Redis' (INFO cpu). Round trips per request
 are counted from the server's INFO commandstats (EVALSHA, ZREM, and all commands). Nothing is denied (every limit is far
 above what a run sends); the report says how many answers were not 200.
-Results go to stdout as a Markdown table (docs/benchmarks.md quotes one run).
+Results go to stdout as a Markdown table; --write also puts them into docs/benchmarks.md as the
+section "concurrency" (kept there when bench/run.py writes the rest of the file again).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import statistics
 import subprocess
@@ -92,7 +94,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--write", action="store_true", help="put the results into docs/benchmarks.md")
     args = parser.parse_args(argv)
+    load_at_start = os.getloadavg()[0]
 
     redis_server = start_redis()
     admin = redis.Redis.from_url(redis_server.url)
@@ -127,13 +131,16 @@ def main(argv: list[str]) -> int:
                 print(f"round {round_index + 1}/{args.rounds} {label}: {result.per_second:.0f} req/s "
                       f"({result.errors} not 200)", file=sys.stderr)
     redis_server.stop()
+    lines: list[str] = []
+    out = lines.append
 
-    print(f"gunicorn gthread, {args.workers} workers x {args.threads} threads; load: {generator_name}, "
+    out(f"gunicorn gthread, {args.workers} workers x {args.threads} threads; load: {generator_name}, "
           f"{args.connections} connections, {args.rounds} rounds of {args.duration:g} s (median round); "
-          f"{os.cpu_count()} cores\n")
-    print("| request | req/s (median) | rounds (req/s) | p50 ms | p99 ms | not 200 | EVALSHA/req | ZREM/req | "
+          f"{os.cpu_count()} cores")
+    out("")
+    out("| request | req/s (median) | rounds (req/s) | p50 ms | p99 ms | not 200 | EVALSHA/req | ZREM/req | "
           "Redis commands/req (scripts' included) | app CPU ms/req | Redis CPU us/req |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    out("|---|---|---|---|---|---|---|---|---|---|---|")
     medians: dict[str, float] = {}
     for label, _ in VARIANTS:
         ordered = sorted(results[label], key=lambda r: r.per_second)
@@ -145,15 +152,43 @@ def main(argv: list[str]) -> int:
         rounds = ", ".join(f"{r.per_second:.0f}" for r in results[label])
         app_cpu = statistics.median(c[0] for c in cpu[label]) * 1000
         redis_cpu = statistics.median(c[1] for c in cpu[label]) * 1_000_000
-        print(f"| {label} | {middle.per_second:.0f} | {rounds} | {middle.p50 * 1000:.2f} | {middle.p99 * 1000:.2f} | "
+        out(f"| {label} | {middle.per_second:.0f} | {rounds} | {middle.p50 * 1000:.2f} | {middle.p99 * 1000:.2f} | "
               f"{sum(r.errors for r in results[label])} | {evalsha:.3f} | {zrem:.3f} | {commands:.3f} | "
               f"{app_cpu:.3f} | {redis_cpu:.1f} |")
     ratio = medians["rate limits + slot"] / medians["rate limits"]
     paired = statistics.median(s.per_second / r.per_second
                                for r, s in zip(results["rate limits"], results["rate limits + slot"], strict=True))
-    print(f"\nrate limits + slot / rate limits: {ratio:.2f}x (medians), {paired:.2f}x (median of the per-round "
-          "ratios); target >= 0.8x")
+    out("")
+    out(f"rate limits + slot / rate limits: {ratio:.2f}x (medians), {paired:.2f}x (median of the per-round "
+        "ratios); target >= 0.8x")
+    print("\n".join(lines))
+    if args.write:
+        _write_section(lines, load_at_start, os.getloadavg()[0])
     return 0
+
+
+def _write_section(lines: list[str], load_at_start: float, load_at_end: float) -> None:
+    from bench.report import replace_section
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    section = "\n".join([
+        "## 5. Concurrency slots over HTTP",
+        "",
+        "Written by `python3 bench/concurrency_bench.py --write` (not by `bench/run.py`, which keeps this",
+        "section). One gunicorn serves the trivial view behind RateLimitMiddleware; two API keys take turns",
+        "in every round: one of a tier of 3 rate limits (the free tier's shape, huge limits), one of the same",
+        "tier plus a concurrency limit (huge slots, 60 s leases). The slot is taken in the request's one",
+        "EVALSHA and given back by one ZREM when the response is closed: two round trips instead of one.",
+        "Target: the pair keeps >= 0.8x the requests per second of the rate-limited request.",
+        "",
+        f"This run: {when}, commit {commit.stdout.strip() or '?'}, load average (1 min) at start / end "
+        f"{load_at_start:.2f} / {load_at_end:.2f}.",
+        "",
+        *lines,
+    ])
+    path = ROOT / "docs" / "benchmarks.md"
+    path.write_text(replace_section(path.read_text(encoding="utf-8"), "concurrency", section), encoding="utf-8")
 
 
 if __name__ == "__main__":
