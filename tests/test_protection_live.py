@@ -42,8 +42,8 @@ short = Tier.objects.create(slug="shortlease", name="Short lease")
 TierLimit.objects.create(tier=short, name="minute", algorithm="fixed_window", limit=1000, period=60)
 TierLimit.objects.create(tier=short, name="concurrency", algorithm="concurrency", limit=2, period=2)
 keys = {}
-for name, slug in [("slow", "free"), ("stream", "free"), ("kill", "shortlease"), ("shed", "enterprise"),
-                   ("critical", "enterprise")]:
+for name, slug in [("slow", "free"), ("stream", "free"), ("gone", "free"), ("kill", "shortlease"),
+                   ("shed", "enterprise"), ("critical", "enterprise")]:
     keys[name] = ApiKey.objects.create_key(name=name, tier=Tier.objects.get(slug=slug))[1]
 print(json.dumps(keys))
 """
@@ -165,10 +165,7 @@ def test_a_streaming_response_holds_its_slot_until_read_or_abandoned(site: Site)
         assert len(list(chunks)) == 9
     assert poll(lambda: site.remaining("stream")["concurrency"] == 2, 10)
     # abandoned: a 60-second stream whose client disconnects after one chunk gives its slot back soon
-    host, port = site.url.removeprefix("http://").split(":")
-    client = socket.create_connection((host, int(port)), timeout=30)
-    client.sendall(f"GET /api/stream?chunks=600&ms=100 HTTP/1.1\r\nHost: {host}\r\n"
-                   f"X-API-Key: {site.keys['stream']}\r\n\r\n".encode())
+    client = _raw_get(site, "/api/stream?chunks=600&ms=100", "stream")
     received = b""
     while b"chunk 0" not in received:
         received += client.recv(4096)
@@ -178,6 +175,24 @@ def test_a_streaming_response_holds_its_slot_until_read_or_abandoned(site: Site)
     client.close()  # the client goes away mid-stream (a reset, not a clean end)
     assert poll(lambda: site.remaining("stream")["concurrency"] == 2, 20)
     assert time.monotonic() - started < 50  # long before the stream's 60 s
+
+
+def test_a_client_gone_before_the_response_gives_its_slot_back_soon(site: Site) -> None:
+    client = _raw_get(site, "/api/slow?ms=1500", "gone")
+    assert poll(lambda: site.remaining("gone")["concurrency"] == 1, 10), "the slow request never started"
+    started = time.monotonic()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()  # gone while the view still runs
+    # given back once the view has ended (its response closed, or dropped unclosed), not after the 60 s lease
+    assert poll(lambda: site.remaining("gone")["concurrency"] == 2, 30)
+    assert time.monotonic() - started < 30
+
+
+def _raw_get(site: Site, path: str, key: str) -> socket.socket:
+    host, port = site.url.removeprefix("http://").split(":")
+    client = socket.create_connection((host, int(port)), timeout=30)
+    client.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nX-API-Key: {site.keys[key]}\r\n\r\n".encode())
+    return client
 
 
 def test_a_sigkilled_worker_loses_its_slots_for_the_lease_only(site: Site, redis_client: redis.Redis) -> None:
