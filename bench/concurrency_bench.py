@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.http_bench import BENCH_TIER, HttpResult, Server, _env, load_generator  # noqa: E402
-from ratelimit_app.embedded import start_redis  # noqa: E402
+from devtools.embedded import start_redis  # noqa: E402
 
 #: The slot tier: BENCH_TIER plus a concurrency limit no run reaches.
 SLOTS = ("concurrency", "concurrency", 1_000_000, 60, None)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import redis
 
-from ratelimit_app.embedded import free_port
+from devtools.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH = "/api/ping"

@@ -1,8 +1,8 @@
 """Redis memory per key for each algorithm, measured with MEMORY USAGE (the numbers in docs/operations.md).
 
-Starts its own redis-server (ratelimit_app.embedded), so nothing else shares the measurement. For each
+Starts its own redis-server (devtools.embedded), so nothing else shares the measurement. For each
 algorithm and fill level it charges 1,000 identities with one policy named "minute" under the default
-key prefix "rl" (keys look like `rl:{<24 hex>}:minute:<algorithm>`), then reports the mean of
+key prefix "rl" (keys look like `rl:{<24 hex>}<algorithm letter>minute`), then reports the mean of
 `MEMORY USAGE <key> SAMPLES 0` (the key's own allocation, key name included) and the growth of
 INFO used_memory per identity (what the server really allocated, its dictionary overhead included).
 
@@ -18,8 +18,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from devtools.embedded import start_redis
 from ratelimit_app import Policy, RateLimiter
-from ratelimit_app.embedded import start_redis
 
 IDENTITIES = 1000
 
@@ -33,12 +33,11 @@ CASES: list[tuple[str, int, int, str]] = [
     ("token_bucket", 1000, 1000, "empty bucket"),
     ("gcra", 1000, 1, "1 unit"),
     ("gcra", 1000, 1000, "1,000 units"),
-    ("sliding_window", 1000, 1, "1 unit (1 member)"),
-    ("sliding_window", 1000, 10, "10 members"),
-    ("sliding_window", 1000, 100, "100 members"),
-    ("sliding_window", 1000, 128, "128 members (listpack)"),
-    ("sliding_window", 1000, 129, "129 members (skiplist)"),
-    ("sliding_window", 1000, 1000, "1,000 members"),
+    ("sliding_window", 2000, 1, "1 unit"),
+    ("sliding_window", 2000, 10, "10 units"),
+    ("sliding_window", 2000, 100, "100 units"),
+    ("sliding_window", 2000, 1000, "1,000 units"),
+    ("sliding_window", 2000, 2000, "2,000 units"),
 ]
 
 

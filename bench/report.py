@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.accuracy import ACCURACY_RATE, TIER_ACCURACY_RATE
-from bench.engine_bench import EngineResult, Run
+from bench.engine_bench import TRANSPORTS, EngineResult, Run, Transports
 from bench.peers import BY_KEY, VARIANTS
 from bench.runner import Results
 
@@ -20,6 +20,10 @@ IMAGE = Path("img") / "benchmarks.png"
 ENGINE_TARGET = 0.9
 DENY_TARGET = 10.0
 HTTP_TARGET = 0.9
+LOG_BYTES_PER_UNIT = 8.5  # issue 14: the exact sliding log at 2,000/min
+O1_BYTES = 100  # issue 14: O(1) algorithms per identity and policy, key included
+TIER_REDIS_TIME = 2.5  # issue 14: usec_per_call of the 3-policy tier / the bare INCR script
+SINGLE_REDIS_TIME = 1.3  # issue 14: the same for one policy
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ def evaluate(results: Results) -> list[Target]:
         targets.append(Target(f"3-policy tier >= {ENGINE_TARGET}x one bare EVALSHA", "paired rounds",
                               results.unavailable.get("ours.tier", "the tier or the baseline did not run"),
                               "not measured"))
+    targets += transport_targets(results.transports)
     peers = [v.key for v in VARIANTS if v.family == "peer" and _engine(results, v.key, "allowed")]
     for processes in (1, n):
         tier = _rate(_run(results, "ours.tier", "allowed", processes))
@@ -147,6 +152,7 @@ def evaluate(results: Results) -> list[Target]:
                 "get_limiter().hit() on an identity over its limit vs one bare EVALSHA (local deny cache)",
                 measured, status,
                 _spread(*(_samples(results, key, "denied", processes) for key in ("ours.service.tier", "baseline")))))
+    targets += _issue14_targets(results)
     http = results.http
     if http is not None:
         by = {r.variant: r for r in http.results}
@@ -177,6 +183,117 @@ def evaluate(results: Results) -> list[Target]:
                     "pass" if by["ours"].per_second > by[best_http].per_second else "miss",
                     _spread(http.rounds.get("ours", ()), http.rounds.get(best_http, ()))))
     return targets
+
+
+def _issue14_targets(results: Results) -> list[Target]:
+    """Redis memory and Redis time per decision (issue 14)."""
+    targets = []
+    logs = [m for m in results.memory if m.variant == "ours.sliding_window" and m.rate.limit == 2000]
+    for m in logs:
+        per_unit = m.memory_usage_per_identity / m.filled_to
+        targets.append(Target(
+            f"exact sliding log <= {LOG_BYTES_PER_UNIT:g} bytes per unit of limit at {m.rate}",
+            "MEMORY USAGE per identity filled to its limit / the limit",
+            f"{per_unit:.2f} bytes per unit ({_bytes(m.memory_usage_per_identity)} per identity)",
+            "pass" if per_unit <= LOG_BYTES_PER_UNIT else "miss"))
+    o1 = [m for m in results.memory if m.variant in {f"ours.{a}" for a in
+                                                      ("fixed_window", "sliding_window_counter", "token_bucket",
+                                                       "gcra")}]
+    if o1:
+        worst = max(o1, key=lambda m: m.memory_usage_per_identity)
+        targets.append(Target(
+            f"O(1) algorithms <= {O1_BYTES} bytes per identity and policy, key included",
+            "MEMORY USAGE per identity, every O(1) algorithm of ours at every rate of section 3",
+            f"worst: {BY_KEY[worst.variant].label} at {worst.rate}: {_bytes(worst.memory_usage_per_identity)}",
+            "pass" if worst.memory_usage_per_identity <= O1_BYTES else "miss"))
+    timing = results.redis_time
+    if timing is not None:
+        for name, bound in (("tier", TIER_REDIS_TIME), *((n, SINGLE_REDIS_TIME) for n in timing.ratio
+                                                          if n not in ("incr", "tier"))):
+            label = "3-policy tier" if name == "tier" else name
+            targets.append(Target(
+                f"Redis time: {label} <= {bound:g}x the bare INCR script",
+                f"usec_per_call of EVALSHA, median of {timing.rounds} rounds' ratios, new identities",
+                f"{_median(timing.usec[name]):.1f} vs {_median(timing.usec['incr']):.1f} us = "
+                f"{_x(timing.ratio[name])}",
+                "pass" if timing.ratio[name] <= bound else "miss",
+                _spread(tuple(timing.usec[name]), tuple(timing.usec["incr"]))))
+    return targets
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _redis_time_section(results: Results) -> list[str]:
+    timing = results.redis_time
+    if timing is None:
+        return []
+    lines = ["## 5. Redis time per decision", "",
+             f"`usec_per_call` of EVALSHA from `INFO commandstats`: {timing.calls:,} decisions per case and "
+             f"round, one per round trip from one client, each for a new identity (every key is created), "
+             f"{timing.rounds} interleaved rounds, statistics reset before each case. Redis counts only the time "
+             "it spends running the command, so this is the share of one Redis core a decision takes; it is "
+             "wall time, which other work on the machine inflates (most for the longer scripts), so "
+             "`bench/script_instructions.py` (callgrind, in docs/algorithms.md) is the load-independent view. "
+             "Policies: the free tier (token_bucket burst 10 at 20/min, sliding_window 20/min, fixed_window "
+             "1000/day), or one policy at 20/min.", ""]
+    rows = []
+    for name, values in timing.usec.items():
+        label = "bare EVALSHA of INCR" if name == "incr" else "free tier (3 policies)" if name == "tier" else name
+        rows.append([label, f"{_median(values):.2f}", _x(timing.ratio[name]),
+                     " / ".join(f"{v:.1f}" for v in values)])
+    lines += _table(["script", "usec_per_call (median)", "vs INCR (median of rounds)", "each round"], rows, "lrrl")
+    return lines
+
+
+def transport_targets(transports: Transports | None) -> list[Target]:
+    """The async engine's target: AsyncRateLimiter.hit on the tier >= 0.9x a bare async EVALSHA."""
+    if transports is None:
+        return [Target(f"AsyncRateLimiter.hit, 3-policy tier >= {ENGINE_TARGET}x one bare async EVALSHA",
+                       "paired rounds", "not run", "not measured")]
+    targets = []
+    for n in transports.tasks:
+        tier, floor = f"async.tier/{n}", f"async.evalsha/{n}"
+        ratio = transports.ratio(tier, floor)
+        targets.append(Target(
+            f"AsyncRateLimiter.hit, 3-policy tier >= {ENGINE_TARGET}x one bare async EVALSHA, {n} task(s)",
+            f"1 process, {transports.duration:g} s of allowed traffic interleaved in bursts, same client",
+            f"{_n(transports.per_second[tier])} vs {_n(transports.per_second[floor])} decisions/s = {_x(ratio)}; "
+            f"by CPU per decision (client + Redis) {_x(transports.cpu[floor] / transports.cpu[tier])}",
+            "pass" if ratio >= ENGINE_TARGET else "miss",
+            _spread(transports.samples[tier], transports.samples[floor])))
+    return targets
+
+
+def transport_section(transports: Transports) -> list[str]:
+    """The table of the engine's transports (bench/engine_bench.py: transport_rounds)."""
+    lines = ["### The engine's transports, paired", "",
+             "The sync engine on both of its paths and the async engine, each next to a bare EVALSHA of the "
+             "INCR script from the same kind of client, in one worker process for "
+             f"{transports.duration:g} s, allowed traffic (a new identity per decision). The rows take turns "
+             "in bursts of 20 decisions per thread or task (Redis flushed before each turn of all rows), so that "
+             "every row meets the same load from other work on the machine; decisions/s is each row's "
+             "decisions over its own time, and *each fifth* the same over each fifth of the run. A sync row "
+             "decides in one thread; an "
+             "async row in N concurrent tasks of one event loop over one `redis.asyncio.Redis`. "
+             "The speed paths are the defaults (`RateLimiter`: a connection per thread; `AsyncRateLimiter`: "
+             "connections of its own, one per decision in flight); the *pool* paths are the reference paths "
+             "(`connections=\"pool\"`; for `RateLimiter` the default under gevent/eventlet).", ""]
+    rows = []
+    floors = {"sync.tier": "sync.evalsha", "sync.tier.pool": "sync.evalsha", "async.tier": "async.evalsha",
+              "async.tier.pool": "async.evalsha"}
+    for key, per_second in transports.per_second.items():
+        row, n = key.rsplit("/", 1)
+        floor = floors.get(row)
+        rows.append([TRANSPORTS[row], n, _n(per_second),
+                     _x(transports.ratio(key, f"{floor}/{n}")) if floor else "",
+                     _us(transports.cpu[key]), " / ".join(_n(v) for v in transports.samples[key])])
+    lines += _table(["row", "threads / tasks", "decisions/s", "vs the bare EVALSHA", "CPU µs per decision "
+                     "(client + Redis)", "each fifth /s"], rows, "lrrrrl")
+    return lines
 
 
 # -- the document ----------------------------------------------------------------------------------
@@ -243,6 +360,8 @@ def _engine_section(results: Results) -> list[str]:
                      " / ".join(_n(v) for v in paired.samples.get("ours.tier", ()))])
     lines += _table(["processes", "rounds", "baseline /s", "raw baseline /s", "tier /s", "tier / baseline",
                      "tier / raw", "CPU µs per decision, baseline / tier", "tier, each round /s"], rows)
+    if results.transports is not None:
+        lines += transport_section(results.transports)
     return lines
 
 
@@ -408,6 +527,7 @@ def render(results: Results, targets: list[Target]) -> str:
     lines += _accuracy_section(results)
     lines += _memory_section(results)
     lines += _http_section(results)
+    lines += _redis_time_section(results)
     lines += ["## What each limiter row calls", ""]
     lines += [f"- **{v.label}**: {_first_paragraph(v.builder.__doc__)}" + (f" ({v.note})" if v.note else "")
               for v in VARIANTS if v.key not in results.unavailable]

@@ -19,9 +19,10 @@ import redis
 
 from bench import accuracy, engine_bench, memory
 from bench.peers import BY_KEY, VARIANTS, availability
+from bench.redis_time import run_redis_time
 from bench.sizes import Sizes
 from bench.workers import WorkerPool
-from ratelimit_app.embedded import start_redis
+from devtools.embedded import start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("django-ratelimit-app", "redis", "hiredis", "Django", "djangorestframework", "django-redis",
@@ -43,11 +44,13 @@ class Results:
     unavailable: dict[str, str]
     engine: list[engine_bench.EngineResult]
     paired: list[engine_bench.Paired]
+    transports: engine_bench.Transports | None
     accuracy: list[accuracy.AccuracyResult]
     memory: list[memory.MemoryResult]
     http: Any  # http_bench.HttpRun | None
     http_unavailable: dict[str, str]
     http_note: str
+    redis_time: Any = None  # redis_time.RedisTime | None
     duration: float = 0.0
     finished: str = ""
     notes: list[str] = field(default_factory=list)
@@ -148,6 +151,10 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
         pool = WorkerPool(sizes.processes, server.url)
         try:
             engine_results, paired = _engine(pool, admin, sizes, available, progress)
+            progress("Redis time per decision (usec_per_call)")
+            redis_time = run_redis_time(admin, sizes.redis_time_rounds, sizes.redis_time_calls)
+            progress("the engine's transports (sync paths, async), interleaved in 1 process")
+            transports = engine_bench.transport_rounds(pool, admin, 3 * sizes.paired_rounds * sizes.paired_duration)
             limiters = [key for key in available if BY_KEY[key].family != "baseline"]
             accuracy_results = []
             for i, key in enumerate(limiters):
@@ -168,8 +175,8 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
         http_run, http_missing, http_note = _http(server.url, admin, work_dir, sizes, skip_http, progress)
         machine = machine_info(admin)
         machine["load average (1 min) at start / end"] = f"{load_before} / {load_average()}"
-        results = Results(sizes, command, machine, package_versions(), missing, engine_results, paired,
-                          accuracy_results, memory_results, http_run, http_missing, http_note,
+        results = Results(sizes, command, machine, package_versions(), missing, engine_results, paired, transports,
+                          accuracy_results, memory_results, http_run, http_missing, http_note, redis_time,
                           duration=time.monotonic() - started, finished=time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                         time.gmtime()))
     finally:

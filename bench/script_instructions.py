@@ -4,7 +4,9 @@
 
 Runs redis-server under `valgrind --tool=callgrind` (valgrind must be on PATH), sends N and then 2N
 EVALSHA calls for new identities through one pipeline, and reports (instructions of the 2N run -
-instructions of the N run) / N for each script: the Redis work of one call, start-up excluded. Needs
+instructions of the N run) / N for each script: the Redis work of one call, start-up excluded; and the
+same difference counted inside EVALSHA only (evalShaCommand, inclusive): the part that INFO
+commandstats' usec_per_call times, without reading, parsing and answering the command. Needs
 redis-server on PATH and the project importable (run it from the repository root with the project's
 virtualenv). The numbers in docs/algorithms.md come from this script.
 """
@@ -25,10 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from ratelimit_app.embedded import free_port
+from devtools.embedded import free_port
+from ratelimit_app import engine
 from ratelimit_app.engine import prepare_call
 from ratelimit_app.policies import Policy
-from ratelimit_app.scripts import decide_source
+from ratelimit_app.scripts import ALGORITHM_FILES, ENTRY_FILE, PRELUDE_FILE, decide_source
 
 INCR_SCRIPT = "return redis.call('INCR', KEYS[1])"
 FREE_TIER = (
@@ -51,24 +54,55 @@ def _incr(pipe: redis.client.Pipeline, i: int) -> None:
 
 
 SHAS: dict[str, str] = {}
+SOURCE: dict[str, str] = {}  # "decide": the script measured in place of today's (--previous)
+LEGACY_DIR = Path(__file__).resolve().parent.parent / "tests" / "legacy_lua"
+#: The fixed part of a 3-policy decision's shape, whatever its algorithms: read the clock, read the three
+#: keys with one MGET, write each with its TTL, return a reply of the same size (72 bytes).
+SHAPE_SCRIPTS = {
+    "shape: TIME + MGET of 3 keys + 3 SET PX, constant reply": """
+local t = redis.call('TIME')
+local v = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
+redis.call('SET', KEYS[1], '12345', 'PX', 60000)
+redis.call('SET', KEYS[2], '12345', 'PX', 60000)
+redis.call('SET', KEYS[3], '12345', 'PX', 60000)
+return string.rep('x', 72)""",
+    "shape: TIME + MGET of 3 keys, constant reply": """
+local t = redis.call('TIME')
+local v = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
+return string.rep('x', 72)""",
+}
+
+
+def _shape(label: str) -> Sender:
+    def send(pipe: redis.client.Pipeline, i: int) -> None:
+        keys = [f"rl:{{identity:{i}}}{p.name}" for p in FREE_TIER]
+        pipe.execute_command("EVALSHA", SHAS[label], len(keys), *keys)
+    return send
+
+
 CASES: dict[str, Sender] = {
     "bare EVALSHA of INCR (the benchmark's baseline)": _incr,
+    **{label: _shape(label) for label in SHAPE_SCRIPTS},
     "decision: free tier (token_bucket + sliding_window + fixed_window)": _decide(FREE_TIER),
     **{f"decision: {name}": _decide((Policy("p", name, limit=20, period=60),))
        for name in ("fixed_window", "sliding_window", "sliding_window_counter", "token_bucket", "gcra")},
 }
 
 
-def _instructions(send: Sender, calls: int, work: Path) -> int:
+def _instructions(send: Sender, calls: int, work: Path) -> tuple[int, int]:
+    """Instructions of the whole server run, and of those inside evalShaCommand."""
     port = free_port()
     out = work / f"callgrind.{port}.out"
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
-         "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+         "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         # the slow log copies a command that ran over 10 ms: under valgrind, on a busy machine, that
+         # depends on the load, and its work would be counted inside the script's calls
+         "--slowlog-log-slower-than", "-1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         client = redis.Redis(port=port)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # valgrind starts slowly on a busy machine
         while True:
             try:
                 client.ping()
@@ -77,8 +111,10 @@ def _instructions(send: Sender, calls: int, work: Path) -> int:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        SHAS["decide"] = client.script_load(decide_source())
+        SHAS["decide"] = client.script_load(SOURCE.get("decide") or decide_source())
         SHAS["incr"] = client.script_load(INCR_SCRIPT)
+        for label, script in SHAPE_SCRIPTS.items():
+            SHAS[label] = client.script_load(script)
         for start in range(0, calls, 500):
             pipe = client.pipeline(transaction=False)
             for i in range(start, min(calls, start + 500)):
@@ -89,27 +125,45 @@ def _instructions(send: Sender, calls: int, work: Path) -> int:
         pass  # SHUTDOWN closes the connection
     finally:
         server.wait(timeout=120)
-    summary = subprocess.run(["callgrind_annotate", str(out)], capture_output=True, text=True, check=True).stdout
-    match = re.search(r"([\d,]+)\s+\(100\.0%\)\s+PROGRAM TOTALS", summary)
-    if not match:
-        raise SystemExit("callgrind_annotate printed no total")
-    return int(match.group(1).replace(",", ""))
+    summary = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(out)], capture_output=True, text=True,
+                             check=True).stdout
+    total = re.search(r"([\d,]+)\s+\(100\.0%\)\s+PROGRAM TOTALS", summary)
+    inside = re.search(r"^\s*([\d,]+)\s+\([\d.]+%\)\s+\S*:evalShaCommand\b", summary, re.MULTILINE)
+    if not total or not inside:
+        raise SystemExit("callgrind_annotate printed no total or no evalShaCommand")
+    return int(total.group(1).replace(",", "")), int(inside.group(1).replace(",", ""))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=3000, help="calls in the shorter run (default 3000)")
+    parser.add_argument("--without-legacy-keys", action="store_true",
+                        help="send only today's keys (engine.LEGACY_KEYS off): what a release without the "
+                             "upgrade reads costs")
+    parser.add_argument("--only", nargs="*", default=[],
+                        help="measure only the calls whose label contains one of these words (INCR, tier, gcra...)")
+    parser.add_argument("--previous", action="store_true",
+                        help="measure the previous release's script (tests/legacy_lua) instead of today's")
     args = parser.parse_args()
+    if args.without_legacy_keys or args.previous:
+        engine.LEGACY_KEYS = False  # the previous script takes one key per policy
+    if args.previous:
+        SOURCE["decide"] = "\n".join((LEGACY_DIR / name).read_text(encoding="utf-8")
+                                     for name in (PRELUDE_FILE, *ALGORITHM_FILES, ENTRY_FILE))
     for tool in ("valgrind", "callgrind_annotate", "redis-server"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is not on PATH")
     version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
     print(f"Redis {version.removeprefix('v=')}, instructions per call (callgrind), new identities, "
           f"{args.calls} vs {2 * args.calls} calls")
+    print("| call | whole server | inside EVALSHA |")
     with tempfile.TemporaryDirectory() as tmp:
         for label, send in CASES.items():
+            if args.only and not any(word in label for word in args.only):
+                continue
             short, long = _instructions(send, args.calls, Path(tmp)), _instructions(send, 2 * args.calls, Path(tmp))
-            print(f"| {label} | {(long - short) // args.calls:,} |", flush=True)
+            print(f"| {label} | {(long[0] - short[0]) // args.calls:,} | {(long[1] - short[1]) // args.calls:,} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

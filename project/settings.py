@@ -1,4 +1,4 @@
-"""Settings of the demo site. Database: DATABASE_URL, else SQLite. Redis: see ratelimit_app.embedded."""
+"""Settings of the demo site. Database: DATABASE_URL, else SQLite. Redis: see devtools.embedded."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from ratelimit_app.embedded import resolve_redis_url
+from devtools.embedded import resolve_redis_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -76,6 +76,7 @@ CACHES = {
 
 RATELIMIT = {
     "REDIS_URL": REDIS_URL,
+    "METRICS_ALLOWED_IPS": ["127.0.0.1", "::1"],  # GET /metrics for a Prometheus on this machine
 }
 
 REST_FRAMEWORK: dict[str, object] = {

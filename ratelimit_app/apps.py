@@ -1,4 +1,4 @@
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 
 
 class RateLimitConfig(AppConfig):
@@ -11,3 +11,9 @@ class RateLimitConfig(AppConfig):
         from .lookups import connect_signals
 
         connect_signals()  # saving or deleting tiers, limits, keys or user tiers invalidates the caches
+        if apps.is_installed("django.contrib.admin"):
+            from django.contrib import admin
+
+            from .dashboard import install_admin_link
+
+            install_admin_link(admin.site)  # the dashboard's box on the admin index page

@@ -1,7 +1,17 @@
 """Django system checks (`manage.py check`) for the RATELIMIT settings and the Redis connection.
 
-Ids are stable: ratelimit.E001 invalid settings, ratelimit.E002 no usable Redis configuration,
-ratelimit.W001 Redis does not answer (a warning: the fail mode covers outages at run time).
+Ids are stable (docs/settings.md, "What `check` validates", lists them all):
+
+- ratelimit.E001: an invalid setting (one error per setting, naming it and the accepted values);
+- ratelimit.E002: no usable Redis configuration (a cache alias that is not django-redis, a malformed
+  cluster or sentinel address);
+- ratelimit.E003: ANONYMOUS_TIER or DEFAULT_USER_TIER names a tier that does not exist (a database
+  check: `manage.py check --database default`);
+- ratelimit.E004: the URLconf routes GET /metrics (ratelimit_app.urls) but prometheus-client is not
+  installed;
+- ratelimit.W001: Redis does not answer (a warning: the fail mode covers outages at run time);
+- ratelimit.W002: the URLconf routes GET /metrics but neither METRICS_TOKEN nor METRICS_ALLOWED_IPS is
+  set, so only staff sessions can read it (Prometheus cannot scrape it).
 """
 
 from __future__ import annotations
@@ -10,19 +20,22 @@ from typing import Any
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, router
+from django.urls import URLPattern, URLResolver, get_resolver
 
-from .conf import ratelimit_settings
+from .conf import ratelimit_settings, read_settings
 from .exceptions import REDIS_CLIENT_ERRORS
+
+_SETTINGS_HINT = "Fix settings.RATELIMIT; docs/settings.md lists every setting and its accepted values."
 
 
 @checks.register("ratelimit")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Validate RATELIMIT and that the Redis it names is configured and reachable."""
-    try:
-        ratelimit_settings.reload()
-        ratelimit_settings.as_dict()
-    except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), hint="Fix settings.RATELIMIT; see docs/settings.md.", id="ratelimit.E001")]
+    """Validate every RATELIMIT setting, and that the Redis it names is configured and reachable."""
+    ratelimit_settings.reload()
+    _, errors = read_settings()
+    if errors:
+        return [checks.Error(error.message, hint=_SETTINGS_HINT, id="ratelimit.E001") for error in errors]
     from .connection import get_redis
 
     messages: list[checks.CheckMessage] = []
@@ -38,3 +51,81 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             id="ratelimit.W001",
         ))
     return messages
+
+
+@checks.register("ratelimit", checks.Tags.database)
+def check_tiers(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The tiers that ANONYMOUS_TIER and DEFAULT_USER_TIER name exist (runs with `check --database`)."""
+    from .models import Tier
+
+    alias = router.db_for_read(Tier)
+    values, errors = read_settings()
+    if not databases or alias not in databases or errors:
+        return []  # no database to ask, or invalid settings (check_settings reports those)
+    named = {name: values[name] for name in ("ANONYMOUS_TIER", "DEFAULT_USER_TIER") if values[name] is not None}
+    if not named:
+        return []
+    try:
+        existing = set(Tier.objects.using(alias).filter(slug__in=set(named.values())).values_list("slug", flat=True))
+    except DatabaseError:
+        return []  # not migrated yet: `migrate` creates the table (and seeds the default tiers)
+    return [
+        checks.Error(
+            f"RATELIMIT['{name}'] is {slug!r}, which names no tier; expected the slug of an existing tier "
+            f"({', '.join(map(repr, _all_slugs(alias))) or 'there are none yet'}) or None",
+            hint="Create the tier in the admin (Rate limiting > Tiers), or change the setting.",
+            id="ratelimit.E003",
+        )
+        for name, slug in named.items() if slug not in existing
+    ]
+
+
+def _all_slugs(alias: str) -> list[str]:
+    from .models import Tier
+
+    return list(Tier.objects.using(alias).order_by("slug").values_list("slug", flat=True))
+
+
+@checks.register("ratelimit", checks.Tags.urls)
+def check_metrics_endpoint(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """When the URLconf routes GET /metrics: prometheus-client is installed, and someone other than staff
+    sessions (Prometheus) may read it."""
+    from .metrics_endpoint import get_access, metrics_view, prometheus_missing
+
+    if not _routes(metrics_view):
+        return []
+    messages: list[checks.CheckMessage] = []
+    missing = prometheus_missing()
+    if missing is not None:
+        messages.append(checks.Error(
+            f"The URLconf includes ratelimit_app.urls (GET /metrics), but {missing}",
+            hint="Install it, or remove the include; until then GET /metrics answers 501.",
+            id="ratelimit.E004",
+        ))
+    if not read_settings()[1] and not get_access().configured:
+        messages.append(checks.Warning(
+            "GET /metrics answers only to staff sessions: neither RATELIMIT['METRICS_TOKEN'] nor "
+            "RATELIMIT['METRICS_ALLOWED_IPS'] is set, so Prometheus gets 403.",
+            hint="Set RATELIMIT['METRICS_TOKEN'] (Prometheus sends it as a bearer token) or "
+                 "RATELIMIT['METRICS_ALLOWED_IPS'] (the addresses of your Prometheus servers).",
+            id="ratelimit.W002",
+        ))
+    return messages
+
+
+def _routes(view: Any) -> bool:
+    """True when the root URLconf routes `view` (at any depth of includes)."""
+
+    def walk(patterns: Any) -> bool:
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                if walk(pattern.url_patterns):
+                    return True
+            elif isinstance(pattern, URLPattern) and pattern.callback is view:
+                return True
+        return False
+
+    try:
+        return walk(get_resolver().url_patterns)
+    except Exception:  # a URLconf that does not import: Django's own URL checks report it
+        return False

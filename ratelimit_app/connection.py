@@ -13,7 +13,7 @@ import inspect
 import time
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
@@ -24,7 +24,8 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from .conf import SettingsCached, ratelimit_settings
-from .engine import RedisClient
+from .engine_async import AsyncRedisClient
+from .engine_sync import RedisClient
 
 CLUSTER_SCHEME = "redis+cluster"
 SENTINEL_SCHEME = "redis+sentinel"
@@ -36,6 +37,10 @@ budget_deadline: ContextVar[float | None] = ContextVar("ratelimit_budget_deadlin
 # A read issued after the budget ran out still gets this long: the command was already sent, and a
 # reply that is on its way is worth a millisecond more than an unknown outcome.
 _LAST_READ = 0.001
+
+#: redis-py >= 8 accepts read_response(timeout=...); older versions (5.0 to 7.x) read with the socket's
+#: own timeout (see BudgetMixin._read_response_within).
+_READ_TAKES_TIMEOUT = "timeout" in inspect.signature(Connection.read_response).parameters
 
 if TYPE_CHECKING:
     from redis.connection import AbstractConnection as _ConnectionBase
@@ -72,8 +77,24 @@ class BudgetMixin(_ConnectionBase):
             # only override when the budget is tighter than the socket's own timeout (the common
             # first read of a call is not), which keeps the hot path free of extra syscalls
             if self.socket_timeout is None or left < self.socket_timeout:
+                if not _READ_TAKES_TIMEOUT:
+                    return self._read_response_within(max(left, _LAST_READ), args, kwargs)
                 kwargs["timeout"] = max(left, _LAST_READ)
         return super().read_response(*args, **kwargs)
+
+    def _read_response_within(self, timeout: float, args: Any, kwargs: Any) -> Any:
+        # redis-py < 8: its parsers read with the socket's own timeout, so the budget goes on the socket
+        # for this one reply and the configured timeout comes back after it, as redis-py >= 8 does with
+        # read_response(timeout=...).
+        sock = self._sock
+        if sock is None:
+            return super().read_response(*args, **kwargs)  # not connected: fails as redis-py does
+        sock.settimeout(timeout)
+        try:
+            return super().read_response(*args, **kwargs)
+        finally:
+            if self._sock is sock:  # still connected (a failed read disconnects)
+                sock.settimeout(self.socket_timeout)
 
 
 class BudgetConnection(BudgetMixin, Connection):
@@ -153,6 +174,20 @@ def _scheme_connection_class(scheme: str) -> type[Any]:
     return BudgetConnection
 
 
+def _cluster_nodes(netloc: str) -> list[tuple[str, int]]:
+    """(host, port) of every node in the network location of a cluster URL."""
+    nodes = []
+    for item in netloc.rpartition("@")[2].split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ImproperlyConfigured(
+                f"RATELIMIT['REDIS_URL']: cluster node {item!r} must be host:port "
+                "(redis+cluster://host:7000,host:7001)"
+            )
+        nodes.append((host.strip("[]"), int(port)))
+    return nodes
+
+
 def _cluster_client(url: str) -> RedisCluster:
     """A RedisCluster for "redis+cluster://[user:pass@]host:port[,host:port...]" or a plain redis:// URL."""
     parts = urlsplit(url)
@@ -162,15 +197,7 @@ def _cluster_client(url: str) -> RedisCluster:
     # Each node gets its own pool of budget-respecting connections; the cluster client itself never
     # retries, so a decision whose reply was lost is never resent to another node.
     userinfo, at, hosts = parts.netloc.rpartition("@")
-    nodes = []
-    for item in hosts.split(","):
-        host, _, port = item.rpartition(":")
-        if not host or not port.isdigit():
-            raise ImproperlyConfigured(
-                f"RATELIMIT['REDIS_URL']: cluster node {item!r} must be host:port "
-                "(redis+cluster://host:7000,host:7001)"
-            )
-        nodes.append(ClusterNode(host.strip("[]"), int(port)))
+    nodes = [ClusterNode(host, port) for host, port in _cluster_nodes(parts.netloc)]
     # from_url (one node) builds every node's pool with our connection class; the other nodes of the
     # URL join as extra startup nodes, so the client starts while any one of them answers
     first = urlunsplit(parts._replace(scheme=scheme, netloc=f"{userinfo}{at}{hosts.split(',')[0]}"))
@@ -235,6 +262,21 @@ def _client_from_cache_alias(alias: str) -> RedisClient:
     return redis.Redis(connection_pool=ConnectionPool(connection_class=budget_class, **kwargs, **client_options()))
 
 
+def redacted_url(url: str) -> str:
+    """`url` with its password (in the user info or a `password=` query parameter) shown as `***`, for
+    printing: "redis://:s3cret@host:6380/1" -> "redis://:***@host:6380/1"."""
+    parts = urlsplit(url)
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        url = url.replace(f"{userinfo}@", f"{userinfo.partition(':')[0]}:***@", 1)
+    base, question, query = url.partition("?")
+    if question:
+        query, hash_sign, fragment = query.partition("#")
+        fields = ["password=***" if field.startswith("password=") else field for field in query.split("&")]
+        url = f"{base}?{'&'.join(fields)}{hash_sign}{fragment}"
+    return url
+
+
 def _client_from_settings() -> RedisClient:
     url = ratelimit_settings.REDIS_URL
     return build_client(url) if url else _client_from_cache_alias(ratelimit_settings.CACHE_ALIAS)
@@ -251,3 +293,71 @@ def get_redis() -> RedisClient:
     Cluster cannot be reached to learn its topology.
     """
     return _client.get()
+
+
+# -- the asyncio client -----------------------------------------------------------------------------
+# A redis.asyncio client belongs to the event loop it is first used on, so it is not cached here:
+# ratelimit_app.service_async builds one per event loop. Building one does no I/O (a cluster client
+# learns its slots on first use). The time budget of an async decision is one asyncio timeout around
+# the whole call (see service_async), so these clients need no budget-aware connection classes.
+
+def async_client_options() -> dict[str, Any]:
+    """`client_options()` for redis.asyncio clients: the same timeouts and handshake, no retries."""
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    return {**client_options(), "retry": AsyncRetry(NoBackoff(), 0)}
+
+
+def build_async_client(url: str) -> AsyncRedisClient:
+    """A redis.asyncio client for `url` with the limiter's timeouts (the schemes of `build_client`)."""
+    import redis.asyncio
+    from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+    from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
+    parts = urlsplit(url)
+    options = async_client_options()
+    if parts.scheme == CLUSTER_SCHEME or (ratelimit_settings.CLUSTER and parts.scheme in ("redis", "rediss")):
+        nodes = [AsyncClusterNode(host, port) for host, port in _cluster_nodes(parts.netloc)]
+        return AsyncRedisCluster(startup_nodes=nodes, username=unquote(parts.username) if parts.username else None,
+                                 password=unquote(parts.password) if parts.password else None,
+                                 ssl=parts.scheme == "rediss", **options)
+    if parts.scheme == SENTINEL_SCHEME:
+        from .sentinel import async_sentinel_master
+
+        return async_sentinel_master(url, options)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ImproperlyConfigured(
+            f"RATELIMIT['REDIS_URL'] has scheme {parts.scheme!r}; expected redis, rediss, unix, "
+            f"{CLUSTER_SCHEME} or {SENTINEL_SCHEME}"
+        )
+    return redis.asyncio.Redis.from_url(url, **options)
+
+
+def _async_client_from_cache_alias(alias: str) -> AsyncRedisClient:
+    """The server and credentials of the django-redis cache `alias`, in a redis.asyncio client."""
+    import redis.asyncio
+    import redis.asyncio.connection as aio
+
+    client = _client_from_cache_alias(alias)
+    pool = getattr(client, "connection_pool", None)
+    classes: dict[type[Any], type[Any]] = {
+        BudgetConnection: aio.Connection, BudgetSSLConnection: aio.SSLConnection,
+        BudgetUnixConnection: aio.UnixDomainSocketConnection,
+    }
+    connection_class = classes.get(pool.connection_class) if pool is not None else None
+    if pool is None or connection_class is None:
+        raise ImproperlyConfigured(
+            f"RATELIMIT['CACHE_ALIAS'] = {alias!r} is a Sentinel or cluster cache, which the async limiter "
+            "cannot copy: set RATELIMIT['REDIS_URL']"
+        )
+    kwargs = {k: v for k, v in pool.connection_kwargs.items()
+              if k in _ALIAS_KEYS or k.startswith("ssl_")}
+    return redis.asyncio.Redis(connection_pool=aio.ConnectionPool(connection_class=connection_class, **kwargs,
+                                                                  **async_client_options()))
+
+
+def get_async_redis() -> AsyncRedisClient:
+    """A new redis.asyncio client for rate limiting, configured from settings (REDIS_URL, else the
+    django-redis cache of CACHE_ALIAS). Use it from one event loop; see `build_async_client`."""
+    url = ratelimit_settings.REDIS_URL
+    return build_async_client(url) if url else _async_client_from_cache_alias(ratelimit_settings.CACHE_ALIAS)

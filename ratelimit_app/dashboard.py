@@ -6,10 +6,11 @@ Install it with one URL include, placed before the admin's own URLs (whose catch
     path("admin/", admin.site.urls),
 
 It serves `<admin>/ratelimit_app/dashboard/` (URL name "ratelimit_dashboard") through
-`admin.site.admin_view`: active staff only, others are sent to the admin login. Importing this
-module also links the page from the admin index, by giving the default admin site an index template
-that extends "admin/index.html" and adds one box (only when the site has no index template of its
-own; a custom site can set `index_template = "ratelimit_app/admin_index.html"`).
+`admin.site.admin_view`: active staff only, others are sent to the admin login. When
+django.contrib.admin is installed, the app's `AppConfig.ready()` also links the page from the admin
+index, by giving the default admin site an index template that extends "admin/index.html" and adds one
+box (`install_admin_link`; only when the site has no index template of its own; a custom site can set
+`index_template = "ratelimit_app/admin_index.html"`). Importing this module changes nothing.
 
 The page shows the last 48 hours (`?hours=N`, up to METRICS_TTL_HOURS) of allowed vs blocked requests
 as a server-rendered SVG chart (no script, no CDN), block rate, per-tier and per-policy breakdowns, the
@@ -276,8 +277,6 @@ def install_admin_link(site: AdminSite) -> None:
     if site.index_template is None:
         site.index_template = INDEX_TEMPLATE
 
-
-install_admin_link(admin.site)
 
 urlpatterns = [
     path("ratelimit_app/dashboard/", dashboard_view, name="ratelimit_dashboard"),

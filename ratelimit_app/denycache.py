@@ -14,8 +14,10 @@ The cache is bounded: when full, expired entries are dropped first, then the old
 from __future__ import annotations
 
 import math
+import secrets
 import threading
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 from .decision import Decision, PolicyResult
 
@@ -24,6 +26,10 @@ from .decision import Decision, PolicyResult
 _CLOCK_MARGIN = 1e-3
 # A cost above a policy's capacity is denied forever (retry_after = inf); remember it this long.
 _NEVER_SECONDS = 60.0
+#: Seconds between two reads of the reset epoch by one process (only while its deny cache answers).
+RESET_CHECK_INTERVAL = 0.5
+# The epoch key outlives any reset worth announcing; when it expires, processes clear once (harmless).
+_EPOCH_TTL_SECONDS = 86400
 
 
 class DenyCache:
@@ -41,6 +47,9 @@ class DenyCache:
         self._entries: dict[Hashable, tuple[float, float, list[Decision], tuple[str, ...]]] = {}
         self._lock = threading.Lock()
         self.hits = 0
+        #: Changes whenever entries are dropped by `forget` or `clear`; a denial whose request started under
+        #: an older generation is not remembered (it may predate the reset that caused the drop).
+        self.generation = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -61,9 +70,11 @@ class DenyCache:
         return [_shift(decision, elapsed) for decision in decisions]
 
     def remember(self, key: Hashable, identities: tuple[str, ...], decisions: Sequence[Decision],
-                 started: float) -> None:
+                 started: float, generation: int | None = None) -> None:
         """Cache `decisions` (the answer to one request, started at `started`) if they are a denial
-        by the request's own policies; the entry lasts until the longest retry_after among them."""
+        by the request's own policies; the entry lasts until the longest retry_after among them.
+        `generation` is `self.generation` read before the request was sent: if entries were dropped
+        since, the denial is not cached."""
         wait = 0.0
         for decision in decisions:
             if not decision.allowed and not decision.degraded and decision.retry_after is not None:
@@ -72,6 +83,8 @@ class DenyCache:
             return
         until = started + (_NEVER_SECONDS if math.isinf(wait) else wait * (1 - _CLOCK_MARGIN))
         with self._lock:
+            if generation is not None and generation != self.generation:
+                return
             entries = self._entries
             if key not in entries and len(entries) >= self.size:
                 for stale in [k for k, v in entries.items() if v[0] <= started]:
@@ -86,12 +99,56 @@ class DenyCache:
             stale = [k for k, v in self._entries.items() if identity in v[3]]
             for key in stale:
                 del self._entries[key]
+            self.generation += 1
         return len(stale)
 
     def clear(self) -> None:
         """Drop every entry."""
         with self._lock:
             self._entries.clear()
+            self.generation += 1
+
+
+def reset_epoch_key(prefix: str) -> str:
+    """The Redis key of the reset epoch for limiter keys under `prefix`."""
+    return f"{prefix}:{{resets}}:epoch"
+
+
+_UNSEEN = object()
+
+
+class ResetWatch:
+    """Learns whether any process reset an identity since this process last looked (see the module
+    docstring). `announce` runs after a reset; `due` and `changed` on the request path."""
+
+    def __init__(self, prefix: str, interval: float = RESET_CHECK_INTERVAL) -> None:
+        self.key = reset_epoch_key(prefix)
+        self.interval = interval
+        self._seen: Any = _UNSEEN
+        self._next_check = 0.0
+        self._lock = threading.Lock()
+
+    def announce(self, client: Any) -> Any:
+        """Tell every process that a reset happened (run it after the state was deleted in Redis). Returns
+        what `client.set` returns: with a redis.asyncio client, the coroutine to await."""
+        return client.set(self.key, secrets.token_hex(8), ex=_EPOCH_TTL_SECONDS)
+
+    def due(self, now: float) -> bool:
+        """True, for one caller per interval, when it is time to read the epoch (`client.get(self.key)`)."""
+        if now < self._next_check:
+            return False
+        with self._lock:
+            if now < self._next_check:
+                return False
+            self._next_check = now + self.interval
+            return True
+
+    def changed(self, epoch: Any) -> bool:
+        """Record the epoch just read; True when it is not the one seen before. The first read counts as
+        a change: a reset may have come between this process' first denial and that read."""
+        with self._lock:
+            previous, self._seen = self._seen, epoch
+        return previous != epoch
 
 
 def _shift_seconds(value: float | None, elapsed: float) -> float | None:

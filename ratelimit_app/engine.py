@@ -1,14 +1,13 @@
 """The rate limiter engine: one atomic Redis round trip decides a request against many policies.
 
-The work is split so that an asyncio client can reuse everything but the I/O: `prepare_call` builds
-keys and arguments (and the whole EVALSHA command, packed), `parse_reply` turns the script's reply
-into decisions, and `RateLimiter` only sends the prepared call (EVALSHA, with NOSCRIPT recovery)
-over a synchronous client.
+This module is the sans-IO core: it never touches a socket. `prepare_call` builds keys and
+arguments (and the whole EVALSHA command, packed), `parse_reply` turns the script's reply into
+decisions, and `decide` is the whole exchange with Redis (NOSCRIPT recovery, the never-resend rule,
+one call per slot on a cluster) as steps that a transport carries out. The transports only do the
+I/O: `ratelimit_app.engine_sync.RateLimiter` over a synchronous client.
 
 Speed matters here: this runs on every request. The packed command of a policy set is built once and
-cached (`_plan`); a call only splices in the identity's digest. On a standalone Redis each thread
-keeps its own connection (see `RateLimiter`), so a decision costs one write and one read, with no
-pool checkout.
+cached (`_plan`); a call only splices in the identity's digest.
 """
 
 from __future__ import annotations
@@ -18,26 +17,20 @@ import math
 import os
 import re
 import struct
-import threading
-import time
 from binascii import hexlify
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from functools import lru_cache
-from typing import Any, Union, cast
-
-import redis
-from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from typing import Any
 
 from .decision import Decision, new_policy_result
-from .exceptions import REDIS_CLIENT_ERRORS, BackendError
+from .exceptions import BackendError
 from .policies import CONCURRENCY, Policy
-from .scripts import decide_sha, decide_source
+from .scripts import decide_sha
 
-RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, kept readable)
 Check = tuple[str, Sequence[Policy]]
 
-_PREFIX = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+#: What a key prefix may be (RATELIMIT['KEY_PREFIX'] is validated against it too).
+PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 #: Length of an identity digest in hex characters (blake2b, 12 bytes).
 DIGEST_CHARS = 24
 #: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
@@ -47,13 +40,20 @@ _POLICY_NUMBERS = struct.Struct(">qqqq")  # algorithm code, limit, period in ms,
 #: The algorithm codes decide.lua dispatches on.
 ALGORITHM_CODES = {"token_bucket": 1, "sliding_window": 2, "fixed_window": 3, "gcra": 4, "sliding_window_counter": 5,
                    CONCURRENCY: 6}
+#: The letter that stands for the algorithm in a state key (see PreparedCall.keys).
+KEY_LETTERS = {"token_bucket": "t", "sliding_window": "s", "fixed_window": "f", "gcra": "g",
+               "sliding_window_counter": "c", CONCURRENCY: "q"}
 #: A lease token (ARGV[2] of decide.lua): the member a request's concurrency slots are held under.
 _LEASE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-_INTEGERS = {int}
-#: A thread's connection unused for longer than this (seconds) is checked for a server-side close
-#: (a restart, an idle timeout) before it is used again, as a pool checkout would; one in back-to-back
-#: use skips that system call, which costs about as much as the rest of the client's work.
-IDLE_CHECK_AFTER = 0.01
+#: Also send each policy's key in the previous release's layout ("<prefix>:{<digest>}:<policy>:<algorithm>"),
+#: so that state written before an upgrade is carried over (see decide.lua). Such keys expire within the
+#: longest TTL of the policies (docs/algorithms.md); after that, setting this to False before the first
+#: decision saves Redis 9-11% of a new identity's decision. A later release will stop sending them.
+#: A concurrency policy's previous-layout key is sent too (the keys are all or none) but never read:
+#: the previous release had no concurrency policy.
+LEGACY_KEYS = True
+#: The script's reply: three numbers per policy (see decide.lua).
+_REPLY_NUMBERS = struct.Struct(">qqq")  # remaining, reset in ms, retry in ms
 
 
 def _bulk(value: bytes) -> bytes:
@@ -69,11 +69,13 @@ class _Plan:
     check whose digest fills gap i. Built once per distinct plan (see `_plan`).
     """
 
-    __slots__ = ("args", "key_count", "leases", "named_capacities", "owners", "pieces", "prefix", "suffixes")
+    __slots__ = ("args", "key_count", "leases", "named_capacities", "owners", "pieces", "policy_count", "prefix",
+                 "suffixes")
 
     def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, charge: bool) -> None:
         self.prefix = prefix
         suffixes: list[tuple[str, ...]] = []
+        legacy: list[tuple[str, ...]] = []
         numbers = [_CALL_NUMBERS.pack(cost, 1 if charge else 0)]
         for policies in policy_sets:
             for policy in policies:
@@ -82,9 +84,13 @@ class _Plan:
             names = [p.name for p in policies]
             if len(set(names)) != len(names):
                 raise ValueError(f"policies: names must be unique within one decision, got {names}")
-            suffixes.append(tuple(f"{p.name}:{p.algorithm}" for p in policies))
+            suffixes.append(tuple(KEY_LETTERS[p.algorithm] + p.name for p in policies))
+            legacy.append(tuple(f":{p.name}:{p.algorithm}" for p in policies))
             numbers += [_POLICY_NUMBERS.pack(ALGORITHM_CODES[p.algorithm], p.limit, p.period_ms, p.capacity)
                         for p in policies]
+        self.policy_count = sum(len(s) for s in suffixes)
+        if LEGACY_KEYS and self.policy_count:
+            suffixes += legacy  # KEYS[n + i] of decide.lua: policy i's key in the previous layout
         self.suffixes = tuple(suffixes)
         self.named_capacities = tuple(tuple((p.name, p.capacity) for p in policies) for policies in policy_sets)
         self.key_count = sum(len(s) for s in suffixes)
@@ -99,8 +105,9 @@ class _Plan:
         current = b"*%d\r\n" % (3 + self.key_count + len(args) + (1 if self.leases else 0)) + _bulk(b"EVALSHA") + \
             _bulk(decide_sha().encode()) + _bulk(b"%d" % self.key_count)
         for owner, set_suffixes in enumerate(suffixes):
+            owner %= len(policy_sets)  # the legacy keys of a check follow every check's state keys
             for suffix in set_suffixes:
-                tail = b"}:" + suffix.encode()
+                tail = b"}" + suffix.encode()
                 current += b"$%d\r\n" % (len(head) + DIGEST_CHARS + len(tail)) + head
                 pieces.append(current)
                 owners.append(owner)
@@ -143,15 +150,20 @@ class PreparedCall:
 
     @property
     def keys(self) -> list[str]:
-        """Each key is "<prefix>:{<digest>}:<policy>:<algorithm>" (the braces are the hash tag)."""
+        """KEYS of the call: one state key per policy, "<prefix>:{<digest>}<letter><policy>" (the braces
+        are the hash tag; the letter is the algorithm's, KEY_LETTERS), kept short because every byte of
+        a key name is paid per identity in Redis memory. With LEGACY_KEYS they are followed by the
+        same policies' keys in the previous layout, "<prefix>:{<digest>}:<policy>:<algorithm>"."""
         keys = []
-        for digest, suffixes in zip(self.digests, self.plan.suffixes, strict=True):
-            base = f"{self.plan.prefix}:{{{digest.decode()}}}:"
+        digests = self.digests
+        for owner, suffixes in enumerate(self.plan.suffixes):
+            base = f"{self.plan.prefix}:{{{digests[owner % len(digests)].decode()}}}"
             keys += [base + suffix for suffix in suffixes]
         return keys
 
     @property
     def args(self) -> list[bytes]:
+        """ARGV of the call: the packed numbers, then the lease token when the call takes slots."""
         return [*self.plan.args, self.lease] if self.lease is not None else list(self.plan.args)
 
 
@@ -200,23 +212,24 @@ def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: boo
 def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
     """Turn the script's reply into one Decision per check; a malformed reply raises BackendError."""
     plan = call.plan
-    if type(reply) is not list or len(reply) != 1 + 4 * plan.key_count or set(map(type, reply)) != _INTEGERS:
+    if type(reply) is not bytes or len(reply) != _REPLY_NUMBERS.size * plan.policy_count:
         raise BackendError(f"unexpected reply from the decision script: {reply!r:.200}", maybe_applied=True)
-    values = iter(reply)
-    all_allowed = next(values) == 1
+    values = _REPLY_NUMBERS.iter_unpack(reply)
+    # (remaining, reset_ms, retry_ms) per policy; retry_ms is 0 exactly when the policy allows
+    triples = list(values)
+    all_allowed = not any(retry_ms for _, _, retry_ms in triples)
     decisions = []
+    triple = iter(triples)
     for policies in plan.named_capacities:
         results = []
-        # each policy takes the next four values (allowed, remaining, reset_ms, retry_ms) of one iterator
-        quads = zip(policies, values, values, values, values, strict=False)
-        for (name, capacity), allowed, remaining, reset_ms, retry_ms in quads:
-            if allowed:
+        for (name, capacity), (remaining, reset_ms, retry_ms) in zip(policies, triple, strict=False):
+            if not retry_ms:
                 retry_after = None
             elif retry_ms < 0:
                 retry_after = math.inf
             else:
                 retry_after = retry_ms / 1000
-            results.append(new_policy_result(name, allowed == 1, capacity, remaining if remaining > 0 else 0,
+            results.append(new_policy_result(name, not retry_ms, capacity, remaining if remaining > 0 else 0,
                                              reset_ms / 1000, retry_after))
         decision = Decision.from_results(tuple(results))
         if decision.allowed and not all_allowed:
@@ -227,204 +240,108 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
     return decisions
 
 
-def _stale(connection: Any) -> bool:
-    """True when the server closed this idle connection (restart, idle timeout) or it holds stray data."""
-    try:
-        return bool(connection.can_read())
-    except (RedisError, OSError):  # redis-py reports a closed connection by raising
-        return True
+# -- one exchange with Redis, written once for every transport ------------------------------------------
+# A transport drives `decide` like this (the sync one with plain calls, the asyncio one with awaits):
+#
+#     steps = decide(prefix, checks, cost, charge=True, one_slot_per_call=is_cluster)
+#     reply = None
+#     try:
+#         while True:
+#             call = steps.send(reply)
+#             reply = load_script() if call is None else send(call)
+#     except StopIteration as done:
+#         decisions = done.value
+#
+# `send(call)` writes the call's EVALSHA and returns Redis' reply, or NOSCRIPT when Redis answered
+# that it does not have the script; `load_script()` runs SCRIPT LOAD (on every master of a cluster).
+# Both raise BackendError when Redis cannot answer, `maybe_applied` telling whether the EVALSHA
+# reached Redis before its reply was lost: such a call is never sent again.
 
 
-_forks = 0  # forks this process has come from: a child never writes to a connection of its parent
+class _NoScript:
+    """The type of NOSCRIPT."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOSCRIPT"
 
 
-def _count_fork() -> None:
-    global _forks
-    _forks += 1
+#: What a transport hands back to `decide` when Redis answered an EVALSHA with NOSCRIPT (nothing ran).
+NOSCRIPT = _NoScript()
+#: What `decide` yields for "load the script", in place of a call to send.
+LOAD_SCRIPT = None
+#: The decision of an identity checked against no policy: allowed, nothing to report.
+NO_POLICY = Decision(True, 0, 0, 0.0, None, "", ())
+
+Steps = Generator["PreparedCall | None", Any, "list[Decision]"]
 
 
-os.register_at_fork(after_in_child=_count_fork)
+def check_prefix(prefix: str) -> str:
+    """`prefix` when it is a valid key prefix (1-64 letters, digits, '_.:-'); ValueError otherwise."""
+    if not isinstance(prefix, str) or not PREFIX_PATTERN.match(prefix):
+        raise ValueError(f"prefix: {prefix!r} must be 1-64 characters of letters, digits, '_.:-'")
+    return prefix
 
 
-class _Owned:
-    """Holds a thread's connection and closes it as soon as it is dropped: when its thread ends (the
-    thread's slot of the thread-local is cleared at once), not when a garbage collection finds the
-    connection's own reference cycles."""
+def decide(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool,
+           lease: str | None = None) -> Steps:
+    """The steps of one decision over `checks` (see above for how a transport runs them).
 
-    __slots__ = ("connection",)
-
-    def __init__(self, connection: Any) -> None:
-        self.connection = connection
-
-    def __del__(self) -> None:
-        try:
-            self.connection.disconnect()  # in a forked child this closes only the child's copy
-        except Exception:  # noqa: S110 (interpreter shutdown, a socket already gone)
-            pass
-
-
-class _ThreadConnection(threading.local):
-    """The connection of one thread (and one process: a forked child makes its own)."""
-
-    owned: _Owned | None = None
-    forks: int = 0
-    last_used: float = 0.0
-
-
-class RateLimiter:
-    """Decides requests against policies using Redis as the one shared state.
-
-    `client` is a `redis.Redis` or a `redis.cluster.RedisCluster`. Each call makes one round trip
-    (EVALSHA of the decision script, plus a SCRIPT LOAD when Redis has lost the script). Redis
-    failures raise `BackendError`; a call whose reply is lost after it was sent is never resent,
-    because Redis may already have charged it.
-
-    On a standalone Redis (or Sentinel) each thread that decides keeps one connection of its own,
-    made from the client's connection settings (its pool's connection class and options) and not
-    counted by its pool. A decision is then one write and one read, without a pool checkout. A
-    connection idle for more than IDLE_CHECK_AFTER seconds is checked for a server-side close before
-    use, as a pool checkout does; a connection that failed is closed and made again on next use.
+    Normally one call decides every check, all-or-nothing. With `one_slot_per_call` (Redis Cluster,
+    where the identities live on different slots) each check is its own call, in order, and the
+    first denial stops the rest: checks already charged stay charged and the list is shorter than
+    `checks`. Every call is built, and every argument validated (ValueError, TypeError), here, before
+    anything is sent. `lease` is the token concurrency slots are taken under (see `prepare_call`).
     """
+    if one_slot_per_call and len(checks) > 1:
+        return _one_by_one([prepare_call(prefix, (check,), cost, charge=charge, lease=lease) for check in checks])
+    return _exchange(prepare_call(prefix, checks, cost, charge=charge, lease=lease))
 
-    def __init__(self, client: RedisClient, prefix: str = "rl") -> None:
-        if not isinstance(client, (redis.Redis, RedisCluster)):
-            raise TypeError(
-                f"client: expected a redis.Redis or redis.cluster.RedisCluster, got {type(client).__name__}"
-            )
-        if not isinstance(prefix, str) or not _PREFIX.match(prefix):
-            raise ValueError(f"prefix: {prefix!r} must be 1-64 characters of letters, digits, '_.:-'")
-        self.client = client
-        self.prefix = prefix
-        self._cluster = isinstance(client, RedisCluster)
-        self._thread = _ThreadConnection()
 
-    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, lease: str | None = None) -> Decision:
-        """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
-        policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
-        return self._run(prepare_call(self.prefix, ((identity, policies),), cost, charge=True, lease=lease))[0]
+def _one_by_one(calls: list[PreparedCall]) -> Steps:
+    decisions: list[Decision] = []
+    for call in calls:
+        decision = (yield from _exchange(call))[0]
+        decisions.append(decision)
+        if not decision.allowed:
+            break
+    return decisions
 
-    def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
-        """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-        return self._run(prepare_call(self.prefix, ((identity, policies),), cost, charge=False))[0]
 
-    def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None) -> list[Decision]:
-        """Decide several identities together (for example a client IP and its API key).
+def _exchange(call: PreparedCall) -> Steps:
+    """Send one call, recovering once from NOSCRIPT; its decisions."""
+    if not call.plan.policy_count:
+        return [NO_POLICY] * len(call.digests)
+    reply = yield call
+    if reply is NOSCRIPT:
+        # Redis lost its script cache (restart, failover, SCRIPT FLUSH). NOSCRIPT means nothing ran,
+        # so loading the script and sending once more cannot charge twice.
+        yield LOAD_SCRIPT
+        reply = yield call
+        if reply is NOSCRIPT:
+            raise BackendError("Redis answered NOSCRIPT again right after loading the decision script",
+                               maybe_applied=False)
+    return parse_reply(call, reply)
 
-        On a single Redis this is one round trip and all-or-nothing across every identity. On Redis
-        Cluster the identities live on different slots, so they are decided one after another and
-        the first denial stops the rest (identities already charged stay charged; the list is then
-        shorter than `checks`). `lease` as in `hit`.
-        """
-        if self._cluster and len(checks) > 1:
-            decisions: list[Decision] = []
-            for check in checks:
-                decision = self._run(prepare_call(self.prefix, (check,), cost, charge=True, lease=lease))[0]
-                decisions.append(decision)
-                if not decision.allowed:
-                    break
-            return decisions
-        return self._run(prepare_call(self.prefix, checks, cost, charge=True, lease=lease))
 
-    def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
-        """Give back the concurrency slots held under `lease`: each (identity, concurrency policy) of
-        `held`. One round trip on a single Redis (one ZREM per slot, pipelined); a slot already freed
-        (its lease ran out) is left alone. Raises BackendError when Redis cannot be asked (the slots
-        then free themselves when their lease runs out)."""
-        keys = [key for identity, policy in held for key in self.keys(identity, (policy,))]
-        if not keys:
-            return
-        try:
-            if self._cluster:
-                for key in keys:  # the identities may live on different nodes
-                    self.client.zrem(key, lease)
-                return
-            connection = self._connection()
-            if not connection.is_connected:
-                connection.connect()
-            connection.send_packed_command(connection.pack_commands([("ZREM", key, lease) for key in keys]))
-            for _ in keys:
-                connection.read_response()
-        except (RedisError, OSError) as exc:
-            self.close()
-            raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
+def reset_keys(prefix: str, identity: str, policies: Sequence[Policy]) -> list[str]:
+    """The Redis keys that hold the state of `identity` under these policies (what a reset deletes),
+    the previous release's layout included while LEGACY_KEYS is on."""
+    return prepare_call(prefix, ((identity, policies),), 1, charge=False).keys
 
-    def reset(self, identity: str, policies: Sequence[Policy]) -> None:
-        """Forget the state of `identity` for these policies."""
-        keys = self.keys(identity, policies)
-        if keys:
-            try:
-                self.client.delete(*keys)
-            except REDIS_CLIENT_ERRORS as exc:
-                raise BackendError(f"could not reset {identity!r:.80}: {exc}", maybe_applied=True) from exc
 
-    def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
-        """The Redis keys that hold the state of `identity` under these policies."""
-        return prepare_call(self.prefix, ((identity, policies),), 1, charge=False).keys
+def state_keys(prefix: str, identity: str, policies: Sequence[Policy]) -> list[str]:
+    """The Redis keys that hold the state of `identity` under these policies (without the previous
+    release's layout, which `reset_keys` also names while LEGACY_KEYS is on)."""
+    call = prepare_call(prefix, ((identity, policies),), 1, charge=False)
+    return call.keys[:call.plan.policy_count]
 
-    def close(self) -> None:
-        """Close this thread's connection (other threads' connections close when their thread ends)."""
-        owned = self._thread.owned
-        self._thread.owned = None
-        if owned is not None:
-            owned.connection.disconnect()
 
-    def _run(self, call: PreparedCall) -> list[Decision]:
-        if not call.plan.key_count:
-            return [Decision.from_results(()) for _ in call.digests]
-        try:
-            reply = self._send(call)
-        except NoScriptError:
-            # Redis lost its script cache (restart, failover, SCRIPT FLUSH). NOSCRIPT means nothing ran,
-            # so loading the script and sending once more cannot charge twice.
-            try:
-                self.client.script_load(decide_source())
-            except REDIS_CLIENT_ERRORS as exc:
-                raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
-            reply = self._send(call)
-        return parse_reply(call, reply)
-
-    def _connection(self) -> Any:
-        """This thread's connection, made on first use (and again after a fork or a failure)."""
-        thread = self._thread
-        owned = thread.owned
-        now = time.monotonic()
-        if owned is None or thread.forks != _forks:
-            pool = cast(redis.Redis, self.client).connection_pool
-            connection = pool.connection_class(**pool.connection_kwargs)
-            thread.owned, thread.forks = _Owned(connection), _forks
-        else:
-            connection = owned.connection
-            if now - thread.last_used > IDLE_CHECK_AFTER and connection.is_connected and _stale(connection):
-                connection.disconnect()  # connected again before anything is sent
-        thread.last_used = now
-        return connection
-
-    def _send(self, call: PreparedCall) -> Any:
-        if self._cluster:
-            try:
-                return self.client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys,
-                                                   *call.args)
-            except NoScriptError:
-                raise
-            except REDIS_CLIENT_ERRORS as exc:
-                raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=True) from exc
-        # Standalone: write to this thread's own connection, so a client configured with retries can
-        # never resend an EVALSHA whose reply was lost (Redis may already have charged it).
-        sent = False
-        try:
-            connection = self._connection()
-            if not connection.is_connected:
-                connection.connect()
-        except (RedisError, OSError) as exc:
-            self.close()
-            raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
-        try:
-            connection.send_packed_command((call.packed,))
-            sent = True
-            return connection.read_response()
-        except NoScriptError:
-            raise
-        except (RedisError, OSError) as exc:
-            if not isinstance(exc, redis.ResponseError):
-                self.close()  # the connection's state is unknown: never reuse it
-            raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
+def release_keys(prefix: str, held: Sequence[tuple[str, Policy]]) -> list[str]:
+    """The state keys of the concurrency slots `held` ((identity, concurrency policy) pairs): what a
+    release removes the lease token from (one ZREM per key)."""
+    keys: list[str] = []
+    for identity, policy in held:
+        keys += state_keys(prefix, identity, (policy,))
+    return keys

@@ -115,7 +115,7 @@ def fixed_window(store: _Store, key: str, now_us: float, limit: float, period_ms
 
 def sliding_window(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                    cost: float, charge: bool) -> Outcome:
-    """ratelimit_app/lua/sliding_window.lua (the sorted set is a sorted array of scores)."""
+    """ratelimit_app/lua/sliding_window.lua (its log of 7-byte admission times is a sorted array here)."""
     period_us = period_ms * 1000
     window_start = now_us - period_us
     scores = store.get(key, now_us)
@@ -133,9 +133,11 @@ def sliding_window(store: _Store, key: str, now_us: float, limit: float, period_
         return False, remaining, reset_us, oldest + period_us - now_us, None
 
     def apply() -> float:
+        # stamped no earlier than the newest unit, as the script does when a clock steps back
+        stamp = max(now_us, scores[-1]) if used > 0 else now_us
         del scores[:bisect_right(scores, window_start)]
         for _ in range(int(cost)):
-            insort(scores, now_us)
+            insort(scores, stamp)
         store.set(key, scores, period_ms, now_us, len(scores))
         return period_us
 

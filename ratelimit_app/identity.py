@@ -10,11 +10,11 @@ header value ever becomes a Redis key name.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, cast
 
-from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
 from .conf import SettingsCached, ratelimit_settings
@@ -38,20 +38,21 @@ class IdentityConfig:
 
 
 def _parse_config() -> IdentityConfig:
-    header = ratelimit_settings.API_KEY_HEADER
-    if not isinstance(header, str) or not header.strip():
-        raise ImproperlyConfigured(f"RATELIMIT['API_KEY_HEADER'] is {header!r}; expected a header name")
-    meta = "HTTP_" + header.strip().upper().replace("-", "_")
+    # the values were validated with the other settings (ratelimit_app.conf): this only converts them
+    meta = "HTTP_" + ratelimit_settings.API_KEY_HEADER.upper().replace("-", "_")
     proxies = ratelimit_settings.TRUSTED_PROXIES
     hops, networks = 0, cast(tuple[IPNetwork, ...], ())
     if isinstance(proxies, int):
         hops = proxies
     else:
-        try:
-            networks = tuple(ipaddress.ip_network(cidr.strip(), strict=False) for cidr in proxies)
-        except ValueError as exc:
-            raise ImproperlyConfigured(f"RATELIMIT['TRUSTED_PROXIES'] has an invalid CIDR: {exc}") from exc
+        networks = parse_networks(proxies)
     return IdentityConfig(meta, hops, networks, ratelimit_settings.IPV6_PREFIX)
+
+
+def parse_networks(cidrs: Sequence[str]) -> tuple[IPNetwork, ...]:
+    """Networks from CIDR strings ("10.0.0.0/8", "2001:db8::/32", or a single address); host bits are
+    ignored. Raises ValueError for an invalid one."""
+    return tuple(ipaddress.ip_network(cidr.strip(), strict=False) for cidr in cidrs)
 
 
 _config = SettingsCached(_parse_config)
@@ -120,6 +121,12 @@ def client_ip(request: HttpRequest) -> str:
                 break
         return str(address)
     return remote or UNKNOWN_IP
+
+
+def address_in(address: str, networks: tuple[IPNetwork, ...]) -> bool:
+    """True when `address` (a client IP as `client_ip` returns it) is in one of `networks`."""
+    parsed = _parse_ip(address)
+    return parsed is not None and _is_trusted(parsed, networks)
 
 
 def _is_trusted(address: IPAddress, networks: tuple[IPNetwork, ...]) -> bool:

@@ -58,7 +58,7 @@ from .identity import (
 from .logs import logger
 from .lookups import MISS, TierInfo, get_lookups
 from .models import IP_POLICY_NAME
-from .policies import InvalidPolicy, Policy
+from .policies import Policy
 from .service import get_limiter
 
 ALLOWED = "allowed"
@@ -92,15 +92,11 @@ class LimitConfig:
 
 
 def _parse_config() -> LimitConfig:
+    # RATELIMIT is validated as a whole when it is read (conf.setting_errors), IP_RATE included.
     ip_rate = ratelimit_settings.IP_RATE
     ip_policies: tuple[Policy, ...] = ()
     if ip_rate is not None:
-        try:
-            ip_policies = (Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM),)
-        except InvalidPolicy as exc:
-            raise ImproperlyConfigured(
-                f"RATELIMIT['IP_RATE'] / ['IP_ALGORITHM'] = {ip_rate!r} / {ratelimit_settings.IP_ALGORITHM!r}: {exc}"
-            ) from exc
+        ip_policies = (Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM),)
     return LimitConfig(
         enabled=bool(ratelimit_settings.ENABLED),
         path_prefixes=tuple(ratelimit_settings.PATH_PREFIXES),

@@ -10,6 +10,7 @@ import re
 from datetime import datetime
 from typing import Any
 
+import django
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
@@ -17,6 +18,7 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from . import apikeys
+from .conf import IP_POLICY_NAME
 from .policies import ALL_ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
 
 FAIL_MODE_CHOICES = [
@@ -27,8 +29,12 @@ FAIL_MODE_CHOICES = [
 ]
 ALGORITHM_CHOICES = [(name, name.replace("_", " ")) for name in ALL_ALGORITHMS]
 
-#: Policy name of the per-IP limit; tier limits may not use it, so the two never share a Redis key.
-IP_POLICY_NAME = "ip"
+
+def check_constraint(condition: models.Q, *, name: str, message: str) -> models.CheckConstraint:
+    """A CheckConstraint on every supported Django (its `check` argument is `condition` from 5.1 on)."""
+    arguments: dict[str, Any] = {"condition" if django.VERSION >= (5, 1) else "check": condition}
+    return models.CheckConstraint(**arguments, name=name, violation_error_message=message)
+
 
 _NAME_PATTERN = r"^[A-Za-z0-9_-]{1,30}$"
 _name_validator = RegexValidator(
@@ -83,6 +89,9 @@ class TierLimit(models.Model):
         ordering = ["scope", "period", "id"]
         constraints = [
             models.UniqueConstraint(fields=["tier", "scope", "name"], name="ratelimit_unique_limit_name"),
+            # the form refuses it too (clean), but so does the database, for writes that skip the form
+            check_constraint(~models.Q(name=IP_POLICY_NAME, scope=""), name="ratelimit_limit_name_not_ip",
+                             message=f"'{IP_POLICY_NAME}' is reserved for the per-IP limit."),
         ]
 
     def __str__(self) -> str:

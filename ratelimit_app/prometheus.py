@@ -1,8 +1,9 @@
 """Prometheus exposition of this process's limiter metrics (opt-in: include `ratelimit_app.urls`).
 
-`metrics_view` answers GET /metrics in the Prometheus text format from a dedicated
-`CollectorRegistry` (`registry`), so nothing else registered with prometheus-client's global registry
-leaks in, and the app's series never collide with a project's own. Series (all per process):
+GET /metrics (`metrics_view`, from ratelimit_app.metrics_endpoint) serves `exposition()`: the Prometheus
+text format of a dedicated `CollectorRegistry` (`registry`), so nothing else registered with
+prometheus-client's global registry leaks in, and the app's series never collide with a project's own.
+Importing this module without prometheus-client raises ImproperlyConfigured. Series (all per process):
 
 - `ratelimit_decisions_total{tier,policy,outcome}` counter: limited requests; `outcome` is "allowed",
   "blocked" or "unauthorized" (401), `policy` the policy that denied ("none" otherwise).
@@ -15,8 +16,11 @@ leaks in, and the app's series never collide with a project's own. Series (all p
 
 Counters are per process, as with any Prometheus client library: under gunicorn with several workers
 each worker counts its own share. Cluster-wide hourly totals live in Redis (`ratelimit_app.metrics`,
-the dashboard, `manage.py ratelimit_metrics`). The view is not access-controlled: expose it only
-where your Prometheus scrapes (a private network, or a proxy rule).
+the dashboard, `manage.py ratelimit_metrics`).
+
+The view is not public: it answers only to staff sessions, to `Authorization: Bearer
+<RATELIMIT['METRICS_TOKEN']>` and to client IPs in RATELIMIT['METRICS_ALLOWED_IPS'] (403 otherwise;
+see ratelimit_app.metrics_endpoint).
 """
 
 from __future__ import annotations
@@ -24,10 +28,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest, HttpResponse
-from django.views.decorators.http import require_GET
 
 from .metrics import BREAKER_STATES, LATENCY_BUCKETS, process_metrics
+from .metrics_endpoint import metrics_view
 
 try:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -105,9 +108,9 @@ registry = CollectorRegistry(auto_describe=True)
 registry.register(RateLimitCollector())
 
 
-@require_GET
-def metrics_view(request: HttpRequest) -> HttpResponse:
-    """GET /metrics: this process's limiter metrics in the Prometheus text format."""
-    response = HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
-    response["Cache-Control"] = "no-store"
-    return response
+def exposition() -> bytes:
+    """The series of `registry` in the Prometheus text format (content type `CONTENT_TYPE_LATEST`)."""
+    return bytes(generate_latest(registry))
+
+
+__all__ = ["CONTENT_TYPE_LATEST", "RateLimitCollector", "exposition", "metrics_view", "registry"]

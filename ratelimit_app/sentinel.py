@@ -6,6 +6,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
+import redis.asyncio
 from django.core.exceptions import ImproperlyConfigured
 from redis.connection import ConnectionPool
 from redis.sentinel import Sentinel, SentinelManagedConnection
@@ -60,3 +61,19 @@ def sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
     return sentinel.master_for(
         service, db=db, password=unquote(password) if password else None, connection_class=BudgetSentinelConnection,
     )
+
+
+def async_sentinel_master(url: str, options: dict[str, Any]) -> redis.asyncio.Redis:
+    """`sentinel_master` for asyncio: a redis.asyncio client of the master the sentinels name now.
+
+    The sentinels are asked with the same options and the same share of the connect timeout; the
+    async service bounds the whole decision, sentinel lookups included, with one asyncio timeout.
+    """
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+    hosts, service, db = parse_sentinel_url(url)
+    password = urlsplit(url).password
+    share = len(hosts) or 1
+    sentinel_options = {**options, "socket_connect_timeout": options["socket_connect_timeout"] / share}
+    sentinel = AsyncSentinel(hosts, sentinel_kwargs=sentinel_options, **options)
+    return sentinel.master_for(service, db=db, password=unquote(password) if password else None)

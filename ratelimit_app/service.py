@@ -11,7 +11,8 @@ what keeps the API serving when Redis is slow or down (docs/operations.md tells 
   HTTP 503 with Retry-After) or "local" (the in-process limiter of ratelimit_app.fallback, each
   policy divided by APP_SERVERS);
 - a local deny cache (ratelimit_app.denycache): a request Redis denied until T is denied in process
-  until T, without a Redis call.
+  until T, without a Redis call; a reset in any process clears it everywhere within
+  RESET_CHECK_INTERVAL (the deny cache reads the reset epoch at most that often, see ResetWatch).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import metrics
-from .breaker import CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
+from .breaker import CALL, CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
 from .conf import SettingsCached, ratelimit_settings
 from .connection import budget_deadline, get_redis
 from .decision import Decision, degraded_decision
-from .denycache import DenyCache
-from .engine import RateLimiter, prepare_call
+from .denycache import DenyCache, ResetWatch
+from .engine import prepare_call
+from .engine_sync import RateLimiter
 from .exceptions import BACKEND_ERRORS
 from .fallback import LocalLimiter
 from .logs import log_event
@@ -80,6 +82,33 @@ def _request_key(checks: Sequence[Check], cost: int) -> Hashable:
     return tuple(parts)
 
 
+class _Call:
+    """One decision on its way through a service: what was asked, and what the service knows so far."""
+
+    __slots__ = ("answer", "charge", "checks", "cost", "generation", "key", "lease", "mode", "started", "step",
+                 "watch")
+
+    def __init__(self, checks: Sequence[Check], cost: int, mode: str, charge: bool,
+                 lease: str | None = None) -> None:
+        self.checks = checks
+        self.cost = cost
+        self.mode = mode
+        self.charge = charge
+        #: the token concurrency slots are taken under (see LimiterService.hit_many)
+        self.lease = lease
+        #: the deny-cache key, when it was computed
+        self.key: Hashable | None = None
+        #: the decisions, when known without asking Redis (deny cache, breaker open)
+        self.answer: list[Decision] | None = None
+        #: set when the reset epoch must be read before a cached answer stands (see LimiterService._open)
+        self.watch: ResetWatch | None = None
+        #: the deny cache's generation before Redis was asked
+        self.generation = 0
+        #: the breaker's CALL or PROBE
+        self.step = CALL
+        self.started = 0.0
+
+
 class LimiterService:
     """The engine as request-handling code sees it, with the failure handling described above.
 
@@ -114,12 +143,13 @@ class LimiterService:
                                                  else app_servers)
         self._engine: RateLimiter | None = None
         self._build: Callable[[], RateLimiter]
+        self._resets: ResetWatch | None = None  # built on first use (the engine's key prefix)
         if isinstance(limiter, RateLimiter):
             self._engine = limiter
             self._build = lambda: limiter
         elif limiter is None:
-            prefix = settings.KEY_PREFIX
-            self._build = lambda: RateLimiter(get_redis(), prefix=prefix)
+            prefix, connections = settings.KEY_PREFIX, settings.CONNECTIONS
+            self._build = lambda: RateLimiter(get_redis(), prefix=prefix, connections=connections)
         else:
             self._build = limiter
         self._build_lock = threading.Lock()
@@ -136,10 +166,10 @@ class LimiterService:
         return self._engine or self._build_engine()
 
     def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
-            fail_mode: str | None = None) -> Decision:
+            fail_mode: str | None = None, lease: str | None = None) -> Decision:
         """Charge `cost` to every policy if all allow (see RateLimiter.hit); the fail mode applies
-        when Redis cannot decide."""
-        return self._decide([(identity, policies)], cost, fail_mode, charge=True)[0]
+        when Redis cannot decide. `lease` as in `hit_many`."""
+        return self._decide([(identity, policies)], cost, fail_mode, charge=True, lease=lease)[0]
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
                  fail_mode: str | None = None, lease: str | None = None) -> list[Decision]:
@@ -164,8 +194,7 @@ class LimiterService:
         try:
             (self._engine or self._build_engine()).release(held, lease)
         except BACKEND_ERRORS as exc:
-            with self._stats_lock:
-                self._redis_failures += 1
+            self._count_failure()
             self.breaker.record_failure(exc, probe=step == PROBE)
             return False
         except BaseException:
@@ -186,13 +215,15 @@ class LimiterService:
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies: in Redis, in this process' deny cache and
-        in the local fallback. Raises BackendError when Redis cannot be reached (the local state is
-        forgotten anyway; other processes keep their cached denials until their retry time)."""
-        self.deny_cache.forget(identity)
-        self.fallback.reset(identity, policies)
+        in the local fallback; other processes drop their cached denials within RESET_CHECK_INTERVAL
+        (the reset epoch, see ratelimit_app.denycache). Raises BackendError or a RedisError when Redis
+        cannot be reached (the local state is forgotten anyway)."""
+        self._forget_locally(identity, policies)
         token = budget_deadline.set(time.monotonic() + self.budget)
         try:
-            self.limiter.reset(identity, policies)
+            engine = self.limiter
+            engine.reset(identity, policies)
+            self._reset_watch(engine.prefix).announce(engine.client)  # after the delete: see ResetWatch
         finally:
             budget_deadline.reset(token)
 
@@ -208,19 +239,14 @@ class LimiterService:
     # -- one decision ------------------------------------------------------------------------------
     def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool,
                 fresh: bool = False, lease: str | None = None) -> list[Decision]:
-        mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
-        cache = self.deny_cache
-        key: Hashable | None = None
-        if len(cache) and not fresh:
-            key = _request_key(checks, cost)
-            cached = cache.get(key, time.monotonic())
-            if cached is not None:
-                return cached
-        step = self.breaker.before_call()
-        if step == SKIP:
-            return self._degraded(mode, checks, cost, charge, lease)
-        started = time.monotonic()
-        token = budget_deadline.set(started + self.budget)
+        engine = self._engine
+        call = self._open(checks, cost, fail_mode, charge, fresh, engine.prefix if engine is not None else None,
+                          lease)
+        if call.watch is not None:
+            self._read_epoch(call)
+        if call.answer is not None:
+            return call.answer
+        token = budget_deadline.set(call.started + self.budget)
         try:
             engine = self._engine or self._build_engine()
             if charge:
@@ -229,25 +255,109 @@ class LimiterService:
                 identity, policies = checks[0]
                 decisions = [engine.peek(identity, policies, cost)]
         except BACKEND_ERRORS as exc:
-            budget_deadline.reset(token)
-            metrics.observe_latency(time.monotonic() - started)
-            with self._stats_lock:
-                self._redis_failures += 1
-            self.breaker.record_failure(exc, probe=step == PROBE)
-            return self._degraded(mode, checks, cost, charge, lease)
+            return self._failed(call, exc)
         except BaseException:
-            budget_deadline.reset(token)
-            if step == PROBE:
-                self.breaker.abandon_probe()
+            self._abandoned(call)
             raise
-        budget_deadline.reset(token)
-        metrics.observe_latency(time.monotonic() - started)
-        self.breaker.record_success(probe=step == PROBE)
-        # a slot can free at any moment (a response finishes), so a refusal for want of one is not cached
-        if decisions and not decisions[-1].allowed and not _refused_for_slots(checks, decisions):
-            cache.remember(_request_key(checks, cost) if key is None else key,
-                           tuple(identity for identity, _ in checks), decisions, started)
+        finally:
+            budget_deadline.reset(token)
+        return self._answered(call, decisions)
+
+    def _read_epoch(self, call: _Call) -> None:
+        """The reset epoch `_open` asked for, read over the sync engine's client within the budget."""
+        watch, engine = call.watch, self._engine
+        if watch is None or engine is None:  # _open asks only when there is an engine
+            return
+        token = budget_deadline.set(time.monotonic() + self.budget)
+        try:
+            epoch = engine.client.get(watch.key)
+        except BACKEND_ERRORS:
+            self._epoch_read(call, None, failed=True)
+            return
+        finally:
+            budget_deadline.reset(token)
+        self._epoch_read(call, epoch)
+
+    # What happens around the Redis call, shared with the asyncio service (ratelimit_app.service_async):
+    # _open before it (deny cache, breaker); when _open leaves `call.watch` set, the caller reads the
+    # reset epoch and hands it to _epoch_read; then, when no answer is known yet, the caller asks Redis
+    # and ends with exactly one of _answered, _failed or _abandoned. Only the I/O is the caller's.
+    def _open(self, checks: Sequence[Check], cost: int, fail_mode: str | None, charge: bool, fresh: bool,
+              prefix: str | None, lease: str | None = None) -> _Call:
+        """A call on its way to Redis, or with its `answer` already known (deny cache, breaker open).
+
+        `prefix` is the key prefix of the caller's engine, None when it has none yet (the reset epoch
+        is then not read). A cached denial comes with `call.watch` set when the reset epoch is due to
+        be read first (see ResetWatch): the answer stands unless `_epoch_read` finds it changed.
+        """
+        mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
+        call = _Call(checks, cost, mode, charge, lease)
+        cache = self.deny_cache
+        if len(cache) and not fresh:
+            call.key = _request_key(checks, cost)
+            call.answer = cache.get(call.key, time.monotonic())
+            if call.answer is not None:
+                # never while the breaker is open; when Redis cannot answer, the cache keeps answering
+                if prefix is not None and self.breaker.state == CLOSED:
+                    watch = self._reset_watch(prefix)
+                    if watch.due(time.monotonic()):
+                        call.watch = watch
+                return call
+        return self._to_redis(call)
+
+    def _epoch_read(self, call: _Call, epoch: Any, failed: bool = False) -> _Call:
+        """The reset epoch was read (or could not be): keep the cached denial, unless some process
+        announced a reset since this one last looked; then the deny cache is cleared and the call
+        goes on to Redis."""
+        watch, call.watch = call.watch, None
+        if failed or watch is None or not watch.changed(epoch):
+            return call
+        self.deny_cache.clear()
+        return self._to_redis(call)
+
+    def _to_redis(self, call: _Call) -> _Call:
+        call.answer = None
+        call.generation = self.deny_cache.generation
+        call.step = self.breaker.before_call()
+        if call.step == SKIP:
+            call.answer = self._degraded(call.mode, call.checks, call.cost, call.charge, call.lease)
+        else:
+            call.started = time.monotonic()
+        return call
+
+    def _answered(self, call: _Call, decisions: list[Decision]) -> list[Decision]:
+        """Redis decided: count the latency and the success; a denial goes into the deny cache, unless
+        a concurrency slot refused it (a slot can free at any moment: a response finishes)."""
+        metrics.observe_latency(time.monotonic() - call.started)
+        self.breaker.record_success(probe=call.step == PROBE)
+        if decisions and not decisions[-1].allowed and not _refused_for_slots(call.checks, decisions):
+            self.deny_cache.remember(_request_key(call.checks, call.cost) if call.key is None else call.key,
+                                     tuple(identity for identity, _ in call.checks), decisions, call.started,
+                                     call.generation)
         return decisions
+
+    def _failed(self, call: _Call, error: BaseException) -> list[Decision]:
+        """Redis could not decide (an error, or the budget ran out): count it; the fail mode answers."""
+        metrics.observe_latency(time.monotonic() - call.started)
+        with self._stats_lock:
+            self._redis_failures += 1
+        self.breaker.record_failure(error, probe=call.step == PROBE)
+        return self._degraded(call.mode, call.checks, call.cost, call.charge, call.lease)
+
+    def _count_failure(self) -> None:
+        """One more Redis call that failed or timed out (see stats)."""
+        with self._stats_lock:
+            self._redis_failures += 1
+
+    def _abandoned(self, call: _Call) -> None:
+        """The call ended without an answer from Redis or a Redis failure (bad input, cancellation)."""
+        if call.step == PROBE:
+            self.breaker.abandon_probe()
+
+    def _forget_locally(self, identity: str, policies: Sequence[Policy]) -> None:
+        """The in-process half of a reset: the deny cache's entries and the fallback's state."""
+        self.deny_cache.forget(identity)
+        self.fallback.reset(identity, policies)
 
     def _degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool,
                   lease: str | None = None) -> list[Decision]:
@@ -270,6 +380,12 @@ class LimiterService:
         retry_after = self.breaker.retry_in() or self.breaker.base_cooldown
         refused = degraded_decision(False, retry_after)
         return [refused] * len(checks)
+
+    def _reset_watch(self, prefix: str) -> ResetWatch:
+        """The reset epoch of this service's key prefix (see ratelimit_app.denycache.ResetWatch)."""
+        if self._resets is None:
+            self._resets = ResetWatch(prefix)
+        return self._resets
 
     def _build_engine(self) -> RateLimiter:
         with self._build_lock:

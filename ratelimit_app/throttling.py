@@ -63,17 +63,14 @@ from .routes import DEFERRED_ATTRIBUTE, route_for_view
 _JOINT_ATTRIBUTE = "_ratelimit_throttles"
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-#: Throttle classes that override a SimpleRateThrottle attribute ours do not use (see docs/usage.md):
-#: reported by `manage.py check` (ratelimit.W010).
-IGNORED_OVERRIDES: dict[str, tuple[str, ...]] = {}
-
 
 @checks.register("ratelimit")
 def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """DEFAULT_THROTTLE_RATES parse (ratelimit.E010); every `throttle_scope` of a view with our
-    ScopedRateThrottle has a rate (E011); overrides ours ignore (W010); X-Forwarded-For ignored because
-    NUM_PROXIES is None and no RATELIMIT['TRUSTED_PROXIES'] are set (W011); a view whose throttles may
-    take concurrency slots (ConcurrencyThrottle, TierRateThrottle) with neither RateLimitMiddleware nor
+    ScopedRateThrottle has a rate (E011); throttles in use (DEFAULT_THROTTLE_CLASSES and the views of
+    the URLconf) override nothing ours ignore (W010); X-Forwarded-For ignored because NUM_PROXIES is
+    None and no RATELIMIT['TRUSTED_PROXIES'] are set (W011); a view whose throttles may take
+    concurrency slots (ConcurrencyThrottle, TierRateThrottle) with neither RateLimitMiddleware nor
     RateLimitHeadersMixin to give them back (W012)."""
     messages: list[checks.CheckMessage] = []
     for scope, rate in (api_settings.DEFAULT_THROTTLE_RATES or {}).items():
@@ -91,8 +88,13 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
     from django.conf import settings as django_settings
 
     middleware_installed = "ratelimit_app.middleware.RateLimitMiddleware" in (django_settings.MIDDLEWARE or ())
+    defaults: Any = api_settings.DEFAULT_THROTTLE_CLASSES or ()  # imported classes (the stubs say strings)
+    used_throttles: set[type] = {t for t in defaults
+                                 if isinstance(t, type) and issubclass(t, AtomicRateThrottle)}
     with contextlib.suppress(Exception):  # the URLconf's own errors are reported by Django's checks
         for view_class in _drf_view_classes(get_resolver().url_patterns):
+            used_throttles.update(t for t in getattr(view_class, "throttle_classes", ()) or ()
+                                  if isinstance(t, type) and issubclass(t, AtomicRateThrottle))
             takes_slots = [t for t in getattr(view_class, "throttle_classes", ()) or ()
                            if isinstance(t, type) and issubclass(t, (ConcurrencyThrottle, TierRateThrottle))]
             if takes_slots and not middleware_installed and not issubclass(view_class, RateLimitHeadersMixin):
@@ -112,12 +114,14 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                     "in REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']",
                     hint=f"Add DEFAULT_THROTTLE_RATES[{view_scope!r}] (None: not limited).", id="ratelimit.E011",
                 ))
-    for name, attributes in sorted(IGNORED_OVERRIDES.items()):
-        messages.append(checks.Warning(
-            f"{name} overrides {', '.join(attributes)}, which ratelimit_app throttles never use: time comes "
-            "from Redis TIME and the history lives in Redis.",
-            hint="Remove the override; see the compatibility table in docs/usage.md.", id="ratelimit.W010",
-        ))
+    for throttle in sorted(used_throttles, key=lambda t: f"{t.__module__}.{t.__qualname__}"):
+        ignored = [name for name in ("timer", "history") if any(name in vars(k) for k in _own_classes(throttle))]
+        if ignored:
+            messages.append(checks.Warning(
+                f"{throttle.__module__}.{throttle.__qualname__} overrides {', '.join(ignored)}, which "
+                "ratelimit_app throttles never use: time comes from Redis TIME and the history lives in Redis.",
+                hint="Remove the override; see the compatibility table in docs/usage.md.", id="ratelimit.W010",
+            ))
     try:
         config = identity_config()
     except ImproperlyConfigured:
@@ -132,6 +136,11 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
             id="ratelimit.W011",
         ))
     return messages
+
+
+def _own_classes(throttle: type) -> list[type]:
+    """The classes of `throttle`'s MRO written by the project (below our AtomicRateThrottle)."""
+    return [k for k in throttle.__mro__ if issubclass(k, AtomicRateThrottle) and k.__module__ != __name__]
 
 
 def _drf_view_classes(patterns: Any) -> Any:
@@ -397,9 +406,6 @@ class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
                 "(RATELIMIT['REDIS_URL']), never in a Django cache. Remove the attribute, or subclass "
                 "rest_framework.throttling.SimpleRateThrottle to keep DRF's cache throttle."
             )
-        ignored = tuple(name for name in ("timer", "history") if name in cls.__dict__)
-        if ignored:
-            IGNORED_OVERRIDES[f"{cls.__module__}.{cls.__qualname__}"] = ignored
 
     def __init__(self) -> None:
         # DRF reads the rate here and a bad one would fail the request with a 500: keep the error for

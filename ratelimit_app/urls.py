@@ -1,4 +1,5 @@
-"""Opt-in URLs of ratelimit_app: `path("", include("ratelimit_app.urls"))` serves GET /metrics.
+"""Opt-in URLs of ratelimit_app: `path("", include("ratelimit_app.urls"))` serves GET /metrics (Prometheus;
+for staff sessions, RATELIMIT['METRICS_TOKEN'] and RATELIMIT['METRICS_ALLOWED_IPS'] only).
 
 The admin dashboard has its own include, to be placed before `admin.site.urls`:
 `path("admin/", include("ratelimit_app.dashboard"))` (see ratelimit_app.dashboard).
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from .prometheus import metrics_view
+from .metrics_endpoint import metrics_view  # importable without prometheus-client (check: ratelimit.E004)
 
 urlpatterns = [
     path("metrics", metrics_view, name="ratelimit_metrics"),

@@ -6,7 +6,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 requirements=${1:-requirements.txt}
-stamp=".venv/.installed-$(cat requirements.txt "$requirements" pyproject.toml | sha1sum | cut -c1-16)"
+stamp=".venv/.installed-$(cat requirements*.txt pyproject.toml | sha1sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
   .venv/bin/python -m pip install -q --disable-pip-version-check -r "$requirements" -e .

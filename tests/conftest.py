@@ -1,4 +1,4 @@
-"""Fixtures shared by the suite: a real Redis (see ratelimit_app.embedded) and per-test key prefixes."""
+"""Fixtures shared by the suite: a real Redis (see devtools.embedded) and per-test key prefixes."""
 
 from __future__ import annotations
 
@@ -65,6 +65,13 @@ def _isolated_ratelimit_settings(settings: Any, key_prefix: str) -> None:
     }
 
 
+@pytest.fixture(params=["per_thread", "pool"])
+def connections(request: pytest.FixtureRequest) -> str:
+    """How the sync engine reaches a standalone Redis: every engine test runs on both paths (the speed
+    path's own per-thread connections, and the reference path through the client's pool)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def limiter(redis_client: redis.Redis, key_prefix: str) -> RateLimiter:
-    return RateLimiter(redis_client, prefix=key_prefix)
+def limiter(redis_client: redis.Redis, key_prefix: str, connections: str) -> RateLimiter:
+    return RateLimiter(redis_client, prefix=key_prefix, connections=connections)

@@ -11,10 +11,10 @@ from ratelimit_app import Policy, RateLimiter
 
 
 def hammer(url: str, prefix: str, identity: str, policies: list[Policy], threads: int, hits: int,
-           start: Any, results: Any) -> None:
+           start: Any, results: Any, connections: str = "auto") -> None:
     """Hit `identity` from `threads` threads, `hits` times each, once `start` is set; put admitted in `results`."""
     client: redis.Redis = redis.Redis.from_url(url, socket_timeout=30, max_connections=threads + 2)
-    limiter = RateLimiter(client, prefix=prefix)
+    limiter = RateLimiter(client, prefix=prefix, connections=connections)
     admitted = [0] * threads
     start.wait()
 

@@ -65,3 +65,23 @@ def poll(condition: Callable[[], bool], deadline: float) -> bool:
             return True
         time.sleep(0.05)
     return condition()
+
+
+def attempts(retry: Any) -> int:
+    """How many times a redis-py `Retry` runs a call that keeps failing with a connection error (1: no retries).
+
+    Counted by running it, so the answer holds on every redis-py version (Retry.get_retries() is 6.0+).
+    """
+    import redis
+
+    calls = []
+
+    def fail() -> None:
+        calls.append(1)
+        raise redis.ConnectionError("refused")
+
+    try:
+        retry.call_with_retry(fail, lambda error: None)
+    except redis.ConnectionError:
+        pass
+    return len(calls)

@@ -23,7 +23,7 @@ def test_smoke_run_writes_the_report_and_chart_without_touching_docs(tmp_path: P
     report = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")
     for section in ("## Targets", "## Machine and versions", "## 1. Decisions per second",
                     "## 2. Accuracy under concurrency", "## 3. Redis memory per active identity",
-                    "## 4. HTTP: a trivial view under gunicorn"):
+                    "## 4. HTTP: a trivial view under gunicorn", "## 5. Redis time per decision"):
         assert section in report
     # ours and the baseline always run; every target row carries a verdict
     assert "| **ours: free tier (3 policies)** |" in report

@@ -1,17 +1,21 @@
 """The limiter on a real 3-master Redis Cluster (started by a fixture): the engine's exactness tests,
-no CROSSSLOT, identities spread over every shard, and the service configured by a cluster URL."""
+no CROSSSLOT, identities spread over every shard, the service configured by a cluster URL, and the
+asyncio engine over redis.asyncio's cluster client."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
-from ratelimit_app import Policy, RateLimiter
+from ratelimit_app import AsyncRateLimiter, Policy, RateLimiter
 from ratelimit_app.connection import BudgetConnection, get_redis
 from ratelimit_app.policies import ALGORITHMS
 from ratelimit_app.service import get_limiter
@@ -20,6 +24,7 @@ from .test_engine import wait_out_fixed_window
 from .topology import ClusterTopology, hammer_cluster, run_threads, start_cluster
 
 EXACT = ["fixed_window", "sliding_window", "token_bucket", "gcra"]
+T = TypeVar("T")
 TIER = [
     Policy("burst", "token_bucket", limit=20, period=60, burst=10),
     Policy("minute", "sliding_window", limit=20, period=60),
@@ -222,3 +227,80 @@ def test_concurrency_slots_on_a_cluster(cluster_limiter: RateLimiter, cluster_cl
     cluster_limiter.release([("apikey:9", slots)], tokens[0])
     assert cluster_client.zcard(keys[-1]) == 1
     assert cluster_limiter.hit("apikey:9", [*TIER, slots], lease=tokens[2]).allowed
+
+
+# -- the asyncio engine on the same cluster ---------------------------------------------------------
+
+def run_on_cluster(cluster: ClusterTopology, scenario: Callable[[AsyncRedisCluster], Awaitable[T]]) -> T:
+    """Run `scenario(client)` in a new event loop with an asyncio cluster client of that loop."""
+    async def main() -> T:
+        client = AsyncRedisCluster(startup_nodes=[AsyncClusterNode("127.0.0.1", n.port) for n in cluster.nodes],
+                                   socket_timeout=10, socket_connect_timeout=5, max_connections=64)
+        try:
+            return await scenario(client)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("algorithm", EXACT)
+def test_32_asyncio_tasks_admit_exactly_the_limit_of_a_three_policy_tier(cluster: ClusterTopology, key_prefix: str,
+                                                                         algorithm: str) -> None:
+    from .test_engine_async import admitted_by_tasks, fixed_window_margin, tier
+
+    policies = tier(algorithm, 40)
+
+    async def scenario(client: AsyncRedisCluster) -> None:
+        limiter = AsyncRateLimiter(client, prefix=key_prefix)
+        await fixed_window_margin(limiter, "apikey:hot", policies, margin=60)
+        assert await admitted_by_tasks(limiter, "apikey:hot", policies, tasks=32, hits=6) == 40
+        assert [r.remaining for r in (await limiter.peek("apikey:hot", policies)).results] == [0, 360, 3960]
+
+    run_on_cluster(cluster, scenario)
+
+
+def test_the_asyncio_engine_recovers_a_script_flush_on_every_master_and_decides_slots_in_turn(
+        cluster: ClusterTopology, key_prefix: str) -> None:
+    policies = [Policy("minute", "sliding_window", limit=10, period=60), Policy("day", "gcra", limit=10, period=86400)]
+    ip = [Policy("ip", "sliding_window", limit=5, period=60)]
+    key = [Policy("burst", "gcra", limit=2, period=60)]
+
+    async def scenario(client: AsyncRedisCluster) -> None:
+        limiter = AsyncRateLimiter(client, prefix=key_prefix)
+        assert (await limiter.hit("k", policies)).remaining == 9
+        for node in cluster.node_clients():
+            node.script_flush()
+            node.close()
+        assert (await limiter.hit("k", policies)).allowed
+        assert [r.remaining for r in (await limiter.peek("k", policies)).results] == [8, 8]
+        # an IP and a key on different slots: decided one after the other, the first denial stops the rest
+        assert client.keyslot(limiter.keys("ip:1", ip)[0]) != client.keyslot(limiter.keys("key:ab", key)[0])
+        for _ in range(2):
+            assert all(d.allowed for d in await limiter.hit_many([("ip:1", ip), ("key:ab", key)]))
+        denied = await limiter.hit_many([("key:ab", key), ("ip:1", ip)])
+        assert len(denied) == 1 and not denied[0].allowed and denied[0].policy == "burst"
+        assert (await limiter.peek("ip:1", ip)).remaining == 3  # never asked after the key's denial
+
+    run_on_cluster(cluster, scenario)
+
+
+def test_the_async_service_runs_on_a_cluster_url_with_exactness(cluster: ClusterTopology, settings: Any) -> None:
+    from ratelimit_app.service_async import get_async_limiter
+
+    from .test_service_async import admitted_by_tasks
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": cluster.url}
+    service = get_async_limiter()
+    policies = [Policy("tight", "gcra", limit=50, period=86400),
+                Policy("minute", "sliding_window", limit=500, period=60)]
+
+    async def scenario() -> None:
+        assert isinstance(service.limiter().client, AsyncRedisCluster)
+        decisions = await admitted_by_tasks(service, "apikey:async-svc", policies, tasks=32, hits=5)
+        assert not any(d.degraded for d in decisions)
+        assert sum(d.allowed for d in decisions) == 50
+        assert [r.remaining for r in (await service.peek("apikey:async-svc", policies)).results] == [0, 450]
+        await service.aclose()
+
+    asyncio.run(scenario())

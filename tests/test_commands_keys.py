@@ -13,6 +13,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from ratelimit_app.apikeys import hash_key
+from ratelimit_app.connection import redacted_url
 from ratelimit_app.models import ApiKey
 
 from .limits_support import seed_tiers
@@ -83,3 +84,25 @@ def test_rundemo_prints_one_working_key_per_tier(client: Any) -> None:
     # Running it again revokes the previous demo keys.
     call_command("rundemo", "--no-serve", stdout=StringIO())
     assert client.get("/api/users", HTTP_X_API_KEY=printed["free"]).status_code == 401
+
+
+def test_rundemo_says_which_redis_it_uses_with_the_password_masked(settings: Any, monkeypatch: Any) -> None:
+    seed_tiers()
+    url = "redis://:s3cret-pw@127.0.0.1:6379/0"
+    monkeypatch.setenv("REDIS_URL", url)
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": url}
+    out = StringIO()
+    call_command("rundemo", "--no-serve", stdout=out)
+    assert "Redis: redis://:***@127.0.0.1:6379/0 (from the REDIS_URL environment variable)" in out.getvalue()
+    assert "s3cret-pw" not in out.getvalue()
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    ("redis://:pw@host:6380/1", "redis://:***@host:6380/1"),
+    ("rediss://user:p%40ss@host/0", "rediss://user:***@host/0"),
+    ("redis+sentinel://:pw@s1:26379,s2:26379/mymaster/0", "redis+sentinel://:***@s1:26379,s2:26379/mymaster/0"),
+    ("unix:///run/redis.sock?db=0&password=pw", "unix:///run/redis.sock?db=0&password=***"),
+])
+def test_redacted_url_masks_any_password(url: str, shown: str) -> None:
+    assert redacted_url(url) == shown

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,8 +15,8 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
+from devtools.embedded import free_port
 from ratelimit_app.dashboard import build_chart
-from ratelimit_app.embedded import free_port
 from ratelimit_app.metrics import HourMetrics, flush, record_decision
 from ratelimit_app.models import ApiKey, Tier
 
@@ -155,3 +159,20 @@ def test_chart_bars_are_proportional_to_the_counts() -> None:
     assert first.allowed_y + first.allowed_height == pytest.approx(chart.bottom)
     assert first.x < empty.x < third.x
     assert [t.text for t in chart.x_ticks] == ["Jan 01"]
+
+
+@pytest.mark.parametrize(("required", "outcome"), [(False, "1 skipped"), (True, "1 failed")])
+def test_without_chromium_the_browser_test_is_skipped_with_its_reason_unless_required(
+    required: bool, outcome: str
+) -> None:
+    env = {**os.environ, "RATELIMIT_CHROMIUM": "/nonexistent/chromium"}
+    env.pop("RATELIMIT_REQUIRE_BROWSER", None)
+    env.pop("DATABASE_URL", None)  # SQLite: the parent run's PostgreSQL test database is in use
+    if required:
+        env["RATELIMIT_REQUIRE_BROWSER"] = "1"  # what .ci/run sets
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/test_dashboard_browser.py"],
+                          cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert outcome in done.stdout
+    assert "no Chromium at /nonexistent/chromium" in done.stdout
+    assert done.returncode == (1 if required else 0)

@@ -160,7 +160,7 @@ def test_limit_cost_checks_its_arguments_when_applied_naming_the_view() -> None:
 
 
 def test_redis_down_follows_the_fail_mode(client: Any, settings: Any) -> None:
-    from ratelimit_app.embedded import free_port
+    from devtools.embedded import free_port
 
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
                           "FAIL_MODE": "closed", "BUDGET_MS": 500}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from ratelimit_app.embedded import answers, resolve_redis_url, start_redis
+from devtools.embedded import answers, resolve_redis_url, start_redis
 
 
 def test_start_redis_serves_and_stops() -> None:

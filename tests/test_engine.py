@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import random
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,7 @@ import pytest
 import redis
 
 from ratelimit_app import Decision, Policy, RateLimiter
-from ratelimit_app.engine import parse_reply, prepare_call
+from ratelimit_app.engine import LOAD_SCRIPT, NOSCRIPT, decide, parse_reply, prepare_call
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.policies import ALGORITHMS
 
@@ -179,6 +180,8 @@ def test_bad_arguments_raise_clear_errors(limiter: RateLimiter) -> None:
         limiter.hit("k", [small_policy("gcra"), small_policy("fixed_window")])
     with pytest.raises(ValueError, match="prefix"):
         RateLimiter(limiter.client, prefix="a{b}")
+    with pytest.raises(ValueError, match="connections"):
+        RateLimiter(limiter.client, connections="threads")
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -226,7 +229,7 @@ def test_script_flush_is_recovered_and_charges_once(limiter: RateLimiter, redis_
     assert [r.remaining for r in limiter.peek("k", policies).results] == [8, 8]
 
 
-def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str) -> None:
+def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str, connections: str) -> None:
     """A reply lost after sending is never resent, even by a client configured to retry 5 times."""
     from urllib.parse import urlsplit
 
@@ -241,7 +244,7 @@ def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str)
             proxy.url, socket_timeout=0.2, retry=Retry(NoBackoff(), 5),
             retry_on_error=[RedisTimeoutError, RedisConnectionError],
         )
-        limiter = RateLimiter(client, prefix=key_prefix)
+        limiter = RateLimiter(client, prefix=key_prefix, connections=connections)
         policies = [small_policy("sliding_window", limit=10, period=60)]
         limiter.hit("k", policies)  # loads the script, warms the connection
         proxy.mode = "drop_replies"  # the EVALSHA reaches Redis and is charged; its reply is lost
@@ -260,7 +263,7 @@ def run_concurrently(limiter: RateLimiter, redis_url: str, key_prefix: str, poli
     start = context.Event()
     results = context.Queue()
     children = [context.Process(target=hammer, args=(redis_url, key_prefix, "apikey:hot", policies, 4, hits,
-                                                     start, results))
+                                                     start, results, limiter.connections))
                 for _ in range(processes)]
     for child in children:
         child.start()
@@ -283,12 +286,12 @@ def run_concurrently(limiter: RateLimiter, redis_url: str, key_prefix: str, poli
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", EXACT)
 def test_concurrent_clients_admit_exactly_the_tightest_limit(
-    redis_client: redis.Redis, redis_url: str, key_prefix: str, algorithm: str
+    redis_client: redis.Redis, redis_url: str, key_prefix: str, algorithm: str, connections: str
 ) -> None:
     # 32 threads here plus 4 processes of 4 threads, 6 hits each: 288 hits at a tier whose tightest
     # policy allows 40. Long periods keep refills out of the count.
     client: redis.Redis = redis.Redis.from_url(redis_url, socket_timeout=30, max_connections=40)
-    limiter = RateLimiter(client, prefix=key_prefix)
+    limiter = RateLimiter(client, prefix=key_prefix, connections=connections)
     policies = [
         Policy("tight", algorithm, limit=40, period=86400),
         Policy("minute", "sliding_window", limit=100, period=60),
@@ -321,23 +324,23 @@ def test_malformed_reply_raises_one_documented_error(reply: Any) -> None:
         parse_reply(call, reply)
 
 
-def test_unreachable_redis_raises_backend_error(key_prefix: str) -> None:
-    from ratelimit_app.embedded import free_port
+def test_unreachable_redis_raises_backend_error(key_prefix: str, connections: str) -> None:
+    from devtools.embedded import free_port
 
     client = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
     with pytest.raises(BackendError) as raised:
-        RateLimiter(client, prefix=key_prefix).hit("k", [small_policy("gcra")])
+        RateLimiter(client, prefix=key_prefix, connections=connections).hit("k", [small_policy("gcra")])
     assert not raised.value.maybe_applied
 
 
-def test_a_three_policy_hit_is_one_redis_command() -> None:
+def test_a_three_policy_hit_is_one_redis_command(connections: str) -> None:
     """Counted with MONITOR on a private server: commands sent by clients, not those run inside the script."""
-    from ratelimit_app.embedded import start_redis
+    from devtools.embedded import start_redis
 
     server = start_redis()
     try:
         client = redis.Redis.from_url(server.url)
-        private = RateLimiter(client, prefix="rl")
+        private = RateLimiter(client, prefix="rl", connections=connections)
         policies = [
             Policy("burst", "token_bucket", limit=20, period=60, burst=10),
             Policy("minute", "sliding_window", limit=20, period=60),
@@ -366,11 +369,16 @@ def test_a_thousand_units_in_one_millisecond_count_as_a_thousand(
     decision = limiter.hit("k", policies, cost=1000)
     assert decision.allowed and decision.remaining == 4000
     [key] = limiter.keys("k", policies)
-    assert redis_client.zcard(key) == 1000
-    # and many separate hits within the same milliseconds never collide
+    assert redis_client.strlen(key) == 7 * 1000  # one 7-byte admission time per unit
+    # and many separate hits within the same milliseconds all count
     pipe_limiter_hits = [limiter.hit("k", policies) for _ in range(200)]
     assert pipe_limiter_hits[-1].remaining == 3800
-    assert redis_client.zcard(key) == 1200
+    assert redis_client.strlen(key) == 7 * 1200
+
+
+def _log(*admitted_us: int) -> bytes:
+    """A sliding-window log as decide.lua stores it: 7-byte big-endian admission times, oldest first."""
+    return b"".join(t.to_bytes(7, "big") for t in admitted_us)
 
 
 def test_the_sliding_log_drops_units_that_left_the_window_when_it_is_charged(
@@ -379,14 +387,90 @@ def test_the_sliding_log_drops_units_that_left_the_window_when_it_is_charged(
     policies = [Policy("minute", "sliding_window", limit=5, period=60)]
     [key] = limiter.keys("k", policies)
     seconds, micros = redis_client.time()
-    stale = (seconds - 120) * 1_000_000 + micros  # two periods ago: outside the window
-    # a log holding only units that left the window counts as empty
-    redis_client.zadd(key, {f"{stale}:0": stale, f"{stale}:1": stale})
-    redis_client.pexpire(key, 60_000)
+    now = seconds * 1_000_000 + micros
+    stale = now - 120_000_000  # two periods ago: outside the window
+    # a log holding only units that left the window counts as empty, and the charge drops them
+    redis_client.set(key, _log(stale, stale), px=60_000)
     assert limiter.hit("k", policies).remaining == 4
-    # (with no live unit the charge does not trim: such a log is empty or about to expire)
-    assert redis_client.zcard(key) == 3
-    # a charge with a live unit drops every unit that left the window: memory stays within the limit
-    assert limiter.hit("k", policies).remaining == 3
-    assert redis_client.zcard(key) == 2
-    assert redis_client.zcount(key, "-inf", stale) == 0
+    assert redis_client.strlen(key) == 7
+    # a charge drops every unit that left the window and keeps the live ones: memory stays within the limit
+    live = now - 30_000_000
+    redis_client.set(key, _log(stale, live, live), px=60_000)
+    assert limiter.hit("k", policies).remaining == 2
+    log = redis_client.get(key)
+    assert isinstance(log, bytes) and len(log) == 3 * 7 and log.startswith(_log(live, live))
+
+
+def test_states_too_large_for_an_integer_are_stored_as_short_strings_and_decide_the_same(
+    limiter: RateLimiter, redis_client: redis.Redis
+) -> None:
+    # an emptied daily bucket of 1,000: its missing units times the time span pass 2^47
+    bucket = [Policy("day", "token_bucket", limit=1000, period=86400)]
+    assert limiter.hit("k", bucket, cost=1000).allowed
+    [key] = limiter.keys("k", bucket)
+    assert redis_client.strlen(key) == 12
+    denied = limiter.hit("k", bucket)
+    assert not denied.allowed and denied.remaining == 0 and 86 <= (denied.retry_after or 0) <= 86.4
+    # counts of 2^26 and more in a sliding window counter
+    counter = [Policy("minute", "sliding_window_counter", limit=10**8, period=60)]
+    assert limiter.hit("k", counter, cost=7 * 10**7).allowed
+    [key] = limiter.keys("k", counter)
+    assert redis_client.strlen(key) == 9
+    assert limiter.peek("k", counter).remaining == 3 * 10**7
+    assert limiter.hit("k", counter, cost=3 * 10**7).allowed and not limiter.hit("k", counter).allowed
+
+
+def test_small_states_are_integers(limiter: RateLimiter, redis_client: redis.Redis) -> None:
+    """Redis keeps an integer in the key's object: 88 bytes a key (MEMORY USAGE), its name included."""
+    for algorithm in ("fixed_window", "sliding_window_counter", "token_bucket", "gcra"):
+        policies = [Policy("minute", algorithm, limit=20, period=60)]
+        assert limiter.hit("k", policies, cost=5).allowed
+        [key] = limiter.keys("k", policies)
+        assert redis_client.object("encoding", key) == b"int", algorithm
+        assert limiter.peek("k", policies).remaining == 15, algorithm
+
+
+def test_a_bucket_refills_from_its_stored_time_and_never_from_a_clock_that_stepped_back(
+    limiter: RateLimiter, redis_client: redis.Redis
+) -> None:
+    # 1 token a minute (one unit a millisecond), bucket of 2, one token missing; the stored refill time
+    # is kept modulo a span of 2^17 ms (the key's TTL of 60 s, doubled, rounded up to a power of two)
+    policies = [Policy("minute", "token_bucket", limit=1, period=60, burst=2)]
+    [key] = limiter.keys("k", policies)
+    seconds, micros = redis_client.time()
+    now_ms = seconds * 1000 + micros // 1000
+
+    def stored(stamp_ms: int) -> int:
+        return (60_000 * 2**17 + stamp_ms % 2**17) * 64 + 17
+
+    redis_client.set(key, stored(now_ms - 5_000), px=60_000)  # refilled 5 s ago: 5,000 units since
+    assert 54.9 <= limiter.peek("k", policies).reset_after <= 55.0
+    redis_client.set(key, stored(now_ms + 5_000), px=60_000)  # a refill "in the future": nothing since
+    assert limiter.peek("k", policies).reset_after == 60.0
+
+
+def test_noscript_is_recovered_once_and_a_second_one_is_an_error() -> None:
+    """The exchange every transport carries out (ratelimit_app.engine.decide), stepped by hand."""
+    policies = [small_policy("gcra")]
+    steps = decide("rl", [("k", policies)], 1, charge=True, one_slot_per_call=False)
+    call = steps.send(None)
+    assert call is not None and call.keys == prepare_call("rl", [("k", policies)], 1, charge=True).keys
+    assert steps.send(NOSCRIPT) is LOAD_SCRIPT  # nothing ran: load the script ...
+    assert steps.send(None) is call  # ... and send the same call once more
+    with pytest.raises(BackendError, match="NOSCRIPT again") as raised:
+        steps.send(NOSCRIPT)
+    assert not raised.value.maybe_applied
+
+
+def test_one_call_per_slot_validates_every_check_before_sending_and_stops_at_the_first_denial() -> None:
+    ip, key = [small_policy("gcra")], [Policy("burst", "gcra", limit=2, period=60)]
+    with pytest.raises(ValueError, match="identity"):
+        decide("rl", [("ip:1", ip), ("", key)], 1, charge=True, one_slot_per_call=True)
+    steps = decide("rl", [("ip:1", ip), ("key:1", key), ("key:2", key)], 1, charge=True, one_slot_per_call=True)
+    first = steps.send(None)
+    assert first is not None and first.digests == prepare_call("rl", [("ip:1", ip)], 1, charge=True).digests
+    denied = struct.pack(">qqq", 0, 1000, 5000)  # the script's reply: 0 left, full in 1 s, retry in 5 s
+    with pytest.raises(StopIteration) as done:
+        steps.send(denied)
+    [decision] = done.value.value
+    assert not decision.allowed and decision.retry_after == 5.0

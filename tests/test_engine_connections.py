@@ -1,4 +1,5 @@
-"""How the engine talks to a standalone Redis: one connection per thread (and per process), no pool checkout.
+"""How the sync engine talks to a standalone Redis: on the speed path one connection per thread (and per
+process), no pool checkout; on the reference path ("pool") connections of the client's own pool.
 
 Each test runs against its own redis-server, so connection counts are exact.
 """
@@ -12,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from devtools.embedded import RedisProcess, start_redis
 from ratelimit_app import Policy, RateLimiter
-from ratelimit_app.embedded import RedisProcess, start_redis
-from ratelimit_app.engine import IDLE_CHECK_AFTER
+from ratelimit_app.engine_sync import IDLE_CHECK_AFTER, green_threads
 from ratelimit_app.scripts import decide_source
 
 from .topology import run_threads, wait_for
@@ -93,3 +94,22 @@ def test_a_threads_connection_closes_when_the_thread_ends(server: RedisProcess) 
     run_threads(4, lambda i: limiter.hit(f"client:{i}", MINUTE))
     # the four threads have ended: only the test's own connection is left
     wait_for(lambda: len(admin.client_list()) == 1, 5.0, "the threads' connections to close")
+
+
+def test_the_pool_path_stays_within_the_clients_pool(server: RedisProcess) -> None:
+    """8 threads deciding through a pool of 3: never more than 3 connections, every decision exact."""
+    admin = admin_of(server)
+    pool = redis.BlockingConnectionPool(port=server.port, max_connections=3, timeout=10)
+    limiter = RateLimiter(redis.Redis(connection_pool=pool), prefix="t", connections="pool")
+    assert limiter.connections == "pool"
+    before = connections_received(admin)
+    run_threads(8, lambda i: [limiter.hit(f"client:{i % 2}", MINUTE) for _ in range(50)])
+    assert connections_received(admin) - before <= 3
+    assert [limiter.peek(f"client:{i}", MINUTE).remaining for i in range(2)] == [800, 800]
+    pool.disconnect()
+
+
+def test_auto_takes_the_per_thread_path_unless_threads_are_green(server: RedisProcess) -> None:
+    # this test process has no gevent or eventlet monkey-patching
+    assert not green_threads()
+    assert RateLimiter(redis.Redis(port=server.port), prefix="t").connections == "per_thread"

@@ -160,7 +160,7 @@ def test_unknown_tier_is_none_and_cached() -> None:
 
 
 def test_lookups_work_without_the_shared_cache(settings: Any, django_assert_num_queries: Any) -> None:
-    from ratelimit_app.embedded import free_port
+    from devtools.embedded import free_port
 
     settings.CACHES = {**settings.CACHES, "down": {
         "BACKEND": "django_redis.cache.RedisCache", "LOCATION": f"redis://127.0.0.1:{free_port()}/0",

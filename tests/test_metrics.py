@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import os
@@ -17,8 +16,8 @@ from typing import Any
 import pytest
 import redis
 
+from devtools.embedded import free_port, start_redis
 from ratelimit_app import metrics
-from ratelimit_app.embedded import free_port, start_redis
 from ratelimit_app.logs import JsonFormatter, mask_key, safe_identity
 from ratelimit_app.metrics import (
     MetricsRange,
@@ -30,6 +29,8 @@ from ratelimit_app.metrics import (
     recent_metrics,
     record_decision,
 )
+
+from .gunicorn_server import http_get, start_gunicorn
 
 UTC = timezone.utc
 ROOT = Path(__file__).resolve().parent.parent
@@ -232,42 +233,21 @@ def test_exit_flushes_in_the_parent_and_in_a_forked_worker(redis_url: str, key_p
     assert [(t.identity, t.blocked) for t in stored().top_blocked] == [("key:child", 17)]
 
 
-def _get(port: int, path: str) -> int:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        response.read()
-        return response.status
-    finally:
-        connection.close()
-
-
 @pytest.mark.parametrize("preload", [False, True])
 def test_gunicorn_workers_flush_their_counts_at_shutdown(redis_url: str, key_prefix: str, preload: bool) -> None:
     port = free_port()
     env = {**os.environ, "REDIS_URL": redis_url, "RATELIMIT_TEST_PREFIX": key_prefix,
            "DJANGO_SETTINGS_MODULE": "tests.metrics_gunicorn_settings"}
-    command = [str(Path(sys.executable).parent / "gunicorn"), "project.wsgi:application", "--workers", "3",
-               "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "20", *(["--preload"] if preload else [])]
-    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = start_gunicorn(port, env, "--workers", "3", "--graceful-timeout", "20",
+                            *(["--preload"] if preload else []))
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if _get(port, "/health") == 200:
-                    break
-            except OSError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "gunicorn did not start"
-            time.sleep(0.1)
         # No API key: each request is charged to the per-IP limit (40/min): 401 while it allows, then 429.
         statuses: list[int] = []
         lock = threading.Lock()
 
         def client() -> None:
             for _ in range(15):
-                status = _get(port, "/api/users")
+                status = http_get(port, "/api/users")
                 with lock:
                     statuses.append(status)
 

@@ -8,7 +8,7 @@ from io import StringIO
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ratelimit_app import Policy
@@ -82,6 +82,18 @@ def test_limit_names_are_unique_per_tier_and_scope() -> None:
     duplicate = TierLimit(tier=Tier.objects.get(slug="t"), name="minute", algorithm="gcra", limit=1, period=1)
     with pytest.raises(ValidationError):
         duplicate.full_clean()
+
+
+def test_a_limit_named_like_the_per_ip_policy_is_refused_by_the_database() -> None:
+    tier = Tier.objects.create(slug="t", name="T")
+    with pytest.raises(IntegrityError, match="ratelimit_limit_name_not_ip|CHECK constraint"), transaction.atomic():
+        TierLimit.objects.create(tier=tier, name="ip", algorithm="gcra", limit=5, period=60)  # no full_clean
+    assert not TierLimit.objects.filter(tier=tier).exists()
+    TierLimit.objects.create(tier=tier, name="ip", algorithm="gcra", limit=5, period=60, scope="upload")  # scoped: ok
+    # the form reports it once, on the field, not again as a constraint violation
+    with pytest.raises(ValidationError) as excinfo:
+        TierLimit(tier=tier, name="ip", algorithm="gcra", limit=5, period=60).full_clean()
+    assert excinfo.value.message_dict == {"name": ["'ip' is reserved for the per-IP limit."]}
 
 
 def test_key_is_stored_as_prefix_and_hash_only() -> None:

@@ -13,8 +13,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
+from devtools.embedded import free_port
 from ratelimit_app.conf import ratelimit_settings
-from ratelimit_app.embedded import free_port
 from ratelimit_app.metrics import flush, recent_metrics, record_decision
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 from ratelimit_app.policies import Policy

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from ratelimit_app.embedded import free_port
+from devtools.embedded import free_port
 from ratelimit_app.metrics import flush, observe_latency, record_decision, set_breaker_state
 from ratelimit_app.models import ApiKey, Tier
 

@@ -232,7 +232,7 @@ def test_the_fleet_sheds_low_then_normal_never_critical(client: Any, settings: A
 
 
 def test_with_redis_down_the_fleet_shedder_follows_the_fail_mode(client: Any, settings: Any) -> None:
-    from ratelimit_app.embedded import free_port
+    from devtools.embedded import free_port
 
     key = make_key(make_tier("roomy", [("minute", "fixed_window", 1000, 60, None, "")]))
     get(client, "/api/low", key).close()  # looks the key up while Redis answers

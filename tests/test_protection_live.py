@@ -23,8 +23,8 @@ import pytest
 import redis
 import requests
 
-from ratelimit_app.embedded import free_port
-from ratelimit_app.engine import RateLimiter
+from devtools.embedded import free_port
+from ratelimit_app.engine_sync import RateLimiter
 from ratelimit_app.policies import Policy
 
 from .conftest import delete_prefix

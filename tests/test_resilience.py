@@ -18,12 +18,14 @@ from typing import Any
 import pytest
 import redis
 
+from devtools.embedded import RedisProcess, start_redis
 from ratelimit_app import Decision, Policy, RateLimiter
 from ratelimit_app import metrics as metrics_module
-from ratelimit_app.embedded import RedisProcess, start_redis
+from ratelimit_app.denycache import RESET_CHECK_INTERVAL, DenyCache
 from ratelimit_app.scripts import decide_source
 from ratelimit_app.service import LimiterService, get_limiter
 
+from .limits_support import attempts
 from .tcp_proxy import TcpProxy, tcp_proxy
 from .topology import command_calls, run_threads, wait_for
 
@@ -163,7 +165,7 @@ def test_a_tier_may_override_the_fail_mode_per_call(settings: Any, server: Redis
 
 
 def test_a_cluster_that_cannot_be_reached_at_start_is_an_outage_not_a_crash(settings: Any) -> None:
-    from ratelimit_app.embedded import free_port
+    from devtools.embedded import free_port
 
     service = configure(settings, f"redis+cluster://127.0.0.1:{free_port()}", FAIL_MODE="closed")
     decision = service.hit("k", DAY)
@@ -352,14 +354,21 @@ def test_a_denied_hot_identity_floods_without_a_redis_command_until_its_retry_ti
     denied = service.hit("key:hot", policies)
     assert not denied.allowed and not denied.degraded and denied.retry_after is not None
     retry_at = time.monotonic() + denied.retry_after
+    # the first answer from the deny cache reads the reset epoch for the first time, which counts as a
+    # reset (one may have come since the denial): it asks Redis once more, and caches the denial again
+    assert not service.hit("key:hot", policies).allowed
     metrics_module.flush()  # nothing else may talk to this server during the flood
-    before = all_commands(admin)
+    before, gets, started = all_commands(admin), command_calls(admin, "get"), time.monotonic()
     flood = [service.hit("key:hot", policies) for _ in range(10_000)]
+    elapsed = time.monotonic() - started
     assert all(not d.allowed and not d.degraded and 0 < (d.retry_after or 0) <= denied.retry_after for d in flood)
     assert flood[-1].policy == "burst" and flood[-1].limit == 3
-    assert all_commands(admin) == before, "the flood reached Redis"
+    # no decision reached Redis; only the reset epoch was read, at most once per RESET_CHECK_INTERVAL
+    epoch_reads = command_calls(admin, "get") - gets
+    assert all_commands(admin) - before == epoch_reads, "the flood reached Redis"
+    assert epoch_reads <= elapsed / RESET_CHECK_INTERVAL + 1
     assert time.monotonic() < retry_at, "the flood outlasted the retry time; the test proves nothing"
-    assert service.stats().deny_cache_hits == 10_000
+    assert service.stats().deny_cache_hits == 10_000 + 1
     # Redis agrees it was denied the whole time
     assert not engine_peek_identity(server.port, prefix, "key:hot", policies).allowed
     time.sleep(max(retry_at - time.monotonic(), 0))
@@ -392,6 +401,17 @@ def test_the_deny_cache_never_denies_what_redis_would_allow(settings: Any, serve
     assert service.hit("key:a", policies, cost=2).allowed
 
 
+def test_a_denial_decided_before_a_reset_is_not_cached_after_it() -> None:
+    cache = DenyCache(10)
+    denial = Decision(False, 3, 0, 4.0, 4.0, "burst", (), False)
+    generation = cache.generation  # read when the request is sent ...
+    cache.forget("key:a")  # ... a reset (here or announced by another process) lands meanwhile ...
+    cache.remember(("k",), ("key:a",), [denial], time.monotonic(), generation)  # ... then the reply
+    assert len(cache) == 0
+    cache.remember(("k",), ("key:a",), [denial], time.monotonic(), cache.generation)
+    assert len(cache) == 1
+
+
 def test_the_deny_cache_is_bounded(settings: Any, server: RedisProcess) -> None:
     service = configure(settings, server.url, DENY_CACHE_SIZE=50, BUDGET_MS=5000, SOCKET_TIMEOUT=5.0)
     policies = [Policy("p", "gcra", limit=1, period=3600)]
@@ -415,5 +435,5 @@ def test_the_cache_alias_client_gets_the_limiters_timeouts_and_budget(settings: 
     assert pool.connection_class is BudgetConnection
     kwargs = pool.connection_kwargs
     assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (0.05, 0.05)
-    assert kwargs["retry"].get_retries() == 0
+    assert attempts(kwargs["retry"]) == 1
     assert not get_limiter().hit("k", DAY).degraded

@@ -32,7 +32,7 @@ def engine_keys(redis_client: redis.Redis, prefix: str) -> list[str]:
     return [k for k in keys if not k.startswith(f"{prefix}:{{metrics}}")]
 
 
-KEY_NAME = re.compile(r"[A-Za-z0-9_.:-]+:\{[0-9a-f]{24}\}:[A-Za-z0-9_.-]+:[a-z_]+")
+KEY_NAME = re.compile(r"[A-Za-z0-9_.:-]+:\{[0-9a-f]{24}\}[tsfgc][A-Za-z0-9_.-]+")
 
 
 @pytest.mark.django_db(transaction=True)

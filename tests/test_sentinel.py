@@ -109,3 +109,27 @@ def test_a_failover_during_traffic_follows_the_fail_mode_then_counts_exactly(
     after = exact_admissions(get_limiter(), "apikey:after-failover", limit=40)
     assert not any(d.degraded for d in after)
     assert sum(d.allowed for d in after) == 40
+
+
+def test_the_async_service_finds_the_master_through_the_sentinels_and_counts_exactly(
+        topology: SentinelTopology, settings: Any) -> None:
+    import asyncio
+
+    from ratelimit_app.service_async import get_async_limiter
+
+    from .test_service_async import admitted_by_tasks
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": topology.url}
+    service = get_async_limiter()
+    policies = [Policy("tight", "gcra", limit=40, period=86400),
+                Policy("minute", "sliding_window", limit=1000, period=60)]
+
+    async def scenario() -> list[Decision]:
+        try:
+            return await admitted_by_tasks(service, "apikey:async-sentinel", policies, tasks=32, hits=5)
+        finally:
+            await service.aclose()
+
+    decisions = asyncio.run(scenario())
+    assert not any(d.degraded for d in decisions)
+    assert sum(d.allowed for d in decisions) == 40

@@ -10,10 +10,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
+from devtools.embedded import free_port
 from ratelimit_app.checks import check_settings
 from ratelimit_app.conf import DEFAULTS, ratelimit_settings
 from ratelimit_app.connection import get_redis
-from ratelimit_app.embedded import free_port
+
+from .limits_support import attempts
 
 
 def test_defaults_apply_and_overrides_reload(settings: Any) -> None:
@@ -31,7 +33,8 @@ def test_unknown_setting_is_rejected_by_name(settings: Any) -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [("FAIL_MODE", "sometimes"), ("HEADERS", "x"), ("SOCKET_TIMEOUT", 0), ("APP_SERVERS", 0),
-     ("PATH_PREFIXES", "/api/"), ("IPV6_PREFIX", 129), ("TRUSTED_PROXIES", "10.0.0.0/8")],
+     ("PATH_PREFIXES", "/api/"), ("IPV6_PREFIX", 129), ("TRUSTED_PROXIES", "10.0.0.0/8"),
+     ("CONNECTIONS", "per_greenlet")],
 )
 def test_invalid_values_name_the_setting(settings: Any, name: str, value: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, name: value}
@@ -56,7 +59,14 @@ def test_bad_url_scheme_names_the_setting(settings: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": "http://127.0.0.1:6379"}
     with pytest.raises(ImproperlyConfigured, match="REDIS_URL"):
         get_redis()
-    assert [m.id for m in check_settings()] == ["ratelimit.E002"]
+    assert [m.id for m in check_settings()] == ["ratelimit.E001"]
+
+
+def test_malformed_cluster_address_is_an_unusable_redis_configuration(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": "redis+cluster://127.0.0.1"}
+    messages = check_settings()
+    assert [m.id for m in messages] == ["ratelimit.E002"]
+    assert "must be host:port" in messages[0].msg
 
 
 def test_cache_alias_must_be_django_redis(settings: Any) -> None:
@@ -77,9 +87,20 @@ def test_client_has_explicit_timeouts_and_no_retries(settings: Any) -> None:
     assert isinstance(client, redis.Redis)
     kwargs = client.connection_pool.connection_kwargs
     assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (0.25, 0.5)
-    assert kwargs["retry"].get_retries() == 0
+    assert attempts(kwargs["retry"]) == 1
 
 
 def test_unreachable_cluster_is_a_warning_not_a_crash(settings: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis+cluster://127.0.0.1:{free_port()}"}
     assert [m.id for m in check_settings()] == ["ratelimit.W001"]
+
+
+@pytest.mark.parametrize("connections", ["per_thread", "pool"])
+def test_the_connections_setting_chooses_the_engines_path(settings: Any, connections: str) -> None:
+    from ratelimit_app import Policy
+    from ratelimit_app.service import get_limiter
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "CONNECTIONS": connections}
+    service = get_limiter()
+    assert service.limiter.connections == connections
+    assert service.hit("k", [Policy("minute", "gcra", limit=2, period=60)]).remaining == 1

@@ -13,7 +13,7 @@ from rest_framework.authentication import SessionAuthentication
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ratelimit_app.embedded import free_port
+from devtools.embedded import free_port
 from ratelimit_app.throttling import (
     AnonRateThrottle,
     RateLimitHeadersMixin,

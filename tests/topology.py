@@ -20,7 +20,7 @@ from typing import Any
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-from ratelimit_app.embedded import RedisProcess, answers, free_port, redis_server_binary, start_redis
+from devtools.embedded import RedisProcess, answers, free_port, redis_server_binary, start_redis
 
 HASH_SLOTS = 16384
 

@@ -23,11 +23,11 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
-from redis.exceptions import RedisError
 from rest_framework import viewsets
 from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
@@ -36,6 +36,7 @@ from rest_framework.response import Response
 from ratelimit_app.conf import ratelimit_settings
 from ratelimit_app.connection import get_redis
 from ratelimit_app.decorators import limit_concurrency, ratelimit
+from ratelimit_app.exceptions import REDIS_CLIENT_ERRORS
 from ratelimit_app.limiting import LimitOutcome, limit_request
 from ratelimit_app.middleware import REQUEST_ATTRIBUTE
 from ratelimit_app.routes import limit_cost
@@ -51,12 +52,14 @@ QUOTES = ["Premature optimization is the root of all evil.", "Simple is better t
 
 
 def health(request: HttpRequest) -> JsonResponse:
-    """Never limited; reports whether Redis answers."""
+    """Never limited; reports whether Redis answers ("misconfigured": RATELIMIT is invalid, see check)."""
     try:
-        redis_ok = bool(get_redis().ping())
-    except (RedisError, OSError):
-        redis_ok = False
-    return JsonResponse({"status": "ok", "redis": "up" if redis_ok else "down"})
+        redis = "up" if get_redis().ping() else "down"
+    except ImproperlyConfigured:
+        redis = "misconfigured"
+    except REDIS_CLIENT_ERRORS:
+        redis = "down"
+    return JsonResponse({"status": "ok", "redis": redis})
 
 
 @require_GET

@@ -36,8 +36,7 @@ def unseed_concurrency(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    # issue-10 adds a 0003 on another branch: this one depends on 0002 until the branches are merged
-    dependencies = [("ratelimit_app", "0002_seed_tiers")]
+    dependencies = [("ratelimit_app", "0003_limit_name_not_ip")]
 
     operations = [
         migrations.AlterField(

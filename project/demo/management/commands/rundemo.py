@@ -1,8 +1,10 @@
 """`manage.py rundemo`: migrate (which seeds the tiers), create one demo API key per tier and print them,
-create an admin login, then serve the demo on 127.0.0.1:8000 in this one process."""
+create an admin login, say which Redis the limiter uses (password masked), then serve the demo on
+127.0.0.1:8000 in this one process."""
 
 from __future__ import annotations
 
+import os
 import secrets
 from typing import Any
 
@@ -12,6 +14,8 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 from django.db.models import Min
 
+from ratelimit_app.conf import ratelimit_settings
+from ratelimit_app.connection import redacted_url
 from ratelimit_app.models import ApiKey, Tier
 
 DEMO_KEY_PREFIX = "demo key for "
@@ -30,6 +34,7 @@ class Command(BaseCommand):
         keys = self.create_demo_keys()
         password = self.reset_admin_password()
         base = f"http://{options['addrport']}"
+        self.stdout.write(f"Redis: {self.redis_description()}")
         self.stdout.write("\nDemo API keys (new on every start; the previous ones are revoked):")
         for slug, key in keys:
             self.stdout.write(f"  {slug:<11} {key}")
@@ -49,6 +54,19 @@ class Command(BaseCommand):
         # --noreload: one process, so an embedded Redis started by the settings is the one served;
         # insecure_serving: the admin's static files without collectstatic (DEBUG is off).
         call_command("runserver", options["addrport"], use_reloader=False, insecure_serving=True)
+
+    def redis_description(self) -> str:
+        """The Redis the limiter uses (password masked), where it comes from, and how to pick another."""
+        url = ratelimit_settings.REDIS_URL
+        if url is None:
+            return f"the django-redis cache {ratelimit_settings.CACHE_ALIAS!r} (RATELIMIT['CACHE_ALIAS'])"
+        if os.environ.get("REDIS_URL") == url:
+            source = "from the REDIS_URL environment variable"
+        elif url == "redis://127.0.0.1:6379/0":
+            source = "the one answering on 127.0.0.1:6379; set REDIS_URL to use another"
+        else:
+            source = "a private redis-server started for this demo, stopped on exit; set REDIS_URL to use another"
+        return f"{redacted_url(url)} ({source})"
 
     def create_demo_keys(self) -> list[tuple[str, str]]:
         """Revoke the previous demo keys and create one per tier: [(tier slug, full key)]."""

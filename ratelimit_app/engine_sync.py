@@ -1,0 +1,332 @@
+"""The synchronous transport of the engine: `RateLimiter` carries out the steps of ratelimit_app.engine.
+
+It has two ways to reach a standalone Redis (or a Sentinel master), chosen by `connections`:
+
+- "per_thread", the speed path: each thread keeps one connection of its own and writes the call's
+  packed command on it, so a decision costs one write and one read, with no pool checkout;
+- "pool", the reference path: each decision checks a connection out of the client's own pool and
+  sends the EVALSHA with redis-py's `send_command`, then gives it back. It is what per-thread
+  connections would get wrong: under gevent or eventlet a thread-local is per greenlet, so
+  connections would grow with greenlets, while the pool keeps them within its `max_connections`.
+
+"auto" (the default) is "pool" when gevent or eventlet has patched the threading module and
+"per_thread" otherwise. On Redis Cluster both send through the cluster client's node pools.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Union, cast
+
+import redis
+from redis.client import NEVER_DECODE
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisError
+
+from .decision import Decision
+from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, release_keys, reset_keys, state_keys
+from .exceptions import REDIS_CLIENT_ERRORS, BackendError
+from .policies import Policy
+from .scripts import decide_sha, decide_source
+
+#: The values of RateLimiter's `connections` (and of RATELIMIT['CONNECTIONS']).
+CONNECTION_MODES = ("auto", "per_thread", "pool")
+
+RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, kept readable)
+#: A thread's connection unused for longer than this (seconds) is checked for a server-side close
+#: (a restart, an idle timeout) before it is used again, as a pool checkout would; one in back-to-back
+#: use skips that system call, which costs about as much as the rest of the client's work.
+IDLE_CHECK_AFTER = 0.01
+
+
+def green_threads() -> bool:
+    """True when gevent or eventlet has monkey-patched threading: thread-locals are then per greenlet."""
+    gevent_monkey = sys.modules.get("gevent.monkey")
+    if gevent_monkey is not None and gevent_monkey.is_module_patched("threading"):
+        return True
+    eventlet_patcher = sys.modules.get("eventlet.patcher")
+    return eventlet_patcher is not None and bool(eventlet_patcher.is_monkey_patched("thread"))
+
+
+def resolve_connections(connections: str) -> str:
+    """"per_thread" or "pool" for a `connections` value (see the module docstring); ValueError otherwise."""
+    if connections not in CONNECTION_MODES:
+        raise ValueError(f"connections: {connections!r} is not one of {', '.join(CONNECTION_MODES)}")
+    if connections == "auto":
+        return "pool" if green_threads() else "per_thread"
+    return connections
+
+
+def _connected(connection: Any) -> bool:
+    """True when the connection holds a socket (redis-py 8's `is_connected`, which redis-py 5-7 lack)."""
+    return connection._sock is not None
+
+
+def _checkout(pool: Any) -> Any:
+    """A connection of `pool` (redis-py 5 wants a command name, which redis-py 6+ deprecates)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("EVALSHA")
+
+
+def _stale(connection: Any) -> bool:
+    """True when the server closed this idle connection (restart, idle timeout) or it holds stray data."""
+    try:
+        return bool(connection.can_read())
+    except (RedisError, OSError):  # redis-py reports a closed connection by raising
+        return True
+
+
+_forks = 0  # forks this process has come from: a child never writes to a connection of its parent
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_count_fork)
+
+
+class _Owned:
+    """Holds a thread's connection and closes it as soon as it is dropped: when its thread ends (the
+    thread's slot of the thread-local is cleared at once), not when a garbage collection finds the
+    connection's own reference cycles."""
+
+    __slots__ = ("connection",)
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+
+    def __del__(self) -> None:
+        try:
+            self.connection.disconnect()  # in a forked child this closes only the child's copy
+        except Exception:  # noqa: S110 (interpreter shutdown, a socket already gone)
+            pass
+
+
+class _ThreadConnection(threading.local):
+    """The connection of one thread (and one process: a forked child makes its own)."""
+
+    owned: _Owned | None = None
+    forks: int = 0
+    last_used: float = 0.0
+
+
+class RateLimiter:
+    """Decides requests against policies using Redis as the one shared state.
+
+    `client` is a `redis.Redis` or a `redis.cluster.RedisCluster`. Each call makes one round trip
+    (EVALSHA of the decision script, plus a SCRIPT LOAD when Redis has lost the script). Redis
+    failures raise `BackendError`; a call whose reply is lost after it was sent is never resent,
+    because Redis may already have charged it (the client's own retries are bypassed: the EVALSHA
+    is written on one connection, or sent to one cluster node, exactly once).
+
+    `connections` chooses how a standalone Redis (or Sentinel master) is reached: "per_thread",
+    "pool" or "auto" (see the module docstring). With "per_thread" each thread that decides keeps
+    one connection of its own, made from the client's connection settings (its pool's connection
+    class and options) and not counted by its pool. A connection idle for more than
+    IDLE_CHECK_AFTER seconds is checked for a server-side close before use, as a pool checkout does;
+    a connection that failed is closed and made again on next use.
+    """
+
+    def __init__(self, client: RedisClient, prefix: str = "rl", *, connections: str = "auto") -> None:
+        if not isinstance(client, (redis.Redis, RedisCluster)):
+            raise TypeError(
+                f"client: expected a redis.Redis or redis.cluster.RedisCluster, got {type(client).__name__}"
+            )
+        self.client = client
+        self.prefix = check_prefix(prefix)
+        self._cluster = isinstance(client, RedisCluster)
+        #: "per_thread" or "pool": how this limiter reaches a standalone Redis
+        self.connections = resolve_connections(connections)
+        self._thread = _ThreadConnection()
+        self._send = (self._send_cluster if self._cluster
+                      else self._send_pooled if self.connections == "pool" else self._send_own)
+
+    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, lease: str | None = None) -> Decision:
+        """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
+        policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
+        return self._run(decide(self.prefix, ((identity, policies),), cost, charge=True, one_slot_per_call=False,
+                                lease=lease))[0]
+
+    def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
+        """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
+        return self._run(decide(self.prefix, ((identity, policies),), cost, charge=False, one_slot_per_call=False))[0]
+
+    def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None) -> list[Decision]:
+        """Decide several identities together (for example a client IP and its API key).
+
+        On a single Redis this is one round trip and all-or-nothing across every identity. On Redis
+        Cluster the identities live on different slots, so they are decided one after another and
+        the first denial stops the rest (identities already charged stay charged; the list is then
+        shorter than `checks`). `lease` as in `hit`.
+        """
+        return self._run(decide(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
+                                lease=lease))
+
+    def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
+        """Give back the concurrency slots held under `lease`: each (identity, concurrency policy) of
+        `held`. One round trip on a single Redis (one ZREM per slot, pipelined), on the same path as a
+        decision (this thread's connection, or one of the pool); a slot already freed (its lease ran
+        out) is left alone. Raises BackendError when Redis cannot be asked (the slots then free
+        themselves when their lease runs out)."""
+        keys = release_keys(self.prefix, held)
+        if not keys:
+            return
+        commands = [("ZREM", key, lease) for key in keys]
+        if self._cluster:
+            try:
+                for key in keys:  # the identities may live on different nodes
+                    self.client.zrem(key, lease)
+            except REDIS_CLIENT_ERRORS as exc:
+                raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
+            return
+        if self.connections == "pool":
+            pool = cast(redis.Redis, self.client).connection_pool
+            try:
+                connection = _checkout(pool)
+            except REDIS_CLIENT_ERRORS as exc:
+                raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=False) from exc
+            try:
+                connection.send_packed_command(connection.pack_commands(commands))
+                for _ in commands:
+                    connection.read_response()
+            except REDIS_CLIENT_ERRORS as exc:
+                connection.disconnect()
+                raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
+            finally:
+                pool.release(connection)
+            return
+        try:
+            connection = self._connection()
+            if not _connected(connection):
+                connection.connect()
+            connection.send_packed_command(connection.pack_commands(commands))
+            for _ in commands:
+                connection.read_response()
+        except (RedisError, OSError) as exc:
+            self.close()
+            raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
+
+    def reset(self, identity: str, policies: Sequence[Policy]) -> None:
+        """Forget the state of `identity` for these policies."""
+        keys = reset_keys(self.prefix, identity, policies)
+        if keys:
+            try:
+                self.client.delete(*keys)
+            except REDIS_CLIENT_ERRORS as exc:
+                raise BackendError(f"could not reset {identity!r:.80}: {exc}", maybe_applied=True) from exc
+
+    def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
+        """The Redis keys that hold the state of `identity` under these policies."""
+        return state_keys(self.prefix, identity, policies)
+
+    def close(self) -> None:
+        """Close this thread's connection (other threads' connections close when their thread ends)."""
+        owned = self._thread.owned
+        self._thread.owned = None
+        if owned is not None:
+            owned.connection.disconnect()
+
+    def _run(self, steps: Steps) -> list[Decision]:
+        """Carry out the steps of one decision (see ratelimit_app.engine)."""
+        reply: Any = None
+        try:
+            while True:
+                call = steps.send(reply)
+                if call is None:
+                    self._load_script()
+                    reply = None
+                else:
+                    reply = self._send(call)
+        except StopIteration as done:
+            return done.value
+
+    def _load_script(self) -> None:
+        try:
+            self.client.script_load(decide_source())
+        except REDIS_CLIENT_ERRORS as exc:
+            raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
+
+    # -- the three ways to send one call ---------------------------------------------------------------
+    def _send_cluster(self, call: PreparedCall) -> Any:
+        """To the node that owns the call's slot, through the cluster client: naming the node turns
+        off the client's retries (a MOVED or ASK redirection, which means nothing ran, is still followed)."""
+        keys = call.keys
+        client = cast(RedisCluster, self.client)
+        try:
+            node = client.get_node_from_key(keys[0])
+        except REDIS_CLIENT_ERRORS as exc:
+            raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=False) from exc
+        try:
+            return client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *keys, *call.args,
+                                          target_nodes=node, **{NEVER_DECODE: True})  # the reply is binary
+        except NoScriptError:
+            return NOSCRIPT
+        except REDIS_CLIENT_ERRORS as exc:
+            raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=True) from exc
+
+    def _send_pooled(self, call: PreparedCall) -> Any:
+        """The reference path: a connection of the client's pool, redis-py's own command packing."""
+        pool = cast(redis.Redis, self.client).connection_pool
+        try:
+            connection = _checkout(pool)
+        except REDIS_CLIENT_ERRORS as exc:
+            raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
+        sent = False
+        try:
+            connection.send_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys, *call.args)
+            sent = True
+            return connection.read_response(disable_decoding=True)  # the reply is binary
+        except NoScriptError:
+            return NOSCRIPT
+        except REDIS_CLIENT_ERRORS as exc:
+            if not isinstance(exc, redis.ResponseError):
+                connection.disconnect()  # the connection's state is unknown: never reuse it
+            raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
+        finally:
+            pool.release(connection)
+
+    def _send_own(self, call: PreparedCall) -> Any:
+        """The speed path: the packed command on this thread's own connection (so a client configured
+        with retries can never resend an EVALSHA whose reply was lost)."""
+        sent = False
+        try:
+            connection = self._connection()
+            if not _connected(connection):
+                connection.connect()
+        except (RedisError, OSError) as exc:
+            self.close()
+            raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
+        try:
+            connection.send_packed_command((call.packed,))
+            sent = True
+            return connection.read_response(disable_decoding=True)  # the reply is binary
+        except NoScriptError:
+            return NOSCRIPT
+        except (RedisError, OSError) as exc:
+            if not isinstance(exc, redis.ResponseError):
+                self.close()  # the connection's state is unknown: never reuse it
+            raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
+
+    def _connection(self) -> Any:
+        """This thread's connection, made on first use (and again after a fork or a failure)."""
+        thread = self._thread
+        owned = thread.owned
+        now = time.monotonic()
+        if owned is None or thread.forks != _forks:
+            pool = cast(redis.Redis, self.client).connection_pool
+            connection = pool.connection_class(**pool.connection_kwargs)
+            thread.owned, thread.forks = _Owned(connection), _forks
+        else:
+            connection = owned.connection
+            if now - thread.last_used > IDLE_CHECK_AFTER and _connected(connection) and _stale(connection):
+                connection.disconnect()  # connected again before anything is sent
+        thread.last_used = now
+        return connection

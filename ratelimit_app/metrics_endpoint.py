@@ -1,0 +1,109 @@
+"""GET /metrics: who may read it, and what it answers (the series themselves: ratelimit_app.prometheus).
+
+The metrics are not public: they show, among other things, when the circuit breaker is open, which is
+when the "open" fail mode stops enforcing limits. The view answers only to
+
+- a staff session (an active user with `is_staff`, as the admin requires);
+- a request carrying `Authorization: Bearer <RATELIMIT['METRICS_TOKEN']>` (compared in constant time);
+- a client IP in RATELIMIT['METRICS_ALLOWED_IPS'] (CIDRs; the client IP as the limiter sees it, through
+  trusted proxies only: see ratelimit_app.identity.client_ip).
+
+Anyone else gets 403 with a JSON body that says how access is granted. With neither setting
+configured only staff sessions may read it, and `manage.py check` warns (ratelimit.W002). This module
+imports without prometheus-client: the view answers 501 then, and `check` reports ratelimit.E004 when
+the URLconf routes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import importlib
+from dataclasses import dataclass
+
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
+
+from .conf import SettingsCached, ratelimit_settings
+from .identity import IPNetwork, address_in, client_ip, parse_networks
+
+PROMETHEUS_MODULE = "ratelimit_app.prometheus"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsAccess:
+    """The access settings of GET /metrics, parsed once per settings change."""
+
+    token_digest: bytes | None  # SHA-256 of RATELIMIT['METRICS_TOKEN']
+    networks: tuple[IPNetwork, ...]
+
+    @property
+    def configured(self) -> bool:
+        """True when something other than a staff session can read the metrics."""
+        return self.token_digest is not None or bool(self.networks)
+
+
+def _parse_access() -> MetricsAccess:
+    token = ratelimit_settings.METRICS_TOKEN
+    digest = hashlib.sha256(token.encode()).digest() if token is not None else None
+    return MetricsAccess(digest, parse_networks(ratelimit_settings.METRICS_ALLOWED_IPS))
+
+
+_access = SettingsCached(_parse_access)
+
+
+def get_access() -> MetricsAccess:
+    """The parsed access settings (parsed on first use and after every settings change)."""
+    return _access.get()
+
+
+def may_read_metrics(request: HttpRequest) -> bool:
+    """True when `request` comes from a staff session, carries the metrics token, or comes from an
+    allowed client IP."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_active and user.is_staff:
+        return True
+    access = get_access()
+    if access.token_digest is not None:
+        authorization = str(request.META.get("HTTP_AUTHORIZATION", ""))
+        if authorization[:7].lower() == "bearer ":
+            # digests have one length, so the comparison does not even reveal the token's length
+            presented = hashlib.sha256(authorization[7:].strip().encode()).digest()
+            if hmac.compare_digest(presented, access.token_digest):
+                return True
+    return bool(access.networks) and address_in(client_ip(request), access.networks)
+
+
+def _forbidden(access: MetricsAccess) -> JsonResponse:
+    how = ("GET /metrics answers only to staff sessions, to Authorization: Bearer <RATELIMIT['METRICS_TOKEN']> "
+           "and to client IPs in RATELIMIT['METRICS_ALLOWED_IPS']")
+    if not access.configured:
+        how += "; neither setting is configured, so only staff sessions may read it"
+    response = JsonResponse({"error": "forbidden", "detail": how}, status=403)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def prometheus_missing() -> str | None:
+    """Why the Prometheus exposition cannot be served (prometheus-client is not installed), or None."""
+    try:
+        importlib.import_module(PROMETHEUS_MODULE)
+    except ImproperlyConfigured as exc:
+        return str(exc)
+    return None
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """GET /metrics: this process's limiter metrics in the Prometheus text format, for allowed readers
+    only (403 otherwise; 501 when prometheus-client is not installed)."""
+    if not may_read_metrics(request):
+        return _forbidden(get_access())
+    try:
+        prometheus = importlib.import_module(PROMETHEUS_MODULE)
+    except ImproperlyConfigured as exc:
+        return JsonResponse({"error": "not implemented", "detail": str(exc)}, status=501)
+    response = HttpResponse(prometheus.exposition(), content_type=prometheus.CONTENT_TYPE_LATEST)
+    response["Cache-Control"] = "no-store"
+    return response

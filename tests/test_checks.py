@@ -1,0 +1,98 @@
+"""`manage.py check` catches every mistake in the settings before the first request, with stable ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core import checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+
+def ratelimit_messages(databases: list[str] | None = None) -> list[checks.CheckMessage]:
+    messages = checks.run_checks(tags=["ratelimit"], databases=databases)
+    return [m for m in messages if (m.id or "").startswith("ratelimit.")]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "accepted"),
+    [
+        ("IP_RATE", "ten/m", "'100/m'"),
+        ("IP_RATE", "0/m", "'100/m'"),
+        ("IP_RATE", "10/0s", "'100/m'"),
+        ("IP_ALGORITHM", "bogus", "'sliding_window_counter'"),
+        ("KEY_PREFIX", "has space", "1 to 64 letters"),
+        ("KEY_PREFIX", "", "1 to 64 letters"),
+        ("KEY_PREFIX", "p" * 65, "1 to 64 letters"),
+        ("TRUSTED_PROXIES", ["10.0.0.0/33"], "list of proxy CIDRs"),
+        ("API_KEY_HEADER", "", "'X-API-Key'"),
+        ("ANONYMOUS_TIER", "", "slug of a tier"),
+        ("DEFAULT_USER_TIER", 7, "slug of a tier"),
+        ("ENABLED", "False", "True or False"),
+        ("PATH_PREFIXES", ["api/"], "starting with '/'"),
+        ("REDIS_URL", "http://127.0.0.1:6379", "redis+sentinel"),
+        ("BREAKER_MAX_COOLDOWN", 0.5, "RATELIMIT['BREAKER_COOLDOWN']"),
+    ],
+)
+def test_each_invalid_setting_is_an_error_naming_it_and_the_accepted_values(
+    settings: Any, name: str, value: Any, accepted: str
+) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, name: value}
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.E001"]
+    assert f"RATELIMIT['{name}'] is {value!r}" in messages[0].msg
+    assert accepted in messages[0].msg
+    with pytest.raises(SystemCheckError, match=r"ratelimit\.E001"):
+        call_command("check")
+
+
+def test_without_redis_url_the_cache_alias_must_name_a_cache(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "CACHE_ALIAS": "nowhere"}
+    assert ratelimit_messages() == []  # REDIS_URL is set: no shared lookup cache, which is allowed
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": None}
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.E001"]
+    assert "RATELIMIT['CACHE_ALIAS'] is 'nowhere', which is not in settings.CACHES" in messages[0].msg
+
+
+def test_a_per_ip_limit_of_zero_is_refused_for_locking_everyone_out(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_RATE": "0/m"}
+    assert "refuse every client" in ratelimit_messages()[0].msg
+
+
+def test_every_invalid_setting_is_reported_at_once(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_ALGORITHM": "bogus", "KEY_PREFIX": "", "API_KEY_HEADER": ""}
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.E001"] * 3
+    assert ["KEY_PREFIX" in messages[0].msg, "IP_ALGORITHM" in messages[1].msg, "API_KEY_HEADER" in messages[2].msg] \
+        == [True, True, True]
+
+
+def test_the_default_and_demo_settings_pass(settings: Any) -> None:
+    assert ratelimit_messages() == []
+
+
+@pytest.mark.parametrize("value", ["5/10m", "1000/d", None])
+def test_valid_ip_rates_pass(settings: Any, value: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_RATE": value, "IP_ALGORITHM": "gcra"}
+    assert ratelimit_messages() == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", ["ANONYMOUS_TIER", "DEFAULT_USER_TIER"])
+def test_a_tier_setting_naming_no_tier_fails_the_database_check(settings: Any, name: str) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, name: "gold"}
+    assert ratelimit_messages() == []  # without --database, no query
+    messages = ratelimit_messages(databases=["default"])
+    assert [m.id for m in messages] == ["ratelimit.E003"]
+    assert f"RATELIMIT['{name}'] is 'gold'" in messages[0].msg
+    assert "'enterprise', 'free', 'pro'" in messages[0].msg
+    with pytest.raises(SystemCheckError, match=r"ratelimit\.E003"):
+        call_command("check", databases=["default"])
+
+
+@pytest.mark.django_db
+def test_existing_tiers_pass_the_database_check(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "ANONYMOUS_TIER": "free", "DEFAULT_USER_TIER": "pro"}
+    assert ratelimit_messages(databases=["default"]) == []
