@@ -12,7 +12,10 @@ RATELIMIT['HEADERS'] chooses "legacy", "ietf" or "both" (default). For one reque
 The IETF fields follow draft-ietf-httpapi-ratelimit-headers (-08 and later): Structured Field lists whose
 members are policy names (sf-strings) with parameters q (quota), w (window, seconds), r (remaining) and
 t (seconds until the quota resets). For token_bucket and gcra, q is the burst and w the time the burst
-takes to refill at the sustained rate, so q/w is the sustained rate.
+takes to refill at the sustained rate, so q/w is the sustained rate. A concurrency policy is
+`"concurrency";q=2;qu="concurrent-requests"` (q slots, no window); in `RateLimit` its r is the free
+slots and t the time until the last lease held runs out (an upper bound: slots are usually given back
+sooner). The legacy trio of an allowed request describes the rate limits, not the slots.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from functools import lru_cache
 from django.http import HttpResponseBase
 
 from .decision import Decision, PolicyResult
-from .policies import BURST_ALGORITHMS, Policy
+from .policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 
 LEGACY = "legacy"
 IETF = "ietf"
@@ -55,7 +58,8 @@ def _sf_string(name: str) -> str:
 @lru_cache(maxsize=1024)
 def policy_field(policies: tuple[Policy, ...]) -> str:
     """The `RateLimit-Policy` value for a set of policies (computed once per distinct set)."""
-    return ", ".join(f"{_sf_string(p.name)};q={p.capacity};w={window_seconds(p)}" for p in policies)
+    return ", ".join(f'{_sf_string(p.name)};q={p.capacity};qu="concurrent-requests"' if p.algorithm == CONCURRENCY
+                     else f"{_sf_string(p.name)};q={p.capacity};w={window_seconds(p)}" for p in policies)
 
 
 def ratelimit_field(results: Sequence[PolicyResult]) -> str:
@@ -72,11 +76,18 @@ def apply_headers(response: HttpResponseBase, decision: Decision, policies: tupl
     """
     headers = response.headers
     live = not decision.degraded and bool(decision.results)
+    legacy = decision
+    if mode != IETF and live and decision.allowed and len(policies) == len(decision.results) and any(
+            p.algorithm == CONCURRENCY for p in policies):
+        # the trio describes the rate limit nearest to refusing, not the free slots
+        rates = tuple(r for p, r in zip(policies, decision.results, strict=True) if p.algorithm != CONCURRENCY)
+        if rates:
+            legacy = Decision.from_results(rates)
     if mode != IETF:
         if live:
-            headers["X-RateLimit-Limit"] = str(decision.limit)
-            headers["X-RateLimit-Remaining"] = str(decision.remaining)
-            headers["X-RateLimit-Reset"] = str(_seconds(decision.reset_after))
+            headers["X-RateLimit-Limit"] = str(legacy.limit)
+            headers["X-RateLimit-Remaining"] = str(legacy.remaining)
+            headers["X-RateLimit-Reset"] = str(_seconds(legacy.reset_after))
         if tier:
             headers["X-RateLimit-Tier"] = tier
     if mode != LEGACY:

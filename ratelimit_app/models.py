@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from . import apikeys
 from .conf import IP_POLICY_NAME
-from .policies import ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
+from .policies import ALL_ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
 
 FAIL_MODE_CHOICES = [
     ("", "Default (RATELIMIT['FAIL_MODE'])"),
@@ -27,7 +27,7 @@ FAIL_MODE_CHOICES = [
     ("closed", "Closed: refuse with 503"),
     ("local", "Local: in-process fallback limiter"),
 ]
-ALGORITHM_CHOICES = [(name, name.replace("_", " ")) for name in ALGORITHMS]
+ALGORITHM_CHOICES = [(name, name.replace("_", " ")) for name in ALL_ALGORITHMS]
 
 
 def check_constraint(condition: models.Q, *, name: str, message: str) -> models.CheckConstraint:

@@ -60,3 +60,13 @@ def unauthorized(message: str) -> JsonResponse:
     response = JsonResponse({"error": message}, status=401)
     response["WWW-Authenticate"] = 'Bearer realm="api"'
     return response
+
+
+def overloaded(priority: str, retry_after: float) -> JsonResponse:
+    """503 for a request the load shedder refused (too many requests in flight for its priority)."""
+    seconds = max(1, math.ceil(retry_after))
+    response = JsonResponse({
+        "error": "service overloaded: request shed", "priority": priority, "retry_after": float(seconds),
+    }, status=503)
+    response["Retry-After"] = str(seconds)
+    return response

@@ -13,6 +13,7 @@ ALGORITHM_FILES: tuple[str, ...] = (
     "sliding_window_counter.lua",
     "token_bucket.lua",
     "gcra.lua",
+    "concurrency.lua",
 )
 ENTRY_FILE = "decide.lua"
 #: Locals every other file uses; it comes first.
