@@ -588,8 +588,36 @@ def chart(results: Results, path: Path) -> str | None:
     return None
 
 
+#: Sections of benchmarks.md written by other benchmark scripts (bench/concurrency_bench.py --write),
+#: each between its markers: kept when this report is written again.
+KEPT_START = "<!-- section: "
+KEPT_END = "<!-- end of section -->"
+
+
+def kept_sections(text: str) -> str:
+    """The marked sections of an existing benchmarks.md, in order ("" when there are none)."""
+    sections = []
+    for part in text.split(KEPT_START)[1:]:
+        body, found, _ = part.partition(KEPT_END)
+        if found:
+            sections.append(KEPT_START + body + KEPT_END + "\n")
+    return "\n".join(sections)
+
+
+def replace_section(text: str, name: str, section: str) -> str:
+    """`text` (benchmarks.md) with the marked section `name` replaced by `section` (appended if absent)."""
+    start = f"{KEPT_START}{name} -->"
+    block = f"{start}\n{section.rstrip()}\n{KEPT_END}\n"
+    if start in text:
+        before, _, rest = text.partition(start)
+        _, _, after = rest.partition(KEPT_END + "\n")
+        return before + block + after
+    return text.rstrip("\n") + "\n\n" + block
+
+
 def write(results: Results, output: Path) -> None:
-    """Write benchmarks.md and img/benchmarks.png into `output`."""
+    """Write benchmarks.md and img/benchmarks.png into `output` (keeping the marked sections of other
+    benchmark scripts)."""
     output.mkdir(parents=True, exist_ok=True)
     targets = evaluate(results)
     text = render(results, targets)
@@ -597,4 +625,6 @@ def write(results: Results, output: Path) -> None:
     if problem:
         text = text.replace(f"![decisions per second by limiter]({IMAGE.as_posix()})",
                             f"(chart not drawn: {problem})")
-    (output / "benchmarks.md").write_text(text + "\n", encoding="utf-8")
+    previous = output / "benchmarks.md"
+    kept = kept_sections(previous.read_text(encoding="utf-8")) if previous.exists() else ""
+    (output / "benchmarks.md").write_text(text + "\n" + ("\n" + kept if kept else ""), encoding="utf-8")

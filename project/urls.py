@@ -14,6 +14,11 @@ urlpatterns = [
     path("api/users", views.users, name="users"),
     path("api/data", views.data, name="data"),
     path("api/rate-limit/status", views.rate_limit_status, name="rate-limit-status"),
+    path("api/slow", views.slow, name="slow"),
+    path("api/export", views.export, name="export"),
+    path("api/checkout", views.checkout, name="checkout"),
+    path("api/stream", views.stream, name="stream"),
+    path("public/single", views.single, name="single"),
     path("drf/", include(router.urls)),
     path("public/quote", views.quote, name="quote"),
     path("", include("ratelimit_app.urls")),  # GET /metrics (Prometheus)

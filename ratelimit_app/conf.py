@@ -23,7 +23,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from .engine import PREFIX_PATTERN
-from .policies import ALGORITHMS, InvalidPolicy, Policy, parse_rate
+from .policies import ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy, parse_rate
 
 DEFAULTS: dict[str, Any] = {
     # Redis connection
@@ -69,6 +69,14 @@ DEFAULTS: dict[str, Any] = {
     "TOP_BLOCKED": 20,  # identities kept in the daily top-blocked list shown to operators
     "METRICS_TOKEN": None,  # GET /metrics answers to "Authorization: Bearer <this>" (and to staff sessions)
     "METRICS_ALLOWED_IPS": [],  # ... and to client IPs in these CIDRs
+    # Load shedding (docs/protection.md)
+    "SHED_CAPACITY": None,  # requests the fleet can hold in flight (counted in Redis); None: no fleet shedder
+    "SHED_LOW_AT": 0.8,  # low-priority requests are shed from this fraction of SHED_CAPACITY in flight ...
+    "SHED_NORMAL_AT": 0.95,  # ... normal ones from this one; critical ones never
+    "SHED_LEASE": 60,  # seconds a request's place in the fleet count lasts if its worker dies
+    "SHED_PRIORITIES": {},  # path prefix -> "critical", "normal" or "low" (views may declare their own)
+    "SHED_PROCESS_LIMIT": None,  # requests in flight in one process beyond which low ones are shed; None: off
+    "SHED_RETRY_AFTER": 1,  # seconds in the Retry-After of a shed request's 503
 }
 
 #: Policy name of the per-IP limit (RATELIMIT['IP_RATE']); tier limits may not use it, so the two
@@ -126,6 +134,12 @@ _BOOLEAN = (lambda value: isinstance(value, bool), "True or False")
 _TIER = (lambda value: value is None or (isinstance(value, str) and bool(_TIER_SLUG.match(value))),
          "None or the slug of a tier (letters, digits, '-' or '_'), such as 'free'")
 
+_OPTIONAL_LIMIT = (lambda value: value is None or _integer(value, 1, MAX_LIMIT),
+                   f"None or an integer from 1 to {MAX_LIMIT}")
+_FRACTION = (lambda value: isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1,
+             "a fraction of SHED_CAPACITY above 0 and at most 1")
+_PRIORITIES = ("critical", "normal", "low")
+
 #: For each setting except IP_RATE (see `_ip_rate_error`): a test of the value, and the accepted values.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "REDIS_URL": (_redis_url, f"None or a URL with scheme {', '.join(_REDIS_SCHEMES)}"),
@@ -171,6 +185,18 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
                       "None or a secret of at least 16 characters without spaces, such as the output of "
                       "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"),
     "METRICS_ALLOWED_IPS": (_cidr_list, "a list of CIDRs or addresses, such as ['10.0.0.0/8', '127.0.0.1']"),
+    "SHED_CAPACITY": _OPTIONAL_LIMIT,
+    "SHED_LOW_AT": _FRACTION,
+    "SHED_NORMAL_AT": _FRACTION,
+    "SHED_LEASE": (lambda value: (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                  and 0.001 <= value <= MAX_PERIOD_SECONDS),
+                   f"seconds from 0.001 to {MAX_PERIOD_SECONDS}"),
+    "SHED_PRIORITIES": (lambda value: isinstance(value, dict) and all(
+                            isinstance(prefix, str) and prefix.startswith("/") and priority in _PRIORITIES
+                            for prefix, priority in value.items()),
+                        "a dict of path prefixes ('/api/reports/') to 'critical', 'normal' or 'low'"),
+    "SHED_PROCESS_LIMIT": _OPTIONAL_LIMIT,
+    "SHED_RETRY_AFTER": (lambda value: _integer(value, 1, 86400), "whole seconds from 1 to 86400"),
 }
 
 
@@ -216,6 +242,11 @@ def setting_errors(values: dict[str, Any]) -> list[SettingError]:
         errors.append(SettingError("BREAKER_MAX_COOLDOWN", (
             f"RATELIMIT['BREAKER_MAX_COOLDOWN'] is {longest!r}; expected a number of seconds >= "
             f"RATELIMIT['BREAKER_COOLDOWN'] ({cooldown!r})")))
+    low, normal = values["SHED_LOW_AT"], values["SHED_NORMAL_AT"]
+    if _RULES["SHED_LOW_AT"][0](low) and _RULES["SHED_NORMAL_AT"][0](normal) and low > normal:
+        errors.append(SettingError("SHED_LOW_AT", (
+            f"RATELIMIT['SHED_LOW_AT'] is {low!r}, above RATELIMIT['SHED_NORMAL_AT'] ({normal!r}); expected a "
+            "fraction <= SHED_NORMAL_AT: low-priority requests must be shed first")))
     order = list(DEFAULTS)
     return sorted(errors, key=lambda error: order.index(error.setting))
 

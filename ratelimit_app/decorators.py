@@ -42,6 +42,10 @@ that no longer fits is refused), but up to `limit + C - 1` matching responses ca
 window, where C is the number of requests for the same key in flight at once (the test suite runs 8
 concurrent clients against a limit of 5 and checks both). Such a limit is decided alone, never joined
 with the middleware's call.
+
+`@limit_concurrency(5, key="user")` caps the requests of one client in flight in the view at once
+(each holds a slot until its response is closed; `lease` seconds at most if the worker dies): refused
+with 429 and `Retry-After: 1`. Same keys, `name`, `group` and `block` as `@ratelimit`.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from typing import Any, TypeVar, cast
 from django.http import HttpRequest, HttpResponseBase
 
 from . import metrics
+from .concurrency import release_with
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
 from .limiting import (
@@ -69,7 +74,7 @@ from .limiting import (
     safely,
 )
 from .middleware import REQUEST_ATTRIBUTE
-from .policies import InvalidPolicy, Policy
+from .policies import CONCURRENCY, InvalidPolicy, Policy
 from .responses import limiter_unavailable, too_many_requests
 from .routes import VIEW_LIMIT_ATTRIBUTE, validate_cost, view_name
 from .service import get_limiter
@@ -211,13 +216,21 @@ class DecoratorLimit:
         if self.count_if is not None:
             return self.answer_counted(request, view, args, kwargs)
         joint: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+        slots = None
         if joint is not None and joint.owns(self.owner):
             decision = joint.decision_for(self.owner)  # decided by the middleware, with its limits
         else:
-            decision = safely(lambda: self.decide_alone(request), where=f"@ratelimit ({self.namespace})").decision
+            alone = safely(lambda: self.decide_alone(request), where=f"@ratelimit ({self.namespace})")
+            decision, slots = alone.decision, alone.slots
         request.limited = decision is not None and not decision.allowed  # type: ignore[attr-defined]
         if decision is None or decision.allowed or not self.block:
-            response = view(request, *args, **kwargs)
+            try:
+                response = view(request, *args, **kwargs)
+            except BaseException:
+                if slots is not None:
+                    slots.release()  # no response will be closed
+                raise
+            release_with(response, slots)
         elif decision.degraded:
             response = limiter_unavailable(decision, None)
         else:
@@ -275,3 +288,53 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
 
     return decorate
 
+
+
+class ConcurrencyLimit(DecoratorLimit):
+    """The limit of a view decorated with `@limit_concurrency`: one slot per request in flight. A slot
+    is the same whatever the route costs, so it always joins the middleware's call."""
+
+    joins_at_any_cost = True
+
+
+def limit_concurrency(slots: int, key: str | KeyFunction = "user", *, lease: float = 60, block: bool = True,
+                      name: str | None = None, group: str | None = None) -> Callable[[ViewT], ViewT]:
+    """Allow at most `slots` requests per `key` in the view at once (see the module docstring).
+
+    A request holds its slot until its response is closed (a streaming response: until its stream is),
+    or for `lease` seconds at most when the worker dies. Every argument is checked when the decorator
+    is applied: bad slots, lease, key, name or group raise InvalidPolicy / ValueError / TypeError
+    naming the view.
+    """
+
+    def decorate(view: ViewT) -> ViewT:
+        where = f"@limit_concurrency on {view_name(view)}"
+        try:
+            key_function = _key_function(key)
+            if not isinstance(block, bool):
+                raise TypeError(f"block: {block!r} must be True or False")
+            for label, value in (("name", name), ("group", group)):
+                if value is not None and (not isinstance(value, str) or not value):
+                    raise ValueError(f"{label}: {value!r} must be a non-empty string")
+            policy_name = name or _UNSAFE.sub("_", str(group or getattr(view, "__name__", "view")))[:64] or "view"
+            if isinstance(lease, bool) or not isinstance(lease, (int, float)):
+                raise InvalidPolicy(f"lease: {lease!r} must be a number of seconds")
+            policy = Policy(policy_name, CONCURRENCY, limit=slots, period=lease)
+        except InvalidPolicy as exc:
+            raise InvalidPolicy(f"{where}: {str(exc).replace('limit: ', 'slots: ').replace('period: ', 'lease: ')}"
+                                ) from exc
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"{where}: {exc}") from exc
+        label_of: Callable[[str], str] = (
+            _plain_label if isinstance(key, str) and key in ("ip", "user") else _digest_label
+        )
+        limit = ConcurrencyLimit(policy, group or view_name(view), key_function, label_of, block, 1)
+
+        @functools.wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            return limit.answer(request, view, args, kwargs)
+
+        setattr(wrapper, VIEW_LIMIT_ATTRIBUTE, limit)
+        return cast(ViewT, wrapper)
+
+    return decorate

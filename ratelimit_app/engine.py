@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import struct
 from binascii import hexlify
@@ -23,7 +24,7 @@ from typing import Any
 
 from .decision import Decision, PolicyResult, new_policy_result
 from .exceptions import BackendError
-from .policies import Policy
+from .policies import CONCURRENCY, Policy
 from .scripts import decide_sha
 
 Check = tuple[str, Sequence[Policy]]
@@ -37,7 +38,8 @@ DIGEST_CHARS = 24
 _CALL_NUMBERS = struct.Struct(">qq")  # cost, charge
 _POLICY_NUMBERS = struct.Struct(">qqqq")  # algorithm code, limit, period in ms, capacity
 #: The algorithm codes decide.lua dispatches on.
-ALGORITHM_CODES = {"token_bucket": 1, "sliding_window": 2, "fixed_window": 3, "gcra": 4, "sliding_window_counter": 5}
+ALGORITHM_CODES = {"token_bucket": 1, "sliding_window": 2, "fixed_window": 3, "gcra": 4, "sliding_window_counter": 5,
+                   CONCURRENCY: 6}
 #: Added to the algorithm code of a shadow policy: decide.lua counts it but never lets it refuse.
 SHADOW_FLAG = 64
 #: The code of a calendar quota (a fixed window whose boundaries are calendar days, weeks or months):
@@ -45,13 +47,18 @@ SHADOW_FLAG = 64
 CALENDAR_CODE = 32
 #: The letter that stands for the algorithm in a state key (see PreparedCall.keys).
 KEY_LETTERS = {"token_bucket": "t", "sliding_window": "s", "fixed_window": "f", "gcra": "g",
-               "sliding_window_counter": "c"}
-#: The letter of a calendar quota's state key (its algorithm is fixed_window, its state is not).
-CALENDAR_KEY_LETTER = "q"
+               "sliding_window_counter": "c", CONCURRENCY: "q"}
+#: The letter of a calendar quota's state key (its algorithm is fixed_window, its state is not; "q" is
+#: the concurrency policies').
+CALENDAR_KEY_LETTER = "k"
+#: A lease token (ARGV[2] of decide.lua): the member a request's concurrency slots are held under.
+_LEASE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 #: Also send each policy's key in the previous release's layout ("<prefix>:{<digest>}:<policy>:<algorithm>"),
 #: so that state written before an upgrade is carried over (see decide.lua). Such keys expire within the
 #: longest TTL of the policies (docs/algorithms.md); after that, setting this to False before the first
 #: decision saves Redis 9-11% of a new identity's decision. A later release will stop sending them.
+#: A concurrency policy's previous-layout key is sent too (the keys are all or none) but never read:
+#: the previous release had no concurrency policy.
 LEGACY_KEYS = True
 #: The script's reply: three numbers per policy (see decide.lua).
 _REPLY_NUMBERS = struct.Struct(">qqq")  # remaining, reset in ms, retry in ms
@@ -70,7 +77,8 @@ class _Plan:
     check whose digest fills gap i. Built once per distinct plan (see `_plan`).
     """
 
-    __slots__ = ("args", "key_count", "named_capacities", "owners", "pieces", "policy_count", "prefix", "shadows",
+    __slots__ = ("args", "key_count", "leases", "named_capacities", "owners", "pieces", "policy_count", "prefix",
+                 "shadows",
                  "suffixes")
 
     def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, charge: bool) -> None:
@@ -103,13 +111,15 @@ class _Plan:
         shadows = tuple(p.shadow for policies in policy_sets for p in policies)
         self.shadows = shadows if any(shadows) else ()
         self.key_count = sum(len(s) for s in suffixes)
+        # concurrency policies charged by this call: the command then ends with the lease token (ARGV[2])
+        self.leases = sum(p.algorithm == CONCURRENCY for policies in policy_sets for p in policies) if charge else 0
         args = [b"".join(numbers)]
         self.args = tuple(args)
 
         head = prefix.encode() + b":{"
         pieces: list[bytes] = []
         owners: list[int] = []
-        current = b"*%d\r\n" % (3 + self.key_count + len(args)) + _bulk(b"EVALSHA") + \
+        current = b"*%d\r\n" % (3 + self.key_count + len(args) + (1 if self.leases else 0)) + _bulk(b"EVALSHA") + \
             _bulk(decide_sha().encode()) + _bulk(b"%d" % self.key_count)
         for owner, set_suffixes in enumerate(suffixes):
             owner %= len(policy_sets)  # the legacy keys of a check follow every check's state keys
@@ -147,12 +157,13 @@ class PreparedCall:
     themselves (Redis Cluster routes by key).
     """
 
-    __slots__ = ("digests", "packed", "plan")
+    __slots__ = ("digests", "lease", "packed", "plan")
 
-    def __init__(self, plan: _Plan, digests: list[bytes], packed: bytes) -> None:
+    def __init__(self, plan: _Plan, digests: list[bytes], packed: bytes, lease: bytes | None = None) -> None:
         self.plan = plan
         self.digests = digests
         self.packed = packed
+        self.lease = lease
 
     @property
     def keys(self) -> list[str]:
@@ -169,18 +180,40 @@ class PreparedCall:
 
     @property
     def args(self) -> list[bytes]:
-        return list(self.plan.args)
+        """ARGV of the call: the packed numbers, then the lease token when the call takes slots."""
+        return [*self.plan.args, self.lease] if self.lease is not None else list(self.plan.args)
 
 
-def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool) -> PreparedCall:
-    """Build the EVALSHA of decide.lua for these checks (see its header for KEYS and ARGV)."""
+def _with_lease(call: PreparedCall, lease: str | None) -> PreparedCall:
+    """`call` with the lease token its concurrency policies are charged under (ARGV[2] of decide.lua)."""
+    if lease is None:
+        raise ValueError("lease: this call takes a concurrency slot; pass lease=<token> (see new_lease_token), "
+                         "the name under which the slot is held and released")
+    if type(lease) is not str or not _LEASE.match(lease):
+        raise ValueError(f"lease: {lease!r:.80} must be 1-64 characters of letters, digits, '_.:-'")
+    token = lease.encode()
+    call.lease = token
+    call.packed += _bulk(token)
+    return call
+
+
+def new_lease_token() -> str:
+    """A token no other request holds: 128 random bits (unique across every process and server)."""
+    return os.urandom(16).hex()
+
+
+def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool,
+                 lease: str | None = None) -> PreparedCall:
+    """Build the EVALSHA of decide.lua for these checks (see its header for KEYS and ARGV). A call that
+    charges a concurrency policy needs `lease`, the token its slots are held under (ValueError without)."""
     if type(cost) is not int or cost < 1:
         raise ValueError(f"cost: {cost!r} must be an integer >= 1")
     if len(checks) == 1:  # the usual case, kept short: it runs on every request
         identity, policies = checks[0]
         plan = _plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, charge)
         digest = _digest(identity)
-        return PreparedCall(plan, [digest], digest.join(plan.pieces))
+        call = PreparedCall(plan, [digest], digest.join(plan.pieces))
+        return _with_lease(call, lease) if plan.leases else call
     policy_sets = tuple(policies if type(policies) is tuple else tuple(policies) for _, policies in checks)
     plan = _plan(prefix, policy_sets, cost, charge)
     digests = [_digest(identity) for identity, _ in checks]
@@ -189,7 +222,8 @@ def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: boo
     for gap, owner in enumerate(plan.owners, 1):
         parts.append(digests[owner])
         parts.append(pieces[gap])
-    return PreparedCall(plan, digests, b"".join(parts))
+    call = PreparedCall(plan, digests, b"".join(parts))
+    return _with_lease(call, lease) if plan.leases else call
 
 
 def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
@@ -275,18 +309,19 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-def decide(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool) -> Steps:
+def decide(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool,
+           lease: str | None = None) -> Steps:
     """The steps of one decision over `checks` (see above for how a transport runs them).
 
     Normally one call decides every check, all-or-nothing. With `one_slot_per_call` (Redis Cluster,
     where the identities live on different slots) each check is its own call, in order, and the
     first denial stops the rest: checks already charged stay charged and the list is shorter than
     `checks`. Every call is built, and every argument validated (ValueError, TypeError), here, before
-    anything is sent.
+    anything is sent. `lease` is the token concurrency slots are taken under (see `prepare_call`).
     """
     if one_slot_per_call and len(checks) > 1:
-        return _one_by_one([prepare_call(prefix, (check,), cost, charge=charge) for check in checks])
-    return _exchange(prepare_call(prefix, checks, cost, charge=charge))
+        return _one_by_one([prepare_call(prefix, (check,), cost, charge=charge, lease=lease) for check in checks])
+    return _exchange(prepare_call(prefix, checks, cost, charge=charge, lease=lease))
 
 
 def _one_by_one(calls: list[PreparedCall]) -> Steps:
@@ -326,3 +361,12 @@ def state_keys(prefix: str, identity: str, policies: Sequence[Policy]) -> list[s
     release's layout, which `reset_keys` also names while LEGACY_KEYS is on)."""
     call = prepare_call(prefix, ((identity, policies),), 1, charge=False)
     return call.keys[:call.plan.policy_count]
+
+
+def release_keys(prefix: str, held: Sequence[tuple[str, Policy]]) -> list[str]:
+    """The state keys of the concurrency slots `held` ((identity, concurrency policy) pairs): what a
+    release removes the lease token from (one ZREM per key)."""
+    keys: list[str] = []
+    for identity, policy in held:
+        keys += state_keys(prefix, identity, (policy,))
+    return keys

@@ -18,7 +18,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .decision import Decision
-from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, reset_keys, state_keys
+from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, release_keys, reset_keys, state_keys
 from .exceptions import REDIS_CLIENT_ERRORS, BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
@@ -99,20 +99,43 @@ class AsyncRateLimiter:
             if isinstance(limit, int) and limit < 2**31 - 1:  # redis-py's "no limit" is 2**31 - 1
                 self._slots = asyncio.Semaphore(limit)
 
-    async def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
-        """Charge `cost` to every policy if all of them allow it; charge nothing otherwise."""
+    async def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
+                  lease: str | None = None) -> Decision:
+        """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
+        policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
         return (await self._run(decide(self.prefix, ((identity, policies),), cost, charge=True,
-                                       one_slot_per_call=False)))[0]
+                                       one_slot_per_call=False, lease=lease)))[0]
 
     async def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
         return (await self._run(decide(self.prefix, ((identity, policies),), cost, charge=False,
                                        one_slot_per_call=False)))[0]
 
-    async def hit_many(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
+    async def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
+                       lease: str | None = None) -> list[Decision]:
         """Decide several identities together; all-or-nothing on a single Redis, one after another on
-        Redis Cluster (see `RateLimiter.hit_many`)."""
-        return await self._run(decide(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster))
+        Redis Cluster (see `RateLimiter.hit_many`). `lease` as in `hit`."""
+        return await self._run(decide(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
+                                      lease=lease))
+
+    async def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
+        """Give back the concurrency slots held under `lease` (see `RateLimiter.release`): one round
+        trip on a single Redis (a non-transactional pipeline of one ZREM per slot), one ZREM per slot
+        on Redis Cluster. Raises BackendError when Redis cannot be asked."""
+        keys = release_keys(self.prefix, held)
+        if not keys:
+            return
+        try:
+            if self._cluster:
+                for key in keys:  # the identities may live on different nodes
+                    await self.client.zrem(key, lease)
+                return
+            async with cast(redis.asyncio.Redis, self.client).pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.zrem(key, lease)
+                await pipe.execute()
+        except REDIS_CLIENT_ERRORS as exc:
+            raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
 
     async def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies."""
@@ -214,7 +237,7 @@ class AsyncRateLimiter:
                 await connection.send_packed_command(call.packed, False)
             else:
                 await connection.send_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys,
-                                              *call.plan.args)
+                                              *call.args)
             sent = True
             if read_timeout is None:
                 return await connection.read_response(disable_decoding=True)  # the reply is binary
@@ -241,7 +264,7 @@ class AsyncRateLimiter:
             raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=False) from exc
         try:
             return await client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *keys,
-                                                *call.plan.args, target_nodes=node,
+                                                *call.args, target_nodes=node,
                                                 **{NEVER_DECODE: True})  # the reply is binary
         except NoScriptError:
             return NOSCRIPT

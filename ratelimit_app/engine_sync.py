@@ -28,7 +28,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
 from .decision import Decision
-from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, reset_keys, state_keys
+from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, release_keys, reset_keys, state_keys
 from .exceptions import REDIS_CLIENT_ERRORS, BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
@@ -149,23 +149,70 @@ class RateLimiter:
         self._send = (self._send_cluster if self._cluster
                       else self._send_pooled if self.connections == "pool" else self._send_own)
 
-    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
-        """Charge `cost` to every policy if all of them allow it; charge nothing otherwise."""
-        return self._run(decide(self.prefix, ((identity, policies),), cost, charge=True, one_slot_per_call=False))[0]
+    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, lease: str | None = None) -> Decision:
+        """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
+        policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
+        return self._run(decide(self.prefix, ((identity, policies),), cost, charge=True, one_slot_per_call=False,
+                                lease=lease))[0]
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
         return self._run(decide(self.prefix, ((identity, policies),), cost, charge=False, one_slot_per_call=False))[0]
 
-    def hit_many(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
+    def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None) -> list[Decision]:
         """Decide several identities together (for example a client IP and its API key).
 
         On a single Redis this is one round trip and all-or-nothing across every identity. On Redis
         Cluster the identities live on different slots, so they are decided one after another and
         the first denial stops the rest (identities already charged stay charged; the list is then
-        shorter than `checks`).
+        shorter than `checks`). `lease` as in `hit`.
         """
-        return self._run(decide(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster))
+        return self._run(decide(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
+                                lease=lease))
+
+    def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
+        """Give back the concurrency slots held under `lease`: each (identity, concurrency policy) of
+        `held`. One round trip on a single Redis (one ZREM per slot, pipelined), on the same path as a
+        decision (this thread's connection, or one of the pool); a slot already freed (its lease ran
+        out) is left alone. Raises BackendError when Redis cannot be asked (the slots then free
+        themselves when their lease runs out)."""
+        keys = release_keys(self.prefix, held)
+        if not keys:
+            return
+        commands = [("ZREM", key, lease) for key in keys]
+        if self._cluster:
+            try:
+                for key in keys:  # the identities may live on different nodes
+                    self.client.zrem(key, lease)
+            except REDIS_CLIENT_ERRORS as exc:
+                raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
+            return
+        if self.connections == "pool":
+            pool = cast(redis.Redis, self.client).connection_pool
+            try:
+                connection = _checkout(pool)
+            except REDIS_CLIENT_ERRORS as exc:
+                raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=False) from exc
+            try:
+                connection.send_packed_command(connection.pack_commands(commands))
+                for _ in commands:
+                    connection.read_response()
+            except REDIS_CLIENT_ERRORS as exc:
+                connection.disconnect()
+                raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
+            finally:
+                pool.release(connection)
+            return
+        try:
+            connection = self._connection()
+            if not _connected(connection):
+                connection.connect()
+            connection.send_packed_command(connection.pack_commands(commands))
+            for _ in commands:
+                connection.read_response()
+        except (RedisError, OSError) as exc:
+            self.close()
+            raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies."""
@@ -218,7 +265,7 @@ class RateLimiter:
         except REDIS_CLIENT_ERRORS as exc:
             raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=False) from exc
         try:
-            return client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *keys, *call.plan.args,
+            return client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *keys, *call.args,
                                           target_nodes=node, **{NEVER_DECODE: True})  # the reply is binary
         except NoScriptError:
             return NOSCRIPT
@@ -234,7 +281,7 @@ class RateLimiter:
             raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
         sent = False
         try:
-            connection.send_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys, *call.plan.args)
+            connection.send_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys, *call.args)
             sent = True
             return connection.read_response(disable_decoding=True)  # the reply is binary
         except NoScriptError:

@@ -1,4 +1,4 @@
-"""The in-process limiter: the five algorithms of ratelimit_app/lua, in Python, for Redis outages.
+"""The in-process limiter: the algorithms of ratelimit_app/lua, in Python, for Redis outages.
 
 `LocalLimiter` mirrors the Lua scripts line by line: the same state, the same arithmetic (Lua numbers
 are doubles, so this module computes in floats too, and rounds exactly where the scripts do), the same
@@ -27,7 +27,7 @@ from typing import Any
 
 from .decision import Decision, PolicyResult
 from .engine import identity_digest
-from .policies import BURST_ALGORITHMS, Policy
+from .policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 
 #: A clock returning microseconds since the Unix epoch (the scripts use Redis TIME the same way).
 Clock = Callable[[], int]
@@ -243,12 +243,33 @@ def gcra(store: _Store, key: str, now_us: float, limit: float, period_ms: float,
     return True, remaining, reset_us, 0, apply
 
 
+def concurrency(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
+                cost: float, charge: bool, lease: str | None = None) -> Outcome:
+    """ratelimit_app/lua/concurrency.lua (the sorted set is a dict of lease token -> expiry in us)."""
+    period_us = period_ms * 1000
+    leases = store.get(key, now_us) or {}
+    live = [expiry for expiry in leases.values() if expiry > now_us]
+    used = len(live)
+    remaining = max(limit - used, 0)
+    if used + 1 > limit:
+        return False, remaining, max(live) - now_us, 1_000_000, None
+
+    def apply() -> float:
+        kept = {token: expiry for token, expiry in leases.items() if expiry > now_us}
+        kept[str(lease)] = now_us + period_us
+        store.set(key, kept, period_ms, now_us, len(kept))
+        return period_us
+
+    return True, remaining, period_us if used else 0, 0, apply
+
+
 ALGORITHMS: dict[str, Callable[..., Outcome]] = {
     "fixed_window": fixed_window,
     "sliding_window": sliding_window,
     "sliding_window_counter": sliding_window_counter,
     "token_bucket": token_bucket,
     "gcra": gcra,
+    CONCURRENCY: concurrency,
 }
 
 
@@ -297,9 +318,24 @@ class LocalLimiter:
         """Report what `hit` would decide for `cost`, charging nothing."""
         return self.decide([(identity, policies)], cost, charge=False)[0]
 
-    def hit_many(self, checks: Sequence[Check], cost: int = 1) -> list[Decision]:
-        """Decide several identities together, all-or-nothing across all of them."""
-        return self.decide(checks, cost, charge=True)
+    def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None) -> list[Decision]:
+        """Decide several identities together, all-or-nothing across all of them (`lease`: the token
+        concurrency slots are held under)."""
+        return self.decide(checks, cost, charge=True, lease=lease)
+
+    def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
+        """Give back the concurrency slots held under `lease` (see RateLimiter.release)."""
+        with self._lock:
+            now_us = float(self.clock())
+            for identity, policy in held:
+                key = f"{identity_digest(identity)}:{policy.name}:{policy.algorithm}"
+                leases = self._store.get(key, now_us)
+                if leases and lease in leases:
+                    kept = {token: expiry for token, expiry in leases.items() if token != lease and expiry > now_us}
+                    if kept:
+                        self._store.set(key, kept, (max(kept.values()) - now_us) / 1000, now_us, len(kept))
+                    else:
+                        self._store.delete(key)
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies."""
@@ -317,8 +353,9 @@ class LocalLimiter:
         """The number of states held (at most max_keys)."""
         return len(self._store)
 
-    def decide(self, checks: Sequence[Check], cost: int, *, charge: bool) -> list[Decision]:
-        """One all-or-nothing decision over every policy of every check (decide.lua)."""
+    def decide(self, checks: Sequence[Check], cost: int, *, charge: bool, lease: str | None = None) -> list[Decision]:
+        """One all-or-nothing decision over every policy of every check (decide.lua); concurrency slots
+        are taken under `lease`."""
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
             raise ValueError(f"cost: {cost!r} must be an integer >= 1")
         plan = []
@@ -328,6 +365,8 @@ class LocalLimiter:
             for policy in policies:
                 if not isinstance(policy, Policy):
                     raise TypeError(f"policies: expected Policy objects, got {type(policy).__name__}")
+                if charge and lease is None and policy.algorithm == CONCURRENCY:
+                    raise ValueError("lease: this call takes a concurrency slot; pass lease=<token>")
                 limit, period_ms, capacity = local_share(policy, self.app_servers)
                 rows.append((policy, f"{digest}:{policy.name}:{policy.algorithm}", limit, period_ms, capacity))
             plan.append(rows)
@@ -335,7 +374,7 @@ class LocalLimiter:
         with self._lock:
             now_us = float(self.clock())
             outcomes = [[ALGORITHMS[policy.algorithm](self._store, key, now_us, limit, period_ms, capacity, fcost,
-                                                      charge)
+                                                      charge, *((lease,) if policy.algorithm == CONCURRENCY else ()))
                          for policy, key, limit, period_ms, capacity in rows] for rows in plan]
             all_allowed = all(outcome[0] or row[0].shadow for rows, per_check in zip(plan, outcomes, strict=True)
                               for row, outcome in zip(rows, per_check, strict=True))
@@ -347,7 +386,7 @@ class LocalLimiter:
                         rows, per_check, strict=True):
                     if charge and all_allowed and allowed and apply is not None:
                         reset_us = apply()
-                        remaining = remaining - fcost
+                        remaining = remaining - (1.0 if policy.algorithm == CONCURRENCY else fcost)
                     (shadow if policy.shadow else results).append(
                         _result(policy.name, allowed, capacity, remaining, reset_us, retry_us))
                 decision = Decision.from_results(tuple(results), shadow=tuple(shadow))

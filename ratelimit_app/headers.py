@@ -14,7 +14,10 @@ names (only "draft-11" today; a later draft becomes a new entry of IETF_DRAFTS, 
 so a project moves when it chooses to): Structured Field lists whose
 members are policy names (sf-strings) with parameters q (quota), w (window, seconds), r (remaining) and
 t (seconds until the quota resets). For token_bucket and gcra, q is the burst and w the time the burst
-takes to refill at the sustained rate, so q/w is the sustained rate.
+takes to refill at the sustained rate, so q/w is the sustained rate. A concurrency policy is
+`"concurrency";q=2;qu="concurrent-requests"` (q slots, no window); in `RateLimit` its r is the free
+slots and t the time until the last lease held runs out (an upper bound: slots are usually given back
+sooner). The legacy trio of an allowed request describes the rate limits, not the slots.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from django.http import HttpResponseBase
 
 from .conf import ratelimit_settings
 from .decision import Decision, PolicyResult
-from .policies import BURST_ALGORITHMS, Policy
+from .policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 
 LEGACY = "legacy"
 IETF = "ietf"
@@ -58,7 +61,8 @@ def _sf_string(name: str) -> str:
 @lru_cache(maxsize=1024)
 def policy_field(policies: tuple[Policy, ...]) -> str:
     """The `RateLimit-Policy` value for a set of policies (computed once per distinct set)."""
-    return ", ".join(f"{_sf_string(p.name)};q={p.capacity};w={window_seconds(p)}" for p in policies)
+    return ", ".join(f'{_sf_string(p.name)};q={p.capacity};qu="concurrent-requests"' if p.algorithm == CONCURRENCY
+                     else f"{_sf_string(p.name)};q={p.capacity};w={window_seconds(p)}" for p in policies)
 
 
 def ratelimit_field(results: Sequence[PolicyResult]) -> str:
@@ -86,11 +90,18 @@ def apply_headers(response: HttpResponseBase, decision: Decision, policies: tupl
     """
     headers = response.headers
     live = not decision.degraded and bool(decision.results)
+    legacy = decision
+    if mode != IETF and live and decision.allowed and len(policies) == len(decision.results) and any(
+            p.algorithm == CONCURRENCY for p in policies):
+        # the trio describes the rate limit nearest to refusing, not the free slots
+        rates = tuple(r for p, r in zip(policies, decision.results, strict=True) if p.algorithm != CONCURRENCY)
+        if rates:
+            legacy = Decision.from_results(rates)
     if mode != IETF:
         if live:
-            headers["X-RateLimit-Limit"] = str(decision.limit)
-            headers["X-RateLimit-Remaining"] = str(decision.remaining)
-            headers["X-RateLimit-Reset"] = str(_seconds(decision.reset_after))
+            headers["X-RateLimit-Limit"] = str(legacy.limit)
+            headers["X-RateLimit-Remaining"] = str(legacy.remaining)
+            headers["X-RateLimit-Reset"] = str(_seconds(legacy.reset_after))
         if tier:
             headers["X-RateLimit-Tier"] = tier
     if mode != LEGACY:

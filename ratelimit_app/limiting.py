@@ -10,7 +10,9 @@ This is the shared core of `RateLimitMiddleware`, the DRF throttles and `@rateli
 2. an API key (X-API-Key / Authorization: Bearer), whose shape is checked before any lookup; else the
    authenticated user; else the anonymous tier (RATELIMIT['ANONYMOUS_TIER']) or 401.
 
-`decide` then makes one call `hit_many([per-IP check, tier check, *extra checks], cost)`: the extra
+`decide` then makes one call `hit_many([per-IP check, tier check, fleet check, *extra checks], cost)`
+(the fleet check is the load shedder's count of requests in flight, when RATELIMIT['SHED_CAPACITY']
+is set: see ratelimit_app.shedding); the extra
 checks are those of our DRF throttles and of `@ratelimit` on the same view, so every limit of ours on
 one request is charged at most once, and only if all of them allow.
 
@@ -39,11 +41,13 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
-from . import metrics
+from . import metrics, shedding
 from .apikeys import key_matches, parse_key
 from .clientrules import ALLOW, DENY
+from .concurrency import HeldSlots, needs_lease, slots_taken
 from .conf import DEFAULTS, SettingsCached, ratelimit_settings
 from .decision import Decision, degraded_decision
+from .engine import new_lease_token
 from .exceptions import BACKEND_ERRORS
 from .identity import (
     api_key_from_request,
@@ -64,6 +68,7 @@ DENIED = "denied"  # 429
 UNAVAILABLE = "unavailable"  # 503: denied because the limiter is unavailable (fail mode)
 UNAUTHORIZED = "unauthorized"  # 401
 FORBIDDEN = "forbidden"  # 403: the client is deny-listed (ClientRule)
+SHED = "shed"  # 503: refused by the load shedder (too many requests in flight)
 
 #: Tier label of decisions made on the per-IP limit alone (no valid key or tier yet).
 IP_ONLY_TIER = "ip"
@@ -161,13 +166,16 @@ class LimitOutcome:
     """What limiting decided for one request.
 
     `status` is "allowed", "denied" (429), "unavailable" (503: the limiter is down and the fail mode
-    refuses) or "unauthorized" (401, `message` says why). `decision` summarises every policy checked
+    refuses), "shed" (503: the load shedder refused; `message` is the request's priority) or
+    "unauthorized" (401, `message` says why). `decision` summarises every policy checked
     (when denied: the policy that refused, so headers describe it; None when nothing was decided);
     `policies` are all the policies that applied, for the `RateLimit-Policy` header. `tier` is the
     client's tier when one was established; `identity` a display label ("key:<prefix>", "user:<pk>",
     "ip:<addr>"), never a full key. `charged` is False for report-only routes (cost 0), whose decision
     comes from `peek`. `checks` and `decisions` (same order; None where Redis Cluster stopped at the
-    first denial) let each throttle or decorator read its own part.
+    first denial) let each throttle or decorator read its own part. `slots` are the concurrency slots
+    the request took (None: none); the caller gives them back when the response is finished
+    (ratelimit_app.concurrency).
     """
 
     status: str
@@ -179,6 +187,7 @@ class LimitOutcome:
     charged: bool = True
     checks: tuple[LimitCheck, ...] = ()
     decisions: tuple[Decision | None, ...] = ()
+    slots: HeldSlots | None = None
 
     @property
     def allowed(self) -> bool:
@@ -283,6 +292,9 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
         return RequestPlan((), tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug,
                            listed=ALLOW)
     checks = (*ip_checks, LimitCheck(identity, tier.policies_for(scope)))
+    fleet = shedding.fleet_check(request, _declared_priority(request))
+    if fleet is not None:
+        checks = (*checks, fleet)
     return RequestPlan(checks, tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug)
 
 
@@ -297,8 +309,10 @@ def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
     """Charge `cost` to every check of `plan` in one all-or-nothing call (cost 0: only report where
     the client stands), and count the request in the metrics once."""
     checks = plan.checks
-    # shadow policies never show in headers: they are reported apart (Decision.shadow)
-    policies = tuple(policy for check in checks for policy in check.policies if not policy.shadow)
+    # shadow policies never show in headers: they are reported apart (Decision.shadow); nor does the load
+    # shedder's fleet count, which is not a limit of the client's
+    policies = tuple(policy for check in checks if not check.owner.startswith(shedding.OWNER_PREFIX)
+                     for policy in check.policies if not policy.shadow)
     if not checks:  # nothing to charge: no per-IP limit and no usable key, or an allow-listed client
         status = UNAUTHORIZED if plan.refusal else ALLOWED
         if plan.listed and cost > 0:
@@ -308,30 +322,64 @@ def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
     pairs = [(check.identity, check.policies) for check in checks]
     if plan.refusal:
         cost = max(cost, 1)  # an unusable key is charged to the per-IP limit even on report-only routes
+    lease: str | None = None
     if cost == 0:
         decisions = _peek_all(pairs, plan.fail_mode)
     else:
+        # a concurrency limit among them: the request's slot is taken in this same call, under a token
+        lease = new_lease_token() if needs_lease([p for check in checks for p in check.policies]) else None
         try:
-            decisions = get_limiter().hit_many(pairs, cost, fail_mode=plan.tier_fail_mode)
+            decisions = get_limiter().hit_many(pairs, cost, fail_mode=plan.tier_fail_mode, lease=lease)
         except BACKEND_ERRORS:  # the service normally applies the fail mode itself
             decisions = [degraded_decision(plan.fail_mode == "open")] * len(pairs)
+    slots = slots_taken(pairs, decisions, lease)
     summary = summarize(decisions, len(pairs))
-    if summary.allowed or cost == 0:  # a report-only request is never refused for where it stands
+    # The load shedder's fleet count was decided with the rest, but it is no limit of the client's: the
+    # outcome shows the client's own checks (the fleet slot, when taken, is among `slots`).
+    shed_priority: str | None = None
+    fleet = [i for i, check in enumerate(checks) if check.owner.startswith(shedding.OWNER_PREFIX)]
+    if fleet:
+        at = fleet[0]
+        fleet_decision = decisions[at] if at < len(decisions) else None
+        if cost > 0 and fleet_decision is not None and fleet_decision.results and \
+                not fleet_decision.results[0].allowed:
+            shed_priority = shedding.priority_of_owner(checks[at].owner)
+        kept = [i for i in range(len(checks)) if i != at]
+        own = [decisions[i] for i in kept if i < len(decisions)]
+        checks, pairs = tuple(checks[i] for i in kept), [pairs[i] for i in kept]
+        if shed_priority is not None and fleet_decision is not None:
+            summary = fleet_decision.refused() if fleet_decision.allowed else fleet_decision
+        else:
+            shown = summarize(own, len(kept))
+            summary = shown.refused() if shown.allowed and not summary.allowed else shown
+        decisions = own
+    if shed_priority is not None:
+        status = SHED
+    elif summary.allowed or cost == 0:  # a report-only request is never refused for where it stands
         status = UNAUTHORIZED if plan.refusal else ALLOWED
     else:
         status = UNAVAILABLE if summary.degraded else DENIED
     if cost > 0:
         metrics.record_decision(
-            allowed=summary.allowed, tier=plan.label, policy=None if summary.allowed else summary.policy,
+            allowed=summary.allowed, tier=plan.label,
+            policy=None if summary.allowed else f"shed.{shed_priority}" if shed_priority else summary.policy,
             degraded=summary.degraded, identity=plan.identity, unauthorized=status == UNAUTHORIZED,
         )
         if summary.allowed and summary.shadow:
             would_block = summary.would_block
             if would_block:  # refusals a shadow limit would have made: counted, never answered
                 metrics.record_shadow_blocked(tier=plan.label, policies=would_block, identity=plan.identity)
+        if shed_priority is not None:
+            shedding.fleet_episode.record_shed(shed_priority, {"identity": plan.identity})
+        elif fleet and status == ALLOWED:
+            shedding.fleet_episode.record_admitted()
+    if slots is not None and not summary.allowed:
+        slots.release()  # Redis Cluster charged the identities before the one that refused
+        slots = None
     padded = tuple(decisions) + (None,) * (len(pairs) - len(decisions))
-    return LimitOutcome(status, summary, policies, plan.tier, plan.identity,
-                        plan.refusal if status == UNAUTHORIZED else "", cost > 0, checks, padded)
+    message = plan.refusal if status == UNAUTHORIZED else shed_priority if status == SHED else ""
+    return LimitOutcome(status, summary, policies, plan.tier, plan.identity, message or "", cost > 0, checks,
+                        padded, slots)
 
 
 def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
@@ -359,6 +407,14 @@ def summarize(decisions: Sequence[Decision], expected: int) -> Decision:
     if worst is None:
         return Decision(False, 0, 0, 0.0, None, "", results, degraded, shadow)
     return dataclasses.replace(worst, allowed=False, results=results, degraded=degraded, shadow=shadow)
+
+
+def _declared_priority(request: HttpRequest) -> str | None:
+    """The load-shedding priority the resolved view declares (`@limit_cost(priority=...)`), or None."""
+    from .routes import route_for_view
+
+    match = getattr(request, "resolver_match", None)
+    return route_for_view(match.func).priority if match is not None else None
 
 
 def _ip_precheck(config: LimitConfig, ip_id: str, cost: int) -> LimitOutcome | None:

@@ -14,6 +14,14 @@ out). A limited path that resolves to no view (404) or that an earlier middlewar
 charged, at cost 1, on the way out. Every limited response carries the rate limit headers; the
 outcome is left on `request.ratelimit` for views (the status endpoint).
 
+Concurrency slots the request took (a tier's concurrency limit, `@limit_concurrency`, a
+`ConcurrencyThrottle`) are given back when the response is closed, or at once when the view raises
+(ratelimit_app.concurrency).
+
+Load shedding (ratelimit_app.shedding): the fleet shedder's count is part of the request's decision
+(503 when it refuses); the process shedder counts this process' requests in flight here and refuses
+low-priority ones at once, without Redis, when RATELIMIT['SHED_PROCESS_LIMIT'] is passed.
+
 The limiter never fails a request: whatever goes wrong inside it follows the fail mode and is logged
 (`ratelimit_app.limiting.safely`).
 """
@@ -21,18 +29,23 @@ The limiter never fails a request: whatever goes wrong inside it follows the fai
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.http import HttpRequest, HttpResponseBase
 
+from . import metrics, shedding
+from .concurrency import hold, release_pending_now, release_pending_with
 from .conf import DEFAULTS
 from .headers import apply_headers
+from .identity import request_ip_identity
 from .limiting import (
     ALLOWED,
     DENIED,
     FORBIDDEN,
+    SHED,
     UNAUTHORIZED,
     LimitCheck,
     LimitOutcome,
@@ -40,11 +53,13 @@ from .limiting import (
     limit_request,
     safely,
 )
-from .responses import forbidden, limiter_unavailable, too_many_requests, unauthorized
+from .responses import forbidden, limiter_unavailable, overloaded, too_many_requests, unauthorized
 from .routes import DEFERRED_ATTRIBUTE, defers_to_throttles, route_for_view, view_limit_of
 
 #: The request attribute that holds the LimitOutcome (also set by the throttles and the decorator).
 REQUEST_ATTRIBUTE = "ratelimit"
+#: Request attribute: the requests in flight in this process when this one arrived (process shedder).
+IN_FLIGHT_ATTRIBUTE = "_ratelimit_in_flight"
 
 
 class RateLimitMiddleware:
@@ -54,7 +69,22 @@ class RateLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
-        response = self.get_response(request)
+        departure = _count_in_flight(request)
+        try:
+            response = self.get_response(request)
+        except BaseException:
+            release_pending_now(request)  # the view raised: no response will be closed
+            if departure is not None:
+                departure()
+            raise
+        response = self._after_view(request, response)
+        release_pending_with(request, response)
+        if departure is not None:  # this process' count of requests in flight drops when the response is done
+            response._resource_closers.append(departure)  # type: ignore[attr-defined]
+            weakref.finalize(response, departure)
+        return response
+
+    def _after_view(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         outcome: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
         if outcome is None:
             deferred = request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
@@ -65,6 +95,7 @@ class RateLimitMiddleware:
             cost, scope = deferred if deferred is not None else (1, "")
             outcome = safely(lambda: limit_request(request, cost=max(cost, 1), scope=scope), where="middleware")
             setattr(request, REQUEST_ATTRIBUTE, outcome)
+            hold(request, outcome.slots)
             if outcome.status != ALLOWED:
                 return refusal(outcome)
         add_headers(response, outcome)
@@ -72,6 +103,9 @@ class RateLimitMiddleware:
 
     def process_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
                      view_kwargs: Any) -> HttpResponseBase | None:
+        shed = _process_shed(request, view_func)
+        if shed is not None:
+            return shed
         if not _applies(request):
             return None
         route = route_for_view(view_func)
@@ -83,7 +117,8 @@ class RateLimitMiddleware:
         def limit() -> LimitOutcome:
             view_limit = view_limit_of(view_func)
             extra: list[LimitCheck] = []
-            if view_limit is not None and view_limit.joins_request_limits and view_limit.cost == cost:
+            if view_limit is not None and view_limit.joins_request_limits and (
+                    view_limit.cost == cost or getattr(view_limit, "joins_at_any_cost", False)):
                 check = view_limit.check_for(request)
                 if check is not None:
                     extra.append(check)
@@ -91,9 +126,44 @@ class RateLimitMiddleware:
 
         outcome = safely(limit, where="middleware")
         setattr(request, REQUEST_ATTRIBUTE, outcome)
+        hold(request, outcome.slots)
         if outcome.status == ALLOWED:
             return None
         return refusal(outcome, cost)
+
+
+def _count_in_flight(request: HttpRequest) -> shedding.Departure | None:
+    """Count `request` in this process' requests in flight when the process shedder is on; the
+    Departure takes it out again."""
+    try:
+        if shedding.get_config().process_limit is None:
+            return None
+    except Exception:  # invalid settings: `check` reports them, the request follows the fail mode
+        return None
+    setattr(request, IN_FLIGHT_ATTRIBUTE, shedding.in_flight.enter())
+    return shedding.Departure()
+
+
+def _process_shed(request: HttpRequest, view_func: Callable[..., Any]) -> HttpResponseBase | None:
+    """503 for a low-priority request while this process has more than SHED_PROCESS_LIMIT requests in
+    flight (no Redis call), else None."""
+    count = request.__dict__.get(IN_FLIGHT_ATTRIBUTE)
+    if count is None:
+        return None
+    try:
+        config = shedding.get_config()
+        priority = config.priority_for(request, route_for_view(view_func).priority)
+        if not shedding.process_sheds(config, priority, count):
+            if priority == shedding.LOW:
+                shedding.process_episode.record_admitted()
+            return None
+        identity = request_ip_identity(request)
+        metrics.record_decision(allowed=False, tier="process", policy=f"process-shed.{priority}", degraded=False,
+                                identity=identity)
+        shedding.process_episode.record_shed(priority, {"in_flight": count, "limit": config.process_limit})
+        return overloaded(priority, config.retry_after)
+    except Exception:  # the shedder never fails a request
+        return None
 
 
 def _applies(request: HttpRequest) -> bool:
@@ -124,8 +194,9 @@ def _is_path_list(value: Any) -> bool:
 
 
 def add_headers(response: HttpResponseBase, outcome: LimitOutcome) -> None:
-    """Add the rate limit headers chosen by RATELIMIT['HEADERS'] for this outcome."""
-    if outcome.decision is not None and outcome.policies:
+    """Add the rate limit headers chosen by RATELIMIT['HEADERS'] for this outcome (none for a request
+    the load shedder refused: it was refused for the fleet's load, not for the client's limits)."""
+    if outcome.decision is not None and outcome.policies and outcome.status != SHED:
         with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
             apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, get_config().headers)
 
@@ -137,6 +208,8 @@ def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
         return forbidden(outcome.message)
     if outcome.status == UNAUTHORIZED:
         response = unauthorized(outcome.message)
+    elif outcome.status == SHED:
+        return overloaded(outcome.message, shedding.get_config().retry_after)  # no rate-limit headers
     elif outcome.status == DENIED and decision is not None:
         response = too_many_requests(decision, outcome.tier_slug, cost)
     else:

@@ -21,7 +21,7 @@ from django.utils import timezone
 from . import apikeys
 from .calendars import CALENDAR_PERIODS, is_valid_time_zone
 from .conf import IP_POLICY_NAME
-from .policies import ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
+from .policies import ALL_ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
 
 FAIL_MODE_CHOICES = [
     ("", "Default (RATELIMIT['FAIL_MODE'])"),
@@ -29,7 +29,7 @@ FAIL_MODE_CHOICES = [
     ("closed", "Closed: refuse with 503"),
     ("local", "Local: in-process fallback limiter"),
 ]
-ALGORITHM_CHOICES = [(name, name.replace("_", " ")) for name in ALGORITHMS]
+ALGORITHM_CHOICES = [(name, name.replace("_", " ")) for name in ALL_ALGORITHMS]
 CALENDAR_CHOICES = [
     ("", "No: a rolling or epoch-aligned period"),
     ("day", "Calendar day"),

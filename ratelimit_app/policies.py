@@ -16,6 +16,12 @@ ALGORITHMS: tuple[str, ...] = (
     "token_bucket",
     "gcra",
 )
+#: Requests in flight (slots, each a lease of `period` seconds) rather than requests over time: a policy
+#: of its own kind, apart from the rate ALGORITHMS (a request takes one slot whatever its cost, and gives
+#: it back when its response is finished; see docs/protection.md).
+CONCURRENCY = "concurrency"
+#: Every algorithm a Policy may use.
+ALL_ALGORITHMS: tuple[str, ...] = (*ALGORITHMS, CONCURRENCY)
 #: Algorithms whose capacity (burst) may differ from the limit.
 BURST_ALGORITHMS = frozenset({"token_bucket", "gcra"})
 
@@ -105,10 +111,10 @@ class Policy:
             raise InvalidPolicy(
                 f"name: {self.name!r} must be 1-64 characters of letters, digits, '_', '-' or '.'"
             )
-        if self.algorithm not in ALGORITHMS:
+        if self.algorithm not in ALL_ALGORITHMS:
             raise InvalidPolicy(
                 f"algorithm: {self.algorithm!r} for policy {self.name!r} is not one of "
-                f"{', '.join(ALGORITHMS)}"
+                f"{', '.join(ALL_ALGORITHMS)}"
             )
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= MAX_LIMIT:
             raise InvalidPolicy(

@@ -17,6 +17,8 @@ RATELIMIT['ERROR_FORMAT'] chooses the body: "json" (default, shown below) or "pr
     503 {"error": "rate limiter unavailable", "tier": "free", "policy": "", "retry_after": 1.0}
         Retry-After: 1
     401 {"error": "unknown API key"}
+    503 {"error": "service overloaded: request shed", "priority": "low", "retry_after": 1.0}
+        Retry-After: 1                                        (the load shedder: no rate limit headers)
 
 `retry_after` in the body is the limiter's wait in seconds (float, millisecond precision);
 `Retry-After` is the same rounded up to whole seconds, at least 1. Bodies never echo the key.
@@ -118,3 +120,13 @@ def unauthorized(message: str) -> JsonResponse:
 def forbidden(message: str) -> JsonResponse:
     """403 for a client refused by a deny rule (ClientRule)."""
     return _answer(403, {"error": message})
+
+
+def overloaded(priority: str, retry_after: float) -> JsonResponse:
+    """503 for a request the load shedder refused (too many requests in flight for its priority)."""
+    seconds = max(1, math.ceil(retry_after))
+    response = _answer(503, {
+        "error": "service overloaded: request shed", "priority": priority, "retry_after": float(seconds),
+    }, problem_type=TEMPORARY_REDUCED_CAPACITY)
+    response["Retry-After"] = str(seconds)
+    return response

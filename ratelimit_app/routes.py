@@ -4,6 +4,7 @@
     @limit_cost(5, methods=["POST"])        # POST costs 5, other methods 1
     @limit_cost(1, scope="search")          # adds the tier's limits with scope "search"
     @limit_cost(0)                          # identify and report, consume nothing (status endpoints)
+    @limit_cost(priority="low")             # shed first when the fleet is overloaded (ratelimit_app.shedding)
 
 Class-based views may set the same on the class (`@limit_cost(...)` on a View or APIView class); a DRF
 view's `throttle_scope` is used as the scope when nothing else is declared.
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from django.http import HttpRequest
 
 from .policies import MAX_LIMIT
+from .shedding import validate_priority
 
 if TYPE_CHECKING:
     from .limiting import LimitCheck
@@ -38,12 +40,14 @@ ViewT = TypeVar("ViewT", bound=Callable[..., Any])
 class RouteLimit:
     """What a route costs (`cost` units; 0 = report only) and its scope ("" = none).
 
-    With `methods`, the cost applies to those HTTP methods only; other methods cost 1.
+    With `methods`, the cost applies to those HTTP methods only; other methods cost 1. `priority` is
+    the load-shedding priority ("critical", "normal", "low"; None: not declared, see shedding).
     """
 
     cost: int = 1
     scope: str = ""
     methods: frozenset[str] | None = None
+    priority: str | None = None
 
     def cost_for(self, method: str | None) -> int:
         """The cost of a request with this HTTP method."""
@@ -74,18 +78,20 @@ def view_name(view: Any) -> str:
     return f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', type(view).__name__)}"
 
 
-def limit_cost(cost: int = 1, *, scope: str | None = None, methods: Iterable[str] | None = None) -> Callable[
-    [ViewT], ViewT
-]:
-    """Declare the cost and scope of a view (function or class) for RateLimitMiddleware.
+def limit_cost(cost: int = 1, *, scope: str | None = None, methods: Iterable[str] | None = None,
+               priority: str | None = None) -> Callable[[ViewT], ViewT]:
+    """Declare the cost, scope and load-shedding priority of a view (function or class) for
+    RateLimitMiddleware.
 
-    Raises ValueError when applied, naming the view, for a cost outside 0..1e9, an invalid scope name
-    or methods that are not a list of HTTP method names.
+    Raises ValueError when applied, naming the view, for a cost outside 0..1e9, an invalid scope name,
+    methods that are not a list of HTTP method names, or a priority other than "critical", "normal"
+    and "low".
     """
 
     def decorate(view: ViewT) -> ViewT:
         try:
-            route = RouteLimit(validate_cost(cost), validate_scope(scope) if scope else "", _methods(methods))
+            route = RouteLimit(validate_cost(cost), validate_scope(scope) if scope else "", _methods(methods),
+                               validate_priority(priority) if priority is not None else None)
         except ValueError as exc:
             raise ValueError(f"@limit_cost on {view_name(view)}: {exc}") from exc
         setattr(view, ATTRIBUTE, route)

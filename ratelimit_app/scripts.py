@@ -14,6 +14,7 @@ ALGORITHM_FILES: tuple[str, ...] = (
     "token_bucket.lua",
     "gcra.lua",
     "calendar_window.lua",
+    "concurrency.lua",
 )
 ENTRY_FILE = "decide.lua"
 #: Locals every other file uses; it comes first.

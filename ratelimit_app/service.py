@@ -36,7 +36,7 @@ from .engine_sync import RateLimiter
 from .exceptions import BACKEND_ERRORS
 from .fallback import LocalLimiter
 from .logs import log_event
-from .policies import Policy
+from .policies import CONCURRENCY, Policy
 
 FAIL_MODES = ("open", "closed", "local")
 Check = tuple[str, Sequence[Policy]]
@@ -85,13 +85,17 @@ def _request_key(checks: Sequence[Check], cost: int) -> Hashable:
 class _Call:
     """One decision on its way through a service: what was asked, and what the service knows so far."""
 
-    __slots__ = ("answer", "charge", "checks", "cost", "generation", "key", "mode", "started", "step", "watch")
+    __slots__ = ("answer", "charge", "checks", "cost", "generation", "key", "lease", "mode", "started", "step",
+                 "watch")
 
-    def __init__(self, checks: Sequence[Check], cost: int, mode: str, charge: bool) -> None:
+    def __init__(self, checks: Sequence[Check], cost: int, mode: str, charge: bool,
+                 lease: str | None = None) -> None:
         self.checks = checks
         self.cost = cost
         self.mode = mode
         self.charge = charge
+        #: the token concurrency slots are taken under (see LimiterService.hit_many)
+        self.lease = lease
         #: the deny-cache key, when it was computed
         self.key: Hashable | None = None
         #: the decisions, when known without asking Redis (deny cache, breaker open)
@@ -162,16 +166,45 @@ class LimiterService:
         return self._engine or self._build_engine()
 
     def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
-            fail_mode: str | None = None) -> Decision:
+            fail_mode: str | None = None, lease: str | None = None) -> Decision:
         """Charge `cost` to every policy if all allow (see RateLimiter.hit); the fail mode applies
-        when Redis cannot decide."""
-        return self._decide([(identity, policies)], cost, fail_mode, charge=True)[0]
+        when Redis cannot decide. `lease` as in `hit_many`."""
+        return self._decide([(identity, policies)], cost, fail_mode, charge=True, lease=lease)[0]
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
-                 fail_mode: str | None = None) -> list[Decision]:
+                 fail_mode: str | None = None, lease: str | None = None) -> list[Decision]:
         """Decide several identities together (see RateLimiter.hit_many); the fail mode applies to
-        all of them when Redis cannot decide."""
-        return self._decide(checks, cost, fail_mode, charge=True)
+        all of them when Redis cannot decide. Concurrency slots are taken under `lease` (in Redis, or
+        in the local fallback when the decision is local: `release` with the same `local`)."""
+        return self._decide(checks, cost, fail_mode, charge=True, lease=lease)
+
+    def release(self, held: Sequence[tuple[str, Policy]], lease: str, *, local: bool = False) -> bool:
+        """Give back the concurrency slots of `held` taken under `lease`: in Redis (one round trip,
+        within the time budget, through the breaker), or in the local fallback when `local` (the
+        decision that took them was made by the "local" fail mode). Never raises for Redis failures:
+        False when Redis could not be asked (those slots then free themselves when their lease runs out)."""
+        if local:
+            self.fallback.release(held, lease)
+            return True
+        step = self.breaker.before_call()
+        if step == SKIP:
+            return False
+        started = time.monotonic()
+        token = budget_deadline.set(started + self.budget)
+        try:
+            (self._engine or self._build_engine()).release(held, lease)
+        except BACKEND_ERRORS as exc:
+            self._count_failure()
+            self.breaker.record_failure(exc, probe=step == PROBE)
+            return False
+        except BaseException:
+            if step == PROBE:
+                self.breaker.abandon_probe()
+            raise
+        finally:
+            budget_deadline.reset(token)
+        self.breaker.record_success(probe=step == PROBE)
+        return True
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
              fail_mode: str | None = None, fresh: bool = False) -> Decision:
@@ -205,9 +238,10 @@ class LimiterService:
 
     # -- one decision ------------------------------------------------------------------------------
     def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool,
-                fresh: bool = False) -> list[Decision]:
+                fresh: bool = False, lease: str | None = None) -> list[Decision]:
         engine = self._engine
-        call = self._open(checks, cost, fail_mode, charge, fresh, engine.prefix if engine is not None else None)
+        call = self._open(checks, cost, fail_mode, charge, fresh, engine.prefix if engine is not None else None,
+                          lease)
         if call.watch is not None:
             self._read_epoch(call)
         if call.answer is not None:
@@ -216,7 +250,7 @@ class LimiterService:
         try:
             engine = self._engine or self._build_engine()
             if charge:
-                decisions = engine.hit_many(checks, cost)
+                decisions = engine.hit_many(checks, cost, lease=lease)
             else:
                 identity, policies = checks[0]
                 decisions = [engine.peek(identity, policies, cost)]
@@ -249,7 +283,7 @@ class LimiterService:
     # reset epoch and hands it to _epoch_read; then, when no answer is known yet, the caller asks Redis
     # and ends with exactly one of _answered, _failed or _abandoned. Only the I/O is the caller's.
     def _open(self, checks: Sequence[Check], cost: int, fail_mode: str | None, charge: bool, fresh: bool,
-              prefix: str | None) -> _Call:
+              prefix: str | None, lease: str | None = None) -> _Call:
         """A call on its way to Redis, or with its `answer` already known (deny cache, breaker open).
 
         `prefix` is the key prefix of the caller's engine, None when it has none yet (the reset epoch
@@ -257,7 +291,7 @@ class LimiterService:
         be read first (see ResetWatch): the answer stands unless `_epoch_read` finds it changed.
         """
         mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
-        call = _Call(checks, cost, mode, charge)
+        call = _Call(checks, cost, mode, charge, lease)
         cache = self.deny_cache
         if len(cache) and not fresh:
             call.key = _request_key(checks, cost)
@@ -286,16 +320,17 @@ class LimiterService:
         call.generation = self.deny_cache.generation
         call.step = self.breaker.before_call()
         if call.step == SKIP:
-            call.answer = self._degraded(call.mode, call.checks, call.cost, call.charge)
+            call.answer = self._degraded(call.mode, call.checks, call.cost, call.charge, call.lease)
         else:
             call.started = time.monotonic()
         return call
 
     def _answered(self, call: _Call, decisions: list[Decision]) -> list[Decision]:
-        """Redis decided: count the latency and the success; a denial goes into the deny cache."""
+        """Redis decided: count the latency and the success; a denial goes into the deny cache, unless
+        a concurrency slot refused it (a slot can free at any moment: a response finishes)."""
         metrics.observe_latency(time.monotonic() - call.started)
         self.breaker.record_success(probe=call.step == PROBE)
-        if decisions and not decisions[-1].allowed:
+        if decisions and not decisions[-1].allowed and not _refused_for_slots(call.checks, decisions):
             self.deny_cache.remember(_request_key(call.checks, call.cost) if call.key is None else call.key,
                                      tuple(identity for identity, _ in call.checks), decisions, call.started,
                                      call.generation)
@@ -307,7 +342,12 @@ class LimiterService:
         with self._stats_lock:
             self._redis_failures += 1
         self.breaker.record_failure(error, probe=call.step == PROBE)
-        return self._degraded(call.mode, call.checks, call.cost, call.charge)
+        return self._degraded(call.mode, call.checks, call.cost, call.charge, call.lease)
+
+    def _count_failure(self) -> None:
+        """One more Redis call that failed or timed out (see stats)."""
+        with self._stats_lock:
+            self._redis_failures += 1
 
     def _abandoned(self, call: _Call) -> None:
         """The call ended without an answer from Redis or a Redis failure (bad input, cancellation)."""
@@ -319,10 +359,11 @@ class LimiterService:
         self.deny_cache.forget(identity)
         self.fallback.reset(identity, policies)
 
-    def _degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool) -> list[Decision]:
+    def _degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool,
+                  lease: str | None = None) -> list[Decision]:
         """The answer of `mode` when Redis cannot decide (see the class docstring)."""
         if mode == "local":
-            decisions = self.fallback.decide(checks, cost, charge=charge)
+            decisions = self.fallback.decide(checks, cost, charge=charge, lease=lease)
             allowed = bool(decisions) and decisions[-1].allowed
             with self._stats_lock:
                 self._counts["local_allowed" if allowed else "local_denied"] += 1
@@ -330,7 +371,7 @@ class LimiterService:
                 return [dataclasses.replace(d, degraded=True) for d in decisions]
             return decisions
         # bad input is refused the same way with or without Redis
-        prepare_call("rl", checks, cost, charge=charge)
+        prepare_call("rl", checks, cost, charge=charge, lease=lease)
         with self._stats_lock:
             self._counts[mode] += 1
         if mode == "open":
@@ -359,6 +400,15 @@ class LimiterService:
         if state == CLOSED:
             # Redis is back: the next outage starts from a clean local state (and frees the memory)
             self.fallback.clear()
+
+
+def _refused_for_slots(checks: Sequence[Check], decisions: Sequence[Decision]) -> bool:
+    """True when a concurrency policy refused (results follow each check's policies, in order)."""
+    for (_, policies), decision in zip(checks, decisions, strict=False):
+        for policy, result in zip(policies, decision.results, strict=False):
+            if policy.algorithm == CONCURRENCY and not result.allowed:
+                return True
+    return False
 
 
 def _check_mode(mode: str) -> str:

@@ -22,7 +22,7 @@ import sys
 import weakref
 from collections.abc import Callable, Sequence
 
-from .breaker import CircuitBreaker
+from .breaker import PROBE, SKIP, CircuitBreaker
 from .conf import SettingsCached, ratelimit_settings
 from .connection import get_async_redis
 from .decision import Decision
@@ -82,16 +82,43 @@ class AsyncLimiterService:
 
     # -- the public API ----------------------------------------------------------------------------
     async def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
-                  fail_mode: str | None = None) -> Decision:
+                  fail_mode: str | None = None, lease: str | None = None) -> Decision:
         """Charge `cost` to every policy if all allow (see RateLimiter.hit); the fail mode applies
-        when Redis cannot decide within the budget."""
-        return (await self._decide([(identity, policies)], cost, fail_mode, charge=True))[0]
+        when Redis cannot decide within the budget. `lease` as in `hit_many`."""
+        return (await self._decide([(identity, policies)], cost, fail_mode, charge=True, lease=lease))[0]
 
     async def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
-                       fail_mode: str | None = None) -> list[Decision]:
+                       fail_mode: str | None = None, lease: str | None = None) -> list[Decision]:
         """Decide several identities together (see RateLimiter.hit_many); the fail mode applies to
-        all of them when Redis cannot decide within the budget."""
-        return await self._decide(checks, cost, fail_mode, charge=True)
+        all of them when Redis cannot decide within the budget. Concurrency slots are taken under
+        `lease` (see LimiterService.hit_many; give them back with `release`)."""
+        return await self._decide(checks, cost, fail_mode, charge=True, lease=lease)
+
+    async def release(self, held: Sequence[tuple[str, Policy]], lease: str, *, local: bool = False) -> bool:
+        """Give back the concurrency slots of `held` taken under `lease` (see LimiterService.release):
+        in Redis within the budget and through the shared breaker, or in the local fallback when
+        `local`. Never raises for Redis failures: False when Redis could not be asked (the slots then
+        free themselves when their lease runs out)."""
+        service = self.service
+        if local:
+            service.fallback.release(held, lease)
+            return True
+        step = service.breaker.before_call()
+        if step == SKIP:
+            return False
+        try:
+            async with _budget(service.budget):
+                await (self._engine or self.limiter()).release(held, lease)
+        except _FAILURES as exc:
+            service._count_failure()
+            service.breaker.record_failure(exc, probe=step == PROBE)
+            return False
+        except BaseException:
+            if step == PROBE:
+                service.breaker.abandon_probe()
+            raise
+        service.breaker.record_success(probe=step == PROBE)
+        return True
 
     async def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
                    fail_mode: str | None = None, fresh: bool = False) -> Decision:
@@ -138,10 +165,11 @@ class AsyncLimiterService:
 
     # -- one decision ------------------------------------------------------------------------------
     async def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *,
-                      charge: bool, fresh: bool = False) -> list[Decision]:
+                      charge: bool, fresh: bool = False, lease: str | None = None) -> list[Decision]:
         service = self.service
         engine = self._engine or self._engines.get(asyncio.get_running_loop())
-        call = service._open(checks, cost, fail_mode, charge, fresh, engine.prefix if engine is not None else None)
+        call = service._open(checks, cost, fail_mode, charge, fresh, engine.prefix if engine is not None else None,
+                             lease)
         if call.watch is not None and engine is not None:
             try:
                 async with _budget(service.budget):
@@ -156,7 +184,7 @@ class AsyncLimiterService:
             async with _budget(service.budget):
                 engine = self._engine or self.limiter()
                 if charge:
-                    decisions = await engine.hit_many(checks, cost)
+                    decisions = await engine.hit_many(checks, cost, lease=lease)
                 else:
                     identity, policies = checks[0]
                     decisions = [await engine.peek(identity, policies, cost)]

@@ -35,6 +35,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
+from .concurrency import hold, release_pending_with
 from .decision import Decision
 from .headers import retry_after_seconds
 from .identity import UNKNOWN_IP, authenticated_user, client_ip, ip_identity
@@ -44,6 +45,7 @@ from .limiting import (
     DENIED,
     FORBIDDEN,
     REQUEST_LIMITS,
+    SHED,
     UNAUTHORIZED,
     UNAVAILABLE,
     LimitCheck,
@@ -55,7 +57,7 @@ from .limiting import (
     safely,
 )
 from .middleware import REQUEST_ATTRIBUTE, add_headers
-from .policies import InvalidPolicy, Policy, parse_rate
+from .policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
 from .routes import DEFERRED_ATTRIBUTE, route_for_view
 
 #: Attribute of a DRF Request holding the joint decision of our throttles for that dispatch.
@@ -68,7 +70,9 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
     """DEFAULT_THROTTLE_RATES parse (ratelimit.E010); every `throttle_scope` of a view with our
     ScopedRateThrottle has a rate (E011); throttles in use (DEFAULT_THROTTLE_CLASSES and the views of
     the URLconf) override nothing ours ignore (W010); X-Forwarded-For ignored because NUM_PROXIES is
-    None and no RATELIMIT['TRUSTED_PROXIES'] are set (W011)."""
+    None and no RATELIMIT['TRUSTED_PROXIES'] are set (W011); a view whose throttles may take
+    concurrency slots (ConcurrencyThrottle, TierRateThrottle) with neither RateLimitMiddleware nor
+    RateLimitHeadersMixin to give them back (W012)."""
     messages: list[checks.CheckMessage] = []
     for scope, rate in (api_settings.DEFAULT_THROTTLE_RATES or {}).items():
         if rate is None:
@@ -82,6 +86,9 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                 id="ratelimit.E010",
             ))
     rates = api_settings.DEFAULT_THROTTLE_RATES or {}
+    from django.conf import settings as django_settings
+
+    middleware_installed = "ratelimit_app.middleware.RateLimitMiddleware" in (django_settings.MIDDLEWARE or ())
     defaults: Any = api_settings.DEFAULT_THROTTLE_CLASSES or ()  # imported classes (the stubs say strings)
     used_throttles: set[type] = {t for t in defaults
                                  if isinstance(t, type) and issubclass(t, AtomicRateThrottle)}
@@ -89,6 +96,16 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
         for view_class in _drf_view_classes(get_resolver().url_patterns):
             used_throttles.update(t for t in getattr(view_class, "throttle_classes", ()) or ()
                                   if isinstance(t, type) and issubclass(t, AtomicRateThrottle))
+            takes_slots = [t for t in getattr(view_class, "throttle_classes", ()) or ()
+                           if isinstance(t, type) and issubclass(t, (ConcurrencyThrottle, TierRateThrottle))]
+            if takes_slots and not middleware_installed and not issubclass(view_class, RateLimitHeadersMixin):
+                messages.append(checks.Warning(
+                    f"{view_class.__module__}.{view_class.__qualname__} uses {takes_slots[0].__name__}, which may "
+                    "take concurrency slots, but neither RateLimitMiddleware nor RateLimitHeadersMixin gives them "
+                    "back: each slot would be held until its lease runs out.",
+                    hint="Add ratelimit_app.middleware.RateLimitMiddleware to MIDDLEWARE, or RateLimitHeadersMixin to "
+                         "the view.", id="ratelimit.W012",
+                ))
             view_scope = getattr(view_class, "throttle_scope", None)
             scoped = [t for t in getattr(view_class, "throttle_classes", ()) or ()
                       if isinstance(t, type) and issubclass(t, ScopedRateThrottle) and "THROTTLE_RATES" not in vars(t)]
@@ -167,6 +184,20 @@ class LimiterUnavailable(APIException):
         self.wait = wait
 
 
+class Overloaded(APIException):
+    """503: the load shedder refused the request (too many requests in flight for its priority)."""
+
+    status_code = 503
+    default_detail = "Service overloaded: request shed."
+    default_code = "overloaded"
+
+    def __init__(self, priority: str) -> None:
+        super().__init__(f"Service overloaded: {priority}-priority request shed.")
+        from .shedding import get_config
+
+        self.wait = int(get_config().retry_after)
+
+
 def _django_request(request: Any) -> HttpRequest:
     return request._request if isinstance(request, Request) else request
 
@@ -211,6 +242,8 @@ class JointThrottle(drf_throttling.BaseThrottle):
                 raise ClientRefused(outcome.message)
             if outcome.status == UNAUTHORIZED:
                 raise InvalidApiKey(outcome.message)
+            if outcome.status == SHED:
+                raise Overloaded(outcome.message)
             if outcome.status == UNAVAILABLE:
                 retry_after = outcome.decision.retry_after if outcome.decision is not None else None
                 raise LimiterUnavailable(retry_after_seconds(retry_after) or 1)
@@ -290,6 +323,7 @@ def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> _Join
         return decide(plan, cost)
 
     outcome = safely(limit, where=f"throttles of {type(view).__qualname__}")
+    hold(django_request, outcome.slots)  # given back with the response (the middleware or the mixin)
     if outcome.decision is not None and outcome.policies:
         setattr(django_request, REQUEST_ATTRIBUTE, outcome)
     joint = _Joint(view, outcome, carrier.owner, frozenset(denied))
@@ -321,16 +355,19 @@ class TierRateThrottle(JointThrottle):
 
 
 class RateLimitHeadersMixin:
-    """Add the rate limit headers of the throttles' decision to a DRF view's responses.
+    """Add the rate limit headers of the throttles' decision to a DRF view's responses, and give back
+    the concurrency slots they took when the response is closed.
 
-    Not needed when RateLimitMiddleware is installed (it adds them for throttled requests too).
+    Not needed when RateLimitMiddleware is installed (it does both for throttled requests too).
     """
 
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
-        outcome = _django_request(request).__dict__.get(REQUEST_ATTRIBUTE)
+        django_request = _django_request(request)
+        outcome = django_request.__dict__.get(REQUEST_ATTRIBUTE)
         if outcome is not None:
             add_headers(response, outcome)
+        release_pending_with(django_request, response)
         return response
 
 
@@ -498,3 +535,42 @@ class ScopedRateThrottle(AtomicRateThrottle, drf_throttling.ScopedRateThrottle):
             self.rate, self.config_error = None, exc
         return True
 
+
+
+class ConcurrencyThrottle(JointThrottle):
+    """At most `slots` requests of one user (anonymous clients: one address) in flight at once in the
+    views it throttles; each holds a slot until its response is closed, `lease` seconds at most if its
+    worker dies. Refused: 429 with `Retry-After: 1`. Set `slots`, `lease` and `scope` (the policy
+    name, and what views sharing it count together) on a subclass; they are checked when the class is
+    defined. The slot is given back by RateLimitMiddleware or RateLimitHeadersMixin (one is needed).
+    """
+
+    slots: ClassVar[int] = 5
+    lease: ClassVar[float] = 60
+    scope: ClassVar[str] = "concurrency"
+    policy: ClassVar[Policy] = Policy("concurrency", CONCURRENCY, limit=5, period=60)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        try:
+            cls.policy = Policy(cls.scope, CONCURRENCY, limit=cls.slots, period=cls.lease)
+        except InvalidPolicy as exc:
+            raise ImproperlyConfigured(
+                f"{cls.__module__}.{cls.__qualname__}: slots {cls.slots!r}, lease {cls.lease!r}, scope {cls.scope!r}: "
+                f"{exc}"
+            ) from exc
+
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        """One slot per user, else per client address (None address: not limited)."""
+        user = authenticated_user(request)
+        if user is not None:
+            ident = f"user:{user.pk}"
+        else:
+            address = client_ip(_django_request(request))
+            if address == UNKNOWN_IP:
+                return []
+            ident = ip_identity(address, identity_config().ipv6_prefix)
+        return [LimitCheck(f"throttle:{self.scope}:{ident}", (self.policy,), self.owner)]
+
+    def metrics_label(self) -> str:
+        return f"throttle.{self.scope}"

@@ -17,9 +17,9 @@ LimitSpec = tuple[str, str, int, int, "int | None", str]
 
 
 def seed_tiers() -> None:
-    """Restore the tiers the data migration seeds (transactional tests flush the tables)."""
-    migration = importlib.import_module("ratelimit_app.migrations.0002_seed_tiers")
-    migration.seed_tiers(django_apps)
+    """Restore the tiers the data migrations seed (transactional tests flush the tables)."""
+    importlib.import_module("ratelimit_app.migrations.0002_seed_tiers").seed_tiers(django_apps)
+    importlib.import_module("ratelimit_app.migrations.0004_concurrency").seed_concurrency(django_apps)
 
 
 def make_tier(slug: str, limits: list[LimitSpec], *, fail_mode: str = "") -> Tier:
@@ -41,17 +41,19 @@ def make_key(tier: Tier | str, name: str = "test key", **kwargs: Any) -> str:
     return key
 
 
-_FIELD = re.compile(r'"([^"]+)";(\w+)=(\d+);(\w+)=(\d+)')
+_FIELD = re.compile(r'"([^"]+)"((?:;\w+=(?:\d+|"[a-z-]+"))+)')
+_PARAM = re.compile(r';(\w+)=(\d+|"[a-z-]+")')
 
 
-def parse_ietf(value: str) -> dict[str, dict[str, int]]:
-    """Parse a RateLimit / RateLimit-Policy value into {policy: {param: int}}."""
+def parse_ietf(value: str) -> dict[str, dict[str, Any]]:
+    """Parse a RateLimit / RateLimit-Policy value into {policy: {param: int, or str for qu}}."""
     parsed = {}
     for member in value.split(", "):
         match = _FIELD.fullmatch(member)
         assert match, f"not a structured-field member: {member!r}"
-        name, k1, v1, k2, v2 = match.groups()
-        parsed[name] = {k1: int(v1), k2: int(v2)}
+        name, params = match.groups()
+        parsed[name] = {key: value.strip('"') if value.startswith('"') else int(value)
+                        for key, value in _PARAM.findall(params)}
     return parsed
 
 

@@ -171,7 +171,7 @@ def test_a_calendar_quota_has_a_key_letter_of_its_own_and_an_integer_state(limit
                    time_zone="UTC")
     plain = Policy("quota", "fixed_window", limit=5, period=CALENDAR_PERIODS["day"])
     [quota_key], [plain_key] = limiter.keys("acme", [quota]), limiter.keys("acme", [plain])
-    assert quota_key.endswith("}qquota") and plain_key.endswith("}fquota")
+    assert quota_key.endswith("}kquota") and plain_key.endswith("}fquota")
     assert limiter.hit("acme", [quota], cost=2).remaining == 3
     stored = limiter.client.get(quota_key)
     assert stored is not None and int(stored) // 65536 == 2  # 65536 x used + period mod 65536

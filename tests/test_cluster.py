@@ -214,6 +214,22 @@ def test_the_cluster_setting_turns_a_plain_url_into_a_cluster_client(cluster: Cl
     assert len(client.get_primaries()) == 3
 
 
+def test_concurrency_slots_on_a_cluster(cluster_limiter: RateLimiter, cluster_client: RedisCluster) -> None:
+    """A slot is taken with the rate limits on the identity's shard and given back by ZREM there."""
+    from ratelimit_app.engine import new_lease_token
+
+    slots = Policy("concurrency", "concurrency", limit=2, period=60)
+    tokens = [new_lease_token() for _ in range(3)]
+    decisions = [cluster_limiter.hit("apikey:9", [*TIER, slots], lease=token) for token in tokens]
+    assert [d.allowed for d in decisions] == [True, True, False] and decisions[2].policy == "concurrency"
+    keys = cluster_limiter.keys("apikey:9", [*TIER, slots])
+    assert len({cluster_client.keyslot(key) for key in keys}) == 1
+    assert cluster_client.zcard(keys[-1]) == 2
+    cluster_limiter.release([("apikey:9", slots)], tokens[0])
+    assert cluster_client.zcard(keys[-1]) == 1
+    assert cluster_limiter.hit("apikey:9", [*TIER, slots], lease=tokens[2]).allowed
+
+
 # -- the asyncio engine on the same cluster ---------------------------------------------------------
 
 def run_on_cluster(cluster: ClusterTopology, scenario: Callable[[AsyncRedisCluster], Awaitable[T]]) -> T:

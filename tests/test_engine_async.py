@@ -292,3 +292,34 @@ def test_own_connections_stay_within_the_pools_limit_and_a_closed_one_is_replace
     finally:
         admin.close()
         server.stop()
+
+
+def test_concurrency_slots_are_taken_and_given_back_like_the_sync_engine(
+        redis_url: str, redis_client: redis.Redis, key_prefix: str, async_connections: str) -> None:
+    from ratelimit_app.engine import new_lease_token
+
+    slots = Policy("concurrency", "concurrency", limit=2, period=60)
+    policies = [Policy("minute", "sliding_window", limit=100, period=60), slots]
+    tokens = [new_lease_token() for _ in range(3)]
+
+    async def scenario(client: redis.asyncio.Redis) -> None:
+        limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
+        with pytest.raises(ValueError, match="lease"):
+            await limiter.hit("k", policies)  # a slot needs a lease token
+        decisions = [await limiter.hit("k", policies, lease=token) for token in tokens]
+        assert [d.allowed for d in decisions] == [True, True, False] and decisions[2].policy == "concurrency"
+        assert [d.results[1].remaining for d in decisions] == [1, 0, 0]
+        key = limiter.keys("k", [slots])[0]
+        assert await client.zcard(key) == 2
+        await limiter.release([("k", slots)], tokens[0])
+        assert await client.zcard(key) == 1
+        assert (await limiter.hit("k", policies, lease=tokens[2])).allowed
+        await limiter.release([("k", slots)], tokens[1])
+        await limiter.release([("k", slots)], tokens[2])
+        assert await client.exists(key) == 0
+        # the sync engine sees the same slots
+        sync = RateLimiter(redis_client, prefix=key_prefix)
+        assert sync.peek("k", [slots]).remaining == 2
+        await limiter.aclose()
+
+    run_with(redis_url, scenario)

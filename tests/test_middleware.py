@@ -108,9 +108,10 @@ def test_one_redis_command_per_request(client: Any, settings: Any) -> None:
                 if event["client_type"] != "lua":
                     seen.append(event["command"].split()[0])
         assert response.status_code == 200
-        # One EVALSHA decided the per-IP limit and all three limits of the free tier.
-        assert seen == ["EVALSHA"]
-        assert parse_ietf(response["RateLimit"]).keys() == {"ip", "burst", "minute", "day"}
+        # One EVALSHA decided the per-IP limit and all four limits of the free tier (its slot included);
+        # one ZREM gave the slot back when the response was closed.
+        assert seen == ["EVALSHA", "ZREM"]
+        assert parse_ietf(response["RateLimit"]).keys() == {"ip", "burst", "minute", "concurrency", "day"}
         spy.close()
     finally:
         server.stop()
@@ -222,9 +223,9 @@ def test_status_endpoint_reports_and_consumes_nothing(client: Any) -> None:
     bodies = [r.json() for r in reports]
     assert bodies[0]["tier"] == "free" and bodies[0]["identity"] == "key:" + key.split(".")[0]
     assert [(lim["name"], lim["remaining"]) for lim in bodies[0]["limits"]] == [
-        ("ip", 99), ("burst", 9), ("minute", 19), ("day", 999)]
+        ("ip", 99), ("burst", 9), ("minute", 19), ("concurrency", 2), ("day", 999)]  # the slot was given back
     assert all(b["limits"][1:] == bodies[0]["limits"][1:] or
-               [lim["remaining"] for lim in b["limits"]] == [99, 9, 19, 999] for b in bodies)
+               [lim["remaining"] for lim in b["limits"]] == [99, 9, 19, 2, 999] for b in bodies)
     assert get(client, key=key)["X-RateLimit-Remaining"] == "8"  # the next real request is the second
 
 

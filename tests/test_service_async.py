@@ -242,3 +242,22 @@ def test_a_reset_announced_elsewhere_ends_a_cached_denial_within_the_check_inter
         assert (await service.hit("k", tight)).allowed  # the epoch changed: the cache was dropped
 
     run(service, scenario)
+
+
+def test_the_async_service_takes_and_releases_slots_and_never_caches_their_refusal(
+        settings: Any, server: RedisProcess, admin: redis.Redis) -> None:
+    from ratelimit_app.engine import new_lease_token
+
+    service = configure(settings, server.url)
+    slots = [Policy("concurrency", "concurrency", limit=1, period=60)]
+
+    async def scenario() -> None:
+        first, second = new_lease_token(), new_lease_token()
+        assert (await service.hit("k", slots, lease=first)).allowed
+        assert not (await service.hit("k", slots, lease=second)).allowed
+        assert len(service.service.deny_cache) == 0  # a slot may free at any moment: not cached
+        assert await service.release([("k", slots[0])], first)
+        assert (await service.hit_many([("k", slots)], lease=second))[0].allowed
+        assert await service.release([("k", slots[0])], second)
+
+    run(service, scenario)

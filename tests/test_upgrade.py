@@ -19,11 +19,13 @@ from ratelimit_app.engine import ALGORITHM_CODES, identity_digest
 from ratelimit_app.scripts import ALGORITHM_FILES, ENTRY_FILE, PRELUDE_FILE
 
 LEGACY_DIR = Path(__file__).resolve().parent / "legacy_lua"
-#: that release's algorithm files: today's but calendar_window.lua (calendar quotas came later)
-LEGACY_ALGORITHM_FILES = tuple(name for name in ALGORITHM_FILES if name != "calendar_window.lua")
+#: that release's algorithm files: today's but calendar_window.lua (calendar quotas came later) and
+#: concurrency.lua (the previous release had no concurrency policy, so no previous-layout state to carry over)
+LEGACY_ALGORITHM_FILES = tuple(name for name in ALGORITHM_FILES
+                               if name not in ("calendar_window.lua", "concurrency.lua"))
 LEGACY_SOURCE = "\n".join((LEGACY_DIR / name).read_text(encoding="utf-8")
                           for name in (PRELUDE_FILE, *LEGACY_ALGORITHM_FILES, ENTRY_FILE))
-ALGORITHMS = sorted(ALGORITHM_CODES)
+ALGORITHMS = sorted(name for name in ALGORITHM_CODES if name != "concurrency")
 
 
 def legacy_hit(client: redis.Redis, prefix: str, identity: str, policies: list[Policy], cost: int = 1) -> bool:
@@ -117,3 +119,25 @@ def test_without_the_previous_layout_only_todays_keys_are_sent(
         assert [limiter.hit("k", policies).allowed for _ in range(3)] == [True, True, False]
     finally:
         engine._plan.cache_clear()
+
+
+def test_a_concurrency_policy_never_reads_a_previous_layout_key(
+    limiter: RateLimiter, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """The previous release had no concurrency policy: its key in that layout is sent (the keys are all
+    or none) but never read, and a slot's sorted set (which MGET reads as nil) is never taken for a
+    missing state that would send the script looking at the previous layout."""
+    from ratelimit_app.engine import new_lease_token
+
+    slots = Policy("concurrency", "concurrency", limit=2, period=60)
+    minute = Policy("minute", "fixed_window", limit=10, period=60)
+    keys = engine.reset_keys(key_prefix, "k", [minute, slots])
+    assert len(keys) == 4 and keys[3].endswith(":concurrency:concurrency")
+    redis_client.set(keys[3], "garbage")  # whatever lies there is not read
+    tokens = [new_lease_token() for _ in range(3)]
+    decisions = [limiter.hit("k", [minute, slots], lease=token) for token in tokens]
+    assert [d.allowed for d in decisions] == [True, True, False] and decisions[2].policy == "concurrency"
+    assert redis_client.zcard(keys[1]) == 2 and redis_client.get(keys[3]) == b"garbage"
+    limiter.release([("k", slots)], tokens[0])
+    assert limiter.hit("k", [minute, slots], lease=tokens[2]).allowed
+    assert limiter.peek("k", [minute]).remaining == 7

@@ -6,15 +6,26 @@
 - `GET /api/rate-limit/status`  the caller's tier and where it stands in each limit; consumes nothing
 - `/drf/items/`                 a DRF viewset limited by `throttle_classes` (outside the middleware's /api/)
 - `GET /public/quote`           a plain view limited by the `@ratelimit` decorator, per IP
+- `GET /api/slow?ms=500`        a slow request (normal priority): holds the caller's concurrency slot
+- `GET /api/export?ms=500`      a slow report export: low priority, shed first when the fleet is full
+- `GET /api/checkout?ms=500`    a slow critical request: never shed
+- `GET /api/stream?chunks=5&ms=100`  a streaming response: holds its slot until the stream is closed
+  (each answers how many requests were in its view, all demo endpoints together, when it entered:
+  measured in Redis, so across every worker and server)
+- `GET /public/single`          a plain view allowing one request per client IP at once (`@limit_concurrency`)
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest, JsonResponse
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from rest_framework import viewsets
@@ -22,8 +33,9 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ratelimit_app.conf import ratelimit_settings
 from ratelimit_app.connection import get_redis
-from ratelimit_app.decorators import ratelimit
+from ratelimit_app.decorators import limit_concurrency, ratelimit
 from ratelimit_app.exceptions import REDIS_CLIENT_ERRORS
 from ratelimit_app.limiting import LimitOutcome, limit_request
 from ratelimit_app.middleware import REQUEST_ATTRIBUTE
@@ -120,3 +132,95 @@ class ItemViewSet(viewsets.ViewSet):
 def quote(request: HttpRequest) -> JsonResponse:
     """A plain view limited by the decorator: 5 per minute per client IP."""
     return JsonResponse({"quote": QUOTES[len(request.path) % len(QUOTES)]})
+
+
+#: The most a demo endpoint sleeps (ms=...), so a client cannot hold a worker for long.
+MAX_SLEEP_MS = 10_000
+
+
+def _sleep_ms(request: HttpRequest, default: int = 500) -> int:
+    try:
+        ms = int(request.GET.get("ms", default))
+    except ValueError:
+        ms = default
+    return min(max(ms, 0), MAX_SLEEP_MS)
+
+
+def _in_flight_key(kind: str) -> str:
+    return f"{ratelimit_settings.KEY_PREFIX}:demo:in-flight:{kind}"
+
+
+def _slow(request: HttpRequest, kind: str) -> JsonResponse:
+    """Sleep ms milliseconds, counting the requests inside demo views (all, and of this kind) in Redis:
+    each response says how many were inside when it entered (itself included)."""
+    ms = _sleep_ms(request)
+    client = get_redis()
+    pipe = client.pipeline(transaction=False)
+    pipe.incr(_in_flight_key("all"))
+    pipe.incr(_in_flight_key(kind))
+    pipe.expire(_in_flight_key("all"), 600)
+    pipe.expire(_in_flight_key(kind), 600)
+    in_flight, of_kind, _, _ = pipe.execute()
+    try:
+        time.sleep(ms / 1000)
+    finally:
+        pipe = client.pipeline(transaction=False)
+        pipe.decr(_in_flight_key("all"))
+        pipe.decr(_in_flight_key(kind))
+        pipe.execute()
+    return JsonResponse({"slept_ms": ms, "kind": kind, "in_flight": in_flight, "in_flight_of_kind": of_kind})
+
+
+@require_GET
+def slow(request: HttpRequest) -> JsonResponse:
+    """A slow request of normal priority (cost 1): it holds the caller's concurrency slot while it runs."""
+    return _slow(request, "slow")
+
+
+@limit_cost(priority="low")
+@require_GET
+def export(request: HttpRequest) -> JsonResponse:
+    """A slow report export: low priority, the first to be shed when the fleet is overloaded."""
+    return _slow(request, "export")
+
+
+@limit_cost(priority="critical")
+@require_GET
+def checkout(request: HttpRequest) -> JsonResponse:
+    """A slow critical request: counted in flight, never shed."""
+    return _slow(request, "checkout")
+
+
+@require_GET
+def stream(request: HttpRequest) -> StreamingHttpResponse:
+    """`chunks` lines, `ms` milliseconds apart: the caller's slot is held until the stream is closed."""
+    ms = _sleep_ms(request, 100)
+    try:
+        chunks = min(max(int(request.GET.get("chunks", 5)), 1), 1000)
+    except ValueError:
+        chunks = 5
+
+    def lines() -> Iterator[bytes]:
+        for number in range(chunks):
+            if number:
+                time.sleep(ms / 1000)
+            yield b"chunk %d\n" % number
+
+    async def async_lines() -> AsyncIterator[bytes]:
+        for number in range(chunks):
+            if number:
+                await asyncio.sleep(ms / 1000)
+            yield b"chunk %d\n" % number
+
+    # Django buffers a whole iterator of the other kind before sending it: under ASGI, stream an async one
+    if isinstance(request, ASGIRequest):
+        return StreamingHttpResponse(async_lines(), content_type="text/plain")
+    return StreamingHttpResponse(lines(), content_type="text/plain")
+
+
+@require_GET
+@limit_concurrency(1, key="ip", lease=30)
+def single(request: HttpRequest) -> JsonResponse:
+    """A plain view outside the middleware's paths: one request per client IP at once."""
+    time.sleep(_sleep_ms(request, 0) / 1000)
+    return JsonResponse({"single": True})

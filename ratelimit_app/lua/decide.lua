@@ -10,7 +10,8 @@
 --                  capacity is the burst for token_bucket and gcra, else the limit), struct format
 --                  '>i8i8' + n x '>i8i8i8i8'
 --                  algorithm codes: 1 token_bucket, 2 sliding_window, 3 fixed_window, 4 gcra,
---                  5 sliding_window_counter (engine.ALGORITHM_CODES, checked by tests/test_scripts.py);
+--                  5 sliding_window_counter, 6 concurrency (engine.ALGORITHM_CODES, checked by
+--                  tests/test_scripts.py);
 --                  32 calendar_window (a fixed window over calendar days, weeks or months: its period
 --                  slot carries the calendar rule and its capacity slot a clock shift in ms, 0 outside
 --                  tests; engine.CALENDAR_CODE, see calendar_window.lua);
@@ -18,9 +19,12 @@
 --                  checked like the others, never refuses the call, is charged when the call is charged
 --                  and it allows, and is not charged when it would have refused (so its count stays
 --                  what it would be if it were enforced)
+-- ARGV[2]          the lease token of this request (only when it charges a concurrency policy: the
+--                  member its slot is held under, which the app server removes when the response ends)
 -- KEYS[i]          state key of policy i (1 <= i <= n); all keys share one hash tag on Redis Cluster
 -- KEYS[n + i]      optional (#KEYS is n or 2n): the key that held policy i's state in the previous
---                  release's layout, read only to carry that state over (see "Upgrades" below)
+--                  release's layout, read only to carry that state over (see "Upgrades" below); a
+--                  concurrency policy's is never read (the previous release had no such policy)
 -- Time comes from redis.call('TIME') only: one clock for every app server.
 --
 -- Reply: one string of 24n bytes, for each policy i three big-endian signed 64-bit integers (struct
@@ -36,6 +40,8 @@
 -- Upgrades: a policy whose key is missing starts from its previous-release key when one is given and
 -- exists (same meaning, older encoding), so an upgrade neither loses state nor grants extra units.
 -- The charge writes only the new key; the old one expires with its TTL (reset deletes both).
+-- Concurrency policies are new in this release: their key is a sorted set (MGET reads it as nil, so
+-- it never counts as missing state) and their previous-layout key is ignored.
 -- Speed: this runs on every request, and on Redis each redis.call costs about as much as the rest of a
 -- policy's work (the command's arguments become Redis objects, its reply becomes Lua values). So every
 -- state is one string and all of them are read by one MGET; each charge is one SET with its TTL; every
@@ -48,7 +54,8 @@
 local numbers = ARGV[1]
 local n = (#numbers - 16) / 32
 local key_count = #KEYS
-if #ARGV ~= 1 or n < 1 or n ~= floor(n) or (key_count ~= n and key_count ~= 2 * n) then
+local lease = ARGV[2]
+if #ARGV > 2 or n < 1 or n ~= floor(n) or (key_count ~= n and key_count ~= 2 * n) then
   return redis.error_reply('ERR ratelimit decide: bad arguments')
 end
 local cost, charge_flag = unpack('>i8i8', numbers)
@@ -65,7 +72,7 @@ local values = call('MGET', unpack_list(KEYS, 1, n))
 local legacy_values = false
 if key_count > n then
   for i = 1, n do
-    if not values[i] then
+    if not values[i] and unpack('>i8', numbers, 32 * i - 15) % 64 ~= 6 then
       if call('EXISTS', unpack_list(KEYS, n + 1, key_count)) > 0 then
         legacy_values = call('MGET', unpack_list(KEYS, n + 1, key_count))
       end
@@ -86,7 +93,11 @@ for i = 1, n do
   local shadow = code >= 64
   if shadow then code = code - 64 end
   local stored, legacy = values[i], false
-  if legacy_values and not stored then
+  if code == 6 then
+    -- concurrency: a sorted set, read by its algorithm through its key; no previous layout
+    if charge and not lease then return redis.error_reply('ERR ratelimit decide: no lease token') end
+    stored = KEYS[i]
+  elseif legacy_values and not stored then
     -- a previous-release sliding window is a sorted set: its algorithm gets the key instead
     if code == 2 then legacy = KEYS[n + i] else legacy = legacy_values[i] end
   end
@@ -96,6 +107,7 @@ for i = 1, n do
   elseif code == 3 then algorithm = fixed_window
   elseif code == 4 then algorithm = gcra
   elseif code == 5 then algorithm = sliding_window_counter
+  elseif code == 6 then algorithm = concurrency
   elseif code == 32 then algorithm = calendar_window
   else return redis.error_reply('ERR ratelimit decide: unknown algorithm') end
   local allowed, remaining, reset_us, retry_us, value, charged_reset_us = algorithm(stored, legacy, now_us,
@@ -116,8 +128,14 @@ for i = 1, n do
   if charged and state[at + 1] then
     -- (a shadow policy that would have refused is not charged, so its count stays the enforced one)
     reset_us = state[at + 6]
-    call('SET', KEYS[i], state[at + 5], 'PX', ceil(reset_us / 1000))
-    remaining = remaining - cost
+    local value = state[at + 5]
+    if value == concurrency_lease then
+      concurrency_charge(KEYS[i], now_us, reset_us, lease)
+      remaining = remaining - 1  -- a request takes one slot, whatever it costs
+    else
+      call('SET', KEYS[i], value, 'PX', ceil(reset_us / 1000))
+      remaining = remaining - cost
+    end
   elseif not state[at + 1] then
     -- refused by policy i; reported for a shadow policy too, although it did not refuse the call
     local retry_us = state[at + 4]

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ratelimit_app', '0003_limit_name_not_ip'),
+        ('ratelimit_app', '0004_concurrency'),
     ]
 
     operations = [
@@ -48,7 +48,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('name', models.CharField(help_text='The name of a tier limit replaces it; another name adds a limit.', max_length=30, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9_-]{1,30}$', "Use 1-30 letters, digits, '_' or '-'.", code='invalid_name')])),
-                ('algorithm', models.CharField(choices=[('fixed_window', 'fixed window'), ('sliding_window', 'sliding window'), ('sliding_window_counter', 'sliding window counter'), ('token_bucket', 'token bucket'), ('gcra', 'gcra')], max_length=30)),
+                ('algorithm', models.CharField(choices=[('fixed_window', 'fixed window'), ('sliding_window', 'sliding window'), ('sliding_window_counter', 'sliding window counter'), ('token_bucket', 'token bucket'), ('gcra', 'gcra'), ('concurrency', 'concurrency')], max_length=30)),
                 ('limit', models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
                 ('period', models.PositiveIntegerField(help_text='Seconds.', validators=[django.core.validators.MinValueValidator(1)])),
                 ('burst', models.PositiveIntegerField(blank=True, help_text='Bucket size for token bucket and GCRA; empty means the limit.', null=True, validators=[django.core.validators.MinValueValidator(1)])),
@@ -70,7 +70,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('name', models.CharField(help_text='The name of a tier limit replaces it; another name adds a limit.', max_length=30, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9_-]{1,30}$', "Use 1-30 letters, digits, '_' or '-'.", code='invalid_name')])),
-                ('algorithm', models.CharField(choices=[('fixed_window', 'fixed window'), ('sliding_window', 'sliding window'), ('sliding_window_counter', 'sliding window counter'), ('token_bucket', 'token bucket'), ('gcra', 'gcra')], max_length=30)),
+                ('algorithm', models.CharField(choices=[('fixed_window', 'fixed window'), ('sliding_window', 'sliding window'), ('sliding_window_counter', 'sliding window counter'), ('token_bucket', 'token bucket'), ('gcra', 'gcra'), ('concurrency', 'concurrency')], max_length=30)),
                 ('limit', models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
                 ('period', models.PositiveIntegerField(help_text='Seconds.', validators=[django.core.validators.MinValueValidator(1)])),
                 ('burst', models.PositiveIntegerField(blank=True, help_text='Bucket size for token bucket and GCRA; empty means the limit.', null=True, validators=[django.core.validators.MinValueValidator(1)])),

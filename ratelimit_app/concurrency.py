@@ -1,0 +1,116 @@
+"""Concurrency slots of a request: taken in the request's one decision, given back when its response is done.
+
+A tier limit with `algorithm = "concurrency"` (or `@limit_concurrency`, or `ConcurrencyThrottle`) makes
+each admitted request hold one slot, a lease in Redis (ratelimit_app/lua/concurrency.lua), taken in the
+same all-or-nothing call as the request's rate limits. `limiting.decide` returns the slots it took as
+`LimitOutcome.slots` (a `HeldSlots`); whoever asked for the decision then makes sure they are given back:
+
+- when the response is closed, which the server does once the client has read all of it or has gone
+  away (WSGI servers call `close()` after the last chunk, also on a disconnect; Django's ASGI handler
+  likewise), so a streaming response holds its slots until its stream is closed;
+- at once, when the view raised instead of answering;
+- when the response object is dropped without being closed (a client that disconnected under ASGI
+  while a sync view still ran): a safety net, run when Python frees the response;
+- and in any case when the lease runs out (the slot's `period`): a worker killed by SIGKILL loses its
+  slots for at most that long.
+
+Giving back is one Redis round trip (a ZREM per slot, pipelined), made after the response is sent; it
+follows the circuit breaker and the time budget, and never fails a response.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any, cast
+
+from django.http import HttpRequest, HttpResponseBase
+
+from .policies import CONCURRENCY, Policy
+
+#: Request attribute: the HeldSlots taken for this request and not yet tied to a response.
+PENDING_ATTRIBUTE = "_ratelimit_slots"
+
+
+class HeldSlots:
+    """The concurrency slots one request holds: (identity, policy) pairs under one lease token.
+
+    `local` is True when the local fail mode took them (they live in this process). `release()` gives
+    them back once; later calls do nothing.
+    """
+
+    __slots__ = ("__weakref__", "_lock", "held", "local", "released", "token")
+
+    def __init__(self, token: str, held: tuple[tuple[str, Policy], ...], local: bool) -> None:
+        self.token = token
+        self.held = held
+        self.local = local
+        self.released = False
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        """Give the slots back (once; never raises: a slot not given back frees itself with its lease)."""
+        with self._lock:
+            if self.released:
+                return
+            self.released = True
+        from .service import get_limiter
+
+        with contextlib.suppress(Exception):
+            get_limiter().release(self.held, self.token, local=self.local)
+
+    def __repr__(self) -> str:
+        names = ", ".join(policy.name for _, policy in self.held)
+        return f"HeldSlots({names}; {'released' if self.released else 'held'})"
+
+
+def slots_taken(checks: Sequence[tuple[str, Sequence[Policy]]], decisions: Sequence[Any],
+                token: str | None) -> HeldSlots | None:
+    """The slots the allowed decisions among `decisions` took under `token` (None when they took none).
+
+    A decision of the "open" fail mode knows no policy results and took nothing; one of the "local"
+    fail mode (degraded, with results) took its slots in this process.
+    """
+    if token is None:
+        return None
+    held: list[tuple[str, Policy]] = []
+    local = False
+    for (identity, policies), decision in zip(checks, decisions, strict=False):
+        if decision is None or not decision.allowed or not decision.results:
+            continue
+        local = local or decision.degraded
+        held += [(identity, policy) for policy in policies if policy.algorithm == CONCURRENCY]
+    return HeldSlots(token, tuple(held), local) if held else None
+
+
+def needs_lease(policies: Sequence[Policy]) -> bool:
+    """True when a decision over `policies` takes a concurrency slot."""
+    return any(policy.algorithm == CONCURRENCY for policy in policies)
+
+
+def hold(request: HttpRequest, slots: HeldSlots | None) -> None:
+    """Remember that `request` holds `slots`, to be given back with its response (`release_with`)."""
+    if slots is not None:
+        request.__dict__.setdefault(PENDING_ATTRIBUTE, []).append(slots)
+
+
+def release_with(response: HttpResponseBase, slots: HeldSlots | None) -> None:
+    """Give `slots` back when `response` is closed (or dropped unclosed)."""
+    if slots is None or slots.released:
+        return
+    cast(Any, response)._resource_closers.append(slots.release)  # called by HttpResponseBase.close()
+    weakref.finalize(response, slots.release)
+
+
+def release_pending_with(request: HttpRequest, response: HttpResponseBase) -> None:
+    """Tie every slot `request` holds to `response` (see `release_with`)."""
+    for slots in request.__dict__.pop(PENDING_ATTRIBUTE, ()):
+        release_with(response, slots)
+
+
+def release_pending_now(request: HttpRequest) -> None:
+    """Give back every slot `request` holds at once (the view raised: there is no response to wait for)."""
+    for slots in request.__dict__.pop(PENDING_ATTRIBUTE, ()):
+        slots.release()

@@ -1,0 +1,210 @@
+"""Priority load shedding: when the fleet (or this process) is full, refuse the least important requests first.
+
+Every route has a priority: "critical", "normal" (the default) or "low", declared with
+`@limit_cost(priority="low")` on the view, else by path prefix in RATELIMIT['SHED_PRIORITIES']
+(the longest matching prefix wins).
+
+Fleet shedder (RATELIMIT['SHED_CAPACITY'] set): each request the middleware limits also holds a slot
+of one fleet-wide concurrency count in Redis (a lease of RATELIMIT['SHED_LEASE'] seconds, like a
+concurrency slot), taken in the request's one all-or-nothing decision and given back with its
+response. A low-priority request is refused when SHED_LOW_AT x capacity requests are already in
+flight, a normal one at SHED_NORMAL_AT x capacity; a critical one is counted but never refused by the
+shedder. So requests other than critical ones never bring the count above floor(SHED_NORMAL_AT x
+capacity): in flight exceeds the capacity only by critical requests. Refused: 503 with Retry-After
+(RATELIMIT['SHED_RETRY_AFTER']). When Redis is unavailable the whole decision follows the fail mode
+("open": nothing is shed by the fleet shedder; "closed": 503; "local": each process sheds against its
+share, capacity / APP_SERVERS).
+
+Process shedder (RATELIMIT['SHED_PROCESS_LIMIT'] set): needs no Redis. When this process already has
+that many requests in flight (threads, or requests under ASGI), a low-priority request is refused at
+once, before any Redis call.
+
+Every shed request is counted in the metrics as blocked by policy `shed.<priority>` (fleet) or
+`process-shed.<priority>` (process), so the dashboard and Prometheus show them per priority; each
+shedding episode is logged once when it starts (WARNING `ratelimit.shed_started`) and once when
+requests have been admitted for EPISODE_QUIET seconds without a shed (INFO `ratelimit.shed_ended`,
+with the number shed).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.http import HttpRequest
+
+from .conf import SettingsCached, ratelimit_settings
+from .logs import log_event
+from .policies import CONCURRENCY, MAX_LIMIT, Policy
+
+if TYPE_CHECKING:
+    from .limiting import LimitCheck
+
+CRITICAL = "critical"
+NORMAL = "normal"
+LOW = "low"
+PRIORITIES: tuple[str, ...] = (CRITICAL, NORMAL, LOW)
+#: The identity of the fleet-wide count (one Redis key for the whole fleet).
+FLEET_IDENTITY = "shed:fleet"
+#: Name of the fleet count's policy (every priority uses the same key, with its own threshold).
+FLEET_POLICY = "shed"
+#: `LimitCheck.owner` prefix of the fleet check: "shed.<priority>".
+OWNER_PREFIX = "shed."
+#: Seconds without a shed after which an episode is logged as over.
+EPISODE_QUIET = 10.0
+
+
+def validate_priority(priority: str) -> str:
+    """Return `priority` if it is "critical", "normal" or "low", else raise ValueError."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority: {priority!r} must be one of {', '.join(PRIORITIES)}")
+    return priority
+
+
+@dataclass(frozen=True, slots=True)
+class ShedConfig:
+    """The shedding settings, parsed once per settings change."""
+
+    capacity: int | None
+    thresholds: dict[str, Policy]  # priority -> the fleet count's policy at that priority's threshold
+    prefixes: tuple[tuple[str, str], ...]  # (path prefix, priority), longest first
+    process_limit: int | None
+    retry_after: float
+
+    def priority_for(self, request: HttpRequest, declared: str | None) -> str:
+        """The priority of `request`: its view's declaration, else its path prefix, else normal."""
+        if declared is not None:
+            return declared
+        path = request.path_info
+        for prefix, priority in self.prefixes:
+            if path.startswith(prefix):
+                return priority
+        return NORMAL
+
+
+def _parse() -> ShedConfig:
+    settings = ratelimit_settings
+    capacity = settings.SHED_CAPACITY
+    lease = settings.SHED_LEASE
+    thresholds: dict[str, Policy] = {}
+    if capacity is not None:
+        thresholds = {
+            LOW: Policy(FLEET_POLICY, CONCURRENCY, limit=max(1, math.floor(capacity * settings.SHED_LOW_AT)),
+                        period=lease),
+            NORMAL: Policy(FLEET_POLICY, CONCURRENCY, limit=max(1, math.floor(capacity * settings.SHED_NORMAL_AT)),
+                           period=lease),
+            CRITICAL: Policy(FLEET_POLICY, CONCURRENCY, limit=MAX_LIMIT, period=lease),  # counted, never refused
+        }
+    prefixes = tuple(sorted(settings.SHED_PRIORITIES.items(), key=lambda item: -len(item[0])))
+    return ShedConfig(capacity, thresholds, prefixes, settings.SHED_PROCESS_LIMIT, float(settings.SHED_RETRY_AFTER))
+
+
+_config = SettingsCached(_parse)
+
+
+def get_config() -> ShedConfig:
+    """The parsed shedding settings."""
+    return _config.get()
+
+
+def fleet_check(request: HttpRequest, declared: str | None) -> LimitCheck | None:
+    """The fleet count's check for `request` at its priority (None when SHED_CAPACITY is None)."""
+    from .limiting import LimitCheck
+
+    config = get_config()
+    if config.capacity is None:
+        return None
+    priority = config.priority_for(request, declared)
+    return LimitCheck(FLEET_IDENTITY, (config.thresholds[priority],), OWNER_PREFIX + priority)
+
+
+def priority_of_owner(owner: str) -> str | None:
+    """The priority of a fleet check's owner ("shed.low" -> "low"), None for any other owner."""
+    return owner[len(OWNER_PREFIX):] if owner.startswith(OWNER_PREFIX) else None
+
+
+# -- the process shedder ------------------------------------------------------------------------------
+
+class InFlight:
+    """Requests in flight in this process (a forked worker counts its own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def enter(self) -> int:
+        """Count one more request; returns the count, this one included."""
+        with self._lock:
+            self.count += 1
+            return self.count
+
+    def leave(self) -> None:
+        with self._lock:
+            self.count -= 1
+
+
+in_flight = InFlight()
+
+
+class Departure:
+    """Leaves `in_flight` once, however many times it is called (response closed, dropped, or raised)."""
+
+    __slots__ = ("__weakref__", "_done", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        in_flight.leave()
+
+
+def process_sheds(config: ShedConfig, priority: str, count: int) -> bool:
+    """True when the process shedder refuses a request of `priority` while `count` requests (this one
+    included) are in flight here."""
+    return priority == LOW and config.process_limit is not None and count > config.process_limit
+
+
+# -- episodes ------------------------------------------------------------------------------------------
+
+class _Episode:
+    """Logs a shedding episode once when it starts and once when it ends."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._lock = threading.Lock()
+        self.active = False
+        self.shed = 0
+        self.last_shed = 0.0
+
+    def record_shed(self, priority: str, detail: dict[str, Any]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            started = not self.active
+            self.active, self.last_shed = True, now
+            self.shed += 1
+        if started:
+            log_event("ratelimit.shed_started", logging.WARNING, shedder=self.kind, priority=priority, **detail)
+
+    def record_admitted(self) -> None:
+        if not self.active:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if not self.active or now - self.last_shed < EPISODE_QUIET:
+                return
+            self.active, shed = False, self.shed
+            self.shed = 0
+        log_event("ratelimit.shed_ended", logging.INFO, shedder=self.kind, shed=shed)
+
+
+fleet_episode = _Episode("fleet")
+process_episode = _Episode("process")
