@@ -83,9 +83,9 @@ MATRIX: dict[str, Combination] = {
                                     "redis[hiredis]==8.1.0", "django-redis==7.0.0"),
 }
 
-#: Tests that run on the main combination only: the browser test needs Playwright and Chromium, and the
+#: Tests that run on the main combination only: the browser tests need Playwright and Chromium, and the
 #: benchmark smoke test measures the machine, not compatibility.
-MAIN_ONLY = ["tests/test_dashboard_browser.py", "tests/test_bench_smoke.py"]
+MAIN_ONLY = ["tests/test_dashboard_browser.py", "tests/test_plans_browser.py", "tests/test_bench_smoke.py"]
 
 _add_pyenv_interpreters(sorted({c.python for c in MATRIX.values()}))
 

@@ -1,20 +1,34 @@
 """docs/plans.md, walked in a real headless Chromium: staff add a shadow limit, watch the dashboard,
 give one key more than its plan, set a monthly quota in a time zone and list networks and keys, each
 through the admin's own pages. The screenshots land in test-artifacts/plans-*.png (docs/img/ holds
-copies of one run)."""
+copies of one run). Skipped, or failed under RATELIMIT_REQUIRE_BROWSER=1, as test_dashboard_browser is."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from playwright.sync_api import Page, sync_playwright
+import pytest
 
 from ratelimit_app.metrics import flush
 from ratelimit_app.models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit
 
 from .limits_support import seed_tiers
-from .test_dashboard_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, DASHBOARD, send_requests
+from .test_dashboard_browser import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    DASHBOARD,
+    MISSING,
+    REQUIRE_BROWSER,
+    send_requests,
+)
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
+
+pytestmark = pytest.mark.skipif(MISSING is not None and not REQUIRE_BROWSER,
+                                reason=f"browser test skipped: {MISSING}")
 
 
 def add_inline_row(page: Page, prefix: str, values: dict[str, str], checks: tuple[str, ...] = ()) -> None:
@@ -38,6 +52,10 @@ def save(page: Page) -> None:
 
 def test_staff_run_plans_in_the_admin(live_server: Any, transactional_db: Any, django_user_model: Any,
                                       settings: Any, monkeypatch: Any) -> None:
+    if MISSING is not None:
+        pytest.fail(f"RATELIMIT_REQUIRE_BROWSER=1, but {MISSING}")
+    from playwright.sync_api import sync_playwright
+
     assert os.path.exists(CHROMIUM), "no Chromium: `apt-get install -y chromium` (.ci/run does it)"
     # Playwright's sync API runs an event loop in this thread; the test's own ORM reads are synchronous
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
