@@ -240,6 +240,17 @@ class DecoratorLimit:
         return response
 
 
+def _policy_name(view: Any, block: Any, name: Any, group: Any) -> str:
+    """Check the arguments both decorators share; the policy's name: `name`, else the group's, else
+    the view's (made safe for a policy name)."""
+    if not isinstance(block, bool):
+        raise TypeError(f"block: {block!r} must be True or False")
+    for label, value in (("name", name), ("group", group)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValueError(f"{label}: {value!r} must be a non-empty string")
+    return str(name or _UNSAFE.sub("_", str(group or getattr(view, "__name__", "view")))[:64] or "view")
+
+
 def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sliding_window",
               burst: int | None = None, block: bool = True, cost: int = 1, name: str | None = None,
               group: str | None = None, shadow: bool = False,
@@ -257,14 +268,9 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
         try:
             key_function = _key_function(key)
             validate_cost(cost, minimum=1)
-            if not isinstance(block, bool):
-                raise TypeError(f"block: {block!r} must be True or False")
             if count_if is not None and not callable(count_if):
                 raise TypeError(f"count_if: {count_if!r} must be a callable taking the response")
-            for label, value in (("name", name), ("group", group)):
-                if value is not None and (not isinstance(value, str) or not value):
-                    raise ValueError(f"{label}: {value!r} must be a non-empty string")
-            policy_name = name or _UNSAFE.sub("_", str(group or getattr(view, "__name__", "view")))[:64] or "view"
+            policy_name = _policy_name(view, block, name, group)
             parsed = Policy.parse(rate, name=policy_name, algorithm=algorithm, burst=burst)
             policy = Policy(parsed.name, parsed.algorithm, limit=parsed.limit, period=parsed.period,
                             burst=parsed.burst, shadow=shadow)
@@ -311,12 +317,7 @@ def limit_concurrency(slots: int, key: str | KeyFunction = "user", *, lease: flo
         where = f"@limit_concurrency on {view_name(view)}"
         try:
             key_function = _key_function(key)
-            if not isinstance(block, bool):
-                raise TypeError(f"block: {block!r} must be True or False")
-            for label, value in (("name", name), ("group", group)):
-                if value is not None and (not isinstance(value, str) or not value):
-                    raise ValueError(f"{label}: {value!r} must be a non-empty string")
-            policy_name = name or _UNSAFE.sub("_", str(group or getattr(view, "__name__", "view")))[:64] or "view"
+            policy_name = _policy_name(view, block, name, group)
             if isinstance(lease, bool) or not isinstance(lease, (int, float)):
                 raise InvalidPolicy(f"lease: {lease!r} must be a number of seconds")
             policy = Policy(policy_name, CONCURRENCY, limit=slots, period=lease)
