@@ -9,6 +9,8 @@ from project import settings as demo
 
 globals().update({name: value for name, value in vars(demo).items() if name.isupper()})
 
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["RATELIMIT_TEST_DB"]}}
+
 RATELIMIT: dict[str, object] = {
     **demo.RATELIMIT,
     "KEY_PREFIX": os.environ["RATELIMIT_TEST_PREFIX"],

@@ -234,10 +234,15 @@ def test_exit_flushes_in_the_parent_and_in_a_forked_worker(redis_url: str, key_p
 
 
 @pytest.mark.parametrize("preload", [False, True])
-def test_gunicorn_workers_flush_their_counts_at_shutdown(redis_url: str, key_prefix: str, preload: bool) -> None:
+def test_gunicorn_workers_flush_their_counts_at_shutdown(redis_url: str, key_prefix: str, preload: bool,
+                                                        tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "REDIS_URL": redis_url, "RATELIMIT_TEST_PREFIX": key_prefix,
-           "DJANGO_SETTINGS_MODULE": "tests.metrics_gunicorn_settings"}
+           "DJANGO_SETTINGS_MODULE": "tests.metrics_gunicorn_settings",
+           "RATELIMIT_TEST_DB": str(tmp_path / "db.sqlite3")}
+    # the server's own database, migrated (the allow/deny rules are read from it on every limited path)
+    subprocess.run([sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=env, check=True,
+                   timeout=300)
     server = start_gunicorn(port, env, "--workers", "3", "--graceful-timeout", "20",
                             *(["--preload"] if preload else []))
     try:
