@@ -42,6 +42,7 @@ import re
 import threading
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
@@ -122,6 +123,23 @@ class _Batch:
 class _Target:
     prefix: str
     enabled: bool
+
+
+def _add_daily_top(pipe: Any, counts: dict[_BlockedKey, int], key_of: Callable[[str, int], str], prefix: str,
+                   keep: int, ttl: int) -> None:
+    """Add per-day identity counts to each day's top set (identity labels made safe), keeping its `keep`
+    highest and its TTL: the top blocked and the top would-be-blocked identities alike."""
+    days: dict[int, dict[str, int]] = {}
+    for (day, identity), count in counts.items():
+        members = days.setdefault(day, {})
+        label = safe_identity(identity)
+        members[label] = members.get(label, 0) + count
+    for day, members in days.items():
+        key = key_of(prefix, day)
+        for label, count in members.items():
+            pipe.zincrby(key, count, label)
+        pipe.zremrangebyrank(key, 0, -(keep + 1))
+        pipe.expire(key, ttl)
 
 
 class _Recorder:
@@ -328,28 +346,8 @@ class _Recorder:
                 for name, count in fields.items():
                     pipe.hincrby(key, name, count)
                 pipe.expire(key, ttl)
-            days: dict[int, dict[str, int]] = {}
-            for (day, identity), count in batch.blocked.items():
-                members = days.setdefault(day, {})
-                label = safe_identity(identity)
-                members[label] = members.get(label, 0) + count
-            for day, members in days.items():
-                key = day_key(batch.prefix, day)
-                for label, count in members.items():
-                    pipe.zincrby(key, count, label)
-                pipe.zremrangebyrank(key, 0, -(keep + 1))
-                pipe.expire(key, ttl)
-            shadow_days: dict[int, dict[str, int]] = {}
-            for (day, identity), count in batch.shadow_identities.items():
-                members = shadow_days.setdefault(day, {})
-                label = safe_identity(identity)
-                members[label] = members.get(label, 0) + count
-            for day, members in shadow_days.items():
-                key = shadow_day_key(batch.prefix, day)
-                for label, count in members.items():
-                    pipe.zincrby(key, count, label)
-                pipe.zremrangebyrank(key, 0, -(keep + 1))
-                pipe.expire(key, ttl)
+            _add_daily_top(pipe, batch.blocked, day_key, batch.prefix, keep, ttl)
+            _add_daily_top(pipe, batch.shadow_identities, shadow_day_key, batch.prefix, keep, ttl)
         pipe.execute()
 
     def _restore(self, batches: dict[str, _Batch]) -> None:
