@@ -2,7 +2,8 @@
 -- 00:00 UTC), so every app server agrees on where a window starts.
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   key        KEYS[i] of decide.lua: a string "<window index>:<units used in that window>"
+--   stored     the value of KEYS[i] (false when missing): the integer 4 x units used + window index mod 4
+--   legacy     the value of the previous release's key (false when missing): "<window index>:<units used>"
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed per window (integer >= 1)
 --   period_ms  ARGV: window length in milliseconds (integer >= 1)
@@ -10,19 +11,24 @@
 --   cost       units this request wants (integer >= 1)
 -- Returns: allowed (boolean), remaining now (integer), reset now (us), retry (us, 0 when allowed,
 --   -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
---   only when every policy allows): the new value, its TTL in ms, and reset after the charge (us).
--- State: one string; TTL = time to the end of the window (<= period), set on every write. The window
--- index is stored with the count, so a key that outlives its window by a millisecond counts for nothing.
-local function fixed_window(key, now_us, limit, period_ms, capacity, cost)
+--   only when every policy allows): the new value, and reset after the charge (us), which is also
+--   when the key expires.
+-- State: one integer (Redis stores it in the key's object itself, no string); TTL = time to the end of
+-- the window (<= period, rounded up to a millisecond), set on every write. A key lives at most one
+-- millisecond into the next window, so the window index mod 4 tells a count of this window from a
+-- stale one: a key that outlives its window counts for nothing.
+local function fixed_window(stored, legacy, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
   local window = floor(now_us / period_us)
   local reset_us = (window + 1) * period_us - now_us
   local used = 0
-  local stored = call('GET', key)
   if stored then
-    local separator = string.find(stored, ':', 1, true)
-    if separator and tonumber(string.sub(stored, 1, separator - 1)) == window then
-      used = tonumber(string.sub(stored, separator + 1)) or 0
+    local value = tonumber(stored) or 0
+    if value % 4 == window % 4 then used = floor(value / 4) end
+  elseif legacy then
+    local separator = find(legacy, ':', 1, true)
+    if separator and tonumber(sub(legacy, 1, separator - 1)) == window then
+      used = tonumber(sub(legacy, separator + 1)) or 0
     end
   end
   local remaining = limit - used
@@ -33,6 +39,5 @@ local function fixed_window(key, now_us, limit, period_ms, capacity, cost)
   if used + cost > limit then
     return false, remaining, reset_us, reset_us
   end
-  return true, remaining, reset_us, 0, format('%d:%d', window, used + cost), ceil(reset_us / 1000),
-    reset_us
+  return true, remaining, reset_us, 0, (used + cost) * 4 + window % 4, reset_us
 end

@@ -3,7 +3,8 @@
 -- within capacity intervals of now. Same admission as a token bucket, a third of its state.
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   key        KEYS[i] of decide.lua: a string holding the TAT in microseconds since the epoch
+--   stored     the value of KEYS[i] (false when missing): the TAT in microseconds since the epoch
+--   legacy     the value of the previous release's key (false when missing), in the same format
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: requests per period (integer >= 1): the sustained rate
 --   period_ms  ARGV: period in milliseconds (integer >= 1)
@@ -11,14 +12,16 @@
 --   cost       units this request wants (integer >= 1)
 -- Returns: allowed (boolean), remaining now (integer), reset now (us), retry (us, 0 when allowed,
 --   -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
---   only when every policy allows): the new value, its TTL in ms, and reset after the charge (us).
--- State: one string; TTL = TAT - now (<= capacity x period / limit), after which a missing key means
--- the same thing as an idle client. The emission interval is rounded up to whole microseconds, which
--- can only make the limit stricter (by under 1 us per request), never looser.
-local function gcra(key, now_us, limit, period_ms, capacity, cost)
+--   only when every policy allows): the new value, and reset after the charge (us), which is also
+--   when the key expires.
+-- State: one integer (Redis keeps it in the key's object, no string); TTL = TAT - now (<= capacity x
+-- period / limit), after which a missing key means the same thing as an idle client. The emission
+-- interval is rounded up to whole microseconds, which can only make the limit stricter (by under 1 us
+-- per request), never looser.
+local function gcra(stored, legacy, now_us, limit, period_ms, capacity, cost)
   local interval = ceil(period_ms * 1000 / limit)
   local tolerance = capacity * interval
-  local tat = tonumber(call('GET', key) or '0')
+  local tat = tonumber(stored or legacy or '0') or 0
   if tat < now_us then tat = now_us end
   local reset_us = tat - now_us
   local remaining = floor((tolerance - reset_us) / interval)
@@ -30,6 +33,5 @@ local function gcra(key, now_us, limit, period_ms, capacity, cost)
   if new_tat - now_us > tolerance then
     return false, remaining, reset_us, new_tat - now_us - tolerance
   end
-  return true, remaining, reset_us, 0, format('%d', new_tat), ceil((new_tat - now_us) / 1000),
-    new_tat - now_us
+  return true, remaining, reset_us, 0, new_tat, new_tat - now_us
 end

@@ -1,66 +1,71 @@
--- sliding_window: the exact sliding window log. A sorted set holds one member per unit admitted,
--- scored by its admission time in microseconds; a unit counts while it is younger than the period.
+-- sliding_window: the exact sliding window log. One string holds the admission time of every unit
+-- still in the window, oldest first, each as a 7-byte big-endian integer of microseconds (struct
+-- '>I7'); a unit counts while it is younger than the period. 7 bytes per unit of limit, where a sorted
+-- set member costs about 118.
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   key        KEYS[i] of decide.lua: a sorted set, member "<now_us>:<n>", score now_us
+--   stored     the value of KEYS[i] (false when missing): the log
+--   legacy_key the previous release's key of this policy (nil when not given): a sorted set, member
+--              "<us>:<n>", score the admission time in us; read only when KEYS[i] is missing
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed in any window of period_ms (integer >= 1)
 --   period_ms  ARGV: window length in milliseconds (integer >= 1)
 --   capacity   ARGV: equal to limit for this algorithm
 --   cost       units this request wants (integer >= 1)
 -- Returns: allowed (boolean), remaining now (integer), reset now (us: until the newest unit leaves the
---   window; nil when allowed, since a charged hit reports the period instead: decide.lua asks
---   sliding_window_reset only when the hit is not charged), retry (us, 0 when allowed, -1 when
---   cost > capacity: never), then in place of a string write: the live bound "(<window start us>"
---   below which units are trimmed (false when no unit is live: then there is nothing to trim and reset
---   now is 0) and nil (decide.lua passes them to sliding_window_charge, which writes the log), and
---   reset after the charge (us: the period).
--- State: one sorted set with at most limit live members; TTL = period, set on every write. Members are
--- unique even when several requests share one microsecond (ZADD NX, then the next free suffix).
+--   window, 0 when none is live), retry (us, 0 when allowed, -1 when cost > capacity: never), and the
+--   write that charges the hit, as data (decide.lua runs it only when every policy allows): the new
+--   log (the live units, then `cost` new ones), and reset after the charge (us: the period), which
+--   is also when the key expires.
+-- State: one string of at most 7 x limit bytes; TTL = period, set on every write, so the key expires
+-- with its newest unit. Units that left the window are dropped whenever the log is written. A new
+-- unit is stamped no earlier than the newest one, so the log stays sorted even if Redis's clock steps
+-- back (such a unit counts a little longer: stricter, never looser).
 
--- reset now: until the newest live unit leaves the window (0 when none is live)
-local function sliding_window_reset(key, now_us, period_us, live_from)
-  local newest = call('ZREVRANGEBYSCORE', key, '+inf', live_from, 'WITHSCORES', 'LIMIT', 0, 1)
-  if newest[2] == nil then return 0 end
-  return tonumber(newest[2]) + period_us - now_us
+-- the live units of a previous release's sorted set, as a log (nil when it holds none)
+local function sliding_window_legacy(key, since)
+  local scored = call('ZRANGEBYSCORE', key, format('(%d', since), '+inf', 'WITHSCORES')
+  if scored[1] == nil then return nil end
+  local parts = {}
+  for j = 2, #scored, 2 do parts[j / 2] = pack('>I7', tonumber(scored[j])) end
+  return table.concat(parts)
 end
 
--- the charge: drop the units that left the window, log `cost` new ones, keep the key for one period.
--- Scores and members are formatted once with '%d' (concatenating a number would print it with 14
--- significant digits, which rounds a microsecond timestamp to about 100 us).
-local function sliding_window_charge(key, now_us, period_us, live_from, cost)
-  if live_from then call('ZREMRANGEBYSCORE', key, '-inf', live_from) end
-  local score = format('%d', now_us)
-  local suffix = 0
-  for _ = 1, cost do
-    while call('ZADD', key, 'NX', score, suffix == 0 and score .. ':0' or score .. ':' .. suffix) == 0 do
-      suffix = suffix + 1
-    end
-    suffix = suffix + 1
-  end
-  call('PEXPIRE', key, period_us / 1000)
-end
-
-local function sliding_window(key, now_us, limit, period_ms, capacity, cost)
+local function sliding_window(stored, legacy_key, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
-  local live_from = format('(%d', now_us - period_us)
-  local used = call('ZCOUNT', key, live_from, '+inf')
+  local since = now_us - period_us  -- a unit admitted at t is live while t > since
+  local log = stored  -- false when missing (MGET's nil)
+  if not log then
+    if legacy_key then log = sliding_window_legacy(legacy_key, since) end
+    if not log then log = '' end
+  end
+  local count = floor(#log / 7)
+  -- first live unit (0-based), by binary search: the log is sorted
+  local first, last = 0, count
+  while first < last do
+    local middle = floor((first + last) / 2)
+    if unpack('>I7', log, 7 * middle + 1) > since then last = middle else first = middle + 1 end
+  end
+  local used = count - first
   local remaining = limit - used
   if remaining < 0 then remaining = 0 end
+  local newest = 0
+  local reset_us = 0
+  if used > 0 then
+    newest = unpack('>I7', log, 7 * count - 6)
+    reset_us = newest + period_us - now_us
+  end
   if cost > capacity then
-    return false, remaining, sliding_window_reset(key, now_us, period_us, live_from), -1
+    return false, remaining, reset_us, -1
   end
   if used + cost > limit then
     -- the request fits once the (used + cost - limit) oldest live units have left the window
-    local oldest = call('ZRANGEBYSCORE', key, live_from, '+inf', 'WITHSCORES', 'LIMIT',
-      used + cost - limit - 1, 1)
-    return false, remaining, sliding_window_reset(key, now_us, period_us, live_from),
-      tonumber(oldest[2]) + period_us - now_us
+    local oldest = unpack('>I7', log, 7 * (first + used + cost - limit - 1) + 1)
+    return false, remaining, reset_us, oldest + period_us - now_us
   end
-  if used == 0 then
-    -- no live unit: the log is empty or expiring (its TTL is one period from its newest unit), so
-    -- nothing needs trimming when it is charged, and reset now is 0
-    return true, remaining, 0, 0, false, nil, period_us
-  end
-  return true, remaining, nil, 0, live_from, nil, period_us
+  local stamp = now_us
+  if newest > stamp then stamp = newest end
+  local added = rep(pack('>I7', stamp), cost)
+  if first > 0 or #log ~= 7 * count then log = sub(log, 7 * first + 1, 7 * count) end
+  return true, remaining, reset_us, 0, log .. added, period_us
 end

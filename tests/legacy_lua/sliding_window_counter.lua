@@ -3,33 +3,57 @@
 -- previous window's traffic was evenly spread).
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   key        KEYS[i] of decide.lua: a string "<current window index>:<its count>:<previous count>"
+--   stored     the value of KEYS[i] (false when missing): the current window's count c, the previous
+--              window's count p and the current window index mod 4 (w), either as the integer
+--              (c x 2^25 + p) x 4 + w (when c < 2^26 and p < 2^25), or as 9 bytes, struct '>BI4I4':
+--              w, c, p. An integer starts with a digit, the 9 bytes with w (a byte below 4).
+--   legacy     the value of the previous release's key (false when missing):
+--              "<current window index>:<its count>:<previous count>"
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed per window (integer >= 1)
 --   period_ms  ARGV: window length in milliseconds (integer >= 1)
 --   capacity   ARGV: equal to limit for this algorithm
 --   cost       units this request wants (integer >= 1)
 -- Returns: allowed (boolean), remaining now (integer, floor of limit - estimate), reset now (us: until
---   the estimate decays to 0), retry (us, 0 when allowed, -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
---   only when every policy allows): the new value, its TTL in ms, and reset after the charge (us).
--- State: one string (one GET, one SET); TTL = end of the next window (<= 2 x period), set on every write, because the
--- current count still weighs on the next window.
-local function sliding_window_counter(key, now_us, limit, period_ms, capacity, cost)
+--   the estimate decays to 0), retry (us, 0 when allowed, -1 when cost > capacity: never), and the
+--   write that charges the hit, as data (decide.lua runs it only when every policy allows): the new
+--   value, and reset after the charge (us), which is also when the key expires.
+-- State: one integer, which Redis keeps in the key's object (no string), or a 9-byte string for counts
+-- of 2^25 and more; TTL = end of the next window (<= 2 x period, rounded up to a millisecond), set on
+-- every write, because the current count still weighs on the next window. A key lives at most one
+-- millisecond into the window after next, so the window index mod 4 tells this window, the previous
+-- one and a stale one apart.
+local function sliding_window_counter(stored, legacy, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
   local window = floor(now_us / period_us)
   local elapsed = now_us - window * period_us
   local current, previous = 0, 0
-  local stored = call('GET', key)
   if stored then
-    local first = string.find(stored, ':', 1, true)
-    local second = first and string.find(stored, ':', first + 1, true)
+    local stored_window, stored_current, stored_previous
+    local value = tonumber(stored)
+    if value then
+      stored_window = value % 4
+      value = (value - stored_window) / 4
+      stored_previous = value % 33554432
+      stored_current = (value - stored_previous) / 33554432
+    elseif #stored == 9 then
+      stored_window, stored_current, stored_previous = unpack('>BI4I4', stored)
+    end
+    if stored_window == window % 4 then
+      current, previous = stored_current, stored_previous
+    elseif stored_window == (window - 1) % 4 then
+      previous = stored_current
+    end
+  elseif legacy then
+    local first = find(legacy, ':', 1, true)
+    local second = first and find(legacy, ':', first + 1, true)
     if second then
-      local stored_window = tonumber(string.sub(stored, 1, first - 1))
+      local stored_window = tonumber(sub(legacy, 1, first - 1))
       if stored_window == window then
-        current = tonumber(string.sub(stored, first + 1, second - 1)) or 0
-        previous = tonumber(string.sub(stored, second + 1)) or 0
+        current = tonumber(sub(legacy, first + 1, second - 1)) or 0
+        previous = tonumber(sub(legacy, second + 1)) or 0
       elseif stored_window == window - 1 then
-        previous = tonumber(string.sub(stored, first + 1, second - 1)) or 0
+        previous = tonumber(sub(legacy, first + 1, second - 1)) or 0
       end
     end
   end
@@ -62,6 +86,11 @@ local function sliding_window_counter(key, now_us, limit, period_ms, capacity, c
     if retry_us < 1 then retry_us = 1 end
     return false, remaining, reset_us, retry_us
   end
-  return true, remaining, reset_us, 0, format('%d:%d:%d', window, current + cost, previous),
-    ceil((2 * period_us - elapsed) / 1000), 2 * period_us - elapsed
+  local value
+  if current + cost < 67108864 and previous < 33554432 then  -- the integer stays below 2^53
+    value = ((current + cost) * 33554432 + previous) * 4 + window % 4
+  else
+    value = pack('>BI4I4', window % 4, current + cost, previous)
+  end
+  return true, remaining, reset_us, 0, value, 2 * period_us - elapsed
 end
