@@ -25,7 +25,7 @@ from typing import Any
 from .decision import Decision, PolicyResult, new_policy_result
 from .exceptions import BackendError
 from .policies import CONCURRENCY, Policy
-from .scripts import decide_sha
+from .scripts import ALGORITHM_FILES, decide_sha
 
 Check = tuple[str, Sequence[Policy]]
 
@@ -35,17 +35,20 @@ PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 DIGEST_CHARS = 24
 #: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
 #: would cost Redis a strtod each, and every argument is parsed and interned as a Lua string.
-_CALL_NUMBERS = struct.Struct(">qq")  # cost, charge
-_POLICY_NUMBERS = struct.Struct(">qqqq")  # algorithm code, limit, period in ms, capacity
-#: The algorithm codes decide.lua dispatches on.
-ALGORITHM_CODES = {"token_bucket": 1, "sliding_window": 2, "fixed_window": 3, "gcra": 4, "sliding_window_counter": 5,
-                   CONCURRENCY: 6}
+_CALL_NUMBERS = struct.Struct(">qBB")  # cost, mode, identities
+_POLICY_NUMBERS = struct.Struct(">qqqqBB")  # algorithm code, limit, period in ms, capacity, identity, tag length
+#: The modes of decide.lua: report only (peek), charge when allowed (hit), forget the states (reset).
+PEEK, HIT, RESET = 0, 1, 2
+#: The algorithm codes decide.lua dispatches on (each algorithm file's, ratelimit_app.scripts).
+ALGORITHM_CODES = {name.removesuffix(".lua"): code for name, code in ALGORITHM_FILES.items()
+                   if name != "calendar_window.lua"}
 #: Added to the algorithm code of a shadow policy: decide.lua counts it but never lets it refuse.
 SHADOW_FLAG = 64
 #: The code of a calendar quota (a fixed window whose boundaries are calendar days, weeks or months):
 #: its period slot carries `Policy.calendar_rule` and its capacity slot `Policy.clock_shift_ms`.
-CALENDAR_CODE = 32
-#: The letter that stands for the algorithm in a state key (see PreparedCall.keys).
+CALENDAR_CODE = ALGORITHM_FILES["calendar_window.lua"]
+#: The letter that stands for the algorithm in a policy's tag (its entry in the identity's key) and in
+#: the name of its own key (see PreparedCall.keys).
 KEY_LETTERS = {"token_bucket": "t", "sliding_window": "s", "fixed_window": "f", "gcra": "g",
                "sliding_window_counter": "c", CONCURRENCY: "q"}
 #: The letter of a calendar quota's state key (its algorithm is fixed_window, its state is not; "q" is
@@ -53,12 +56,11 @@ KEY_LETTERS = {"token_bucket": "t", "sliding_window": "s", "fixed_window": "f", 
 CALENDAR_KEY_LETTER = "k"
 #: A lease token (ARGV[2] of decide.lua): the member a request's concurrency slots are held under.
 _LEASE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-#: Also send each policy's key in the previous release's layout ("<prefix>:{<digest>}:<policy>:<algorithm>"),
-#: so that state written before an upgrade is carried over (see decide.lua). Such keys expire within the
-#: longest TTL of the policies (docs/algorithms.md); after that, setting this to False before the first
-#: decision saves Redis 9-11% of a new identity's decision. A later release will stop sending them.
-#: A concurrency policy's previous-layout key is sent too (the keys are all or none) but never read:
-#: the previous release had no concurrency policy.
+#: Also send each rate policy's key in the previous release's layout, a key per policy
+#: ("<prefix>:{<digest>}<letter><policy>", the name its concurrency policies' keys still have), so that
+#: state written before an upgrade is carried over (see decide.lua). Such keys expire within the longest
+#: TTL of the policies (docs/algorithms.md); after that, setting this to False before the first decision
+#: saves Redis the EXISTS of a new identity's decision. A later release will stop sending them.
 LEGACY_KEYS = True
 #: The script's reply: three numbers per policy (see decide.lua).
 _REPLY_NUMBERS = struct.Struct(">qqq")  # remaining, reset in ms, retry in ms
@@ -77,66 +79,63 @@ class _Plan:
     check whose digest fills gap i. Built once per distinct plan (see `_plan`).
     """
 
-    __slots__ = ("args", "key_count", "leases", "named_capacities", "owners", "pieces", "policy_count", "prefix",
-                 "shadows",
-                 "suffixes")
+    __slots__ = ("args", "key_count", "key_layout", "leases", "named_capacities", "owners", "pieces",
+                 "policy_count", "prefix", "shadows")
 
-    def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, charge: bool) -> None:
+    def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int) -> None:
         self.prefix = prefix
-        suffixes: list[tuple[str, ...]] = []
-        legacy: list[tuple[str, ...]] = []
-        numbers = [_CALL_NUMBERS.pack(cost, 1 if charge else 0)]
-        for policies in policy_sets:
+        own_keys: list[tuple[int, str]] = []  # (check, suffix) of each policy's own key
+        numbers = [_CALL_NUMBERS.pack(cost, mode, len(policy_sets))]
+        for check, policies in enumerate(policy_sets):
             for policy in policies:
                 if not isinstance(policy, Policy):
                     raise TypeError(f"policies: expected Policy objects, got {type(policy).__name__}")
             names = [p.name for p in policies]
             if len(set(names)) != len(names):
                 raise ValueError(f"policies: names must be unique within one decision, got {names}")
-            suffixes.append(tuple((CALENDAR_KEY_LETTER if p.calendar else KEY_LETTERS[p.algorithm]) + p.name
-                                  for p in policies))
-            legacy.append(tuple(f":{p.name}:{p.algorithm}" for p in policies))
-            numbers += [_POLICY_NUMBERS.pack(ALGORITHM_CODES[p.algorithm] + (SHADOW_FLAG if p.shadow else 0),
-                                             p.limit, p.period_ms, p.capacity) if not p.calendar else
-                        _POLICY_NUMBERS.pack(CALENDAR_CODE + (SHADOW_FLAG if p.shadow else 0), p.limit,
-                                             p.calendar_rule, p.clock_shift_ms)
-                        for p in policies]
-        self.policy_count = sum(len(s) for s in suffixes)
-        if LEGACY_KEYS and self.policy_count:
-            suffixes += legacy  # KEYS[n + i] of decide.lua: policy i's key in the previous layout
-        self.suffixes = tuple(suffixes)
+            for p in policies:
+                tag = ((CALENDAR_KEY_LETTER if p.calendar else KEY_LETTERS[p.algorithm]) + p.name).encode()
+                own_keys.append((check, ":{%s}" + tag.decode()))
+                code = (CALENDAR_CODE if p.calendar else ALGORITHM_CODES[p.algorithm]) + (SHADOW_FLAG if p.shadow else 0)
+                period, capacity = (p.calendar_rule, p.clock_shift_ms) if p.calendar else (p.period_ms, p.capacity)
+                numbers.append(_POLICY_NUMBERS.pack(code, p.limit, period, capacity, check + 1, len(tag)) + tag)
+        self.policy_count = len(own_keys)
+        # KEYS of decide.lua: the state key of each identity ("<prefix>:{<digest>}"), then, when the
+        # previous layout is read or a concurrency policy's sorted set is needed, each policy's own key
+        layout: list[tuple[int, str]] = [(check, ":{%s}") for check in range(len(policy_sets))]
+        if self.policy_count and (LEGACY_KEYS or any(p.algorithm == CONCURRENCY for ps in policy_sets for p in ps)):
+            layout += own_keys
+        self.key_layout = tuple(layout)
         self.named_capacities = tuple(tuple((p.name, p.capacity, p.shadow) for p in policies)
                                       for policies in policy_sets)
         #: per policy of the call, whether it is a shadow policy; empty when none is
         shadows = tuple(p.shadow for policies in policy_sets for p in policies)
         self.shadows = shadows if any(shadows) else ()
-        self.key_count = sum(len(s) for s in suffixes)
+        self.key_count = len(layout)
         # concurrency policies charged by this call: the command then ends with the lease token (ARGV[2])
-        self.leases = sum(p.algorithm == CONCURRENCY for policies in policy_sets for p in policies) if charge else 0
+        self.leases = sum(p.algorithm == CONCURRENCY for policies in policy_sets for p in policies) \
+            if mode == HIT else 0
         args = [b"".join(numbers)]
         self.args = tuple(args)
 
-        head = prefix.encode() + b":{"
         pieces: list[bytes] = []
         owners: list[int] = []
         current = b"*%d\r\n" % (3 + self.key_count + len(args) + (1 if self.leases else 0)) + _bulk(b"EVALSHA") + \
             _bulk(decide_sha().encode()) + _bulk(b"%d" % self.key_count)
-        for owner, set_suffixes in enumerate(suffixes):
-            owner %= len(policy_sets)  # the legacy keys of a check follow every check's state keys
-            for suffix in set_suffixes:
-                tail = b"}" + suffix.encode()
-                current += b"$%d\r\n" % (len(head) + DIGEST_CHARS + len(tail)) + head
-                pieces.append(current)
-                owners.append(owner)
-                current = tail + b"\r\n"
+        for owner, pattern in layout:
+            head, tail = (prefix + pattern).encode().split(b"%s")
+            current += b"$%d\r\n" % (len(head) + DIGEST_CHARS + len(tail)) + head
+            pieces.append(current)
+            owners.append(owner)
+            current = tail + b"\r\n"
         pieces.append(current + b"".join(_bulk(arg) for arg in args))
         self.pieces = tuple(pieces)
         self.owners = tuple(owners)
 
 
 @lru_cache(maxsize=1024)
-def _plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, charge: bool) -> _Plan:
-    return _Plan(prefix, policy_sets, cost, charge)
+def _plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int) -> _Plan:
+    return _Plan(prefix, policy_sets, cost, mode)
 
 
 def _digest(identity: str) -> bytes:
@@ -167,16 +166,14 @@ class PreparedCall:
 
     @property
     def keys(self) -> list[str]:
-        """KEYS of the call: one state key per policy, "<prefix>:{<digest>}<letter><policy>" (the braces
-        are the hash tag; the letter is the algorithm's, KEY_LETTERS), kept short because every byte of
-        a key name is paid per identity in Redis memory. With LEGACY_KEYS they are followed by the
-        same policies' keys in the previous layout, "<prefix>:{<digest>}:<policy>:<algorithm>"."""
-        keys = []
-        digests = self.digests
-        for owner, suffixes in enumerate(self.plan.suffixes):
-            base = f"{self.plan.prefix}:{{{digests[owner % len(digests)].decode()}}}"
-            keys += [base + suffix for suffix in suffixes]
-        return keys
+        """KEYS of the call: the state key of each identity, "<prefix>:{<digest>}" (the braces are the
+        hash tag), which holds every rate policy of that identity, kept short because every byte of a
+        key name is paid per identity in Redis memory; then, with LEGACY_KEYS or when a concurrency
+        policy is decided, each policy's own key, "<prefix>:{<digest>}<letter><policy>" (the letter is
+        the algorithm's, KEY_LETTERS): a concurrency policy's sorted set of leases, or a rate policy's
+        key in the previous release's layout."""
+        digests = [digest.decode() for digest in self.digests]
+        return [self.plan.prefix + pattern % digests[owner] for owner, pattern in self.plan.key_layout]
 
     @property
     def args(self) -> list[bytes]:
@@ -203,19 +200,21 @@ def new_lease_token() -> str:
 
 
 def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool,
-                 lease: str | None = None) -> PreparedCall:
+                 lease: str | None = None, reset: bool = False) -> PreparedCall:
     """Build the EVALSHA of decide.lua for these checks (see its header for KEYS and ARGV). A call that
-    charges a concurrency policy needs `lease`, the token its slots are held under (ValueError without)."""
+    charges a concurrency policy needs `lease`, the token its slots are held under (ValueError without).
+    With `reset`, the call forgets the checks' states instead (and reports, as peek does)."""
     if type(cost) is not int or cost < 1:
         raise ValueError(f"cost: {cost!r} must be an integer >= 1")
+    mode = RESET if reset else HIT if charge else PEEK
     if len(checks) == 1:  # the usual case, kept short: it runs on every request
         identity, policies = checks[0]
-        plan = _plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, charge)
+        plan = _plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, mode)
         digest = _digest(identity)
         call = PreparedCall(plan, [digest], digest.join(plan.pieces))
         return _with_lease(call, lease) if plan.leases else call
     policy_sets = tuple(policies if type(policies) is tuple else tuple(policies) for _, policies in checks)
-    plan = _plan(prefix, policy_sets, cost, charge)
+    plan = _plan(prefix, policy_sets, cost, mode)
     digests = [_digest(identity) for identity, _ in checks]
     pieces = plan.pieces
     parts = [pieces[0]]
@@ -310,18 +309,20 @@ def check_prefix(prefix: str) -> str:
 
 
 def decide(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool,
-           lease: str | None = None) -> Steps:
+           lease: str | None = None, reset: bool = False) -> Steps:
     """The steps of one decision over `checks` (see above for how a transport runs them).
 
     Normally one call decides every check, all-or-nothing. With `one_slot_per_call` (Redis Cluster,
     where the identities live on different slots) each check is its own call, in order, and the
     first denial stops the rest: checks already charged stay charged and the list is shorter than
     `checks`. Every call is built, and every argument validated (ValueError, TypeError), here, before
-    anything is sent. `lease` is the token concurrency slots are taken under (see `prepare_call`).
+    anything is sent. `lease` is the token concurrency slots are taken under; `reset` forgets the
+    checks' states instead of charging them (see `prepare_call`).
     """
     if one_slot_per_call and len(checks) > 1:
-        return _one_by_one([prepare_call(prefix, (check,), cost, charge=charge, lease=lease) for check in checks])
-    return _exchange(prepare_call(prefix, checks, cost, charge=charge, lease=lease))
+        return _one_by_one([prepare_call(prefix, (check,), cost, charge=charge, lease=lease, reset=reset)
+                            for check in checks])
+    return _exchange(prepare_call(prefix, checks, cost, charge=charge, lease=lease, reset=reset))
 
 
 def _one_by_one(calls: list[PreparedCall]) -> Steps:
@@ -350,17 +351,33 @@ def _exchange(call: PreparedCall) -> Steps:
     return parse_reply(call, reply)
 
 
-def reset_keys(prefix: str, identity: str, policies: Sequence[Policy]) -> list[str]:
-    """The Redis keys that hold the state of `identity` under these policies (what a reset deletes),
-    the previous release's layout included while LEGACY_KEYS is on."""
-    return prepare_call(prefix, ((identity, policies),), 1, charge=False).keys
+_ENTRY_HEAD = struct.Struct(">B")
+_ENTRY_TAIL = struct.Struct(">QI")  # expiry (6 bytes after a 2-byte pad), state length
+
+
+def state_entries(value: bytes) -> dict[str, tuple[int, bytes]]:
+    """The entries of an identity's state key (see decide.lua): tag (the algorithm's letter and the
+    policy's name) -> (expiry in ms since the epoch, the state in its algorithm's format)."""
+    entries = {}
+    position = 0
+    while position < len(value):
+        [tag_length] = _ENTRY_HEAD.unpack_from(value, position)
+        tag = value[position + 1:position + 1 + tag_length].decode()
+        position += 1 + tag_length
+        expiry, length = _ENTRY_TAIL.unpack(b"\0\0" + value[position:position + 10])
+        entries[tag] = (expiry, value[position + 10:position + 10 + length])
+        position += 10 + length
+    return entries
 
 
 def state_keys(prefix: str, identity: str, policies: Sequence[Policy]) -> list[str]:
-    """The Redis keys that hold the state of `identity` under these policies (without the previous
-    release's layout, which `reset_keys` also names while LEGACY_KEYS is on)."""
+    """The Redis key that holds the state of `identity` under each of these policies, in their order:
+    the identity's state key for a rate policy (all of them share it), a concurrency policy's own
+    sorted set."""
     call = prepare_call(prefix, ((identity, policies),), 1, charge=False)
-    return call.keys[:call.plan.policy_count]
+    keys = call.keys
+    own = keys[1:] if len(keys) > 1 else [keys[0]] * len(policies)
+    return [own[i] if p.algorithm == CONCURRENCY else keys[0] for i, p in enumerate(policies)]
 
 
 def release_keys(prefix: str, held: Sequence[tuple[str, Policy]]) -> list[str]:

@@ -18,7 +18,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .decision import Decision
-from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, release_keys, reset_keys, state_keys
+from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, release_keys, state_keys
 from .exceptions import REDIS_CLIENT_ERRORS, BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
@@ -138,13 +138,11 @@ class AsyncRateLimiter:
             raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
 
     async def reset(self, identity: str, policies: Sequence[Policy]) -> None:
-        """Forget the state of `identity` for these policies."""
-        keys = reset_keys(self.prefix, identity, policies)
-        if keys:
-            try:
-                await self.client.delete(*keys)
-            except REDIS_CLIENT_ERRORS as exc:
-                raise BackendError(f"could not reset {identity!r:.80}: {exc}", maybe_applied=True) from exc
+        """Forget the state of `identity` for these policies (one call of the decision script: the
+        identity's other policies, which share its key, keep theirs)."""
+        if policies:
+            await self._run(decide(self.prefix, ((identity, policies),), 1, charge=False, one_slot_per_call=False,
+                               reset=True))
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
         """The Redis keys that hold the state of `identity` under these policies."""

@@ -28,7 +28,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
 from .decision import Decision
-from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, release_keys, reset_keys, state_keys
+from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, release_keys, state_keys
 from .exceptions import REDIS_CLIENT_ERRORS, BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
@@ -215,13 +215,11 @@ class RateLimiter:
             raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
-        """Forget the state of `identity` for these policies."""
-        keys = reset_keys(self.prefix, identity, policies)
-        if keys:
-            try:
-                self.client.delete(*keys)
-            except REDIS_CLIENT_ERRORS as exc:
-                raise BackendError(f"could not reset {identity!r:.80}: {exc}", maybe_applied=True) from exc
+        """Forget the state of `identity` for these policies (one call of the decision script: the
+        identity's other policies, which share its key, keep theirs)."""
+        if policies:
+            self._run(decide(self.prefix, ((identity, policies),), 1, charge=False, one_slot_per_call=False,
+                               reset=True))
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
         """The Redis keys that hold the state of `identity` under these policies."""

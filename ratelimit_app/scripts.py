@@ -6,19 +6,22 @@ import hashlib
 from functools import cache
 from importlib import resources
 
-#: Algorithm files, each defining one local function that decide.lua dispatches to.
-ALGORITHM_FILES: tuple[str, ...] = (
-    "fixed_window.lua",
-    "sliding_window.lua",
-    "sliding_window_counter.lua",
-    "token_bucket.lua",
-    "gcra.lua",
-    "calendar_window.lua",
-    "concurrency.lua",
-)
+#: Algorithm files, each ending with the function of its algorithm, and the code decide.lua knows it by
+#: (engine.ALGORITHM_CODES and engine.CALENDAR_CODE are read from here).
+ALGORITHM_FILES: dict[str, int] = {
+    "token_bucket.lua": 1,
+    "sliding_window.lua": 2,
+    "fixed_window.lua": 3,
+    "gcra.lua": 4,
+    "sliding_window_counter.lua": 5,
+    "concurrency.lua": 6,
+    "calendar_window.lua": 32,
+}
 ENTRY_FILE = "decide.lua"
 #: Locals every other file uses; it comes first.
 PRELUDE_FILE = "prelude.lua"
+#: The parameters of every algorithm function, in this order (see any algorithm file).
+ALGORITHM_PARAMETERS = "(stored, now_us, limit, period_ms, capacity, cost)"
 
 
 def read_lua(name: str) -> str:
@@ -26,10 +29,34 @@ def read_lua(name: str) -> str:
     return (resources.files("ratelimit_app") / "lua" / name).read_text(encoding="utf-8")
 
 
+def _check_function() -> str:
+    """Every algorithm as one branch of one function, check(code, ...), which decide.lua calls.
+
+    Each algorithm file ends with `local function <its name>(stored, now_us, ...)`; what precedes that
+    (its header, its helpers) stays as it is, and the function's body becomes the branch of its code.
+    Redis runs the whole script for every call, and each function it defines is a closure made anew:
+    one function for all the algorithms is made once, where seven were made on every request.
+    """
+    preambles, branches = [], []
+    for name, code in ALGORITHM_FILES.items():
+        text = read_lua(name).rstrip("\n")
+        start = text.rindex("\nlocal function ")
+        signature, _, body = text[start + 1:].partition("\n")
+        if signature != f"local function {name.removesuffix('.lua')}{ALGORITHM_PARAMETERS}" or \
+                not body.endswith("\nend"):
+            raise ValueError(f"{name}: the file must end with its function {ALGORITHM_PARAMETERS} ... end")
+        preambles.append(text[:start])
+        keyword = "if" if not branches else "elseif"
+        branches.append(f"  {keyword} code == {code} then -- {name}\n{body.removesuffix('end')}")
+    return "\n".join(preambles) + \
+        f"\nlocal function check(code, stored, now_us, limit, period_ms, capacity, cost)\n" + \
+        "".join(branches) + "  end\nend\n"
+
+
 @cache
 def decide_source() -> str:
-    """The complete decision script: the prelude, the algorithm functions, then decide.lua."""
-    return "\n".join(read_lua(name) for name in (PRELUDE_FILE, *ALGORITHM_FILES, ENTRY_FILE))
+    """The complete decision script: the prelude, the algorithms as one function, then decide.lua."""
+    return "\n".join((read_lua(PRELUDE_FILE), _check_function(), read_lua(ENTRY_FILE)))
 
 
 @cache

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from ratelimit_app import Decision, Policy, RateLimiter
-from ratelimit_app.engine import LOAD_SCRIPT, NOSCRIPT, decide, parse_reply, prepare_call
+from ratelimit_app.engine import KEY_LETTERS, LOAD_SCRIPT, NOSCRIPT, decide, parse_reply, prepare_call, state_entries
 from ratelimit_app.exceptions import BackendError
 from ratelimit_app.policies import ALGORITHMS
 
@@ -210,7 +210,7 @@ def test_every_written_key_expires_within_its_state_lifetime(
     lifetime = {}
     for identity, policies in policy_sets:
         for key, policy in zip(limiter.keys(identity, policies), policies, strict=True):
-            lifetime[key] = policy.state_ttl
+            lifetime[key] = max(lifetime.get(key, 0.0), policy.state_ttl)  # rate policies share their key
     written = [k.decode() for k in redis_client.scan_iter(match=f"{key_prefix}:*")]
     assert written, "the random run wrote nothing"
     for key in written:
@@ -370,16 +370,30 @@ def test_a_thousand_units_in_one_millisecond_count_as_a_thousand(
     decision = limiter.hit("k", policies, cost=1000)
     assert decision.allowed and decision.remaining == 4000
     [key] = limiter.keys("k", policies)
-    assert redis_client.strlen(key) == 7 * 1000  # one 7-byte admission time per unit
+    assert len(stored_state(redis_client, key, "sminute")) == 7 * 1000  # one 7-byte admission time per unit
     # and many separate hits within the same milliseconds all count
     pipe_limiter_hits = [limiter.hit("k", policies) for _ in range(200)]
     assert pipe_limiter_hits[-1].remaining == 3800
-    assert redis_client.strlen(key) == 7 * 1200
+    assert len(stored_state(redis_client, key, "sminute")) == 7 * 1200
 
 
 def _log(*admitted_us: int) -> bytes:
     """A sliding-window log as decide.lua stores it: 7-byte big-endian admission times, oldest first."""
     return b"".join(t.to_bytes(7, "big") for t in admitted_us)
+
+
+def entry(tag: str, expiry_ms: int, state: bytes | int) -> bytes:
+    """One entry of an identity's state key, as decide.lua writes it (an integer state in decimal)."""
+    if isinstance(state, int):
+        state = str(state).encode()
+    return struct.pack(">B", len(tag)) + tag.encode() + struct.pack(">QI", expiry_ms, len(state))[2:] + state
+
+
+def stored_state(client: redis.Redis, key: str, tag: str) -> bytes:
+    """The state of the policy with this tag (its algorithm's letter and its name) in an identity's key."""
+    value = client.get(key)
+    assert isinstance(value, bytes), (key, value)
+    return state_entries(value)[tag][1]
 
 
 def test_the_sliding_log_drops_units_that_left_the_window_when_it_is_charged(
@@ -390,16 +404,17 @@ def test_the_sliding_log_drops_units_that_left_the_window_when_it_is_charged(
     seconds, micros = redis_client.time()
     now = seconds * 1_000_000 + micros
     stale = now - 120_000_000  # two periods ago: outside the window
+    expiry_ms = now // 1000 + 60_000
     # a log holding only units that left the window counts as empty, and the charge drops them
-    redis_client.set(key, _log(stale, stale), px=60_000)
+    redis_client.set(key, entry("sminute", expiry_ms, _log(stale, stale)), px=60_000)
     assert limiter.hit("k", policies).remaining == 4
-    assert redis_client.strlen(key) == 7
+    assert len(stored_state(redis_client, key, "sminute")) == 7
     # a charge drops every unit that left the window and keeps the live ones: memory stays within the limit
     live = now - 30_000_000
-    redis_client.set(key, _log(stale, live, live), px=60_000)
+    redis_client.set(key, entry("sminute", expiry_ms, _log(stale, live, live)), px=60_000)
     assert limiter.hit("k", policies).remaining == 2
-    log = redis_client.get(key)
-    assert isinstance(log, bytes) and len(log) == 3 * 7 and log.startswith(_log(live, live))
+    log = stored_state(redis_client, key, "sminute")
+    assert len(log) == 3 * 7 and log.startswith(_log(live, live))
 
 
 def test_states_too_large_for_an_integer_are_stored_as_short_strings_and_decide_the_same(
@@ -409,25 +424,25 @@ def test_states_too_large_for_an_integer_are_stored_as_short_strings_and_decide_
     bucket = [Policy("day", "token_bucket", limit=1000, period=86400)]
     assert limiter.hit("k", bucket, cost=1000).allowed
     [key] = limiter.keys("k", bucket)
-    assert redis_client.strlen(key) == 12
+    assert len(stored_state(redis_client, key, "tday")) == 12
     denied = limiter.hit("k", bucket)
     assert not denied.allowed and denied.remaining == 0 and 86 <= (denied.retry_after or 0) <= 86.4
     # counts of 2^26 and more in a sliding window counter
     counter = [Policy("minute", "sliding_window_counter", limit=10**8, period=60)]
     assert limiter.hit("k", counter, cost=7 * 10**7).allowed
     [key] = limiter.keys("k", counter)
-    assert redis_client.strlen(key) == 9
+    assert len(stored_state(redis_client, key, "cminute")) == 9
     assert limiter.peek("k", counter).remaining == 3 * 10**7
     assert limiter.hit("k", counter, cost=3 * 10**7).allowed and not limiter.hit("k", counter).allowed
 
 
 def test_small_states_are_integers(limiter: RateLimiter, redis_client: redis.Redis) -> None:
-    """Redis keeps an integer in the key's object: 88 bytes a key (MEMORY USAGE), its name included."""
+    """An O(1) state is one integer, written in decimal in its entry of the identity's key."""
     for algorithm in ("fixed_window", "sliding_window_counter", "token_bucket", "gcra"):
         policies = [Policy("minute", algorithm, limit=20, period=60)]
         assert limiter.hit("k", policies, cost=5).allowed
         [key] = limiter.keys("k", policies)
-        assert redis_client.object("encoding", key) == b"int", algorithm
+        assert int(stored_state(redis_client, key, KEY_LETTERS[algorithm] + "minute")) > 0, algorithm
         assert limiter.peek("k", policies).remaining == 15, algorithm
 
 
@@ -444,9 +459,11 @@ def test_a_bucket_refills_from_its_stored_time_and_never_from_a_clock_that_stepp
     def stored(stamp_ms: int) -> int:
         return (60_000 * 2**17 + stamp_ms % 2**17) * 64 + 17
 
-    redis_client.set(key, stored(now_ms - 5_000), px=60_000)  # refilled 5 s ago: 5,000 units since
+    # refilled 5 s ago: 5,000 units since
+    redis_client.set(key, entry("tminute", now_ms + 60_000, stored(now_ms - 5_000)), px=60_000)
     assert 54.9 <= limiter.peek("k", policies).reset_after <= 55.0
-    redis_client.set(key, stored(now_ms + 5_000), px=60_000)  # a refill "in the future": nothing since
+    # a refill "in the future": nothing since
+    redis_client.set(key, entry("tminute", now_ms + 60_000, stored(now_ms + 5_000)), px=60_000)
     assert limiter.peek("k", policies).reset_after == 60.0
 
 

@@ -12,6 +12,7 @@ from django.test import Client
 from django.urls import reverse
 
 from ratelimit_app import Policy, RateLimiter, metrics
+from ratelimit_app.engine import state_entries
 from ratelimit_app.fallback import LocalLimiter
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 
@@ -32,7 +33,8 @@ def test_a_shadow_policy_counts_but_never_refuses(limiter: RateLimiter) -> None:
     assert [d.shadow[0].remaining for d in decisions] == [2, 1, 0, 0, 0]
     # counted as if enforced: the would-be refusals were not charged to it
     assert limiter.peek("client", [SHADOW]).shadow[0].remaining == 0
-    assert limiter.client.strlen(limiter.keys("client", [SHADOW])[0]) == 7 * 3  # 7-byte times, one per unit
+    [value] = limiter.client.mget(limiter.keys("client", [SHADOW]))
+    assert len(state_entries(value)["s" + SHADOW.name][1]) == 7 * 3  # 7-byte times, one per unit
 
 
 def test_a_request_refused_by_an_enforced_policy_is_charged_to_no_shadow_policy(limiter: RateLimiter) -> None:

@@ -6,10 +6,9 @@
 --   unit 1 day, 2 week, 3 month; offsets in quarter hours; change_minute since the epoch (UTC)
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   stored     the value of KEYS[i] (false when missing): the integer 65536 x units used + period index
---              mod 65536
---   legacy     ignored: calendar quotas are newer than the previous release's key layout, so no state
---              of theirs is carried over
+--   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
+--              release's layout, which has the same format; false when missing):
+--              the integer 65536 x units used + period index mod 65536
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed per calendar period (integer >= 1)
 --   period_ms  ARGV: for this algorithm, the calendar rule above (not a length)
@@ -23,30 +22,32 @@
 -- write). The period index (local day number, or year * 12 + month) is stored with the count, mod
 -- 65536 (a key lives about one period, never 65536 of them), so a key that outlives its period (a
 -- shifted clock in tests, or a DST rule that changed) counts for nothing.
-local function days_from_civil(y, m, d)
-  if m <= 2 then y = y - 1 end
-  local era = floor(y / 400)
-  local yoe = y - era * 400
-  local mp = (m > 2) and (m - 3) or (m + 9)
-  local doy = floor((153 * mp + 2) / 5) + d - 1
-  local doe = yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + doy
-  return era * 146097 + doe - 719468
-end
+local function calendar_window(stored, now_us, limit, period_ms, capacity, cost)
+  local rule, shift_ms = period_ms, capacity
+  -- (the helpers are made only when a calendar quota is decided)
+  local function days_from_civil(y, m, d)
+    if m <= 2 then y = y - 1 end
+    local era = floor(y / 400)
+    local yoe = y - era * 400
+    local mp = (m > 2) and (m - 3) or (m + 9)
+    local doy = floor((153 * mp + 2) / 5) + d - 1
+    local doe = yoe * 365 + floor(yoe / 4) - floor(yoe / 100) + doy
+    return era * 146097 + doe - 719468
+  end
 
-local function civil_from_days(days)
-  local z = days + 719468
-  local era = floor(z / 146097)
-  local doe = z - era * 146097
-  local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
-  local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
-  local mp = floor((5 * doy + 2) / 153)
-  local m = (mp < 10) and (mp + 3) or (mp - 9)
-  local y = yoe + era * 400
-  if m <= 2 then y = y + 1 end
-  return y, m
-end
+  local function civil_from_days(days)
+    local z = days + 719468
+    local era = floor(z / 146097)
+    local doe = z - era * 146097
+    local yoe = floor((doe - floor(doe / 1460) + floor(doe / 36524) - floor(doe / 146096)) / 365)
+    local doy = doe - (365 * yoe + floor(yoe / 4) - floor(yoe / 100))
+    local mp = floor((5 * doy + 2) / 153)
+    local m = (mp < 10) and (mp + 3) or (mp - 9)
+    local y = yoe + era * 400
+    if m <= 2 then y = y + 1 end
+    return y, m
+  end
 
-local function calendar_window(stored, legacy, now_us, limit, rule, shift_ms, cost)
   now_us = now_us + shift_ms * 1000
   local change_s = (rule % 134217728) * 60
   local rest = floor(rule / 134217728)

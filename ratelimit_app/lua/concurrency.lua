@@ -3,9 +3,8 @@
 -- back (the worker was killed) frees itself when its time is up, so a crash costs one lease period.
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   key        the name KEYS[i] of decide.lua (not its value: MGET reads a sorted set as nil): a
---              sorted set, member = lease token, score = lease expiry (us)
---   _          the previous-layout key: unused (the previous release had no concurrency policy)
+--   key        the policy's own key (KEYS[m + i] of decide.lua; its name, not its value): a sorted
+--              set, member = lease token, score = lease expiry (us); the same key in the previous release
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: slots, the requests that may be in flight at once (integer >= 1)
 --   period_ms  ARGV: lease length in milliseconds (integer >= 1)
@@ -15,14 +14,12 @@
 -- Returns: allowed (boolean), remaining now (integer: free slots), reset now (us: when refused, until
 --   the last live lease runs out; when allowed, the lease period if any lease is live, else 0), retry
 --   (us, 0 when allowed; when refused 1 s: a slot frees as soon as any request of this identity
---   finishes, which no clock can say), and in place of a string write: concurrency_lease (decide.lua
+--   finishes, which no clock can say), and in place of a string write: true (decide.lua
 --   then calls concurrency_charge, which adds the lease named by ARGV[2] of decide.lua), and reset
 --   after the charge (us: the lease period).
 -- State: one sorted set with at most limit live members; TTL = the lease period, set on every charge.
 --   Leases that ran out are trimmed when a slot is taken.
 
--- marks a concurrency policy's write in decide.lua's state table (compared by identity)
-local concurrency_lease = {}
 local CONCURRENCY_RETRY_US = 1000000
 
 -- the charge: drop leases that ran out, add this request's lease, keep the key one lease period (the
@@ -34,7 +31,8 @@ local function concurrency_charge(key, now_us, period_us, token)
   call('PEXPIRE', key, period_us / 1000)
 end
 
-local function concurrency(key, _, now_us, limit, period_ms, capacity, cost)
+local function concurrency(stored, now_us, limit, period_ms, capacity, cost)
+  local key = stored
   local period_us = period_ms * 1000
   local live_from = format('(%d', now_us)
   local used = call('ZCOUNT', key, live_from, '+inf')
@@ -45,5 +43,5 @@ local function concurrency(key, _, now_us, limit, period_ms, capacity, cost)
     return false, remaining, tonumber(last[2]) - now_us, CONCURRENCY_RETRY_US
   end
   -- allowed: the last live lease runs out within one lease period (the bound is reported, not looked up)
-  return true, remaining, used > 0 and period_us or 0, 0, concurrency_lease, period_us
+  return true, remaining, used > 0 and period_us or 0, 0, true, period_us
 end

@@ -1,14 +1,17 @@
 -- decide: one all-or-nothing decision over several policies. Every policy is checked first; only when
 -- all of them allow is the request charged to all of them. A denied request writes nothing.
--- The algorithm files are prepended to this one when the engine loads the script, so this file sees
--- their functions as locals; the set of scripts is fixed and request data never becomes source.
+-- The algorithm files come first (scripts.py makes their functions the branches of one function,
+-- check(code, stored, now_us, limit, period_ms, capacity, cost)); the set of scripts is fixed and
+-- request data never becomes source.
 --
--- ARGV[1]          every number of the call, packed as big-endian signed 64-bit integers
---                  (16 + 32n bytes for n policies): cost (units to charge, >= 1), charge (1 to charge
---                  when allowed, as hit does; 0 to only report, as peek does), then for each policy i:
---                  its algorithm code, limit, period in milliseconds and capacity (integers >= 1;
---                  capacity is the burst for token_bucket and gcra, else the limit), struct format
---                  '>i8i8' + n x '>i8i8i8i8'
+-- ARGV[1]          every number of the call, packed big-endian: a header, struct '>i8BB': cost (units
+--                  to charge, >= 1), mode (0 report only, as peek does; 1 charge when allowed, as hit
+--                  does; 2 forget the policies' states, as reset does, then report) and m (identities,
+--                  >= 1); then for each policy i (n of them, 1 <= n): struct '>i8i8i8i8BBc0': its
+--                  algorithm code, limit, period in milliseconds and capacity (integers >= 1; capacity
+--                  is the burst for token_bucket and gcra, else the limit), its identity j (1 <= j <= m),
+--                  and its tag (the length, then the bytes: the letter of its algorithm and its name,
+--                  engine.KEY_LETTERS, unique among the policies of one identity)
 --                  algorithm codes: 1 token_bucket, 2 sliding_window, 3 fixed_window, 4 gcra,
 --                  5 sliding_window_counter, 6 concurrency (engine.ALGORITHM_CODES, checked by
 --                  tests/test_scripts.py);
@@ -21,11 +24,20 @@
 --                  what it would be if it were enforced)
 -- ARGV[2]          the lease token of this request (only when it charges a concurrency policy: the
 --                  member its slot is held under, which the app server removes when the response ends)
--- KEYS[i]          state key of policy i (1 <= i <= n); all keys share one hash tag on Redis Cluster
--- KEYS[n + i]      optional (#KEYS is n or 2n): the key that held policy i's state in the previous
---                  release's layout, read only to carry that state over (see "Upgrades" below); a
---                  concurrency policy's is never read (the previous release had no such policy)
+-- KEYS[j]          the state key of identity j (1 <= j <= m): one string holding an entry for each of
+--                  its rate policies (see "State" below); all keys of one identity share a hash tag
+-- KEYS[m + i]      policy i's own key (#KEYS is m, or m + n): a concurrency policy's sorted set of
+--                  leases (always sent for one), or a rate policy's key in the previous release's
+--                  layout, read only to carry its state over (see "Upgrades" below)
 -- Time comes from redis.call('TIME') only: one clock for every app server.
+--
+-- State: the key of an identity is a string of entries, one per rate policy that has state, each
+-- struct '>Bc0I6I4' + its state: the tag (length, bytes), the entry's expiry (ms since the epoch: what
+-- a key of its own would have as its TTL; a later entry is no state) and the state's length, then the
+-- state in its algorithm's format (see the algorithm's header; an integer state is written in
+-- decimal). The key expires with its last entry: when a write needs a later expiry than the key has,
+-- it is set (PXAT), else the key keeps its TTL (KEEPTTL). A write keeps the live entries of policies
+-- that are not part of the call (another route's limits of the same identity) and drops dead ones.
 --
 -- Reply: one string of 24n bytes, for each policy i three big-endian signed 64-bit integers (struct
 -- '>i8i8i8'; one string costs Redis far less to return than 1 + 4n integers):
@@ -37,111 +49,156 @@
 -- shadow policy is 0. A shadow policy's triple is its own verdict (retry_ms_i > 0 or -1: it would have
 -- refused); the reply carries no flag for it, since the caller sent the codes and knows which policies
 -- are shadows (engine.parse_reply sets them apart).
--- Upgrades: a policy whose key is missing starts from its previous-release key when one is given and
--- exists (same meaning, older encoding), so an upgrade neither loses state nor grants extra units.
--- The charge writes only the new key; the old one expires with its TTL (reset deletes both).
--- Concurrency policies are new in this release: their key is a sorted set (MGET reads it as nil, so
--- it never counts as missing state) and their previous-layout key is ignored.
+-- Upgrades: the previous release kept each policy in a key of its own (KEYS[m + i]), in the format
+-- its entry has now. When a rate policy has no entry and such keys are sent, they are read (one
+-- EXISTS for all of them, then one MGET when any exists), so an upgrade neither loses state nor grants
+-- extra units. The charge writes only the identity's key; the old keys expire with their TTL (reset
+-- deletes them).
 -- Speed: this runs on every request, and on Redis each redis.call costs about as much as the rest of a
--- policy's work (the command's arguments become Redis objects, its reply becomes Lua values). So every
--- state is one string and all of them are read by one MGET; each charge is one SET with its TTL; every
--- number of the call arrives in one binary argument (each decimal argument would be a strtod); and no
+-- policy's work (the command's arguments become Redis objects, its reply becomes Lua values; a new key
+-- with a TTL costs two dictionary entries). So all the rate policies of an identity live in one key,
+-- read by one GET (MGET for several identities) and written by one SET; every number of the call
+-- arrives in one binary argument (each decimal argument would be a strtod); numbers sent to Redis are
+-- formatted as integers (a Lua number becomes a string through '%.17g', several times dearer); and no
 -- closure or table is made per policy (each algorithm returns its result and its write as plain values,
--- kept in one flat table until all have allowed).
--- Needs Redis 5 or later, where scripts replicate their effects, so TIME may precede writes.
--- (redis.replicate_commands() is not called: on Redis 7 it is a deprecated no-op that costs about
--- as much as the rest of a one-policy decision.)
+-- kept in flat tables until all have allowed), and all the algorithms are one function, check: Redis
+-- runs the whole script on every call, so each function defined is a closure made anew every time.
+-- Needs Redis 7 or later (SET ... KEEPTTL / PXAT; scripts replicate their effects, so TIME may precede
+-- writes). (redis.replicate_commands() is not called: on Redis 7 it is a deprecated no-op.)
 local numbers = ARGV[1]
-local n = (#numbers - 16) / 32
-local key_count = #KEYS
 local lease = ARGV[2]
-if #ARGV > 2 or n < 1 or n ~= floor(n) or (key_count ~= n and key_count ~= 2 * n) then
+local cost, mode, m = unpack('>i8BB', numbers)
+local key_count = #KEYS
+if #ARGV > 2 or cost < 1 or mode > 2 or m < 1 or key_count < m then
   return redis.error_reply('ERR ratelimit decide: bad arguments')
 end
-local cost, charge_flag = unpack('>i8i8', numbers)
-local charge = charge_flag == 1
-if cost < 1 then
-  return redis.error_reply('ERR ratelimit decide: bad arguments')
-end
+local charge = mode == 1
 
-local time = redis.call('TIME')
+local time = call('TIME')
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local values = call('MGET', unpack_list(KEYS, 1, n))
--- Upgrades: the previous layout's keys are read only when a state key is missing and one of them
--- exists (one EXISTS for all of them; a sorted set, which MGET reads as nil, is read by its algorithm).
-local legacy_values = false
-if key_count > n then
-  for i = 1, n do
-    if not values[i] and unpack('>i8', numbers, 32 * i - 15) % 64 ~= 6 then
-      if call('EXISTS', unpack_list(KEYS, n + 1, key_count)) > 0 then
-        legacy_values = call('MGET', unpack_list(KEYS, n + 1, key_count))
-      end
-      break
+local now_ms = floor(now_us / 1000)
+
+-- 1. read the key of each identity j into identity[5(j-1) + 1..5]: its live entries (state by tag,
+-- expiry by tag; false when it has none), the key's expiry (its latest entry's), then the entries
+-- this call writes and the latest expiry among all it keeps
+local values
+if m == 1 then values = {call('GET', KEYS[1])} else values = call('MGET', unpack_list(KEYS, 1, m)) end
+local identity = {false, false, 0, '', 0}
+for j = 1, m do
+  local value, base = values[j], 5 * (j - 1)
+  identity[base + 1], identity[base + 2], identity[base + 3], identity[base + 4], identity[base + 5] =
+    false, false, 0, '', 0
+  if value then
+    local states, expiries, latest, position = {}, {}, 0, 1
+    while position <= #value do
+      local tag, expiry, state
+      tag, expiry, state, position = unpack('>Bc0I6I4c0', value, position)
+      if expiry >= now_ms then states[tag], expiries[tag] = state, expiry end
+      if expiry > latest then latest = expiry end
     end
+    identity[base + 1], identity[base + 2], identity[base + 3] = states, expiries, latest
   end
 end
 
--- Lua 5.1 has no table.new, but a constructor listing nils allocates that many slots at once; growing
--- a table slot by slot (rehashing at 1, 2, 4, 8, 16) costs Redis more than the arithmetic of a policy.
--- These hold up to 4 policies without growing (more still work); the nils are not part of the reply.
--- 1. check every policy; state[6(i-1) + 1..6] holds policy i's results (see the algorithm headers)
-local state = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+-- 2. check every policy; result[8(i-1) + 1..8] holds policy i's results (see the algorithm headers),
+-- its tag and its identity. Lua 5.1 has no table.new, but a constructor listing nils allocates that
+-- many slots at once (growing a table slot by slot costs Redis more than a policy's arithmetic).
+local result = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+  nil, nil, nil, nil, nil, nil, nil, nil}
+local legacy  -- the previous layout's values (KEYS[m + 1..]), read once when needed; false: none exists
 local all_allowed = true
-for i = 1, n do
-  local code, limit, period_ms, capacity = unpack('>i8i8i8i8', numbers, 32 * i - 15)
+local n, position = 0, 11
+while position <= #numbers do
+  local code, limit, period_ms, capacity, j, tag
+  code, limit, period_ms, capacity, j, tag, position = unpack('>i8i8i8i8BBc0', numbers, position)
+  n = n + 1
+  if j > m then return redis.error_reply('ERR ratelimit decide: bad arguments') end
   local shadow = code >= 64
   if shadow then code = code - 64 end
-  local stored, legacy = values[i], false
+  local stored = false
   if code == 6 then
-    -- concurrency: a sorted set, read by its algorithm through its key; no previous layout
+    -- concurrency: a sorted set, read by its algorithm through its key
+    if key_count == m then return redis.error_reply('ERR ratelimit decide: bad arguments') end
     if charge and not lease then return redis.error_reply('ERR ratelimit decide: no lease token') end
-    stored = KEYS[i]
-  elseif legacy_values and not stored then
-    -- a previous-release sliding window is a sorted set: its algorithm gets the key instead
-    if code == 2 then legacy = KEYS[n + i] else legacy = legacy_values[i] end
+    stored = KEYS[m + n]
+  elseif mode ~= 2 then
+    local states = identity[5 * j - 4]
+    if states then stored = states[tag] or false end
+    if not stored and key_count > m then
+      -- Upgrades: no entry yet; the policy's key in the previous layout may hold its state
+      if legacy == nil then
+        legacy = call('EXISTS', unpack_list(KEYS, m + 1, key_count)) > 0 and
+          call('MGET', unpack_list(KEYS, m + 1, key_count))
+      end
+      if legacy then stored = legacy[n] end
+    end
   end
-  local algorithm
-  if code == 1 then algorithm = token_bucket
-  elseif code == 2 then algorithm = sliding_window
-  elseif code == 3 then algorithm = fixed_window
-  elseif code == 4 then algorithm = gcra
-  elseif code == 5 then algorithm = sliding_window_counter
-  elseif code == 6 then algorithm = concurrency
-  elseif code == 32 then algorithm = calendar_window
-  else return redis.error_reply('ERR ratelimit decide: unknown algorithm') end
-  local allowed, remaining, reset_us, retry_us, value, charged_reset_us = algorithm(stored, legacy, now_us,
-    limit, period_ms, capacity, cost)
-  local at = 6 * (i - 1)
-  state[at + 1], state[at + 2], state[at + 3] = allowed, remaining, reset_us
-  state[at + 4], state[at + 5], state[at + 6] = retry_us, value, charged_reset_us
+  local allowed, remaining, reset_us, retry_us, value, charged_reset_us = check(code, stored, now_us, limit,
+    period_ms, capacity, cost)
+  if allowed == nil then return redis.error_reply('ERR ratelimit decide: unknown algorithm') end
+  local base = 8 * (n - 1)
+  result[base + 1], result[base + 2], result[base + 3], result[base + 4] = allowed, remaining, reset_us, retry_us
+  result[base + 5], result[base + 6], result[base + 7], result[base + 8] = value, charged_reset_us, tag, j
   if not allowed and not shadow then all_allowed = false end
 end
+if n < 1 or (key_count ~= m and key_count ~= m + n) then
+  return redis.error_reply('ERR ratelimit decide: bad arguments')
+end
 
--- 2. charge all of them, or none; then reply. A charged key expires when its state is back to
--- nothing: at the charged reset, rounded up to a millisecond.
+-- 3. charge all of them, or none (or forget them all: mode 2); then reply. An entry charged expires
+-- when its state is back to nothing: at the charged reset, rounded up to a millisecond.
 local charged = charge and all_allowed
 local reply = {nil, nil, nil, nil}
 for i = 1, n do
-  local at = 6 * (i - 1)
-  local remaining, reset_us, retry_ms = state[at + 2], state[at + 3], 0
-  if charged and state[at + 1] then
-    -- (a shadow policy that would have refused is not charged, so its count stays the enforced one)
-    reset_us = state[at + 6]
-    local value = state[at + 5]
-    if value == concurrency_lease then
-      concurrency_charge(KEYS[i], now_us, reset_us, lease)
+  local base = 8 * (i - 1)
+  local allowed, remaining, reset_us, retry_ms = result[base + 1], result[base + 2], result[base + 3], 0
+  local value, tag, j = result[base + 5], result[base + 7], result[base + 8]
+  if charged and allowed then
+    -- (a shadow policy that would have refused is not charged, so its count stays the enforced one,
+    -- and its entry stays as it was)
+    reset_us = result[base + 6]
+    if value == true then
+      concurrency_charge(KEYS[m + i], now_us, reset_us, lease)
       remaining = remaining - 1  -- a request takes one slot, whatever it costs
     else
-      call('SET', KEYS[i], value, 'PX', ceil(reset_us / 1000))
+      if type(value) == 'number' then value = format('%d', value) end
+      local expiry, at = now_ms + ceil(reset_us / 1000), 5 * j
+      identity[at - 1] = identity[at - 1] .. pack('>Bc0I6I4', #tag, tag, expiry, #value) .. value
+      if expiry > identity[at] then identity[at] = expiry end
+      if identity[at - 4] then identity[at - 4][tag] = nil end  -- replaced
       remaining = remaining - cost
     end
-  elseif not state[at + 1] then
+  elseif not allowed then
     -- refused by policy i; reported for a shadow policy too, although it did not refuse the call
-    local retry_us = state[at + 4]
+    local retry_us = result[base + 4]
     if retry_us < 0 then retry_ms = -1 else retry_ms = ceil(retry_us / 1000) end
     if retry_ms == 0 then retry_ms = 1 end
   end
+  if mode == 2 and identity[5 * j - 4] then identity[5 * j - 4][tag] = nil end  -- forgotten
   reply[i] = pack('>i8i8i8', remaining, ceil(reset_us / 1000), retry_ms)
+end
+if charged or mode == 2 then
+  -- the identity's key: the entries written, then the live ones kept (other policies'); it expires
+  -- with the latest of them
+  for j = 1, m do
+    local base = 5 * (j - 1)
+    local states, expiries, value, latest = identity[base + 1], identity[base + 2], identity[base + 4],
+      identity[base + 5]
+    if states then
+      for tag, state in pairs(states) do
+        local expiry = expiries[tag]
+        value = value .. pack('>Bc0I6I4', #tag, tag, expiry, #state) .. state
+        if expiry > latest then latest = expiry end
+      end
+    end
+    if value == '' then
+      if values[j] then call('DEL', KEYS[j]) end
+    elseif latest > identity[base + 3] then
+      call('SET', KEYS[j], value, 'PXAT', format('%d', latest))
+    else
+      call('SET', KEYS[j], value, 'KEEPTTL')
+    end
+  end
+  if mode == 2 and key_count > m then call('DEL', unpack_list(KEYS, m + 1, key_count)) end
 end
 return table.concat(reply)

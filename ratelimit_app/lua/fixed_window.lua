@@ -2,8 +2,9 @@
 -- 00:00 UTC), so every app server agrees on where a window starts.
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   stored     the value of KEYS[i] (false when missing): the integer 4 x units used + window index mod 4
---   legacy     the value of the previous release's key (false when missing): "<window index>:<units used>"
+--   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
+--              release's layout, which has the same format; false when missing):
+--              the integer 4 x units used + window index mod 4
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed per window (integer >= 1)
 --   period_ms  ARGV: window length in milliseconds (integer >= 1)
@@ -13,11 +14,10 @@
 --   -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
 --   only when every policy allows): the new value, and reset after the charge (us), which is also
 --   when the key expires.
--- State: one integer (Redis stores it in the key's object itself, no string); TTL = time to the end of
--- the window (<= period, rounded up to a millisecond), set on every write. A key lives at most one
--- millisecond into the next window, so the window index mod 4 tells a count of this window from a
--- stale one: a key that outlives its window counts for nothing.
-local function fixed_window(stored, legacy, now_us, limit, period_ms, capacity, cost)
+-- State: one integer; TTL (the entry's expiry) = time to the end of the window (<= period, rounded up to
+-- a millisecond), set on every write. An entry lives at most one millisecond into the next window, so the window index mod 4 tells a count of this window from a
+-- stale one: an entry that outlives its window counts for nothing.
+local function fixed_window(stored, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
   local window = floor(now_us / period_us)
   local reset_us = (window + 1) * period_us - now_us
@@ -25,11 +25,6 @@ local function fixed_window(stored, legacy, now_us, limit, period_ms, capacity, 
   if stored then
     local value = tonumber(stored) or 0
     if value % 4 == window % 4 then used = floor(value / 4) end
-  elseif legacy then
-    local separator = find(legacy, ':', 1, true)
-    if separator and tonumber(sub(legacy, 1, separator - 1)) == window then
-      used = tonumber(sub(legacy, separator + 1)) or 0
-    end
   end
   local remaining = limit - used
   if remaining < 0 then remaining = 0 end

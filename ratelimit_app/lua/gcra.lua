@@ -3,8 +3,9 @@
 -- within capacity intervals of now. Same admission as a token bucket, a third of its state.
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   stored     the value of KEYS[i] (false when missing): the TAT in microseconds since the epoch
---   legacy     the value of the previous release's key (false when missing), in the same format
+--   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
+--              release's layout, which has the same format; false when missing):
+--              the TAT in microseconds since the epoch
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: requests per period (integer >= 1): the sustained rate
 --   period_ms  ARGV: period in milliseconds (integer >= 1)
@@ -14,14 +15,14 @@
 --   -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
 --   only when every policy allows): the new value, and reset after the charge (us), which is also
 --   when the key expires.
--- State: one integer (Redis keeps it in the key's object, no string); TTL = TAT - now (<= capacity x
--- period / limit), after which a missing key means the same thing as an idle client. The emission
+-- State: one integer; TTL (the entry's expiry) = TAT - now (<= capacity x
+-- period / limit), after which a missing entry means the same thing as an idle client. The emission
 -- interval is rounded up to whole microseconds, which can only make the limit stricter (by under 1 us
 -- per request), never looser.
-local function gcra(stored, legacy, now_us, limit, period_ms, capacity, cost)
+local function gcra(stored, now_us, limit, period_ms, capacity, cost)
   local interval = ceil(period_ms * 1000 / limit)
   local tolerance = capacity * interval
-  local tat = tonumber(stored or legacy or '0') or 0
+  local tat = tonumber(stored or '0') or 0
   if tat < now_us then tat = now_us end
   local reset_us = tat - now_us
   local remaining = floor((tolerance - reset_us) / interval)

@@ -4,9 +4,9 @@
 -- set member costs about 118.
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   stored     the value of KEYS[i] (false when missing): the log
---   legacy_key the previous release's key of this policy (nil when not given): a sorted set, member
---              "<us>:<n>", score the admission time in us; read only when KEYS[i] is missing
+--   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of
+--              its key in the previous release's layout, which has the same format; false when
+--              missing): the log
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed in any window of period_ms (integer >= 1)
 --   period_ms  ARGV: window length in milliseconds (integer >= 1)
@@ -17,28 +17,15 @@
 --   write that charges the hit, as data (decide.lua runs it only when every policy allows): the new
 --   log (the live units, then `cost` new ones), and reset after the charge (us: the period), which
 --   is also when the key expires.
--- State: one string of at most 7 x limit bytes; TTL = period, set on every write, so the key expires
--- with its newest unit. Units that left the window are dropped whenever the log is written. A new
+-- State: one string of at most 7 x limit bytes; TTL (the entry's expiry) = period, set on every write,
+-- so the entry expires with its newest unit. Units that left the window are dropped whenever the log is written. A new
 -- unit is stamped no earlier than the newest one, so the log stays sorted even if Redis's clock steps
 -- back (such a unit counts a little longer: stricter, never looser).
 
--- the live units of a previous release's sorted set, as a log (nil when it holds none)
-local function sliding_window_legacy(key, since)
-  local scored = call('ZRANGEBYSCORE', key, format('(%d', since), '+inf', 'WITHSCORES')
-  if scored[1] == nil then return nil end
-  local parts = {}
-  for j = 2, #scored, 2 do parts[j / 2] = pack('>I7', tonumber(scored[j])) end
-  return table.concat(parts)
-end
-
-local function sliding_window(stored, legacy_key, now_us, limit, period_ms, capacity, cost)
+local function sliding_window(stored, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
   local since = now_us - period_us  -- a unit admitted at t is live while t > since
-  local log = stored  -- false when missing (MGET's nil)
-  if not log then
-    if legacy_key then log = sliding_window_legacy(legacy_key, since) end
-    if not log then log = '' end
-  end
+  local log = stored or ''
   local count = floor(#log / 7)
   -- first live unit (0-based), by binary search: the log is sorted
   local first, last = 0, count

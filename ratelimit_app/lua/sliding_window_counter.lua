@@ -3,12 +3,12 @@
 -- previous window's traffic was evenly spread).
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   stored     the value of KEYS[i] (false when missing): the current window's count c, the previous
+--   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
+--              release's layout, which has the same format; false when missing):
+--              the current window's count c, the previous
 --              window's count p and the current window index mod 4 (w), either as the integer
 --              (c x 2^25 + p) x 4 + w (when c < 2^26 and p < 2^25), or as 9 bytes, struct '>BI4I4':
 --              w, c, p. An integer starts with a digit, the 9 bytes with w (a byte below 4).
---   legacy     the value of the previous release's key (false when missing):
---              "<current window index>:<its count>:<previous count>"
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed per window (integer >= 1)
 --   period_ms  ARGV: window length in milliseconds (integer >= 1)
@@ -18,12 +18,12 @@
 --   the estimate decays to 0), retry (us, 0 when allowed, -1 when cost > capacity: never), and the
 --   write that charges the hit, as data (decide.lua runs it only when every policy allows): the new
 --   value, and reset after the charge (us), which is also when the key expires.
--- State: one integer, which Redis keeps in the key's object (no string), or a 9-byte string for counts
--- of 2^25 and more; TTL = end of the next window (<= 2 x period, rounded up to a millisecond), set on
+-- State: one integer, or a 9-byte string for counts of 2^25 and more; TTL (the entry's expiry) = end of
+-- the next window (<= 2 x period, rounded up to a millisecond), set on
 -- every write, because the current count still weighs on the next window. A key lives at most one
 -- millisecond into the window after next, so the window index mod 4 tells this window, the previous
 -- one and a stale one apart.
-local function sliding_window_counter(stored, legacy, now_us, limit, period_ms, capacity, cost)
+local function sliding_window_counter(stored, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
   local window = floor(now_us / period_us)
   local elapsed = now_us - window * period_us
@@ -43,18 +43,6 @@ local function sliding_window_counter(stored, legacy, now_us, limit, period_ms, 
       current, previous = stored_current, stored_previous
     elseif stored_window == (window - 1) % 4 then
       previous = stored_current
-    end
-  elseif legacy then
-    local first = find(legacy, ':', 1, true)
-    local second = first and find(legacy, ':', first + 1, true)
-    if second then
-      local stored_window = tonumber(sub(legacy, 1, first - 1))
-      if stored_window == window then
-        current = tonumber(sub(legacy, first + 1, second - 1)) or 0
-        previous = tonumber(sub(legacy, second + 1)) or 0
-      elseif stored_window == window - 1 then
-        previous = tonumber(sub(legacy, first + 1, second - 1)) or 0
-      end
     end
   end
   local weight = (period_us - elapsed) / period_us

@@ -3,14 +3,14 @@
 -- `limit` units, so refills are exact and never drift.
 --
 -- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   stored     the value of KEYS[i] (false when missing): the units missing from a full bucket (d)
+--   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
+--              release's layout, which has the same format; false when missing):
+--              the units missing from a full bucket (d)
 --              and the time of the last refill in ms, kept modulo a span S = 2^k ms longer than twice
---              the key's TTL, either as the integer (d x S + time mod S) x 64 + k, or (when that would
+--              the entry's TTL, either as the integer (d x S + time mod S) x 64 + k, or (when that would
 --              not stay below 2^53) as 12 bytes, struct '>I7I5': d, time mod 2^40. An integer starts
 --              with a digit; the 12 bytes start with a byte below 32 (d < 2^53): they never mix up.
 --              (A bucket that is not full is the common case, and its d is small: the integer fits.)
---   legacy     the value of the previous release's key (false when missing):
---              "<tokens in units>:<time of the last refill, ms>"
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: tokens refilled per period (integer >= 1): the sustained rate
 --   period_ms  ARGV: refill period in milliseconds (integer >= 1)
@@ -20,12 +20,12 @@
 --   -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
 --   only when every policy allows): the new value, and reset after the charge (us), which is also
 --   when the key expires.
--- State: one integer, which Redis keeps in the key's object (no string), or a 12-byte string when
+-- State: one integer, or a 12-byte string when
 -- d x S reaches 2^47 (a large bucket far from full: an emptied 1,000/day bucket of 1,000); TTL = time until the bucket is full again (<= capacity x period / limit),
--- after which a missing key means the same thing as a full bucket. The key never lives longer than
+-- after which a missing entry means the same thing as a full bucket. The entry never lives longer than
 -- S / 2, so the time since the last refill is exact modulo S; a larger one can only mean that Redis's
 -- clock stepped back, and counts as 0 (stricter, never looser).
-local function token_bucket(stored, legacy, now_us, limit, period_ms, capacity, cost)
+local function token_bucket(stored, now_us, limit, period_ms, capacity, cost)
   local now_ms = floor(now_us / 1000)
   local full = capacity * period_ms
   local units, stamp
@@ -50,12 +50,6 @@ local function token_bucket(stored, legacy, now_us, limit, period_ms, capacity, 
       if units < 0 then units = 0 end
       local since = (now_ms - stamp_mod) % span
       if since < span / 2 then stamp = now_ms - since else stamp = now_ms + span - since end
-    end
-  elseif legacy then
-    local separator = find(legacy, ':', 1, true)
-    if separator then
-      units = tonumber(sub(legacy, 1, separator - 1))
-      stamp = tonumber(sub(legacy, separator + 1))
     end
   end
   if units == nil or stamp == nil then
