@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -29,9 +30,9 @@ import redis
 
 from devtools.embedded import free_port
 from ratelimit_app import engine
-from ratelimit_app.engine import prepare_call
+from ratelimit_app.engine import ALGORITHM_CODES, KEY_LETTERS, identity_digest, prepare_call
 from ratelimit_app.policies import Policy
-from ratelimit_app.scripts import ALGORITHM_FILES, ENTRY_FILE, PRELUDE_FILE, decide_source
+from ratelimit_app.scripts import ENTRY_FILE, PRELUDE_FILE, decide_source
 
 INCR_SCRIPT = "return redis.call('INCR', KEYS[1])"
 FREE_TIER = (
@@ -42,10 +43,36 @@ FREE_TIER = (
 Sender = Callable[[redis.client.Pipeline, int], None]
 
 
-def _decide(policies: tuple[Policy, ...]) -> Sender:
+#: A tier whose limits stay far away during a run: every call of the "existing identities" cases is
+#: allowed and charged, as most calls of a busy identity are.
+ROOMY_TIER = (
+    Policy("burst", "token_bucket", limit=2000, period=60, burst=1000),
+    Policy("minute", "sliding_window", limit=2000, period=60),
+    Policy("day", "fixed_window", limit=100_000, period=86400),
+)
+#: The "existing identities" cases spread their calls over this many identities (the first call of
+#: each is in both runs, so the difference counts only calls that find state and rewrite it).
+EXISTING = 100
+
+
+def _previous_call(identity: str, policies: tuple[Policy, ...]) -> tuple[list[str], list[bytes]]:
+    """KEYS and ARGV of the previous release's script (tests/legacy_lua): a key per policy."""
+    digest = identity_digest(identity)
+    keys = [f"rl:{{{digest}}}{KEY_LETTERS[p.algorithm]}{p.name}" for p in policies]
+    numbers = struct.pack(">qq", 1, 1) + b"".join(
+        struct.pack(">qqqq", ALGORITHM_CODES[p.algorithm], p.limit, p.period_ms, p.capacity) for p in policies)
+    return keys, [numbers]
+
+
+def _decide(policies: tuple[Policy, ...], identities: int = 0) -> Sender:
     def send(pipe: redis.client.Pipeline, i: int) -> None:
-        call = prepare_call("rl", ((f"identity:{i}", policies),), 1, charge=True)
-        pipe.execute_command("EVALSHA", SHAS["decide"], len(call.keys), *call.keys, *call.args)
+        identity = f"identity:{i % identities if identities else i}"
+        if SOURCE.get("decide"):
+            keys, args = _previous_call(identity, policies)
+        else:
+            call = prepare_call("rl", ((identity, policies),), 1, charge=True)
+            keys, args = call.keys, call.args
+        pipe.execute_command("EVALSHA", SHAS["decide"], len(keys), *keys, *args)
     return send
 
 
@@ -56,27 +83,32 @@ def _incr(pipe: redis.client.Pipeline, i: int) -> None:
 SHAS: dict[str, str] = {}
 SOURCE: dict[str, str] = {}  # "decide": the script measured in place of today's (--previous)
 LEGACY_DIR = Path(__file__).resolve().parent.parent / "tests" / "legacy_lua"
-#: The fixed part of a 3-policy decision's shape, whatever its algorithms: read the clock, read the three
-#: keys with one MGET, write each with its TTL, return a reply of the same size (72 bytes).
+#: The previous release's algorithm files, in the order its scripts.py joined them.
+PREVIOUS_ALGORITHM_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_window_counter.lua", "token_bucket.lua",
+                            "gcra.lua", "calendar_window.lua", "concurrency.lua")
+#: The Redis calls a decision cannot do without, and nothing else: read the clock, read the identity's
+#: key, write it with a TTL (a key of its own per policy: three writes). What is above them is Lua.
 SHAPE_SCRIPTS = {
-    "shape: TIME + MGET of 3 keys + 3 SET PX, constant reply": """
+    "shape: TIME + GET + SET PX, the floor of one key": """
+local t = redis.call('TIME')
+local v = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', '60000')
+return 1""",
+    "shape: TIME + MGET of 3 keys + 3 SET PX, the floor of a key per policy": """
 local t = redis.call('TIME')
 local v = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
-redis.call('SET', KEYS[1], '12345', 'PX', 60000)
-redis.call('SET', KEYS[2], '12345', 'PX', 60000)
-redis.call('SET', KEYS[3], '12345', 'PX', 60000)
-return string.rep('x', 72)""",
-    "shape: TIME + MGET of 3 keys, constant reply": """
-local t = redis.call('TIME')
-local v = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
-return string.rep('x', 72)""",
+redis.call('SET', KEYS[1], ARGV[1], 'PX', '60000')
+redis.call('SET', KEYS[2], ARGV[1], 'PX', '60000')
+redis.call('SET', KEYS[3], ARGV[1], 'PX', '60000')
+return 1""",
 }
 
 
 def _shape(label: str) -> Sender:
     def send(pipe: redis.client.Pipeline, i: int) -> None:
         keys = [f"rl:{{identity:{i}}}{p.name}" for p in FREE_TIER]
-        pipe.execute_command("EVALSHA", SHAS[label], len(keys), *keys)
+        pipe.execute_command("EVALSHA", SHAS[label], 3 if "MGET" in label else 1, *keys[:3 if "MGET" in label else 1],
+                             "12345678")
     return send
 
 
@@ -85,6 +117,9 @@ CASES: dict[str, Sender] = {
     **{label: _shape(label) for label in SHAPE_SCRIPTS},
     "decision: free tier (token_bucket + sliding_window + fixed_window)": _decide(FREE_TIER),
     **{f"decision: {name}": _decide((Policy("p", name, limit=20, period=60),))
+       for name in ("fixed_window", "sliding_window", "sliding_window_counter", "token_bucket", "gcra")},
+    "existing identities: free tier shape, roomy limits": _decide(ROOMY_TIER, EXISTING),
+    **{f"existing identities: {name}": _decide((Policy("p", name, limit=100_000, period=60),), EXISTING)
        for name in ("fixed_window", "sliding_window", "sliding_window_counter", "token_bucket", "gcra")},
 }
 
@@ -145,11 +180,12 @@ def main() -> None:
     parser.add_argument("--previous", action="store_true",
                         help="measure the previous release's script (tests/legacy_lua) instead of today's")
     args = parser.parse_args()
-    if args.without_legacy_keys or args.previous:
-        engine.LEGACY_KEYS = False  # the previous script takes one key per policy
+    if args.without_legacy_keys:
+        engine.LEGACY_KEYS = False
     if args.previous:
+        # that release's files, in its order (its algorithms were functions of their own)
         SOURCE["decide"] = "\n".join((LEGACY_DIR / name).read_text(encoding="utf-8")
-                                     for name in (PRELUDE_FILE, *ALGORITHM_FILES, ENTRY_FILE))
+                                     for name in (PRELUDE_FILE, *PREVIOUS_ALGORITHM_FILES, ENTRY_FILE))
     for tool in ("valgrind", "callgrind_annotate", "redis-server"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is not on PATH")

@@ -5,7 +5,8 @@
 --   rule = ((unit * 128 + offset_now_q + 64) * 128 + offset_next_q + 64) * 2^27 + change_minute
 --   unit 1 day, 2 week, 3 month; offsets in quarter hours; change_minute since the epoch (UTC)
 --
--- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
+-- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
+-- ends with the branch of its algorithm code, so it must keep that name and these parameters:
 --   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
 --              release's layout, which has the same format; false when missing):
 --              the integer 65536 x units used + period index mod 65536

@@ -2,8 +2,9 @@
 -- the app server gives back when the response is finished (one ZREM of its token); a lease that is never given
 -- back (the worker was killed) frees itself when its time is up, so a crash costs one lease period.
 --
--- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
---   key        the policy's own key (KEYS[m + i] of decide.lua; its name, not its value): a sorted
+-- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
+-- ends with the branch of its algorithm code, so it must keep that name and these parameters:
+--   stored     (here: key) the policy's own key (KEYS[m + i] of decide.lua; its name, not its value): a sorted
 --              set, member = lease token, score = lease expiry (us); the same key in the previous release
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: slots, the requests that may be in flight at once (integer >= 1)

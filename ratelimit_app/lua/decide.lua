@@ -74,7 +74,7 @@ if #ARGV > 2 or cost < 1 or mode > 2 or m < 1 or key_count < m then
 end
 local charge = mode == 1
 
-local time = call('TIME')
+local time = redis.call('TIME')
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local now_ms = floor(now_us / 1000)
 

@@ -1,7 +1,8 @@
 -- fixed_window: a counter per window; windows are aligned to the Unix epoch (a daily limit resets at
 -- 00:00 UTC), so every app server agrees on where a window starts.
 --
--- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
+-- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
+-- ends with the branch of its algorithm code, so it must keep that name and these parameters:
 --   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
 --              release's layout, which has the same format; false when missing):
 --              the integer 4 x units used + window index mod 4

@@ -2,7 +2,8 @@
 -- of `cost` moves it `cost` emission intervals into the future and is allowed while the TAT stays
 -- within capacity intervals of now. Same admission as a token bucket, a third of its state.
 --
--- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
+-- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
+-- ends with the branch of its algorithm code, so it must keep that name and these parameters:
 --   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
 --              release's layout, which has the same format; false when missing):
 --              the TAT in microseconds since the epoch

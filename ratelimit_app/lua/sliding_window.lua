@@ -3,7 +3,8 @@
 -- '>I7'); a unit counts while it is younger than the period. 7 bytes per unit of limit, where a sorted
 -- set member costs about 118.
 --
--- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
+-- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
+-- ends with the branch of its algorithm code, so it must keep that name and these parameters:
 --   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of
 --              its key in the previous release's layout, which has the same format; false when
 --              missing): the log

@@ -2,7 +2,8 @@
 -- the previous window still overlaps the sliding window. O(1) memory; approximate (assumes the
 -- previous window's traffic was evenly spread).
 --
--- Called by decide.lua once per policy (this file defines a function; decide.lua is the entry point):
+-- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
+-- ends with the branch of its algorithm code, so it must keep that name and these parameters:
 --   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
 --              release's layout, which has the same format; false when missing):
 --              the current window's count c, the previous
