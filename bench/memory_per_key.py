@@ -2,7 +2,7 @@
 
 Starts its own redis-server (devtools.embedded), so nothing else shares the measurement. For each
 algorithm and fill level it charges 1,000 identities with one policy named "minute" under the default
-key prefix "rl" (keys look like `rl:{<24 hex>}<algorithm letter>minute`), then reports the mean of
+key prefix "rl" (the identity's key, `rl:{<24 hex>}`, holding the policy's entry), then reports the mean of
 `MEMORY USAGE <key> SAMPLES 0` (the key's own allocation, key name included) and the growth of
 INFO used_memory per identity (what the server really allocated, its dictionary overhead included).
 

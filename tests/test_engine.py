@@ -383,9 +383,9 @@ def _log(*admitted_us: int) -> bytes:
 
 
 def entry(tag: str, expiry_ms: int, state: bytes | int) -> bytes:
-    """One entry of an identity's state key, as decide.lua writes it (an integer state in decimal)."""
+    """One entry of an identity's state key, as decide.lua writes it (an integer state in 7 bytes)."""
     if isinstance(state, int):
-        state = str(state).encode()
+        state = state.to_bytes(7, "big")
     return struct.pack(">B", len(tag)) + tag.encode() + struct.pack(">QI", expiry_ms, len(state))[2:] + state
 
 
@@ -437,12 +437,13 @@ def test_states_too_large_for_an_integer_are_stored_as_short_strings_and_decide_
 
 
 def test_small_states_are_integers(limiter: RateLimiter, redis_client: redis.Redis) -> None:
-    """An O(1) state is one integer, written in decimal in its entry of the identity's key."""
+    """An O(1) state is one integer, 7 bytes in its entry of the identity's key."""
     for algorithm in ("fixed_window", "sliding_window_counter", "token_bucket", "gcra"):
         policies = [Policy("minute", algorithm, limit=20, period=60)]
         assert limiter.hit("k", policies, cost=5).allowed
         [key] = limiter.keys("k", policies)
-        assert int(stored_state(redis_client, key, KEY_LETTERS[algorithm] + "minute")) > 0, algorithm
+        state = stored_state(redis_client, key, KEY_LETTERS[algorithm] + "minute")
+        assert len(state) == 7 and int.from_bytes(state, "big") > 0, algorithm
         assert limiter.peek("k", policies).remaining == 15, algorithm
 
 

@@ -34,8 +34,9 @@
 -- State: the key of an identity is a string of entries, one per rate policy that has state, each
 -- struct '>Bc0I6I4' + its state: the tag (length, bytes), the entry's expiry (ms since the epoch: what
 -- a key of its own would have as its TTL; a later entry is no state) and the state's length, then the
--- state in its algorithm's format (see the algorithm's header; an integer state is written in
--- decimal). The key expires with its last entry: when a write needs a later expiry than the key has,
+-- state in its algorithm's format (see the algorithm's header), an integer as 7 bytes, struct '>I7'
+-- (below 2^53: its first byte is below 48, where the decimal integers of the previous release start
+-- with a digit; a sliding log, the only other state of 7 bytes, is never an integer). The key expires with its last entry: when a write needs a later expiry than the key has,
 -- it is set (PXAT), else the key keeps its TTL (KEEPTTL). A write keeps the live entries of policies
 -- that are not part of the call (another route's limits of the same identity) and drops dead ones.
 --
@@ -124,6 +125,7 @@ while position <= #numbers do
   elseif mode ~= 2 then
     local states = identity[5 * j - 4]
     if states then stored = states[tag] or false end
+    if stored and code ~= 2 and #stored == 7 and byte(stored) < 48 then stored = unpack('>I7', stored) end
     if not stored and key_count > m then
       -- Upgrades: no entry yet; the policy's key in the previous layout may hold its state
       if legacy == nil then
@@ -161,9 +163,12 @@ for i = 1, n do
       concurrency_charge(KEYS[m + i], now_us, reset_us, lease)
       remaining = remaining - 1  -- a request takes one slot, whatever it costs
     else
-      if type(value) == 'number' then value = format('%d', value) end
       local expiry, at = now_ms + ceil(reset_us / 1000), 5 * j
-      identity[at - 1] = identity[at - 1] .. pack('>Bc0I6I4', #tag, tag, expiry, #value) .. value
+      if type(value) == 'number' then
+        identity[at - 1] = identity[at - 1] .. pack('>Bc0I6I4I7', #tag, tag, expiry, 7, value)
+      else
+        identity[at - 1] = identity[at - 1] .. pack('>Bc0I6I4', #tag, tag, expiry, #value) .. value
+      end
       if expiry > identity[at] then identity[at] = expiry end
       if identity[at - 4] then identity[at - 4][tag] = nil end  -- replaced
       remaining = remaining - cost

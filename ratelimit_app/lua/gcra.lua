@@ -23,7 +23,7 @@
 local function gcra(stored, now_us, limit, period_ms, capacity, cost)
   local interval = ceil(period_ms * 1000 / limit)
   local tolerance = capacity * interval
-  local tat = tonumber(stored or '0') or 0
+  local tat = tonumber(stored or 0) or 0
   if tat < now_us then tat = now_us end
   local reset_us = tat - now_us
   local remaining = floor((tolerance - reset_us) / interval)

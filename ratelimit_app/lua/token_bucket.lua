@@ -33,7 +33,7 @@ local function token_bucket(stored, now_us, limit, period_ms, capacity, cost)
   if stored then
     local span, stamp_mod
     local missing
-    if #stored == 12 and string.byte(stored) < 32 then
+    if type(stored) == 'string' and #stored == 12 and byte(stored) < 32 then
       missing, stamp_mod = unpack('>I7I5', stored)
       span = 1099511627776
     else
@@ -76,7 +76,7 @@ local function token_bucket(stored, now_us, limit, period_ms, capacity, cost)
   local left = units - need
   local to_full_ms = ceil((full - left) / limit)
   -- the span: the least power of two above twice the TTL (plus a millisecond for Redis's expiry check)
-  local _, bits = math.frexp(to_full_ms + 1)
+  local _, bits = frexp(to_full_ms + 1)
   bits = bits + 1
   local span = 2 ^ bits
   local value
