@@ -140,7 +140,7 @@ def test_every_written_key_expires_within_its_state_lifetime(cluster: ClusterTop
             assert 0 < ttl_ms <= 2 * 30 * 1000 + 50, (key, ttl_ms)
             seen += 1
         client.close()
-    assert seen == 7 * len(ALGORITHMS)
+    assert seen == 7  # one key per identity holds all its policies
 
 
 def concurrent_admissions(cluster: ClusterTopology, limiter: Any, key_prefix: str, policies: list[Policy],

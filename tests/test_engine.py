@@ -221,6 +221,13 @@ def test_every_written_key_expires_within_its_state_lifetime(
         assert 0 <= ttl_ms <= lifetime[key] * 1000 + 50, (key, ttl_ms, lifetime[key])
 
 
+def test_one_identity_twice_in_a_call_keeps_both_checks(limiter: RateLimiter) -> None:
+    """Its per-IP limit and its tier, say: both live in the identity's one key, and both are charged."""
+    ip, tier = [Policy("ip", "sliding_window_counter", limit=3, period=60)], [Policy("minute", "gcra", limit=5, period=60)]
+    assert [all(d.allowed for d in limiter.hit_many([("k", ip), ("k", tier)])) for _ in range(4)] == [True] * 3 + [False]
+    assert limiter.peek("k", ip).remaining == 0 and limiter.peek("k", tier).remaining == 2
+
+
 def test_script_flush_is_recovered_and_charges_once(limiter: RateLimiter, redis_client: redis.Redis) -> None:
     policies = [small_policy("sliding_window", limit=10, period=60), Policy("day", "gcra", limit=10, period=86400)]
     assert limiter.hit("k", policies).remaining == 9

@@ -16,6 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app.decorators import ratelimit
+from ratelimit_app.engine import state_entries
 from ratelimit_app.routes import VIEW_LIMIT_ATTRIBUTE
 from ratelimit_app.service import get_limiter
 
@@ -50,7 +51,9 @@ def used(username: str) -> int:
     limit = getattr(login, VIEW_LIMIT_ATTRIBUTE)
     engine = get_limiter().limiter
     key = engine.keys(f"view:login|post:username:{username}", limit.policies)[0]
-    return int(engine.client.strlen(key)) // 7  # the sliding log: one 7-byte time per unit
+    value = engine.client.get(key)
+    entries = state_entries(value) if value else {}
+    return len(entries.get("s" + limit.policies[0].name, (0, b""))[1]) // 7  # the sliding log: 7 bytes a unit
 
 
 @pytest.mark.urls(__name__)

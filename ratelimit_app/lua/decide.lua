@@ -100,6 +100,18 @@ for j = 1, m do
     identity[base + 1], identity[base + 2], identity[base + 3] = states, expiries, latest
   end
 end
+-- one identity decided twice in a call (its per-IP limit and its tier, say) has one key: owner[j] is
+-- the first identity with identity j's key, whose entries both share
+local owner = false
+if m > 1 then
+  owner = {}
+  for j = 1, m do
+    owner[j] = j
+    for k = 1, j - 1 do
+      if KEYS[k] == KEYS[j] then owner[j] = k break end
+    end
+  end
+end
 
 -- 2. check every policy; result[8(i-1) + 1..8] holds policy i's results (see the algorithm headers),
 -- its tag and its identity. Lua 5.1 has no table.new, but a constructor listing nils allocates that
@@ -114,6 +126,7 @@ while position <= #numbers do
   code, limit, period_ms, capacity, j, tag, position = unpack('>i8i8i8i8BBc0', numbers, position)
   n = n + 1
   if j > m then return redis.error_reply('ERR ratelimit decide: bad arguments') end
+  if owner then j = owner[j] end
   local shadow = code >= 64
   if shadow then code = code - 64 end
   local stored = false
@@ -187,21 +200,24 @@ if charged or mode == 2 then
   -- with the latest of them
   for j = 1, m do
     local base = 5 * (j - 1)
-    local states, expiries, value, latest = identity[base + 1], identity[base + 2], identity[base + 4],
-      identity[base + 5]
-    if states then
-      for tag, state in pairs(states) do
-        local expiry = expiries[tag]
-        value = value .. pack('>Bc0I6I4', #tag, tag, expiry, #state) .. state
-        if expiry > latest then latest = expiry end
+    -- (an identity decided twice is written once, with its owner's entries)
+    if not owner or owner[j] == j then
+      local states, expiries, value, latest = identity[base + 1], identity[base + 2], identity[base + 4],
+        identity[base + 5]
+      if states then
+        for tag, state in pairs(states) do
+          local expiry = expiries[tag]
+          value = value .. pack('>Bc0I6I4', #tag, tag, expiry, #state) .. state
+          if expiry > latest then latest = expiry end
+        end
       end
-    end
-    if value == '' then
-      if values[j] then call('DEL', KEYS[j]) end
-    elseif latest > identity[base + 3] then
-      call('SET', KEYS[j], value, 'PXAT', format('%d', latest))
-    else
-      call('SET', KEYS[j], value, 'KEEPTTL')
+      if value == '' then
+        if values[j] then call('DEL', KEYS[j]) end
+      elseif latest > identity[base + 3] then
+        call('SET', KEYS[j], value, 'PXAT', format('%d', latest))
+      else
+        call('SET', KEYS[j], value, 'KEEPTTL')
+      end
     end
   end
   if mode == 2 and key_count > m then call('DEL', unpack_list(KEYS, m + 1, key_count)) end
