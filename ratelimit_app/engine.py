@@ -96,7 +96,8 @@ class _Plan:
             for p in policies:
                 tag = ((CALENDAR_KEY_LETTER if p.calendar else KEY_LETTERS[p.algorithm]) + p.name).encode()
                 own_keys.append((check, ":{%s}" + tag.decode()))
-                code = (CALENDAR_CODE if p.calendar else ALGORITHM_CODES[p.algorithm]) + (SHADOW_FLAG if p.shadow else 0)
+                code = CALENDAR_CODE if p.calendar else ALGORITHM_CODES[p.algorithm]
+                code += SHADOW_FLAG if p.shadow else 0
                 period, capacity = (p.calendar_rule, p.clock_shift_ms) if p.calendar else (p.period_ms, p.capacity)
                 numbers.append(_POLICY_NUMBERS.pack(code, p.limit, period, capacity, check + 1, len(tag)) + tag)
         self.policy_count = len(own_keys)

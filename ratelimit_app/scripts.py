@@ -37,7 +37,8 @@ def _check_function() -> str:
     Redis runs the whole script for every call, and each function it defines is a closure made anew:
     one function for all the algorithms is made once, where seven were made on every request.
     """
-    preambles, branches = [], []
+    preambles: list[str] = []
+    branches: list[str] = []
     for name, code in ALGORITHM_FILES.items():
         text = read_lua(name).rstrip("\n")
         start = text.rindex("\nlocal function ")
@@ -49,7 +50,7 @@ def _check_function() -> str:
         keyword = "if" if not branches else "elseif"
         branches.append(f"  {keyword} code == {code} then -- {name}\n{body.removesuffix('end')}")
     return "\n".join(preambles) + \
-        f"\nlocal function check(code, stored, now_us, limit, period_ms, capacity, cost)\n" + \
+        "\nlocal function check(code, stored, now_us, limit, period_ms, capacity, cost)\n" + \
         "".join(branches) + "  end\nend\n"
 
 

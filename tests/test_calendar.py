@@ -176,6 +176,6 @@ def test_a_calendar_quota_has_a_tag_letter_of_its_own_and_an_integer_state(limit
     assert key == same
     assert limiter.hit("acme", [quota], cost=2).remaining == 3
     stored = limiter.client.get(key)
-    assert stored is not None and set(state_entries(stored)) == {"kquota"}
+    assert isinstance(stored, bytes) and set(state_entries(stored)) == {"kquota"}
     assert int.from_bytes(state_entries(stored)["kquota"][1], "big") // 65536 == 2  # 65536 x used + period mod 65536
     assert limiter.peek("acme", [plain]).remaining == 5  # the plain window's state is apart

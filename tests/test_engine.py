@@ -207,7 +207,7 @@ def test_every_written_key_expires_within_its_state_lifetime(
             limiter.peek(identity, policies)
         else:
             limiter.reset(identity, policies)
-    lifetime = {}
+    lifetime: dict[str, float] = {}
     for identity, policies in policy_sets:
         for key, policy in zip(limiter.keys(identity, policies), policies, strict=True):
             lifetime[key] = max(lifetime.get(key, 0.0), policy.state_ttl)  # rate policies share their key
@@ -223,8 +223,10 @@ def test_every_written_key_expires_within_its_state_lifetime(
 
 def test_one_identity_twice_in_a_call_keeps_both_checks(limiter: RateLimiter) -> None:
     """Its per-IP limit and its tier, say: both live in the identity's one key, and both are charged."""
-    ip, tier = [Policy("ip", "sliding_window_counter", limit=3, period=60)], [Policy("minute", "gcra", limit=5, period=60)]
-    assert [all(d.allowed for d in limiter.hit_many([("k", ip), ("k", tier)])) for _ in range(4)] == [True] * 3 + [False]
+    ip = [Policy("ip", "sliding_window_counter", limit=3, period=60)]
+    tier = [Policy("minute", "gcra", limit=5, period=60)]
+    allowed = [all(d.allowed for d in limiter.hit_many([("k", ip), ("k", tier)])) for _ in range(4)]
+    assert allowed == [True] * 3 + [False]
     assert limiter.peek("k", ip).remaining == 0 and limiter.peek("k", tier).remaining == 2
 
 

@@ -52,7 +52,7 @@ def used(username: str) -> int:
     engine = get_limiter().limiter
     key = engine.keys(f"view:login|post:username:{username}", limit.policies)[0]
     value = engine.client.get(key)
-    entries = state_entries(value) if value else {}
+    entries = state_entries(value) if isinstance(value, bytes) else {}
     return len(entries.get("s" + limit.policies[0].name, (0, b""))[1]) // 7  # the sliding log: 7 bytes a unit
 
 

@@ -33,7 +33,8 @@ def test_a_shadow_policy_counts_but_never_refuses(limiter: RateLimiter) -> None:
     assert [d.shadow[0].remaining for d in decisions] == [2, 1, 0, 0, 0]
     # counted as if enforced: the would-be refusals were not charged to it
     assert limiter.peek("client", [SHADOW]).shadow[0].remaining == 0
-    [value] = limiter.client.mget(limiter.keys("client", [SHADOW]))
+    value = limiter.client.get(limiter.keys("client", [SHADOW])[0])
+    assert isinstance(value, bytes)
     assert len(state_entries(value)["s" + SHADOW.name][1]) == 7 * 3  # 7-byte times, one per unit
 
 
