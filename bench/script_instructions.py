@@ -55,20 +55,26 @@ ROOMY_TIER = (
 EXISTING = 100
 
 
-def _previous_call(identity: str, policies: tuple[Policy, ...]) -> tuple[list[str], list[bytes]]:
+def previous_call(identity: str, policies: tuple[Policy, ...], prefix: str = "rl") -> tuple[list[str], list[bytes]]:
     """KEYS and ARGV of the previous release's script (tests/legacy_lua): a key per policy."""
     digest = identity_digest(identity)
-    keys = [f"rl:{{{digest}}}{KEY_LETTERS[p.algorithm]}{p.name}" for p in policies]
+    keys = [f"{prefix}:{{{digest}}}{KEY_LETTERS[p.algorithm]}{p.name}" for p in policies]
     numbers = struct.pack(">qq", 1, 1) + b"".join(
         struct.pack(">qqqq", ALGORITHM_CODES[p.algorithm], p.limit, p.period_ms, p.capacity) for p in policies)
     return keys, [numbers]
+
+
+def previous_source() -> str:
+    """The previous release's decision script (tests/legacy_lua), its files in that release's order."""
+    return "\n".join((LEGACY_DIR / name).read_text(encoding="utf-8")
+                     for name in (PRELUDE_FILE, *PREVIOUS_ALGORITHM_FILES, ENTRY_FILE))
 
 
 def _decide(policies: tuple[Policy, ...], identities: int = 0) -> Sender:
     def send(pipe: redis.client.Pipeline, i: int) -> None:
         identity = f"identity:{i % identities if identities else i}"
         if SOURCE.get("decide"):
-            keys, args = _previous_call(identity, policies)
+            keys, args = previous_call(identity, policies)
         else:
             call = prepare_call("rl", ((identity, policies),), 1, charge=True)
             keys, args = call.keys, call.args
@@ -184,8 +190,7 @@ def main() -> None:
         engine.LEGACY_KEYS = False
     if args.previous:
         # that release's files, in its order (its algorithms were functions of their own)
-        SOURCE["decide"] = "\n".join((LEGACY_DIR / name).read_text(encoding="utf-8")
-                                     for name in (PRELUDE_FILE, *PREVIOUS_ALGORITHM_FILES, ENTRY_FILE))
+        SOURCE["decide"] = previous_source()
     for tool in ("valgrind", "callgrind_annotate", "redis-server"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is not on PATH")
