@@ -405,10 +405,10 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("baseline.raw", "redis-py", "baseline: bare EVALSHA, raw pooled connection", "INCR script", 1, False,
             "redis", "baseline", RawBaseline, fill_by_hits=True),
     Variant("ours.tier", "ratelimit_app", "ours: free tier (3 policies)", "token_bucket+sliding_window+fixed_window",
-            3, True, "ratelimit_app", "ours", _tier, state_per_unit=True, keys_per_identity=3),
+            3, True, "ratelimit_app", "ours", _tier, state_per_unit=True),
     Variant("ours.service.tier", "ratelimit_app", "ours: free tier via service.get_limiter()",
             "token_bucket+sliding_window+fixed_window", 3, True, "ratelimit_app", "ours", _service_tier,
-            state_per_unit=True, keys_per_identity=3,
+            state_per_unit=True,
             note="the service adds the fail modes and (issue 4) the local deny cache"),
     *(Variant(f"ours.{alg}", "ratelimit_app", f"ours: {alg}", alg, 1, alg != "sliding_window_counter",
               "ratelimit_app", "ours", _ours(alg), state_per_unit=alg == "sliding_window")
