@@ -64,7 +64,7 @@
 -- closure or table is made per policy (each algorithm returns its result and its write as plain values,
 -- kept in flat tables until all have allowed), and all the algorithms are one function, check: Redis
 -- runs the whole script on every call, so each function defined is a closure made anew every time.
--- Needs Redis 7 or later (SET ... KEEPTTL / PXAT; scripts replicate their effects, so TIME may precede
+-- Needs Redis 6.2 or later (SET ... KEEPTTL / PXAT; scripts replicate their effects, so TIME may precede
 -- writes). (redis.replicate_commands() is not called: on Redis 7 it is a deprecated no-op.)
 local numbers = ARGV[1]
 local lease = ARGV[2]
