@@ -7,8 +7,8 @@
 --
 -- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
 -- ends with the branch of its algorithm code, so it must keep that name and these parameters:
---   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
---              release's layout, which has the same format; false when missing):
+--   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value
+--              of its key in the previous release's layout, in the same format; false when missing):
 --              the integer 65536 x units used + period index mod 65536
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed per calendar period (integer >= 1)
@@ -17,7 +17,7 @@
 --              use it to stand just before a boundary and just after it without waiting)
 --   cost       units this request wants (integer >= 1)
 -- Returns: as fixed_window.lua: allowed, remaining now, reset now (us), retry (us; -1: never), and the
---   write that charges the hit (the new value, and reset after the charge in us, also when the key
+--   write that charges the hit (the new value, and reset after the charge in us, also when the entry
 --   expires).
 -- State: one integer (as fixed_window's); TTL = time to the start of the next period (set on every
 -- write). The period index (local day number, or year * 12 + month) is stored with the count, mod

@@ -36,9 +36,10 @@
 -- a key of its own would have as its TTL; a later entry is no state) and the state's length, then the
 -- state in its algorithm's format (see the algorithm's header), an integer as 7 bytes, struct '>I7'
 -- (below 2^53: its first byte is below 48, where the decimal integers of the previous release start
--- with a digit; a sliding log, the only other state of 7 bytes, is never an integer). The key expires with its last entry: when a write needs a later expiry than the key has,
--- it is set (PXAT), else the key keeps its TTL (KEEPTTL). A write keeps the live entries of policies
--- that are not part of the call (another route's limits of the same identity) and drops dead ones.
+-- with a digit; a sliding log, the only other state of 7 bytes, is never an integer). The key expires
+-- with its last entry: when a write needs a later expiry than the key has, it is set (PXAT), else the
+-- key keeps its TTL (KEEPTTL). A write keeps the live entries of policies that are not part of the call
+-- (another route's limits of the same identity) and drops dead ones.
 --
 -- Reply: one string of 24n bytes, for each policy i three big-endian signed 64-bit integers (struct
 -- '>i8i8i8'; one string costs Redis far less to return than 1 + 4n integers):
@@ -55,15 +56,16 @@
 -- EXISTS for all of them, then one MGET when any exists), so an upgrade neither loses state nor grants
 -- extra units. The charge writes only the identity's key; the old keys expire with their TTL (reset
 -- deletes them).
--- Speed: this runs on every request, and on Redis each redis.call costs about as much as the rest of a
--- policy's work (the command's arguments become Redis objects, its reply becomes Lua values; a new key
--- with a TTL costs two dictionary entries). So all the rate policies of an identity live in one key,
--- read by one GET (MGET for several identities) and written by one SET; every number of the call
--- arrives in one binary argument (each decimal argument would be a strtod); numbers sent to Redis are
--- formatted as integers (a Lua number becomes a string through '%.17g', several times dearer); and no
--- closure or table is made per policy (each algorithm returns its result and its write as plain values,
--- kept in flat tables until all have allowed), and all the algorithms are one function, check: Redis
--- runs the whole script on every call, so each function defined is a closure made anew every time.
+-- Speed: this runs on every request. Each redis.call costs Redis thousands of instructions (its
+-- arguments become Redis objects, its reply Lua values), a new key with a TTL most (two dictionary
+-- entries): so all the rate policies of an identity live in one key, read by one GET (MGET for several
+-- identities) and written by one SET. The Lua around the calls costs more still (docs/algorithms.md):
+-- every number of the call arrives in one binary argument (each decimal argument would be a strtod);
+-- numbers sent to Redis are formatted as integers (a Lua number becomes a string through '%.17g',
+-- several times dearer); no closure or table is made per policy (each algorithm returns its result and
+-- its write as plain values, kept in flat tables until all have allowed); and all the algorithms are
+-- one function, check, since Redis runs the whole script on every call and each function it defines is
+-- a closure made anew every time.
 -- Needs Redis 6.2 or later (SET ... KEEPTTL / PXAT; scripts replicate their effects, so TIME may precede
 -- writes). (redis.replicate_commands() is not called: on Redis 7 it is a deprecated no-op.)
 local numbers = ARGV[1]

@@ -3,8 +3,8 @@
 --
 -- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
 -- ends with the branch of its algorithm code, so it must keep that name and these parameters:
---   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
---              release's layout, which has the same format; false when missing):
+--   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value
+--              of its key in the previous release's layout, in the same format; false when missing):
 --              the integer 4 x units used + window index mod 4
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed per window (integer >= 1)
@@ -14,10 +14,11 @@
 -- Returns: allowed (boolean), remaining now (integer), reset now (us), retry (us, 0 when allowed,
 --   -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
 --   only when every policy allows): the new value, and reset after the charge (us), which is also
---   when the key expires.
--- State: one integer; TTL (the entry's expiry) = time to the end of the window (<= period, rounded up to
--- a millisecond), set on every write. An entry lives at most one millisecond into the next window, so the window index mod 4 tells a count of this window from a
--- stale one: an entry that outlives its window counts for nothing.
+--   when the entry expires.
+-- State: one integer; TTL (the entry's expiry) = time to the end of the window (<= period, rounded up
+-- to a millisecond), set on every write. An entry lives at most one millisecond into the next window,
+-- so the window index mod 4 tells a count of this window from a stale one: an entry that outlives its
+-- window counts for nothing.
 local function fixed_window(stored, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
   local window = floor(now_us / period_us)

@@ -4,8 +4,8 @@
 --
 -- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
 -- ends with the branch of its algorithm code, so it must keep that name and these parameters:
---   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
---              release's layout, which has the same format; false when missing):
+--   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value
+--              of its key in the previous release's layout, in the same format; false when missing):
 --              the TAT in microseconds since the epoch
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: requests per period (integer >= 1): the sustained rate
@@ -15,7 +15,7 @@
 -- Returns: allowed (boolean), remaining now (integer), reset now (us), retry (us, 0 when allowed,
 --   -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
 --   only when every policy allows): the new value, and reset after the charge (us), which is also
---   when the key expires.
+--   when the entry expires.
 -- State: one integer; TTL (the entry's expiry) = TAT - now (<= capacity x
 -- period / limit), after which a missing entry means the same thing as an idle client. The emission
 -- interval is rounded up to whole microseconds, which can only make the limit stricter (by under 1 us

@@ -17,7 +17,7 @@
 --   window, 0 when none is live), retry (us, 0 when allowed, -1 when cost > capacity: never), and the
 --   write that charges the hit, as data (decide.lua runs it only when every policy allows): the new
 --   log (the live units, then `cost` new ones), and reset after the charge (us: the period), which
---   is also when the key expires.
+--   is also when the entry expires.
 -- State: one string of at most 7 x limit bytes; TTL (the entry's expiry) = period, set on every write,
 -- so the entry expires with its newest unit. Units that left the window are dropped whenever the log is written. A new
 -- unit is stamped no earlier than the newest one, so the log stays sorted even if Redis's clock steps

@@ -4,8 +4,8 @@
 --
 -- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
 -- ends with the branch of its algorithm code, so it must keep that name and these parameters:
---   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
---              release's layout, which has the same format; false when missing):
+--   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value
+--              of its key in the previous release's layout, in the same format; false when missing):
 --              the current window's count c, the previous
 --              window's count p and the current window index mod 4 (w), either as the integer
 --              (c x 2^25 + p) x 4 + w (when c < 2^26 and p < 2^25), or as 9 bytes, struct '>BI4I4':
@@ -18,7 +18,7 @@
 -- Returns: allowed (boolean), remaining now (integer, floor of limit - estimate), reset now (us: until
 --   the estimate decays to 0), retry (us, 0 when allowed, -1 when cost > capacity: never), and the
 --   write that charges the hit, as data (decide.lua runs it only when every policy allows): the new
---   value, and reset after the charge (us), which is also when the key expires.
+--   value, and reset after the charge (us), which is also when the entry expires.
 -- State: one integer, or a 9-byte string for counts of 2^25 and more; TTL (the entry's expiry) = end of
 -- the next window (<= 2 x period, rounded up to a millisecond), set on
 -- every write, because the current count still weighs on the next window. A key lives at most one

@@ -4,8 +4,8 @@
 --
 -- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
 -- ends with the branch of its algorithm code, so it must keep that name and these parameters:
---   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value of its key in the previous
---              release's layout, which has the same format; false when missing):
+--   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value
+--              of its key in the previous release's layout, in the same format; false when missing):
 --              the units missing from a full bucket (d)
 --              and the time of the last refill in ms, kept modulo a span S = 2^k ms longer than twice
 --              the entry's TTL, either as the integer (d x S + time mod S) x 64 + k, or (when that would
@@ -20,12 +20,12 @@
 -- Returns: allowed (boolean), remaining now (integer), reset now (us), retry (us, 0 when allowed,
 --   -1 when cost > capacity: never), and the write that charges the hit, as data (decide.lua runs it
 --   only when every policy allows): the new value, and reset after the charge (us), which is also
---   when the key expires.
--- State: one integer, or a 12-byte string when
--- d x S reaches 2^47 (a large bucket far from full: an emptied 1,000/day bucket of 1,000); TTL = time until the bucket is full again (<= capacity x period / limit),
--- after which a missing entry means the same thing as a full bucket. The entry never lives longer than
--- S / 2, so the time since the last refill is exact modulo S; a larger one can only mean that Redis's
--- clock stepped back, and counts as 0 (stricter, never looser).
+--   when the entry expires.
+-- State: one integer, or a 12-byte string when d x S reaches 2^47 (a large bucket far from full: an
+-- emptied 1,000/day bucket of 1,000); TTL (the entry's expiry) = time until the bucket is full again
+-- (<= capacity x period / limit), after which a missing entry means the same thing as a full bucket.
+-- The entry never lives longer than S / 2, so the time since the last refill is exact modulo S; a
+-- larger one can only mean that Redis's clock stepped back, and counts as 0 (stricter, never looser).
 local function token_bucket(stored, now_us, limit, period_ms, capacity, cost)
   local now_ms = floor(now_us / 1000)
   local full = capacity * period_ms
