@@ -24,6 +24,12 @@ causes no database query at all.
 Whatever goes wrong inside the limiter at request time (a bug, a setting changed at run time, a tier
 deleted while a setting names it) never fails the request: `safely` answers with the fail mode and
 logs the error, with its traceback, once per cause.
+
+Async code (the middleware under ASGI, `@ratelimit` on `async def` views) uses the awaitable
+counterparts `alimit_request`, `aplan_request`, `adecide` and `asafely`: the same plan and the same
+reading of Redis' reply (`_call_for` before the call, `_conclude` after it), with the call made
+through the async service on the event loop. A warm request does no blocking work and no thread hop;
+see `aplan_request` for the cold ones.
 """
 
 from __future__ import annotations
@@ -33,13 +39,15 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
+from django.utils.functional import SimpleLazyObject, empty
 
 from . import metrics, shedding
 from .apikeys import key_matches, parse_key
@@ -58,10 +66,11 @@ from .identity import (
     user_identity,
 )
 from .logs import logger
-from .lookups import MISS, TierInfo, get_lookups
+from .lookups import MISS, NeedsIO, TierInfo, get_lookups, local_only, require_io
 from .models import IP_POLICY_NAME
 from .policies import Policy
 from .service import get_limiter
+from .service_async import get_async_limiter
 
 ALLOWED = "allowed"
 DENIED = "denied"  # 429
@@ -249,6 +258,7 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
             return _denied_by_list(key_identity(prefix), "API key")
         info = lookups.cached_key(prefix)
         if info is MISS:
+            require_io()  # the lookup (and the peek before it) is I/O: an event loop makes it in a thread
             if ip_checks and prefix not in rules.allow_keys:
                 # A key this process has not seen: make sure the IP may send at all before the lookup,
                 # so a flood of random keys from one client costs no more than its per-IP limit.
@@ -298,6 +308,44 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
     return RequestPlan(checks, tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug)
 
 
+async def aplan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
+                        user: Any = FROM_REQUEST) -> RequestPlan | LimitOutcome:
+    """`plan_request` on the event loop, without blocking it.
+
+    With this process' lookup cache warm (the tier, the key, the allow/deny rules), planning does no
+    I/O and runs right here. When it would need the shared cache or the database (a cold cache, or a
+    key this process has not seen, whose per-IP peek comes first), the whole plan is made in one
+    `sync_to_async` call instead. A session user is read with Django's `request.auser()` (5.0+).
+    """
+    if user is FROM_REQUEST and api_key_from_request(request) is None:
+        user = await _request_user(request)
+    try:
+        with local_only():
+            return plan_request(request, cost=cost, scope=scope, user=user)
+    except NeedsIO:
+        return await sync_to_async(plan_request)(request, cost=cost, scope=scope, user=user)
+
+
+async def _request_user(request: HttpRequest) -> Any:
+    """The authenticated user of `request` (None when anonymous), read without blocking the loop.
+
+    AuthenticationMiddleware leaves `request.user` lazy; reading it loads the session, which is I/O
+    when the request carries a session cookie. That read is made with `request.auser()` (Django 5.0+)
+    or one `sync_to_async` call, and `request.user` is set to the user found, so key functions and
+    the view read it without I/O.
+    """
+    lazy = request.__dict__.get("user")
+    if isinstance(lazy, SimpleLazyObject) and lazy._wrapped is empty:
+        session = getattr(request, "session", None)
+        if getattr(session, "session_key", None) is not None:
+            auser = getattr(request, "auser", None)
+            if auser is not None:
+                request.user = await auser()
+            else:  # Django 4.2
+                await sync_to_async(authenticated_user)(request)
+    return authenticated_user(request)
+
+
 def _denied_by_list(identity: str, what: str) -> LimitOutcome:
     """403 for a deny-listed client, counted as denied-by-list; no Redis call is made."""
     metrics.record_decision(allowed=False, tier="list", policy=None, degraded=False, identity=identity,
@@ -305,54 +353,106 @@ def _denied_by_list(identity: str, what: str) -> LimitOutcome:
     return LimitOutcome(FORBIDDEN, None, (), None, identity, f"{what} refused by an access rule", charged=False)
 
 
-def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
-    """Charge `cost` to every check of `plan` in one all-or-nothing call (cost 0: only report where
-    the client stands), and count the request in the metrics once."""
-    checks = plan.checks
-    # shadow policies never show in headers: they are reported apart (Decision.shadow); nor does the load
-    # shedder's fleet count, which is not a limit of the client's
-    policies = tuple(policy for check in checks if not check.owner.startswith(shedding.OWNER_PREFIX)
-                     for policy in check.policies if not policy.shadow)
-    if not checks:  # nothing to charge: no per-IP limit and no usable key, or an allow-listed client
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """The Redis call one plan needs, before it is made: each check's (identity, policies), the cost
+    (0: a report that charges nothing) and the lease under which concurrency slots are taken."""
+
+    plan: RequestPlan
+    pairs: list[tuple[str, tuple[Policy, ...]]]
+    cost: int
+    lease: str | None
+
+    def degraded(self) -> list[Decision]:
+        """The answer of the fail mode when the service raised instead of applying it."""
+        return [degraded_decision(self.plan.fail_mode == "open")] * len(self.pairs)
+
+
+def _call_for(plan: RequestPlan, cost: int) -> _Call | LimitOutcome:
+    """The call `decide` makes for `plan`, or the outcome when no call is needed (no checks)."""
+    if not plan.checks:  # nothing to charge: no per-IP limit and no usable key, or an allow-listed client
         status = UNAUTHORIZED if plan.refusal else ALLOWED
         if plan.listed and cost > 0:
             metrics.record_decision(allowed=True, tier=plan.label, policy=None, degraded=False,
                                     identity=plan.identity, unauthorized=status == UNAUTHORIZED, listed=ALLOW)
         return LimitOutcome(status, None, (), plan.tier, plan.identity, plan.refusal, cost > 0)
-    pairs = [(check.identity, check.policies) for check in checks]
     if plan.refusal:
         cost = max(cost, 1)  # an unusable key is charged to the per-IP limit even on report-only routes
-    lease: str | None = None
-    if cost == 0:
-        decisions = _peek_all(pairs, plan.fail_mode)
+    pairs = [(check.identity, check.policies) for check in plan.checks]
+    # a concurrency limit among them: the request's slot is taken in this same call, under a token
+    taking = cost > 0 and needs_lease([policy for check in plan.checks for policy in check.policies])
+    return _Call(plan, pairs, cost, new_lease_token() if taking else None)
+
+
+def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
+    """Charge `cost` to every check of `plan` in one all-or-nothing call (cost 0: only report where
+    the client stands), and count the request in the metrics once. `adecide` is the same, awaited."""
+    call = _call_for(plan, cost)
+    if isinstance(call, LimitOutcome):
+        return call
+    service = get_limiter()
+    if call.cost == 0:
+        decisions = []
+        for identity, policies in call.pairs:  # fresh: a report shows the counts of now, not a cached denial's
+            try:
+                decisions.append(service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True))
+            except BACKEND_ERRORS:
+                decisions.append(degraded_decision(plan.fail_mode == "open"))
     else:
-        # a concurrency limit among them: the request's slot is taken in this same call, under a token
-        lease = new_lease_token() if needs_lease([p for check in checks for p in check.policies]) else None
         try:
-            decisions = get_limiter().hit_many(pairs, cost, fail_mode=plan.tier_fail_mode, lease=lease)
+            decisions = service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
         except BACKEND_ERRORS:  # the service normally applies the fail mode itself
-            decisions = [degraded_decision(plan.fail_mode == "open")] * len(pairs)
-    slots = slots_taken(pairs, decisions, lease)
+            decisions = call.degraded()
+    outcome, unwanted = _conclude(call, decisions)
+    if unwanted is not None:
+        unwanted.release()
+    return outcome
+
+
+async def adecide(plan: RequestPlan, cost: int) -> LimitOutcome:
+    """`decide` on the event loop: the same call through the async service (`get_async_limiter`)."""
+    call = _call_for(plan, cost)
+    if isinstance(call, LimitOutcome):
+        return call
+    service = get_async_limiter()
+    if call.cost == 0:
+        decisions = []
+        for identity, policies in call.pairs:
+            try:
+                decisions.append(await service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True))
+            except BACKEND_ERRORS:
+                decisions.append(degraded_decision(plan.fail_mode == "open"))
+    else:
+        try:
+            decisions = await service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode,
+                                               lease=call.lease)
+        except BACKEND_ERRORS:
+            decisions = call.degraded()
+    outcome, unwanted = _conclude(call, decisions)
+    if unwanted is not None:
+        await unwanted.arelease()
+    return outcome
+
+
+def _conclude(call: _Call, decisions: list[Decision]) -> tuple[LimitOutcome, HeldSlots | None]:
+    """The outcome of `call` from Redis' `decisions`, counted in the metrics; and the slots to give
+    back at once (taken by a request that was refused after all), or None."""
+    plan, cost, checks, pairs = call.plan, call.cost, call.plan.checks, call.pairs
+    # shadow policies never show in headers: they are reported apart (Decision.shadow); nor does the load
+    # shedder's fleet count, which is not a limit of the client's
+    policies = tuple(policy for check in checks if not check.owner.startswith(shedding.OWNER_PREFIX)
+                     for policy in check.policies if not policy.shadow)
+    slots = slots_taken(pairs, decisions, call.lease)
     summary = summarize(decisions, len(pairs))
-    # The load shedder's fleet count was decided with the rest, but it is no limit of the client's: the
-    # outcome shows the client's own checks (the fleet slot, when taken, is among `slots`).
+    fleet = next((i for i, check in enumerate(checks) if check.owner.startswith(shedding.OWNER_PREFIX)), None)
     shed_priority: str | None = None
-    fleet = [i for i, check in enumerate(checks) if check.owner.startswith(shedding.OWNER_PREFIX)]
-    if fleet:
-        at = fleet[0]
-        fleet_decision = decisions[at] if at < len(decisions) else None
-        if cost > 0 and fleet_decision is not None and fleet_decision.results and \
-                not fleet_decision.results[0].allowed:
-            shed_priority = shedding.priority_of_owner(checks[at].owner)
-        kept = [i for i in range(len(checks)) if i != at]
-        own = [decisions[i] for i in kept if i < len(decisions)]
+    if fleet is not None:
+        fleet_decision = decisions[fleet] if fleet < len(decisions) else None
+        kept = [i for i in range(len(checks)) if i != fleet]
         checks, pairs = tuple(checks[i] for i in kept), [pairs[i] for i in kept]
-        if shed_priority is not None and fleet_decision is not None:
-            summary = fleet_decision.refused() if fleet_decision.allowed else fleet_decision
-        else:
-            shown = summarize(own, len(kept))
-            summary = shown.refused() if shown.allowed and not summary.allowed else shown
-        decisions = own
+        decisions = [decisions[i] for i in kept if i < len(decisions)]
+        shed_priority, summary = _fleet_verdict(call.plan.checks[fleet].owner, fleet_decision,
+                                                summarize(decisions, len(kept)), summary, cost)
     if shed_priority is not None:
         status = SHED
     elif summary.allowed or cost == 0:  # a report-only request is never refused for where it stands
@@ -360,26 +460,45 @@ def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
     else:
         status = UNAVAILABLE if summary.degraded else DENIED
     if cost > 0:
-        metrics.record_decision(
-            allowed=summary.allowed, tier=plan.label,
-            policy=None if summary.allowed else f"shed.{shed_priority}" if shed_priority else summary.policy,
-            degraded=summary.degraded, identity=plan.identity, unauthorized=status == UNAUTHORIZED,
-        )
-        if summary.allowed and summary.shadow:
-            would_block = summary.would_block
-            if would_block:  # refusals a shadow limit would have made: counted, never answered
-                metrics.record_shadow_blocked(tier=plan.label, policies=would_block, identity=plan.identity)
-        if shed_priority is not None:
-            shedding.fleet_episode.record_shed(shed_priority, {"identity": plan.identity})
-        elif fleet and status == ALLOWED:
-            shedding.fleet_episode.record_admitted()
+        _count(plan, summary, status, shed_priority, fleet is not None)
+    unwanted = None
     if slots is not None and not summary.allowed:
-        slots.release()  # Redis Cluster charged the identities before the one that refused
-        slots = None
+        unwanted, slots = slots, None  # Redis Cluster charged the identities before the one that refused
     padded = tuple(decisions) + (None,) * (len(pairs) - len(decisions))
     message = plan.refusal if status == UNAUTHORIZED else shed_priority if status == SHED else ""
-    return LimitOutcome(status, summary, policies, plan.tier, plan.identity, message or "", cost > 0, checks,
-                        padded, slots)
+    outcome = LimitOutcome(status, summary, policies, plan.tier, plan.identity, message or "", cost > 0, checks,
+                           padded, slots)
+    return outcome, unwanted
+
+
+def _fleet_verdict(owner: str, fleet_decision: Decision | None, own: Decision, summary: Decision,
+                   cost: int) -> tuple[str | None, Decision]:
+    """The load shedder's fleet count (checked by `owner`) was decided with the rest, but it is no
+    limit of the client's: the priority it shed (None: it did not) and the summary the client is
+    shown, from its own checks (`own`; the fleet slot, when taken, is among the request's slots)."""
+    if cost > 0 and fleet_decision is not None and fleet_decision.results and not fleet_decision.results[0].allowed:
+        shed_priority = shedding.priority_of_owner(owner)
+        if shed_priority is not None:
+            return shed_priority, fleet_decision.refused() if fleet_decision.allowed else fleet_decision
+    return None, own.refused() if own.allowed and not summary.allowed else own
+
+
+def _count(plan: RequestPlan, summary: Decision, status: str, shed_priority: str | None, fleet: bool) -> None:
+    """Count one charged request in the metrics (and a shadow limit's would-be refusals, and the load
+    shedder's episode)."""
+    metrics.record_decision(
+        allowed=summary.allowed, tier=plan.label,
+        policy=None if summary.allowed else f"shed.{shed_priority}" if shed_priority else summary.policy,
+        degraded=summary.degraded, identity=plan.identity, unauthorized=status == UNAUTHORIZED,
+    )
+    if summary.allowed and summary.shadow:
+        would_block = summary.would_block
+        if would_block:  # refusals a shadow limit would have made: counted, never answered
+            metrics.record_shadow_blocked(tier=plan.label, policies=would_block, identity=plan.identity)
+    if shed_priority is not None:
+        shedding.fleet_episode.record_shed(shed_priority, {"identity": plan.identity})
+    elif fleet and status == ALLOWED:
+        shedding.fleet_episode.record_admitted()
 
 
 def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
@@ -390,6 +509,19 @@ def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user:
     if isinstance(planned, LimitOutcome):
         return planned
     return decide(planned if planned.refusal else planned.plus(extra), cost)
+
+
+async def alimit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
+                         extra: Sequence[LimitCheck] | Callable[[], Sequence[LimitCheck]] = ()) -> LimitOutcome:
+    """`limit_request` on the event loop: `aplan_request` then `adecide`. `extra` may be a callable
+    that gives the extra checks, called once the request's user is known (a key function may read
+    `request.user`)."""
+    planned = await aplan_request(request, cost=cost, scope=scope, user=user)
+    if isinstance(planned, LimitOutcome):
+        return planned
+    if planned.refusal:
+        return await adecide(planned, cost)
+    return await adecide(planned.plus(extra() if callable(extra) else extra), cost)
 
 
 def summarize(decisions: Sequence[Decision], expected: int) -> Decision:
@@ -434,20 +566,6 @@ def _ip_precheck(config: LimitConfig, ip_id: str, cost: int) -> LimitOutcome | N
     return LimitOutcome(DENIED, decision, config.ip_policies, None, ip_id, checks=(check,), decisions=(decision,))
 
 
-def _peek_all(pairs: list[tuple[str, tuple[Policy, ...]]], fail_mode: str) -> list[Decision]:
-    """Cost 0: where the client stands in every check, charging nothing (one peek per identity)."""
-    service = get_limiter()
-    decisions = []
-    for identity, policies in pairs:
-        try:
-            # fresh: a report shows the counts of now, not those a cached denial remembers
-            decision = service.peek(identity, policies, fail_mode=fail_mode, fresh=True)
-        except BACKEND_ERRORS:
-            decision = degraded_decision(fail_mode == "open")
-        decisions.append(decision)
-    return decisions
-
-
 # -- when the limiter itself fails ------------------------------------------------------------------
 
 #: Causes already logged with their traceback (bounded: a long-lived process logs each cause once).
@@ -463,12 +581,25 @@ def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "")
     try:
         return limit()
     except Exception as exc:
-        _log_once(exc, where)
-        allowed = fail_mode() != "closed"
-        with contextlib.suppress(Exception):
-            metrics.record_decision(allowed=allowed, tier="error", policy=None if allowed else "error",
-                                    degraded=True, identity=identity or "unknown")
-        return LimitOutcome(ALLOWED if allowed else UNAVAILABLE, degraded_decision(allowed), (), None, identity)
+        return _failed(exc, where, identity)
+
+
+async def asafely(limit: Callable[[], Awaitable[LimitOutcome]], *, where: str, identity: str = "") -> LimitOutcome:
+    """`safely` for async code: `await limit()`, or the answer of the fail mode if it raises."""
+    try:
+        return await limit()
+    except Exception as exc:
+        return _failed(exc, where, identity)
+
+
+def _failed(exc: Exception, where: str, identity: str) -> LimitOutcome:
+    """The fail mode's outcome when the limiter itself raised `exc` (logged once per cause)."""
+    _log_once(exc, where)
+    allowed = fail_mode() != "closed"
+    with contextlib.suppress(Exception):
+        metrics.record_decision(allowed=allowed, tier="error", policy=None if allowed else "error",
+                                degraded=True, identity=identity or "unknown")
+    return LimitOutcome(ALLOWED if allowed else UNAVAILABLE, degraded_decision(allowed), (), None, identity)
 
 
 def fail_mode() -> str:

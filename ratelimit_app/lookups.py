@@ -12,7 +12,9 @@ Three layers, fastest first:
    commits), which makes every older shared entry unreachable;
 3. the database.
 
-A warm request therefore makes no database query and no cache call. Values are frozen dataclasses; a
+A warm request therefore makes no database query and no cache call. Code on an event loop reads
+inside `local_only()`: a lookup that would need the shared cache or the database raises `NeedsIO`
+there instead of blocking the loop (the caller redoes its work in a thread). Values are frozen dataclasses; a
 tier's policies are compiled once per load, never per request. Raw API keys are never cached, logged or
 stored: entries are keyed by the key's prefix and hold its hash.
 """
@@ -20,11 +22,12 @@ stored: entries are keyed by the key's prefix and hold its hash.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +45,30 @@ from .policies import Policy
 SHARED_TTL = 300
 
 logger = logging.getLogger("ratelimit_app")
+
+_local_only = contextvars.ContextVar("ratelimit_local_only", default=False)
+
+
+class NeedsIO(Exception):
+    """Raised inside `local_only()` by a lookup this process has not cached (see `local_only`)."""
+
+
+@contextlib.contextmanager
+def local_only() -> Iterator[None]:
+    """Within this block (in this context: thread or asyncio task), lookups answer from this process'
+    cache or raise NeedsIO; so does `require_io()`. Async request handling plans a request inside it,
+    and redoes the plan with `sync_to_async` when NeedsIO is raised."""
+    token = _local_only.set(True)
+    try:
+        yield
+    finally:
+        _local_only.reset(token)
+
+
+def require_io() -> None:
+    """Raise NeedsIO inside `local_only()`: the caller is about to do I/O (a lookup, a Redis peek)."""
+    if _local_only.get():
+        raise NeedsIO
 
 
 class _Miss:
@@ -256,7 +283,9 @@ class Lookups:
             return None
 
     def _shared(self, kind: str, name: str, load: Any, *, cache_missing: bool = True) -> Any:
-        """Read `kind:name` from the shared cache, else load it from the database and share it."""
+        """Read `kind:name` from the shared cache, else load it from the database and share it (raises
+        NeedsIO inside `local_only()`)."""
+        require_io()
         cache = self._cache()
         entry_key = None
         if cache is not None:
