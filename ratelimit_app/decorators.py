@@ -56,10 +56,12 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 
 from . import metrics
 from .concurrency import release_with
+from .decision import Decision
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
 from .limiting import (
@@ -69,8 +71,11 @@ from .limiting import (
     LimitCheck,
     LimitOutcome,
     RequestPlan,
+    adecide,
+    asafely,
     decide,
     get_config,
+    request_user,
     safely,
 )
 from .middleware import REQUEST_ATTRIBUTE
@@ -78,6 +83,7 @@ from .policies import CONCURRENCY, InvalidPolicy, Policy
 from .responses import limiter_unavailable, too_many_requests
 from .routes import VIEW_LIMIT_ATTRIBUTE, validate_cost, view_name
 from .service import get_limiter
+from .service_async import get_async_limiter
 
 ViewT = TypeVar("ViewT", bound=Callable[..., HttpResponseBase])
 KeyFunction = Callable[[HttpRequest], "str | None"]
@@ -152,20 +158,34 @@ class DecoratorLimit:
             return None
         return LimitCheck(f"view:{self.namespace}|{client}", self.policies, self.owner)
 
-    def decide_alone(self, request: HttpRequest) -> LimitOutcome:
-        """Charge this view's limit alone (the middleware did not decide it); the outcome's decision is
-        None when the key function says this request is not limited."""
+    def _plan_alone(self, request: HttpRequest) -> RequestPlan | None:
+        """The plan of this view's limit decided alone (the middleware did not decide it); None when
+        the key function says this request is not limited."""
         check = self.check_for(request)
         if check is None:
-            return LimitOutcome(ALLOWED, None, (), None, "")
+            return None
         client = check.identity.partition("|")[2]
-        return decide(RequestPlan((check,), None, self.label_of(client), get_config().fail_mode,
-                                  label=DECORATOR_TIER), self.cost)
+        return RequestPlan((check,), None, self.label_of(client), get_config().fail_mode, label=DECORATOR_TIER)
 
-    def check_before(self, check: LimitCheck, label: str) -> LimitOutcome:
-        """Counted by outcome, before the view: may one more matching response be charged? (a peek;
-        a refusal is counted in the metrics)."""
-        decision = get_limiter().peek(check.identity, self.policies, self.cost, fresh=True)
+    def decide_alone(self, request: HttpRequest) -> LimitOutcome:
+        """Charge this view's limit alone; the outcome's decision is None when the key function says
+        this request is not limited."""
+        plan = self._plan_alone(request)
+        return NOT_LIMITED if plan is None else decide(plan, self.cost)
+
+    async def adecide_alone(self, request: HttpRequest) -> LimitOutcome:
+        """`decide_alone` on the event loop (the session user read without blocking it)."""
+        await request_user(request)
+        plan = self._plan_alone(request)
+        return NOT_LIMITED if plan is None else await adecide(plan, self.cost)
+
+    def _counted_check(self, request: HttpRequest) -> tuple[LimitCheck, str] | None:
+        """Counted by outcome: this request's check and its label, or None when it is not limited."""
+        check = self.check_for(request)
+        return None if check is None else (check, self.label_of(check.identity.partition("|")[2]))
+
+    def _before(self, decision: Decision, label: str) -> LimitOutcome:
+        """Counted by outcome, before the view: the outcome of the peek (a refusal is counted)."""
         if decision.allowed:
             return LimitOutcome(ALLOWED, decision, self.policies, None, label, charged=False)
         metrics.record_decision(allowed=False, tier=DECORATOR_TIER, policy=decision.policy,
@@ -173,9 +193,22 @@ class DecoratorLimit:
         return LimitOutcome(UNAVAILABLE if decision.degraded else DENIED, decision, self.policies, None, label,
                             charged=False)
 
+    def check_before(self, check: LimitCheck, label: str) -> LimitOutcome:
+        """Counted by outcome, before the view: may one more matching response be charged? (a peek;
+        a refusal is counted in the metrics)."""
+        return self._before(get_limiter().peek(check.identity, self.policies, self.cost, fresh=True), label)
+
+    async def acheck_before(self, check: LimitCheck, label: str) -> LimitOutcome:
+        """`check_before` on the event loop."""
+        decision = await get_async_limiter().peek(check.identity, self.policies, self.cost, fresh=True)
+        return self._before(decision, label)
+
+    def _count_after(self, label: str) -> None:
+        metrics.record_decision(allowed=True, tier=DECORATOR_TIER, policy=None, degraded=False, identity=label)
+
     def charge_after(self, check: LimitCheck, label: str, counted: bool) -> LimitOutcome:
         """Counted by outcome, after the view: count the request, and charge it when it matched."""
-        metrics.record_decision(allowed=True, tier=DECORATOR_TIER, policy=None, degraded=False, identity=label)
+        self._count_after(label)
         if not counted:
             return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
         # A charge that no longer fits (requests in flight passed the check together) is refused by the
@@ -183,61 +216,149 @@ class DecoratorLimit:
         decision = get_limiter().hit(check.identity, self.policies, self.cost)
         return LimitOutcome(ALLOWED, decision, self.policies, None, label)
 
+    async def acharge_after(self, check: LimitCheck, label: str, counted: bool) -> LimitOutcome:
+        """`charge_after` on the event loop."""
+        self._count_after(label)
+        if not counted:
+            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
+        decision = await get_async_limiter().hit(check.identity, self.policies, self.cost)
+        return LimitOutcome(ALLOWED, decision, self.policies, None, label)
+
     def answer_counted(self, request: HttpRequest, view: Callable[..., HttpResponseBase], args: Any,
                        kwargs: Any) -> HttpResponseBase:
         """`count_if`: check before the view, run it, charge after it when the response matches."""
-        check = self.check_for(request)
-        if check is None:
+        counted = self._counted_check(request)
+        if counted is None:
             return view(request, *args, **kwargs)
-        label = self.label_of(check.identity.partition("|")[2])
-        before = safely(lambda: self.check_before(check, label), where=f"@ratelimit ({self.namespace})")
+        check, label = counted
+        before = safely(lambda: self.check_before(check, label), where=self.where)
         decision = before.decision
         request.limited = not before.allowed  # type: ignore[attr-defined]
-        if before.allowed or not self.block:
-            response = view(request, *args, **kwargs)
-            count_if = self.count_if
-            if count_if is not None:
-                counted = bool(count_if(response))
-                after = safely(lambda: self.charge_after(check, label, counted),
-                               where=f"@ratelimit ({self.namespace})")
-                decision = after.decision or decision
-        elif decision is not None and decision.degraded:
-            response = limiter_unavailable(decision, None)
-        else:
-            response = too_many_requests(decision, None, self.cost) if decision is not None else \
-                limiter_unavailable(None, None)
-        if decision is not None and decision.results:
-            apply_headers(response, decision, self.policies, None, get_config().headers)
-        return response
+        if not (before.allowed or not self.block):
+            return self._refused(decision)
+        response = view(request, *args, **kwargs)
+        matched = self._matches(response)
+        after = safely(lambda: self.charge_after(check, label, matched), where=self.where)
+        return self._with_headers(response, after.decision or decision)
+
+    async def aanswer_counted(self, request: HttpRequest, view: Callable[..., Any], args: Any,
+                              kwargs: Any) -> HttpResponseBase:
+        """`answer_counted` for an `async def` view."""
+        await request_user(request)
+        counted = self._counted_check(request)
+        if counted is None:
+            return await view(request, *args, **kwargs)
+        check, label = counted
+        before = await asafely(lambda: self.acheck_before(check, label), where=self.where)
+        decision = before.decision
+        request.limited = not before.allowed  # type: ignore[attr-defined]
+        if not (before.allowed or not self.block):
+            return self._refused(decision)
+        response = await view(request, *args, **kwargs)
+        matched = self._matches(response)
+        after = await asafely(lambda: self.acharge_after(check, label, matched), where=self.where)
+        return self._with_headers(response, after.decision or decision)
+
+    def _matches(self, response: HttpResponseBase) -> bool:
+        return self.count_if is not None and bool(self.count_if(response))
+
+    def _joint_decision(self, request: HttpRequest) -> tuple[bool, Decision | None]:
+        """(True, the decision) when the middleware decided this view's limit with its own; else
+        (False, None): the view decides it alone."""
+        joint: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+        if joint is not None and joint.owns(self.owner):
+            return True, joint.decision_for(self.owner)
+        return False, None
+
+    def _runs(self, request: HttpRequest, decision: Decision | None) -> bool:
+        """Leave `request.limited`; True when the view runs for this decision."""
+        request.limited = decision is not None and not decision.allowed  # type: ignore[attr-defined]
+        return decision is None or decision.allowed or not self.block
 
     def answer(self, request: HttpRequest, view: Callable[..., HttpResponseBase], args: Any,
                kwargs: Any) -> HttpResponseBase:
         """Run the view, or refuse, once this view's limit is decided for `request`."""
         if self.count_if is not None:
             return self.answer_counted(request, view, args, kwargs)
-        joint: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+        joined, decision = self._joint_decision(request)
         slots = None
-        if joint is not None and joint.owns(self.owner):
-            decision = joint.decision_for(self.owner)  # decided by the middleware, with its limits
-        else:
-            alone = safely(lambda: self.decide_alone(request), where=f"@ratelimit ({self.namespace})")
+        if not joined:
+            alone = safely(lambda: self.decide_alone(request), where=self.where)
             decision, slots = alone.decision, alone.slots
-        request.limited = decision is not None and not decision.allowed  # type: ignore[attr-defined]
-        if decision is None or decision.allowed or not self.block:
-            try:
-                response = view(request, *args, **kwargs)
-            except BaseException:
-                if slots is not None:
-                    slots.release()  # no response will be closed
-                raise
-            release_with(response, slots)
-        elif decision.degraded:
+        if not self._runs(request, decision):
+            return self._refused(decision)
+        try:
+            response = view(request, *args, **kwargs)
+        except BaseException:
+            if slots is not None:
+                slots.release()  # no response will be closed
+            raise
+        release_with(response, slots)
+        return self._with_headers(response, decision)
+
+    async def aanswer(self, request: HttpRequest, view: Callable[..., Any], args: Any,
+                      kwargs: Any) -> HttpResponseBase:
+        """`answer` for an `async def` view: decided and awaited on the event loop."""
+        if self.count_if is not None:
+            return await self.aanswer_counted(request, view, args, kwargs)
+        joined, decision = self._joint_decision(request)
+        slots = None
+        if not joined:
+            alone = await asafely(lambda: self.adecide_alone(request), where=self.where)
+            decision, slots = alone.decision, alone.slots
+        if not self._runs(request, decision):
+            return self._refused(decision)
+        try:
+            response = await view(request, *args, **kwargs)
+        except BaseException:
+            if slots is not None:
+                await slots.arelease()  # no response will be closed
+            raise
+        release_with(response, slots)
+        return self._with_headers(response, decision)
+
+    def _refused(self, decision: Decision | None) -> HttpResponseBase:
+        """The 429 (or 503 when the limiter could not decide) for a refused request, with headers."""
+        if decision is None:
+            return limiter_unavailable(None, None)
+        if decision.degraded:
             response = limiter_unavailable(decision, None)
         else:
             response = too_many_requests(decision, None, self.cost)
+        return self._with_headers(response, decision)
+
+    def _with_headers(self, response: HttpResponseBase, decision: Decision | None) -> HttpResponseBase:
         if decision is not None and decision.results:
             apply_headers(response, decision, self.policies, None, get_config().headers)
         return response
+
+    @property
+    def where(self) -> str:
+        """Where a failure of this limit is logged from."""
+        return f"@ratelimit ({self.namespace})"
+
+
+#: The outcome of a request its view's key function does not limit.
+NOT_LIMITED = LimitOutcome(ALLOWED, None, (), None, "")
+
+
+def _wrap(view: ViewT, limit: DecoratorLimit) -> ViewT:
+    """The view wrapped so that `limit` decides each request: a coroutine function for an `async def`
+    view (decided on the event loop), a plain function otherwise."""
+    if iscoroutinefunction(view):
+        @functools.wraps(view)
+        async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            return await limit.aanswer(request, view, args, kwargs)
+
+        wrapper: Callable[..., Any] = markcoroutinefunction(async_wrapper)
+    else:
+        @functools.wraps(view)
+        def sync_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            return limit.answer(request, view, args, kwargs)
+
+        wrapper = sync_wrapper
+    setattr(wrapper, VIEW_LIMIT_ATTRIBUTE, limit)
+    return cast(ViewT, wrapper)
 
 
 def _policy_name(view: Any, block: Any, name: Any, group: Any) -> str:
@@ -283,14 +404,8 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
         label_of: Callable[[str], str] = (
             _plain_label if isinstance(key, str) and key in ("ip", "user") else _digest_label
         )
-        limit = DecoratorLimit(policy, group or view_name(view), key_function, label_of, block, cost, count_if)
-
-        @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            return limit.answer(request, view, args, kwargs)
-
-        setattr(wrapper, VIEW_LIMIT_ATTRIBUTE, limit)
-        return cast(ViewT, wrapper)
+        return _wrap(view, DecoratorLimit(policy, group or view_name(view), key_function, label_of, block, cost,
+                                          count_if))
 
     return decorate
 
@@ -329,13 +444,6 @@ def limit_concurrency(slots: int, key: str | KeyFunction = "user", *, lease: flo
         label_of: Callable[[str], str] = (
             _plain_label if isinstance(key, str) and key in ("ip", "user") else _digest_label
         )
-        limit = ConcurrencyLimit(policy, group or view_name(view), key_function, label_of, block, 1)
-
-        @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            return limit.answer(request, view, args, kwargs)
-
-        setattr(wrapper, VIEW_LIMIT_ATTRIBUTE, limit)
-        return cast(ViewT, wrapper)
+        return _wrap(view, ConcurrencyLimit(policy, group or view_name(view), key_function, label_of, block, 1))
 
     return decorate

@@ -318,7 +318,7 @@ async def aplan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
     `sync_to_async` call instead. A session user is read with Django's `request.auser()` (5.0+).
     """
     if user is FROM_REQUEST and api_key_from_request(request) is None:
-        user = await _request_user(request)
+        user = await request_user(request)
     try:
         with local_only():
             return plan_request(request, cost=cost, scope=scope, user=user)
@@ -326,7 +326,7 @@ async def aplan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
         return await sync_to_async(plan_request)(request, cost=cost, scope=scope, user=user)
 
 
-async def _request_user(request: HttpRequest) -> Any:
+async def request_user(request: HttpRequest) -> Any:
     """The authenticated user of `request` (None when anonymous), read without blocking the loop.
 
     AuthenticationMiddleware leaves `request.user` lazy; reading it loads the session, which is I/O
