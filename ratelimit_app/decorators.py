@@ -54,7 +54,7 @@ import functools
 import hashlib
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
@@ -81,11 +81,10 @@ from .limiting import (
 from .middleware import REQUEST_ATTRIBUTE
 from .policies import CONCURRENCY, InvalidPolicy, Policy
 from .responses import limiter_unavailable, too_many_requests
-from .routes import VIEW_LIMIT_ATTRIBUTE, validate_cost, view_name
+from .routes import VIEW_LIMIT_ATTRIBUTE, ViewT, validate_cost, view_name
 from .service import get_limiter
 from .service_async import get_async_limiter
 
-ViewT = TypeVar("ViewT", bound=Callable[..., HttpResponseBase])
 KeyFunction = Callable[[HttpRequest], "str | None"]
 CountIf = Callable[[HttpResponseBase], bool]
 
