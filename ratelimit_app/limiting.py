@@ -51,7 +51,7 @@ from django.utils.functional import SimpleLazyObject, empty
 
 from . import metrics, shedding
 from .apikeys import key_matches, parse_key
-from .clientrules import ALLOW, DENY
+from .clientrules import ALLOW, DENY, ClientRules
 from .concurrency import HeldSlots, needs_lease, slots_taken
 from .conf import DEFAULTS, SettingsCached, ratelimit_settings
 from .decision import Decision, degraded_decision
@@ -66,7 +66,7 @@ from .identity import (
     user_identity,
 )
 from .logs import logger
-from .lookups import MISS, NeedsIO, TierInfo, get_lookups, local_only, require_io
+from .lookups import MISS, Lookups, NeedsIO, TierInfo, get_lookups, local_only, require_io
 from .models import IP_POLICY_NAME
 from .policies import Policy
 from .service import get_limiter
@@ -248,56 +248,12 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
         if listed == DENY:
             return _denied_by_list(ip_id, "client network")
     ip_checks = (LimitCheck(ip_id, config.ip_policies),) if config.ip_policies and not listed else ()
+    known = _Known(config, lookups, rules, ip_id, ip_checks, listed)
     raw_key = api_key_from_request(request)
-    tier: TierInfo | None
-    if raw_key is not None:
-        prefix = parse_key(raw_key)
-        if prefix is None:
-            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal="malformed API key", listed=listed)
-        if prefix in rules.deny_keys:
-            return _denied_by_list(key_identity(prefix), "API key")
-        info = lookups.cached_key(prefix)
-        if info is MISS:
-            require_io()  # the lookup (and the peek before it) is I/O: an event loop makes it in a thread
-            if ip_checks and prefix not in rules.allow_keys:
-                # A key this process has not seen: make sure the IP may send at all before the lookup,
-                # so a flood of random keys from one client costs no more than its per-IP limit.
-                early = _ip_precheck(config, ip_id, cost)
-                if early is not None:
-                    return early
-            info = lookups.key(prefix)
-        if info is None or not key_matches(raw_key, info.hashed_key):
-            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal="unknown API key", listed=listed)
-        refusal = info.refusal(time.time())
-        if refusal is not None:
-            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal=f"API key {refusal}", listed=listed)
-        tier = lookups.tier(info.tier_slug)
-        if tier is None:
-            raise ImproperlyConfigured(f"API key {prefix} names tier {info.tier_slug!r}, which does not exist")
-        identity = key_identity(prefix)
-        tier = lookups.with_overrides(identity, tier, info.overrides)
-        if prefix in rules.allow_keys:
-            listed = ALLOW  # the key was verified above: a guessed prefix is not enough
-    else:
-        if user is FROM_REQUEST:
-            user = authenticated_user(request)
-        slug, setting = None, ""
-        overrides: tuple[tuple[Any, ...], ...] = ()
-        if user is not None:
-            slug, overrides = lookups.user_plan(user.pk)
-            if slug is None and config.default_user_tier is not None:
-                slug, setting = config.default_user_tier, "DEFAULT_USER_TIER"
-        if slug is not None:
-            identity = user_identity(user.pk)
-        elif config.anonymous_tier is not None:
-            slug, setting, identity = config.anonymous_tier, "ANONYMOUS_TIER", ip_id
-        else:
-            return RequestPlan(ip_checks, None, ip_id, config.fail_mode, refusal="API key required")
-        tier = lookups.tier(slug)
-        if tier is None:
-            where = f"RATELIMIT['{setting}']" if setting else f"the user tier of user {user.pk}"
-            raise ImproperlyConfigured(f"{where} names tier {slug!r}, which does not exist")
-        tier = lookups.with_overrides(identity, tier, overrides)
+    client = _key_client(known, raw_key, cost) if raw_key is not None else _user_client(request, known, user)
+    if not isinstance(client, tuple):
+        return client
+    tier, identity, listed = client
     if listed:
         return RequestPlan((), tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug,
                            listed=ALLOW)
@@ -306,6 +262,85 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
     if fleet is not None:
         checks = (*checks, fleet)
     return RequestPlan(checks, tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug)
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """What `plan_request` knows before it looks at the key or the user."""
+
+    config: LimitConfig
+    lookups: Lookups
+    rules: ClientRules
+    ip_id: str
+    ip_checks: tuple[LimitCheck, ...]
+    listed: str
+
+    def refused(self, message: str, *, listed: bool = True) -> RequestPlan:
+        """A plan charging the per-IP limit alone, answered 401 with `message` if the IP may send."""
+        return RequestPlan(self.ip_checks, None, self.ip_id, self.config.fail_mode, refusal=message,
+                           listed=self.listed if listed else "")
+
+
+#: A client `plan_request` identified: its tier (overrides applied), its identity, and "allow" when an
+#: allow rule matched it ("" otherwise).
+_Client = tuple[TierInfo, str, str]
+
+
+def _key_client(known: _Known, raw_key: str, cost: int) -> _Client | RequestPlan | LimitOutcome:
+    """The client of an API key, or the plan (a 401) or outcome (a 403, or a per-IP 429) refusing it."""
+    lookups, rules = known.lookups, known.rules
+    prefix = parse_key(raw_key)
+    if prefix is None:
+        return known.refused("malformed API key")
+    if prefix in rules.deny_keys:
+        return _denied_by_list(key_identity(prefix), "API key")
+    info = lookups.cached_key(prefix)
+    if info is MISS:
+        require_io()  # the lookup (and the peek before it) is I/O: an event loop makes it in a thread
+        if known.ip_checks and prefix not in rules.allow_keys:
+            # A key this process has not seen: make sure the IP may send at all before the lookup, so a
+            # flood of random keys from one client costs no more than its per-IP limit.
+            early = _ip_precheck(known.config, known.ip_id, cost)
+            if early is not None:
+                return early
+        info = lookups.key(prefix)
+    if info is None or not key_matches(raw_key, info.hashed_key):
+        return known.refused("unknown API key")
+    refusal = info.refusal(time.time())
+    if refusal is not None:
+        return known.refused(f"API key {refusal}")
+    tier = lookups.tier(info.tier_slug)
+    if tier is None:
+        raise ImproperlyConfigured(f"API key {prefix} names tier {info.tier_slug!r}, which does not exist")
+    identity = key_identity(prefix)
+    # an allow rule on the key counts once the key is verified: a guessed prefix is not enough
+    listed = ALLOW if prefix in rules.allow_keys else known.listed
+    return lookups.with_overrides(identity, tier, info.overrides), identity, listed
+
+
+def _user_client(request: HttpRequest, known: _Known, user: Any) -> _Client | RequestPlan:
+    """The client of a request without a key: the user's tier (else DEFAULT_USER_TIER), else the
+    anonymous tier per IP; else the plan refusing it (401, API key required)."""
+    config, lookups = known.config, known.lookups
+    if user is FROM_REQUEST:
+        user = authenticated_user(request)
+    slug, setting = None, ""
+    overrides: tuple[tuple[Any, ...], ...] = ()
+    if user is not None:
+        slug, overrides = lookups.user_plan(user.pk)
+        if slug is None and config.default_user_tier is not None:
+            slug, setting = config.default_user_tier, "DEFAULT_USER_TIER"
+    if slug is not None:
+        identity = user_identity(user.pk)
+    elif config.anonymous_tier is not None:
+        slug, setting, identity = config.anonymous_tier, "ANONYMOUS_TIER", known.ip_id
+    else:
+        return known.refused("API key required", listed=False)
+    tier = lookups.tier(slug)
+    if tier is None:
+        where = f"RATELIMIT['{setting}']" if setting else f"the user tier of user {user.pk}"
+        raise ImproperlyConfigured(f"{where} names tier {slug!r}, which does not exist")
+    return lookups.with_overrides(identity, tier, overrides), identity, known.listed
 
 
 async def aplan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",

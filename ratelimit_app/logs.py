@@ -19,7 +19,6 @@ from typing import Any
 
 logger = logging.getLogger("ratelimit_app")
 
-_LABEL_SCHEMES = ("key", "user", "ip")
 _MAX_IDENTITY = 128
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:/@+\-\[\]]*$")
 

@@ -7,7 +7,6 @@ Request handling never reads these models directly: `ratelimit_app.lookups` cach
 from __future__ import annotations
 
 import ipaddress
-import re
 from datetime import datetime
 from typing import Any
 
@@ -372,8 +371,3 @@ class ClientRule(models.Model):
                 self.network = str(ipaddress.ip_network(network, strict=False))
             except ValueError as exc:
                 raise ValidationError({"network": f"Not a network in CIDR notation: {exc}"}) from exc
-
-
-def is_valid_scope(scope: str) -> bool:
-    """True when `scope` could be a TierLimit scope (views declare scopes with the same rules)."""
-    return bool(re.match(_NAME_PATTERN, scope))
