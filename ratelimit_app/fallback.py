@@ -26,12 +26,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .decision import Decision, PolicyResult
-from .engine import identity_digest
+from .engine import Check, identity_digest
 from .policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 
 #: A clock returning microseconds since the Unix epoch (the scripts use Redis TIME the same way).
 Clock = Callable[[], int]
-Check = tuple[str, Sequence[Policy]]
 # allowed, remaining now, reset now (us), retry (us; 0 allowed, -1 never), apply (commit -> reset us)
 Outcome = tuple[bool, float, float, float, Callable[[], float] | None]
 

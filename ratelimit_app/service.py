@@ -31,7 +31,7 @@ from .conf import SettingsCached, ratelimit_settings
 from .connection import budget_deadline, get_redis
 from .decision import Decision, degraded_decision
 from .denycache import DenyCache, ResetWatch
-from .engine import prepare_call
+from .engine import Check, prepare_call
 from .engine_sync import RateLimiter
 from .exceptions import BACKEND_ERRORS
 from .fallback import LocalLimiter
@@ -39,7 +39,6 @@ from .logs import log_event
 from .policies import CONCURRENCY, Policy
 
 FAIL_MODES = ("open", "closed", "local")
-Check = tuple[str, Sequence[Policy]]
 
 #: The answer of the "open" fail mode: allowed, made without Redis, nothing known about the limits.
 OPEN_DECISION = degraded_decision(True)

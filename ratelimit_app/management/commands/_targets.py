@@ -29,7 +29,7 @@ from ratelimit_app.policies import Policy
 
 
 @dataclass(frozen=True)
-class Check:
+class TargetLimits:
     """One identity and the policies it is limited by (`label` says where they come from)."""
 
     identity: str
@@ -43,7 +43,7 @@ class Target:
 
     description: str
     tier: TierInfo | None
-    checks: tuple[Check, ...]
+    checks: tuple[TargetLimits, ...]
 
 
 def tier_policies(tier: TierInfo) -> tuple[Policy, ...]:
@@ -76,11 +76,11 @@ def _ip_target(text: str) -> Target:
     config = get_config()
     checks = []
     if config.ip_policies:
-        checks.append(Check(identity, config.ip_policies, "per-IP limit (RATELIMIT['IP_RATE'])"))
+        checks.append(TargetLimits(identity, config.ip_policies, "per-IP limit (RATELIMIT['IP_RATE'])"))
     tier = None
     if config.anonymous_tier is not None:
         tier = _tier(config.anonymous_tier, "RATELIMIT['ANONYMOUS_TIER']")
-        checks.append(Check(identity, tier_policies(tier), f"anonymous tier {tier.slug}"))
+        checks.append(TargetLimits(identity, tier_policies(tier), f"anonymous tier {tier.slug}"))
     if not checks:
         raise CommandError(f"{identity} is not limited: RATELIMIT['IP_RATE'] and ['ANONYMOUS_TIER'] are None")
     return Target(f"client address {identity}", tier, tuple(checks))
@@ -103,7 +103,7 @@ def _user_target(text: str) -> Target:
             raise CommandError(f"user:{user.pk} has no tier and RATELIMIT['DEFAULT_USER_TIER'] is None")
     identity = f"user:{user.pk}"
     tier = get_lookups().with_overrides(identity, _tier(slug, where), overrides)
-    return Target(f"user {user.pk} ({user})", tier, (Check(identity, tier_policies(tier), f"tier {tier.slug}"),))
+    return Target(f"user {user.pk} ({user})", tier, (TargetLimits(identity, tier_policies(tier), f"tier {tier.slug}"),))
 
 
 def _key_target(prefix: str) -> Target:
@@ -119,7 +119,7 @@ def _key_target(prefix: str) -> Target:
         tier = get_lookups().with_overrides(identity, tier, info.overrides)
     state = "revoked" if api_key.revoked else ("expired" if api_key.is_expired else "active")
     return Target(f"API key {prefix} ({api_key.name}, {state})", tier,
-                  (Check(identity, tier_policies(tier), f"tier {tier.slug}"),))
+                  (TargetLimits(identity, tier_policies(tier), f"tier {tier.slug}"),))
 
 
 def resolve(text: str) -> Target:
