@@ -27,8 +27,9 @@ from typing import Any
 
 from . import metrics
 from .breaker import CALL, CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
+from .budget import budget_deadline
 from .conf import SettingsCached, ratelimit_settings
-from .connection import budget_deadline, get_redis
+from .connection import get_redis
 from .decision import Decision, degraded_decision
 from .denycache import DenyCache, ResetWatch
 from .engine import Check, prepare_call

@@ -425,7 +425,8 @@ def test_the_deny_cache_is_bounded(settings: Any, server: RedisProcess) -> None:
 
 def test_the_cache_alias_client_gets_the_limiters_timeouts_and_budget(settings: Any) -> None:
     """REDIS_URL None: the django-redis cache's server, but the limiter's own pool (its cache may retry)."""
-    from ratelimit_app.connection import BudgetConnection, get_redis
+    from ratelimit_app.budget import BudgetConnection
+    from ratelimit_app.connection import get_redis
 
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": None, "CACHE_ALIAS": "default", "BUDGET_MS": 50,
                           "SOCKET_TIMEOUT": 5.0, "SOCKET_CONNECT_TIMEOUT": 5.0}
