@@ -64,11 +64,11 @@ from .concurrency import release_with
 from .decision import Decision
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
+from .limitcheck import LimitCheck
 from .limiting import (
     ALLOWED,
     DENIED,
     UNAVAILABLE,
-    LimitCheck,
     LimitOutcome,
     RequestPlan,
     adecide,

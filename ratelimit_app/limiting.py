@@ -65,10 +65,12 @@ from .identity import (
     request_ip_identity,
     user_identity,
 )
+from .limitcheck import LimitCheck
 from .logs import logger
 from .lookups import MISS, Lookups, NeedsIO, TierInfo, get_lookups, local_only, require_io
 from .models import IP_POLICY_NAME
 from .policies import Policy
+from .routes import route_for_view
 from .service import get_limiter
 from .service_async import get_async_limiter
 
@@ -81,8 +83,6 @@ SHED = "shed"  # 503: refused by the load shedder (too many requests in flight)
 
 #: Tier label of decisions made on the per-IP limit alone (no valid key or tier yet).
 IP_ONLY_TIER = "ip"
-#: `LimitCheck.owner` of the request's own limits (per-IP and tier).
-REQUEST_LIMITS = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,19 +128,6 @@ _config = SettingsCached(_parse_config)
 def get_config() -> LimitConfig:
     """The parsed settings (parsed on first use and after every settings change, never per request)."""
     return _config.get()
-
-
-@dataclass(frozen=True, slots=True)
-class LimitCheck:
-    """One identity's policies in a request's decision, and who asked for them.
-
-    `owner` is REQUEST_LIMITS for the per-IP limit and the tier, else the label of the throttle or
-    decorator that added the check (it finds its own result with `LimitOutcome.decision_for`).
-    """
-
-    identity: str
-    policies: tuple[Policy, ...]
-    owner: str = REQUEST_LIMITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -578,8 +565,6 @@ def summarize(decisions: Sequence[Decision], expected: int) -> Decision:
 
 def _declared_priority(request: HttpRequest) -> str | None:
     """The load-shedding priority the resolved view declares (`@limit_cost(priority=...)`), or None."""
-    from .routes import route_for_view
-
     match = getattr(request, "resolver_match", None)
     return route_for_view(match.func).priority if match is not None else None
 

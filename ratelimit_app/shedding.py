@@ -42,7 +42,7 @@ from .logs import log_event
 from .policies import CONCURRENCY, MAX_LIMIT, Policy
 
 if TYPE_CHECKING:
-    from .limiting import LimitCheck
+    from .limitcheck import LimitCheck
 
 CRITICAL = "critical"
 NORMAL = "normal"
@@ -113,7 +113,7 @@ def get_config() -> ShedConfig:
 
 def fleet_check(request: HttpRequest, declared: str | None) -> LimitCheck | None:
     """The fleet count's check for `request` at its priority (None when SHED_CAPACITY is None)."""
-    from .limiting import LimitCheck
+    from .limitcheck import LimitCheck
 
     config = get_config()
     if config.capacity is None:

@@ -40,15 +40,14 @@ from .decision import Decision
 from .headers import retry_after_seconds
 from .identity import UNKNOWN_IP, authenticated_user, client_ip, ip_identity
 from .identity import get_config as identity_config
+from .limitcheck import REQUEST_LIMITS, LimitCheck
 from .limiting import (
     ALLOWED,
     DENIED,
     FORBIDDEN,
-    REQUEST_LIMITS,
     SHED,
     UNAUTHORIZED,
     UNAVAILABLE,
-    LimitCheck,
     LimitOutcome,
     RequestPlan,
     decide,
