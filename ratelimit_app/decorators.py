@@ -74,7 +74,7 @@ from .limiting import (
     adecide,
     asafely,
     decide,
-    get_config,
+    limit_config,
     request_user,
     safely,
 )
@@ -164,7 +164,7 @@ class DecoratorLimit:
         if check is None:
             return None
         client = check.identity.partition("|")[2]
-        return RequestPlan((check,), None, self.label_of(client), get_config().fail_mode, label=DECORATOR_TIER)
+        return RequestPlan((check,), None, self.label_of(client), limit_config().fail_mode, label=DECORATOR_TIER)
 
     def decide_alone(self, request: HttpRequest) -> LimitOutcome:
         """Charge this view's limit alone; the outcome's decision is None when the key function says
@@ -328,7 +328,7 @@ class DecoratorLimit:
 
     def _with_headers(self, response: HttpResponseBase, decision: Decision | None) -> HttpResponseBase:
         if decision is not None and decision.results:
-            apply_headers(response, decision, self.policies, None, get_config().headers)
+            apply_headers(response, decision, self.policies, None, limit_config().headers)
         return response
 
     @property

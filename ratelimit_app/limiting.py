@@ -103,7 +103,7 @@ class LimitConfig:
         return path.startswith(self.path_prefixes) and not path.startswith(self.exempt_paths)
 
 
-def _parse_config() -> LimitConfig:
+def _read_limit_config() -> LimitConfig:
     # RATELIMIT is validated as a whole when it is read (conf.setting_errors), IP_RATE included.
     ip_rate = ratelimit_settings.IP_RATE
     ip_policies: tuple[Policy, ...] = ()
@@ -122,10 +122,10 @@ def _parse_config() -> LimitConfig:
     )
 
 
-_config = SettingsCached(_parse_config)
+_config = SettingsCached(_read_limit_config)
 
 
-def get_config() -> LimitConfig:
+def limit_config() -> LimitConfig:
     """The parsed settings (parsed on first use and after every settings change, never per request)."""
     return _config.get()
 
@@ -225,7 +225,7 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
     object). The tier's policies include the key's or user's own limits (overrides). Raises
     ImproperlyConfigured when a tier named in the settings or by a key does not exist.
     """
-    config = get_config()
+    config = limit_config()
     ip_id = request_ip_identity(request)
     lookups = get_lookups()
     rules = lookups.client_rules()

@@ -53,7 +53,7 @@ from .limiting import (
     LimitOutcome,
     alimit_request,
     asafely,
-    get_config,
+    limit_config,
     limit_request,
     safely,
 )
@@ -216,7 +216,7 @@ def _count_in_flight(request: HttpRequest) -> shedding.Departure | None:
     """Count `request` in this process' requests in flight when the process shedder is on; the
     Departure takes it out again."""
     try:
-        if shedding.get_config().process_limit is None:
+        if shedding.shed_config().process_limit is None:
             return None
     except Exception:  # invalid settings: `check` reports them, the request follows the fail mode
         return None
@@ -231,7 +231,7 @@ def _process_shed(request: HttpRequest, view_func: Callable[..., Any]) -> HttpRe
     if count is None:
         return None
     try:
-        config = shedding.get_config()
+        config = shedding.shed_config()
         priority = config.priority_for(request, route_for_view(view_func).priority)
         if not shedding.process_sheds(config, priority, count):
             if priority == shedding.LOW:
@@ -254,7 +254,7 @@ def _applies(request: HttpRequest) -> bool:
     mode (`safely`), and every other page keeps working.
     """
     try:
-        config = get_config()
+        config = limit_config()
     except Exception:
         raw = getattr(django_settings, "RATELIMIT", None)
         raw = raw if isinstance(raw, dict) else {}
@@ -278,7 +278,7 @@ def add_headers(response: HttpResponseBase, outcome: LimitOutcome) -> None:
     the load shedder refused: it was refused for the fleet's load, not for the client's limits)."""
     if outcome.decision is not None and outcome.policies and outcome.status != SHED:
         with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
-            apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, get_config().headers)
+            apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, limit_config().headers)
 
 
 def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
@@ -289,7 +289,7 @@ def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
     if outcome.status == UNAUTHORIZED:
         response = unauthorized(outcome.message)
     elif outcome.status == SHED:
-        return overloaded(outcome.message, shedding.get_config().retry_after)  # no rate-limit headers
+        return overloaded(outcome.message, shedding.shed_config().retry_after)  # no rate-limit headers
     elif outcome.status == DENIED and decision is not None:
         response = too_many_requests(decision, outcome.tier_slug, cost)
     else:

@@ -106,7 +106,7 @@ def _parse() -> ShedConfig:
 _config = SettingsCached(_parse)
 
 
-def get_config() -> ShedConfig:
+def shed_config() -> ShedConfig:
     """The parsed shedding settings."""
     return _config.get()
 
@@ -115,7 +115,7 @@ def fleet_check(request: HttpRequest, declared: str | None) -> LimitCheck | None
     """The fleet count's check for `request` at its priority (None when SHED_CAPACITY is None)."""
     from .limitcheck import LimitCheck
 
-    config = get_config()
+    config = shed_config()
     if config.capacity is None:
         return None
     priority = config.priority_for(request, declared)

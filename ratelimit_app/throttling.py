@@ -38,8 +38,7 @@ from rest_framework.settings import api_settings
 from .concurrency import hold, release_pending_with
 from .decision import Decision
 from .headers import retry_after_seconds
-from .identity import UNKNOWN_IP, authenticated_user, client_ip, ip_identity
-from .identity import get_config as identity_config
+from .identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity
 from .limitcheck import REQUEST_LIMITS, LimitCheck
 from .limiting import (
     ALLOWED,
@@ -51,7 +50,7 @@ from .limiting import (
     LimitOutcome,
     RequestPlan,
     decide,
-    get_config,
+    limit_config,
     plan_request,
     safely,
 )
@@ -192,9 +191,9 @@ class Overloaded(APIException):
 
     def __init__(self, priority: str) -> None:
         super().__init__(f"Service overloaded: {priority}-priority request shed.")
-        from .shedding import get_config
+        from .shedding import shed_config
 
-        self.wait = int(get_config().retry_after)
+        self.wait = int(shed_config().retry_after)
 
 
 def _django_request(request: Any) -> HttpRequest:
@@ -317,7 +316,7 @@ def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> _Join
             return decide(planned if planned.refusal else planned.plus(extra), cost)
         if not extra:
             return LimitOutcome(ALLOWED, None, (), None, "")
-        plan = RequestPlan(tuple(extra), None, _display_identity(extra[0]), get_config().fail_mode,
+        plan = RequestPlan(tuple(extra), None, _display_identity(extra[0]), limit_config().fail_mode,
                            label=leader.metrics_label())
         return decide(plan, cost)
 

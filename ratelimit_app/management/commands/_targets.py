@@ -23,7 +23,7 @@ from django.core.management.base import CommandError
 from ratelimit_app.apikeys import PREFIX_LENGTH, parse_key
 from ratelimit_app.conf import ratelimit_settings
 from ratelimit_app.identity import ip_identity
-from ratelimit_app.limiting import get_config
+from ratelimit_app.limiting import limit_config
 from ratelimit_app.lookups import TierInfo, get_lookups
 from ratelimit_app.policies import Policy
 
@@ -73,7 +73,7 @@ def _ip_target(text: str) -> Target:
             identity = ip_identity(text, int(ratelimit_settings.IPV6_PREFIX))
     except ValueError as exc:
         raise CommandError(f"{text!r} is not an IP address or network ({exc})") from exc
-    config = get_config()
+    config = limit_config()
     checks = []
     if config.ip_policies:
         checks.append(TargetLimits(identity, config.ip_policies, "per-IP limit (RATELIMIT['IP_RATE'])"))
