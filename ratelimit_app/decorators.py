@@ -75,10 +75,10 @@ from .limiting import (
     asafely,
     decide,
     limit_config,
-    request_user,
     safely,
 )
 from .middleware import REQUEST_ATTRIBUTE
+from .planning import request_user
 from .policies import CONCURRENCY, InvalidPolicy, Policy
 from .responses import limiter_unavailable, too_many_requests
 from .routes import VIEW_LIMIT_ATTRIBUTE, ViewT, validate_cost, view_name

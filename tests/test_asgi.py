@@ -26,7 +26,7 @@ from django.db import connections
 from django.test import AsyncClient
 
 from devtools.embedded import RedisProcess, start_redis
-from ratelimit_app import limiting
+from ratelimit_app import limiting, planning
 from ratelimit_app.middleware import RateLimitMiddleware
 from ratelimit_app.service_async import get_async_limiter
 
@@ -81,15 +81,17 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> list[Callable[..., Any]]:
 
 @pytest.fixture
 def planned_in(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The threads in which requests were planned (limiting.plan_request, sync and async paths alike)."""
+    """The threads in which requests were planned (`plan_request`, called by the sync path of
+    ratelimit_app.limiting and by `aplan_request` alike)."""
     threads: list[int] = []
-    original = limiting.plan_request
+    original = planning.plan_request
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.get_ident())
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(limiting, "plan_request", recording)
+    for module in (planning, limiting):
+        monkeypatch.setattr(module, "plan_request", recording)
     return threads
 
 
