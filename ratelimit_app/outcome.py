@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from .concurrency import HeldSlots
 from .decision import Decision
 from .limitcheck import LimitCheck
-from .lookups import TierInfo
+from .plans import TierInfo
 from .policies import Policy
 
 ALLOWED = "allowed"

@@ -45,9 +45,10 @@ from .identity import (
     user_identity,
 )
 from .limitcheck import LimitCheck
-from .lookups import MISS, Lookups, NeedsIO, TierInfo, get_lookups, local_only, require_io
+from .lookups import MISS, Lookups, NeedsIO, get_lookups, local_only, require_io
 from .models import IP_POLICY_NAME
 from .outcome import DENIED, FORBIDDEN, IP_ONLY_TIER, LimitOutcome
+from .plans import TierInfo
 from .policies import Policy
 from .routes import route_for_view
 from .service import get_limiter

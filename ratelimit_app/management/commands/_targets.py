@@ -24,7 +24,8 @@ from ratelimit_app.apikeys import PREFIX_LENGTH, parse_key
 from ratelimit_app.conf import ratelimit_settings
 from ratelimit_app.identity import ip_identity
 from ratelimit_app.limiting import limit_config
-from ratelimit_app.lookups import TierInfo, get_lookups
+from ratelimit_app.lookups import get_lookups
+from ratelimit_app.plans import TierInfo
 from ratelimit_app.policies import Policy
 
 
