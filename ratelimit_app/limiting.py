@@ -95,12 +95,10 @@ def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
         return call
     service = get_limiter()
     if call.cost == 0:
-        decisions = []
-        for identity, policies in call.pairs:  # fresh: a report shows the counts of now, not a cached denial's
-            try:
-                decisions.append(service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True))
-            except BACKEND_ERRORS:
-                decisions.append(degraded_decision(plan.fail_mode == "open"))
+        # one peek per identity (the service applies the fail mode); fresh: a report shows the counts
+        # of now, not those a cached denial remembers
+        decisions = [service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
+                     for identity, policies in call.pairs]
     else:
         try:
             decisions = service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
@@ -119,12 +117,8 @@ async def adecide(plan: RequestPlan, cost: int) -> LimitOutcome:
         return call
     service = get_async_limiter()
     if call.cost == 0:
-        decisions = []
-        for identity, policies in call.pairs:
-            try:
-                decisions.append(await service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True))
-            except BACKEND_ERRORS:
-                decisions.append(degraded_decision(plan.fail_mode == "open"))
+        decisions = [await service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
+                     for identity, policies in call.pairs]
     else:
         try:
             decisions = await service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode,

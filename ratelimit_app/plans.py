@@ -27,6 +27,16 @@ class TierInfo:
     scoped: dict[str, tuple[Policy, ...]] = field(default_factory=dict, hash=False, compare=False)
     time_zone: str = "UTC"
 
+    def every_policy(self) -> tuple[Policy, ...]:
+        """Every policy of the tier: the unscoped ones, then each scope's own, each once."""
+        seen: dict[str, Policy] = {}
+        for policy in self.policies:
+            seen.setdefault(policy.name, policy)
+        for scope in sorted(self.scoped):
+            for policy in self.scoped[scope]:
+                seen.setdefault(policy.name, policy)
+        return tuple(seen.values())
+
     def policies_for(self, scope: str | None) -> tuple[Policy, ...]:
         """The policies a request to a route declaring `scope` (None or "" for none) is checked against."""
         if scope:
@@ -90,7 +100,8 @@ def build_tier(row: tuple[Any, ...]) -> TierInfo:
     return TierInfo(slug, name, fail_mode or None, tuple(base), scoped, time_zone)
 
 
-_OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar")
+#: The columns of an override limit (ApiKeyLimit, UserTierLimit), in the order `apply_overrides` reads.
+OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar")
 
 
 def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> TierInfo:
@@ -127,7 +138,7 @@ def load_key_row(prefix: str) -> tuple[Any, ...] | None:
         return None
     expires = row[6]
     overrides = tuple(ApiKeyLimit.objects.filter(api_key_id=row[0]).order_by("scope", "period", "id")
-                      .values_list(*_OVERRIDE_FIELDS))
+                      .values_list(*OVERRIDE_FIELDS))
     return (*row[:6], expires.timestamp() if expires is not None else None, row[7], overrides)
 
 
@@ -138,7 +149,7 @@ def load_user_plan(user_pk: str) -> tuple[str, tuple[tuple[Any, ...], ...]] | No
     if row is None:
         return None
     overrides = tuple(UserTierLimit.objects.filter(user_tier_id=row[0]).order_by("scope", "period", "id")
-                      .values_list(*_OVERRIDE_FIELDS))
+                      .values_list(*OVERRIDE_FIELDS))
     return row[1], overrides
 
 

@@ -16,7 +16,7 @@ import inspect
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -25,7 +25,7 @@ from django.contrib.auth import get_user_model
 from django.db import connections
 from django.test import AsyncClient
 
-from devtools.embedded import RedisProcess, start_redis
+from devtools.embedded import RedisProcess
 from ratelimit_app import limiting, planning
 from ratelimit_app.middleware import RateLimitMiddleware
 from ratelimit_app.service_async import get_async_limiter
@@ -170,13 +170,6 @@ def test_ratelimit_on_an_async_view_limits_it(free_key: str) -> None:
     assert responses[-1].json()["policy"] == "async-quote" and responses[0].headers["X-RateLimit-Limit"] == "5"
 
 
-@pytest.fixture
-def server() -> Iterator[RedisProcess]:
-    process = start_redis()
-    yield process
-    if process.process.poll() is None:
-        process.process.send_signal(signal.SIGCONT)  # a stopped server would ignore the SIGTERM of stop()
-    process.stop()
 
 
 @pytest.mark.parametrize(("mode", "status"), [("open", 200), ("closed", 503)])

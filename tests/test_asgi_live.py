@@ -9,15 +9,9 @@ WSGI).
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +23,8 @@ import requests
 from devtools.embedded import free_port
 
 from .conftest import delete_prefix
-from .limits_support import parse_ietf
+from .gunicorn_server import prepare_database, start_server, stop_server
+from .limits_support import check_free_burst, race_of_eight_clients
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,32 +55,14 @@ def site(tmp_path_factory: Any, redis_url: str) -> Iterator[Site]:
     env = {**os.environ, "REDIS_URL": redis_url, "RATELIMIT_TEST_PREFIX": prefix,
            "DJANGO_SETTINGS_MODULE": "tests.asgi_server_settings",
            "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}", "RATELIMIT_LOG_LEVEL": "WARNING"}
-    manage = [sys.executable, "manage.py"]
-    subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-    made = subprocess.run([*manage, "shell", "-c", SETUP], cwd=ROOT, env=env, check=True, capture_output=True)
-    keys = json.loads(made.stdout.decode().strip().splitlines()[-1])
+    keys = prepare_database(env, SETUP)
     port = free_port()
     command = [str(BIN / "uvicorn"), "project.asgi:application", "--port", str(port), "--log-level", "warning"]
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except requests.RequestException:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.1)
+    process = start_server(command, port, env, wait=60)
     try:
-        yield Site(url, keys)
+        yield Site(f"http://127.0.0.1:{port}", keys)
     finally:
-        process.terminate()
-        try:
-            process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
+        stop_server(process)
         client = redis.Redis.from_url(redis_url)
         delete_prefix(client, prefix)
         client.close()
@@ -99,17 +76,7 @@ def test_seed_scenario_under_uvicorn(site: Site, path: str) -> None:
 
     session.headers["X-API-Key"] = site.keys[f"seed{path}"]
     responses = [session.get(f"{site.url}{path}", timeout=10) for _ in range(11)]
-    assert [r.status_code for r in responses] == [200] * 10 + [429]
-    assert [int(r.headers["X-RateLimit-Remaining"]) for r in responses[:10]] == list(range(9, -1, -1))
-    for response in responses:
-        assert response.headers["X-RateLimit-Limit"] == "10" and response.headers["X-RateLimit-Tier"] == "free"
-    denied = responses[-1]
-    body = denied.json()
-    assert body["error"] == "rate limit exceeded" and (body["tier"], body["policy"]) == ("free", "burst")
-    assert 0 < body["retry_after"] <= 3.0  # one token every 3 s
-    assert int(denied.headers["Retry-After"]) == max(1, math.ceil(body["retry_after"]))
-    live = parse_ietf(denied.headers["RateLimit"])
-    assert (live["burst"]["r"], live["minute"]["r"], live["day"]["r"]) == (0, 10, 990)
+    check_free_burst(responses)
 
     # /health is never limited: more requests than the per-IP limit (100/min), no headers
     health = [session.get(f"{site.url}/health", timeout=10) for _ in range(120)]
@@ -120,20 +87,7 @@ def test_seed_scenario_under_uvicorn(site: Site, path: str) -> None:
 @pytest.mark.parametrize("path", PATHS)
 def test_eight_concurrent_clients_sending_fifty_requests_admit_exactly_ten(site: Site, path: str) -> None:
     key = site.keys[f"race{path}"]
-    per_client = [7, 7, 6, 6, 6, 6, 6, 6]  # 50 requests
-    start = threading.Barrier(len(per_client))
-
-    def client(count: int) -> list[int]:
-        session = requests.Session()
-        session.headers["X-API-Key"] = key
-        session.get(f"{site.url}/health", timeout=10)  # open the connection before the race
-        start.wait()
-        return [session.get(f"{site.url}{path}", timeout=10).status_code for _ in range(count)]
-
-    started = time.monotonic()
-    with ThreadPoolExecutor(len(per_client)) as pool:
-        statuses = [status for result in pool.map(client, per_client) for status in result]
-    elapsed = time.monotonic() - started
+    statuses, elapsed = race_of_eight_clients(site.url, path, key)
     assert len(statuses) == 50
     # the bucket holds 10 and gains one token every 3 s: a race longer than that may admit one more
     refills = int(elapsed // 3)

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
-import pytest
 import redis
 
-from devtools.embedded import RedisProcess, start_redis
+from devtools.embedded import RedisProcess
 from ratelimit_app import Policy, RateLimiter
 from ratelimit_app.engine_sync import IDLE_CHECK_AFTER, green_threads
 from ratelimit_app.scripts import decide_source
@@ -23,13 +21,6 @@ from .topology import run_threads, wait_for
 MINUTE = [Policy("minute", "fixed_window", limit=1000, period=60)]
 
 
-@pytest.fixture
-def server() -> Iterator[RedisProcess]:
-    process = start_redis()
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def admin_of(server: RedisProcess) -> redis.Redis:

@@ -35,11 +35,6 @@ MAX_BOUND = 1.0
 DAY = [Policy("day", "sliding_window", limit=10, period=86400)]
 
 
-@pytest.fixture
-def server() -> Iterator[RedisProcess]:
-    process = start_redis()
-    yield process
-    process.stop()
 
 
 @pytest.fixture

@@ -47,17 +47,6 @@ class Target:
     checks: tuple[TargetLimits, ...]
 
 
-def tier_policies(tier: TierInfo) -> tuple[Policy, ...]:
-    """Every policy of `tier`: the unscoped ones, then each scope's own, each once."""
-    seen: dict[str, Policy] = {}
-    for policy in tier.policies:
-        seen.setdefault(policy.name, policy)
-    for scope in sorted(tier.scoped):
-        for policy in tier.scoped[scope]:
-            seen.setdefault(policy.name, policy)
-    return tuple(seen.values())
-
-
 def _tier(slug: str, where: str) -> TierInfo:
     tier = get_lookups().tier(slug)
     if tier is None:
@@ -81,7 +70,7 @@ def _ip_target(text: str) -> Target:
     tier = None
     if config.anonymous_tier is not None:
         tier = _tier(config.anonymous_tier, "RATELIMIT['ANONYMOUS_TIER']")
-        checks.append(TargetLimits(identity, tier_policies(tier), f"anonymous tier {tier.slug}"))
+        checks.append(TargetLimits(identity, tier.every_policy(), f"anonymous tier {tier.slug}"))
     if not checks:
         raise CommandError(f"{identity} is not limited: RATELIMIT['IP_RATE'] and ['ANONYMOUS_TIER'] are None")
     return Target(f"client address {identity}", tier, tuple(checks))
@@ -104,7 +93,7 @@ def _user_target(text: str) -> Target:
             raise CommandError(f"user:{user.pk} has no tier and RATELIMIT['DEFAULT_USER_TIER'] is None")
     identity = f"user:{user.pk}"
     tier = get_lookups().with_overrides(identity, _tier(slug, where), overrides)
-    return Target(f"user {user.pk} ({user})", tier, (TargetLimits(identity, tier_policies(tier), f"tier {tier.slug}"),))
+    return Target(f"user {user.pk} ({user})", tier, (TargetLimits(identity, tier.every_policy(), f"tier {tier.slug}"),))
 
 
 def _key_target(prefix: str) -> Target:
@@ -120,7 +109,7 @@ def _key_target(prefix: str) -> Target:
         tier = get_lookups().with_overrides(identity, tier, info.overrides)
     state = "revoked" if api_key.revoked else ("expired" if api_key.is_expired else "active")
     return Target(f"API key {prefix} ({api_key.name}, {state})", tier,
-                  (TargetLimits(identity, tier_policies(tier), f"tier {tier.slug}"),))
+                  (TargetLimits(identity, tier.every_policy(), f"tier {tier.slug}"),))
 
 
 def resolve(text: str) -> Target:
