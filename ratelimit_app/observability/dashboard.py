@@ -36,8 +36,9 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from redis.exceptions import RedisError
 
-from .. import metrics
 from ..conf import ratelimit_settings
+from .queries import MAX_RANGE_HOURS, BlockedIdentity, HourMetrics, days_of, recent_metrics
+from .snapshot import process_metrics
 
 #: Hours shown when the request names none.
 DEFAULT_HOURS = 48
@@ -108,7 +109,7 @@ def _axis_step(peak: int) -> int:
     return int(10 * magnitude)
 
 
-def build_chart(hours: Sequence[metrics.HourMetrics], *, width: int = 960, height: int = 280) -> Chart:
+def build_chart(hours: Sequence[HourMetrics], *, width: int = 960, height: int = 280) -> Chart:
     """Lay out one stacked bar per hour, oldest on the left; the count axis starts at 0."""
     left, right_margin, top, bottom_margin = 56, 12, 12, 40
     plot_width, plot_height = width - left - right_margin, height - top - bottom_margin
@@ -210,7 +211,7 @@ def _api_key_pages(identities: Sequence[str], user: Any) -> dict[str, tuple[str,
     return pages
 
 
-def blocked_rows(top: Sequence[metrics.BlockedIdentity], user: Any) -> tuple[BlockedRow, ...]:
+def blocked_rows(top: Sequence[BlockedIdentity], user: Any) -> tuple[BlockedRow, ...]:
     """The top blocked identities as the dashboard lists them to `user` (key links need view permission)."""
     pages = _api_key_pages([item.identity for item in top], user)
     rows = []
@@ -221,7 +222,7 @@ def blocked_rows(top: Sequence[metrics.BlockedIdentity], user: Any) -> tuple[Blo
 
 
 def _max_hours() -> int:
-    return min(int(ratelimit_settings.METRICS_TTL_HOURS), metrics.MAX_RANGE_HOURS)
+    return min(int(ratelimit_settings.METRICS_TTL_HOURS), MAX_RANGE_HOURS)
 
 
 def _hours_from(request: HttpRequest) -> int | None:
@@ -249,13 +250,13 @@ def _render(request: HttpRequest) -> HttpResponse:
         "hours": hours,
         "hour_choices": [h for h in (6, 12, 24, 48) if h <= _max_hours()],
         "health": redis_health(),
-        "process": metrics.process_metrics(),
+        "process": process_metrics(),
         "flush_interval": ratelimit_settings.METRICS_FLUSH_INTERVAL,
         "metrics_enabled": ratelimit_settings.METRICS_ENABLED,
         "error": "",
     }
     try:
-        summary = metrics.recent_metrics(hours)
+        summary = recent_metrics(hours)
     except (RedisError, OSError) as exc:
         context["error"] = f"Metrics are unavailable: Redis did not answer ({type(exc).__name__}: {exc})."
     else:
@@ -264,7 +265,7 @@ def _render(request: HttpRequest) -> HttpResponse:
             chart=build_chart(summary.hours),
             blocked=blocked_rows(summary.top_blocked, request.user),
             shadow_blocked=blocked_rows(summary.top_shadow_blocked, request.user),
-            days=metrics.days_of(summary),
+            days=days_of(summary),
         )
     return TemplateResponse(request, "ratelimit_app/dashboard.html", context)
 

@@ -32,8 +32,9 @@ from collections.abc import Iterator
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..metrics import BREAKER_STATES, LATENCY_BUCKETS, process_metrics
 from .metrics_endpoint import metrics_view
+from .recorder import BREAKER_STATES, LATENCY_BUCKETS
+from .snapshot import ProcessMetrics, process_metrics
 
 try:
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -45,72 +46,83 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     ) from exc
 
 
+def _decision_series(snapshot: ProcessMetrics) -> Iterator[Metric]:
+    decisions = CounterMetricFamily(
+        "ratelimit_decisions", "Rate-limited requests decided by this process.",
+        labels=["tier", "policy", "outcome"],
+    )
+    degraded = CounterMetricFamily(
+        "ratelimit_degraded_decisions", "Requests decided without Redis (fail mode), by this process.",
+        labels=["tier", "outcome"],
+    )
+    by_labels: dict[tuple[str, str, str], int] = {}
+    degraded_by_labels: dict[tuple[str, str], int] = {}
+    for item in snapshot.decisions:
+        key = (item.tier, item.policy, item.outcome)
+        by_labels[key] = by_labels.get(key, 0) + item.count
+        if item.degraded:
+            degraded_key = (item.tier, item.outcome)
+            degraded_by_labels[degraded_key] = degraded_by_labels.get(degraded_key, 0) + item.count
+    for labels, count in sorted(by_labels.items()):
+        decisions.add_metric(list(labels), count)
+    for degraded_labels, count in sorted(degraded_by_labels.items()):
+        degraded.add_metric(list(degraded_labels), count)
+    yield decisions
+    yield degraded
+    shadow = CounterMetricFamily(
+        "ratelimit_shadow_blocked", "Allowed requests a shadow (dry-run) limit would have refused.",
+        labels=["tier", "policy"],
+    )
+    for would_block in snapshot.shadow_blocked:
+        shadow.add_metric([would_block.tier, would_block.policy], would_block.count)
+    yield shadow
+
+
+def _latency_series(snapshot: ProcessMetrics) -> Iterator[Metric]:
+    cumulative = 0
+    buckets: list[tuple[str, float]] = []
+    for bound, count in zip((*LATENCY_BUCKETS, float("inf")), snapshot.latency_counts, strict=True):
+        cumulative += count
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+    yield HistogramMetricFamily(
+        "ratelimit_limiter_latency_seconds", "Duration of limiter calls to Redis.",
+        buckets=buckets, sum_value=snapshot.latency_sum,
+    )
+
+
+def _breaker_series(snapshot: ProcessMetrics) -> Iterator[Metric]:
+    state = GaugeMetricFamily("ratelimit_breaker_state", "Circuit breaker in front of Redis: 1 marks "
+                              "the current state.", labels=["state"])
+    for name in BREAKER_STATES:
+        state.add_metric([name], 1.0 if name == snapshot.breaker_state else 0.0)
+    yield state
+    transitions = CounterMetricFamily("ratelimit_breaker_transitions", "Circuit breaker changes into "
+                                      "each state.", labels=["state"])
+    counted = dict(snapshot.breaker_transitions)
+    for name in BREAKER_STATES:
+        transitions.add_metric([name], counted.get(name, 0))
+    yield transitions
+
+
+def _flush_series(snapshot: ProcessMetrics) -> Iterator[Metric]:
+    flushes = CounterMetricFamily("ratelimit_metrics_flushes", "Batched writes of decision counts to "
+                                  "Redis.", labels=["result"])
+    flushes.add_metric(["ok"], snapshot.flushes)
+    flushes.add_metric(["error"], snapshot.flush_errors)
+    yield flushes
+    yield GaugeMetricFamily("ratelimit_metrics_pending", "Decisions counted but not yet flushed to Redis.",
+                            value=snapshot.pending)
+    yield CounterMetricFamily("ratelimit_metrics_dropped", "Decision counts lost while Redis was "
+                              "unavailable (memory bound or expired hours).", value=snapshot.dropped)
+
+
 class RateLimitCollector(Collector):
-    """Builds the series listed in the module docstring from `ratelimit_app.metrics.process_metrics()`."""
+    """Builds the series listed in the module docstring from `process_metrics()` (observability.snapshot)."""
 
     def collect(self) -> Iterator[Metric]:
         snapshot = process_metrics()
-        decisions = CounterMetricFamily(
-            "ratelimit_decisions", "Rate-limited requests decided by this process.",
-            labels=["tier", "policy", "outcome"],
-        )
-        degraded = CounterMetricFamily(
-            "ratelimit_degraded_decisions", "Requests decided without Redis (fail mode), by this process.",
-            labels=["tier", "outcome"],
-        )
-        by_labels: dict[tuple[str, str, str], int] = {}
-        degraded_by_labels: dict[tuple[str, str], int] = {}
-        for item in snapshot.decisions:
-            key = (item.tier, item.policy, item.outcome)
-            by_labels[key] = by_labels.get(key, 0) + item.count
-            if item.degraded:
-                degraded_key = (item.tier, item.outcome)
-                degraded_by_labels[degraded_key] = degraded_by_labels.get(degraded_key, 0) + item.count
-        for labels, count in sorted(by_labels.items()):
-            decisions.add_metric(list(labels), count)
-        for degraded_labels, count in sorted(degraded_by_labels.items()):
-            degraded.add_metric(list(degraded_labels), count)
-        yield decisions
-        yield degraded
-        shadow = CounterMetricFamily(
-            "ratelimit_shadow_blocked", "Allowed requests a shadow (dry-run) limit would have refused.",
-            labels=["tier", "policy"],
-        )
-        for would_block in snapshot.shadow_blocked:
-            shadow.add_metric([would_block.tier, would_block.policy], would_block.count)
-        yield shadow
-
-        cumulative = 0
-        buckets: list[tuple[str, float]] = []
-        for bound, count in zip((*LATENCY_BUCKETS, float("inf")), snapshot.latency_counts, strict=True):
-            cumulative += count
-            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-        yield HistogramMetricFamily(
-            "ratelimit_limiter_latency_seconds", "Duration of limiter calls to Redis.",
-            buckets=buckets, sum_value=snapshot.latency_sum,
-        )
-
-        state = GaugeMetricFamily("ratelimit_breaker_state", "Circuit breaker in front of Redis: 1 marks "
-                                  "the current state.", labels=["state"])
-        for name in BREAKER_STATES:
-            state.add_metric([name], 1.0 if name == snapshot.breaker_state else 0.0)
-        yield state
-        transitions = CounterMetricFamily("ratelimit_breaker_transitions", "Circuit breaker changes into "
-                                          "each state.", labels=["state"])
-        counted = dict(snapshot.breaker_transitions)
-        for name in BREAKER_STATES:
-            transitions.add_metric([name], counted.get(name, 0))
-        yield transitions
-
-        flushes = CounterMetricFamily("ratelimit_metrics_flushes", "Batched writes of decision counts to "
-                                      "Redis.", labels=["result"])
-        flushes.add_metric(["ok"], snapshot.flushes)
-        flushes.add_metric(["error"], snapshot.flush_errors)
-        yield flushes
-        yield GaugeMetricFamily("ratelimit_metrics_pending", "Decisions counted but not yet flushed to Redis.",
-                                value=snapshot.pending)
-        yield CounterMetricFamily("ratelimit_metrics_dropped", "Decision counts lost while Redis was "
-                                  "unavailable (memory bound or expired hours).", value=snapshot.dropped)
+        for series in (_decision_series, _latency_series, _breaker_series, _flush_series):
+            yield from series(snapshot)
 
 
 #: The registry `metrics_view` serves; register your own collectors elsewhere.
