@@ -4,11 +4,11 @@ The code lives in ratelimit_app.observability, one module per job; this module r
 public names:
 
 - recorder: `record_decision`, `record_shadow_blocked`, `observe_latency` and `flush` (counted in
-  process, flushed to Redis in batches by a daemon thread; never an extra round trip per request), and
-  `set_breaker_state` / `breaker_state` (the limiter service reports its circuit breaker);
+  process, flushed to Redis in batches by a daemon thread; never an extra round trip per request);
 - schema: the Redis keys (`hour_key`, `day_key`, `shadow_day_key`, `top_candidates`);
 - queries: `get_metrics`, `get_metrics_range`, `recent_metrics`, `days_of` and their dataclasses;
-- snapshot: `process_metrics()` (what this process counted, for Prometheus).
+- snapshot: `process_metrics()` (what this process counted, for Prometheus) and `breaker_state()`
+  (read from the limiter service's circuit breaker).
 """
 
 from __future__ import annotations
@@ -33,20 +33,18 @@ from .observability.recorder import (
     MAX_LABELS,
     NO_POLICY,
     OUTCOMES,
-    breaker_state,
     flush,
     observe_latency,
     record_decision,
     record_shadow_blocked,
-    set_breaker_state,
 )
 from .observability.schema import HOUR, day_key, hour_key, shadow_day_key, top_candidates
-from .observability.snapshot import DecisionCount, ProcessMetrics, process_metrics
+from .observability.snapshot import DecisionCount, ProcessMetrics, breaker_state, process_metrics
 
 __all__ = [
     "BREAKER_STATES", "HOUR", "LATENCY_BUCKETS", "MAX_LABELS", "MAX_PENDING_IDENTITIES", "MAX_RANGE_HOURS",
     "NO_POLICY", "OUTCOMES", "BlockedIdentity", "DecisionCount", "HourMetrics", "MetricsRange", "PolicyCounts",
     "ProcessMetrics", "ShadowCount", "TierCounts", "breaker_state", "day_key", "days_of", "flush", "get_metrics",
     "get_metrics_range", "hour_key", "observe_latency", "process_metrics", "recent_metrics", "record_decision",
-    "record_shadow_blocked", "set_breaker_state", "shadow_day_key", "top_candidates",
+    "record_shadow_blocked", "shadow_day_key", "top_candidates",
 ]

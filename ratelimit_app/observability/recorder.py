@@ -14,9 +14,10 @@ distinct blocked identities are kept per batch (`ProcessMetrics.dropped` counts 
 the connection breaks while Redis executes a batch, that one batch may be counted twice.
 Hours are bucketed by this server's clock (UTC); counting needs no shared clock.
 
-Other parts report to this module: `observe_latency(seconds)` (time of one limiter call to Redis)
-and `set_breaker_state(state)` (the circuit breaker in front of Redis). Degraded decisions are
-counted by `record_decision(degraded=True)`, once per request; do not report them twice.
+The limiter service reports here too: `observe_latency(seconds)` (time of one limiter call to Redis)
+and `record_breaker_change(previous=..., state=...)` (each change of its circuit breaker; the current
+state is read from the service itself, see observability.snapshot). Degraded decisions are counted by
+`record_decision(degraded=True)`, once per request; do not report them twice.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ NO_POLICY = "none"
 #: usable API key; charged to the per-IP limit only).
 #: allowed_by_list / denied_by_list: an allow or deny rule (ClientRule) decided, without Redis.
 OUTCOMES: tuple[str, ...] = ("allowed", "blocked", "unauthorized", "allowed_by_list", "denied_by_list")
-#: States accepted by `set_breaker_state`.
+#: States of the circuit breaker in front of Redis (`record_breaker_change`, the Prometheus gauge).
 BREAKER_STATES: tuple[str, ...] = (CLOSED, OPEN, HALF_OPEN)
 #: Upper bounds (seconds) of the limiter latency histogram buckets; a last +Inf bucket follows.
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -70,11 +71,9 @@ class ProcessRecorder:
 
     def __init__(self) -> None:
         self.reset()
-        self.breaker_state = CLOSED
 
     def reset(self) -> None:
-        """Start from zero: when created, and in a forked child (the parent flushes what it counted).
-        The breaker state is kept: the process's limiter service (and its breaker) survive a fork."""
+        """Start from zero: when created, and in a forked child (the parent flushes what it counted)."""
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.flush_lock = threading.Lock()
@@ -174,11 +173,9 @@ class ProcessRecorder:
         """Settings changed: read the prefix and switch again on the next decision.
 
         Unflushed counts keep the prefix they were recorded under. The flusher wakes up to flush them
-        and to wait the (possibly new) interval from now on. A settings change also rebuilds the limiter
-        service, whose new circuit breaker starts closed: the reported state follows (not a transition).
+        and to wait the (possibly new) interval from now on.
         """
         self.target = None
-        self.breaker_state = CLOSED
         self.wake_event.set()
 
     # -- flushing ------------------------------------------------------------------------------
@@ -273,14 +270,9 @@ class ProcessRecorder:
             self.latency_counts[index] += 1
             self.latency_sum += seconds
 
-    def set_breaker_state(self, state: str) -> None:
+    def count_transition(self, state: str) -> None:
         with self.lock:
-            previous = self.breaker_state
-            if previous == state:
-                return
-            self.breaker_state = state
             self.transitions[state] = self.transitions.get(state, 0) + 1
-        log_breaker_change(previous=previous, state=state)
 
 
 process_recorder = ProcessRecorder()
@@ -331,22 +323,18 @@ def observe_latency(seconds: float) -> None:
     process_recorder.observe_latency(float(seconds))
 
 
-def set_breaker_state(state: str) -> None:
-    """Report the state of the circuit breaker in front of Redis: "closed", "open" or "half_open".
+def record_breaker_change(*, previous: str, state: str) -> None:
+    """Count and log one change of the circuit breaker in front of Redis, from `previous` into `state`.
 
-    Called by the limiter service whenever its breaker changes state (calling it with the current state
-    is a no-op, so it may also be called on every check). A change is counted (Prometheus
-    `ratelimit_breaker_transitions_total`) and logged on "ratelimit_app": WARNING when it opens, INFO
-    otherwise -- callers need not log it themselves. Raises ValueError for any other state.
+    Called by the limiter service for each change its breaker reports (once per change). Counted per
+    state (Prometheus `ratelimit_breaker_transitions_total`) and logged on "ratelimit_app" as the event
+    "ratelimit.breaker": WARNING when it opens, INFO otherwise. Raises ValueError for a state that is
+    not one of BREAKER_STATES.
     """
     if state not in BREAKER_STATES:
         raise ValueError(f"state: {state!r} is not a breaker state; expected one of {', '.join(BREAKER_STATES)}")
-    process_recorder.set_breaker_state(state)
-
-
-def breaker_state() -> str:
-    """The breaker state last reported in this process ("closed" until one is reported)."""
-    return process_recorder.breaker_state
+    process_recorder.count_transition(state)
+    log_breaker_change(previous=previous, state=state)
 
 
 def flush() -> bool:
