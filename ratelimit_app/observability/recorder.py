@@ -103,9 +103,8 @@ class ProcessRecorder:
 
     # -- request path --------------------------------------------------------------------------
     def record(self, outcome: str, tier: str, policy: str | None, degraded: bool, identity: str) -> None:
-        self.check_fork()
-        target = self.target or self._load_target()
-        if not target.enabled:
+        target = self._counting_target()
+        if target is None:
             return
         hour = int(time.time()) // HOUR
         tier_label = self._label(tier)
@@ -126,9 +125,8 @@ class ProcessRecorder:
             log_denial(tier=tier_label, policy=policy_label, identity=identity, degraded=degraded)
 
     def record_shadow(self, tier: str, policies: tuple[str, ...], identity: str) -> None:
-        self.check_fork()
-        target = self.target or self._load_target()
-        if not target.enabled:
+        target = self._counting_target()
+        if target is None:
             return
         hour = int(time.time()) // HOUR
         tier_label = self._label(tier)
@@ -143,6 +141,12 @@ class ProcessRecorder:
             add_identity(batch.shadow_identities, (hour // 24, identity))
         if self.thread is None:
             self.start()
+
+    def _counting_target(self) -> _Target | None:
+        """Where this process counts now, or None when metrics are off (RATELIMIT['METRICS_ENABLED'])."""
+        self.check_fork()
+        target = self.target or self._load_target()
+        return target if target.enabled else None
 
     def _batch(self, prefix: str) -> PendingCounts:
         """The unflushed counts of `prefix` (call with `lock` held)."""
