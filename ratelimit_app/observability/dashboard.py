@@ -17,7 +17,8 @@ as a server-rendered SVG chart (no script, no CDN), block rate, per-tier and per
 top blocked identities (an API key links to its admin change page, for staff allowed to view API keys),
 what shadow (dry-run) limits would have blocked and for whom, requests decided by allow/deny rules,
 degraded decisions, Redis health and this process's breaker and metrics-flush state. Counts come from
-Redis (`metrics.recent_metrics`), so they cover every app server, up to one flush interval behind.
+Redis (`recent_metrics`, observability.queries), so they cover every app server, up to one flush
+interval behind; the breaker state comes from this process's limiter service (observability.snapshot).
 """
 
 from __future__ import annotations
