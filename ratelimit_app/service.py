@@ -25,7 +25,6 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import metrics
 from .breaker import CALL, CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
 from .budget import budget_deadline
 from .conf import SettingsCached, ratelimit_settings
@@ -37,6 +36,7 @@ from .engine_sync import RateLimiter
 from .exceptions import BACKEND_ERRORS
 from .fallback import LocalLimiter
 from .logs import log_event
+from .observability import recorder
 from .policies import CONCURRENCY, Policy
 
 FAIL_MODES = ("open", "closed", "local")
@@ -156,8 +156,6 @@ class LimiterService:
         self._stats_lock = threading.Lock()
         self._redis_failures = 0
         self._counts = {"open": 0, "closed": 0, "local_allowed": 0, "local_denied": 0}
-        # a new service starts closed (the one it replaces may have been open when settings changed)
-        metrics.set_breaker_state(CLOSED)
 
     # -- the public API ----------------------------------------------------------------------------
     @property
@@ -328,7 +326,7 @@ class LimiterService:
     def _answered(self, call: _Call, decisions: list[Decision]) -> list[Decision]:
         """Redis decided: count the latency and the success; a denial goes into the deny cache, unless
         a concurrency slot refused it (a slot can free at any moment: a response finishes)."""
-        metrics.observe_latency(time.monotonic() - call.started)
+        recorder.observe_latency(time.monotonic() - call.started)
         self.breaker.record_success(probe=call.step == PROBE)
         if decisions and not decisions[-1].allowed and not _refused_for_slots(call.checks, decisions):
             self.deny_cache.remember(_request_key(call.checks, call.cost) if call.key is None else call.key,
@@ -338,7 +336,7 @@ class LimiterService:
 
     def _failed(self, call: _Call, error: BaseException) -> list[Decision]:
         """Redis could not decide (an error, or the budget ran out): count it; the fail mode answers."""
-        metrics.observe_latency(time.monotonic() - call.started)
+        recorder.observe_latency(time.monotonic() - call.started)
         with self._stats_lock:
             self._redis_failures += 1
         self.breaker.record_failure(error, probe=call.step == PROBE)
@@ -394,8 +392,9 @@ class LimiterService:
             return self._engine
 
     def _breaker_changed(self, state: str, detail: dict[str, Any]) -> None:
-        # metrics counts the transition and logs it once on "ratelimit_app" (WARNING when opening)
-        metrics.set_breaker_state(state)
+        # counted and logged once on "ratelimit_app" (WARNING when opening); the state itself is read
+        # from this breaker by whoever shows it (observability.snapshot)
+        recorder.record_breaker_change(previous=detail["previous"], state=state)
         log_event("ratelimit.breaker_detail", logging.DEBUG, state=state, **detail)
         if state == CLOSED:
             # Redis is back: the next outage starts from a clean local state (and frees the memory)
