@@ -57,7 +57,7 @@ from .service_async import get_async_limiter
 
 
 @dataclass(frozen=True, slots=True)
-class _Call:
+class _PlannedCall:
     """The Redis call one plan needs, before it is made: each check's (identity, policies), the cost
     (0: a report that charges nothing) and the lease under which concurrency slots are taken."""
 
@@ -71,7 +71,7 @@ class _Call:
         return [degraded_decision(self.plan.fail_mode == "open")] * len(self.pairs)
 
 
-def _call_for(plan: RequestPlan, cost: int) -> _Call | LimitOutcome:
+def _call_for(plan: RequestPlan, cost: int) -> _PlannedCall | LimitOutcome:
     """The call `decide` makes for `plan`, or the outcome when no call is needed (no checks)."""
     if not plan.checks:  # nothing to charge: no per-IP limit and no usable key, or an allow-listed client
         status = UNAUTHORIZED if plan.refusal else ALLOWED
@@ -84,7 +84,7 @@ def _call_for(plan: RequestPlan, cost: int) -> _Call | LimitOutcome:
     pairs = [(check.identity, check.policies) for check in plan.checks]
     # a concurrency limit among them: the request's slot is taken in this same call, under a token
     taking = cost > 0 and needs_lease([policy for check in plan.checks for policy in check.policies])
-    return _Call(plan, pairs, cost, new_lease_token() if taking else None)
+    return _PlannedCall(plan, pairs, cost, new_lease_token() if taking else None)
 
 
 def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
@@ -131,7 +131,7 @@ async def adecide(plan: RequestPlan, cost: int) -> LimitOutcome:
     return outcome
 
 
-def _conclude(call: _Call, decisions: list[Decision]) -> tuple[LimitOutcome, HeldSlots | None]:
+def _conclude(call: _PlannedCall, decisions: list[Decision]) -> tuple[LimitOutcome, HeldSlots | None]:
     """The outcome of `call` from Redis' `decisions`, counted in the metrics; and the slots to give
     back at once (taken by a request that was refused after all), or None."""
     plan, cost, checks, pairs = call.plan, call.cost, call.plan.checks, call.pairs

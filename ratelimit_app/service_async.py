@@ -31,7 +31,8 @@ from .engine_async import AsyncRateLimiter, close_client
 from .exceptions import BACKEND_ERRORS, BackendError
 from .fallback import LocalLimiter
 from .policies import Policy
-from .service import LimiterService, ServiceStats, get_limiter
+from .service import LimiterService, get_limiter
+from .servicecall import ServiceStats
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _budget
