@@ -1,7 +1,7 @@
 """Turns one run's results into docs/benchmarks.md and docs/img/benchmarks.png.
 
-The targets of issue 6 (and issue 2's engine target) are judged here from the measured numbers, with
-the rule for each written next to it; a miss is reported as a miss.
+The targets of issue 6 (and issue 2's engine target, issue 11's async ones) are judged here from the
+measured numbers, with the rule for each written next to it; a miss is reported as a miss.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from bench.accuracy import ACCURACY_RATE, TIER_ACCURACY_RATE
 from bench.engine_bench import TRANSPORTS, EngineResult, Run, Transports
 from bench.peers import BY_KEY, VARIANTS
-from bench.runner import Results
+from bench.runner import AsgiSection, Results
 
 IMAGE = Path("img") / "benchmarks.png"
 ENGINE_TARGET = 0.9
@@ -52,6 +52,10 @@ def _n(value: float) -> str:
 
 def _us(seconds: float) -> str:
     return "n/a" if seconds is None or math.isnan(seconds) else f"{seconds * 1e6:,.0f}"
+
+
+def _signed_us(seconds: float) -> str:
+    return "n/a" if seconds is None or math.isnan(seconds) else f"{seconds * 1e6:+,.0f} µs"
 
 
 def _ms(seconds: float) -> str:
@@ -182,7 +186,37 @@ def evaluate(results: Results) -> list[Target]:
                     f"req/s ({_x(by['ours'].per_second / by[best_http].per_second)})",
                     "pass" if by["ours"].per_second > by[best_http].per_second else "miss",
                     _spread(http.rounds.get("ours", ()), http.rounds.get(best_http, ()))))
+    if results.asgi is not None:
+        targets += asgi_http_targets(results.asgi)
     return targets
+
+
+def asgi_http_targets(section: AsgiSection) -> list[Target]:
+    """Issue 11's HTTP targets under uvicorn: our async middleware >= 0.9x the async floor, and ahead of
+    our sync middleware run in a thread."""
+    floor_promise = f"ASGI: our async middleware >= {HTTP_TARGET}x the async one-EVALSHA floor"
+    sync_promise = "ASGI: our async middleware ahead of our sync middleware under ASGI"
+    http = section.http
+    by = {r.variant: r for r in http.results} if http is not None else {}
+    if not {"async-ours", "async-evalsha", "sync-ours"} <= set(by):
+        why = section.note or "not every ASGI variant ran"
+        return [Target(floor_promise, "requests/s under uvicorn", why, "not measured"),
+                Target(sync_promise, "requests/s under uvicorn", why, "not measured")]
+    ours, floor, sync = by["async-ours"], by["async-evalsha"], by["sync-ours"]
+    ratio = ours.per_second / floor.per_second
+    return [
+        Target(floor_promise, "requests/s under uvicorn, same async view, same load (median rounds)",
+               f"{_n(ours.per_second)} vs {_n(floor.per_second)} req/s = {_x(ratio)}; by CPU per request (uvicorn + "
+               f"Redis) {_x((floor.app_cpu + floor.server_cpu) / (ours.app_cpu + ours.server_cpu))}",
+               "pass" if ratio >= HTTP_TARGET else "miss",
+               _spread(http.rounds["async-ours"], http.rounds["async-evalsha"])),
+        Target(sync_promise, "requests/s under uvicorn, same async view, same load (median rounds)",
+               f"async {_n(ours.per_second)} vs sync in a thread {_n(sync.per_second)} req/s = "
+               f"{_x(ours.per_second / sync.per_second)}; by CPU per request (uvicorn + Redis) "
+               f"{_x((sync.app_cpu + sync.server_cpu) / (ours.app_cpu + ours.server_cpu))}",
+               "pass" if ours.per_second > sync.per_second else "miss",
+               _spread(http.rounds["async-ours"], http.rounds["sync-ours"])),
+    ]
 
 
 def _issue14_targets(results: Results) -> list[Target]:
@@ -282,18 +316,25 @@ def transport_section(transports: Transports) -> list[str]:
              "The speed paths are the defaults (`RateLimiter`: a connection per thread; `AsyncRateLimiter`: "
              "connections of its own, one per decision in flight); the *pool* paths are the reference paths "
              "(`connections=\"pool\"`; for `RateLimiter` the default under gevent/eventlet).", ""]
+    return lines + _transport_table(transports)
+
+
+def _transport_table(transports: Transports, prefix: str = "") -> list[str]:
+    """One row per measured transport row (those whose name starts with `prefix`) and thread / task
+    count, next to its bare EVALSHA."""
     rows = []
     floors = {"sync.tier": "sync.evalsha", "sync.tier.pool": "sync.evalsha", "async.tier": "async.evalsha",
               "async.tier.pool": "async.evalsha"}
     for key, per_second in transports.per_second.items():
         row, n = key.rsplit("/", 1)
+        if not row.startswith(prefix):
+            continue
         floor = floors.get(row)
         rows.append([TRANSPORTS[row], n, _n(per_second),
                      _x(transports.ratio(key, f"{floor}/{n}")) if floor else "",
                      _us(transports.cpu[key]), " / ".join(_n(v) for v in transports.samples[key])])
-    lines += _table(["row", "threads / tasks", "decisions/s", "vs the bare EVALSHA", "CPU µs per decision "
-                     "(client + Redis)", "each fifth /s"], rows, "lrrrrl")
-    return lines
+    return _table(["row", "threads / tasks", "decisions/s", "vs the bare EVALSHA", "CPU µs per decision "
+                   "(client + Redis)", "each fifth /s"], rows, "lrrrrl")
 
 
 # -- the document ----------------------------------------------------------------------------------
@@ -488,14 +529,93 @@ def _http_section(results: Results) -> list[str]:
     return lines
 
 
+#: The marker name of the ASGI section: a full run writes it in place, `bench/run.py --asgi-only` replaces it.
+ASGI_SECTION = "asgi"
+
+
+def asgi_section(section: AsgiSection) -> list[str]:
+    """Section 6: the ASGI variants under uvicorn, with their targets and the async engine's."""
+    import os
+
+    from bench.httpapp.variants import ASGI_VARIANTS
+
+    lines = ["## 6. HTTP under ASGI (uvicorn)", ""]
+    if section.provenance:
+        lines += [f"Measured on its own by {section.provenance}; the rest of this document comes from the run "
+                  "named at the top.", ""]
+    http = section.http
+    targets = asgi_http_targets(section) + transport_targets(section.transports)
+    lines += _targets_table(targets)
+    if http is None:
+        lines += [f"The HTTP rows were not measured: {section.note}.", ""]
+    else:
+        by = {r.variant: r for r in http.results}
+        lines += [
+            f"`GET /api/ping` served by an `async def` view returning the same small JSON body as section 4. "
+            f"Server: {section.server}, `--no-access-log`, one uvicorn per variant, all started first and kept up; "
+            f"load: {http.generator}, {http.connections} keep-alive connections from 127.0.0.1 for "
+            f"{http.duration:g} s after a warm-up, {len(next(iter(http.rounds.values())))} round(s) interleaved over "
+            "the four variants, each row the variant's median round. Every request carries the same `X-API-Key` of "
+            "the `bench` tier of section 4, with the same huge limits: nothing is denied, so non-200 must be 0.",
+            "",
+            f"**Machine**: {os.cpu_count()} cores, shared with other work running at the same time (load average "
+            f"(1 min) at the start / end of these measurements: {section.load}); the load generator runs on the same "
+            "cores. Absolute numbers are therefore low and rounds vary; the verdicts rest on the ratios of "
+            "interleaved medians, and CPU per request is given as the less load-sensitive view.",
+            "",
+        ]
+        floor = by["async-evalsha"].per_second if "async-evalsha" in by else math.nan
+        rows = []
+        for result in http.results:
+            label, what = ASGI_VARIANTS[result.variant]
+            name = f"**{label}**" if result.variant.endswith("ours") else label
+            rows.append([name, _n(result.per_second), _x(result.per_second / floor), _ms(result.p50),
+                         _ms(result.p99), f"{_us(result.app_cpu)} / {_us(result.server_cpu)}", str(result.errors),
+                         " / ".join(_n(v) for v in http.rounds.get(result.variant, ())), what])
+        lines += _table(["variant", "requests/s", "vs async floor", "p50 ms", "p99 ms",
+                         "uvicorn / Redis CPU µs/request", "non-200", "each round /s", "configured"], rows, "lrrrrrrrl")
+        noisy = sorted(v for v, r in http.rounds.items() if r and min(r) > 0 and max(r) / min(r) > NOISY_SPREAD)
+        if noisy:
+            lines += [f"**This run was noisy**: the rounds of {', '.join(noisy)} differ by more than "
+                      f"{NOISY_SPREAD}x. Treat its verdicts as uncertain.", ""]
+        if {"async-none", "async-evalsha", "async-ours", "sync-ours"} <= set(by):
+            none, floor_row, ours, sync = (by[v] for v in ("async-none", "async-evalsha", "async-ours", "sync-ours"))
+            lines += [
+                "Where the time goes, from the CPU columns: uvicorn's process spends "
+                f"{_us(none.app_cpu)} µs per request on the async view alone (Django's request handling included), "
+                f"{_us(floor_row.app_cpu)} ({_signed_us(floor_row.app_cpu - none.app_cpu)}) with the floor's one "
+                f"async EVALSHA, {_us(ours.app_cpu)} ({_signed_us(ours.app_cpu - floor_row.app_cpu)} over the floor) "
+                f"with our async middleware, and {_us(sync.app_cpu)} ({_signed_us(sync.app_cpu - ours.app_cpu)} over "
+                f"the async one) with our sync middleware in a thread. Redis spends {_us(ours.server_cpu)} µs per "
+                f"request on our script (the per-IP limit and 3 policies) against {_us(floor_row.server_cpu)} µs on "
+                "the INCR script.",
+                "",
+            ]
+        if http.ours_headers:
+            lines += ["Headers our async middleware added to a response of the run:", "", "```",
+                      *(f"{k}: {v}" for k, v in http.ours_headers.items()), "```", ""]
+    if section.transports is not None:
+        lines += ["The async engine's rows, from the same kind of run as section 1's transports table (one worker "
+                  "process, rows taking turns in bursts, a new identity per decision):", ""]
+        lines += _transport_table(section.transports, "async.")
+    return lines
+
+
 def _first_paragraph(doc: str | None) -> str:
     return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
+def _targets_table(targets: list[Target]) -> list[str]:
+    status_mark = {"pass": "**pass**", "miss": "**MISS**"}
+    return _table(["target", "how it is judged", "measured", "result"],
+                  [[t.promise, t.rule, t.measured, status_mark.get(t.status, t.status)
+                    + (f" (noisy: rounds {t.spread:.1f}x apart)" if t.spread > NOISY_SPREAD else "")]
+                   for t in targets], "llll")
 
 
 def render(results: Results, targets: list[Target]) -> str:
     """The Markdown document."""
     s = results.sizes
-    status_mark = {"pass": "**pass**", "miss": "**MISS**"}
     lines = [
         "# Benchmarks",
         "",
@@ -512,10 +632,7 @@ def render(results: Results, targets: list[Target]) -> str:
         "## Targets",
         "",
     ]
-    lines += _table(["target", "how it is judged", "measured", "result"],
-                    [[t.promise, t.rule, t.measured, status_mark.get(t.status, t.status)
-                      + (f" (noisy: rounds {t.spread:.1f}x apart)" if t.spread > NOISY_SPREAD else "")]
-                     for t in targets], "llll")
+    lines += _targets_table(targets)
     lines += [f"A verdict marked *noisy* rests on rounds more than {NOISY_SPREAD}x apart (see the load average "
               "below): the machine was busy with other work during the run, so that verdict may flip on a rerun. "
               "CPU time per decision / request is given next to the rates as a second, less load-sensitive view.",
@@ -528,6 +645,8 @@ def render(results: Results, targets: list[Target]) -> str:
     lines += _memory_section(results)
     lines += _http_section(results)
     lines += _redis_time_section(results)
+    if results.asgi is not None:
+        lines += [marked_section(ASGI_SECTION, "\n".join(asgi_section(results.asgi)))]
     lines += ["## What each limiter row calls", ""]
     lines += [f"- **{v.label}**: {_first_paragraph(v.builder.__doc__)}" + (f" ({v.note})" if v.note else "")
               for v in VARIANTS if v.key not in results.unavailable]
@@ -594,25 +713,31 @@ KEPT_START = "<!-- section: "
 KEPT_END = "<!-- end of section -->"
 
 
-def kept_sections(text: str) -> str:
-    """The marked sections of an existing benchmarks.md, in order ("" when there are none)."""
+def kept_sections(text: str, written: str = "") -> str:
+    """The marked sections of an existing benchmarks.md that the new document `written` does not have
+    itself, in order ("" when there are none)."""
     sections = []
     for part in text.split(KEPT_START)[1:]:
         body, found, _ = part.partition(KEPT_END)
-        if found:
+        if found and KEPT_START + body.partition("\n")[0] not in written:
             sections.append(KEPT_START + body + KEPT_END + "\n")
     return "\n".join(sections)
+
+
+def marked_section(name: str, section: str) -> str:
+    """`section` between the markers of the section `name` (which replace_section finds again)."""
+    return f"{KEPT_START}{name} -->\n{section.rstrip()}\n{KEPT_END}\n"
 
 
 def replace_section(text: str, name: str, section: str) -> str:
     """`text` (benchmarks.md) with the marked section `name` replaced by `section` (appended if absent)."""
     start = f"{KEPT_START}{name} -->"
-    block = f"{start}\n{section.rstrip()}\n{KEPT_END}\n"
+    block = marked_section(name, section)
     if start in text:
         before, _, rest = text.partition(start)
         _, _, after = rest.partition(KEPT_END + "\n")
         return before + block + after
-    return text.rstrip("\n") + "\n\n" + block
+    return text.rstrip("\n") + "\n\n" + block if text.strip() else block
 
 
 def write(results: Results, output: Path) -> None:
@@ -626,5 +751,14 @@ def write(results: Results, output: Path) -> None:
         text = text.replace(f"![decisions per second by limiter]({IMAGE.as_posix()})",
                             f"(chart not drawn: {problem})")
     previous = output / "benchmarks.md"
-    kept = kept_sections(previous.read_text(encoding="utf-8")) if previous.exists() else ""
+    kept = kept_sections(previous.read_text(encoding="utf-8"), text) if previous.exists() else ""
     (output / "benchmarks.md").write_text(text + "\n" + ("\n" + kept if kept else ""), encoding="utf-8")
+
+
+def write_asgi(section: AsgiSection, output: Path) -> None:
+    """Replace the ASGI section of `output`/benchmarks.md with `section` (appended if absent; the file is
+    created if missing), leaving everything else in it as it is."""
+    output.mkdir(parents=True, exist_ok=True)
+    path = output / "benchmarks.md"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    path.write_text(replace_section(text, ASGI_SECTION, "\n".join(asgi_section(section))), encoding="utf-8")
