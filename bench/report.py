@@ -206,14 +206,16 @@ def asgi_http_targets(section: AsgiSection) -> list[Target]:
     ratio = ours.per_second / floor.per_second
     return [
         Target(floor_promise, "requests/s under uvicorn, same async view, same load (median rounds)",
-               f"{_n(ours.per_second)} vs {_n(floor.per_second)} req/s = {_x(ratio)}; by CPU per request (uvicorn + "
-               f"Redis) {_x((floor.app_cpu + floor.server_cpu) / (ours.app_cpu + ours.server_cpu))}",
+               f"{_n(ours.per_second)} vs {_n(floor.per_second)} req/s = {_x(ratio)} (median of the rounds' "
+               f"ratios {_x(_median_ratio(http.rounds['async-ours'], http.rounds['async-evalsha']))}); by CPU per "
+               f"request (uvicorn + Redis) {_x((floor.app_cpu + floor.server_cpu) / (ours.app_cpu + ours.server_cpu))}",
                "pass" if ratio >= HTTP_TARGET else "miss",
                _spread(http.rounds["async-ours"], http.rounds["async-evalsha"])),
         Target(sync_promise, "requests/s under uvicorn, same async view, same load (median rounds)",
                f"async {_n(ours.per_second)} vs sync in a thread {_n(sync.per_second)} req/s = "
-               f"{_x(ours.per_second / sync.per_second)}; by CPU per request (uvicorn + Redis) "
-               f"{_x((sync.app_cpu + sync.server_cpu) / (ours.app_cpu + ours.server_cpu))}",
+               f"{_x(ours.per_second / sync.per_second)} (median of the rounds' ratios "
+               f"{_x(_median_ratio(http.rounds['async-ours'], http.rounds['sync-ours']))}); by CPU per request "
+               f"(uvicorn + Redis) {_x((sync.app_cpu + sync.server_cpu) / (ours.app_cpu + ours.server_cpu))}",
                "pass" if ours.per_second > sync.per_second else "miss",
                _spread(http.rounds["async-ours"], http.rounds["sync-ours"])),
     ]
@@ -259,6 +261,11 @@ def _median(values: list[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _median_ratio(samples: tuple[float, ...], floors: tuple[float, ...]) -> float:
+    """The median of the per-round ratios of two interleaved series (a second, paired view of their ratio)."""
+    return _median([a / b for a, b in zip(samples, floors, strict=True) if b > 0]) if samples else math.nan
 
 
 def _redis_time_section(results: Results) -> list[str]:
@@ -591,6 +598,7 @@ def asgi_section(section: AsgiSection) -> list[str]:
                 "the INCR script.",
                 "",
             ]
+        lines += _asgi_profile_table(section.profile)
         if http.ours_headers:
             lines += ["Headers our async middleware added to a response of the run:", "", "```",
                       *(f"{k}: {v}" for k, v in http.ours_headers.items()), "```", ""]
@@ -598,6 +606,38 @@ def asgi_section(section: AsgiSection) -> list[str]:
         lines += ["The async engine's rows, from the same kind of run as section 1's transports table (one worker "
                   "process, rows taking turns in bursts, a new identity per decision):", ""]
         lines += _transport_table(section.transports, "async.")
+    return lines
+
+
+def _asgi_profile_table(profile: Any) -> list[str]:
+    """Python time per request by part, per ASGI variant (bench/asgi_profile.py), with uvicorn's CPU."""
+    from bench.asgi_profile import LOOP, PARTS
+    from bench.httpapp.variants import ASGI_VARIANTS
+
+    if profile is None:
+        return []
+    if profile.note:
+        return [f"The profile of where the time goes was not taken: {profile.note}.", ""]
+    variants = [v for v in ASGI_VARIANTS if v in profile.per_request]
+    lines = [f"Where the time goes, by profile: py-spy ({profile.rate} samples/s, `--gil`: only the thread holding "
+             f"the GIL) on a fresh uvicorn per variant for {profile.seconds:g} s of the same load. A cell is the GIL "
+             "time per request of that part (samples / rate / requests served); a sample belongs to the part of its "
+             "innermost frame that names one (bench/asgi_profile.py). One GIL serializes the process, so *all* bounds "
+             "its requests/s (1 / all); the sampling is by wall clock, so a thread that the OS preempts while holding "
+             "the GIL counts, and on a loaded machine every part is inflated. The last row is the uvicorn process' "
+             "CPU per request over the same load, all threads and system time included.", "",
+             "Django's ASGIHandler runs each request in a `ThreadSensitiveContext`, sends `request_started` and "
+             "`request_finished` (whose receivers `reset_queries` and `close_old_connections` are sync) through "
+             "`sync_to_async`, and closes the response the same way: every request starts a thread and joins it, "
+             "with or without a limiter (the *thread hand-offs* row).", ""]
+    rows = []
+    for part in [name for name, _ in PARTS] + [LOOP]:
+        values = [profile.per_request[v].get(part, 0.0) for v in variants]
+        if any(values):
+            rows.append([part, *(_us(value) for value in values)])
+    rows.append(["**all**", *(_us(sum(profile.per_request[v].values())) for v in variants)])
+    rows.append(["uvicorn CPU", *(_us(profile.cpu[v]) for v in variants)])
+    lines += _table(["µs per request", *(ASGI_VARIANTS[v][0] for v in variants)], rows)
     return lines
 
 

@@ -44,6 +44,7 @@ class AsgiSection:
     note: str  # why http is None
     server: str  # uvicorn's version, event loop and HTTP parser
     load: str  # load average (1 min) at the start / end of the section's measurements
+    profile: Any = None  # asgi_profile.AsgiProfile | None
     provenance: str = ""  # command, commit and time, when the section was measured on its own (--asgi-only)
 
 
@@ -267,14 +268,16 @@ def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports
     missing = _importable("uvicorn")
     if missing:
         return AsgiSection(None, transports, missing, server, "")
-    from bench import http_bench
+    from bench import asgi_profile, http_bench
     from bench.httpapp.variants import ASGI_VARIANTS
 
     load_before = load_average()
     run = http_bench.run_http(url, admin, work_dir, list(ASGI_VARIANTS), sizes.http_duration, sizes.http_warmup,
                               sizes.http_rounds, sizes.http_connections, 1, 0, progress, server="uvicorn",
                               ours="async-ours")
-    return AsgiSection(run, transports, "", server, f"{load_before} / {load_average()}")
+    profile = asgi_profile.profile_variants(url, work_dir, list(ASGI_VARIANTS), 2 * sizes.http_duration,
+                                            sizes.http_connections, progress)
+    return AsgiSection(run, transports, "", server, f"{load_before} / {load_average()}", profile)
 
 
 def run_asgi_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, json_path: Path | None,
