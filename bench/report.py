@@ -7,11 +7,13 @@ measured numbers, with the rule for each written next to it; a miss is reported 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.accuracy import ACCURACY_RATE, TIER_ACCURACY_RATE
+from bench.asgi_profile import LOOP, PARTS, AsgiProfile
 from bench.engine_bench import TRANSPORTS, EngineResult, Run, Transports
 from bench.peers import BY_KEY, VARIANTS
 from bench.runner import AsgiSection, Results
@@ -542,8 +544,6 @@ ASGI_SECTION = "asgi"
 
 def asgi_section(section: AsgiSection) -> list[str]:
     """Section 6: the ASGI variants under uvicorn, with their targets and the async engine's."""
-    import os
-
     from bench.httpapp.variants import ASGI_VARIANTS
 
     lines = ["## 6. HTTP under ASGI (uvicorn)", ""]
@@ -588,7 +588,7 @@ def asgi_section(section: AsgiSection) -> list[str]:
         if {"async-none", "async-evalsha", "async-ours", "sync-ours"} <= set(by):
             none, floor_row, ours, sync = (by[v] for v in ("async-none", "async-evalsha", "async-ours", "sync-ours"))
             lines += [
-                "Where the time goes, from the CPU columns: uvicorn's process spends "
+                "From the CPU columns: uvicorn's process spends "
                 f"{_us(none.app_cpu)} µs per request on the async view alone (Django's request handling included), "
                 f"{_us(floor_row.app_cpu)} ({_signed_us(floor_row.app_cpu - none.app_cpu)}) with the floor's one "
                 f"async EVALSHA, {_us(ours.app_cpu)} ({_signed_us(ours.app_cpu - floor_row.app_cpu)} over the floor) "
@@ -609,9 +609,8 @@ def asgi_section(section: AsgiSection) -> list[str]:
     return lines
 
 
-def _asgi_profile_table(profile: Any) -> list[str]:
-    """Python time per request by part, per ASGI variant (bench/asgi_profile.py), with uvicorn's CPU."""
-    from bench.asgi_profile import LOOP, PARTS
+def _asgi_profile_table(profile: AsgiProfile | None) -> list[str]:
+    """GIL time per request by part, per ASGI variant (bench/asgi_profile.py), with uvicorn's CPU."""
     from bench.httpapp.variants import ASGI_VARIANTS
 
     if profile is None:

@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from bench import accuracy, engine_bench, memory
+from bench.asgi_profile import AsgiProfile
 from bench.peers import BY_KEY, VARIANTS, availability
 from bench.redis_time import run_redis_time
 from bench.sizes import Sizes
@@ -44,7 +45,7 @@ class AsgiSection:
     note: str  # why http is None
     server: str  # uvicorn's version, event loop and HTTP parser
     load: str  # load average (1 min) at the start / end of the section's measurements
-    profile: Any = None  # asgi_profile.AsgiProfile | None
+    profile: AsgiProfile | None = None
     provenance: str = ""  # command, commit and time, when the section was measured on its own (--asgi-only)
 
 
@@ -268,15 +269,16 @@ def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports
     missing = _importable("uvicorn")
     if missing:
         return AsgiSection(None, transports, missing, server, "")
-    from bench import asgi_profile, http_bench
+    from bench import http_bench
+    from bench.asgi_profile import profile_variants
     from bench.httpapp.variants import ASGI_VARIANTS
 
     load_before = load_average()
     run = http_bench.run_http(url, admin, work_dir, list(ASGI_VARIANTS), sizes.http_duration, sizes.http_warmup,
                               sizes.http_rounds, sizes.http_connections, 1, 0, progress, server="uvicorn",
                               ours="async-ours")
-    profile = asgi_profile.profile_variants(url, work_dir, list(ASGI_VARIANTS), 2 * sizes.http_duration,
-                                            sizes.http_connections, progress)
+    profile = profile_variants(url, work_dir, list(ASGI_VARIANTS), 2 * sizes.http_duration, sizes.http_connections,
+                               progress)
     return AsgiSection(run, transports, "", server, f"{load_before} / {load_average()}", profile)
 
 
