@@ -585,6 +585,7 @@ def asgi_section(section: AsgiSection) -> list[str]:
         if noisy:
             lines += [f"**This run was noisy**: the rounds of {', '.join(noisy)} differ by more than "
                       f"{NOISY_SPREAD}x. Treat its verdicts as uncertain.", ""]
+        lines += _rate_and_cpu(by)
         if {"async-none", "async-evalsha", "async-ours", "sync-ours"} <= set(by):
             none, floor_row, ours, sync = (by[v] for v in ("async-none", "async-evalsha", "async-ours", "sync-ours"))
             lines += [
@@ -609,6 +610,22 @@ def asgi_section(section: AsgiSection) -> list[str]:
     return lines
 
 
+def _rate_and_cpu(by: dict[str, Any]) -> list[str]:
+    """A warning when the floor target's verdict by requests/s and the ratio of CPU per request disagree."""
+    if not {"async-ours", "async-evalsha"} <= set(by):
+        return []
+    ours, floor = by["async-ours"], by["async-evalsha"]
+    by_rate = ours.per_second / floor.per_second >= HTTP_TARGET
+    by_cpu = (floor.app_cpu + floor.server_cpu) / (ours.app_cpu + ours.server_cpu)
+    if by_rate == (by_cpu >= HTTP_TARGET):
+        return []
+    verdict = ("the pass by requests/s is not established" if by_rate
+               else "the miss by requests/s may be the machine's noise")
+    return [f"**Rate and CPU disagree** on the {HTTP_TARGET}x target: by CPU per request (uvicorn + Redis) our async "
+            f"middleware is {_x(by_cpu)} of the floor. Where the server's CPU is the limit, requests/s follow CPU per "
+            f"request, so {verdict}.", ""]
+
+
 def _asgi_profile_table(profile: AsgiProfile | None) -> list[str]:
     """GIL time per request by part, per ASGI variant (bench/asgi_profile.py), with uvicorn's CPU."""
     from bench.httpapp.variants import ASGI_VARIANTS
@@ -628,7 +645,9 @@ def _asgi_profile_table(profile: AsgiProfile | None) -> list[str]:
              "Django's ASGIHandler runs each request in a `ThreadSensitiveContext`, sends `request_started` and "
              "`request_finished` (whose receivers `reset_queries` and `close_old_connections` are sync) through "
              "`sync_to_async`, and closes the response the same way: every request starts a thread and joins it, "
-             "with or without a limiter (the *thread hand-offs* row).", ""]
+             "with or without a limiter (the *thread hand-offs* row). The rows every variant shares (thread "
+             "hand-offs, uvicorn, Django, the loop) show how noisy a short profile on a loaded machine is: read it "
+             "for the shape of a request, not for ratios.", ""]
     rows = []
     for part in [name for name, _ in PARTS] + [LOOP]:
         values = [profile.per_request[v].get(part, 0.0) for v in variants]
