@@ -607,7 +607,23 @@ def asgi_section(section: AsgiSection) -> list[str]:
         lines += ["The async engine's rows, from the same kind of run as section 1's transports table (one worker "
                   "process, rows taking turns in bursts, a new identity per decision):", ""]
         lines += _transport_table(section.transports, "async.")
+        lines += _script_share(section)
     return lines
+
+
+def _script_share(section: AsgiSection) -> list[str]:
+    """How much of the 1-task gap between AsyncRateLimiter.hit and the bare EVALSHA is the script's time in
+    Redis (with one decision in flight, a decision waits for the whole of it)."""
+    transports, timing = section.transports, section.redis_time
+    if transports is None or timing is None or not {"async.tier/1", "async.evalsha/1"} <= set(transports.per_second):
+        return []
+    gap = 1 / transports.per_second["async.tier/1"] - 1 / transports.per_second["async.evalsha/1"]
+    script = (_median(timing.usec["tier"]) - _median(timing.usec["incr"])) * 1e-6
+    return [f"With one task, a decision is one round trip, which waits for the script to run in Redis: the tier "
+            f"takes {_signed_us(gap)} per decision over the bare EVALSHA, and Redis spends {_us(script)} µs more "
+            f"running the tier's script than the INCR script (`usec_per_call` of each, "
+            f"{_median(timing.usec['tier']):.1f} vs {_median(timing.usec['incr']):.1f} µs, measured in this run as "
+            "in section 5).", ""]
 
 
 def _rate_and_cpu(by: dict[str, Any]) -> list[str]:

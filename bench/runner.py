@@ -22,7 +22,7 @@ import redis
 from bench import accuracy, engine_bench, memory
 from bench.asgi_profile import AsgiProfile
 from bench.peers import BY_KEY, VARIANTS, availability
-from bench.redis_time import run_redis_time
+from bench.redis_time import RedisTime, run_redis_time
 from bench.sizes import Sizes
 from bench.workers import WorkerPool
 from devtools.embedded import RedisProcess, start_redis
@@ -46,6 +46,7 @@ class AsgiSection:
     server: str  # uvicorn's version, event loop and HTTP parser
     load: str  # load average (1 min) at the start / end of the section's measurements
     profile: AsgiProfile | None = None
+    redis_time: RedisTime | None = None  # the scripts' time in Redis, which the async engine's rows include
     provenance: str = ""  # command, commit and time, when the section was measured on its own (--asgi-only)
 
 
@@ -202,7 +203,7 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
         finally:
             pool.close()
         http_run, http_missing, http_note = _http(server.url, admin, work_dir, sizes, skip_http, progress)
-        asgi = _asgi(server.url, admin, work_dir, sizes, transports, skip_http, progress)
+        asgi = _asgi(server.url, admin, work_dir, sizes, transports, redis_time, skip_http, progress)
         machine = machine_info(admin)
         machine["load average (1 min) at start / end"] = f"{load_before} / {load_average()}"
         results = Results(sizes, command, machine, package_versions(), missing, engine_results, paired, transports,
@@ -262,13 +263,13 @@ def uvicorn_description() -> str:
 
 
 def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports: engine_bench.Transports | None,
-          skip: bool, progress: Callable[[str], None]) -> AsgiSection:
+          redis_time: RedisTime | None, skip: bool, progress: Callable[[str], None]) -> AsgiSection:
     server = uvicorn_description()
     if skip:
-        return AsgiSection(None, transports, "left out of this run (--skip-http)", server, "")
+        return AsgiSection(None, transports, "left out of this run (--skip-http)", server, "", redis_time=redis_time)
     missing = _importable("uvicorn")
     if missing:
-        return AsgiSection(None, transports, missing, server, "")
+        return AsgiSection(None, transports, missing, server, "", redis_time=redis_time)
     from bench import http_bench
     from bench.asgi_profile import profile_variants
     from bench.httpapp.variants import ASGI_VARIANTS
@@ -279,12 +280,13 @@ def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports
                               ours="async-ours")
     profile = profile_variants(url, work_dir, list(ASGI_VARIANTS), 2 * sizes.http_duration, sizes.http_connections,
                                progress)
-    return AsgiSection(run, transports, "", server, f"{load_before} / {load_average()}", profile)
+    return AsgiSection(run, transports, "", server, f"{load_before} / {load_average()}", profile, redis_time)
 
 
 def run_asgi_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, json_path: Path | None,
                   started: float) -> AsgiSection:
-    """Measure only the ASGI section (the async engine's rows, then the ASGI variants under uvicorn) with
+    """Measure only the ASGI section (the async engine's rows and the scripts' Redis time, then the ASGI
+    variants under uvicorn) with
     `sizes`, and replace that section of `output`/benchmarks.md, leaving the rest of it as it is."""
     from bench import report
 
@@ -298,8 +300,10 @@ def run_asgi_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, j
                                                        rows=ASGI_TRANSPORTS)
         finally:
             pool.close()
+        progress("Redis time per decision (usec_per_call)")
+        redis_time = run_redis_time(admin, sizes.redis_time_rounds, sizes.redis_time_calls)
         commit = machine_info(admin)["ratelimit_app commit"]
-        section = _asgi(server.url, admin, work_dir, sizes, transports, False, progress)
+        section = _asgi(server.url, admin, work_dir, sizes, transports, redis_time, False, progress)
     section = dataclasses.replace(
         section, load=f"{load_before} / {load_average()}",
         provenance=f"`{command}` ({sizes.name} sizes) at commit {commit}, finished "
