@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from bench import accuracy, engine_bench, memory
-from bench.asgi_profile import AsgiProfile
+from bench.asgi_profile import AsgiProfile, profile_variants
 from bench.peers import BY_KEY, VARIANTS, availability
 from bench.redis_time import RedisTime, run_redis_time
 from bench.sizes import Sizes
@@ -271,7 +271,6 @@ def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports
     if missing:
         return AsgiSection(None, transports, missing, server, "", redis_time=redis_time)
     from bench import http_bench
-    from bench.asgi_profile import profile_variants
     from bench.httpapp.variants import ASGI_VARIANTS
 
     load_before = load_average()
@@ -285,9 +284,9 @@ def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports
 
 def run_asgi_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, json_path: Path | None,
                   started: float) -> AsgiSection:
-    """Measure only the ASGI section (the async engine's rows and the scripts' Redis time, then the ASGI
-    variants under uvicorn) with
-    `sizes`, and replace that section of `output`/benchmarks.md, leaving the rest of it as it is."""
+    """Measure only the ASGI section with `sizes` (the async engine's rows and the scripts' Redis time,
+    then the ASGI variants under uvicorn) and replace that section of `output`/benchmarks.md, leaving
+    the rest of it as it is."""
     from bench import report
 
     progress = _progress(started)
