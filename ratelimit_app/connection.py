@@ -2,11 +2,19 @@
 
 Every client built here has explicit timeouts, no retries (a retried EVALSHA could charge twice) and
 connections that respect the limiter's time budget (ratelimit_app.budget): no sequence of steps
-inside one decision can add up past RATELIMIT['BUDGET_MS']."""
+inside one decision can add up past RATELIMIT['BUDGET_MS'].
+
+When the sync engine takes the "pool" path (RATELIMIT['CONNECTIONS']: "pool", or "auto" under gevent or
+eventlet), a standalone client's pool holds at most `max_connections` (the REDIS_URL's
+`?max_connections=N`, else POOL_MAX_CONNECTIONS) and a caller that finds them all in use waits for one
+to come back, within the budget, instead of failing: 200 greenlets deciding at once share 50
+connections.
+"""
 
 from __future__ import annotations
 
 import inspect
+import time
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -18,14 +26,41 @@ from redis.connection import Connection, ConnectionPool
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from .budget import BudgetConnection, BudgetSSLConnection, BudgetUnixConnection, budget_class_for
+from .budget import BudgetConnection, BudgetSSLConnection, BudgetUnixConnection, budget_class_for, budget_deadline
 from .conf import SettingsCached, ratelimit_settings
 from .engine_async import AsyncRedisClient
-from .engine_sync import RedisClient
+from .engine_sync import RedisClient, resolve_connections
 from .sentinel import async_sentinel_master, sentinel_master
 
 CLUSTER_SCHEME = "redis+cluster"
 SENTINEL_SCHEME = "redis+sentinel"
+
+#: Connections of the limiter's pool on the "pool" path when REDIS_URL names no `max_connections`.
+POOL_MAX_CONNECTIONS = 50
+
+
+class BudgetBlockingConnectionPool(redis.BlockingConnectionPool):
+    """A pool of at most `max_connections` whose callers, when every connection is in use, wait for one
+    to come back: for at most `timeout` seconds, and never past the running limiter call's budget
+    (`budget_deadline`); then redis.ConnectionError, which the limiter's fail mode answers."""
+
+    @property
+    def timeout(self) -> float | None:
+        """How long a caller of now may wait for a free connection."""
+        deadline = budget_deadline.get()
+        if deadline is None:
+            return self._wait
+        left = max(deadline - time.monotonic(), 0.0)
+        return left if self._wait is None else min(self._wait, left)
+
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        self._wait = value
+
+
+def _pool_path() -> bool:
+    """True when the sync engine decides through the client's pool (see engine_sync)."""
+    return resolve_connections(ratelimit_settings.CONNECTIONS) == "pool"
 
 def _no_retry() -> Retry:
     # A retried EVALSHA may be charged twice; failures go to the fail mode instead.
@@ -125,7 +160,13 @@ def build_client(url: str) -> RedisClient:
             f"RATELIMIT['REDIS_URL'] has scheme {parts.scheme!r}; expected redis, rediss, unix, "
             f"{CLUSTER_SCHEME} or {SENTINEL_SCHEME}"
         )
-    return redis.Redis.from_url(url, connection_class=_scheme_connection_class(parts.scheme), **client_options())
+    connection_class = _scheme_connection_class(parts.scheme)
+    if _pool_path():  # the URL's own max_connections, if any, wins over the default
+        pool = BudgetBlockingConnectionPool.from_url(url, connection_class=connection_class,
+                                                     max_connections=POOL_MAX_CONNECTIONS, timeout=budget_seconds(),
+                                                     **client_options())
+        return redis.Redis(connection_pool=pool)
+    return redis.Redis.from_url(url, connection_class=connection_class, **client_options())
 
 
 _ALIAS_KEYS = frozenset({
@@ -161,6 +202,10 @@ def _client_from_cache_alias(alias: str) -> RedisClient:
     # Only where and who to connect as: the cache pool's other keys belong to its own protocol and
     # handlers (RESP3 maintenance notifications, for one).
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _ALIAS_KEYS or k.startswith("ssl_")}
+    if _pool_path():
+        return redis.Redis(connection_pool=BudgetBlockingConnectionPool(
+            connection_class=budget_class, max_connections=POOL_MAX_CONNECTIONS, timeout=budget_seconds(), **kwargs,
+            **client_options()))
     return redis.Redis(connection_pool=ConnectionPool(connection_class=budget_class, **kwargs, **client_options()))
 
 
