@@ -1,5 +1,5 @@
-"""Our DRF throttles in adrf's async views (adrf.views.APIView with `async def` handlers), driven through
-Django's AsyncClient on the real Redis.
+"""Our DRF throttles in adrf's async views (adrf.views.APIView with `async def` handlers), and in a plain
+DRF view under Django's async handler, driven through Django's AsyncClient on the real Redis.
 
 adrf runs a view's `initial()` (authentication, permissions, throttles) in `sync_to_async`: our sync
 `allow_request` runs in a worker thread, never on the event loop (an async `allow_request` would be
@@ -23,6 +23,7 @@ from django.test import AsyncClient
 from django.urls import path
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from ratelimit_app.throttling import (
     AnonRateThrottle,
@@ -90,7 +91,17 @@ class SlowView(RateLimitHeadersMixin, adrf_views.APIView):  # type: ignore[name-
         return Response({"ok": True})
 
 
+class SyncTierView(RateLimitHeadersMixin, APIView):
+    """A plain DRF view, which Django runs in sync_to_async under ASGI."""
+
+    throttle_classes = [TierRateThrottle]
+
+    def get(self, request: Request) -> Response:
+        return Response({"ok": True})
+
+
 urlpatterns = [
+    path("drf/tier", SyncTierView.as_view()),
     path("adrf/tier", TierView.as_view()),
     path("api/adrf/tier", TierView.as_view()),  # under RateLimitMiddleware (async under ASGI) too
     path("adrf/anon", AnonView.as_view()),
@@ -138,6 +149,15 @@ def test_under_the_middleware_the_throttle_decides_once(three_key: str) -> None:
     responses = [run(get("/api/adrf/tier", three_key))[0] for _ in range(4)]
     assert [r.status_code for r in responses] == [200, 200, 200, 429]
     assert [r["X-RateLimit-Remaining"] for r in responses] == ["2", "1", "0", "0"]  # charged once each
+
+
+def test_a_plain_drf_view_under_the_async_handler_admits_exactly_three(three_key: str) -> None:
+    assert not SyncTierView.view_is_async
+    responses = [run(get("/drf/tier", three_key))[0] for _ in range(4)]
+    assert [r.status_code for r in responses] == [200, 200, 200, 429]
+    assert [r["X-RateLimit-Remaining"] for r in responses] == ["2", "1", "0", "0"]
+    statuses = [r.status_code for r in run(*(get("/drf/tier", three_key) for _ in range(10)))]
+    assert statuses == [429] * 10
 
 
 def test_a_bad_key_is_401_in_an_async_view() -> None:
