@@ -14,6 +14,10 @@ All of our throttles on one view, and the middleware's per-IP and tier limits, a
 all-or-nothing Redis call when DRF asks the first of them: a request refused by any limit is charged
 to none, and each throttle's `allow_request` answers for its own limits. `wait()` returns the
 limiter's retry time, so DRF answers 429 with `Retry-After`.
+
+`allow_request` is sync, and stays so under ASGI: Django runs a sync DRF view in `sync_to_async`, and
+adrf (async DRF) runs a view's `initial()`, throttles included, in `sync_to_async` too, so the decision
+is made with the sync engine in that worker thread, never on the event loop (tests/test_adrf.py).
 """
 
 from __future__ import annotations
