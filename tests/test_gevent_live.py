@@ -12,8 +12,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,20 +26,20 @@ import redis
 from devtools.embedded import free_port
 
 from .conftest import delete_prefix
-from .gunicorn_server import start_gunicorn
+from .gunicorn_server import prepare_database, start_gunicorn, stop_server
 from .tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
 POOL_SIZE = 20  # the limiter pool's max_connections in the server
 CONCURRENT = 200
 LIMIT = 50  # the key's tier: 50 requests an hour, an exact sliding log
 
 SETUP = f"""
+import json
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 tier = Tier.objects.create(slug="greenlets", name="Greenlets")
 TierLimit.objects.create(tier=tier, name="hour", algorithm="sliding_window", limit={LIMIT}, period=3600)
-print(ApiKey.objects.create_key(name="gevent", tier=tier)[1])
+print(json.dumps(ApiKey.objects.create_key(name="gevent", tier=tier)[1]))
 """
 
 
@@ -85,10 +83,7 @@ def site(request: Any, tmp_path: Path, redis_url: str) -> Iterator[GeventSite]:
            "RATELIMIT_TEST_PREFIX": prefix, "RATELIMIT_TEST_DB": str(tmp_path / "db.sqlite3"),
            "RATELIMIT_TEST_LIMITER_URL": redis_url, "RATELIMIT_TEST_CONNECTIONS": request.param,
            "RATELIMIT_LOG_LEVEL": "WARNING"}
-    manage = [sys.executable, "manage.py"]
-    subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-    made = subprocess.run([*manage, "shell", "-c", SETUP], cwd=ROOT, env=env, check=True, capture_output=True)
-    key = made.stdout.decode().strip().splitlines()[-1]
+    key = prepare_database(env, SETUP)
     # only the server's limiter goes through the proxy: every connection it counts is the server's
     proxy = TcpProxy(upstream.hostname or "127.0.0.1", upstream.port or 6379)
     env["RATELIMIT_TEST_LIMITER_URL"] = f"redis://127.0.0.1:{proxy.port}/{database}?max_connections={POOL_SIZE}"
@@ -99,8 +94,7 @@ def site(request: Any, tmp_path: Path, redis_url: str) -> Iterator[GeventSite]:
     try:
         yield GeventSite(port, key, proxy)
     finally:
-        server.terminate()
-        server.communicate(timeout=30)
+        stop_server(server)
         proxy.close()
         client = redis.Redis.from_url(redis_url)
         delete_prefix(client, prefix)
