@@ -38,6 +38,19 @@ DEFAULT_MAX_KEYS = 100_000
 DEFAULT_MAX_UNITS = 1_000_000
 
 
+#: The model of each algorithm, by name (filled by `@model`; tests/test_scripts.py checks that every
+#: algorithm of ratelimit_app.algorithms has one).
+MODELS: dict[str, Callable[..., Outcome]] = {}
+
+
+def model(name: str) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
+    """Register the function below as the model of algorithm `name` (the mirror of its Lua file)."""
+    def register(function: Callable[..., Outcome]) -> Callable[..., Outcome]:
+        MODELS[name] = function
+        return function
+    return register
+
+
 def wall_clock_us() -> int:
     """Microseconds since the Unix epoch from this machine's clock (windows align to the epoch)."""
     return time.time_ns() // 1000
@@ -89,8 +102,9 @@ class _Store:
         return len(self._data)
 
 
+@model("fixed_window")
 def fixed_window(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
-                 cost: float, charge: bool) -> Outcome:
+                 cost: float) -> Outcome:
     """ratelimit_app/lua/fixed_window.lua."""
     period_us = period_ms * 1000
     window = math.floor(now_us / period_us)
@@ -112,8 +126,9 @@ def fixed_window(store: _Store, key: str, now_us: float, limit: float, period_ms
     return True, remaining, reset_us, 0, apply
 
 
+@model("sliding_window")
 def sliding_window(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
-                   cost: float, charge: bool) -> Outcome:
+                   cost: float) -> Outcome:
     """ratelimit_app/lua/sliding_window.lua (its log of 7-byte admission times is a sorted array here)."""
     period_us = period_ms * 1000
     window_start = now_us - period_us
@@ -143,8 +158,9 @@ def sliding_window(store: _Store, key: str, now_us: float, limit: float, period_
     return True, remaining, reset_us, 0, apply
 
 
+@model("sliding_window_counter")
 def sliding_window_counter(store: _Store, key: str, now_us: float, limit: float, period_ms: float,
-                           capacity: float, cost: float, charge: bool) -> Outcome:
+                           capacity: float, cost: float) -> Outcome:
     """ratelimit_app/lua/sliding_window_counter.lua."""
     period_us = period_ms * 1000
     window = math.floor(now_us / period_us)
@@ -187,8 +203,9 @@ def sliding_window_counter(store: _Store, key: str, now_us: float, limit: float,
     return True, remaining, reset_us, 0, apply
 
 
+@model("token_bucket")
 def token_bucket(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
-                 cost: float, charge: bool) -> Outcome:
+                 cost: float) -> Outcome:
     """ratelimit_app/lua/token_bucket.lua (the string "<units>:<stamp>" is a tuple here)."""
     now_ms = math.floor(now_us / 1000)
     full = capacity * period_ms
@@ -219,8 +236,9 @@ def token_bucket(store: _Store, key: str, now_us: float, limit: float, period_ms
     return True, remaining, reset_us, 0, apply
 
 
+@model("gcra")
 def gcra(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
-         cost: float, charge: bool) -> Outcome:
+         cost: float) -> Outcome:
     """ratelimit_app/lua/gcra.lua."""
     interval = math.ceil(period_ms * 1000 / limit)
     tolerance = capacity * interval
@@ -242,8 +260,9 @@ def gcra(store: _Store, key: str, now_us: float, limit: float, period_ms: float,
     return True, remaining, reset_us, 0, apply
 
 
+@model("concurrency")
 def concurrency(store: _Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
-                cost: float, charge: bool, lease: str | None = None) -> Outcome:
+                cost: float, lease: str | None = None) -> Outcome:
     """ratelimit_app/lua/concurrency.lua (the sorted set is a dict of lease token -> expiry in us)."""
     period_us = period_ms * 1000
     leases = store.get(key, now_us) or {}
@@ -260,16 +279,6 @@ def concurrency(store: _Store, key: str, now_us: float, limit: float, period_ms:
         return period_us
 
     return True, remaining, period_us if used else 0, 0, apply
-
-
-ALGORITHMS: dict[str, Callable[..., Outcome]] = {
-    "fixed_window": fixed_window,
-    "sliding_window": sliding_window,
-    "sliding_window_counter": sliding_window_counter,
-    "token_bucket": token_bucket,
-    "gcra": gcra,
-    CONCURRENCY: concurrency,
-}
 
 
 def local_share(policy: Policy, app_servers: int) -> tuple[float, float, float]:
@@ -372,8 +381,8 @@ class LocalLimiter:
         fcost = float(cost)
         with self._lock:
             now_us = float(self.clock())
-            outcomes = [[ALGORITHMS[policy.algorithm](self._store, key, now_us, limit, period_ms, capacity, fcost,
-                                                      charge, *((lease,) if policy.algorithm == CONCURRENCY else ()))
+            outcomes = [[MODELS[policy.algorithm](self._store, key, now_us, limit, period_ms, capacity, fcost,
+                                                      *((lease,) if policy.algorithm == CONCURRENCY else ()))
                          for policy, key, limit, period_ms, capacity in rows] for rows in plan]
             all_allowed = all(outcome[0] or row[0].shadow for rows, per_check in zip(plan, outcomes, strict=True)
                               for row, outcome in zip(rows, per_check, strict=True))
