@@ -7,7 +7,7 @@ import re
 import redis
 
 from ratelimit_app.algorithms import REGISTRY, SCRIPTED
-from ratelimit_app.fallback import MODELS
+from ratelimit_app.fallback_models import MODELS
 from ratelimit_app.scripts import ALGORITHM_FILES, ENTRY_FILE, decide_sha, decide_source, read_lua
 
 # Update deliberately when a script changes (and say why in the commit).
