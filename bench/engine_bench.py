@@ -393,10 +393,10 @@ class Transports:
 
 
 def transport_rounds(pool: WorkerPool, admin: redis.Redis, duration: float, tasks: Sequence[int] = (1, 16),
-                     burst: int = 20, slices: int = 5) -> Transports:
-    """Measure every row of TRANSPORTS in worker 0, interleaved in bursts for `duration` seconds."""
-    keys = [f"{row}/1" for row in TRANSPORTS if row.startswith("sync.")]
-    keys += [f"{row}/{n}" for n in tasks for row in TRANSPORTS if row.startswith("async.")]
+                     burst: int = 20, slices: int = 5, rows: Sequence[str] = tuple(TRANSPORTS)) -> Transports:
+    """Measure `rows` of TRANSPORTS (default: all) in worker 0, interleaved in bursts for `duration` seconds."""
+    keys = [f"{row}/1" for row in rows if row.startswith("sync.")]
+    keys += [f"{row}/{n}" for n in tasks for row in rows if row.startswith("async.")]
     admin.flushall()
     [totals] = pool.run({0: ("bench.engine_bench:interleaved_transports",
                              {"keys": keys, "duration": duration, "burst": burst, "slices": slices, "tag": "tr",

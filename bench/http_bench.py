@@ -1,11 +1,13 @@
-"""HTTP: a trivial view under gunicorn, in variants, loaded from loopback by a bounded client.
+"""HTTP: a trivial view under a real server, in variants, loaded from loopback by a bounded client.
 
-Each variant (bench/httpapp/variants.py) gets its own gunicorn serving bench.httpapp.wsgi on a free
-loopback port; the load generator (wrk when it is on PATH, else the bounded Python client below)
-warms it up, then sends GET /api/ping with the same headers for a fixed time over a fixed number of
-keep-alive connections, and reports requests per second, the p99 latency and how many answers were
-not 200 (must be 0: every limit is set far above what a run can send). Rounds are interleaved
-across variants and each variant's row is its median round.
+Each variant (bench/httpapp/variants.py) gets its own server on a free loopback port: gunicorn
+serving bench.httpapp.wsgi (the WSGI variants), or uvicorn, one process without access log,
+serving bench.httpapp.asgi (the ASGI variants, whose view is an `async def`). The load generator
+(wrk when it is on PATH, else the bounded Python client below) warms it up, then sends GET /api/ping
+with the same headers for a fixed time over a fixed number of keep-alive connections, and reports
+requests per second, the p99 latency and how many answers were not 200 (must be 0: every limit is
+set far above what a run can send). Rounds are interleaved across variants and each variant's row
+is its median round.
 
 Before the variants run, the SQLite database of the bench settings is migrated and a tier "bench"
 shaped like the seeded free tier (token_bucket + sliding_window + fixed_window) but with huge
@@ -58,7 +60,7 @@ class HttpResult:
     errors: int
     generator: str
     server_cpu: float = math.nan  # Redis CPU seconds (user + sys) per request, from INFO cpu
-    app_cpu: float = math.nan  # CPU seconds of the gunicorn workers per request (from /proc)
+    app_cpu: float = math.nan  # CPU seconds of the serving processes per request (from /proc)
 
 
 def _env(redis_url: str, db_path: Path, variant: str) -> dict[str, str]:
@@ -100,16 +102,36 @@ def prepare_database(redis_url: str, db_path: Path) -> str:
     return done.stdout.strip().splitlines()[-1].strip()
 
 
-class Server:
-    """gunicorn serving one variant on a free loopback port (a context manager that stops it)."""
+#: The servers a variant can run under: gunicorn (WSGI) or uvicorn (ASGI).
+SERVERS = ("gunicorn", "uvicorn")
 
-    def __init__(self, redis_url: str, db_path: Path, variant: str, workers: int, threads: int) -> None:
+
+def server_command(server: str, port: int, workers: int, threads: int) -> list[str]:
+    """The command line of `server` serving the bench app on 127.0.0.1:`port`, without access log.
+
+    gunicorn: `workers` gthread workers of `threads` threads, which keep connections alive as a real
+    deployment behind a proxy would. uvicorn: one process (`workers` and `threads` do not apply), its
+    default event loop and HTTP parser (uvloop and httptools when installed).
+    """
+    if server == "gunicorn":
+        return [sys.executable, "-m", "gunicorn", "bench.httpapp.wsgi:application", "--bind", f"127.0.0.1:{port}",
+                "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+                "--log-level", "warning"]
+    if server == "uvicorn":
+        return [sys.executable, "-m", "uvicorn", "bench.httpapp.asgi:application", "--host", "127.0.0.1",
+                "--port", str(port), "--no-access-log", "--log-level", "warning"]
+    raise ValueError(f"unknown server {server!r}; expected one of {', '.join(SERVERS)}")
+
+
+class Server:
+    """gunicorn or uvicorn serving one variant on a free loopback port (a context manager that stops it)."""
+
+    def __init__(self, redis_url: str, db_path: Path, variant: str, workers: int, threads: int,
+                 server: str = "gunicorn") -> None:
         self.port = free_port()
-        # gthread workers keep connections alive, as a real deployment behind a proxy would; no access log
-        command = [sys.executable, "-m", "gunicorn", "bench.httpapp.wsgi:application", "--bind",
-                   f"127.0.0.1:{self.port}", "--workers", str(workers), "--worker-class", "gthread",
-                   "--threads", str(threads), "--log-level", "warning"]
-        self.process = subprocess.Popen(command, env=_env(redis_url, db_path, variant), cwd=ROOT,
+        self.server = server
+        self.process = subprocess.Popen(server_command(server, self.port, workers, threads),
+                                        env=_env(redis_url, db_path, variant), cwd=ROOT,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.url = f"http://127.0.0.1:{self.port}{PATH}"
 
@@ -119,7 +141,7 @@ class Server:
         while True:
             if self.process.poll() is not None:
                 error = self.process.stderr.read().decode() if self.process.stderr else ""
-                raise RuntimeError(f"gunicorn exited with {self.process.returncode}:\n{error}")
+                raise RuntimeError(f"{self.server} exited with {self.process.returncode}:\n{error}")
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
                 conn.request("GET", PATH, headers=headers)
@@ -133,7 +155,8 @@ class Server:
                 time.sleep(0.1)
 
     def worker_cpu(self) -> float:
-        """CPU seconds (user + system) used so far by this server's worker processes."""
+        """CPU seconds (user + system) used so far by the processes that serve requests: gunicorn's
+        workers (the master's children), or uvicorn's one process."""
         ticks = os.sysconf("SC_CLK_TCK")
         total = 0
         for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -141,7 +164,8 @@ class Server:
                 fields = stat.read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue  # a process that ended while we looked
-            if int(fields[1]) == self.process.pid:  # ppid
+            pid, ppid = int(stat.parent.name), int(fields[1])
+            if (pid if self.server == "uvicorn" else ppid) == self.process.pid:
                 total += int(fields[11]) + int(fields[12])  # utime, stime
         return total / ticks
 
@@ -252,6 +276,7 @@ class HttpRun:
     threads: int
     connections: int
     duration: float
+    server: str = "gunicorn"
 
 
 def _redis_cpu(admin: redis.Redis) -> float:
@@ -261,10 +286,11 @@ def _redis_cpu(admin: redis.Redis) -> float:
 
 def run_http(redis_url: str, admin: redis.Redis, work_dir: Path, variants: list[str], duration: float,
              warmup: float, rounds: int, connections: int, workers: int, threads: int,
-             progress: Callable[[str], None]) -> HttpRun:
-    """Every variant, `rounds` interleaved times (see the module docstring).
+             progress: Callable[[str], None], *, server: str = "gunicorn", ours: str = "ours") -> HttpRun:
+    """Every variant under `server`, `rounds` interleaved times (see the module docstring); the
+    response headers are those of the variant `ours`.
 
-    All variants' gunicorns are started first and stay up (idle ones cost nothing), so a round is
+    All variants' servers are started first and stay up (idle ones cost nothing), so a round is
     only load: round r loads every variant once, for `warmup` then `duration` seconds, before round
     r+1 starts. A disturbance of the machine then hits one round of several variants, not every round
     of one, and each variant's row is its median round.
@@ -276,24 +302,24 @@ def run_http(redis_url: str, admin: redis.Redis, work_dir: Path, variants: list[
     runs: dict[str, list[HttpResult]] = {variant: [] for variant in variants}
     ours_headers: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
-        progress(f"http: starting {len(variants)} gunicorn servers")
-        servers = {variant: stack.enter_context(Server(redis_url, db_path, variant, workers, threads))
+        progress(f"http: starting {len(variants)} {server} servers")
+        servers = {variant: stack.enter_context(Server(redis_url, db_path, variant, workers, threads, server))
                    for variant in variants}
-        for variant, server in servers.items():
-            status, first_headers = server.wait_ready(headers)
+        for variant, serving in servers.items():
+            status, first_headers = serving.wait_ready(headers)
             if status != 200:
                 raise RuntimeError(f"HTTP variant {variant}: first answer was {status}, expected 200")
-            if variant == "ours":
+            if variant == ours:
                 ours_headers = {k: v for k, v in first_headers.items() if "ratelimit" in k.lower()}
         for round_index in range(rounds):
-            progress(f"http round {round_index + 1}/{rounds}: {', '.join(variants)}")
-            for variant, server in servers.items():
+            progress(f"http ({server}) round {round_index + 1}/{rounds}: {', '.join(variants)}")
+            for variant, serving in servers.items():
                 admin.flushall()
                 if warmup > 0:
-                    generate(server.url, headers, connections, warmup)
-                cpu_before, app_before = _redis_cpu(admin), server.worker_cpu()
-                result = generate(server.url, headers, connections, duration)
-                cpu, app = _redis_cpu(admin) - cpu_before, server.worker_cpu() - app_before
+                    generate(serving.url, headers, connections, warmup)
+                cpu_before, app_before = _redis_cpu(admin), serving.worker_cpu()
+                result = generate(serving.url, headers, connections, duration)
+                cpu, app = _redis_cpu(admin) - cpu_before, serving.worker_cpu() - app_before
                 requests = max(1, result.requests)
                 runs[variant].append(HttpResult(variant, result.requests, result.per_second, result.p50,
                                                 result.p99, result.errors, result.generator, cpu / requests,
@@ -308,4 +334,4 @@ def run_http(redis_url: str, admin: redis.Redis, work_dir: Path, variants: list[
                                            server_cpu=statistics.median(r.server_cpu for r in done),
                                            app_cpu=statistics.median(r.app_cpu for r in done)))
     return HttpRun(tuple(medians), {v: tuple(r.per_second for r in runs[v]) for v in variants}, ours_headers,
-                   generator_name, workers, threads, connections, duration)
+                   generator_name, workers, threads, connections, duration, server)

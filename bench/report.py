@@ -1,20 +1,22 @@
 """Turns one run's results into docs/benchmarks.md and docs/img/benchmarks.png.
 
-The targets of issue 6 (and issue 2's engine target) are judged here from the measured numbers, with
-the rule for each written next to it; a miss is reported as a miss.
+The targets of issue 6 (and issue 2's engine target, issue 11's async ones) are judged here from the
+measured numbers, with the rule for each written next to it; a miss is reported as a miss.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.accuracy import ACCURACY_RATE, TIER_ACCURACY_RATE
+from bench.asgi_profile import LOOP, PARTS, AsgiProfile
 from bench.engine_bench import TRANSPORTS, EngineResult, Run, Transports
 from bench.peers import BY_KEY, VARIANTS
-from bench.runner import Results
+from bench.runner import AsgiSection, Results
 
 IMAGE = Path("img") / "benchmarks.png"
 ENGINE_TARGET = 0.9
@@ -52,6 +54,10 @@ def _n(value: float) -> str:
 
 def _us(seconds: float) -> str:
     return "n/a" if seconds is None or math.isnan(seconds) else f"{seconds * 1e6:,.0f}"
+
+
+def _signed_us(seconds: float) -> str:
+    return "n/a" if seconds is None or math.isnan(seconds) else f"{seconds * 1e6:+,.0f} µs"
 
 
 def _ms(seconds: float) -> str:
@@ -182,7 +188,39 @@ def evaluate(results: Results) -> list[Target]:
                     f"req/s ({_x(by['ours'].per_second / by[best_http].per_second)})",
                     "pass" if by["ours"].per_second > by[best_http].per_second else "miss",
                     _spread(http.rounds.get("ours", ()), http.rounds.get(best_http, ()))))
+    if results.asgi is not None:
+        targets += asgi_http_targets(results.asgi)
     return targets
+
+
+def asgi_http_targets(section: AsgiSection) -> list[Target]:
+    """Issue 11's HTTP targets under uvicorn: our async middleware >= 0.9x the async floor, and ahead of
+    our sync middleware run in a thread."""
+    floor_promise = f"ASGI: our async middleware >= {HTTP_TARGET}x the async one-EVALSHA floor"
+    sync_promise = "ASGI: our async middleware ahead of our sync middleware under ASGI"
+    http = section.http
+    by = {r.variant: r for r in http.results} if http is not None else {}
+    if not {"async-ours", "async-evalsha", "sync-ours"} <= set(by):
+        why = section.note or "not every ASGI variant ran"
+        return [Target(floor_promise, "requests/s under uvicorn", why, "not measured"),
+                Target(sync_promise, "requests/s under uvicorn", why, "not measured")]
+    ours, floor, sync = by["async-ours"], by["async-evalsha"], by["sync-ours"]
+    ratio = ours.per_second / floor.per_second
+    return [
+        Target(floor_promise, "requests/s under uvicorn, same async view, same load (median rounds)",
+               f"{_n(ours.per_second)} vs {_n(floor.per_second)} req/s = {_x(ratio)} (median of the rounds' "
+               f"ratios {_x(_median_ratio(http.rounds['async-ours'], http.rounds['async-evalsha']))}); by CPU per "
+               f"request (uvicorn + Redis) {_x((floor.app_cpu + floor.server_cpu) / (ours.app_cpu + ours.server_cpu))}",
+               "pass" if ratio >= HTTP_TARGET else "miss",
+               _spread(http.rounds["async-ours"], http.rounds["async-evalsha"])),
+        Target(sync_promise, "requests/s under uvicorn, same async view, same load (median rounds)",
+               f"async {_n(ours.per_second)} vs sync in a thread {_n(sync.per_second)} req/s = "
+               f"{_x(ours.per_second / sync.per_second)} (median of the rounds' ratios "
+               f"{_x(_median_ratio(http.rounds['async-ours'], http.rounds['sync-ours']))}); by CPU per request "
+               f"(uvicorn + Redis) {_x((sync.app_cpu + sync.server_cpu) / (ours.app_cpu + ours.server_cpu))}",
+               "pass" if ours.per_second > sync.per_second else "miss",
+               _spread(http.rounds["async-ours"], http.rounds["sync-ours"])),
+    ]
 
 
 def _issue14_targets(results: Results) -> list[Target]:
@@ -226,6 +264,11 @@ def _median(values: list[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _median_ratio(samples: tuple[float, ...], floors: tuple[float, ...]) -> float:
+    """The median of the per-round ratios of two interleaved series (a second, paired view of their ratio)."""
+    return _median([a / b for a, b in zip(samples, floors, strict=True) if b > 0]) if samples else math.nan
 
 
 def _redis_time_section(results: Results) -> list[str]:
@@ -283,18 +326,25 @@ def transport_section(transports: Transports) -> list[str]:
              "The speed paths are the defaults (`RateLimiter`: a connection per thread; `AsyncRateLimiter`: "
              "connections of its own, one per decision in flight); the *pool* paths are the reference paths "
              "(`connections=\"pool\"`; for `RateLimiter` the default under gevent/eventlet).", ""]
+    return lines + _transport_table(transports)
+
+
+def _transport_table(transports: Transports, prefix: str = "") -> list[str]:
+    """One row per measured transport row (those whose name starts with `prefix`) and thread / task
+    count, next to its bare EVALSHA."""
     rows = []
     floors = {"sync.tier": "sync.evalsha", "sync.tier.pool": "sync.evalsha", "async.tier": "async.evalsha",
               "async.tier.pool": "async.evalsha"}
     for key, per_second in transports.per_second.items():
         row, n = key.rsplit("/", 1)
+        if not row.startswith(prefix):
+            continue
         floor = floors.get(row)
         rows.append([TRANSPORTS[row], n, _n(per_second),
                      _x(transports.ratio(key, f"{floor}/{n}")) if floor else "",
                      _us(transports.cpu[key]), " / ".join(_n(v) for v in transports.samples[key])])
-    lines += _table(["row", "threads / tasks", "decisions/s", "vs the bare EVALSHA", "CPU µs per decision "
-                     "(client + Redis)", "each fifth /s"], rows, "lrrrrl")
-    return lines
+    return _table(["row", "threads / tasks", "decisions/s", "vs the bare EVALSHA", "CPU µs per decision "
+                   "(client + Redis)", "each fifth /s"], rows, "lrrrrl")
 
 
 # -- the document ----------------------------------------------------------------------------------
@@ -489,14 +539,158 @@ def _http_section(results: Results) -> list[str]:
     return lines
 
 
+#: The marker name of the ASGI section: a full run writes it in place, `bench/run.py --asgi-only` replaces it.
+ASGI_SECTION = "asgi"
+
+
+def asgi_section(section: AsgiSection) -> list[str]:
+    """Section 6: the ASGI variants under uvicorn, with their targets and the async engine's."""
+    from bench.httpapp.variants import ASGI_VARIANTS
+
+    lines = ["## 6. HTTP under ASGI (uvicorn)", ""]
+    if section.provenance:
+        lines += [f"Measured on its own by {section.provenance}; the rest of this document comes from the run "
+                  "named at the top.", ""]
+    http = section.http
+    targets = asgi_http_targets(section) + transport_targets(section.transports)
+    lines += _targets_table(targets)
+    if http is None:
+        lines += [f"The HTTP rows were not measured: {section.note}.", ""]
+    else:
+        by = {r.variant: r for r in http.results}
+        lines += [
+            f"`GET /api/ping` served by an `async def` view returning the same small JSON body as section 4. "
+            f"Server: {section.server}, `--no-access-log`, one uvicorn per variant, all started first and kept up; "
+            f"load: {http.generator}, {http.connections} keep-alive connections from 127.0.0.1 for "
+            f"{http.duration:g} s after a warm-up, {len(next(iter(http.rounds.values())))} round(s) interleaved over "
+            "the four variants, each row the variant's median round. Every request carries the same `X-API-Key` of "
+            "the `bench` tier of section 4, with the same huge limits: nothing is denied, so non-200 must be 0.",
+            "",
+            f"**Machine**: {os.cpu_count()} cores, shared with other work running at the same time (load average "
+            f"(1 min) at the start / end of these measurements: {section.load}); the load generator runs on the same "
+            "cores. Absolute numbers are therefore low and rounds vary; the verdicts rest on the ratios of "
+            "interleaved medians, and CPU per request is given as the less load-sensitive view.",
+            "",
+        ]
+        floor = by["async-evalsha"].per_second if "async-evalsha" in by else math.nan
+        rows = []
+        for result in http.results:
+            label, what = ASGI_VARIANTS[result.variant]
+            name = f"**{label}**" if result.variant.endswith("ours") else label
+            rows.append([name, _n(result.per_second), _x(result.per_second / floor), _ms(result.p50),
+                         _ms(result.p99), f"{_us(result.app_cpu)} / {_us(result.server_cpu)}", str(result.errors),
+                         " / ".join(_n(v) for v in http.rounds.get(result.variant, ())), what])
+        lines += _table(["variant", "requests/s", "vs async floor", "p50 ms", "p99 ms",
+                         "uvicorn / Redis CPU µs/request", "non-200", "each round /s", "configured"], rows, "lrrrrrrrl")
+        noisy = sorted(v for v, r in http.rounds.items() if r and min(r) > 0 and max(r) / min(r) > NOISY_SPREAD)
+        if noisy:
+            lines += [f"**This run was noisy**: the rounds of {', '.join(noisy)} differ by more than "
+                      f"{NOISY_SPREAD}x. Treat its verdicts as uncertain.", ""]
+        lines += _rate_and_cpu(by)
+        if {"async-none", "async-evalsha", "async-ours", "sync-ours"} <= set(by):
+            none, floor_row, ours, sync = (by[v] for v in ("async-none", "async-evalsha", "async-ours", "sync-ours"))
+            lines += [
+                "From the CPU columns: uvicorn's process spends "
+                f"{_us(none.app_cpu)} µs per request on the async view alone (Django's request handling included), "
+                f"{_us(floor_row.app_cpu)} ({_signed_us(floor_row.app_cpu - none.app_cpu)}) with the floor's one "
+                f"async EVALSHA, {_us(ours.app_cpu)} ({_signed_us(ours.app_cpu - floor_row.app_cpu)} over the floor) "
+                f"with our async middleware, and {_us(sync.app_cpu)} ({_signed_us(sync.app_cpu - ours.app_cpu)} over "
+                f"the async one) with our sync middleware in a thread. Redis spends {_us(ours.server_cpu)} µs per "
+                f"request on our script (the per-IP limit and 3 policies) against {_us(floor_row.server_cpu)} µs on "
+                "the INCR script.",
+                "",
+            ]
+        lines += _asgi_profile_table(section.profile)
+        if http.ours_headers:
+            lines += ["Headers our async middleware added to a response of the run:", "", "```",
+                      *(f"{k}: {v}" for k, v in http.ours_headers.items()), "```", ""]
+    if section.transports is not None:
+        lines += ["The async engine's rows, from the same kind of run as section 1's transports table (one worker "
+                  "process, rows taking turns in bursts, a new identity per decision):", ""]
+        lines += _transport_table(section.transports, "async.")
+        lines += _script_share(section)
+    return lines
+
+
+def _script_share(section: AsgiSection) -> list[str]:
+    """How much of the 1-task gap between AsyncRateLimiter.hit and the bare EVALSHA is the script's time in
+    Redis (with one decision in flight, a decision waits for the whole of it)."""
+    transports, timing = section.transports, section.redis_time
+    if transports is None or timing is None or not {"async.tier/1", "async.evalsha/1"} <= set(transports.per_second):
+        return []
+    gap = 1 / transports.per_second["async.tier/1"] - 1 / transports.per_second["async.evalsha/1"]
+    script = (_median(timing.usec["tier"]) - _median(timing.usec["incr"])) * 1e-6
+    return [f"With one task, a decision is one round trip, which waits for the script to run in Redis: the tier "
+            f"takes {_signed_us(gap)} per decision over the bare EVALSHA, and Redis spends {_us(script)} µs more "
+            f"running the tier's script than the INCR script (`usec_per_call` of each, "
+            f"{_median(timing.usec['tier']):.1f} vs {_median(timing.usec['incr']):.1f} µs, measured in this run as "
+            "in section 5).", ""]
+
+
+def _rate_and_cpu(by: dict[str, Any]) -> list[str]:
+    """A warning when the floor target's verdict by requests/s and the ratio of CPU per request disagree."""
+    if not {"async-ours", "async-evalsha"} <= set(by):
+        return []
+    ours, floor = by["async-ours"], by["async-evalsha"]
+    by_rate = ours.per_second / floor.per_second >= HTTP_TARGET
+    by_cpu = (floor.app_cpu + floor.server_cpu) / (ours.app_cpu + ours.server_cpu)
+    if by_rate == (by_cpu >= HTTP_TARGET):
+        return []
+    verdict = ("the pass by requests/s is not established" if by_rate
+               else "the miss by requests/s may be the machine's noise")
+    return [f"**Rate and CPU disagree** on the {HTTP_TARGET}x target: by CPU per request (uvicorn + Redis) our async "
+            f"middleware is {_x(by_cpu)} of the floor. Where the server's CPU is the limit, requests/s follow CPU per "
+            f"request, so {verdict}.", ""]
+
+
+def _asgi_profile_table(profile: AsgiProfile | None) -> list[str]:
+    """GIL time per request by part, per ASGI variant (bench/asgi_profile.py), with uvicorn's CPU."""
+    from bench.httpapp.variants import ASGI_VARIANTS
+
+    if profile is None:
+        return []
+    if profile.note:
+        return [f"The profile of where the time goes was not taken: {profile.note}.", ""]
+    variants = [v for v in ASGI_VARIANTS if v in profile.per_request]
+    lines = [f"Where the time goes, by profile: py-spy ({profile.rate} samples/s, `--gil`: only the thread holding "
+             f"the GIL) on a fresh uvicorn per variant for {profile.seconds:g} s of the same load. A cell is the GIL "
+             "time per request of that part (samples / rate / requests served); a sample belongs to the part of its "
+             "innermost frame that names one (bench/asgi_profile.py). One GIL serializes the process, so *all* bounds "
+             "its requests/s (1 / all); the sampling is by wall clock, so a thread that the OS preempts while holding "
+             "the GIL counts, and on a loaded machine every part is inflated. The last row is the uvicorn process' "
+             "CPU per request over the same load, all threads and system time included.", "",
+             "Django's ASGIHandler runs each request in a `ThreadSensitiveContext`, sends `request_started` and "
+             "`request_finished` (whose receivers `reset_queries` and `close_old_connections` are sync) through "
+             "`sync_to_async`, and closes the response the same way: every request starts a thread and joins it, "
+             "with or without a limiter (the *thread hand-offs* row). The rows every variant shares (thread "
+             "hand-offs, uvicorn, Django, the loop) show how noisy a short profile on a loaded machine is: read it "
+             "for the shape of a request, not for ratios.", ""]
+    rows = []
+    for part in [name for name, _ in PARTS] + [LOOP]:
+        values = [profile.per_request[v].get(part, 0.0) for v in variants]
+        if any(values):
+            rows.append([part, *(_us(value) for value in values)])
+    rows.append(["**all**", *(_us(sum(profile.per_request[v].values())) for v in variants)])
+    rows.append(["uvicorn CPU", *(_us(profile.cpu[v]) for v in variants)])
+    lines += _table(["µs per request", *(ASGI_VARIANTS[v][0] for v in variants)], rows)
+    return lines
+
+
 def _first_paragraph(doc: str | None) -> str:
     return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
+def _targets_table(targets: list[Target]) -> list[str]:
+    status_mark = {"pass": "**pass**", "miss": "**MISS**"}
+    return _table(["target", "how it is judged", "measured", "result"],
+                  [[t.promise, t.rule, t.measured, status_mark.get(t.status, t.status)
+                    + (f" (noisy: rounds {t.spread:.1f}x apart)" if t.spread > NOISY_SPREAD else "")]
+                   for t in targets], "llll")
 
 
 def render(results: Results, targets: list[Target]) -> str:
     """The Markdown document."""
     s = results.sizes
-    status_mark = {"pass": "**pass**", "miss": "**MISS**"}
     lines = [
         "# Benchmarks",
         "",
@@ -513,10 +707,7 @@ def render(results: Results, targets: list[Target]) -> str:
         "## Targets",
         "",
     ]
-    lines += _table(["target", "how it is judged", "measured", "result"],
-                    [[t.promise, t.rule, t.measured, status_mark.get(t.status, t.status)
-                      + (f" (noisy: rounds {t.spread:.1f}x apart)" if t.spread > NOISY_SPREAD else "")]
-                     for t in targets], "llll")
+    lines += _targets_table(targets)
     lines += [f"A verdict marked *noisy* rests on rounds more than {NOISY_SPREAD}x apart (see the load average "
               "below): the machine was busy with other work during the run, so that verdict may flip on a rerun. "
               "CPU time per decision / request is given next to the rates as a second, less load-sensitive view.",
@@ -529,6 +720,8 @@ def render(results: Results, targets: list[Target]) -> str:
     lines += _memory_section(results)
     lines += _http_section(results)
     lines += _redis_time_section(results)
+    if results.asgi is not None:
+        lines += [marked_section(ASGI_SECTION, "\n".join(asgi_section(results.asgi)))]
     lines += ["## What each limiter row calls", ""]
     lines += [f"- **{v.label}**: {_first_paragraph(v.builder.__doc__)}" + (f" ({v.note})" if v.note else "")
               for v in VARIANTS if v.key not in results.unavailable]
@@ -595,25 +788,31 @@ KEPT_START = "<!-- section: "
 KEPT_END = "<!-- end of section -->"
 
 
-def kept_sections(text: str) -> str:
-    """The marked sections of an existing benchmarks.md, in order ("" when there are none)."""
+def kept_sections(text: str, written: str = "") -> str:
+    """The marked sections of an existing benchmarks.md that the new document `written` does not have
+    itself, in order ("" when there are none)."""
     sections = []
     for part in text.split(KEPT_START)[1:]:
         body, found, _ = part.partition(KEPT_END)
-        if found:
+        if found and KEPT_START + body.partition("\n")[0] not in written:
             sections.append(KEPT_START + body + KEPT_END + "\n")
     return "\n".join(sections)
+
+
+def marked_section(name: str, section: str) -> str:
+    """`section` between the markers of the section `name` (which replace_section finds again)."""
+    return f"{KEPT_START}{name} -->\n{section.rstrip()}\n{KEPT_END}\n"
 
 
 def replace_section(text: str, name: str, section: str) -> str:
     """`text` (benchmarks.md) with the marked section `name` replaced by `section` (appended if absent)."""
     start = f"{KEPT_START}{name} -->"
-    block = f"{start}\n{section.rstrip()}\n{KEPT_END}\n"
+    block = marked_section(name, section)
     if start in text:
         before, _, rest = text.partition(start)
         _, _, after = rest.partition(KEPT_END + "\n")
         return before + block + after
-    return text.rstrip("\n") + "\n\n" + block
+    return text.rstrip("\n") + "\n\n" + block if text.strip() else block
 
 
 def write(results: Results, output: Path) -> None:
@@ -627,5 +826,14 @@ def write(results: Results, output: Path) -> None:
         text = text.replace(f"![decisions per second by limiter]({IMAGE.as_posix()})",
                             f"(chart not drawn: {problem})")
     previous = output / "benchmarks.md"
-    kept = kept_sections(previous.read_text(encoding="utf-8")) if previous.exists() else ""
+    kept = kept_sections(previous.read_text(encoding="utf-8"), text) if previous.exists() else ""
     (output / "benchmarks.md").write_text(text + "\n" + ("\n" + kept if kept else ""), encoding="utf-8")
+
+
+def write_asgi(section: AsgiSection, output: Path) -> None:
+    """Replace the ASGI section of `output`/benchmarks.md with `section` (appended if absent; the file is
+    created if missing), leaving everything else in it as it is."""
+    output.mkdir(parents=True, exist_ok=True)
+    path = output / "benchmarks.md"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    path.write_text(replace_section(text, ASGI_SECTION, "\n".join(asgi_section(section))), encoding="utf-8")

@@ -8,11 +8,15 @@ itself plus its peers), re-runs itself there, starts its own redis-server on a f
 2. admissions when 32 concurrent clients race for one identity (accuracy);
 3. Redis memory per active identity (memory);
 4. requests per second of a trivial view under gunicorn, per limiter (http_bench);
+5. Redis time per decision (redis_time);
+6. requests per second of an `async def` view under uvicorn: bare, the async floor, our middleware
+   async and sync (http_bench's ASGI variants), next to the async engine's rows;
 
 then writes docs/benchmarks.md and docs/img/benchmarks.png (report). The HTTP load comes from wrk
 when it is installed (`apt-get install -y wrk`), else from a bounded Python client. `--quick` is a shorter run
 for development; `--smoke` a tiny one that CI runs (with `--output` so it never touches docs/) in
-the current environment, where peers that are not installed are reported as not run.
+the current environment, where peers that are not installed are reported as not run. `--asgi-only`
+measures section 6 alone and replaces it in benchmarks.md, leaving the rest of the file as it is.
 """
 
 from __future__ import annotations
@@ -43,7 +47,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--here", action="store_true",
                         help="run in the current Python environment instead of .bench-venv/ (peers that are "
                              "not installed are reported as not run)")
-    parser.add_argument("--skip-http", action="store_true", help="leave out the HTTP measurements")
+    parts = parser.add_mutually_exclusive_group()
+    parts.add_argument("--skip-http", action="store_true", help="leave out the HTTP measurements")
+    parts.add_argument("--asgi-only", action="store_true",
+                       help="measure only section 6 (HTTP under ASGI, with the async engine's rows) and replace it "
+                            "in benchmarks.md, leaving the rest of the file as it is")
     parser.add_argument("--json", type=Path, help="also write the raw results as JSON to this file")
     parser.add_argument("--snapshot", action="store_true",
                         help="measure the committed HEAD (exported with git archive to a temporary directory), "
@@ -91,15 +99,19 @@ def main(argv: list[str]) -> int:
         return run_snapshot(argv, args)
 
     sys.path.insert(0, str(ROOT))
-    from bench.runner import run_benchmark
+    from bench.runner import run_asgi_only, run_benchmark
     from bench.sizes import FULL, QUICK, SMOKE
 
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
     command = os.environ.get("BENCH_COMMAND") or "python bench/run.py" + "".join(f" {a}" for a in argv)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="ratelimit-bench-") as work_dir:
-        run_benchmark(sizes, Path(work_dir), args.output.resolve(), command, skip_http=args.skip_http,
-                      json_path=args.json, started=started)
+        if args.asgi_only:
+            run_asgi_only(sizes, Path(work_dir), args.output.resolve(), command, json_path=args.json,
+                          started=started)
+        else:
+            run_benchmark(sizes, Path(work_dir), args.output.resolve(), command, skip_http=args.skip_http,
+                          json_path=args.json, started=started)
     print(f"done in {time.monotonic() - started:.0f}s: {args.output / 'benchmarks.md'}", flush=True)
     return 0
 

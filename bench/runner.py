@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,11 +20,12 @@ from typing import Any
 import redis
 
 from bench import accuracy, engine_bench, memory
+from bench.asgi_profile import AsgiProfile, profile_variants
 from bench.peers import BY_KEY, VARIANTS, availability
-from bench.redis_time import run_redis_time
+from bench.redis_time import RedisTime, run_redis_time
 from bench.sizes import Sizes
 from bench.workers import WorkerPool
-from devtools.embedded import start_redis
+from devtools.embedded import RedisProcess, start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("django-ratelimit-app", "redis", "hiredis", "Django", "djangorestframework", "django-redis",
@@ -31,6 +34,20 @@ PACKAGES = ("django-ratelimit-app", "redis", "hiredis", "Django", "djangorestfra
 HTTP_REQUIRES = {"none": "django", "evalsha": "redis", "ours": "ratelimit_app.middleware",
                  "drf-none": "rest_framework", "drf": "rest_framework", "django-ratelimit": "django_ratelimit",
                  "smart": "django_smart_ratelimit"}
+
+
+@dataclass(frozen=True)
+class AsgiSection:
+    """The ASGI section: the ASGI variants under uvicorn and the async engine's rows, with what they ran on."""
+
+    http: Any  # http_bench.HttpRun | None
+    transports: engine_bench.Transports | None
+    note: str  # why http is None
+    server: str  # uvicorn's version, event loop and HTTP parser
+    load: str  # load average (1 min) at the start / end of the section's measurements
+    profile: AsgiProfile | None = None
+    redis_time: RedisTime | None = None  # the scripts' time in Redis, which the async engine's rows include
+    provenance: str = ""  # command, commit and time, when the section was measured on its own (--asgi-only)
 
 
 @dataclass(frozen=True)
@@ -51,6 +68,7 @@ class Results:
     http_unavailable: dict[str, str]
     http_note: str
     redis_time: Any = None  # redis_time.RedisTime | None
+    asgi: AsgiSection | None = None
     duration: float = 0.0
     finished: str = ""
     notes: list[str] = field(default_factory=list)
@@ -125,25 +143,37 @@ def _importable(module: str) -> str | None:
         return f"{module} is not importable ({type(exc).__name__}: {exc})"
 
 
+@contextlib.contextmanager
+def private_redis(work_dir: Path) -> Iterator[tuple[RedisProcess, redis.Redis]]:
+    """A redis-server of the benchmark's own on a free loopback port, and an admin client of it; this
+    process (Django set up) and the processes it starts use the bench settings, pointed at it."""
+    server = start_redis()
+    try:
+        os.environ["BENCH_REDIS_URL"] = server.url
+        os.environ["BENCH_DB_PATH"] = str(work_dir / "bench-http.sqlite3")
+        os.environ["DJANGO_SETTINGS_MODULE"] = "bench.httpapp.settings"
+        import django
+
+        django.setup()
+        yield server, redis.Redis.from_url(server.url, socket_timeout=60)
+    finally:
+        server.stop()
+
+
+def _progress(started: float) -> Callable[[str], None]:
+    def progress(message: str) -> None:
+        print(f"[{time.monotonic() - started:5.0f}s] {message}", flush=True)
+
+    return progress
+
+
 def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, skip_http: bool,
                   json_path: Path | None, started: float) -> Results:
     """Run every section with `sizes` and write the report to `output`."""
     from bench import report
 
-    server = start_redis()
-    admin = redis.Redis.from_url(server.url, socket_timeout=60)
-    # this process and the workers it spawns use the bench settings, pointed at the private Redis
-    os.environ["BENCH_REDIS_URL"] = server.url
-    os.environ["BENCH_DB_PATH"] = str(work_dir / "bench-http.sqlite3")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.httpapp.settings"
-    import django
-
-    django.setup()
-
-    def progress(message: str) -> None:
-        print(f"[{time.monotonic() - started:5.0f}s] {message}", flush=True)
-
-    try:
+    progress = _progress(started)
+    with private_redis(work_dir) as (server, admin):
         load_before = load_average()
         missing = {key: why for key, why in availability().items() if why}
         available = [v.key for v in VARIANTS if v.key not in missing]
@@ -173,14 +203,13 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
         finally:
             pool.close()
         http_run, http_missing, http_note = _http(server.url, admin, work_dir, sizes, skip_http, progress)
+        asgi = _asgi(server.url, admin, work_dir, sizes, transports, redis_time, skip_http, progress)
         machine = machine_info(admin)
         machine["load average (1 min) at start / end"] = f"{load_before} / {load_average()}"
         results = Results(sizes, command, machine, package_versions(), missing, engine_results, paired, transports,
-                          accuracy_results, memory_results, http_run, http_missing, http_note, redis_time,
+                          accuracy_results, memory_results, http_run, http_missing, http_note, redis_time, asgi,
                           duration=time.monotonic() - started, finished=time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                         time.gmtime()))
-    finally:
-        server.stop()
     progress("writing the report")
     report.write(results, output)
     if json_path is not None:
@@ -214,3 +243,72 @@ def _http(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, skip: bool
                               sizes.http_rounds, sizes.http_connections, sizes.http_workers, sizes.http_threads,
                               progress)
     return run, missing, ""
+
+
+#: The async engine's rows an ASGI-only run measures: AsyncRateLimiter.hit on the tier and its floor.
+ASGI_TRANSPORTS = ("async.evalsha", "async.tier")
+
+
+def uvicorn_description() -> str:
+    """uvicorn's version and the event loop and HTTP parser its defaults pick in this environment."""
+    def has(module: str) -> bool:
+        return importlib.util.find_spec(module) is not None
+
+    try:
+        version = importlib.metadata.version("uvicorn")
+    except importlib.metadata.PackageNotFoundError:
+        return "uvicorn (not installed)"
+    return (f"uvicorn {version}, 1 process, event loop {'uvloop' if has('uvloop') else 'asyncio'}, "
+            f"HTTP parser {'httptools' if has('httptools') else 'h11'}")
+
+
+def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports: engine_bench.Transports | None,
+          redis_time: RedisTime | None, skip: bool, progress: Callable[[str], None]) -> AsgiSection:
+    server = uvicorn_description()
+    if skip:
+        return AsgiSection(None, transports, "left out of this run (--skip-http)", server, "", redis_time=redis_time)
+    missing = _importable("uvicorn")
+    if missing:
+        return AsgiSection(None, transports, missing, server, "", redis_time=redis_time)
+    from bench import http_bench
+    from bench.httpapp.variants import ASGI_VARIANTS
+
+    load_before = load_average()
+    run = http_bench.run_http(url, admin, work_dir, list(ASGI_VARIANTS), sizes.http_duration, sizes.http_warmup,
+                              sizes.http_rounds, sizes.http_connections, 1, 0, progress, server="uvicorn",
+                              ours="async-ours")
+    profile = profile_variants(url, work_dir, list(ASGI_VARIANTS), 2 * sizes.http_duration, sizes.http_connections,
+                               progress)
+    return AsgiSection(run, transports, "", server, f"{load_before} / {load_average()}", profile, redis_time)
+
+
+def run_asgi_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, json_path: Path | None,
+                  started: float) -> AsgiSection:
+    """Measure only the ASGI section with `sizes` (the async engine's rows and the scripts' Redis time,
+    then the ASGI variants under uvicorn) and replace that section of `output`/benchmarks.md, leaving
+    the rest of it as it is."""
+    from bench import report
+
+    progress = _progress(started)
+    with private_redis(work_dir) as (server, admin):
+        load_before = load_average()
+        progress("the async engine's rows (AsyncRateLimiter.hit and a bare async EVALSHA), interleaved in 1 process")
+        pool = WorkerPool(1, server.url)
+        try:
+            transports = engine_bench.transport_rounds(pool, admin, 3 * sizes.paired_rounds * sizes.paired_duration,
+                                                       rows=ASGI_TRANSPORTS)
+        finally:
+            pool.close()
+        progress("Redis time per decision (usec_per_call)")
+        redis_time = run_redis_time(admin, sizes.redis_time_rounds, sizes.redis_time_calls)
+        commit = machine_info(admin)["ratelimit_app commit"]
+        section = _asgi(server.url, admin, work_dir, sizes, transports, redis_time, False, progress)
+    section = dataclasses.replace(
+        section, load=f"{load_before} / {load_average()}",
+        provenance=f"`{command}` ({sizes.name} sizes) at commit {commit}, finished "
+                   f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, took {time.monotonic() - started:.0f} s")
+    progress("writing the ASGI section")
+    report.write_asgi(section, output)
+    if json_path is not None:
+        json_path.write_text(json.dumps(dataclasses.asdict(section), indent=1, default=str))
+    return section

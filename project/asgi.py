@@ -1,6 +1,8 @@
-"""ASGI entry point of the demo site (uvicorn project.asgi:application).
+"""ASGI entry point of the demo site: `uvicorn project.asgi:application`.
 
-Minimal on purpose: native async support is added by another branch (issue 11).
+Under ASGI, RateLimitMiddleware runs as a coroutine and decides on the event loop through the async
+limiter service (see docs/usage.md, "ASGI"); `async def` views such as /api/async/users are answered
+there too, and sync views run in Django's thread pool as usual.
 """
 
 import os

@@ -12,6 +12,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("health", views.health, name="health"),
     path("api/users", views.users, name="users"),
+    path("api/async/users", views.users_async, name="users-async"),
     path("api/data", views.data, name="data"),
     path("api/rate-limit/status", views.rate_limit_status, name="rate-limit-status"),
     path("api/slow", views.slow, name="slow"),
@@ -21,5 +22,6 @@ urlpatterns = [
     path("public/single", views.single, name="single"),
     path("drf/", include(router.urls)),
     path("public/quote", views.quote, name="quote"),
+    path("public/async-quote", views.quote_async, name="quote-async"),
     path("", include("ratelimit_app.urls")),  # GET /metrics (Prometheus)
 ]

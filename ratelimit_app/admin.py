@@ -17,8 +17,9 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from . import apikeys
-from .lookups import apply_overrides, get_lookups
+from .lookups import get_lookups
 from .models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
+from .plans import OVERRIDE_FIELDS, apply_overrides
 from .policies import Policy
 
 _LIMIT_FIELDS = ("name", "algorithm", "limit", "period", "burst", "calendar", "scope", "enabled", "shadow")
@@ -59,16 +60,10 @@ def effective_limits_table(tier_slug: str, overrides: QuerySet[Any]) -> str:
     tier = get_lookups().tier(tier_slug)
     if tier is None:
         return "(the tier does not exist)"
-    rows = tuple(overrides.order_by("scope", "period", "id").values_list(
-        "name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar"))
+    rows = tuple(overrides.order_by("scope", "period", "id").values_list(*OVERRIDE_FIELDS))
     merged = apply_overrides(tier, rows)
     own = {f"{row[5]}.{row[0]}" if row[5] else row[0] for row in rows if row[6]}
-    seen: dict[str, Policy] = {}
-    for policy in merged.policies:
-        seen.setdefault(policy.name, policy)
-    for scope in sorted(merged.scoped):
-        for policy in merged.scoped[scope]:
-            seen.setdefault(policy.name, policy)
+    seen = {policy.name: policy for policy in merged.every_policy()}
     if not seen:
         return "unlimited"
     body = format_html_join(

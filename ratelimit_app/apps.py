@@ -14,6 +14,6 @@ class RateLimitConfig(AppConfig):
         if apps.is_installed("django.contrib.admin"):
             from django.contrib import admin
 
-            from .dashboard import install_admin_link
+            from .observability.dashboard import install_admin_link
 
             install_admin_link(admin.site)  # the dashboard's box on the admin index page

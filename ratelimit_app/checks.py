@@ -90,7 +90,7 @@ def _all_slugs(alias: str) -> list[str]:
 def check_metrics_endpoint(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """When the URLconf routes GET /metrics: prometheus-client is installed, and someone other than staff
     sessions (Prometheus) may read it."""
-    from .metrics_endpoint import get_access, metrics_view, prometheus_missing
+    from .observability.metrics_endpoint import get_access, metrics_view, prometheus_missing
 
     if not _routes(metrics_view):
         return []

@@ -61,6 +61,17 @@ class HeldSlots:
         with contextlib.suppress(Exception):
             get_limiter().release(self.held, self.token, local=self.local)
 
+    async def arelease(self) -> None:
+        """`release` on the event loop, through the async service (never raises either)."""
+        with self._lock:
+            if self.released:
+                return
+            self.released = True
+        from .service_async import get_async_limiter
+
+        with contextlib.suppress(Exception):
+            await get_async_limiter().release(self.held, self.token, local=self.local)
+
     def __repr__(self) -> str:
         names = ", ".join(policy.name for _, policy in self.held)
         return f"HeldSlots({names}; {'released' if self.released else 'held'})"
@@ -114,3 +125,9 @@ def release_pending_now(request: HttpRequest) -> None:
     """Give back every slot `request` holds at once (the view raised: there is no response to wait for)."""
     for slots in request.__dict__.pop(PENDING_ATTRIBUTE, ()):
         slots.release()
+
+
+async def arelease_pending_now(request: HttpRequest) -> None:
+    """`release_pending_now` on the event loop."""
+    for slots in request.__dict__.pop(PENDING_ATTRIBUTE, ()):
+        await slots.arelease()

@@ -1,127 +1,66 @@
 """The Redis client the limiter uses, built once from settings (REDIS_URL or a django-redis alias).
 
 Every client built here has explicit timeouts, no retries (a retried EVALSHA could charge twice) and
-connections that respect the limiter's time budget: while a budget is running (`budget_deadline`, set
-by the service around each decision), every connect and every read waits at most for the time left
-in it, so no sequence of steps inside one decision (connect, handshake, EVALSHA, SCRIPT LOAD, a
-Sentinel lookup, a cluster topology refresh) can add up past RATELIMIT['BUDGET_MS'].
+connections that respect the limiter's time budget (ratelimit_app.budget): no sequence of steps
+inside one decision can add up past RATELIMIT['BUDGET_MS'].
+
+When the sync engine takes the "pool" path (RATELIMIT['CONNECTIONS']: "pool", or "auto" under gevent or
+eventlet), a standalone client's pool holds at most `max_connections` (the REDIS_URL's
+`?max_connections=N`, else POOL_MAX_CONNECTIONS) and a caller that finds them all in use waits for one
+to come back, within the budget, instead of failing: 200 greenlets deciding at once share 50
+connections.
 """
 
 from __future__ import annotations
 
 import inspect
 import time
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.connection import Connection, ConnectionPool, SSLConnection, UnixDomainSocketConnection
+from redis.connection import Connection, ConnectionPool
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
+from .budget import BudgetConnection, BudgetSSLConnection, BudgetUnixConnection, budget_class_for, budget_deadline
 from .conf import SettingsCached, ratelimit_settings
 from .engine_async import AsyncRedisClient
-from .engine_sync import RedisClient
+from .engine_sync import RedisClient, resolve_connections
+from .sentinel import async_sentinel_master, sentinel_master
 
 CLUSTER_SCHEME = "redis+cluster"
 SENTINEL_SCHEME = "redis+sentinel"
 
-#: The monotonic time (time.monotonic()) by which the running limiter call must be answered, or None
-#: outside a budget. Set by LimiterService around each decision; read by the connection classes below.
-budget_deadline: ContextVar[float | None] = ContextVar("ratelimit_budget_deadline", default=None)
-
-# A read issued after the budget ran out still gets this long: the command was already sent, and a
-# reply that is on its way is worth a millisecond more than an unknown outcome.
-_LAST_READ = 0.001
-
-#: redis-py >= 8 accepts read_response(timeout=...); older versions (5.0 to 7.x) read with the socket's
-#: own timeout (see BudgetMixin._read_response_within).
-_READ_TAKES_TIMEOUT = "timeout" in inspect.signature(Connection.read_response).parameters
-
-if TYPE_CHECKING:
-    from redis.connection import AbstractConnection as _ConnectionBase
-else:
-    _ConnectionBase = object
+#: Connections of the limiter's pool on the "pool" path when REDIS_URL names no `max_connections`.
+POOL_MAX_CONNECTIONS = 50
 
 
-class BudgetMixin(_ConnectionBase):
-    """Clips each socket connect and each reply wait to the time left in the current budget.
+class BudgetBlockingConnectionPool(redis.BlockingConnectionPool):
+    """A pool of at most `max_connections` whose callers, when every connection is in use, wait for one
+    to come back: for at most `timeout` seconds, and never past the running limiter call's budget
+    (`budget_deadline`); then redis.ConnectionError, which the limiter's fail mode answers."""
 
-    Outside a budget (`budget_deadline` is None) the connection behaves exactly like its base class.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._configured_connect_timeout: float | None = self.socket_connect_timeout
-
-    def _connect(self) -> Any:
+    @property
+    def timeout(self) -> float | None:
+        """How long a caller of now may wait for a free connection."""
         deadline = budget_deadline.get()
-        configured = self._configured_connect_timeout
         if deadline is None:
-            self.socket_connect_timeout = configured
-        else:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the limiter's time budget ran out before connecting to Redis")
-            self.socket_connect_timeout = left if configured is None else min(configured, left)
-        return super()._connect()  # type: ignore[safe-super]
+            return self._wait
+        left = max(deadline - time.monotonic(), 0.0)
+        return left if self._wait is None else min(self._wait, left)
 
-    def read_response(self, *args: Any, **kwargs: Any) -> Any:
-        deadline = budget_deadline.get()
-        if deadline is not None and "timeout" not in kwargs:
-            left = deadline - time.monotonic()
-            # only override when the budget is tighter than the socket's own timeout (the common
-            # first read of a call is not), which keeps the hot path free of extra syscalls
-            if self.socket_timeout is None or left < self.socket_timeout:
-                if not _READ_TAKES_TIMEOUT:
-                    return self._read_response_within(max(left, _LAST_READ), args, kwargs)
-                kwargs["timeout"] = max(left, _LAST_READ)
-        return super().read_response(*args, **kwargs)
-
-    def _read_response_within(self, timeout: float, args: Any, kwargs: Any) -> Any:
-        # redis-py < 8: its parsers read with the socket's own timeout, so the budget goes on the socket
-        # for this one reply and the configured timeout comes back after it, as redis-py >= 8 does with
-        # read_response(timeout=...).
-        sock = self._sock
-        if sock is None:
-            return super().read_response(*args, **kwargs)  # not connected: fails as redis-py does
-        sock.settimeout(timeout)
-        try:
-            return super().read_response(*args, **kwargs)
-        finally:
-            if self._sock is sock:  # still connected (a failed read disconnects)
-                sock.settimeout(self.socket_timeout)
+    @timeout.setter
+    def timeout(self, value: float | None) -> None:
+        self._wait = value
 
 
-class BudgetConnection(BudgetMixin, Connection):
-    """A TCP connection that respects the limiter's time budget."""
-
-
-class BudgetSSLConnection(BudgetMixin, SSLConnection):
-    """A TLS connection that respects the limiter's time budget."""
-
-
-class BudgetUnixConnection(BudgetMixin, UnixDomainSocketConnection):
-    """A Unix socket connection that respects the limiter's time budget."""
-
-
-_BUDGET_CLASSES: dict[type[Any], type[Any]] = {
-    Connection: BudgetConnection,
-    SSLConnection: BudgetSSLConnection,
-    UnixDomainSocketConnection: BudgetUnixConnection,
-}
-
-
-def budget_class_for(connection_class: type[Any]) -> type[Any] | None:
-    """The budget-respecting variant of a redis-py connection class, or None when there is none."""
-    if issubclass(connection_class, BudgetMixin):
-        return connection_class
-    return _BUDGET_CLASSES.get(connection_class)
-
+def _pool_path() -> bool:
+    """True when the sync engine decides through the client's pool (see engine_sync)."""
+    return resolve_connections(ratelimit_settings.CONNECTIONS) == "pool"
 
 def _no_retry() -> Retry:
     # A retried EVALSHA may be charged twice; failures go to the fail mode instead.
@@ -215,15 +154,19 @@ def build_client(url: str) -> RedisClient:
     if parts.scheme == CLUSTER_SCHEME or (ratelimit_settings.CLUSTER and parts.scheme in ("redis", "rediss")):
         return _cluster_client(url)
     if parts.scheme == SENTINEL_SCHEME:
-        from .sentinel import sentinel_master
-
         return sentinel_master(url, client_options())
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ImproperlyConfigured(
             f"RATELIMIT['REDIS_URL'] has scheme {parts.scheme!r}; expected redis, rediss, unix, "
             f"{CLUSTER_SCHEME} or {SENTINEL_SCHEME}"
         )
-    return redis.Redis.from_url(url, connection_class=_scheme_connection_class(parts.scheme), **client_options())
+    connection_class = _scheme_connection_class(parts.scheme)
+    if _pool_path():  # the URL's own max_connections, if any, wins over the default
+        pool = BudgetBlockingConnectionPool.from_url(url, connection_class=connection_class,
+                                                     max_connections=POOL_MAX_CONNECTIONS, timeout=budget_seconds(),
+                                                     **client_options())
+        return redis.Redis(connection_pool=pool)
+    return redis.Redis.from_url(url, connection_class=connection_class, **client_options())
 
 
 _ALIAS_KEYS = frozenset({
@@ -259,6 +202,10 @@ def _client_from_cache_alias(alias: str) -> RedisClient:
     # Only where and who to connect as: the cache pool's other keys belong to its own protocol and
     # handlers (RESP3 maintenance notifications, for one).
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _ALIAS_KEYS or k.startswith("ssl_")}
+    if _pool_path():
+        return redis.Redis(connection_pool=BudgetBlockingConnectionPool(
+            connection_class=budget_class, max_connections=POOL_MAX_CONNECTIONS, timeout=budget_seconds(), **kwargs,
+            **client_options()))
     return redis.Redis(connection_pool=ConnectionPool(connection_class=budget_class, **kwargs, **client_options()))
 
 
@@ -322,8 +269,6 @@ def build_async_client(url: str) -> AsyncRedisClient:
                                  password=unquote(parts.password) if parts.password else None,
                                  ssl=parts.scheme == "rediss", **options)
     if parts.scheme == SENTINEL_SCHEME:
-        from .sentinel import async_sentinel_master
-
         return async_sentinel_master(url, options)
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ImproperlyConfigured(

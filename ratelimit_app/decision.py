@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,16 +68,16 @@ class Decision:
             ):
                 tightest = result
         if worst is not None:
-            return new_decision(False, worst.limit, worst.remaining, worst.reset_after, worst.retry_after,
-                                worst.policy, results, degraded, shadow)
-        return new_decision(True, tightest.limit, tightest.remaining, tightest.reset_after, None,
-                            tightest.policy, results, degraded, shadow)
+            return Decision(False, worst.limit, worst.remaining, worst.reset_after, worst.retry_after,
+                            worst.policy, results, degraded, shadow)
+        return Decision(True, tightest.limit, tightest.remaining, tightest.reset_after, None,
+                        tightest.policy, results, degraded, shadow)
 
     def refused(self) -> Decision:
         """This decision turned into a refusal that charged nothing: the identity's own policies allowed,
         but another identity decided in the same all-or-nothing call denied."""
-        return new_decision(False, self.limit, self.remaining, self.reset_after, self.retry_after, self.policy,
-                            self.results, self.degraded, self.shadow)
+        return Decision(False, self.limit, self.remaining, self.reset_after, self.retry_after, self.policy,
+                        self.results, self.degraded, self.shadow)
 
 
 def degraded_decision(allowed: bool, retry_after: float | None = None, policy: str = "") -> Decision:
@@ -89,58 +88,3 @@ def degraded_decision(allowed: bool, retry_after: float | None = None, policy: s
     if allowed:
         return Decision(True, 0, 0, 0.0, None, policy, (), True)
     return Decision(False, 0, 0, 0.0, 1.0 if retry_after is None else retry_after, policy, (), True)
-
-
-# -- fast construction ------------------------------------------------------------------------------
-# Every request builds one Decision and a PolicyResult per policy. The __init__ that dataclasses
-# generate for a frozen class calls object.__setattr__ once per field, which makes it about 4x slower
-# than plain assignment. The functions below fill a plain object with the same slots and then give it
-# its real class: CPython allows that change because the slot layouts are identical, and the result is
-# the same frozen object that the class's own __init__ makes (tests/test_decision.py checks both).
-
-class _PolicyResultDraft:
-    __slots__ = PolicyResult.__slots__
-
-    def __init__(self, policy: str, allowed: bool, limit: int, remaining: int, reset_after: float,
-                 retry_after: float | None) -> None:
-        self.policy = policy
-        self.allowed = allowed
-        self.limit = limit
-        self.remaining = remaining
-        self.reset_after = reset_after
-        self.retry_after = retry_after
-
-
-class _DecisionDraft:
-    __slots__ = Decision.__slots__
-
-    def __init__(self, allowed: bool, limit: int, remaining: int, reset_after: float, retry_after: float | None,
-                 policy: str, results: tuple[PolicyResult, ...], degraded: bool,
-                 shadow: tuple[PolicyResult, ...]) -> None:
-        self.allowed = allowed
-        self.limit = limit
-        self.remaining = remaining
-        self.reset_after = reset_after
-        self.retry_after = retry_after
-        self.policy = policy
-        self.results = results
-        self.degraded = degraded
-        self.shadow = shadow
-
-
-def new_policy_result(policy: str, allowed: bool, limit: int, remaining: int, reset_after: float,
-                      retry_after: float | None) -> PolicyResult:
-    """PolicyResult(...), built faster (see above)."""
-    draft: Any = _PolicyResultDraft(policy, allowed, limit, remaining, reset_after, retry_after)
-    draft.__class__ = PolicyResult
-    return draft
-
-
-def new_decision(allowed: bool, limit: int, remaining: int, reset_after: float, retry_after: float | None,
-                 policy: str, results: tuple[PolicyResult, ...], degraded: bool = False,
-                 shadow: tuple[PolicyResult, ...] = ()) -> Decision:
-    """Decision(...), built faster (see above)."""
-    draft: Any = _DecisionDraft(allowed, limit, remaining, reset_after, retry_after, policy, results, degraded,
-                                shadow)
-    draft.__class__ = Decision
-    return draft

@@ -50,194 +50,24 @@ with 429 and `Retry-After: 1`. Same keys, `name`, `group` and `block` as `@ratel
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 
-from django.http import HttpRequest, HttpResponseBase
-
-from . import metrics
-from .concurrency import release_with
-from .headers import apply_headers
-from .identity import authenticated_user, request_ip_identity, user_identity
-from .limiting import (
-    ALLOWED,
-    DENIED,
-    UNAVAILABLE,
-    LimitCheck,
-    LimitOutcome,
-    RequestPlan,
-    decide,
-    get_config,
-    safely,
-)
-from .middleware import REQUEST_ATTRIBUTE
 from .policies import CONCURRENCY, InvalidPolicy, Policy
-from .responses import limiter_unavailable, too_many_requests
-from .routes import VIEW_LIMIT_ATTRIBUTE, validate_cost, view_name
-from .service import get_limiter
+from .routes import ViewT, validate_cost, view_name
+from .viewlimits import (
+    ConcurrencyLimit,
+    CountIf,
+    DecoratorLimit,
+    KeyFunction,
+    digest_label,
+    key_function_for,
+    plain_label,
+    wrap_view,
+)
 
-ViewT = TypeVar("ViewT", bound=Callable[..., HttpResponseBase])
-KeyFunction = Callable[[HttpRequest], "str | None"]
-CountIf = Callable[[HttpResponseBase], bool]
-
-#: `tier` label of the decorator's decisions in the metrics.
-DECORATOR_TIER = "decorator"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-
-
-def _key_function(key: str | KeyFunction) -> KeyFunction:
-    if callable(key):
-        return key
-    if key == "ip":
-        return request_ip_identity
-    if key == "user":
-        def by_user(request: HttpRequest) -> str:
-            user = authenticated_user(request)
-            return user_identity(user.pk) if user is not None else request_ip_identity(request)
-        return by_user
-    if isinstance(key, str) and key.lower().startswith("header:") and key[len("header:"):].strip():
-        header = key[len("header:"):].strip()
-        meta = "HTTP_" + header.upper().replace("-", "_")
-
-        def by_header(request: HttpRequest) -> str:
-            # The value is user input: the engine hashes identities, so it never becomes a key name.
-            return f"header:{header.lower()}:{request.META.get(meta, '')}"
-        return by_header
-    if isinstance(key, str) and key.lower().startswith("post:") and key[len("post:"):].strip():
-        field = key[len("post:"):].strip()
-
-        def by_post_field(request: HttpRequest) -> str:
-            # A form field (a username): user input, hashed by the engine like every identity.
-            return f"post:{field}:{request.POST.get(field, '')}"
-        return by_post_field
-    raise ValueError(f"key: {key!r} must be 'ip', 'user', 'header:<name>', 'post:<field>' or a callable")
-
-
-def _plain_label(client: str) -> str:
-    return client
-
-
-def _digest_label(client: str) -> str:
-    return "hash:" + hashlib.blake2b(client.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
-
-
-class DecoratorLimit:
-    """The limit of one decorated view (a `routes.ViewLimit`): which check a request makes, and how
-    the view answers its decision."""
-
-    def __init__(self, policy: Policy, namespace: str, key_function: KeyFunction,
-                 label_of: Callable[[str], str], block: bool, cost: int, count_if: CountIf | None = None) -> None:
-        self.policy = policy
-        self.policies = (policy,)
-        self.namespace = namespace
-        self.owner = f"decorator:{namespace}"
-        self.key_function = key_function
-        self.label_of = label_of
-        self.block = block
-        self.cost = cost
-        self.count_if = count_if
-        # Decided with the middleware's limits (when the route's cost is this cost) only when a refusal
-        # by this limit refuses the request: with block=False the view runs anyway, so charging the
-        # request's other limits must not depend on this one. A limit counted by outcome is charged
-        # after the view, on its own.
-        self.joins_request_limits = block and count_if is None
-
-    def check_for(self, request: HttpRequest) -> LimitCheck | None:
-        """This view's check for `request`, or None when its key function says "not limited"."""
-        client = self.key_function(request)
-        if client is None:
-            return None
-        return LimitCheck(f"view:{self.namespace}|{client}", self.policies, self.owner)
-
-    def decide_alone(self, request: HttpRequest) -> LimitOutcome:
-        """Charge this view's limit alone (the middleware did not decide it); the outcome's decision is
-        None when the key function says this request is not limited."""
-        check = self.check_for(request)
-        if check is None:
-            return LimitOutcome(ALLOWED, None, (), None, "")
-        client = check.identity.partition("|")[2]
-        return decide(RequestPlan((check,), None, self.label_of(client), get_config().fail_mode,
-                                  label=DECORATOR_TIER), self.cost)
-
-    def check_before(self, check: LimitCheck, label: str) -> LimitOutcome:
-        """Counted by outcome, before the view: may one more matching response be charged? (a peek;
-        a refusal is counted in the metrics)."""
-        decision = get_limiter().peek(check.identity, self.policies, self.cost, fresh=True)
-        if decision.allowed:
-            return LimitOutcome(ALLOWED, decision, self.policies, None, label, charged=False)
-        metrics.record_decision(allowed=False, tier=DECORATOR_TIER, policy=decision.policy,
-                                degraded=decision.degraded, identity=label)
-        return LimitOutcome(UNAVAILABLE if decision.degraded else DENIED, decision, self.policies, None, label,
-                            charged=False)
-
-    def charge_after(self, check: LimitCheck, label: str, counted: bool) -> LimitOutcome:
-        """Counted by outcome, after the view: count the request, and charge it when it matched."""
-        metrics.record_decision(allowed=True, tier=DECORATOR_TIER, policy=None, degraded=False, identity=label)
-        if not counted:
-            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
-        # A charge that no longer fits (requests in flight passed the check together) is refused by the
-        # script and charges nothing: the counter never goes over the limit.
-        decision = get_limiter().hit(check.identity, self.policies, self.cost)
-        return LimitOutcome(ALLOWED, decision, self.policies, None, label)
-
-    def answer_counted(self, request: HttpRequest, view: Callable[..., HttpResponseBase], args: Any,
-                       kwargs: Any) -> HttpResponseBase:
-        """`count_if`: check before the view, run it, charge after it when the response matches."""
-        check = self.check_for(request)
-        if check is None:
-            return view(request, *args, **kwargs)
-        label = self.label_of(check.identity.partition("|")[2])
-        before = safely(lambda: self.check_before(check, label), where=f"@ratelimit ({self.namespace})")
-        decision = before.decision
-        request.limited = not before.allowed  # type: ignore[attr-defined]
-        if before.allowed or not self.block:
-            response = view(request, *args, **kwargs)
-            count_if = self.count_if
-            if count_if is not None:
-                counted = bool(count_if(response))
-                after = safely(lambda: self.charge_after(check, label, counted),
-                               where=f"@ratelimit ({self.namespace})")
-                decision = after.decision or decision
-        elif decision is not None and decision.degraded:
-            response = limiter_unavailable(decision, None)
-        else:
-            response = too_many_requests(decision, None, self.cost) if decision is not None else \
-                limiter_unavailable(None, None)
-        if decision is not None and decision.results:
-            apply_headers(response, decision, self.policies, None, get_config().headers)
-        return response
-
-    def answer(self, request: HttpRequest, view: Callable[..., HttpResponseBase], args: Any,
-               kwargs: Any) -> HttpResponseBase:
-        """Run the view, or refuse, once this view's limit is decided for `request`."""
-        if self.count_if is not None:
-            return self.answer_counted(request, view, args, kwargs)
-        joint: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
-        slots = None
-        if joint is not None and joint.owns(self.owner):
-            decision = joint.decision_for(self.owner)  # decided by the middleware, with its limits
-        else:
-            alone = safely(lambda: self.decide_alone(request), where=f"@ratelimit ({self.namespace})")
-            decision, slots = alone.decision, alone.slots
-        request.limited = decision is not None and not decision.allowed  # type: ignore[attr-defined]
-        if decision is None or decision.allowed or not self.block:
-            try:
-                response = view(request, *args, **kwargs)
-            except BaseException:
-                if slots is not None:
-                    slots.release()  # no response will be closed
-                raise
-            release_with(response, slots)
-        elif decision.degraded:
-            response = limiter_unavailable(decision, None)
-        else:
-            response = too_many_requests(decision, None, self.cost)
-        if decision is not None and decision.results:
-            apply_headers(response, decision, self.policies, None, get_config().headers)
-        return response
 
 
 def _policy_name(view: Any, block: Any, name: Any, group: Any) -> str:
@@ -266,7 +96,7 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
     def decorate(view: ViewT) -> ViewT:
         where = f"@ratelimit on {view_name(view)}"
         try:
-            key_function = _key_function(key)
+            key_function = key_function_for(key)
             validate_cost(cost, minimum=1)
             if count_if is not None and not callable(count_if):
                 raise TypeError(f"count_if: {count_if!r} must be a callable taking the response")
@@ -281,26 +111,12 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
         # Header values and callable results are user data (a header could even carry an API key): the
         # metrics see a digest of them, never the value.
         label_of: Callable[[str], str] = (
-            _plain_label if isinstance(key, str) and key in ("ip", "user") else _digest_label
+            plain_label if isinstance(key, str) and key in ("ip", "user") else digest_label
         )
-        limit = DecoratorLimit(policy, group or view_name(view), key_function, label_of, block, cost, count_if)
-
-        @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            return limit.answer(request, view, args, kwargs)
-
-        setattr(wrapper, VIEW_LIMIT_ATTRIBUTE, limit)
-        return cast(ViewT, wrapper)
+        return wrap_view(view, DecoratorLimit(policy, group or view_name(view), key_function, label_of, block, cost,
+                                          count_if))
 
     return decorate
-
-
-
-class ConcurrencyLimit(DecoratorLimit):
-    """The limit of a view decorated with `@limit_concurrency`: one slot per request in flight. A slot
-    is the same whatever the route costs, so it always joins the middleware's call."""
-
-    joins_at_any_cost = True
 
 
 def limit_concurrency(slots: int, key: str | KeyFunction = "user", *, lease: float = 60, block: bool = True,
@@ -316,7 +132,7 @@ def limit_concurrency(slots: int, key: str | KeyFunction = "user", *, lease: flo
     def decorate(view: ViewT) -> ViewT:
         where = f"@limit_concurrency on {view_name(view)}"
         try:
-            key_function = _key_function(key)
+            key_function = key_function_for(key)
             policy_name = _policy_name(view, block, name, group)
             if isinstance(lease, bool) or not isinstance(lease, (int, float)):
                 raise InvalidPolicy(f"lease: {lease!r} must be a number of seconds")
@@ -327,15 +143,8 @@ def limit_concurrency(slots: int, key: str | KeyFunction = "user", *, lease: flo
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"{where}: {exc}") from exc
         label_of: Callable[[str], str] = (
-            _plain_label if isinstance(key, str) and key in ("ip", "user") else _digest_label
+            plain_label if isinstance(key, str) and key in ("ip", "user") else digest_label
         )
-        limit = ConcurrencyLimit(policy, group or view_name(view), key_function, label_of, block, 1)
-
-        @functools.wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            return limit.answer(request, view, args, kwargs)
-
-        setattr(wrapper, VIEW_LIMIT_ATTRIBUTE, limit)
-        return cast(ViewT, wrapper)
+        return wrap_view(view, ConcurrencyLimit(policy, group or view_name(view), key_function, label_of, block, 1))
 
     return decorate

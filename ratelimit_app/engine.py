@@ -22,7 +22,7 @@ from collections.abc import Generator, Sequence
 from functools import lru_cache
 from typing import Any
 
-from .decision import Decision, PolicyResult, new_policy_result
+from .decision import Decision, PolicyResult
 from .exceptions import BackendError
 from .policies import CONCURRENCY, Policy
 from .scripts import ALGORITHM_FILES, decide_sha
@@ -253,7 +253,7 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
                 retry_after = math.inf
             else:
                 retry_after = retry_ms / 1000
-            (shadow if is_shadow else results).append(new_policy_result(
+            (shadow if is_shadow else results).append(PolicyResult(
                 name, not retry_ms, capacity, remaining if remaining > 0 else 0, reset_ms / 1000, retry_after))
         decision = Decision.from_results(tuple(results), shadow=tuple(shadow)) if shadow else \
             Decision.from_results(tuple(results))

@@ -3,7 +3,9 @@
 It has two ways to reach a standalone Redis (or a Sentinel master), chosen by `connections`:
 
 - "per_thread", the speed path: each thread keeps one connection of its own and writes the call's
-  packed command on it, so a decision costs one write and one read, with no pool checkout;
+  packed command on it, so a decision costs one write and one read, with no pool checkout; when a
+  thread ends its connection is kept for the next new thread (at most MAX_SHELVED idle), so a server
+  that runs each request in a new thread reuses connections instead of opening one per request;
 - "pool", the reference path: each decision checks a connection out of the client's own pool and
   sends the EVALSHA with redis-py's `send_command`, then gives it back. It is what per-thread
   connections would get wrong: under gevent or eventlet a thread-local is per greenlet, so
@@ -93,19 +95,34 @@ def _count_fork() -> None:
 os.register_at_fork(after_in_child=_count_fork)
 
 
+#: The most idle connections a limiter keeps for new threads (see `_Owned`).
+MAX_SHELVED = 64
+
+
 class _Owned:
-    """Holds a thread's connection and closes it as soon as it is dropped: when its thread ends (the
+    """Holds a thread's connection and lets go of it as soon as it is dropped: when its thread ends (the
     thread's slot of the thread-local is cleared at once), not when a garbage collection finds the
-    connection's own reference cycles."""
+    connection's own reference cycles.
 
-    __slots__ = ("connection",)
+    A connection let go of goes on its limiter's shelf, where the next new thread takes it, so servers
+    that run each request in a thread of its own (Django's ASGI handler does, for sync code) reuse a
+    few connections instead of opening one per request; beyond MAX_SHELVED, or in a forked child (whose
+    copy of a parent's connection must never be written to), it is closed.
+    """
 
-    def __init__(self, connection: Any) -> None:
+    __slots__ = ("connection", "forks", "shelf")
+
+    def __init__(self, connection: Any, shelf: list[tuple[Any, int]]) -> None:
         self.connection = connection
+        self.forks = _forks
+        self.shelf = shelf
 
     def __del__(self) -> None:
         try:
-            self.connection.disconnect()  # in a forked child this closes only the child's copy
+            if self.forks == _forks and len(self.shelf) < MAX_SHELVED:
+                self.shelf.append((self.connection, self.forks))  # list.append is atomic
+            else:
+                self.connection.disconnect()  # in a forked child this closes only the child's copy
         except Exception:  # noqa: S110 (interpreter shutdown, a socket already gone)
             pass
 
@@ -146,6 +163,8 @@ class RateLimiter:
         #: "per_thread" or "pool": how this limiter reaches a standalone Redis
         self.connections = resolve_connections(connections)
         self._thread = _ThreadConnection()
+        #: idle connections of threads that ended, with the fork count they were made under
+        self._shelf: list[tuple[Any, int]] = []
         self._send = (self._send_cluster if self._cluster
                       else self._send_pooled if self.connections == "pool" else self._send_own)
 
@@ -226,11 +245,17 @@ class RateLimiter:
         return state_keys(self.prefix, identity, policies)
 
     def close(self) -> None:
-        """Close this thread's connection (other threads' connections close when their thread ends)."""
+        """Close this thread's connection and the idle ones kept for new threads (other threads'
+        connections are kept or closed when their thread ends)."""
         owned = self._thread.owned
         self._thread.owned = None
         if owned is not None:
+            owned.forks = -1  # not shelved: closed here
             owned.connection.disconnect()
+        while self._shelf:
+            connection, forks = self._shelf.pop()
+            if forks == _forks:
+                connection.disconnect()
 
     def _run(self, steps: Steps) -> list[Decision]:
         """Carry out the steps of one decision (see ratelimit_app.engine)."""
@@ -319,12 +344,26 @@ class RateLimiter:
         owned = thread.owned
         now = time.monotonic()
         if owned is None or thread.forks != _forks:
-            pool = cast(redis.Redis, self.client).connection_pool
-            connection = pool.connection_class(**pool.connection_kwargs)
-            thread.owned, thread.forks = _Owned(connection), _forks
+            connection = self._new_thread_connection()
+            thread.owned, thread.forks = _Owned(connection, self._shelf), _forks
+            if _connected(connection) and _stale(connection):
+                connection.disconnect()  # a shelved connection the server closed meanwhile
         else:
             connection = owned.connection
             if now - thread.last_used > IDLE_CHECK_AFTER and _connected(connection) and _stale(connection):
                 connection.disconnect()  # connected again before anything is sent
         thread.last_used = now
         return connection
+
+    def _new_thread_connection(self) -> Any:
+        """An idle connection a thread that ended left on the shelf, else a new one (made with the
+        client pool's connection class and options)."""
+        while self._shelf:
+            try:
+                connection, forks = self._shelf.pop()
+            except IndexError:  # another thread took the last one
+                break
+            if forks == _forks:
+                return connection
+        pool = cast(redis.Redis, self.client).connection_pool
+        return pool.connection_class(**pool.connection_kwargs)

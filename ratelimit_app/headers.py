@@ -34,7 +34,6 @@ from .policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 
 LEGACY = "legacy"
 IETF = "ietf"
-BOTH = "both"
 
 
 def _seconds(value: float) -> int:

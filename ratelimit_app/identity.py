@@ -37,7 +37,7 @@ class IdentityConfig:
     ipv6_prefix: int
 
 
-def _parse_config() -> IdentityConfig:
+def _read_identity_config() -> IdentityConfig:
     # the values were validated with the other settings (ratelimit_app.conf): this only converts them
     meta = "HTTP_" + ratelimit_settings.API_KEY_HEADER.upper().replace("-", "_")
     proxies = ratelimit_settings.TRUSTED_PROXIES
@@ -55,10 +55,10 @@ def parse_networks(cidrs: Sequence[str]) -> tuple[IPNetwork, ...]:
     return tuple(ipaddress.ip_network(cidr.strip(), strict=False) for cidr in cidrs)
 
 
-_config = SettingsCached(_parse_config)
+_config = SettingsCached(_read_identity_config)
 
 
-def get_config() -> IdentityConfig:
+def identity_config() -> IdentityConfig:
     """The parsed identity settings (parsed on first use and after every settings change)."""
     return _config.get()
 
@@ -69,7 +69,7 @@ def api_key_from_request(request: HttpRequest) -> str | None:
     The value is untrusted and unbounded: check it with `apikeys.parse_key` before any other use.
     """
     meta = request.META
-    key = meta.get(get_config().api_key_meta)
+    key = meta.get(identity_config().api_key_meta)
     if key is not None:
         return str(key)
     authorization = meta.get("HTTP_AUTHORIZATION")
@@ -98,7 +98,7 @@ def client_ip(request: HttpRequest) -> str:
     """
     meta = request.META
     remote = str(meta.get("REMOTE_ADDR") or "")
-    config = get_config()
+    config = identity_config()
     if config.trusted_hops:
         forwarded = meta.get("HTTP_X_FORWARDED_FOR")
         if not forwarded:
@@ -146,7 +146,7 @@ def ip_identity(address: str, ipv6_prefix: int = 64) -> str:
 
 def request_ip_identity(request: HttpRequest) -> str:
     """`ip_identity(client_ip(request))` with the configured IPv6 prefix."""
-    return ip_identity(client_ip(request), get_config().ipv6_prefix)
+    return ip_identity(client_ip(request), identity_config().ipv6_prefix)
 
 
 def key_identity(prefix: str) -> str:

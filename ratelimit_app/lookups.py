@@ -12,20 +12,23 @@ Three layers, fastest first:
    commits), which makes every older shared entry unreachable;
 3. the database.
 
-A warm request therefore makes no database query and no cache call. Values are frozen dataclasses; a
-tier's policies are compiled once per load, never per request. Raw API keys are never cached, logged or
-stored: entries are keyed by the key's prefix and hold its hash.
+A warm request therefore makes no database query and no cache call. Code on an event loop reads
+inside `local_only()`: a lookup that would need the shared cache or the database raises `NeedsIO`
+there instead of blocking the loop (the caller redoes its work in a thread). Values are the frozen
+dataclasses of ratelimit_app.plans, which also reads the rows; a tier's policies are compiled once
+per load, never per request. Raw API keys are never cached, logged or stored: entries are keyed by
+the key's prefix and hold its hash.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Hashable
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 from django.core.cache import BaseCache, caches
@@ -34,7 +37,16 @@ from django.db.models.signals import post_delete, post_save
 
 from .clientrules import ClientRules
 from .conf import SettingsCached, ratelimit_settings
-from .policies import Policy
+from .plans import (
+    KeyInfo,
+    TierInfo,
+    apply_overrides,
+    build_tier,
+    load_client_rules,
+    load_key_row,
+    load_tier_row,
+    load_user_plan,
+)
 
 #: Lifetime of the rows kept in the shared Django cache. Changes made through the ORM (admin, shell,
 #: signals) apply within CACHE_TTL; changes that bypass signals (`QuerySet.update`, raw SQL) apply once
@@ -42,6 +54,30 @@ from .policies import Policy
 SHARED_TTL = 300
 
 logger = logging.getLogger("ratelimit_app")
+
+_local_only = contextvars.ContextVar("ratelimit_local_only", default=False)
+
+
+class NeedsIO(Exception):
+    """Raised inside `local_only()` by a lookup this process has not cached (see `local_only`)."""
+
+
+@contextlib.contextmanager
+def local_only() -> Iterator[None]:
+    """Within this block (in this context: thread or asyncio task), lookups answer from this process'
+    cache or raise NeedsIO; so does `require_io()`. Async request handling plans a request inside it,
+    and redoes the plan with `sync_to_async` when NeedsIO is raised."""
+    token = _local_only.set(True)
+    try:
+        yield
+    finally:
+        _local_only.reset(token)
+
+
+def require_io() -> None:
+    """Raise NeedsIO inside `local_only()`: the caller is about to do I/O (a lookup, a Redis peek)."""
+    if _local_only.get():
+        raise NeedsIO
 
 
 class _Miss:
@@ -52,54 +88,6 @@ class _Miss:
 
 
 MISS: Any = _Miss()
-
-
-@dataclass(frozen=True, slots=True)
-class TierInfo:
-    """A tier as request handling sees it, with its enabled limits compiled into policies.
-
-    `policies` are the limits without a scope; `scoped[scope]` are those plus the limits of `scope`.
-    `fail_mode` is None when the tier follows RATELIMIT['FAIL_MODE']. `time_zone` is where the tier's
-    calendar quotas start their days, weeks and months.
-    """
-
-    slug: str
-    name: str
-    fail_mode: str | None
-    policies: tuple[Policy, ...]
-    scoped: dict[str, tuple[Policy, ...]] = field(default_factory=dict, hash=False, compare=False)
-    time_zone: str = "UTC"
-
-    def policies_for(self, scope: str | None) -> tuple[Policy, ...]:
-        """The policies a request to a route declaring `scope` (None or "" for none) is checked against."""
-        if scope:
-            return self.scoped.get(scope, self.policies)
-        return self.policies
-
-
-@dataclass(frozen=True, slots=True)
-class KeyInfo:
-    """An API key as request handling sees it: never the key itself, only its prefix and hash."""
-
-    id: int
-    prefix: str
-    name: str
-    hashed_key: str
-    tier_slug: str
-    revoked: bool
-    expires_at: float | None  # Unix time, or None for never
-    owner_id: int | None
-    #: The key's own limits (ApiKeyLimit rows: name, algorithm, limit, period, burst, scope, enabled, shadow,
-    #: calendar)
-    overrides: tuple[tuple[Any, ...], ...] = ()
-
-    def refusal(self, now: float) -> str | None:
-        """Why the key is refused at Unix time `now` ("revoked" or "expired"), or None when usable."""
-        if self.revoked:
-            return "revoked"
-        if self.expires_at is not None and now >= self.expires_at:
-            return "expired"
-        return None
 
 
 class LocalCache:
@@ -161,8 +149,8 @@ class Lookups:
         local_key = ("tier", slug)
         value = self.local.get(local_key)
         if value is MISS:
-            row = self._shared("tier", slug, _load_tier_row)
-            value = _build_tier(row) if row is not None else None
+            row = self._shared("tier", slug, load_tier_row)
+            value = build_tier(row) if row is not None else None
             self.local.set(local_key, value)
         return value
 
@@ -180,7 +168,7 @@ class Lookups:
         """The API key with `prefix` (whatever its state), or None when no key has that prefix."""
         value = self.cached_key(prefix)
         if value is MISS:
-            row = self._shared("key", prefix, _load_key_row, cache_missing=False)
+            row = self._shared("key", prefix, load_key_row, cache_missing=False)
             if row is None:
                 self.negative.set(prefix, True)
                 return None
@@ -198,7 +186,7 @@ class Lookups:
         local_key = ("user", str(user_pk))
         value = self.local.get(local_key)
         if value is MISS:
-            value = self._shared("userplan", str(user_pk), _load_user_plan)
+            value = self._shared("userplan", str(user_pk), load_user_plan)
             if value is None:
                 value = (None, ())
             self.local.set(local_key, value)
@@ -221,7 +209,7 @@ class Lookups:
         """The enabled allow/deny rules (ClientRule), compiled."""
         value = self.local.get(("rules",))
         if value is MISS:
-            rows = self._shared("rules", "all", _load_client_rules)
+            rows = self._shared("rules", "all", load_client_rules)
             value = ClientRules.build(rows or ())
             self.local.set(("rules",), value)
         return value
@@ -256,7 +244,9 @@ class Lookups:
             return None
 
     def _shared(self, kind: str, name: str, load: Any, *, cache_missing: bool = True) -> Any:
-        """Read `kind:name` from the shared cache, else load it from the database and share it."""
+        """Read `kind:name` from the shared cache, else load it from the database and share it (raises
+        NeedsIO inside `local_only()`)."""
+        require_io()
         cache = self._cache()
         entry_key = None
         if cache is not None:
@@ -288,95 +278,6 @@ def _to_shared(row: Any) -> Any:
 
 def _from_shared(value: Any) -> Any:
     return None if value == MISSING_MARKER + ":none" else value
-
-
-# -- database loaders: plain rows, picklable and independent of the code version of the dataclasses --
-def _load_tier_row(slug: str) -> tuple[Any, ...] | None:
-    from .models import Tier, TierLimit
-
-    tier = Tier.objects.filter(slug=slug).values_list("id", "slug", "name", "fail_mode", "time_zone").first()
-    if tier is None:
-        return None
-    limits = list(
-        TierLimit.objects.filter(tier_id=tier[0], enabled=True)
-        .order_by("scope", "period", "id")
-        .values_list("name", "algorithm", "limit", "period", "burst", "scope", "shadow", "calendar")
-    )
-    return (*tier[1:4], limits, tier[4])
-
-
-def _build_tier(row: tuple[Any, ...]) -> TierInfo:
-    from .models import TierLimit
-
-    slug, name, fail_mode, limit_rows, *rest = row
-    time_zone = rest[0] if rest else "UTC"
-    base: list[Policy] = []
-    by_scope: dict[str, list[Policy]] = {}
-    for limit_name, algorithm, limit, period, burst, scope, *extra in limit_rows:
-        shadow, calendar = (bool(extra[0]), extra[1]) if len(extra) == 2 else (False, "")
-        policy = TierLimit(name=limit_name, algorithm=algorithm, limit=limit, period=period, burst=burst,
-                           scope=scope, shadow=shadow, calendar=calendar).to_policy(time_zone)
-        (by_scope.setdefault(scope, []) if scope else base).append(policy)
-    scoped = {scope: (*base, *policies) for scope, policies in by_scope.items()}
-    return TierInfo(slug, name, fail_mode or None, tuple(base), scoped, time_zone)
-
-
-_OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar")
-
-
-def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> TierInfo:
-    """`tier` with one client's own limits: an override whose scope and name are those of a tier limit
-    replaces it (or, when disabled, removes it); any other enabled override is added."""
-    from .models import TierLimit
-
-    base = list(tier.policies)
-    own = {scope: list(policies[len(tier.policies):]) for scope, policies in tier.scoped.items()}
-    for name, algorithm, limit, period, burst, scope, enabled, shadow, *calendar in overrides:
-        row = TierLimit(name=name, algorithm=algorithm, limit=limit, period=period, burst=burst, scope=scope,
-                        shadow=shadow, calendar=calendar[0] if calendar else "")
-        target = own.setdefault(scope, []) if scope else base
-        policy_name = row.policy_name
-        kept = [p for p in target if p.name != policy_name]
-        if enabled:
-            replaced = len(kept) != len(target)
-            index = next((i for i, p in enumerate(target) if p.name == policy_name), len(kept))
-            kept.insert(index if replaced else len(kept), row.to_policy(tier.time_zone))
-        target[:] = kept
-    scoped = {scope: (*base, *policies) for scope, policies in own.items()}
-    return TierInfo(tier.slug, tier.name, tier.fail_mode, tuple(base), scoped, tier.time_zone)
-
-
-def _load_key_row(prefix: str) -> tuple[Any, ...] | None:
-    from .models import ApiKey, ApiKeyLimit
-
-    row = (
-        ApiKey.objects.filter(prefix=prefix)
-        .values_list("id", "prefix", "name", "hashed_key", "tier__slug", "revoked", "expires", "owner_id")
-        .first()
-    )
-    if row is None:
-        return None
-    expires = row[6]
-    overrides = tuple(ApiKeyLimit.objects.filter(api_key_id=row[0]).order_by("scope", "period", "id")
-                      .values_list(*_OVERRIDE_FIELDS))
-    return (*row[:6], expires.timestamp() if expires is not None else None, row[7], overrides)
-
-
-def _load_user_plan(user_pk: str) -> tuple[str, tuple[tuple[Any, ...], ...]] | None:
-    from .models import UserTier, UserTierLimit
-
-    row = UserTier.objects.filter(user_id=user_pk).values_list("id", "tier__slug").first()
-    if row is None:
-        return None
-    overrides = tuple(UserTierLimit.objects.filter(user_tier_id=row[0]).order_by("scope", "period", "id")
-                      .values_list(*_OVERRIDE_FIELDS))
-    return row[1], overrides
-
-
-def _load_client_rules(_: str) -> list[tuple[str, str, str | None]]:
-    from .models import ClientRule
-
-    return list(ClientRule.objects.filter(enabled=True).values_list("action", "network", "api_key__prefix"))
 
 
 # -- the process-wide instance ---------------------------------------------------------------------

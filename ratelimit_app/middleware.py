@@ -31,13 +31,15 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings as django_settings
 from django.http import HttpRequest, HttpResponseBase
 
 from . import metrics, shedding
-from .concurrency import hold, release_pending_now, release_pending_with
+from .concurrency import arelease_pending_now, hold, release_pending_now, release_pending_with
 from .conf import DEFAULTS
 from .headers import apply_headers
 from .identity import request_ip_identity
@@ -49,12 +51,14 @@ from .limiting import (
     UNAUTHORIZED,
     LimitCheck,
     LimitOutcome,
-    get_config,
+    alimit_request,
+    asafely,
+    limit_config,
     limit_request,
     safely,
 )
 from .responses import forbidden, limiter_unavailable, overloaded, too_many_requests, unauthorized
-from .routes import DEFERRED_ATTRIBUTE, defers_to_throttles, route_for_view, view_limit_of
+from .routes import DEFERRED_ATTRIBUTE, ViewLimit, defers_to_throttles, route_for_view, view_limit_of
 
 #: The request attribute that holds the LimitOutcome (also set by the throttles and the decorator).
 REQUEST_ATTRIBUTE = "ratelimit"
@@ -63,12 +67,27 @@ IN_FLIGHT_ATTRIBUTE = "_ratelimit_in_flight"
 
 
 class RateLimitMiddleware:
-    """Identify, limit and annotate API requests (see the module docstring)."""
+    """Identify, limit and annotate API requests (see the module docstring).
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+    Sync and async capable: under WSGI it runs as a sync middleware; under ASGI it is a coroutine,
+    and its `process_view` is one too, so Django runs both on the event loop and the decision is
+    awaited there (`limiting.alimit_request`), with no thread hop for a warm request.
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+            # Django runs a view middleware method on the loop only when it is a coroutine function
+            self.process_view = self.aprocess_view  # type: ignore[method-assign,assignment]
 
-    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
         departure = _count_in_flight(request)
         try:
             response = self.get_response(request)
@@ -77,66 +96,127 @@ class RateLimitMiddleware:
             if departure is not None:
                 departure()
             raise
-        response = self._after_view(request, response)
-        release_pending_with(request, response)
-        if departure is not None:  # this process' count of requests in flight drops when the response is done
-            response._resource_closers.append(departure)  # type: ignore[attr-defined]
-            weakref.finalize(response, departure)
-        return response
+        late = _late_charge(request)
+        outcome = None if late is None else safely(lambda: limit_request(request, cost=late[0], scope=late[1]),
+                                                  where="middleware")
+        return _finish(request, response, outcome, departure)
 
-    def _after_view(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
-        outcome: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
-        if outcome is None:
-            deferred = request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
-            if deferred is None and not _applies(request):
-                return response
-            # No decision yet: the URL resolved to no view, an earlier middleware answered, or DRF
-            # refused the request before its throttles ran. Charge it now.
-            cost, scope = deferred if deferred is not None else (1, "")
-            outcome = safely(lambda: limit_request(request, cost=max(cost, 1), scope=scope), where="middleware")
-            setattr(request, REQUEST_ATTRIBUTE, outcome)
-            hold(request, outcome.slots)
-            if outcome.status != ALLOWED:
-                return refusal(outcome)
-        add_headers(response, outcome)
-        return response
+    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        departure = _count_in_flight(request)
+        try:
+            response = await self.get_response(request)
+        except BaseException:
+            await arelease_pending_now(request)
+            if departure is not None:
+                departure()
+            raise
+        late = _late_charge(request)
+        outcome = None if late is None else await asafely(
+            lambda: alimit_request(request, cost=late[0], scope=late[1]), where="middleware")
+        return _finish(request, response, outcome, departure)
 
     def process_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
                      view_kwargs: Any) -> HttpResponseBase | None:
-        shed = _process_shed(request, view_func)
-        if shed is not None:
-            return shed
-        if not _applies(request):
-            return None
-        route = route_for_view(view_func)
-        cost = route.cost_for(request.method)
-        if defers_to_throttles(view_func):
-            setattr(request, DEFERRED_ATTRIBUTE, (cost, route.scope))
-            return None
+        limits = _view_limits(request, view_func)
+        if not isinstance(limits, _ViewLimits):
+            return limits
+        outcome = safely(lambda: limit_request(request, cost=limits.cost, scope=limits.scope,
+                                               extra=limits.checks_for(request)), where="middleware")
+        return _admit(request, outcome, limits.cost)
 
-        def limit() -> LimitOutcome:
-            view_limit = view_limit_of(view_func)
-            extra: list[LimitCheck] = []
-            if view_limit is not None and view_limit.joins_request_limits and (
-                    view_limit.cost == cost or getattr(view_limit, "joins_at_any_cost", False)):
-                check = view_limit.check_for(request)
-                if check is not None:
-                    extra.append(check)
-            return limit_request(request, cost=cost, scope=route.scope, extra=extra)
+    async def aprocess_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
+                            view_kwargs: Any) -> HttpResponseBase | None:
+        """`process_view` under ASGI (the decision awaited on the event loop)."""
+        limits = _view_limits(request, view_func)
+        if not isinstance(limits, _ViewLimits):
+            return limits
+        outcome = await asafely(lambda: alimit_request(request, cost=limits.cost, scope=limits.scope,
+                                                       extra=lambda: limits.checks_for(request)), where="middleware")
+        return _admit(request, outcome, limits.cost)
 
-        outcome = safely(limit, where="middleware")
-        setattr(request, REQUEST_ATTRIBUTE, outcome)
-        hold(request, outcome.slots)
-        if outcome.status == ALLOWED:
-            return None
-        return refusal(outcome, cost)
+
+@dataclass(frozen=True, slots=True)
+class _ViewLimits:
+    """What the middleware charges a request once its view is known: the route's cost and scope, and
+    the view's own limit (`@ratelimit`, `@limit_concurrency`) when it is decided in the same call."""
+
+    cost: int
+    scope: str
+    view_limit: ViewLimit | None
+
+    def checks_for(self, request: HttpRequest) -> list[LimitCheck]:
+        """The view's own check for `request`, when it joins the request's limits at this cost."""
+        view_limit = self.view_limit
+        if view_limit is None or not view_limit.joins_request_limits:
+            return []
+        if view_limit.cost != self.cost and not getattr(view_limit, "joins_at_any_cost", False):
+            return []
+        check = view_limit.check_for(request)
+        return [check] if check is not None else []
+
+
+def _view_limits(request: HttpRequest, view_func: Callable[..., Any]) -> _ViewLimits | HttpResponseBase | None:
+    """What to charge before the view runs; or the process shedder's 503; or None when the middleware
+    decides nothing here (a path it does not limit, or a view whose DRF throttles decide)."""
+    shed = _process_shed(request, view_func)
+    if shed is not None:
+        return shed
+    if not _applies(request):
+        return None
+    route = route_for_view(view_func)
+    cost = route.cost_for(request.method)
+    if defers_to_throttles(view_func):
+        setattr(request, DEFERRED_ATTRIBUTE, (cost, route.scope))
+        return None
+    return _ViewLimits(cost, route.scope, view_limit_of(view_func))
+
+
+def _admit(request: HttpRequest, outcome: LimitOutcome, cost: int) -> HttpResponseBase | None:
+    """Leave `outcome` on the request; None to let the view run, else the refusal."""
+    setattr(request, REQUEST_ATTRIBUTE, outcome)
+    hold(request, outcome.slots)
+    return None if outcome.status == ALLOWED else refusal(outcome, cost)
+
+
+def _late_charge(request: HttpRequest) -> tuple[int, str] | None:
+    """(cost, scope) to charge on the way out when no decision was made before the view: the URL
+    resolved to no view, an earlier middleware answered, or DRF refused the request before its
+    throttles ran. None when a decision was made or the path is not limited."""
+    if request.__dict__.get(REQUEST_ATTRIBUTE) is not None:
+        return None
+    deferred = request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
+    if deferred is not None:
+        return max(deferred[0], 1), deferred[1]
+    return (1, "") if _applies(request) else None
+
+
+def _finish(request: HttpRequest, response: HttpResponseBase, late: LimitOutcome | None,
+            departure: shedding.Departure | None) -> HttpResponseBase:
+    """The response with the rate limit headers (or the refusal of a late charge), its concurrency
+    slots and the process' count of requests in flight tied to it."""
+    if late is not None:
+        setattr(request, REQUEST_ATTRIBUTE, late)
+        hold(request, late.slots)
+        if late.status != ALLOWED:
+            response = refusal(late)
+        else:
+            add_headers(response, late)
+    else:
+        outcome: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+        if outcome is not None:
+            add_headers(response, outcome)
+    release_pending_with(request, response)
+    if departure is not None:  # this process' count of requests in flight drops when the response is done
+        response._resource_closers.append(departure)  # type: ignore[attr-defined]
+        weakref.finalize(response, departure)
+    return response
 
 
 def _count_in_flight(request: HttpRequest) -> shedding.Departure | None:
     """Count `request` in this process' requests in flight when the process shedder is on; the
     Departure takes it out again."""
     try:
-        if shedding.get_config().process_limit is None:
+        if shedding.shed_config().process_limit is None:
             return None
     except Exception:  # invalid settings: `check` reports them, the request follows the fail mode
         return None
@@ -151,7 +231,7 @@ def _process_shed(request: HttpRequest, view_func: Callable[..., Any]) -> HttpRe
     if count is None:
         return None
     try:
-        config = shedding.get_config()
+        config = shedding.shed_config()
         priority = config.priority_for(request, route_for_view(view_func).priority)
         if not shedding.process_sheds(config, priority, count):
             if priority == shedding.LOW:
@@ -174,7 +254,7 @@ def _applies(request: HttpRequest) -> bool:
     mode (`safely`), and every other page keeps working.
     """
     try:
-        config = get_config()
+        config = limit_config()
     except Exception:
         raw = getattr(django_settings, "RATELIMIT", None)
         raw = raw if isinstance(raw, dict) else {}
@@ -198,7 +278,7 @@ def add_headers(response: HttpResponseBase, outcome: LimitOutcome) -> None:
     the load shedder refused: it was refused for the fleet's load, not for the client's limits)."""
     if outcome.decision is not None and outcome.policies and outcome.status != SHED:
         with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
-            apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, get_config().headers)
+            apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, limit_config().headers)
 
 
 def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
@@ -209,7 +289,7 @@ def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
     if outcome.status == UNAUTHORIZED:
         response = unauthorized(outcome.message)
     elif outcome.status == SHED:
-        return overloaded(outcome.message, shedding.get_config().retry_after)  # no rate-limit headers
+        return overloaded(outcome.message, shedding.shed_config().retry_after)  # no rate-limit headers
     elif outcome.status == DENIED and decision is not None:
         response = too_many_requests(decision, outcome.tier_slug, cost)
     else:

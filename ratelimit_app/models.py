@@ -7,7 +7,6 @@ Request handling never reads these models directly: `ratelimit_app.lookups` cach
 from __future__ import annotations
 
 import ipaddress
-import re
 from datetime import datetime
 from typing import Any
 
@@ -80,16 +79,9 @@ class Tier(models.Model):
             raise ValidationError({"time_zone": "Not a known IANA time zone (for example UTC or Europe/Paris)."})
 
 
-class TierLimit(models.Model):
-    """One limit of a tier: `limit` units per `period` seconds under `algorithm`.
+class LimitShape(models.Model):
+    """The fields a tier limit and a client's override limit share: how much, per how long, how."""
 
-    `burst` is the bucket size of token_bucket and gcra (empty: the limit). An empty `scope` applies to
-    every route; a scope name applies only to views that declare that scope (and is counted separately
-    for it). The policy a limit becomes is named `name`, or `scope.name` for a scoped limit.
-    """
-
-    tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="limits")
-    name = models.CharField(max_length=30, validators=[_name_validator], help_text="For example burst, minute, day.")
     algorithm = models.CharField(max_length=30, choices=ALGORITHM_CHOICES)
     limit = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     period = models.PositiveIntegerField(validators=[MinValueValidator(1)], help_text="Seconds.")
@@ -101,6 +93,21 @@ class TierLimit(models.Model):
         max_length=30, blank=True, default="", validators=[_name_validator],
         help_text="Empty: every route. Otherwise only views that declare this scope.",
     )
+
+    class Meta:
+        abstract = True
+
+
+class TierLimit(LimitShape):
+    """One limit of a tier: `limit` units per `period` seconds under `algorithm`.
+
+    `burst` is the bucket size of token_bucket and gcra (empty: the limit). An empty `scope` applies to
+    every route; a scope name applies only to views that declare that scope (and is counted separately
+    for it). The policy a limit becomes is named `name`, or `scope.name` for a scoped limit.
+    """
+
+    tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="limits")
+    name = models.CharField(max_length=30, validators=[_name_validator], help_text="For example burst, minute, day.")
     enabled = models.BooleanField(default=True)
     shadow = models.BooleanField(
         default=False,
@@ -251,7 +258,7 @@ class UserTier(models.Model):
         return f"{self.user} -> {self.tier.slug}"
 
 
-class OverrideLimit(models.Model):
+class OverrideLimit(LimitShape):
     """A limit of one API key or one user on top of its tier: the fields of TierLimit, validated the same.
 
     A limit with the name (and scope) of a tier limit replaces it for that client; another name adds a
@@ -260,17 +267,6 @@ class OverrideLimit(models.Model):
 
     name = models.CharField(max_length=30, validators=[_name_validator],
                             help_text="The name of a tier limit replaces it; another name adds a limit.")
-    algorithm = models.CharField(max_length=30, choices=ALGORITHM_CHOICES)
-    limit = models.PositiveIntegerField(validators=[MinValueValidator(1)])
-    period = models.PositiveIntegerField(validators=[MinValueValidator(1)], help_text="Seconds.")
-    burst = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1)],
-        help_text="Bucket size for token bucket and GCRA; empty means the limit.",
-    )
-    scope = models.CharField(
-        max_length=30, blank=True, default="", validators=[_name_validator],
-        help_text="Empty: every route. Otherwise only views that declare this scope.",
-    )
     enabled = models.BooleanField(default=True, help_text="Off: the tier limit of this name does not apply.")
     shadow = models.BooleanField(default=False, help_text="Dry run: counted as if enforced, never refuses.")
     calendar = models.CharField(max_length=5, blank=True, default="", choices=CALENDAR_CHOICES,
@@ -372,8 +368,3 @@ class ClientRule(models.Model):
                 self.network = str(ipaddress.ip_network(network, strict=False))
             except ValueError as exc:
                 raise ValidationError({"network": f"Not a network in CIDR notation: {exc}"}) from exc
-
-
-def is_valid_scope(scope: str) -> bool:
-    """True when `scope` could be a TierLimit scope (views declare scopes with the same rules)."""
-    return bool(re.match(_NAME_PATTERN, scope))

@@ -7,23 +7,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .algorithms import REGISTRY
 from .calendars import CALENDAR_PERIODS, CALENDARS, is_valid_time_zone, rule_at
 
-ALGORITHMS: tuple[str, ...] = (
-    "fixed_window",
-    "sliding_window",
-    "sliding_window_counter",
-    "token_bucket",
-    "gcra",
-)
+#: The rate algorithms: requests over time (ratelimit_app.algorithms has them all).
+ALGORITHMS: tuple[str, ...] = tuple(a.name for a in REGISTRY if not a.concurrency)
 #: Requests in flight (slots, each a lease of `period` seconds) rather than requests over time: a policy
 #: of its own kind, apart from the rate ALGORITHMS (a request takes one slot whatever its cost, and gives
 #: it back when its response is finished; see docs/protection.md).
-CONCURRENCY = "concurrency"
+CONCURRENCY: str = next(a.name for a in REGISTRY if a.concurrency)
 #: Every algorithm a Policy may use.
-ALL_ALGORITHMS: tuple[str, ...] = (*ALGORITHMS, CONCURRENCY)
+ALL_ALGORITHMS: tuple[str, ...] = tuple(a.name for a in REGISTRY)
 #: Algorithms whose capacity (burst) may differ from the limit.
-BURST_ALGORITHMS = frozenset({"token_bucket", "gcra"})
+BURST_ALGORITHMS = frozenset(a.name for a in REGISTRY if a.takes_burst)
 
 #: Milliseconds per period unit. "ms" exists so that every Policy prints as a rate that parses back.
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

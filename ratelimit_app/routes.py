@@ -22,7 +22,7 @@ from .policies import MAX_LIMIT
 from .shedding import validate_priority
 
 if TYPE_CHECKING:
-    from .limiting import LimitCheck
+    from .limitcheck import LimitCheck
 
 ATTRIBUTE = "ratelimit_route"
 #: Attribute of a view wrapped by `@ratelimit`: its ViewLimit.

@@ -21,92 +21,28 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import metrics
-from .breaker import CALL, CLOSED, PROBE, SKIP, BreakerState, CircuitBreaker
+from .breaker import CLOSED, PROBE, SKIP, CircuitBreaker
+from .budget import budget_deadline
 from .conf import SettingsCached, ratelimit_settings
-from .connection import budget_deadline, get_redis
+from .connection import get_redis
 from .decision import Decision, degraded_decision
 from .denycache import DenyCache, ResetWatch
-from .engine import prepare_call
+from .engine import Check, prepare_call
 from .engine_sync import RateLimiter
 from .exceptions import BACKEND_ERRORS
 from .fallback import LocalLimiter
 from .logs import log_event
+from .observability import recorder
 from .policies import CONCURRENCY, Policy
+from .servicecall import ServiceCall, ServiceStats, request_key
 
 FAIL_MODES = ("open", "closed", "local")
-Check = tuple[str, Sequence[Policy]]
 
 #: The answer of the "open" fail mode: allowed, made without Redis, nothing known about the limits.
 OPEN_DECISION = degraded_decision(True)
-
-
-@dataclass(frozen=True)
-class ServiceStats:
-    """Counters of one LimiterService since it was built (per process).
-
-    `degraded` counts decisions answered without Redis (by fail mode: `degraded_open`,
-    `degraded_closed`, `local_allowed`, `local_denied`); `redis_failures` calls that failed or timed
-    out; `deny_cache_hits` requests denied in process; `local_states` states held by the fallback.
-    """
-
-    breaker: BreakerState
-    redis_failures: int
-    degraded_open: int
-    degraded_closed: int
-    local_allowed: int
-    local_denied: int
-    deny_cache_hits: int
-    deny_cache_size: int
-    local_states: int
-
-    @property
-    def degraded(self) -> int:
-        """Decisions answered without Redis, in every fail mode."""
-        return self.degraded_open + self.degraded_closed + self.local_allowed + self.local_denied
-
-
-def _request_key(checks: Sequence[Check], cost: int) -> Hashable:
-    """The deny-cache key of one request: its cost and every (identity, policy set), in order."""
-    if len(checks) == 1:
-        identity, policies = checks[0]
-        return (cost, identity, policies if type(policies) is tuple else tuple(policies))
-    parts: list[Any] = [cost]
-    for identity, policies in checks:
-        parts.append(identity)
-        parts.append(tuple(policies))
-    return tuple(parts)
-
-
-class _Call:
-    """One decision on its way through a service: what was asked, and what the service knows so far."""
-
-    __slots__ = ("answer", "charge", "checks", "cost", "generation", "key", "lease", "mode", "started", "step",
-                 "watch")
-
-    def __init__(self, checks: Sequence[Check], cost: int, mode: str, charge: bool,
-                 lease: str | None = None) -> None:
-        self.checks = checks
-        self.cost = cost
-        self.mode = mode
-        self.charge = charge
-        #: the token concurrency slots are taken under (see LimiterService.hit_many)
-        self.lease = lease
-        #: the deny-cache key, when it was computed
-        self.key: Hashable | None = None
-        #: the decisions, when known without asking Redis (deny cache, breaker open)
-        self.answer: list[Decision] | None = None
-        #: set when the reset epoch must be read before a cached answer stands (see LimiterService._open)
-        self.watch: ResetWatch | None = None
-        #: the deny cache's generation before Redis was asked
-        self.generation = 0
-        #: the breaker's CALL or PROBE
-        self.step = CALL
-        self.started = 0.0
 
 
 class LimiterService:
@@ -156,8 +92,6 @@ class LimiterService:
         self._stats_lock = threading.Lock()
         self._redis_failures = 0
         self._counts = {"open": 0, "closed": 0, "local_allowed": 0, "local_denied": 0}
-        # a new service starts closed (the one it replaces may have been open when settings changed)
-        metrics.set_breaker_state(CLOSED)
 
     # -- the public API ----------------------------------------------------------------------------
     @property
@@ -263,7 +197,7 @@ class LimiterService:
             budget_deadline.reset(token)
         return self._answered(call, decisions)
 
-    def _read_epoch(self, call: _Call) -> None:
+    def _read_epoch(self, call: ServiceCall) -> None:
         """The reset epoch `_open` asked for, read over the sync engine's client within the budget."""
         watch, engine = call.watch, self._engine
         if watch is None or engine is None:  # _open asks only when there is an engine
@@ -283,7 +217,7 @@ class LimiterService:
     # reset epoch and hands it to _epoch_read; then, when no answer is known yet, the caller asks Redis
     # and ends with exactly one of _answered, _failed or _abandoned. Only the I/O is the caller's.
     def _open(self, checks: Sequence[Check], cost: int, fail_mode: str | None, charge: bool, fresh: bool,
-              prefix: str | None, lease: str | None = None) -> _Call:
+              prefix: str | None, lease: str | None = None) -> ServiceCall:
         """A call on its way to Redis, or with its `answer` already known (deny cache, breaker open).
 
         `prefix` is the key prefix of the caller's engine, None when it has none yet (the reset epoch
@@ -291,10 +225,10 @@ class LimiterService:
         be read first (see ResetWatch): the answer stands unless `_epoch_read` finds it changed.
         """
         mode = self.fail_mode if fail_mode is None else _check_mode(fail_mode)
-        call = _Call(checks, cost, mode, charge, lease)
+        call = ServiceCall(checks, cost, mode, charge, lease)
         cache = self.deny_cache
         if len(cache) and not fresh:
-            call.key = _request_key(checks, cost)
+            call.key = request_key(checks, cost)
             call.answer = cache.get(call.key, time.monotonic())
             if call.answer is not None:
                 # never while the breaker is open; when Redis cannot answer, the cache keeps answering
@@ -305,7 +239,7 @@ class LimiterService:
                 return call
         return self._to_redis(call)
 
-    def _epoch_read(self, call: _Call, epoch: Any, failed: bool = False) -> _Call:
+    def _epoch_read(self, call: ServiceCall, epoch: Any, failed: bool = False) -> ServiceCall:
         """The reset epoch was read (or could not be): keep the cached denial, unless some process
         announced a reset since this one last looked; then the deny cache is cleared and the call
         goes on to Redis."""
@@ -315,7 +249,7 @@ class LimiterService:
         self.deny_cache.clear()
         return self._to_redis(call)
 
-    def _to_redis(self, call: _Call) -> _Call:
+    def _to_redis(self, call: ServiceCall) -> ServiceCall:
         call.answer = None
         call.generation = self.deny_cache.generation
         call.step = self.breaker.before_call()
@@ -325,20 +259,20 @@ class LimiterService:
             call.started = time.monotonic()
         return call
 
-    def _answered(self, call: _Call, decisions: list[Decision]) -> list[Decision]:
+    def _answered(self, call: ServiceCall, decisions: list[Decision]) -> list[Decision]:
         """Redis decided: count the latency and the success; a denial goes into the deny cache, unless
         a concurrency slot refused it (a slot can free at any moment: a response finishes)."""
-        metrics.observe_latency(time.monotonic() - call.started)
+        recorder.observe_latency(time.monotonic() - call.started)
         self.breaker.record_success(probe=call.step == PROBE)
         if decisions and not decisions[-1].allowed and not _refused_for_slots(call.checks, decisions):
-            self.deny_cache.remember(_request_key(call.checks, call.cost) if call.key is None else call.key,
+            self.deny_cache.remember(request_key(call.checks, call.cost) if call.key is None else call.key,
                                      tuple(identity for identity, _ in call.checks), decisions, call.started,
                                      call.generation)
         return decisions
 
-    def _failed(self, call: _Call, error: BaseException) -> list[Decision]:
+    def _failed(self, call: ServiceCall, error: BaseException) -> list[Decision]:
         """Redis could not decide (an error, or the budget ran out): count it; the fail mode answers."""
-        metrics.observe_latency(time.monotonic() - call.started)
+        recorder.observe_latency(time.monotonic() - call.started)
         with self._stats_lock:
             self._redis_failures += 1
         self.breaker.record_failure(error, probe=call.step == PROBE)
@@ -349,7 +283,7 @@ class LimiterService:
         with self._stats_lock:
             self._redis_failures += 1
 
-    def _abandoned(self, call: _Call) -> None:
+    def _abandoned(self, call: ServiceCall) -> None:
         """The call ended without an answer from Redis or a Redis failure (bad input, cancellation)."""
         if call.step == PROBE:
             self.breaker.abandon_probe()
@@ -394,8 +328,9 @@ class LimiterService:
             return self._engine
 
     def _breaker_changed(self, state: str, detail: dict[str, Any]) -> None:
-        # metrics counts the transition and logs it once on "ratelimit_app" (WARNING when opening)
-        metrics.set_breaker_state(state)
+        # counted and logged once on "ratelimit_app" (WARNING when opening); the state itself is read
+        # from this breaker by whoever shows it (observability.snapshot)
+        recorder.record_breaker_change(previous=detail["previous"], state=state)
         log_event("ratelimit.breaker_detail", logging.DEBUG, state=state, **detail)
         if state == CLOSED:
             # Redis is back: the next outage starts from a clean local state (and frees the memory)

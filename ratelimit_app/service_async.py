@@ -26,11 +26,13 @@ from .breaker import PROBE, SKIP, CircuitBreaker
 from .conf import SettingsCached, ratelimit_settings
 from .connection import get_async_redis
 from .decision import Decision
+from .engine import Check
 from .engine_async import AsyncRateLimiter, close_client
 from .exceptions import BACKEND_ERRORS, BackendError
 from .fallback import LocalLimiter
 from .policies import Policy
-from .service import Check, LimiterService, ServiceStats, get_limiter
+from .service import LimiterService, get_limiter
+from .servicecall import ServiceStats
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _budget

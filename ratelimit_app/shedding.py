@@ -42,7 +42,7 @@ from .logs import log_event
 from .policies import CONCURRENCY, MAX_LIMIT, Policy
 
 if TYPE_CHECKING:
-    from .limiting import LimitCheck
+    from .limitcheck import LimitCheck
 
 CRITICAL = "critical"
 NORMAL = "normal"
@@ -106,16 +106,16 @@ def _parse() -> ShedConfig:
 _config = SettingsCached(_parse)
 
 
-def get_config() -> ShedConfig:
+def shed_config() -> ShedConfig:
     """The parsed shedding settings."""
     return _config.get()
 
 
 def fleet_check(request: HttpRequest, declared: str | None) -> LimitCheck | None:
     """The fleet count's check for `request` at its priority (None when SHED_CAPACITY is None)."""
-    from .limiting import LimitCheck
+    from .limitcheck import LimitCheck
 
-    config = get_config()
+    config = shed_config()
     if config.capacity is None:
         return None
     priority = config.priority_for(request, declared)

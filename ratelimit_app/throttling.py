@@ -14,54 +14,36 @@ All of our throttles on one view, and the middleware's per-IP and tier limits, a
 all-or-nothing Redis call when DRF asks the first of them: a request refused by any limit is charged
 to none, and each throttle's `allow_request` answers for its own limits. `wait()` returns the
 limiter's retry time, so DRF answers 429 with `Retry-After`.
+
+`allow_request` is sync, and stays so under ASGI: Django runs a sync DRF view in `sync_to_async`, and
+adrf (async DRF) runs a view's `initial()`, throttles included, in `sync_to_async` too, so the decision
+is made with the sync engine in that worker thread, never on the event loop (tests/test_adrf.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.http import HttpRequest
 from django.urls import get_resolver
 from rest_framework import throttling as drf_throttling
-from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
-from .concurrency import hold, release_pending_with
-from .decision import Decision
-from .headers import retry_after_seconds
-from .identity import UNKNOWN_IP, authenticated_user, client_ip, ip_identity
-from .identity import get_config as identity_config
-from .limiting import (
-    ALLOWED,
-    DENIED,
-    FORBIDDEN,
-    REQUEST_LIMITS,
-    SHED,
-    UNAUTHORIZED,
-    UNAVAILABLE,
-    LimitCheck,
-    LimitOutcome,
-    RequestPlan,
-    decide,
-    get_config,
-    plan_request,
-    safely,
-)
-from .middleware import REQUEST_ATTRIBUTE, add_headers
+from .identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity
+from .jointthrottle import ClientRefused as ClientRefused
+from .jointthrottle import InvalidApiKey as InvalidApiKey
+from .jointthrottle import JointThrottle, RateLimitHeadersMixin, django_request_of
+from .jointthrottle import LimiterUnavailable as LimiterUnavailable
+from .jointthrottle import Overloaded as Overloaded
+from .limitcheck import LimitCheck
 from .policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
-from .routes import DEFERRED_ATTRIBUTE, route_for_view
 
-#: Attribute of a DRF Request holding the joint decision of our throttles for that dispatch.
-_JOINT_ATTRIBUTE = "_ratelimit_throttles"
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -73,8 +55,24 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
     None and no RATELIMIT['TRUSTED_PROXIES'] are set (W011); a view whose throttles may take
     concurrency slots (ConcurrencyThrottle, TierRateThrottle) with neither RateLimitMiddleware nor
     RateLimitHeadersMixin to give them back (W012)."""
+    rates = api_settings.DEFAULT_THROTTLE_RATES or {}
+    messages = _rate_errors(rates)
+    defaults: Any = api_settings.DEFAULT_THROTTLE_CLASSES or ()  # imported classes (the stubs say strings)
+    used_throttles: set[type] = {t for t in defaults if isinstance(t, type) and issubclass(t, AtomicRateThrottle)}
+    with contextlib.suppress(Exception):  # the URLconf's own errors are reported by Django's checks
+        for view_class in _drf_view_classes(get_resolver().url_patterns):
+            throttles = [t for t in getattr(view_class, "throttle_classes", ()) or () if isinstance(t, type)]
+            used_throttles.update(t for t in throttles if issubclass(t, AtomicRateThrottle))
+            messages += _view_messages(view_class, throttles, rates)
+    messages += _override_warnings(used_throttles)
+    messages += _proxy_warning()
+    return messages
+
+
+def _rate_errors(rates: dict[str, Any]) -> list[checks.CheckMessage]:
+    """ratelimit.E010 for each rate of DEFAULT_THROTTLE_RATES that does not parse."""
     messages: list[checks.CheckMessage] = []
-    for scope, rate in (api_settings.DEFAULT_THROTTLE_RATES or {}).items():
+    for scope, rate in rates.items():
         if rate is None:
             continue
         try:
@@ -85,36 +83,38 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                 hint="Use '<requests>/<period>': '100/hour', '10/min', '5/10m', '0/day' (refuse all) or None.",
                 id="ratelimit.E010",
             ))
-    rates = api_settings.DEFAULT_THROTTLE_RATES or {}
+    return messages
+
+
+def _view_messages(view_class: type, throttles: list[type], rates: dict[str, Any]) -> list[checks.CheckMessage]:
+    """ratelimit.W012 (slots nobody gives back) and E011 (a scope without a rate) for one view class."""
     from django.conf import settings as django_settings
 
+    messages: list[checks.CheckMessage] = []
+    name = f"{view_class.__module__}.{view_class.__qualname__}"
     middleware_installed = "ratelimit_app.middleware.RateLimitMiddleware" in (django_settings.MIDDLEWARE or ())
-    defaults: Any = api_settings.DEFAULT_THROTTLE_CLASSES or ()  # imported classes (the stubs say strings)
-    used_throttles: set[type] = {t for t in defaults
-                                 if isinstance(t, type) and issubclass(t, AtomicRateThrottle)}
-    with contextlib.suppress(Exception):  # the URLconf's own errors are reported by Django's checks
-        for view_class in _drf_view_classes(get_resolver().url_patterns):
-            used_throttles.update(t for t in getattr(view_class, "throttle_classes", ()) or ()
-                                  if isinstance(t, type) and issubclass(t, AtomicRateThrottle))
-            takes_slots = [t for t in getattr(view_class, "throttle_classes", ()) or ()
-                           if isinstance(t, type) and issubclass(t, (ConcurrencyThrottle, TierRateThrottle))]
-            if takes_slots and not middleware_installed and not issubclass(view_class, RateLimitHeadersMixin):
-                messages.append(checks.Warning(
-                    f"{view_class.__module__}.{view_class.__qualname__} uses {takes_slots[0].__name__}, which may "
-                    "take concurrency slots, but neither RateLimitMiddleware nor RateLimitHeadersMixin gives them "
-                    "back: each slot would be held until its lease runs out.",
-                    hint="Add ratelimit_app.middleware.RateLimitMiddleware to MIDDLEWARE, or RateLimitHeadersMixin to "
-                         "the view.", id="ratelimit.W012",
-                ))
-            view_scope = getattr(view_class, "throttle_scope", None)
-            scoped = [t for t in getattr(view_class, "throttle_classes", ()) or ()
-                      if isinstance(t, type) and issubclass(t, ScopedRateThrottle) and "THROTTLE_RATES" not in vars(t)]
-            if view_scope and scoped and view_scope not in rates:
-                messages.append(checks.Error(
-                    f"{view_class.__module__}.{view_class.__qualname__}.throttle_scope = {view_scope!r} has no rate "
-                    "in REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']",
-                    hint=f"Add DEFAULT_THROTTLE_RATES[{view_scope!r}] (None: not limited).", id="ratelimit.E011",
-                ))
+    takes_slots = [t for t in throttles if issubclass(t, (ConcurrencyThrottle, TierRateThrottle))]
+    if takes_slots and not middleware_installed and not issubclass(view_class, RateLimitHeadersMixin):
+        messages.append(checks.Warning(
+            f"{name} uses {takes_slots[0].__name__}, which may take concurrency slots, but neither "
+            "RateLimitMiddleware nor RateLimitHeadersMixin gives them back: each slot would be held until its "
+            "lease runs out.",
+            hint="Add ratelimit_app.middleware.RateLimitMiddleware to MIDDLEWARE, or RateLimitHeadersMixin to "
+                 "the view.", id="ratelimit.W012",
+        ))
+    view_scope = getattr(view_class, "throttle_scope", None)
+    scoped = [t for t in throttles if issubclass(t, ScopedRateThrottle) and "THROTTLE_RATES" not in vars(t)]
+    if view_scope and scoped and view_scope not in rates:
+        messages.append(checks.Error(
+            f"{name}.throttle_scope = {view_scope!r} has no rate in REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']",
+            hint=f"Add DEFAULT_THROTTLE_RATES[{view_scope!r}] (None: not limited).", id="ratelimit.E011",
+        ))
+    return messages
+
+
+def _override_warnings(used_throttles: set[type]) -> list[checks.CheckMessage]:
+    """ratelimit.W010 for each throttle in use that overrides `timer` or `history`."""
+    messages: list[checks.CheckMessage] = []
     for throttle in sorted(used_throttles, key=lambda t: f"{t.__module__}.{t.__qualname__}"):
         ignored = [name for name in ("timer", "history") if any(name in vars(k) for k in _own_classes(throttle))]
         if ignored:
@@ -123,20 +123,25 @@ def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[chec
                 "ratelimit_app throttles never use: time comes from Redis TIME and the history lives in Redis.",
                 hint="Remove the override; see the compatibility table in docs/usage.md.", id="ratelimit.W010",
             ))
+    return messages
+
+
+def _proxy_warning() -> list[checks.CheckMessage]:
+    """ratelimit.W011 when neither DRF's NUM_PROXIES nor RATELIMIT['TRUSTED_PROXIES'] is set."""
     try:
         config = identity_config()
     except ImproperlyConfigured:
-        return messages  # invalid RATELIMIT settings: ratelimit.E001 says which
-    if api_settings.NUM_PROXIES is None and not (config.trusted_hops or config.trusted_networks):
-        messages.append(checks.Warning(
-            "X-Forwarded-For is ignored by ratelimit_app's throttles: REST_FRAMEWORK['NUM_PROXIES'] is None "
-            "(DRF would trust the spoofable header) and RATELIMIT['TRUSTED_PROXIES'] is not set.",
-            hint="Behind a proxy, set REST_FRAMEWORK['NUM_PROXIES'] or RATELIMIT['TRUSTED_PROXIES'] so clients "
-                 "are told apart; otherwise every client counts as the proxy's address. Silence this warning "
-                 "with SILENCED_SYSTEM_CHECKS = ['ratelimit.W011'] when no proxy is in front.",
-            id="ratelimit.W011",
-        ))
-    return messages
+        return []  # invalid RATELIMIT settings: ratelimit.E001 says which
+    if api_settings.NUM_PROXIES is not None or config.trusted_hops or config.trusted_networks:
+        return []
+    return [checks.Warning(
+        "X-Forwarded-For is ignored by ratelimit_app's throttles: REST_FRAMEWORK['NUM_PROXIES'] is None "
+        "(DRF would trust the spoofable header) and RATELIMIT['TRUSTED_PROXIES'] is not set.",
+        hint="Behind a proxy, set REST_FRAMEWORK['NUM_PROXIES'] or RATELIMIT['TRUSTED_PROXIES'] so clients "
+             "are told apart; otherwise every client counts as the proxy's address. Silence this warning "
+             "with SILENCED_SYSTEM_CHECKS = ['ratelimit.W011'] when no proxy is in front.",
+        id="ratelimit.W011",
+    )]
 
 
 def _own_classes(throttle: type) -> list[type]:
@@ -155,196 +160,6 @@ def _drf_view_classes(patterns: Any) -> Any:
                 yield view_class
 
 
-class InvalidApiKey(APIException):
-    """401: the request's API key is missing (where one is required), malformed, unknown, revoked or expired."""
-
-    status_code = 401
-    default_detail = "A valid API key is required."
-    default_code = "invalid_api_key"
-    auth_header = 'Bearer realm="api"'
-
-
-class ClientRefused(APIException):
-    """403: a deny rule (ClientRule) refuses the client's network or API key."""
-
-    status_code = 403
-    default_detail = "Refused by an access rule."
-    default_code = "client_refused"
-
-
-class LimiterUnavailable(APIException):
-    """503: the limiter cannot decide and the fail mode refuses; `wait` becomes `Retry-After`."""
-
-    status_code = 503
-    default_detail = "Rate limiter unavailable."
-    default_code = "rate_limiter_unavailable"
-
-    def __init__(self, wait: int = 1) -> None:
-        super().__init__()
-        self.wait = wait
-
-
-class Overloaded(APIException):
-    """503: the load shedder refused the request (too many requests in flight for its priority)."""
-
-    status_code = 503
-    default_detail = "Service overloaded: request shed."
-    default_code = "overloaded"
-
-    def __init__(self, priority: str) -> None:
-        super().__init__(f"Service overloaded: {priority}-priority request shed.")
-        from .shedding import get_config
-
-        self.wait = int(get_config().retry_after)
-
-
-def _django_request(request: Any) -> HttpRequest:
-    return request._request if isinstance(request, Request) else request
-
-
-class JointThrottle(drf_throttling.BaseThrottle):
-    """Base of our throttles: they decide together (see the module docstring).
-
-    A subclass implements `limit_checks(request, view)`: its checks, [] when it does not limit this
-    request, or None when it refuses it outright (a rate of 0).
-    """
-
-    #: Read by RateLimitMiddleware (routes.JOINT_THROTTLE_ATTRIBUTE) to leave a view's decision to us.
-    decides_with_request_limits: ClassVar[bool] = True
-    #: True for the throttle that carries the request's own limits (per-IP and tier).
-    carries_request_limits: ClassVar[bool] = False
-    decision: Decision | None = None
-    outcome: LimitOutcome | None = None
-
-    @property
-    def owner(self) -> str:
-        """The label of this throttle's checks in the joint decision."""
-        return f"throttle:{type(self).__module__}.{type(self).__qualname__}"
-
-    def metrics_label(self) -> str:
-        """The `tier` label of decisions this throttle leads in the metrics."""
-        return "throttle"
-
-    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
-        raise NotImplementedError(".limit_checks() must be overridden")
-
-    def allow_request(self, request: Request, view: Any) -> bool:
-        """Decide (once per request, for all our throttles on the view) and answer for this throttle's
-        limits. Raises InvalidApiKey (401) or LimiterUnavailable (503) from the throttle that carries the
-        request's own limits."""
-        joint = _joint_decision(request, view, self)
-        self.outcome = joint.outcome
-        self.decision = joint.outcome.decision_for(self.owner)
-        refused = self.owner in joint.denied_outright or (self.decision is not None and not self.decision.allowed)
-        if joint.carrier == self.owner:
-            outcome = joint.outcome
-            if outcome.status == FORBIDDEN:
-                raise ClientRefused(outcome.message)
-            if outcome.status == UNAUTHORIZED:
-                raise InvalidApiKey(outcome.message)
-            if outcome.status == SHED:
-                raise Overloaded(outcome.message)
-            if outcome.status == UNAVAILABLE:
-                retry_after = outcome.decision.retry_after if outcome.decision is not None else None
-                raise LimiterUnavailable(retry_after_seconds(retry_after) or 1)
-            base = outcome.decision_for(REQUEST_LIMITS)
-            if base is not None and not base.allowed:
-                self.decision, refused = base, True
-        if self.decision is None and not refused:
-            return True  # this throttle did not limit this request (like DRF for a None cache key: no hook)
-        return self.throttle_failure() if refused else self.throttle_success()
-
-    def throttle_success(self) -> bool:
-        """Called when this throttle's limits allow the request; returns True."""
-        return True
-
-    def throttle_failure(self) -> bool:
-        """Called when this throttle's limits refuse the request; returns False."""
-        return False
-
-    def wait(self) -> float | None:
-        """Seconds until this throttle would allow the request again (None: never, or not refused)."""
-        decision = self.decision
-        if decision is None or decision.allowed or decision.retry_after is None or math.isinf(decision.retry_after):
-            return None
-        return max(decision.retry_after, 1.0)
-
-
-@dataclass(frozen=True)
-class _Joint:
-    view: Any
-    outcome: LimitOutcome
-    carrier: str  # owner of the throttle that answers for the request's own limits and for a 401/503
-    denied_outright: frozenset[str]  # owners whose rate is 0
-
-
-def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> _Joint:
-    """The decision over every throttle of ours on `view` and the request's own limits, made on the
-    first call of a dispatch and reused by the others."""
-    joint: _Joint | None = request.__dict__.get(_JOINT_ATTRIBUTE)
-    if joint is not None and joint.view is view:
-        return joint
-    throttles = _our_throttles(view, caller)
-    django_request = _django_request(request)
-    deferred = django_request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
-    # The request's own limits are decided here when a TierRateThrottle asks for them, or when the
-    # middleware left them to us; the carrier answers for them.
-    carrier = next((t for t in throttles if t.carries_request_limits), throttles[0])
-    with_request_limits = carrier.carries_request_limits or deferred is not None
-    route = route_for_view(type(view))
-    if deferred is not None:
-        cost, scope = deferred
-    else:
-        cost, scope = route.cost_for(request.method), getattr(view, "throttle_scope", None) or route.scope
-    denied: set[str] = set()
-
-    def limit() -> LimitOutcome:
-        extra: list[LimitCheck] = []
-        leader = carrier
-        for throttle in throttles:
-            checks = throttle.limit_checks(request, view)
-            if checks is None:
-                denied.add(throttle.owner)
-            elif checks and not extra:
-                leader = throttle
-            extra.extend(checks or ())
-        if denied:  # a rate of 0: refused without asking Redis, nothing charged
-            return LimitOutcome(DENIED, None, (), None, "")
-        if with_request_limits:
-            planned = plan_request(django_request, cost=cost, scope=scope if isinstance(scope, str) else "",
-                                   user=authenticated_user(request))
-            if isinstance(planned, LimitOutcome):
-                return planned
-            return decide(planned if planned.refusal else planned.plus(extra), cost)
-        if not extra:
-            return LimitOutcome(ALLOWED, None, (), None, "")
-        plan = RequestPlan(tuple(extra), None, _display_identity(extra[0]), get_config().fail_mode,
-                           label=leader.metrics_label())
-        return decide(plan, cost)
-
-    outcome = safely(limit, where=f"throttles of {type(view).__qualname__}")
-    hold(django_request, outcome.slots)  # given back with the response (the middleware or the mixin)
-    if outcome.decision is not None and outcome.policies:
-        setattr(django_request, REQUEST_ATTRIBUTE, outcome)
-    joint = _Joint(view, outcome, carrier.owner, frozenset(denied))
-    request.__dict__[_JOINT_ATTRIBUTE] = joint
-    return joint
-
-
-def _our_throttles(view: Any, caller: JointThrottle) -> list[JointThrottle]:
-    """Our throttles on `view`, in DRF's order, `caller` standing for its own class."""
-    get_throttles = getattr(view, "get_throttles", None)
-    found = [t for t in get_throttles() if isinstance(t, JointThrottle)] if callable(get_throttles) else []
-    throttles = [caller if type(t) is type(caller) else t for t in found]
-    return throttles if caller in throttles else [caller]
-
-
-def _display_identity(check: LimitCheck) -> str:
-    """A metrics label for a throttle's identity: DRF cache keys hold a user pk or an address, but an
-    overridden get_cache_key may hold anything, so those are shown as a digest."""
-    return "hash:" + hashlib.blake2b(check.identity.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
-
-
 class TierRateThrottle(JointThrottle):
     """Enforce the request's tier (see the module docstring); a view may set `throttle_scope`."""
 
@@ -352,23 +167,6 @@ class TierRateThrottle(JointThrottle):
 
     def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
         return []  # its limits are the request's own: planned by _joint_decision
-
-
-class RateLimitHeadersMixin:
-    """Add the rate limit headers of the throttles' decision to a DRF view's responses, and give back
-    the concurrency slots they took when the response is closed.
-
-    Not needed when RateLimitMiddleware is installed (it does both for throttled requests too).
-    """
-
-    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
-        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
-        django_request = _django_request(request)
-        outcome = django_request.__dict__.get(REQUEST_ATTRIBUTE)
-        if outcome is not None:
-            add_headers(response, outcome)
-        release_pending_with(django_request, response)
-        return response
 
 
 def parse_throttle_rate(rate: str) -> tuple[int, int | float]:
@@ -566,7 +364,7 @@ class ConcurrencyThrottle(JointThrottle):
         if user is not None:
             ident = f"user:{user.pk}"
         else:
-            address = client_ip(_django_request(request))
+            address = client_ip(django_request_of(request))
             if address == UNKNOWN_IP:
                 return []
             ident = ip_identity(address, identity_config().ipv6_prefix)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from .metrics_endpoint import metrics_view  # importable without prometheus-client (check: ratelimit.E004)
+from .observability.metrics_endpoint import metrics_view  # importable without prometheus-client (check: ratelimit.E004)
 
 urlpatterns = [
     path("metrics", metrics_view, name="ratelimit_metrics"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
+from devtools.embedded import RedisProcess, start_redis
 from ratelimit_app import RateLimiter
 
 DRF_SUITE_SETTINGS = "tests.drf_suite.settings"
@@ -21,6 +23,16 @@ def pytest_ignore_collect(collection_path: Any, config: Any) -> bool | None:
     if collection_path.name == "drf_suite" and django_settings.SETTINGS_MODULE != DRF_SUITE_SETTINGS:
         return True
     return None
+
+
+@pytest.fixture
+def server() -> Iterator[RedisProcess]:
+    """A redis-server of the test's own, which it may stop (SIGSTOP) or kill: never the shared Redis."""
+    process = start_redis()
+    yield process
+    if process.process.poll() is None:
+        process.process.send_signal(signal.SIGCONT)  # a stopped server would ignore the SIGTERM of stop()
+    process.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,14 @@
-"""The demo site under gunicorn in a child process, for tests that need a real second app server."""
+"""The demo site in a child process (gunicorn, uvicorn), for tests that need a real server."""
 
 from __future__ import annotations
 
 import http.client
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,8 +30,14 @@ def start_gunicorn(port: int, env: dict[str, str], *options: str) -> subprocess.
     `options`; return once GET /health answers 200. Stop it with terminate() and communicate()."""
     command = [str(Path(sys.executable).parent / "gunicorn"), "project.wsgi:application",
                "--bind", f"127.0.0.1:{port}", *options]
+    return start_server(command, port, env)
+
+
+def start_server(command: list[str], port: int, env: dict[str, str], *, wait: float = 30) -> subprocess.Popen[bytes]:
+    """Start `command`, a server of the demo site on 127.0.0.1:<port>, with `env`; return once GET
+    /health answers 200 (AssertionError with its stderr when it has not within `wait` seconds)."""
     server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + wait
     while True:
         try:
             if http_get(port, "/health") == 200:
@@ -39,5 +47,23 @@ def start_gunicorn(port: int, env: dict[str, str], *options: str) -> subprocess.
         if server.poll() is not None or time.monotonic() > deadline:
             server.kill()
             _, stderr = server.communicate(timeout=30)
-            raise AssertionError(f"gunicorn did not start: {stderr.decode()[-2000:]}")
+            raise AssertionError(f"{Path(command[0]).name} did not start: {stderr.decode()[-2000:]}")
         time.sleep(0.1)
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    """Stop a server started by `start_server` (SIGTERM, then SIGKILL after 30 seconds)."""
+    server.terminate()
+    try:
+        server.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.communicate()
+
+
+def prepare_database(env: dict[str, str], setup: str) -> Any:
+    """Migrate the database of `env` and run `setup` in `manage.py shell`; the JSON its last line prints."""
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    made = subprocess.run([*manage, "shell", "-c", setup], cwd=ROOT, env=env, check=True, capture_output=True)
+    return json.loads(made.stdout.decode().strip().splitlines()[-1])

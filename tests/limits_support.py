@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import math
 import re
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import requests
 from django.apps import apps as django_apps
 
 from ratelimit_app.models import ApiKey, Tier, TierLimit
@@ -85,3 +89,40 @@ def attempts(retry: Any) -> int:
     except redis.ConnectionError:
         pass
     return len(calls)
+
+
+def race_of_eight_clients(base: str, path: str, key: str) -> tuple[list[int], float]:
+    """8 clients, each on its own keep-alive connection to `base`, released at once, send 50 requests
+    to `path` with API key `key` in all: their status codes, and how many seconds the race took."""
+    per_client = [7, 7, 6, 6, 6, 6, 6, 6]  # 50 requests
+    start = threading.Barrier(len(per_client))
+
+    def client(count: int) -> list[int]:
+        session = requests.Session()
+        session.headers["X-API-Key"] = key
+        session.get(f"{base}/health", timeout=10)  # open the connection before the race
+        start.wait()
+        return [session.get(f"{base}{path}", timeout=10).status_code for _ in range(count)]
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(len(per_client)) as pool:
+        statuses = [status for result in pool.map(client, per_client) for status in result]
+    return statuses, time.monotonic() - started
+
+
+def check_free_burst(responses: list[Any]) -> dict[str, Any]:
+    """Check 11 rapid responses of one free-tier key (`requests` responses): 10 admitted with the
+    remaining count falling to 0, the 11th a 429 of the burst bucket with Retry-After and headers that
+    say it charged nothing. Returns the 429's parsed `RateLimit` header."""
+    assert [r.status_code for r in responses] == [200] * 10 + [429]
+    assert [int(r.headers["X-RateLimit-Remaining"]) for r in responses[:10]] == list(range(9, -1, -1))
+    for response in responses:
+        assert response.headers["X-RateLimit-Limit"] == "10" and response.headers["X-RateLimit-Tier"] == "free"
+    denied = responses[-1]
+    body = denied.json()
+    assert body["error"] == "rate limit exceeded" and (body["tier"], body["policy"]) == ("free", "burst")
+    assert 0 < body["retry_after"] <= 3.0  # one token every 3 s
+    assert int(denied.headers["Retry-After"]) == max(1, math.ceil(body["retry_after"]))
+    live = parse_ietf(denied.headers["RateLimit"])
+    assert (live["burst"]["r"], live["minute"]["r"], live["day"]["r"]) == (0, 10, 990)
+    return live

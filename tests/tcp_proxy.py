@@ -2,8 +2,9 @@
 
 Modes: "forward" (normal), "drop_replies" (requests reach Redis, replies are thrown away: a reply lost
 after the command was sent) and "black_hole" (accepts connections and bytes, forwards nothing).
-`connections` counts accepted client connections and `from_clients` keeps every byte clients sent, in
-every mode, so a test can tell whether (and how often) a client tried to talk to Redis.
+`connections` counts accepted client connections, `peak` the most that were open at once, and
+`from_clients` keeps every byte clients sent, in every mode, so a test can tell whether (and how often)
+a client tried to talk to Redis.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class TcpProxy:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self.connections = 0
+        self.open = 0  # client connections open now
+        self.peak = 0  # the most client connections open at once
         self.from_clients = bytearray()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -48,6 +51,8 @@ class TcpProxy:
             self._track(client)
             with self._lock:
                 self.connections += 1
+                self.open += 1
+                self.peak = max(self.peak, self.open)
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
@@ -73,6 +78,8 @@ class TcpProxy:
         except OSError:
             return
         finally:
+            with self._lock:
+                self.open -= 1
             client.close()
             if upstream is not None:
                 upstream.close()

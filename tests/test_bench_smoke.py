@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,12 +24,14 @@ def test_smoke_run_writes_the_report_and_chart_without_touching_docs(tmp_path: P
     report = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")
     for section in ("## Targets", "## Machine and versions", "## 1. Decisions per second",
                     "## 2. Accuracy under concurrency", "## 3. Redis memory per active identity",
-                    "## 4. HTTP: a trivial view under gunicorn", "## 5. Redis time per decision"):
+                    "## 4. HTTP: a trivial view under gunicorn", "## 5. Redis time per decision",
+                    "## 6. HTTP under ASGI (uvicorn)"):
         assert section in report
     # ours and the baseline always run; every target row carries a verdict
     assert "| **ours: free tier (3 policies)** |" in report
     assert "| baseline: bare EVALSHA of INCR (client.evalsha) |" in report
     assert "| **ratelimit_app middleware** |" in report
+    assert "| **ratelimit_app middleware, async** |" in report
     target_rows = report.split("## Targets")[1].split("## Machine")[0].splitlines()[4:]
     assert [row for row in target_rows if row.startswith("| 3-policy tier >= 0.9x")]
     verdicts = [row.rstrip(" |").rsplit("|", 1)[1].split(" (noisy")[0].strip()
@@ -36,3 +39,26 @@ def test_smoke_run_writes_the_report_and_chart_without_touching_docs(tmp_path: P
     assert verdicts and all(v in ("**pass**", "**MISS**", "not yet available") for v in verdicts), verdicts
     assert (tmp_path / "img" / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (docs_report.read_bytes() if docs_report.exists() else None) == before
+
+
+@pytest.mark.slow
+def test_asgi_only_smoke_run_measures_every_asgi_row_without_errors(tmp_path: Path) -> None:
+    """`--asgi-only` (section 6): the four variants under uvicorn and the async engine's rows, every
+    request answered 200, written as the ASGI section alone."""
+    done = subprocess.run([sys.executable, "bench/run.py", "--smoke", "--asgi-only", "--output", str(tmp_path),
+                           "--json", str(tmp_path / "asgi.json")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    section = json.loads((tmp_path / "asgi.json").read_text(encoding="utf-8"))
+    rows = {row["variant"]: row for row in section["http"]["results"]}
+    assert list(rows) == ["async-none", "async-evalsha", "async-ours", "sync-ours"]
+    assert all(row["requests"] > 0 and row["errors"] == 0 for row in rows.values()), rows
+    assert "ratelimit" in " ".join(section["http"]["ours_headers"]).lower()  # our middleware did decide
+    assert set(section["transports"]["per_second"]) == {"async.evalsha/1", "async.tier/1", "async.evalsha/16",
+                                                        "async.tier/16"}
+    report = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")
+    assert report.startswith("<!-- section: asgi -->\n## 6. HTTP under ASGI (uvicorn)")
+    verdicts = [line.rstrip(" |").rsplit("|", 1)[1].split(" (noisy")[0].strip()
+                for line in report.split("| target |")[1].split("\n\n")[0].splitlines()[2:]]
+    assert len(verdicts) == 4 and all(v in ("**pass**", "**MISS**") for v in verdicts), verdicts

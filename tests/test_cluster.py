@@ -16,7 +16,8 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from ratelimit_app import AsyncRateLimiter, Policy, RateLimiter
-from ratelimit_app.connection import BudgetConnection, get_redis
+from ratelimit_app.budget import BudgetConnection
+from ratelimit_app.connection import get_redis
 from ratelimit_app.engine_async import close_client
 from ratelimit_app.policies import ALGORITHMS
 from ratelimit_app.service import get_limiter

@@ -1,4 +1,4 @@
-"""The fast constructors of Decision and PolicyResult make the same frozen objects as the classes."""
+"""Decisions are frozen values: compared, hashed, pickled and copied like any dataclass."""
 
 from __future__ import annotations
 
@@ -9,19 +9,29 @@ import pickle
 import pytest
 
 from ratelimit_app import Decision
-from ratelimit_app.decision import PolicyResult, new_decision, new_policy_result
+from ratelimit_app.decision import PolicyResult
 
 
-def test_fast_constructors_build_the_same_frozen_objects() -> None:
+def test_decisions_and_results_are_frozen_values() -> None:
     values = ("minute", False, 20, 0, 12.5, math.inf)
-    fast, slow = new_policy_result(*values), PolicyResult(*values)
-    assert type(fast) is PolicyResult and fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
-    decision_values = (False, 20, 0, 12.5, math.inf, "minute", (fast,), True)
-    decision = new_decision(*decision_values)
-    assert type(decision) is Decision and decision == Decision(*decision_values)
-    for obj, name in ((fast, "allowed"), (decision, "remaining")):
+    result = PolicyResult(*values)
+    assert result == PolicyResult(*values) and hash(result) == hash(PolicyResult(*values))
+    decision = Decision(False, 20, 0, 12.5, math.inf, "minute", (result,), True)
+    for obj, name in ((result, "allowed"), (decision, "remaining")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(obj, name, 1)
     assert pickle.loads(pickle.dumps(decision)) == decision  # noqa: S301 (our own bytes)
     assert dataclasses.replace(decision, degraded=False).degraded is False
-    assert new_decision(True, 1, 1, 1.0, None, "p", ()).degraded is False  # the class default
+    assert Decision(True, 1, 1, 1.0, None, "p", ()).degraded is False  # the class default
+
+
+def test_from_results_reports_the_longest_wait_when_denied_and_the_tightest_limit_when_allowed() -> None:
+    wide = PolicyResult("day", True, 1000, 900, 80_000.0, None)
+    tight = PolicyResult("minute", True, 20, 3, 40.0, None)
+    allowed = Decision.from_results((wide, tight))
+    assert allowed.allowed and (allowed.policy, allowed.remaining) == ("minute", 3)
+    short_wait = PolicyResult("burst", False, 10, 0, 3.0, 3.0)
+    long_wait = PolicyResult("minute", False, 20, 0, 40.0, 40.0)
+    denied = Decision.from_results((wide, short_wait, long_wait))
+    assert not denied.allowed and (denied.policy, denied.retry_after) == ("minute", 40.0)
+    assert denied.results == (wide, short_wait, long_wait)

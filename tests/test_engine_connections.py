@@ -7,15 +7,14 @@ Each test runs against its own redis-server, so connection counts are exact.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Iterator
 
-import pytest
 import redis
 
-from devtools.embedded import RedisProcess, start_redis
+from devtools.embedded import RedisProcess
 from ratelimit_app import Policy, RateLimiter
-from ratelimit_app.engine_sync import IDLE_CHECK_AFTER, green_threads
+from ratelimit_app.engine_sync import IDLE_CHECK_AFTER, MAX_SHELVED, green_threads
 from ratelimit_app.scripts import decide_source
 
 from .topology import run_threads, wait_for
@@ -23,13 +22,6 @@ from .topology import run_threads, wait_for
 MINUTE = [Policy("minute", "fixed_window", limit=1000, period=60)]
 
 
-@pytest.fixture
-def server() -> Iterator[RedisProcess]:
-    process = start_redis()
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def admin_of(server: RedisProcess) -> redis.Redis:
@@ -88,12 +80,41 @@ def test_a_client_that_decodes_responses_still_gets_exact_decisions(server: Redi
     assert limiter.peek("k", small).remaining == 0
 
 
-def test_a_threads_connection_closes_when_the_thread_ends(server: RedisProcess) -> None:
+def hit_together(limiter: RateLimiter, identity: str, decided: threading.Barrier) -> None:
+    """One decision, then wait until every thread of `decided` has made its own: each thread holds its
+    connection at the same time (none ends early and leaves its connection to another)."""
+    limiter.hit(identity, MINUTE)
+    decided.wait()
+
+
+def test_threads_that_end_leave_their_connections_to_new_threads(server: RedisProcess) -> None:
+    """A server that runs each request in a thread of its own (Django's ASGI handler, for sync code)
+    reuses the connections of threads that ended instead of opening one per request."""
     admin = admin_of(server)
     limiter = RateLimiter(redis.Redis(port=server.port), prefix="t")
-    run_threads(4, lambda i: limiter.hit(f"client:{i}", MINUTE))
-    # the four threads have ended: only the test's own connection is left
-    wait_for(lambda: len(admin.client_list()) == 1, 5.0, "the threads' connections to close")
+    decided = threading.Barrier(4)
+    before = connections_received(admin)
+    run_threads(4, lambda i: hit_together(limiter, f"client:{i}", decided))
+    assert connections_received(admin) - before == 4
+    for n in range(20):  # 20 requests, each in a new thread that ends after it
+        worker = threading.Thread(target=limiter.hit, args=(f"request:{n}", MINUTE))
+        worker.start()
+        worker.join()
+    assert connections_received(admin) - before == 4  # the four threads' connections, reused
+    assert limiter.peek("request:19", MINUTE).remaining == 999
+    limiter.close()  # this thread's connection and the idle ones
+    wait_for(lambda: len(admin.client_list()) == 1, 5.0, "the idle connections to close")
+
+
+def test_at_most_max_shelved_idle_connections_are_kept(server: RedisProcess) -> None:
+    admin = admin_of(server)
+    limiter = RateLimiter(redis.Redis(port=server.port), prefix="t")
+    decided = threading.Barrier(MAX_SHELVED + 6)
+    run_threads(MAX_SHELVED + 6, lambda i: hit_together(limiter, f"client:{i}", decided))
+    # the threads have ended: MAX_SHELVED of their connections are kept, the others closed
+    wait_for(lambda: len(admin.client_list()) == 1 + MAX_SHELVED, 5.0, "the extra connections to close")
+    limiter.close()
+    wait_for(lambda: len(admin.client_list()) == 1, 5.0, "the idle connections to close")
 
 
 def test_the_pool_path_stays_within_the_clients_pool(server: RedisProcess) -> None:

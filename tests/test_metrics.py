@@ -18,6 +18,7 @@ import redis
 
 from devtools.embedded import free_port, start_redis
 from ratelimit_app import metrics
+from ratelimit_app.breaker import PROBE
 from ratelimit_app.logs import JsonFormatter, mask_key, safe_identity
 from ratelimit_app.metrics import (
     MetricsRange,
@@ -29,6 +30,9 @@ from ratelimit_app.metrics import (
     recent_metrics,
     record_decision,
 )
+from ratelimit_app.observability import pending
+from ratelimit_app.observability.recorder import record_breaker_change
+from ratelimit_app.service import get_limiter
 
 from .gunicorn_server import http_get, start_gunicorn
 
@@ -207,7 +211,7 @@ def test_counts_survive_a_redis_outage_and_land_once_it_is_back(settings: Any, c
 
 
 def test_memory_is_bounded_while_redis_is_down(settings: Any, monkeypatch: Any) -> None:
-    monkeypatch.setattr(metrics, "MAX_PENDING_IDENTITIES", 5)
+    monkeypatch.setattr(pending, "MAX_PENDING_IDENTITIES", 5)
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
                           "METRICS_FLUSH_INTERVAL": 3600.0}
     dropped_before = process_metrics().dropped
@@ -314,20 +318,28 @@ def test_denials_are_logged_at_debug_without_the_key(caplog: Any) -> None:
     assert line["event"] == "ratelimit.denied" and line["identity"] == "key:pfx12345" and line["tier"] == "free"
 
 
-def test_breaker_changes_are_logged_once_per_change(caplog: Any) -> None:
+def test_breaker_changes_are_logged_once_per_change(caplog: Any, settings: Any) -> None:
     caplog.set_level(logging.INFO, logger="ratelimit_app")
-    try:
-        metrics.set_breaker_state("open")
-        metrics.set_breaker_state("open")
-        metrics.set_breaker_state("half_open")
-        metrics.set_breaker_state("closed")
-        events = [(r.levelname, r.ratelimit["state"]) for r in caplog.records
-                  if getattr(r, "ratelimit_event", "") == "ratelimit.breaker"]
-        assert events == [("WARNING", "open"), ("INFO", "half_open"), ("INFO", "closed")]
-        with pytest.raises(ValueError, match="breaker state"):
-            metrics.set_breaker_state("ajar")
-    finally:
-        metrics.set_breaker_state("closed")
+    settings.RATELIMIT = {**settings.RATELIMIT, "BREAKER_FAILURES": 1, "BREAKER_COOLDOWN": 0.05,
+                          "BREAKER_MAX_COOLDOWN": 0.05}
+    breaker = get_limiter().breaker  # the state is read from the service's own breaker
+    before = dict(process_metrics().breaker_transitions)
+    breaker.record_failure("Redis down")
+    breaker.record_failure("Redis still down")  # already open: no change
+    assert metrics.breaker_state() == "open"
+    time.sleep(breaker.retry_in())
+    assert breaker.before_call() == PROBE
+    assert metrics.breaker_state() == "half_open"
+    breaker.record_success(probe=True)
+    assert metrics.breaker_state() == "closed"
+    events = [(r.levelname, r.ratelimit["state"]) for r in caplog.records
+              if getattr(r, "ratelimit_event", "") == "ratelimit.breaker"]
+    assert events == [("WARNING", "open"), ("INFO", "half_open"), ("INFO", "closed")]
+    after = dict(process_metrics().breaker_transitions)
+    assert {state: after.get(state, 0) - before.get(state, 0) for state in ("open", "half_open", "closed")} == \
+        {"open": 1, "half_open": 1, "closed": 1}
+    with pytest.raises(ValueError, match="breaker state"):
+        record_breaker_change(previous="closed", state="ajar")
 
 
 def test_key_masking_helpers() -> None:

@@ -96,7 +96,7 @@ def test_invalid_access_settings_are_check_errors(settings: Any, name: str, valu
 def without_prometheus_client(monkeypatch: pytest.MonkeyPatch) -> None:
     """As if prometheus-client were not installed: importing it raises ImportError."""
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    for name in ("ratelimit_app.prometheus", "ratelimit_app.urls"):
+    for name in ("ratelimit_app.observability.prometheus", "ratelimit_app.prometheus", "ratelimit_app.urls"):
         monkeypatch.delitem(sys.modules, name, raising=False)
 
 

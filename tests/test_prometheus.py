@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import prometheus_client
@@ -10,8 +11,10 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.embedded import free_port
-from ratelimit_app.metrics import flush, observe_latency, record_decision, set_breaker_state
+from ratelimit_app.breaker import PROBE
+from ratelimit_app.metrics import flush, observe_latency, record_decision
 from ratelimit_app.models import ApiKey, Tier
+from ratelimit_app.service import get_limiter
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -79,22 +82,23 @@ def test_latency_histogram_buckets_are_cumulative(client: Client) -> None:
     assert delta("ratelimit_limiter_latency_seconds_sum") == pytest.approx(3.0444)
 
 
-def test_breaker_state_and_transitions(client: Client) -> None:
+def test_breaker_state_and_transitions(client: Client, settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "BREAKER_FAILURES": 1, "BREAKER_COOLDOWN": 0.05,
+                          "BREAKER_MAX_COOLDOWN": 0.05}
+    breaker = get_limiter().breaker  # the gauge reads the service's own breaker
     before = scrape(client)
-    try:
-        set_breaker_state("open")
-        samples = scrape(client)
-        assert [value(samples, "ratelimit_breaker_state", state=s) for s in ("closed", "open", "half_open")] == \
-            [0, 1, 0]
-        set_breaker_state("half_open")
-        set_breaker_state("closed")
-        after = scrape(client)
-        assert value(after, "ratelimit_breaker_state", state="closed") == 1
-        for state in ("open", "half_open", "closed"):
-            name = "ratelimit_breaker_transitions_total"
-            assert value(after, name, state=state) - value(before, name, state=state) == 1
-    finally:
-        set_breaker_state("closed")
+    breaker.record_failure("Redis down")
+    samples = scrape(client)
+    assert [value(samples, "ratelimit_breaker_state", state=s) for s in ("closed", "open", "half_open")] == \
+        [0, 1, 0]
+    time.sleep(breaker.retry_in())
+    assert breaker.before_call() == PROBE
+    breaker.record_success(probe=True)
+    after = scrape(client)
+    assert value(after, "ratelimit_breaker_state", state="closed") == 1
+    for state in ("open", "half_open", "closed"):
+        name = "ratelimit_breaker_transitions_total"
+        assert value(after, name, state=state) - value(before, name, state=state) == 1
 
 
 def test_flush_health_is_exposed(client: Client, settings: Any) -> None:

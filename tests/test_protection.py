@@ -201,7 +201,7 @@ def fleet_in_flight() -> int:
 
 def test_the_fleet_sheds_low_then_normal_never_critical(client: Any, settings: Any, caplog: Any) -> None:
     use(settings, SHED_CAPACITY=10, SHED_PRIORITIES={"/api/users": "low"})
-    key = make_key(make_tier("roomy", [("minute", "fixed_window", 1000, 60, None, "")]))
+    key = make_key(make_tier("roomy", [("minute", "sliding_window", 1000, 60, None, "")]))  # no window edge
     held = []
     caplog.set_level(logging.INFO, logger="ratelimit_app")
     # 8 in flight (0.8 x 10): the next low-priority request is shed, a normal one still admitted
@@ -234,7 +234,7 @@ def test_the_fleet_sheds_low_then_normal_never_critical(client: Any, settings: A
 def test_with_redis_down_the_fleet_shedder_follows_the_fail_mode(client: Any, settings: Any) -> None:
     from devtools.embedded import free_port
 
-    key = make_key(make_tier("roomy", [("minute", "fixed_window", 1000, 60, None, "")]))
+    key = make_key(make_tier("roomy", [("minute", "sliding_window", 1000, 60, None, "")]))  # no window edge
     get(client, "/api/low", key).close()  # looks the key up while Redis answers
     use(settings, SHED_CAPACITY=10, REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", BUDGET_MS=200,
         SOCKET_CONNECT_TIMEOUT=0.2, SOCKET_TIMEOUT=0.2)
@@ -251,7 +251,7 @@ def test_with_redis_down_the_fleet_shedder_follows_the_fail_mode(client: Any, se
 
 def test_the_process_shedder_needs_no_redis(client: Any, settings: Any) -> None:
     use(settings, SHED_PROCESS_LIMIT=1)
-    key = make_key(make_tier("roomy", [("minute", "fixed_window", 1000, 60, None, "")]))
+    key = make_key(make_tier("roomy", [("minute", "sliding_window", 1000, 60, None, "")]))  # no window edge
     held = get(client, "/api/critical", key)  # one request in flight in this process
     assert in_flight.count == 1
     shed = get(client, "/api/low", key)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -29,6 +28,7 @@ from ratelimit_app.engine_sync import RateLimiter
 from ratelimit_app.policies import Policy
 
 from .conftest import delete_prefix
+from .gunicorn_server import prepare_database, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,36 +82,18 @@ def site(request: Any, tmp_path_factory: Any, redis_url: str) -> Iterator[Site]:
     tmp = tmp_path_factory.mktemp(f"protection-{kind}")
     prefix = f"rltest-live-{os.urandom(6).hex()}"
     env = _environment(tmp, prefix, redis_url)
-    manage = [sys.executable, "manage.py"]
-    subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-    made = subprocess.run([*manage, "shell", "-c", SETUP], cwd=ROOT, env=env, check=True, capture_output=True)
-    keys = json.loads(made.stdout.decode().strip().splitlines()[-1])
+    keys = prepare_database(env, SETUP)
     port = free_port()
     if kind == "gunicorn":
         command = [str(BIN / "gunicorn"), "project.wsgi:application", "--workers", "2", "--threads", "40",
                    "--worker-class", "gthread", "--bind", f"127.0.0.1:{port}", "--timeout", "120"]
     else:
         command = [str(BIN / "uvicorn"), "project.asgi:application", "--port", str(port), "--log-level", "warning"]
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except requests.RequestException:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, f"{kind} did not start"
-        time.sleep(0.1)
+    process = start_server(command, port, env, wait=60)
     try:
-        yield Site(kind, url, process, keys, prefix)
+        yield Site(kind, f"http://127.0.0.1:{port}", process, keys, prefix)
     finally:
-        process.terminate()
-        try:
-            process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
+        stop_server(process)
         client = redis.Redis.from_url(redis_url)
         delete_prefix(client, prefix)
         client.close()

@@ -13,7 +13,7 @@ import socket
 import statistics
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -35,11 +35,6 @@ MAX_BOUND = 1.0
 DAY = [Policy("day", "sliding_window", limit=10, period=86400)]
 
 
-@pytest.fixture
-def server() -> Iterator[RedisProcess]:
-    process = start_redis()
-    yield process
-    process.stop()
 
 
 @pytest.fixture
@@ -425,7 +420,8 @@ def test_the_deny_cache_is_bounded(settings: Any, server: RedisProcess) -> None:
 
 def test_the_cache_alias_client_gets_the_limiters_timeouts_and_budget(settings: Any) -> None:
     """REDIS_URL None: the django-redis cache's server, but the limiter's own pool (its cache may retry)."""
-    from ratelimit_app.connection import BudgetConnection, get_redis
+    from ratelimit_app.budget import BudgetConnection
+    from ratelimit_app.connection import get_redis
 
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": None, "CACHE_ALIAS": "default", "BUDGET_MS": 50,
                           "SOCKET_TIMEOUT": 5.0, "SOCKET_CONNECT_TIMEOUT": 5.0}
@@ -436,4 +432,54 @@ def test_the_cache_alias_client_gets_the_limiters_timeouts_and_budget(settings: 
     kwargs = pool.connection_kwargs
     assert (kwargs["socket_connect_timeout"], kwargs["socket_timeout"]) == (0.05, 0.05)
     assert attempts(kwargs["retry"]) == 1
+    assert not get_limiter().hit("k", DAY).degraded
+
+
+# -- the "pool" path: a bounded pool whose callers wait ----------------------------------------------
+
+def test_the_pool_path_shares_a_bounded_pool_and_every_decision_is_exact(settings: Any, server: RedisProcess,
+                                                                        admin: redis.Redis) -> None:
+    """RATELIMIT['CONNECTIONS'] = "pool": 8 threads deciding through max_connections=2 wait their turn
+    for a connection (none fails for want of one), and Redis sees 2 connections at most."""
+    from ratelimit_app.connection import BudgetBlockingConnectionPool, get_redis
+
+    service = configure(settings, f"{server.url}?max_connections=2", CONNECTIONS="pool", BUDGET_MS=5000,
+                        SOCKET_TIMEOUT=5.0, SOCKET_CONNECT_TIMEOUT=5.0)
+    pool = cast(redis.Redis, get_redis()).connection_pool
+    assert isinstance(pool, BudgetBlockingConnectionPool) and pool.max_connections == 2
+    before = int(admin.info("stats")["total_connections_received"])
+    limit = [Policy("hour", "sliding_window", limit=100, period=3600)]
+    decisions = run_threads(8, lambda i: [service.hit("shared", limit) for _ in range(25)])
+    flat = [d for per_thread in decisions for d in per_thread]
+    assert not any(d.degraded for d in flat)
+    assert sum(d.allowed for d in flat) == 100 and len(flat) == 200
+    assert int(admin.info("stats")["total_connections_received"]) - before <= 2
+
+
+def test_the_pool_path_waits_for_a_free_connection_no_longer_than_the_budget(settings: Any,
+                                                                            server: RedisProcess) -> None:
+    from ratelimit_app.connection import get_redis
+
+    service = configure(settings, f"{server.url}?max_connections=1", CONNECTIONS="pool", FAIL_MODE="closed")
+    warm(service, server.port)
+    pool = cast(redis.Redis, get_redis()).connection_pool
+    try:
+        held = pool.get_connection()
+    except TypeError:  # redis-py 5 wants a command name
+        held = pool.get_connection("PING")
+    try:
+        decision, took = timed(lambda: service.hit("k", DAY))
+        assert follows("closed", decision)  # no connection within the budget: the fail mode answers
+        assert_within_budget([took])
+    finally:
+        pool.release(held)
+    assert not service.hit("k", DAY).degraded
+
+
+def test_the_cache_alias_client_on_the_pool_path_is_bounded(settings: Any) -> None:
+    from ratelimit_app.connection import POOL_MAX_CONNECTIONS, BudgetBlockingConnectionPool, get_redis
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": None, "CACHE_ALIAS": "default", "CONNECTIONS": "pool"}
+    pool = cast(redis.Redis, get_redis()).connection_pool
+    assert isinstance(pool, BudgetBlockingConnectionPool) and pool.max_connections == POOL_MAX_CONNECTIONS
     assert not get_limiter().hit("k", DAY).degraded

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import redis
 
+from ratelimit_app.algorithms import REGISTRY, SCRIPTED
+from ratelimit_app.fallback_models import MODELS
 from ratelimit_app.scripts import ALGORITHM_FILES, ENTRY_FILE, decide_sha, decide_source, read_lua
 
 # Update deliberately when a script changes (and say why in the commit).
@@ -51,3 +53,14 @@ def test_the_engine_and_the_script_agree_on_algorithm_codes() -> None:
     header = read_lua(ENTRY_FILE).split("local numbers", 1)[0]
     for name, code in ALGORITHM_CODES.items():
         assert f"{code} {name}" in header
+
+
+def test_every_registered_algorithm_has_its_lua_function_and_its_fallback_model() -> None:
+    """Adding an algorithm is one Lua file, one fallback model and one registry entry: this is what
+    ties them together (and nothing is left over in the fallback)."""
+    for algorithm in SCRIPTED:
+        assert re.search(rf"^local function {algorithm.name}\(", read_lua(algorithm.lua_file), re.M), algorithm.name
+    assert set(MODELS) == {algorithm.name for algorithm in REGISTRY}
+    codes = [algorithm.code for algorithm in SCRIPTED]
+    letters = [algorithm.letter for algorithm in SCRIPTED]
+    assert len(set(codes)) == len(codes) and len(set(letters)) == len(letters)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from devtools.embedded import RedisProcess, start_redis
+from devtools.embedded import RedisProcess
 from ratelimit_app import Policy
 from ratelimit_app.scripts import decide_source
 from ratelimit_app.service import get_limiter
@@ -29,13 +29,6 @@ T = TypeVar("T")
 DAY = [Policy("day", "sliding_window", limit=10, period=86400)]
 
 
-@pytest.fixture
-def server() -> Iterator[RedisProcess]:
-    process = start_redis()
-    yield process
-    if process.process.poll() is None:
-        process.process.send_signal(signal.SIGCONT)  # a stopped server would ignore the SIGTERM of stop()
-    process.stop()
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
-"""The HTTP variants: what stands between gunicorn and the trivial view in each run.
+"""The HTTP variants: what stands between the server and the trivial view in each run.
 
-`configure(settings, variant)` adjusts the bench settings module for one variant; `VARIANTS`
-describes them for the report. Every variant serves GET /api/ping with the same small JSON body,
-and every limiter is configured with a limit high enough that nothing is denied during the run.
+`configure(settings, variant)` adjusts the bench settings module for one variant; `VARIANTS` (served
+by gunicorn, a plain view) and `ASGI_VARIANTS` (served by uvicorn, an `async def` view) describe them
+for the report. Every variant serves GET /api/ping with the same small JSON body, and every limiter
+is configured with a limit high enough that nothing is denied during the run.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ HUGE_RATE = "1000000/m"
 #: The per-IP algorithm the middleware variant runs with: the default, not set by the bench settings.
 IP_ALGORITHM = DEFAULTS["IP_ALGORITHM"]
 
+#: What our middleware variants configure (the gunicorn one and both ASGI ones).
+_OURS = ("RateLimitMiddleware: per-IP limit (IP_RATE, {ip}) + the API key's tier (3 policies shaped like the free "
+         "tier: token_bucket, sliding_window, fixed_window; huge limits) decided in one EVALSHA, rate-limit headers "
+         "on the response")
+
 #: variant -> (label, what is configured), in report order.
 VARIANTS: dict[str, tuple[str, str]] = {
     "none": ("no limiter", "plain Django view returning JsonResponse; no middleware"),
     "evalsha": ("one bare EVALSHA (the floor)",
                 "the same view, plus client.evalsha() of the INCR script on ratelimit_app's Redis client "
                 "(connection.get_redis(): same timeouts, no retries) with the client IP as key"),
-    "ours": ("ratelimit_app middleware",
-             f"RateLimitMiddleware: per-IP limit (IP_RATE, {IP_ALGORITHM}) + the API key's tier (3 policies "
-             "shaped like the free tier: token_bucket, sliding_window, fixed_window; huge limits) decided "
-             "in one EVALSHA, rate-limit headers on the response"),
+    "ours": ("ratelimit_app middleware", _OURS.format(ip=IP_ALGORITHM)),
     "drf-none": ("DRF APIView, no throttle", "DRF APIView returning Response; no throttle (DRF's own cost)"),
     "drf": ("DRF AnonRateThrottle", f"the DRF APIView with AnonRateThrottle at {HUGE_RATE} on the django-redis cache"),
     "django-ratelimit": ("django-ratelimit",
@@ -37,13 +40,34 @@ VARIANTS: dict[str, tuple[str, str]] = {
               "default algorithm (sliding_window)"),
 }
 
+#: ASGI variant -> (label, what is configured), in report order. Each serves the same `async def` view.
+ASGI_VARIANTS: dict[str, tuple[str, str]] = {
+    "async-none": ("async view, no limiter", "`async def` view returning JsonResponse; no middleware"),
+    "async-evalsha": ("one bare async EVALSHA (the async floor)",
+                      "the same view, plus `await client.evalsha()` of the INCR script on a redis.asyncio client "
+                      "of ratelimit_app (connection.get_async_redis(): same timeouts, no retries), one per event "
+                      "loop, with the client IP as key"),
+    "async-ours": ("ratelimit_app middleware, async",
+                   _OURS.format(ip=IP_ALGORITHM) + "; under ASGI the middleware and its process_view are "
+                   "coroutines deciding on the event loop (limiting.alimit_request, get_async_limiter())"),
+    "sync-ours": ("ratelimit_app middleware, sync under ASGI (today's path)",
+                  "the same limits through a subclass of RateLimitMiddleware with async_capable = False "
+                  "(bench.httpapp.middleware): Django runs it in a thread (sync_to_async) with the sync engine, "
+                  "and the async view from there back on the event loop (async_to_sync)"),
+}
+
+#: The middleware of each variant that has one.
+_MIDDLEWARE = {"ours": "ratelimit_app.middleware.RateLimitMiddleware",
+               "async-ours": "ratelimit_app.middleware.RateLimitMiddleware",
+               "sync-ours": "bench.httpapp.middleware.SyncOnlyRateLimitMiddleware"}
+
 
 def configure(settings: dict[str, Any], variant: str) -> None:
     """Apply `variant` to the settings module namespace `settings` (raises ValueError for unknown names)."""
-    if variant not in VARIANTS:
-        raise ValueError(f"BENCH_HTTP_VARIANT={variant!r}; expected one of {', '.join(VARIANTS)}")
-    if variant == "ours":
-        settings["MIDDLEWARE"] = ["ratelimit_app.middleware.RateLimitMiddleware"]
+    if variant not in VARIANTS and variant not in ASGI_VARIANTS:
+        raise ValueError(f"BENCH_HTTP_VARIANT={variant!r}; expected one of {', '.join([*VARIANTS, *ASGI_VARIANTS])}")
+    if variant in _MIDDLEWARE:
+        settings["MIDDLEWARE"] = [_MIDDLEWARE[variant]]
         settings["RATELIMIT"] = {
             **settings["RATELIMIT"],
             "IP_RATE": HUGE_RATE,

@@ -1,4 +1,5 @@
-"""The trivial views the HTTP benchmark serves, one per variant (see variants.py)."""
+"""The trivial views the HTTP benchmark serves, one per variant (see variants.py): plain views for
+gunicorn, `async def` ones for uvicorn."""
 
 from __future__ import annotations
 
@@ -26,6 +27,29 @@ def ping_evalsha(request: HttpRequest) -> HttpResponse:
     if _sha is None:
         _sha = str(client.script_load(INCR_SCRIPT))
     client.evalsha(_sha, 1, "floor:" + str(request.META.get("REMOTE_ADDR", "")))
+    return JsonResponse(BODY)
+
+
+async def aping(request: HttpRequest) -> HttpResponse:
+    """The async view itself: no limiter."""
+    return JsonResponse(BODY)
+
+
+#: The async floor's redis.asyncio client and script hash, made on the first request: a client belongs
+#: to the event loop it is first used on, and uvicorn serves from one.
+_async_floor: tuple[Any, str] | None = None
+
+
+async def aping_evalsha(request: HttpRequest) -> HttpResponse:
+    """The async floor: one bare EVALSHA per request over a redis.asyncio client, then the async view."""
+    global _async_floor
+    if _async_floor is None:
+        from ratelimit_app.connection import get_async_redis
+
+        client: Any = get_async_redis()
+        _async_floor = (client, str(await client.script_load(INCR_SCRIPT)))
+    client, sha = _async_floor
+    await client.evalsha(sha, 1, "floor:" + str(request.META.get("REMOTE_ADDR", "")))
     return JsonResponse(BODY)
 
 

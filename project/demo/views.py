@@ -13,6 +13,9 @@
   (each answers how many requests were in its view, all demo endpoints together, when it entered:
   measured in Redis, so across every worker and server)
 - `GET /public/single`          a plain view allowing one request per client IP at once (`@limit_concurrency`)
+- `GET /api/async/users`        /api/users as an `async def` view: under ASGI (uvicorn project.asgi:application)
+  it is limited and answered on the event loop, with no thread hop
+- `GET /public/async-quote`     an `async def` view limited by `@ratelimit`: 5 per minute per client IP
 """
 
 from __future__ import annotations
@@ -132,6 +135,19 @@ class ItemViewSet(viewsets.ViewSet):
 def quote(request: HttpRequest) -> JsonResponse:
     """A plain view limited by the decorator: 5 per minute per client IP."""
     return JsonResponse({"quote": QUOTES[len(request.path) % len(QUOTES)]})
+
+
+async def users_async(request: HttpRequest) -> JsonResponse:
+    """/api/users as an `async def` view (cost 1): limited by RateLimitMiddleware like any other."""
+    if request.method != "GET":
+        return JsonResponse({"error": "method not allowed"}, status=405)
+    return JsonResponse({"users": USERS})
+
+
+@ratelimit(rate="5/m", key="ip", group="async-quote")
+async def quote_async(request: HttpRequest) -> JsonResponse:
+    """An `async def` view limited by the decorator, decided on the event loop: 5 per minute per IP."""
+    return JsonResponse({"quote": QUOTES[0]})
 
 
 #: The most a demo endpoint sleeps (ms=...), so a client cannot hold a worker for long.

@@ -23,13 +23,14 @@ from django.core.management.base import CommandError
 from ratelimit_app.apikeys import PREFIX_LENGTH, parse_key
 from ratelimit_app.conf import ratelimit_settings
 from ratelimit_app.identity import ip_identity
-from ratelimit_app.limiting import get_config
-from ratelimit_app.lookups import TierInfo, get_lookups
+from ratelimit_app.limiting import limit_config
+from ratelimit_app.lookups import get_lookups
+from ratelimit_app.plans import TierInfo
 from ratelimit_app.policies import Policy
 
 
 @dataclass(frozen=True)
-class Check:
+class TargetLimits:
     """One identity and the policies it is limited by (`label` says where they come from)."""
 
     identity: str
@@ -43,18 +44,7 @@ class Target:
 
     description: str
     tier: TierInfo | None
-    checks: tuple[Check, ...]
-
-
-def tier_policies(tier: TierInfo) -> tuple[Policy, ...]:
-    """Every policy of `tier`: the unscoped ones, then each scope's own, each once."""
-    seen: dict[str, Policy] = {}
-    for policy in tier.policies:
-        seen.setdefault(policy.name, policy)
-    for scope in sorted(tier.scoped):
-        for policy in tier.scoped[scope]:
-            seen.setdefault(policy.name, policy)
-    return tuple(seen.values())
+    checks: tuple[TargetLimits, ...]
 
 
 def _tier(slug: str, where: str) -> TierInfo:
@@ -73,14 +63,14 @@ def _ip_target(text: str) -> Target:
             identity = ip_identity(text, int(ratelimit_settings.IPV6_PREFIX))
     except ValueError as exc:
         raise CommandError(f"{text!r} is not an IP address or network ({exc})") from exc
-    config = get_config()
+    config = limit_config()
     checks = []
     if config.ip_policies:
-        checks.append(Check(identity, config.ip_policies, "per-IP limit (RATELIMIT['IP_RATE'])"))
+        checks.append(TargetLimits(identity, config.ip_policies, "per-IP limit (RATELIMIT['IP_RATE'])"))
     tier = None
     if config.anonymous_tier is not None:
         tier = _tier(config.anonymous_tier, "RATELIMIT['ANONYMOUS_TIER']")
-        checks.append(Check(identity, tier_policies(tier), f"anonymous tier {tier.slug}"))
+        checks.append(TargetLimits(identity, tier.every_policy(), f"anonymous tier {tier.slug}"))
     if not checks:
         raise CommandError(f"{identity} is not limited: RATELIMIT['IP_RATE'] and ['ANONYMOUS_TIER'] are None")
     return Target(f"client address {identity}", tier, tuple(checks))
@@ -103,7 +93,7 @@ def _user_target(text: str) -> Target:
             raise CommandError(f"user:{user.pk} has no tier and RATELIMIT['DEFAULT_USER_TIER'] is None")
     identity = f"user:{user.pk}"
     tier = get_lookups().with_overrides(identity, _tier(slug, where), overrides)
-    return Target(f"user {user.pk} ({user})", tier, (Check(identity, tier_policies(tier), f"tier {tier.slug}"),))
+    return Target(f"user {user.pk} ({user})", tier, (TargetLimits(identity, tier.every_policy(), f"tier {tier.slug}"),))
 
 
 def _key_target(prefix: str) -> Target:
@@ -119,7 +109,7 @@ def _key_target(prefix: str) -> Target:
         tier = get_lookups().with_overrides(identity, tier, info.overrides)
     state = "revoked" if api_key.revoked else ("expired" if api_key.is_expired else "active")
     return Target(f"API key {prefix} ({api_key.name}, {state})", tier,
-                  (Check(identity, tier_policies(tier), f"tier {tier.slug}"),))
+                  (TargetLimits(identity, tier.every_policy(), f"tier {tier.slug}"),))
 
 
 def resolve(text: str) -> Target:

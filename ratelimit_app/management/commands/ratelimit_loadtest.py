@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -89,37 +89,11 @@ def run_load_test(url: str, *, key: str, header: str, requests: int, concurrency
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"URL: {url!r} must be an http:// or https:// URL")
-    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    target = parts.path or "/"
-    if parts.query:
-        target += "?" + parts.query
-    headers = {header: key, "User-Agent": "ratelimit_loadtest", "Connection": "keep-alive"}
     started = time.monotonic()
     run = _Run(requests, started + max_seconds)
-
-    def worker() -> None:
-        connection: http.client.HTTPConnection | None = None
-        while run.take():
-            if connection is None:
-                connection = connection_class(parts.hostname or "", parts.port, timeout=timeout)
-            sent_at = time.perf_counter()
-            try:
-                connection.request(method, target, headers=headers)
-                response = connection.getresponse()
-                response.read()
-            except (OSError, http.client.HTTPException) as exc:
-                run.record(type(exc).__name__, None)
-                connection.close()
-                connection = None  # reconnect for the next request
-                continue
-            run.record(str(response.status), (time.perf_counter() - sent_at) * 1000)
-            if response.will_close:
-                connection.close()
-                connection = None
-        if connection is not None:
-            connection.close()
-
-    threads = [threading.Thread(target=worker, name=f"loadtest-{n}", daemon=True) for n in range(concurrency)]
+    headers = {header: key, "User-Agent": "ratelimit_loadtest", "Connection": "keep-alive"}
+    threads = [threading.Thread(target=_send_while_allowed, args=(run, parts, method, headers, timeout),
+                                name=f"loadtest-{n}", daemon=True) for n in range(concurrency)]
     for thread in threads:
         thread.start()
     while True:
@@ -140,6 +114,32 @@ def run_load_test(url: str, *, key: str, header: str, requests: int, concurrency
         statuses=tuple(sorted(run.statuses.items(), key=lambda item: (not item[0].isdigit(), item[0]))),
         latencies_ms=tuple(run.latencies), stopped_by_time=run.stopped_by_time,
     )
+
+
+def _send_while_allowed(run: _Run, parts: SplitResult, method: str, headers: dict[str, str], timeout: float) -> None:
+    """One worker: send requests over one keep-alive connection while `run` has requests left."""
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+    connection: http.client.HTTPConnection | None = None
+    while run.take():
+        if connection is None:
+            connection = connection_class(parts.hostname or "", parts.port, timeout=timeout)
+        sent_at = time.perf_counter()
+        try:
+            connection.request(method, target, headers=headers)
+            response = connection.getresponse()
+            response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            run.record(type(exc).__name__, None)
+            connection.close()
+            connection = None  # reconnect for the next request
+            continue
+        run.record(str(response.status), (time.perf_counter() - sent_at) * 1000)
+        if response.will_close:
+            connection.close()
+            connection = None
+    if connection is not None:
+        connection.close()
 
 
 class Command(BaseCommand):

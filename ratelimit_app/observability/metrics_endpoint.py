@@ -1,4 +1,4 @@
-"""GET /metrics: who may read it, and what it answers (the series themselves: ratelimit_app.prometheus).
+"""GET /metrics: who may read it, and what it answers (the series: ratelimit_app.observability.prometheus).
 
 The metrics are not public: they show, among other things, when the circuit breaker is open, which is
 when the "open" fail mode stops enforcing limits. The view answers only to
@@ -25,10 +25,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
-from .conf import SettingsCached, ratelimit_settings
-from .identity import IPNetwork, address_in, client_ip, parse_networks
+from ..conf import SettingsCached, ratelimit_settings
+from ..identity import IPNetwork, address_in, client_ip, parse_networks
 
-PROMETHEUS_MODULE = "ratelimit_app.prometheus"
+PROMETHEUS_MODULE = "ratelimit_app.observability.prometheus"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,28 @@
+"""`LimitCheck`: one identity's policies in a request's decision, and who asked for them.
+
+Request handling (ratelimit_app.limiting) decides every check of a request in one call; the views'
+own limits (ratelimit_app.routes), the load shedder (ratelimit_app.shedding), the DRF throttles and
+`@ratelimit` each add theirs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .policies import Policy
+
+#: `LimitCheck.owner` of the request's own limits (per-IP and tier).
+REQUEST_LIMITS = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LimitCheck:
+    """One identity's policies in a request's decision, and who asked for them.
+
+    `owner` is REQUEST_LIMITS for the per-IP limit and the tier, else the label of the throttle or
+    decorator that added the check (it finds its own result with `LimitOutcome.decision_for`).
+    """
+
+    identity: str
+    policies: tuple[Policy, ...]
+    owner: str = REQUEST_LIMITS

@@ -1,0 +1,287 @@
+"""The staff-only rate-limit dashboard in the Django admin.
+
+Install it with one URL include, placed before the admin's own URLs (whose catch-all would hide it):
+
+    path("admin/", include("ratelimit_app.dashboard")),
+    path("admin/", admin.site.urls),
+
+It serves `<admin>/ratelimit_app/dashboard/` (URL name "ratelimit_dashboard") through
+`admin.site.admin_view`: active staff only, others are sent to the admin login. When
+django.contrib.admin is installed, the app's `AppConfig.ready()` also links the page from the admin
+index, by giving the default admin site an index template that extends "admin/index.html" and adds one
+box (`install_admin_link`; only when the site has no index template of its own; a custom site can set
+`index_template = "ratelimit_app/admin_index.html"`). Importing this module changes nothing.
+
+The page shows the last 48 hours (`?hours=N`, up to METRICS_TTL_HOURS) of allowed vs blocked requests
+as a server-rendered SVG chart (no script, no CDN), block rate, per-tier and per-policy breakdowns, the
+top blocked identities (an API key links to its admin change page, for staff allowed to view API keys),
+what shadow (dry-run) limits would have blocked and for whom, requests decided by allow/deny rules,
+degraded decisions, Redis health and this process's breaker and metrics-flush state. Counts come from
+Redis (`recent_metrics`, observability.queries), so they cover every app server, up to one flush
+interval behind; the breaker state comes from this process's limiter service (observability.snapshot).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.apps import apps
+from django.contrib import admin
+from django.contrib.admin import AdminSite
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, path, reverse
+from redis.exceptions import RedisError
+
+from ..conf import ratelimit_settings
+from .queries import MAX_RANGE_HOURS, BlockedIdentity, HourMetrics, days_of, recent_metrics
+from .snapshot import process_metrics
+
+#: Hours shown when the request names none.
+DEFAULT_HOURS = 48
+INDEX_TEMPLATE = "ratelimit_app/admin_index.html"
+
+
+# -- chart ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChartBar:
+    """One hour of the chart: a green (allowed) bar with a red (blocked) bar stacked on it."""
+
+    hour: str  # ISO 8601 start of the hour, UTC
+    label: str  # tooltip text
+    allowed: int
+    blocked: int
+    x: float
+    width: float
+    allowed_y: float
+    allowed_height: float
+    blocked_y: float
+    blocked_height: float
+
+
+@dataclass(frozen=True)
+class ChartTick:
+    """An axis label at a position (`y` for the count axis, `x` for the time axis)."""
+
+    position: float
+    text: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    """Geometry of the allowed-vs-blocked SVG chart, in SVG user units (the template draws it)."""
+
+    width: int
+    height: int
+    left: int
+    top: int
+    plot_width: int
+    plot_height: int
+    bottom: int  # y of the time axis
+    right: int  # x of the plot's right edge
+    max_value: int
+    bars: tuple[ChartBar, ...]
+    y_ticks: tuple[ChartTick, ...]
+    x_ticks: tuple[ChartTick, ...]
+
+    @property
+    def center_x(self) -> float:
+        """Horizontal middle of the plot (for the "no traffic" note)."""
+        return self.left + self.plot_width / 2
+
+    @property
+    def center_y(self) -> float:
+        """Vertical middle of the plot."""
+        return self.top + self.plot_height / 2
+
+
+def _axis_step(peak: int) -> int:
+    """A round step (1, 2 or 5 x 10^k) that covers `peak` in about four intervals."""
+    raw = max(peak / 4, 1.0)
+    magnitude = 10 ** math.floor(math.log10(raw))
+    for multiple in (1, 2, 5, 10):
+        if multiple * magnitude >= raw:
+            return int(multiple * magnitude)
+    return int(10 * magnitude)
+
+
+def build_chart(hours: Sequence[HourMetrics], *, width: int = 960, height: int = 280) -> Chart:
+    """Lay out one stacked bar per hour, oldest on the left; the count axis starts at 0."""
+    left, right_margin, top, bottom_margin = 56, 12, 12, 40
+    plot_width, plot_height = width - left - right_margin, height - top - bottom_margin
+    bottom = top + plot_height
+    peak = max((h.total for h in hours), default=0)
+    step = _axis_step(peak)
+    max_value = max(step * math.ceil(peak / step), step)
+    slot = plot_width / max(len(hours), 1)
+    bar_width = max(slot * 0.8, 1.0)
+    scale = plot_height / max_value
+    bars = []
+    x_ticks = []
+    for index, hour in enumerate(hours):
+        x = left + index * slot + (slot - bar_width) / 2
+        allowed_height = hour.allowed * scale
+        blocked_height = hour.blocked * scale
+        start = hour.hour.strftime("%Y-%m-%d %H:00")
+        bars.append(ChartBar(
+            hour=hour.hour.isoformat(),
+            label=f"{start} UTC: {hour.allowed} allowed, {hour.blocked} blocked",
+            allowed=hour.allowed, blocked=hour.blocked,
+            x=round(x, 2), width=round(bar_width, 2),
+            allowed_y=round(bottom - allowed_height, 2), allowed_height=round(allowed_height, 2),
+            blocked_y=round(bottom - allowed_height - blocked_height, 2), blocked_height=round(blocked_height, 2),
+        ))
+        if hour.hour.hour % 6 == 0:
+            text = hour.hour.strftime("%b %d") if hour.hour.hour == 0 else hour.hour.strftime("%H:00")
+            x_ticks.append(ChartTick(round(left + index * slot + slot / 2, 2), text))
+    y_ticks = tuple(
+        ChartTick(round(bottom - value * scale, 2), f"{value:,}") for value in range(0, max_value + 1, step)
+    )
+    return Chart(width, height, left, top, plot_width, plot_height, bottom, left + plot_width, max_value,
+                 tuple(bars), y_ticks, tuple(x_ticks))
+
+
+# -- the other panels ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RedisHealth:
+    """Whether the limiter's Redis answers this app server, and how fast (one PING)."""
+
+    ok: bool
+    latency_ms: float | None
+    version: str
+    error: str
+
+
+def redis_health() -> RedisHealth:
+    """PING the limiter's Redis (and read its version); never raises."""
+    from ..connection import get_redis
+
+    try:
+        client = get_redis()
+        started = time.perf_counter()
+        client.ping()
+        latency_ms = (time.perf_counter() - started) * 1000
+    except Exception as exc:  # the dashboard reports any failure instead of failing
+        return RedisHealth(False, None, "", f"{type(exc).__name__}: {exc}")
+    version = ""
+    try:
+        info = client.info("server")
+        if isinstance(info, dict):
+            version = str(info.get("redis_version", ""))
+    except (RedisError, OSError):
+        pass  # INFO may be disabled on managed Redis; the version is optional
+    return RedisHealth(True, round(latency_ms, 2), version, "")
+
+
+@dataclass(frozen=True)
+class BlockedRow:
+    """A top blocked identity, with the admin page of its API key when it is one that still exists."""
+
+    identity: str
+    blocked: int
+    url: str | None
+    name: str
+
+
+def _api_key_pages(identities: Sequence[str], user: Any) -> dict[str, tuple[str, str]]:
+    """prefix -> (admin change URL, key name) for the "key:<prefix>" identities that exist, when `user`
+    may view API keys in the admin."""
+    prefixes = [identity[4:] for identity in identities if identity.startswith("key:")]
+    if not prefixes:
+        return {}
+    try:
+        model = apps.get_model("ratelimit_app", "ApiKey")
+    except LookupError:
+        return {}  # the API key models are not installed: show the identities without links
+    opts = model._meta
+    if not (user.has_perm(f"{opts.app_label}.view_{opts.model_name}")
+            or user.has_perm(f"{opts.app_label}.change_{opts.model_name}")):
+        return {}  # the link would answer 403
+    pages = {}
+    for pk, prefix, name in model._default_manager.filter(prefix__in=prefixes).values_list("pk", "prefix", "name"):
+        try:
+            pages[prefix] = (reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk]), name)
+        except NoReverseMatch:
+            continue  # ApiKey not registered with this admin site
+    return pages
+
+
+def blocked_rows(top: Sequence[BlockedIdentity], user: Any) -> tuple[BlockedRow, ...]:
+    """The top blocked identities as the dashboard lists them to `user` (key links need view permission)."""
+    pages = _api_key_pages([item.identity for item in top], user)
+    rows = []
+    for item in top:
+        url, name = pages.get(item.identity[4:], (None, "")) if item.identity.startswith("key:") else (None, "")
+        rows.append(BlockedRow(item.identity, item.blocked, url, name))
+    return tuple(rows)
+
+
+def _max_hours() -> int:
+    return min(int(ratelimit_settings.METRICS_TTL_HOURS), MAX_RANGE_HOURS)
+
+
+def _hours_from(request: HttpRequest) -> int | None:
+    raw = request.GET.get("hours")
+    if raw is None:
+        return min(DEFAULT_HOURS, _max_hours())
+    try:
+        hours = int(raw)
+    except ValueError:
+        return None
+    return hours if 1 <= hours <= _max_hours() else None
+
+
+def _render(request: HttpRequest) -> HttpResponse:
+    hours = _hours_from(request)
+    if hours is None:
+        return HttpResponseBadRequest(
+            f"hours must be a whole number from 1 to {_max_hours()} (RATELIMIT['METRICS_TTL_HOURS'])",
+            content_type="text/plain",
+        )
+    site: AdminSite = admin.site
+    context: dict[str, Any] = {
+        **site.each_context(request),
+        "title": "Rate limiting dashboard",
+        "hours": hours,
+        "hour_choices": [h for h in (6, 12, 24, 48) if h <= _max_hours()],
+        "health": redis_health(),
+        "process": process_metrics(),
+        "flush_interval": ratelimit_settings.METRICS_FLUSH_INTERVAL,
+        "metrics_enabled": ratelimit_settings.METRICS_ENABLED,
+        "error": "",
+    }
+    try:
+        summary = recent_metrics(hours)
+    except (RedisError, OSError) as exc:
+        context["error"] = f"Metrics are unavailable: Redis did not answer ({type(exc).__name__}: {exc})."
+    else:
+        context.update(
+            summary=summary,
+            chart=build_chart(summary.hours),
+            blocked=blocked_rows(summary.top_blocked, request.user),
+            shadow_blocked=blocked_rows(summary.top_shadow_blocked, request.user),
+            days=days_of(summary),
+        )
+    return TemplateResponse(request, "ratelimit_app/dashboard.html", context)
+
+
+def dashboard_view(request: HttpRequest) -> HttpResponse:
+    """The dashboard page; active staff only (through `admin.site.admin_view`)."""
+    return admin.site.admin_view(_render)(request)
+
+
+def install_admin_link(site: AdminSite) -> None:
+    """Link the dashboard from `site`'s index page, unless the site already has its own index template."""
+    if site.index_template is None:
+        site.index_template = INDEX_TEMPLATE
+
+
+urlpatterns = [
+    path("ratelimit_app/dashboard/", dashboard_view, name="ratelimit_dashboard"),
+]

@@ -1,0 +1,350 @@
+"""Decision metrics counted in process and flushed to Redis in batches (the keys: observability.schema).
+
+The request path calls `record_decision` once per limited request: one or two dict increments
+under a lock, no Redis round trip, no database write. A daemon thread ("ratelimit-metrics-flusher")
+sends the counts to Redis in one pipeline (MULTI/EXEC on a single Redis) every
+RATELIMIT['METRICS_FLUSH_INTERVAL'] seconds (default 1), and once more at interpreter exit (atexit).
+A forked worker (gunicorn, multiprocessing) starts with empty counters of its own and its own
+flusher, so counts the parent had not flushed yet are flushed once, by the parent.
+
+Accuracy: stored counts equal recorded counts once `flush()` has returned True (the flusher does
+that within one interval; a reader may miss at most the last interval). If Redis is down, counts stay
+in memory and are retried every interval: hours older than the TTL are dropped and at most 10,000
+distinct blocked identities are kept per batch (`ProcessMetrics.dropped` counts what was lost). If
+the connection breaks while Redis executes a batch, that one batch may be counted twice.
+Hours are bucketed by this server's clock (UTC); counting needs no shared clock.
+
+The limiter service reports here too: `observe_latency(seconds)` (time of one limiter call to Redis)
+and `record_breaker_change(previous=..., state=...)` (each change of its circuit breaker; the current
+state is read from the service itself, see observability.snapshot). Degraded decisions are counted by
+`record_decision(degraded=True)`, once per request; do not report them twice.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import re
+import threading
+import time
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Any
+
+from ..breaker import CLOSED, HALF_OPEN, OPEN
+from ..conf import on_reload, ratelimit_settings
+from .logs import log_breaker_change, log_config_error, log_denial, log_event, logger
+from .pending import PendingCounts, add_identity, write_batches
+from .schema import HOUR, top_candidates
+
+#: Label of decisions that name no policy (allowed requests).
+NO_POLICY = "none"
+#: What a limited request came to: allowed, blocked (429 or a fail-mode 503) or unauthorized (401: no
+#: usable API key; charged to the per-IP limit only).
+#: allowed_by_list / denied_by_list: an allow or deny rule (ClientRule) decided, without Redis.
+OUTCOMES: tuple[str, ...] = ("allowed", "blocked", "unauthorized", "allowed_by_list", "denied_by_list")
+#: States of the circuit breaker in front of Redis (`record_breaker_change`, the Prometheus gauge).
+BREAKER_STATES: tuple[str, ...] = (CLOSED, OPEN, HALF_OPEN)
+#: Upper bounds (seconds) of the limiter latency histogram buckets; a last +Inf bucket follows.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)
+#: Distinct tier and policy labels counted per process; further ones are counted as "other".
+MAX_LABELS = 200
+
+_LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class _Target:
+    prefix: str
+    enabled: bool
+
+
+class ProcessRecorder:
+    """The process-wide counters; one instance, `process_recorder`. See the module docstring.
+
+    observability.snapshot reads the counters under `lock`.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start from zero: when created, and in a forked child (the parent flushes what it counted)."""
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.flush_lock = threading.Lock()
+        self.thread_lock = threading.Lock()
+        self.target: _Target | None = None
+        self.labels: dict[str, str] = {}
+        self.batches: dict[str, PendingCounts] = {}
+        self.totals: dict[tuple[str, str, str, bool], int] = {}
+        self.shadow_totals: dict[tuple[str, str], int] = {}
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.latency_sum = 0.0
+        self.transitions: dict[str, int] = {}
+        self.flushes = 0
+        self.flush_errors = 0
+        self.dropped = 0
+        self.last_flush: float | None = None
+        self.failing = False
+        self.thread: threading.Thread | None = None
+        self.stop_event = threading.Event()
+        self.wake_event = threading.Event()
+
+    def check_fork(self) -> None:
+        """Reset in a forked child that has not been reset yet (no os.register_at_fork, or a fork
+        that bypassed it)."""
+        if self.pid != os.getpid():
+            self.reset()
+
+    # -- request path --------------------------------------------------------------------------
+    def record(self, outcome: str, tier: str, policy: str | None, degraded: bool, identity: str) -> None:
+        target = self._counting_target()
+        if target is None:
+            return
+        hour = int(time.time()) // HOUR
+        tier_label = self._label(tier)
+        policy_label = self._label(policy) if policy else NO_POLICY
+        blocked = outcome == "blocked"
+        degraded = bool(degraded)
+        count_key = (hour, tier_label, policy_label, outcome, degraded)
+        total_key = (tier_label, policy_label, outcome, degraded)
+        with self.lock:
+            batch = self._batch(target.prefix)
+            batch.counts[count_key] = batch.counts.get(count_key, 0) + 1
+            self.totals[total_key] = self.totals.get(total_key, 0) + 1
+            if blocked and not add_identity(batch.blocked, (hour // 24, identity)):
+                self.dropped += 1
+        if self.thread is None:
+            self.start()
+        if blocked and logger.isEnabledFor(logging.DEBUG):
+            log_denial(tier=tier_label, policy=policy_label, identity=identity, degraded=degraded)
+
+    def record_shadow(self, tier: str, policies: tuple[str, ...], identity: str) -> None:
+        target = self._counting_target()
+        if target is None:
+            return
+        hour = int(time.time()) // HOUR
+        tier_label = self._label(tier)
+        with self.lock:
+            batch = self._batch(target.prefix)
+            for policy in policies:
+                policy_label = self._label(policy)
+                key = (hour, tier_label, policy_label)
+                batch.shadow[key] = batch.shadow.get(key, 0) + 1
+                total_key = (tier_label, policy_label)
+                self.shadow_totals[total_key] = self.shadow_totals.get(total_key, 0) + 1
+            add_identity(batch.shadow_identities, (hour // 24, identity))
+        if self.thread is None:
+            self.start()
+
+    def _counting_target(self) -> _Target | None:
+        """Where this process counts now, or None when metrics are off (RATELIMIT['METRICS_ENABLED'])."""
+        self.check_fork()
+        target = self.target or self._load_target()
+        return target if target.enabled else None
+
+    def _batch(self, prefix: str) -> PendingCounts:
+        """The unflushed counts of `prefix` (call with `lock` held)."""
+        batch = self.batches.get(prefix)
+        if batch is None:
+            batch = self.batches[prefix] = PendingCounts(prefix)
+        return batch
+
+    def _label(self, value: Any) -> str:
+        label = self.labels.get(value)
+        if label is None:
+            label = _LABEL_CHARS.sub("_", str(value))[:64] or "_"
+            if len(self.labels) >= MAX_LABELS:
+                return "other"
+            self.labels[value] = label
+        return label
+
+    def _load_target(self) -> _Target:
+        try:
+            target = _Target(ratelimit_settings.KEY_PREFIX, bool(ratelimit_settings.METRICS_ENABLED))
+        except Exception as exc:  # an invalid RATELIMIT must not break requests; it is logged instead
+            log_config_error(exc, where="metrics")
+            target = _Target("", False)
+        self.target = target
+        return target
+
+    def forget_settings(self) -> None:
+        """Settings changed: read the prefix and switch again on the next decision.
+
+        Unflushed counts keep the prefix they were recorded under. The flusher wakes up to flush them
+        and to wait the (possibly new) interval from now on.
+        """
+        self.target = None
+        self.wake_event.set()
+
+    # -- flushing ------------------------------------------------------------------------------
+    def start(self) -> None:
+        with self.thread_lock:
+            if self.thread is not None and self.thread.is_alive():
+                return
+            self.stop_event = threading.Event()
+            self.wake_event = threading.Event()
+            thread = threading.Thread(target=self._run, name="ratelimit-metrics-flusher", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:
+                return  # interpreter shutdown: the atexit flush sends what is counted
+            self.thread = thread
+
+    def _run(self) -> None:
+        stop, wake = self.stop_event, self.wake_event
+        while not stop.is_set():
+            wake.wait(self._interval())
+            wake.clear()
+            if stop.is_set():
+                break
+            try:
+                self.flush()
+            except Exception:  # the flusher must outlive any bug; the counts were kept by flush()
+                logger.exception("ratelimit.metrics_flusher_error")
+
+    @staticmethod
+    def _interval() -> float:
+        try:
+            return float(ratelimit_settings.METRICS_FLUSH_INTERVAL)
+        except Exception:
+            return 1.0
+
+    def flush(self) -> bool:
+        self.check_fork()
+        with self.flush_lock:
+            with self.lock:
+                batches, self.batches = self.batches, {}
+            if not batches:
+                return True
+            try:
+                self._write(batches)
+            except Exception as exc:  # Redis down, slow or misconfigured: keep the counts, retry later
+                self._restore(batches)
+                self.flush_errors += 1
+                if not self.failing:
+                    self.failing = True
+                    log_event("ratelimit.metrics_flush_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}",
+                              pending=sum(batch.size() for batch in batches.values()))
+                return False
+            self.flushes += 1
+            self.last_flush = time.time()
+            if self.failing:
+                self.failing = False
+                log_event("ratelimit.metrics_flush_recovered", logging.INFO)
+            return True
+
+    @staticmethod
+    def _write(batches: dict[str, PendingCounts]) -> None:
+        from ..connection import get_redis
+
+        write_batches(get_redis(), batches, ttl=int(ratelimit_settings.METRICS_TTL_HOURS) * HOUR,
+                      keep=top_candidates(int(ratelimit_settings.TOP_BLOCKED)))
+
+    def _restore(self, batches: dict[str, PendingCounts]) -> None:
+        try:
+            ttl_hours = int(ratelimit_settings.METRICS_TTL_HOURS)
+        except Exception:
+            ttl_hours = 48
+        oldest_hour = int(time.time()) // HOUR - ttl_hours
+        with self.lock:
+            for prefix, old in batches.items():
+                self.dropped += self._batch(prefix).merge(old, oldest_hour)
+
+    def shutdown(self) -> None:
+        """Stop the flusher and flush what is left (atexit)."""
+        self.check_fork()
+        self.stop_event.set()
+        self.wake_event.set()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+        self.thread = None
+        self.flush()
+
+    # -- resilience reports ----------------------------------------------------------------------
+    def observe_latency(self, seconds: float) -> None:
+        index = bisect_left(LATENCY_BUCKETS, seconds)
+        with self.lock:
+            self.latency_counts[index] += 1
+            self.latency_sum += seconds
+
+    def count_transition(self, state: str) -> None:
+        with self.lock:
+            self.transitions[state] = self.transitions.get(state, 0) + 1
+
+
+process_recorder = ProcessRecorder()
+on_reload(process_recorder.forget_settings)
+atexit.register(process_recorder.shutdown)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=process_recorder.reset)
+
+
+def record_decision(*, allowed: bool, tier: str, policy: str | None, degraded: bool, identity: str,
+                    unauthorized: bool = False, listed: str = "") -> None:
+    """Count one limited request (cheap: in-process counters only; see the module docstring).
+
+    `tier` is the tier slug ("free", or "ip" for the per-IP limit alone); `policy` the name of the policy
+    that denied (None when allowed); `degraded` whether Redis was bypassed; `identity` a display label
+    such as "key:<prefix>" or "ip:203.0.113.7" -- never a full API key (a "key:" label is cut at its
+    first "." before it is stored, as a safeguard). `unauthorized` marks a 401 (no usable API key):
+    counted as its own outcome, neither allowed nor blocked. `listed` ("allow" or "deny") marks a
+    request an allow or deny rule decided: outcome "allowed_by_list" or "denied_by_list". Denials are
+    also logged at DEBUG. Does nothing when RATELIMIT['METRICS_ENABLED'] is False.
+    """
+    if unauthorized:
+        outcome = "unauthorized"
+    elif listed:
+        outcome = "denied_by_list" if listed == "deny" else "allowed_by_list"
+    else:
+        outcome = "allowed" if allowed else "blocked"
+    process_recorder.record(outcome, tier, policy, degraded, identity)
+
+
+def record_shadow_blocked(*, tier: str, policies: tuple[str, ...], identity: str) -> None:
+    """Count one request that the shadow (dry-run) `policies` would have refused, but which was allowed.
+
+    Counted per tier and policy (Prometheus `ratelimit_shadow_blocked_total`, the hourly hash) and per
+    identity (the day's top would-be-blocked identities). In-process only, like `record_decision`.
+    """
+    process_recorder.record_shadow(tier, tuple(policies), identity)
+
+
+def observe_latency(seconds: float) -> None:
+    """Record the duration of one limiter call to Redis, in seconds (the Prometheus latency histogram).
+
+    Called by the limiter service around each Redis call (successful or not). Negative and NaN
+    values are ignored. Cheap: one bisect and an increment under a lock; process-local.
+    """
+    if not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds < 0:
+        return
+    process_recorder.observe_latency(float(seconds))
+
+
+def record_breaker_change(*, previous: str, state: str) -> None:
+    """Count and log one change of the circuit breaker in front of Redis, from `previous` into `state`.
+
+    Called by the limiter service for each change its breaker reports (once per change). Counted per
+    state (Prometheus `ratelimit_breaker_transitions_total`) and logged on "ratelimit_app" as the event
+    "ratelimit.breaker": WARNING when it opens, INFO otherwise. Raises ValueError for a state that is
+    not one of BREAKER_STATES.
+    """
+    if state not in BREAKER_STATES:
+        raise ValueError(f"state: {state!r} is not a breaker state; expected one of {', '.join(BREAKER_STATES)}")
+    process_recorder.count_transition(state)
+    log_breaker_change(previous=previous, state=state)
+
+
+def flush() -> bool:
+    """Send every count recorded so far to Redis now; True when Redis holds them all on return.
+
+    False when Redis could not be written: the counts are kept and retried by the next flush. Waits for
+    a flush in progress on another thread, so a True answer covers everything recorded before the call.
+    """
+    return process_recorder.flush()

@@ -1,0 +1,94 @@
+"""What limiting decided for one request (`LimitOutcome`) and its status values: the answer the
+middleware, the DRF throttles and `@ratelimit` turn into HTTP (200, 401, 403, 429 or 503)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .concurrency import HeldSlots
+from .decision import Decision
+from .limitcheck import LimitCheck
+from .plans import TierInfo
+from .policies import Policy
+
+ALLOWED = "allowed"
+DENIED = "denied"  # 429
+UNAVAILABLE = "unavailable"  # 503: denied because the limiter is unavailable (fail mode)
+UNAUTHORIZED = "unauthorized"  # 401
+FORBIDDEN = "forbidden"  # 403: the client is deny-listed (ClientRule)
+SHED = "shed"  # 503: refused by the load shedder (too many requests in flight)
+
+#: Tier label of decisions made on the per-IP limit alone (no valid key or tier yet).
+IP_ONLY_TIER = "ip"
+
+
+@dataclass(frozen=True, slots=True)
+class LimitOutcome:
+    """What limiting decided for one request.
+
+    `status` is "allowed", "denied" (429), "unavailable" (503: the limiter is down and the fail mode
+    refuses), "shed" (503: the load shedder refused; `message` is the request's priority) or
+    "unauthorized" (401, `message` says why). `decision` summarises every policy checked
+    (when denied: the policy that refused, so headers describe it; None when nothing was decided);
+    `policies` are all the policies that applied, for the `RateLimit-Policy` header. `tier` is the
+    client's tier when one was established; `identity` a display label ("key:<prefix>", "user:<pk>",
+    "ip:<addr>"), never a full key. `charged` is False for report-only routes (cost 0), whose decision
+    comes from `peek`. `checks` and `decisions` (same order; None where Redis Cluster stopped at the
+    first denial) let each throttle or decorator read its own part. `slots` are the concurrency slots
+    the request took (None: none); the caller gives them back when the response is finished
+    (ratelimit_app.concurrency).
+    """
+
+    status: str
+    decision: Decision | None
+    policies: tuple[Policy, ...]
+    tier: TierInfo | None
+    identity: str
+    message: str = ""
+    charged: bool = True
+    checks: tuple[LimitCheck, ...] = ()
+    decisions: tuple[Decision | None, ...] = ()
+    slots: HeldSlots | None = None
+
+    @property
+    def allowed(self) -> bool:
+        """True when the request may proceed."""
+        return self.status == ALLOWED
+
+    @property
+    def tier_slug(self) -> str | None:
+        """The slug of the tier, or None when none was established."""
+        return self.tier.slug if self.tier is not None else None
+
+    def owns(self, owner: str) -> bool:
+        """True when this outcome decided checks of `owner`."""
+        return any(check.owner == owner for check in self.checks)
+
+    def decision_for(self, owner: str) -> Decision | None:
+        """The decision over the checks of `owner` alone (None when it had none). It allows when
+        those limits allow, even if another check refused the request (which then charged nothing)."""
+        mine = [d for check, d in zip(self.checks, self.decisions, strict=True) if check.owner == owner]
+        if not mine:
+            return None
+        if any(d is None for d in mine):
+            return self.decision  # Redis Cluster stopped at an earlier denial: this part was never decided
+        return summarize([d for d in mine if d is not None], len(mine))
+
+
+def summarize(decisions: Sequence[Decision], expected: int) -> Decision:
+    """One decision over several identities' decisions: denied if any is (or if some are missing, as
+    on Redis Cluster after the first denial); `results` holds every policy's result, in order."""
+    results = tuple(r for d in decisions for r in d.results)
+    degraded = any(d.degraded for d in decisions)
+    denied = [d for d in decisions if not d.allowed]
+    if not denied and len(decisions) == expected:
+        if len(decisions) == 1 and not degraded:
+            return decisions[0]
+        return Decision.from_results(results, degraded=degraded, shadow=tuple(r for d in decisions for r in d.shadow))
+    worst = max(denied, key=lambda d: d.retry_after if d.retry_after is not None else 0.0) if denied else None
+    shadow = tuple(r for d in decisions for r in d.shadow)
+    if worst is None:
+        return Decision(False, 0, 0, 0.0, None, "", results, degraded, shadow)
+    return dataclasses.replace(worst, allowed=False, results=results, degraded=degraded, shadow=shadow)

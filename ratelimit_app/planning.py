@@ -1,0 +1,314 @@
+"""Who is the client of a request, and which limits apply: `plan_request` (and `aplan_request` on an
+event loop) turn a request into a `RequestPlan`, every check ratelimit_app.limiting then decides in
+one Redis call.
+
+`plan_request` checks, in order:
+
+1. the client IP (trusted proxies only) -> identity `ip:<addr or IPv6 network>`; an allow or deny
+   rule (ClientRule) on its network;
+2. an API key (X-API-Key / Authorization: Bearer), whose shape is checked before any lookup; else the
+   authenticated user; else the anonymous tier (RATELIMIT['ANONYMOUS_TIER']) or 401.
+
+A request whose key is missing, malformed, unknown, revoked or expired is still charged to the per-IP
+limit (counted before authentication), so floods of invalid keys are limited. A key not yet cached in
+this process is looked up only after a `peek` at the per-IP limit allows it, so an IP over its limit
+causes no database query at all.
+
+On an event loop, `aplan_request` plans from this process' lookup cache without I/O; a cold cache
+is read in one `sync_to_async` call (see `aplan_request`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
+from django.utils.functional import SimpleLazyObject, empty
+
+from . import metrics, shedding
+from .apikeys import key_matches, parse_key
+from .clientrules import ALLOW, DENY, ClientRules
+from .conf import SettingsCached, ratelimit_settings
+from .exceptions import BACKEND_ERRORS
+from .identity import (
+    api_key_from_request,
+    authenticated_user,
+    client_ip,
+    key_identity,
+    request_ip_identity,
+    user_identity,
+)
+from .limitcheck import LimitCheck
+from .lookups import MISS, Lookups, NeedsIO, get_lookups, local_only, require_io
+from .models import IP_POLICY_NAME
+from .outcome import DENIED, FORBIDDEN, IP_ONLY_TIER, LimitOutcome
+from .plans import TierInfo
+from .policies import Policy
+from .routes import route_for_view
+from .service import get_limiter
+
+
+@dataclass(frozen=True, slots=True)
+class LimitConfig:
+    """The settings request handling needs, read and validated once per settings change."""
+
+    enabled: bool
+    path_prefixes: tuple[str, ...]
+    exempt_paths: tuple[str, ...]
+    ip_policies: tuple[Policy, ...]
+    anonymous_tier: str | None
+    default_user_tier: str | None
+    headers: str
+    fail_mode: str
+
+    def applies(self, path: str) -> bool:
+        """True when the middleware limits `path` (under a prefix and not exempt)."""
+        return path.startswith(self.path_prefixes) and not path.startswith(self.exempt_paths)
+
+
+def _read_limit_config() -> LimitConfig:
+    # RATELIMIT is validated as a whole when it is read (conf.setting_errors), IP_RATE included.
+    ip_rate = ratelimit_settings.IP_RATE
+    ip_policies: tuple[Policy, ...] = ()
+    if ip_rate is not None:
+        parsed = Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM)
+        ip_policies = (dataclasses.replace(parsed, shadow=bool(ratelimit_settings.IP_SHADOW)),)
+    return LimitConfig(
+        enabled=bool(ratelimit_settings.ENABLED),
+        path_prefixes=tuple(ratelimit_settings.PATH_PREFIXES),
+        exempt_paths=tuple(ratelimit_settings.EXEMPT_PATHS),
+        ip_policies=ip_policies,
+        anonymous_tier=ratelimit_settings.ANONYMOUS_TIER,
+        default_user_tier=ratelimit_settings.DEFAULT_USER_TIER,
+        headers=ratelimit_settings.HEADERS,
+        fail_mode=ratelimit_settings.FAIL_MODE,
+    )
+
+
+_config = SettingsCached(_read_limit_config)
+
+
+def limit_config() -> LimitConfig:
+    """The parsed settings (parsed on first use and after every settings change, never per request)."""
+    return _config.get()
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPlan:
+    """Who the client is and which limits apply: everything known before Redis is asked.
+
+    `checks` are the per-IP limit first, then the tier's (or, for a plan without a tier, what the
+    throttles and decorator add). `refusal` is not "" when the request has no usable key or tier:
+    it is then charged to the per-IP limit alone and answered 401 with that message if the IP may
+    send. `tier_fail_mode` is the tier's own fail mode (None: RATELIMIT['FAIL_MODE']), `fail_mode` the
+    one that applies. `label` names the decision in the metrics (the tier slug, "ip", "decorator"...).
+    `listed` is "allow" when an allow rule (ClientRule) matched: the plan then has no checks, and
+    none are added to it.
+    """
+
+    checks: tuple[LimitCheck, ...]
+    tier: TierInfo | None
+    identity: str
+    fail_mode: str
+    tier_fail_mode: str | None = None
+    refusal: str = ""
+    label: str = IP_ONLY_TIER
+    listed: str = ""
+
+    def plus(self, extra: Sequence[LimitCheck]) -> RequestPlan:
+        """This plan with more checks decided in the same call (none for an allow-listed client)."""
+        return dataclasses.replace(self, checks=self.checks + tuple(extra)) if extra and not self.listed else self
+
+
+#: Passed as `user` to mean "read request.user".
+FROM_REQUEST: Any = object()
+
+
+def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
+                 user: Any = FROM_REQUEST) -> RequestPlan | LimitOutcome:
+    """Identify the client of `request` and the policies of its tier for `scope`.
+
+    Returns a LimitOutcome instead when a per-IP peek already refuses a request with a key this
+    process has not looked up yet (nothing is charged), or when a deny rule (ClientRule) matches the
+    client (403, decided before any Redis call). An allow rule gives a plan without checks. `user` is
+    the authenticated user to use instead of `request.user` (DRF authenticates on its own Request
+    object). The tier's policies include the key's or user's own limits (overrides). Raises
+    ImproperlyConfigured when a tier named in the settings or by a key does not exist.
+    """
+    config = limit_config()
+    ip_id = request_ip_identity(request)
+    lookups = get_lookups()
+    rules = lookups.client_rules()
+    listed = ""
+    if not rules.empty and rules.has_networks:
+        listed = rules.for_address(client_ip(request)) or ""
+        if listed == DENY:
+            return _denied_by_list(ip_id, "client network")
+    ip_checks = (LimitCheck(ip_id, config.ip_policies),) if config.ip_policies and not listed else ()
+    known = _Known(config, lookups, rules, ip_id, ip_checks, listed)
+    raw_key = api_key_from_request(request)
+    client = _key_client(known, raw_key, cost) if raw_key is not None else _user_client(request, known, user)
+    if not isinstance(client, tuple):
+        return client
+    tier, identity, listed = client
+    if listed:
+        return RequestPlan((), tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug,
+                           listed=ALLOW)
+    checks = (*ip_checks, LimitCheck(identity, tier.policies_for(scope)))
+    fleet = shedding.fleet_check(request, _declared_priority(request))
+    if fleet is not None:
+        checks = (*checks, fleet)
+    return RequestPlan(checks, tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug)
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """What `plan_request` knows before it looks at the key or the user."""
+
+    config: LimitConfig
+    lookups: Lookups
+    rules: ClientRules
+    ip_id: str
+    ip_checks: tuple[LimitCheck, ...]
+    listed: str
+
+    def refused(self, message: str, *, listed: bool = True) -> RequestPlan:
+        """A plan charging the per-IP limit alone, answered 401 with `message` if the IP may send."""
+        return RequestPlan(self.ip_checks, None, self.ip_id, self.config.fail_mode, refusal=message,
+                           listed=self.listed if listed else "")
+
+
+#: A client `plan_request` identified: its tier (overrides applied), its identity, and "allow" when an
+#: allow rule matched it ("" otherwise).
+_Client = tuple[TierInfo, str, str]
+
+
+def _key_client(known: _Known, raw_key: str, cost: int) -> _Client | RequestPlan | LimitOutcome:
+    """The client of an API key, or the plan (a 401) or outcome (a 403, or a per-IP 429) refusing it."""
+    lookups, rules = known.lookups, known.rules
+    prefix = parse_key(raw_key)
+    if prefix is None:
+        return known.refused("malformed API key")
+    if prefix in rules.deny_keys:
+        return _denied_by_list(key_identity(prefix), "API key")
+    info = lookups.cached_key(prefix)
+    if info is MISS:
+        require_io()  # the lookup (and the peek before it) is I/O: an event loop makes it in a thread
+        if known.ip_checks and prefix not in rules.allow_keys:
+            # A key this process has not seen: make sure the IP may send at all before the lookup, so a
+            # flood of random keys from one client costs no more than its per-IP limit.
+            early = _ip_precheck(known.config, known.ip_id, cost)
+            if early is not None:
+                return early
+        info = lookups.key(prefix)
+    if info is None or not key_matches(raw_key, info.hashed_key):
+        return known.refused("unknown API key")
+    refusal = info.refusal(time.time())
+    if refusal is not None:
+        return known.refused(f"API key {refusal}")
+    tier = lookups.tier(info.tier_slug)
+    if tier is None:
+        raise ImproperlyConfigured(f"API key {prefix} names tier {info.tier_slug!r}, which does not exist")
+    identity = key_identity(prefix)
+    # an allow rule on the key counts once the key is verified: a guessed prefix is not enough
+    listed = ALLOW if prefix in rules.allow_keys else known.listed
+    return lookups.with_overrides(identity, tier, info.overrides), identity, listed
+
+
+def _user_client(request: HttpRequest, known: _Known, user: Any) -> _Client | RequestPlan:
+    """The client of a request without a key: the user's tier (else DEFAULT_USER_TIER), else the
+    anonymous tier per IP; else the plan refusing it (401, API key required)."""
+    config, lookups = known.config, known.lookups
+    if user is FROM_REQUEST:
+        user = authenticated_user(request)
+    slug, setting = None, ""
+    overrides: tuple[tuple[Any, ...], ...] = ()
+    if user is not None:
+        slug, overrides = lookups.user_plan(user.pk)
+        if slug is None and config.default_user_tier is not None:
+            slug, setting = config.default_user_tier, "DEFAULT_USER_TIER"
+    if slug is not None:
+        identity = user_identity(user.pk)
+    elif config.anonymous_tier is not None:
+        slug, setting, identity = config.anonymous_tier, "ANONYMOUS_TIER", known.ip_id
+    else:
+        return known.refused("API key required", listed=False)
+    tier = lookups.tier(slug)
+    if tier is None:
+        where = f"RATELIMIT['{setting}']" if setting else f"the user tier of user {user.pk}"
+        raise ImproperlyConfigured(f"{where} names tier {slug!r}, which does not exist")
+    return lookups.with_overrides(identity, tier, overrides), identity, known.listed
+
+
+async def aplan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
+                        user: Any = FROM_REQUEST) -> RequestPlan | LimitOutcome:
+    """`plan_request` on the event loop, without blocking it.
+
+    With this process' lookup cache warm (the tier, the key, the allow/deny rules), planning does no
+    I/O and runs right here. When it would need the shared cache or the database (a cold cache, or a
+    key this process has not seen, whose per-IP peek comes first), the whole plan is made in one
+    `sync_to_async` call instead. A session user is read with Django's `request.auser()` (5.0+).
+    """
+    if user is FROM_REQUEST and api_key_from_request(request) is None:
+        user = await request_user(request)
+    try:
+        with local_only():
+            return plan_request(request, cost=cost, scope=scope, user=user)
+    except NeedsIO:
+        return await sync_to_async(plan_request)(request, cost=cost, scope=scope, user=user)
+
+
+async def request_user(request: HttpRequest) -> Any:
+    """The authenticated user of `request` (None when anonymous), read without blocking the loop.
+
+    AuthenticationMiddleware leaves `request.user` lazy; reading it loads the session, which is I/O
+    when the request carries a session cookie. That read is made with `request.auser()` (Django 5.0+)
+    or one `sync_to_async` call, and `request.user` is set to the user found, so key functions and
+    the view read it without I/O.
+    """
+    lazy = request.__dict__.get("user")
+    if isinstance(lazy, SimpleLazyObject) and lazy._wrapped is empty:
+        session = getattr(request, "session", None)
+        if getattr(session, "session_key", None) is not None:
+            auser = getattr(request, "auser", None)
+            if auser is not None:
+                request.user = await auser()
+            else:  # Django 4.2
+                await sync_to_async(authenticated_user)(request)
+    return authenticated_user(request)
+
+
+def _denied_by_list(identity: str, what: str) -> LimitOutcome:
+    """403 for a deny-listed client, counted as denied-by-list; no Redis call is made."""
+    metrics.record_decision(allowed=False, tier="list", policy=None, degraded=False, identity=identity,
+                            listed=DENY)
+    return LimitOutcome(FORBIDDEN, None, (), None, identity, f"{what} refused by an access rule", charged=False)
+
+
+def _declared_priority(request: HttpRequest) -> str | None:
+    """The load-shedding priority the resolved view declares (`@limit_cost(priority=...)`), or None."""
+    match = getattr(request, "resolver_match", None)
+    return route_for_view(match.func).priority if match is not None else None
+
+
+def _ip_precheck(config: LimitConfig, ip_id: str, cost: int) -> LimitOutcome | None:
+    """Peek at the per-IP limit; an outcome when it already refuses (nothing charged), else None.
+
+    The peek goes through the service like every other call: its breaker, time budget and deny cache.
+    """
+    try:
+        decision = get_limiter().peek(ip_id, config.ip_policies, max(cost, 1))
+    except BACKEND_ERRORS:
+        return None  # the charge that follows applies the fail mode
+    if decision.allowed or decision.degraded:
+        return None  # a limiter that cannot decide: the charge that follows applies the tier's fail mode
+    metrics.record_decision(allowed=False, tier=IP_ONLY_TIER, policy=decision.policy, degraded=False,
+                            identity=ip_id)
+    check = LimitCheck(ip_id, config.ip_policies)
+    return LimitOutcome(DENIED, decision, config.ip_policies, None, ip_id, checks=(check,), decisions=(decision,))

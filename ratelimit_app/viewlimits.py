@@ -1,0 +1,310 @@
+"""The limit of one view decorated with `@ratelimit` or `@limit_concurrency` (ratelimit_app.decorators):
+which check a request makes (its key function), and how the view answers the decision, sync or
+`async def`. The middleware decides such a limit with the request's own limits when it can
+(`DecoratorLimit.joins_request_limits`); otherwise the view decides it alone."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable
+from typing import Any, cast
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.http import HttpRequest, HttpResponseBase
+
+from . import metrics
+from .concurrency import release_with
+from .decision import Decision
+from .headers import apply_headers
+from .identity import authenticated_user, request_ip_identity, user_identity
+from .limitcheck import LimitCheck
+from .limiting import adecide, asafely, decide, limit_config, safely
+from .middleware import REQUEST_ATTRIBUTE
+from .outcome import ALLOWED, DENIED, UNAVAILABLE, LimitOutcome
+from .planning import RequestPlan, request_user
+from .policies import Policy
+from .responses import limiter_unavailable, too_many_requests
+from .routes import VIEW_LIMIT_ATTRIBUTE, ViewT
+from .service import get_limiter
+from .service_async import get_async_limiter
+
+KeyFunction = Callable[[HttpRequest], "str | None"]
+CountIf = Callable[[HttpResponseBase], bool]
+
+#: `tier` label of the decorator's decisions in the metrics.
+DECORATOR_TIER = "decorator"
+
+
+def key_function_for(key: str | KeyFunction) -> KeyFunction:
+    if callable(key):
+        return key
+    if key == "ip":
+        return request_ip_identity
+    if key == "user":
+        def by_user(request: HttpRequest) -> str:
+            user = authenticated_user(request)
+            return user_identity(user.pk) if user is not None else request_ip_identity(request)
+        return by_user
+    if isinstance(key, str) and key.lower().startswith("header:") and key[len("header:"):].strip():
+        header = key[len("header:"):].strip()
+        meta = "HTTP_" + header.upper().replace("-", "_")
+
+        def by_header(request: HttpRequest) -> str:
+            # The value is user input: the engine hashes identities, so it never becomes a key name.
+            return f"header:{header.lower()}:{request.META.get(meta, '')}"
+        return by_header
+    if isinstance(key, str) and key.lower().startswith("post:") and key[len("post:"):].strip():
+        field = key[len("post:"):].strip()
+
+        def by_post_field(request: HttpRequest) -> str:
+            # A form field (a username): user input, hashed by the engine like every identity.
+            return f"post:{field}:{request.POST.get(field, '')}"
+        return by_post_field
+    raise ValueError(f"key: {key!r} must be 'ip', 'user', 'header:<name>', 'post:<field>' or a callable")
+
+
+def plain_label(client: str) -> str:
+    return client
+
+
+def digest_label(client: str) -> str:
+    return "hash:" + hashlib.blake2b(client.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+
+
+class DecoratorLimit:
+    """The limit of one decorated view (a `routes.ViewLimit`): which check a request makes, and how
+    the view answers its decision."""
+
+    def __init__(self, policy: Policy, namespace: str, key_function: KeyFunction,
+                 label_of: Callable[[str], str], block: bool, cost: int, count_if: CountIf | None = None) -> None:
+        self.policy = policy
+        self.policies = (policy,)
+        self.namespace = namespace
+        self.owner = f"decorator:{namespace}"
+        self.key_function = key_function
+        self.label_of = label_of
+        self.block = block
+        self.cost = cost
+        self.count_if = count_if
+        # Decided with the middleware's limits (when the route's cost is this cost) only when a refusal
+        # by this limit refuses the request: with block=False the view runs anyway, so charging the
+        # request's other limits must not depend on this one. A limit counted by outcome is charged
+        # after the view, on its own.
+        self.joins_request_limits = block and count_if is None
+
+    def check_for(self, request: HttpRequest) -> LimitCheck | None:
+        """This view's check for `request`, or None when its key function says "not limited"."""
+        client = self.key_function(request)
+        if client is None:
+            return None
+        return LimitCheck(f"view:{self.namespace}|{client}", self.policies, self.owner)
+
+    def _plan_alone(self, request: HttpRequest) -> RequestPlan | None:
+        """The plan of this view's limit decided alone (the middleware did not decide it); None when
+        the key function says this request is not limited."""
+        check = self.check_for(request)
+        if check is None:
+            return None
+        client = check.identity.partition("|")[2]
+        return RequestPlan((check,), None, self.label_of(client), limit_config().fail_mode, label=DECORATOR_TIER)
+
+    def decide_alone(self, request: HttpRequest) -> LimitOutcome:
+        """Charge this view's limit alone; the outcome's decision is None when the key function says
+        this request is not limited."""
+        plan = self._plan_alone(request)
+        return NOT_LIMITED if plan is None else decide(plan, self.cost)
+
+    async def adecide_alone(self, request: HttpRequest) -> LimitOutcome:
+        """`decide_alone` on the event loop (the session user read without blocking it)."""
+        await request_user(request)
+        plan = self._plan_alone(request)
+        return NOT_LIMITED if plan is None else await adecide(plan, self.cost)
+
+    def _counted_check(self, request: HttpRequest) -> tuple[LimitCheck, str] | None:
+        """Counted by outcome: this request's check and its label, or None when it is not limited."""
+        check = self.check_for(request)
+        return None if check is None else (check, self.label_of(check.identity.partition("|")[2]))
+
+    def _before(self, decision: Decision, label: str) -> LimitOutcome:
+        """Counted by outcome, before the view: the outcome of the peek (a refusal is counted)."""
+        if decision.allowed:
+            return LimitOutcome(ALLOWED, decision, self.policies, None, label, charged=False)
+        metrics.record_decision(allowed=False, tier=DECORATOR_TIER, policy=decision.policy,
+                                degraded=decision.degraded, identity=label)
+        return LimitOutcome(UNAVAILABLE if decision.degraded else DENIED, decision, self.policies, None, label,
+                            charged=False)
+
+    def check_before(self, check: LimitCheck, label: str) -> LimitOutcome:
+        """Counted by outcome, before the view: may one more matching response be charged? (a peek;
+        a refusal is counted in the metrics)."""
+        return self._before(get_limiter().peek(check.identity, self.policies, self.cost, fresh=True), label)
+
+    async def acheck_before(self, check: LimitCheck, label: str) -> LimitOutcome:
+        """`check_before` on the event loop."""
+        decision = await get_async_limiter().peek(check.identity, self.policies, self.cost, fresh=True)
+        return self._before(decision, label)
+
+    def _count_after(self, label: str) -> None:
+        metrics.record_decision(allowed=True, tier=DECORATOR_TIER, policy=None, degraded=False, identity=label)
+
+    def charge_after(self, check: LimitCheck, label: str, counted: bool) -> LimitOutcome:
+        """Counted by outcome, after the view: count the request, and charge it when it matched."""
+        self._count_after(label)
+        if not counted:
+            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
+        # A charge that no longer fits (requests in flight passed the check together) is refused by the
+        # script and charges nothing: the counter never goes over the limit.
+        decision = get_limiter().hit(check.identity, self.policies, self.cost)
+        return LimitOutcome(ALLOWED, decision, self.policies, None, label)
+
+    async def acharge_after(self, check: LimitCheck, label: str, counted: bool) -> LimitOutcome:
+        """`charge_after` on the event loop."""
+        self._count_after(label)
+        if not counted:
+            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
+        decision = await get_async_limiter().hit(check.identity, self.policies, self.cost)
+        return LimitOutcome(ALLOWED, decision, self.policies, None, label)
+
+    def answer_counted(self, request: HttpRequest, view: Callable[..., HttpResponseBase], args: Any,
+                       kwargs: Any) -> HttpResponseBase:
+        """`count_if`: check before the view, run it, charge after it when the response matches."""
+        counted = self._counted_check(request)
+        if counted is None:
+            return view(request, *args, **kwargs)
+        check, label = counted
+        before = safely(lambda: self.check_before(check, label), where=self.where)
+        decision = before.decision
+        request.limited = not before.allowed  # type: ignore[attr-defined]
+        if not (before.allowed or not self.block):
+            return self._refused(decision)
+        response = view(request, *args, **kwargs)
+        matched = self._matches(response)
+        after = safely(lambda: self.charge_after(check, label, matched), where=self.where)
+        return self._with_headers(response, after.decision or decision)
+
+    async def aanswer_counted(self, request: HttpRequest, view: Callable[..., Any], args: Any,
+                              kwargs: Any) -> HttpResponseBase:
+        """`answer_counted` for an `async def` view."""
+        await request_user(request)
+        counted = self._counted_check(request)
+        if counted is None:
+            return await view(request, *args, **kwargs)
+        check, label = counted
+        before = await asafely(lambda: self.acheck_before(check, label), where=self.where)
+        decision = before.decision
+        request.limited = not before.allowed  # type: ignore[attr-defined]
+        if not (before.allowed or not self.block):
+            return self._refused(decision)
+        response = await view(request, *args, **kwargs)
+        matched = self._matches(response)
+        after = await asafely(lambda: self.acharge_after(check, label, matched), where=self.where)
+        return self._with_headers(response, after.decision or decision)
+
+    def _matches(self, response: HttpResponseBase) -> bool:
+        return self.count_if is not None and bool(self.count_if(response))
+
+    def _joint_decision(self, request: HttpRequest) -> tuple[bool, Decision | None]:
+        """(True, the decision) when the middleware decided this view's limit with its own; else
+        (False, None): the view decides it alone."""
+        joint: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+        if joint is not None and joint.owns(self.owner):
+            return True, joint.decision_for(self.owner)
+        return False, None
+
+    def _runs(self, request: HttpRequest, decision: Decision | None) -> bool:
+        """Leave `request.limited`; True when the view runs for this decision."""
+        request.limited = decision is not None and not decision.allowed  # type: ignore[attr-defined]
+        return decision is None or decision.allowed or not self.block
+
+    def answer(self, request: HttpRequest, view: Callable[..., HttpResponseBase], args: Any,
+               kwargs: Any) -> HttpResponseBase:
+        """Run the view, or refuse, once this view's limit is decided for `request`."""
+        if self.count_if is not None:
+            return self.answer_counted(request, view, args, kwargs)
+        joined, decision = self._joint_decision(request)
+        slots = None
+        if not joined:
+            alone = safely(lambda: self.decide_alone(request), where=self.where)
+            decision, slots = alone.decision, alone.slots
+        if not self._runs(request, decision):
+            return self._refused(decision)
+        try:
+            response = view(request, *args, **kwargs)
+        except BaseException:
+            if slots is not None:
+                slots.release()  # no response will be closed
+            raise
+        release_with(response, slots)
+        return self._with_headers(response, decision)
+
+    async def aanswer(self, request: HttpRequest, view: Callable[..., Any], args: Any,
+                      kwargs: Any) -> HttpResponseBase:
+        """`answer` for an `async def` view: decided and awaited on the event loop."""
+        if self.count_if is not None:
+            return await self.aanswer_counted(request, view, args, kwargs)
+        joined, decision = self._joint_decision(request)
+        slots = None
+        if not joined:
+            alone = await asafely(lambda: self.adecide_alone(request), where=self.where)
+            decision, slots = alone.decision, alone.slots
+        if not self._runs(request, decision):
+            return self._refused(decision)
+        try:
+            response = await view(request, *args, **kwargs)
+        except BaseException:
+            if slots is not None:
+                await slots.arelease()  # no response will be closed
+            raise
+        release_with(response, slots)
+        return self._with_headers(response, decision)
+
+    def _refused(self, decision: Decision | None) -> HttpResponseBase:
+        """The 429 (or 503 when the limiter could not decide) for a refused request, with headers."""
+        if decision is None:
+            return limiter_unavailable(None, None)
+        if decision.degraded:
+            response = limiter_unavailable(decision, None)
+        else:
+            response = too_many_requests(decision, None, self.cost)
+        return self._with_headers(response, decision)
+
+    def _with_headers(self, response: HttpResponseBase, decision: Decision | None) -> HttpResponseBase:
+        if decision is not None and decision.results:
+            apply_headers(response, decision, self.policies, None, limit_config().headers)
+        return response
+
+    @property
+    def where(self) -> str:
+        """Where a failure of this limit is logged from."""
+        return f"@ratelimit ({self.namespace})"
+
+
+#: The outcome of a request its view's key function does not limit.
+NOT_LIMITED = LimitOutcome(ALLOWED, None, (), None, "")
+
+
+def wrap_view(view: ViewT, limit: DecoratorLimit) -> ViewT:
+    """The view wrapped so that `limit` decides each request: a coroutine function for an `async def`
+    view (decided on the event loop), a plain function otherwise."""
+    if iscoroutinefunction(view):
+        @functools.wraps(view)
+        async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            return await limit.aanswer(request, view, args, kwargs)
+
+        wrapper: Callable[..., Any] = markcoroutinefunction(async_wrapper)
+    else:
+        @functools.wraps(view)
+        def sync_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            return limit.answer(request, view, args, kwargs)
+
+        wrapper = sync_wrapper
+    setattr(wrapper, VIEW_LIMIT_ATTRIBUTE, limit)
+    return cast(ViewT, wrapper)
+
+
+class ConcurrencyLimit(DecoratorLimit):
+    """The limit of a view decorated with `@limit_concurrency`: one slot per request in flight. A slot
+    is the same whatever the route costs, so it always joins the middleware's call."""
+
+    joins_at_any_cost = True
