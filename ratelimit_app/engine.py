@@ -22,10 +22,11 @@ from collections.abc import Generator, Sequence
 from functools import lru_cache
 from typing import Any
 
+from .algorithms import CALENDAR_WINDOW, REGISTRY
 from .decision import Decision, PolicyResult
 from .exceptions import BackendError
 from .policies import CONCURRENCY, Policy
-from .scripts import ALGORITHM_FILES, decide_sha
+from .scripts import decide_sha
 
 Check = tuple[str, Sequence[Policy]]
 
@@ -39,21 +40,19 @@ _CALL_NUMBERS = struct.Struct(">qBB")  # cost, mode, identities
 _POLICY_NUMBERS = struct.Struct(">qqqqBB")  # algorithm code, limit, period in ms, capacity, identity, tag length
 #: The modes of decide.lua: report only (peek), charge when allowed (hit), forget the states (reset).
 PEEK, HIT, RESET = 0, 1, 2
-#: The algorithm codes decide.lua dispatches on (each algorithm file's, ratelimit_app.scripts).
-ALGORITHM_CODES = {name.removesuffix(".lua"): code for name, code in ALGORITHM_FILES.items()
-                   if name != "calendar_window.lua"}
+#: The algorithm codes decide.lua dispatches on (ratelimit_app.algorithms).
+ALGORITHM_CODES = {algorithm.name: algorithm.code for algorithm in REGISTRY}
 #: Added to the algorithm code of a shadow policy: decide.lua counts it but never lets it refuse.
 SHADOW_FLAG = 64
 #: The code of a calendar quota (a fixed window whose boundaries are calendar days, weeks or months):
 #: its period slot carries `Policy.calendar_rule` and its capacity slot `Policy.clock_shift_ms`.
-CALENDAR_CODE = ALGORITHM_FILES["calendar_window.lua"]
+CALENDAR_CODE = CALENDAR_WINDOW.code
 #: The letter that stands for the algorithm in a policy's tag (its entry in the identity's key) and in
 #: the name of its own key (see PreparedCall.keys).
-KEY_LETTERS = {"token_bucket": "t", "sliding_window": "s", "fixed_window": "f", "gcra": "g",
-               "sliding_window_counter": "c", CONCURRENCY: "q"}
+KEY_LETTERS = {algorithm.name: algorithm.letter for algorithm in REGISTRY}
 #: The letter of a calendar quota's state key (its algorithm is fixed_window, its state is not; "q" is
 #: the concurrency policies').
-CALENDAR_KEY_LETTER = "k"
+CALENDAR_KEY_LETTER = CALENDAR_WINDOW.letter
 #: A lease token (ARGV[2] of decide.lua): the member a request's concurrency slots are held under.
 _LEASE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 #: Also send each rate policy's key in the previous release's layout, a key per policy

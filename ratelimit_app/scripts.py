@@ -6,17 +6,11 @@ import hashlib
 from functools import cache
 from importlib import resources
 
-#: Algorithm files, each ending with the function of its algorithm, and the code decide.lua knows it by
-#: (engine.ALGORITHM_CODES and engine.CALENDAR_CODE are read from here).
-ALGORITHM_FILES: dict[str, int] = {
-    "token_bucket.lua": 1,
-    "sliding_window.lua": 2,
-    "fixed_window.lua": 3,
-    "gcra.lua": 4,
-    "sliding_window_counter.lua": 5,
-    "concurrency.lua": 6,
-    "calendar_window.lua": 32,
-}
+from .algorithms import SCRIPTED
+
+#: Algorithm files, each ending with the function of its algorithm (ratelimit_app.algorithms has each
+#: one's code, which decide.lua dispatches on).
+ALGORITHM_FILES: tuple[str, ...] = tuple(algorithm.lua_file for algorithm in SCRIPTED)
 ENTRY_FILE = "decide.lua"
 #: Locals every other file uses; it comes first.
 PRELUDE_FILE = "prelude.lua"
@@ -39,11 +33,12 @@ def _check_function() -> str:
     """
     preambles: list[str] = []
     branches: list[str] = []
-    for name, code in ALGORITHM_FILES.items():
+    for algorithm in SCRIPTED:
+        name, code = algorithm.lua_file, algorithm.code
         text = read_lua(name).rstrip("\n")
         start = text.rindex("\nlocal function ")
         signature, _, body = text[start + 1:].partition("\n")
-        if signature != f"local function {name.removesuffix('.lua')}{ALGORITHM_PARAMETERS}" or \
+        if signature != f"local function {algorithm.name}{ALGORITHM_PARAMETERS}" or \
                 not body.endswith("\nend"):
             raise ValueError(f"{name}: the file must end with its function {ALGORITHM_PARAMETERS} ... end")
         preambles.append(text[:start])
