@@ -29,7 +29,7 @@ RATE = 200
 #: (part, frame markers): a frame that contains one of the markers names the part. Checked from the
 #: innermost frame outwards, the parts in this order for each frame.
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("ours: the Redis call (engine, redis-py)", ("ratelimit_app/engine",)),
+    ("ours: the Redis call (engine, redis-py)", ("ratelimit_app/core/engine",)),
     ("ours: who the client is and its plan (key, tier, policies)",
      ("ratelimit_app/planning.py", "ratelimit_app/plans.py", "ratelimit_app/lookups.py",
       "ratelimit_app/identity.py", "ratelimit_app/apikeys.py")),

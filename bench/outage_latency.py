@@ -33,7 +33,7 @@ from devtools.embedded import start_redis  # noqa: E402
 from ratelimit_app import Policy, RateLimiter  # noqa: E402
 from ratelimit_app.conf import ratelimit_settings  # noqa: E402
 from ratelimit_app.connection import build_client  # noqa: E402
-from ratelimit_app.scripts import decide_source  # noqa: E402
+from ratelimit_app.core.scripts import decide_source  # noqa: E402
 from ratelimit_app.service import LimiterService  # noqa: E402
 from tests.tcp_proxy import TcpProxy  # noqa: E402
 

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.script_instructions import previous_call, previous_source
 from devtools.embedded import start_redis
-from ratelimit_app.engine import prepare_call
-from ratelimit_app.policies import Policy
-from ratelimit_app.scripts import decide_source
+from ratelimit_app.core.engine import prepare_call
+from ratelimit_app.core.policies import Policy
+from ratelimit_app.core.scripts import decide_source
 
 INCR_SCRIPT = "return redis.call('INCR', KEYS[1])"
 TIER = (

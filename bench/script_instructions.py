@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis
 
 from devtools.embedded import free_port
-from ratelimit_app import engine
-from ratelimit_app.engine import ALGORITHM_CODES, KEY_LETTERS, identity_digest, prepare_call
-from ratelimit_app.policies import Policy
-from ratelimit_app.scripts import ENTRY_FILE, PRELUDE_FILE, decide_source
+from ratelimit_app.core import engine
+from ratelimit_app.core.engine import ALGORITHM_CODES, KEY_LETTERS, identity_digest, prepare_call
+from ratelimit_app.core.policies import Policy
+from ratelimit_app.core.scripts import ENTRY_FILE, PRELUDE_FILE, decide_source
 
 INCR_SCRIPT = "return redis.call('INCR', KEYS[1])"
 FREE_TIER = (

@@ -1,11 +1,11 @@
 """ratelimit_app: distributed API rate limiting for Django, decided atomically in Redis."""
 
-from .decision import Decision, PolicyResult
-from .engine import new_lease_token
-from .engine_async import AsyncRateLimiter
-from .engine_sync import RateLimiter
-from .exceptions import BackendError, RateLimiterError
-from .policies import InvalidPolicy, Policy, parse_rate
+from .core.decision import Decision, PolicyResult
+from .core.engine import new_lease_token
+from .core.engine_async import AsyncRateLimiter
+from .core.engine_sync import RateLimiter
+from .core.exceptions import BackendError, RateLimiterError
+from .core.policies import InvalidPolicy, Policy, parse_rate
 
 __all__ = [
     "AsyncRateLimiter", "BackendError", "Decision", "InvalidPolicy", "Policy", "PolicyResult", "RateLimiter",

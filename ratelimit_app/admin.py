@@ -17,10 +17,10 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from . import apikeys
+from .core.policies import Policy
 from .lookups import get_lookups
 from .models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
 from .plans import OVERRIDE_FIELDS, apply_overrides
-from .policies import Policy
 
 _LIMIT_FIELDS = ("name", "algorithm", "limit", "period", "burst", "calendar", "scope", "enabled", "shadow")
 

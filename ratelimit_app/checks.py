@@ -24,7 +24,7 @@ from django.db import DatabaseError, router
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from .conf import ratelimit_settings, read_settings
-from .exceptions import REDIS_CLIENT_ERRORS
+from .core.exceptions import REDIS_CLIENT_ERRORS
 
 _SETTINGS_HINT = "Fix settings.RATELIMIT; docs/settings.md lists every setting and its accepted values."
 

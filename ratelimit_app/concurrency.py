@@ -1,7 +1,7 @@
 """Concurrency slots of a request: taken in the request's one decision, given back when its response is done.
 
 A tier limit with `algorithm = "concurrency"` (or `@limit_concurrency`, or `ConcurrencyThrottle`) makes
-each admitted request hold one slot, a lease in Redis (ratelimit_app/lua/concurrency.lua), taken in the
+each admitted request hold one slot, a lease in Redis (ratelimit_app/core/lua/concurrency.lua), taken in the
 same all-or-nothing call as the request's rate limits. `limiting.decide` returns the slots it took as
 `LimitOutcome.slots` (a `HeldSlots`); whoever asked for the decision then makes sure they are given back:
 
@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponseBase
 
-from .policies import CONCURRENCY, Policy
+from .core.policies import CONCURRENCY, Policy
 
 #: Request attribute: the HeldSlots taken for this request and not yet tied to a response.
 PENDING_ATTRIBUTE = "_ratelimit_slots"

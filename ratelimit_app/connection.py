@@ -1,7 +1,7 @@
 """The Redis client the limiter uses, built once from settings (REDIS_URL or a django-redis alias).
 
 Every client built here has explicit timeouts, no retries (a retried EVALSHA could charge twice) and
-connections that respect the limiter's time budget (ratelimit_app.budget): no sequence of steps
+connections that respect the limiter's time budget (ratelimit_app.core.budget): no sequence of steps
 inside one decision can add up past RATELIMIT['BUDGET_MS'].
 
 When the sync engine takes the "pool" path (RATELIMIT['CONNECTIONS']: "pool", or "auto" under gevent or
@@ -26,10 +26,10 @@ from redis.connection import Connection, ConnectionPool
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from .budget import BudgetConnection, BudgetSSLConnection, BudgetUnixConnection, budget_class_for, budget_deadline
 from .conf import SettingsCached, ratelimit_settings
-from .engine_async import AsyncRedisClient
-from .engine_sync import RedisClient, resolve_connections
+from .core.budget import BudgetConnection, BudgetSSLConnection, BudgetUnixConnection, budget_class_for, budget_deadline
+from .core.engine_async import AsyncRedisClient
+from .core.engine_sync import RedisClient, resolve_connections
 from .sentinel import async_sentinel_master, sentinel_master
 
 CLUSTER_SCHEME = "redis+cluster"

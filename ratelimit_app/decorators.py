@@ -54,7 +54,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from .policies import CONCURRENCY, InvalidPolicy, Policy
+from .core.policies import CONCURRENCY, InvalidPolicy, Policy
 from .routes import ViewT, validate_cost, view_name
 from .viewlimits import (
     ConcurrencyLimit,

@@ -29,8 +29,8 @@ from functools import lru_cache
 from django.http import HttpResponseBase
 
 from .conf import ratelimit_settings
-from .decision import Decision, PolicyResult
-from .policies import BURST_ALGORITHMS, CONCURRENCY, Policy
+from .core.decision import Decision, PolicyResult
+from .core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 
 LEGACY = "legacy"
 IETF = "ietf"

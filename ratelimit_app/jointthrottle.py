@@ -16,7 +16,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 
 from .concurrency import hold, release_pending_with
-from .decision import Decision
+from .core.decision import Decision
 from .headers import retry_after_seconds
 from .identity import authenticated_user
 from .limitcheck import REQUEST_LIMITS, LimitCheck

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .policies import Policy
+from .core.policies import Policy
 
 #: `LimitCheck.owner` of the request's own limits (per-IP and tier).
 REQUEST_LIMITS = ""

@@ -36,9 +36,10 @@ from . import metrics, shedding
 from .clientrules import ALLOW
 from .concurrency import HeldSlots, needs_lease, slots_taken
 from .conf import DEFAULTS, ratelimit_settings
-from .decision import Decision, degraded_decision
-from .engine import new_lease_token
-from .exceptions import BACKEND_ERRORS
+from .core.decision import Decision, degraded_decision
+from .core.engine import new_lease_token
+from .core.exceptions import BACKEND_ERRORS
+from .core.policies import Policy
 from .limitcheck import LimitCheck
 from .logs import logger
 from .outcome import ALLOWED as ALLOWED
@@ -51,7 +52,6 @@ from .outcome import LimitOutcome as LimitOutcome
 from .outcome import summarize
 from .planning import FROM_REQUEST, RequestPlan, aplan_request, plan_request
 from .planning import limit_config as limit_config
-from .policies import Policy
 from .service import get_limiter
 from .service_async import get_async_limiter
 

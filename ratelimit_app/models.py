@@ -18,9 +18,9 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from . import apikeys
-from .calendars import CALENDAR_PERIODS, is_valid_time_zone
 from .conf import IP_POLICY_NAME
-from .policies import ALL_ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
+from .core.calendars import CALENDAR_PERIODS, is_valid_time_zone
+from .core.policies import ALL_ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
 
 FAIL_MODE_CHOICES = [
     ("", "Default (RATELIMIT['FAIL_MODE'])"),

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .concurrency import HeldSlots
-from .decision import Decision
+from .core.decision import Decision
+from .core.policies import Policy
 from .limitcheck import LimitCheck
 from .plans import TierInfo
-from .policies import Policy
 
 ALLOWED = "allowed"
 DENIED = "denied"  # 429

@@ -35,7 +35,8 @@ from . import metrics, shedding
 from .apikeys import key_matches, parse_key
 from .clientrules import ALLOW, DENY, ClientRules
 from .conf import SettingsCached, ratelimit_settings
-from .exceptions import BACKEND_ERRORS
+from .core.exceptions import BACKEND_ERRORS
+from .core.policies import Policy
 from .identity import (
     api_key_from_request,
     authenticated_user,
@@ -49,7 +50,6 @@ from .lookups import MISS, Lookups, NeedsIO, get_lookups, local_only, require_io
 from .models import IP_POLICY_NAME
 from .outcome import DENIED, FORBIDDEN, IP_ONLY_TIER, LimitOutcome
 from .plans import TierInfo
-from .policies import Policy
 from .routes import route_for_view
 from .service import get_limiter
 

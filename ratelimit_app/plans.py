@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .policies import Policy
+from .core.policies import Policy
 
 
 @dataclass(frozen=True, slots=True)

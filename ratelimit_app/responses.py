@@ -33,7 +33,7 @@ from typing import Any
 from django.http import JsonResponse
 
 from .conf import ratelimit_settings
-from .decision import Decision
+from .core.decision import Decision
 from .headers import retry_after_seconds
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"

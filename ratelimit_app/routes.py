@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from django.http import HttpRequest
 
-from .policies import MAX_LIMIT
+from .core.policies import MAX_LIMIT
 from .shedding import validate_priority
 
 if TYPE_CHECKING:

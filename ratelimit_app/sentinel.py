@@ -11,8 +11,8 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.connection import ConnectionPool
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
-from .budget import BudgetConnection, BudgetMixin
 from .conf import ratelimit_settings
+from .core.budget import BudgetConnection, BudgetMixin
 
 
 class BudgetSentinelConnection(BudgetMixin, SentinelManagedConnection):

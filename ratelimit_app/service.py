@@ -8,9 +8,9 @@ what keeps the API serving when Redis is slow or down (docs/operations.md tells 
 - a circuit breaker (ratelimit_app.breaker): after BREAKER_FAILURES consecutive failures, decisions
   skip Redis until a single probe finds it answering again;
 - fail modes for decisions Redis cannot make: "open" (allow, degraded), "closed" (refuse, degraded:
-  HTTP 503 with Retry-After) or "local" (the in-process limiter of ratelimit_app.fallback, each
+  HTTP 503 with Retry-After) or "local" (the in-process limiter of ratelimit_app.core.fallback, each
   policy divided by APP_SERVERS);
-- a local deny cache (ratelimit_app.denycache): a request Redis denied until T is denied in process
+- a local deny cache (ratelimit_app.core.denycache): a request Redis denied until T is denied in process
   until T, without a Redis call; a reset in any process clears it everywhere within
   RESET_CHECK_INTERVAL (the deny cache reads the reset epoch at most that often, see ResetWatch).
 """
@@ -25,18 +25,18 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .breaker import CLOSED, PROBE, SKIP, CircuitBreaker
-from .budget import budget_deadline
 from .conf import SettingsCached, ratelimit_settings
 from .connection import get_redis
-from .decision import Decision, degraded_decision
-from .denycache import DenyCache, ResetWatch
-from .engine import Check, prepare_call
-from .engine_sync import RateLimiter
-from .exceptions import BACKEND_ERRORS
-from .fallback import LocalLimiter
+from .core.budget import budget_deadline
+from .core.decision import Decision, degraded_decision
+from .core.denycache import DenyCache, ResetWatch
+from .core.engine import Check, prepare_call
+from .core.engine_sync import RateLimiter
+from .core.exceptions import BACKEND_ERRORS
+from .core.fallback import LocalLimiter
+from .core.policies import CONCURRENCY, Policy
 from .logs import log_event
 from .observability import recorder
-from .policies import CONCURRENCY, Policy
 from .servicecall import ServiceCall, ServiceStats, request_key
 
 FAIL_MODES = ("open", "closed", "local")
@@ -150,7 +150,7 @@ class LimiterService:
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies: in Redis, in this process' deny cache and
         in the local fallback; other processes drop their cached denials within RESET_CHECK_INTERVAL
-        (the reset epoch, see ratelimit_app.denycache). Raises BackendError or a RedisError when Redis
+        (the reset epoch, see ratelimit_app.core.denycache). Raises BackendError or a RedisError when Redis
         cannot be reached (the local state is forgotten anyway)."""
         self._forget_locally(identity, policies)
         token = budget_deadline.set(time.monotonic() + self.budget)
@@ -316,7 +316,7 @@ class LimiterService:
         return [refused] * len(checks)
 
     def _reset_watch(self, prefix: str) -> ResetWatch:
-        """The reset epoch of this service's key prefix (see ratelimit_app.denycache.ResetWatch)."""
+        """The reset epoch of this service's key prefix (see ratelimit_app.core.denycache.ResetWatch)."""
         if self._resets is None:
             self._resets = ResetWatch(prefix)
         return self._resets

@@ -25,12 +25,12 @@ from collections.abc import Callable, Sequence
 from .breaker import PROBE, SKIP, CircuitBreaker
 from .conf import SettingsCached, ratelimit_settings
 from .connection import get_async_redis
-from .decision import Decision
-from .engine import Check
-from .engine_async import AsyncRateLimiter, close_client
-from .exceptions import BACKEND_ERRORS, BackendError
-from .fallback import LocalLimiter
-from .policies import Policy
+from .core.decision import Decision
+from .core.engine import Check
+from .core.engine_async import AsyncRateLimiter, close_client
+from .core.exceptions import BACKEND_ERRORS, BackendError
+from .core.fallback import LocalLimiter
+from .core.policies import Policy
 from .service import LimiterService, get_limiter
 from .servicecall import ServiceStats
 
@@ -137,7 +137,7 @@ class AsyncLimiterService:
             async with _budget(service.budget):
                 engine = self.limiter()
                 await engine.reset(identity, policies)
-                # after the delete: see ratelimit_app.denycache.ResetWatch
+                # after the delete: see ratelimit_app.core.denycache.ResetWatch
                 await service._reset_watch(engine.prefix).announce(engine.client)
         except asyncio.TimeoutError as exc:
             raise BackendError(f"could not reset {identity!r:.80}: the time budget ran out",

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .breaker import CALL, BreakerState
-from .decision import Decision
-from .denycache import ResetWatch
-from .engine import Check
+from .core.decision import Decision
+from .core.denycache import ResetWatch
+from .core.engine import Check
 
 
 @dataclass(frozen=True)

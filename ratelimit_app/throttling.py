@@ -35,6 +35,7 @@ from rest_framework import throttling as drf_throttling
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
+from .core.policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
 from .identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity
 from .jointthrottle import ClientRefused as ClientRefused
 from .jointthrottle import InvalidApiKey as InvalidApiKey
@@ -42,7 +43,6 @@ from .jointthrottle import JointThrottle, RateLimitHeadersMixin, django_request_
 from .jointthrottle import LimiterUnavailable as LimiterUnavailable
 from .jointthrottle import Overloaded as Overloaded
 from .limitcheck import LimitCheck
-from .policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
 
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 

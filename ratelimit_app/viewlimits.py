@@ -15,7 +15,8 @@ from django.http import HttpRequest, HttpResponseBase
 
 from . import metrics
 from .concurrency import release_with
-from .decision import Decision
+from .core.decision import Decision
+from .core.policies import Policy
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
 from .limitcheck import LimitCheck
@@ -23,7 +24,6 @@ from .limiting import adecide, asafely, decide, limit_config, safely
 from .middleware import REQUEST_ATTRIBUTE
 from .outcome import ALLOWED, DENIED, UNAVAILABLE, LimitOutcome
 from .planning import RequestPlan, request_user
-from .policies import Policy
 from .responses import limiter_unavailable, too_many_requests
 from .routes import VIEW_LIMIT_ATTRIBUTE, ViewT
 from .service import get_limiter

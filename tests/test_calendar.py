@@ -14,8 +14,8 @@ from django.test import Client
 from django.urls import reverse
 
 from ratelimit_app import Policy, RateLimiter
-from ratelimit_app.calendars import CALENDAR_PERIODS, period_bounds
-from ratelimit_app.engine import state_entries
+from ratelimit_app.core.calendars import CALENDAR_PERIODS, period_bounds
+from ratelimit_app.core.engine import state_entries
 from ratelimit_app.models import Tier, TierLimit
 
 from .limits_support import make_key, make_tier, parse_ietf

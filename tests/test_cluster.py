@@ -16,10 +16,10 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from ratelimit_app import AsyncRateLimiter, Policy, RateLimiter
-from ratelimit_app.budget import BudgetConnection
 from ratelimit_app.connection import get_redis
-from ratelimit_app.engine_async import close_client
-from ratelimit_app.policies import ALGORITHMS
+from ratelimit_app.core.budget import BudgetConnection
+from ratelimit_app.core.engine_async import close_client
+from ratelimit_app.core.policies import ALGORITHMS
 from ratelimit_app.service import get_limiter
 
 from .test_engine import wait_out_fixed_window
@@ -217,7 +217,7 @@ def test_the_cluster_setting_turns_a_plain_url_into_a_cluster_client(cluster: Cl
 
 def test_concurrency_slots_on_a_cluster(cluster_limiter: RateLimiter, cluster_client: RedisCluster) -> None:
     """A slot is taken with the rate limits on the identity's shard and given back by ZREM there."""
-    from ratelimit_app.engine import new_lease_token
+    from ratelimit_app.core.engine import new_lease_token
 
     slots = Policy("concurrency", "concurrency", limit=2, period=60)
     tokens = [new_lease_token() for _ in range(3)]

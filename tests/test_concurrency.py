@@ -9,9 +9,9 @@ import pytest
 import redis
 
 from ratelimit_app import RateLimiter
-from ratelimit_app.engine import new_lease_token
-from ratelimit_app.fallback import LocalLimiter
-from ratelimit_app.policies import CONCURRENCY, InvalidPolicy, Policy
+from ratelimit_app.core.engine import new_lease_token
+from ratelimit_app.core.fallback import LocalLimiter
+from ratelimit_app.core.policies import CONCURRENCY, InvalidPolicy, Policy
 from ratelimit_app.service import LimiterService
 
 SLOTS = Policy("concurrency", CONCURRENCY, limit=2, period=60)

@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from ratelimit_app import Decision
-from ratelimit_app.decision import PolicyResult
+from ratelimit_app.core.decision import PolicyResult
 
 
 def test_decisions_and_results_are_frozen_values() -> None:

@@ -15,9 +15,17 @@ import pytest
 import redis
 
 from ratelimit_app import Decision, Policy, RateLimiter
-from ratelimit_app.engine import KEY_LETTERS, LOAD_SCRIPT, NOSCRIPT, decide, parse_reply, prepare_call, state_entries
-from ratelimit_app.exceptions import BackendError
-from ratelimit_app.policies import ALGORITHMS
+from ratelimit_app.core.engine import (
+    KEY_LETTERS,
+    LOAD_SCRIPT,
+    NOSCRIPT,
+    decide,
+    parse_reply,
+    prepare_call,
+    state_entries,
+)
+from ratelimit_app.core.exceptions import BackendError
+from ratelimit_app.core.policies import ALGORITHMS
 
 from .engine_workers import hammer
 from .tcp_proxy import tcp_proxy
@@ -478,7 +486,7 @@ def test_a_bucket_refills_from_its_stored_time_and_never_from_a_clock_that_stepp
 
 
 def test_noscript_is_recovered_once_and_a_second_one_is_an_error() -> None:
-    """The exchange every transport carries out (ratelimit_app.engine.decide), stepped by hand."""
+    """The exchange every transport carries out (ratelimit_app.core.engine.decide), stepped by hand."""
     policies = [small_policy("gcra")]
     steps = decide("rl", [("k", policies)], 1, charge=True, one_slot_per_call=False)
     call = steps.send(None)

@@ -19,8 +19,8 @@ import redis.asyncio
 
 from devtools.embedded import free_port
 from ratelimit_app import AsyncRateLimiter, BackendError, Policy, RateLimiter
-from ratelimit_app.engine_async import close_client
-from ratelimit_app.policies import ALGORITHMS
+from ratelimit_app.core.engine_async import close_client
+from ratelimit_app.core.policies import ALGORITHMS
 
 from .tcp_proxy import tcp_proxy
 from .topology import wait_for
@@ -262,7 +262,7 @@ def test_32_tasks_admit_exactly_the_limit_of_a_three_policy_tier(redis_url: str,
 def test_own_connections_stay_within_the_pools_limit_and_a_closed_one_is_replaced() -> None:
     """On a private server, so connection counts are exact."""
     from devtools.embedded import start_redis
-    from ratelimit_app.scripts import decide_source
+    from ratelimit_app.core.scripts import decide_source
 
     server = start_redis()
     admin = redis.Redis(port=server.port, socket_timeout=10)
@@ -296,7 +296,7 @@ def test_own_connections_stay_within_the_pools_limit_and_a_closed_one_is_replace
 
 def test_concurrency_slots_are_taken_and_given_back_like_the_sync_engine(
         redis_url: str, redis_client: redis.Redis, key_prefix: str, async_connections: str) -> None:
-    from ratelimit_app.engine import new_lease_token
+    from ratelimit_app.core.engine import new_lease_token
 
     slots = Policy("concurrency", "concurrency", limit=2, period=60)
     policies = [Policy("minute", "sliding_window", limit=100, period=60), slots]

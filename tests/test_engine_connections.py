@@ -14,8 +14,8 @@ import redis
 
 from devtools.embedded import RedisProcess
 from ratelimit_app import Policy, RateLimiter
-from ratelimit_app.engine_sync import IDLE_CHECK_AFTER, MAX_SHELVED, green_threads
-from ratelimit_app.scripts import decide_source
+from ratelimit_app.core.engine_sync import IDLE_CHECK_AFTER, MAX_SHELVED, green_threads
+from ratelimit_app.core.scripts import decide_source
 
 from .topology import run_threads, wait_for
 

@@ -1,4 +1,4 @@
-"""The in-process fallback limiter (ratelimit_app.fallback) with an injected clock: exact admission and
+"""The in-process fallback limiter (ratelimit_app.core.fallback) with an injected clock: exact admission and
 recovery per algorithm, all-or-nothing, the share of each server, thread safety and bounded memory.
 
 (Its agreement with the Lua scripts is checked against Redis in tests/test_model_property.py.)
@@ -12,8 +12,8 @@ import threading
 import pytest
 
 from ratelimit_app import Policy
-from ratelimit_app.fallback import LocalLimiter, local_share
-from ratelimit_app.policies import ALGORITHMS
+from ratelimit_app.core.fallback import LocalLimiter, local_share
+from ratelimit_app.core.policies import ALGORITHMS
 
 START_US = 1_800_000_000_000_000  # a moment well inside every window used below
 

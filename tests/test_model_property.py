@@ -1,4 +1,4 @@
-"""Property test: the Lua engine and its pure-Python model (ratelimit_app.fallback) decide alike.
+"""Property test: the Lua engine and its pure-Python model (ratelimit_app.core.fallback) decide alike.
 
 Hypothesis generates policies and sequences of hits, peeks, resets and multi-identity hits; each
 operation runs against Redis and against the model, whose clock is set to Redis TIME read just
@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ratelimit_app import Decision, Policy, RateLimiter
-from ratelimit_app.fallback import LocalLimiter
-from ratelimit_app.policies import ALGORITHMS, BURST_ALGORITHMS
+from ratelimit_app.core.fallback import LocalLimiter
+from ratelimit_app.core.policies import ALGORITHMS, BURST_ALGORITHMS
 
 LONG = 366 * 86400  # seconds: the longest period a policy may have
 SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,

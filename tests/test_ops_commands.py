@@ -15,9 +15,9 @@ from django.test import Client
 
 from devtools.embedded import free_port
 from ratelimit_app.conf import ratelimit_settings
+from ratelimit_app.core.policies import Policy
 from ratelimit_app.metrics import flush, recent_metrics, record_decision
 from ratelimit_app.models import ApiKey, Tier, TierLimit
-from ratelimit_app.policies import Policy
 from ratelimit_app.service import get_limiter
 
 

@@ -15,8 +15,8 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
 from project.urls import urlpatterns as demo_urlpatterns
+from ratelimit_app.core.engine import state_entries
 from ratelimit_app.decorators import ratelimit
-from ratelimit_app.engine import state_entries
 from ratelimit_app.routes import VIEW_LIMIT_ATTRIBUTE
 from ratelimit_app.service import get_limiter
 

@@ -13,9 +13,9 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
+from ratelimit_app.core.policies import Policy
 from ratelimit_app.models import ApiKey, ApiKeyLimit, Tier, UserTier
 from ratelimit_app.plans import TierInfo, apply_overrides
-from ratelimit_app.policies import Policy
 
 from .limits_support import LimitSpec, make_key, make_tier
 from .test_admin import form_data

@@ -17,8 +17,8 @@ from rest_framework.views import APIView
 from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app import metrics
 from ratelimit_app.conf import ratelimit_settings
+from ratelimit_app.core.policies import InvalidPolicy
 from ratelimit_app.decorators import limit_concurrency
-from ratelimit_app.policies import InvalidPolicy
 from ratelimit_app.routes import limit_cost
 from ratelimit_app.service import get_limiter
 from ratelimit_app.shedding import FLEET_IDENTITY, FLEET_POLICY, in_flight
@@ -102,7 +102,7 @@ def get(client: Any, url: str, key: str | None = None) -> Any:
 
 def free_slots(key: str) -> int:
     """What the tier's concurrency policy has free now (a peek: charges nothing)."""
-    from ratelimit_app.policies import Policy
+    from ratelimit_app.core.policies import Policy
 
     prefix = key.split(".")[0]
     return get_limiter().peek(f"key:{prefix}", [Policy("concurrency", "concurrency", limit=2, period=30)]).remaining
@@ -193,7 +193,7 @@ def test_a_concurrency_throttle_is_checked_when_defined() -> None:
 # -- load shedding ---------------------------------------------------------------------------------
 
 def fleet_in_flight() -> int:
-    from ratelimit_app.policies import Policy
+    from ratelimit_app.core.policies import Policy
 
     policy = Policy(FLEET_POLICY, "concurrency", limit=1000, period=60)
     return 1000 - get_limiter().peek(FLEET_IDENTITY, [policy]).remaining

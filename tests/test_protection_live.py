@@ -24,8 +24,8 @@ import redis
 import requests
 
 from devtools.embedded import free_port
-from ratelimit_app.engine_sync import RateLimiter
-from ratelimit_app.policies import Policy
+from ratelimit_app.core.engine_sync import RateLimiter
+from ratelimit_app.core.policies import Policy
 
 from .conftest import delete_prefix
 from .gunicorn_server import prepare_database, start_server, stop_server

@@ -21,8 +21,8 @@ import redis
 from devtools.embedded import RedisProcess, start_redis
 from ratelimit_app import Decision, Policy, RateLimiter
 from ratelimit_app import metrics as metrics_module
-from ratelimit_app.denycache import RESET_CHECK_INTERVAL, DenyCache
-from ratelimit_app.scripts import decide_source
+from ratelimit_app.core.denycache import RESET_CHECK_INTERVAL, DenyCache
+from ratelimit_app.core.scripts import decide_source
 from ratelimit_app.service import LimiterService, get_limiter
 
 from .limits_support import attempts
@@ -420,8 +420,8 @@ def test_the_deny_cache_is_bounded(settings: Any, server: RedisProcess) -> None:
 
 def test_the_cache_alias_client_gets_the_limiters_timeouts_and_budget(settings: Any) -> None:
     """REDIS_URL None: the django-redis cache's server, but the limiter's own pool (its cache may retry)."""
-    from ratelimit_app.budget import BudgetConnection
     from ratelimit_app.connection import get_redis
+    from ratelimit_app.core.budget import BudgetConnection
 
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": None, "CACHE_ALIAS": "default", "BUDGET_MS": 50,
                           "SOCKET_TIMEOUT": 5.0, "SOCKET_CONNECT_TIMEOUT": 5.0}

@@ -15,7 +15,7 @@ from redis.sentinel import SentinelConnectionPool
 
 from ratelimit_app import Decision, Policy
 from ratelimit_app.connection import get_redis
-from ratelimit_app.scripts import decide_source
+from ratelimit_app.core.scripts import decide_source
 from ratelimit_app.sentinel import BudgetSentinelConnection
 from ratelimit_app.service import LimiterService, get_limiter
 

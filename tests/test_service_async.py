@@ -19,7 +19,7 @@ import redis
 
 from devtools.embedded import RedisProcess
 from ratelimit_app import Policy
-from ratelimit_app.scripts import decide_source
+from ratelimit_app.core.scripts import decide_source
 from ratelimit_app.service import get_limiter
 from ratelimit_app.service_async import AsyncLimiterService, get_async_limiter
 
@@ -219,7 +219,7 @@ async def admitted_by_tasks(service: AsyncLimiterService, identity: str, policie
 
 def test_a_reset_announced_elsewhere_ends_a_cached_denial_within_the_check_interval(
         settings: Any, server: RedisProcess, admin: redis.Redis) -> None:
-    from ratelimit_app.denycache import RESET_CHECK_INTERVAL
+    from ratelimit_app.core.denycache import RESET_CHECK_INTERVAL
     from ratelimit_app.service import LimiterService
 
     service = configure(settings, server.url)
@@ -239,7 +239,7 @@ def test_a_reset_announced_elsewhere_ends_a_cached_denial_within_the_check_inter
 
 def test_the_async_service_takes_and_releases_slots_and_never_caches_their_refusal(
         settings: Any, server: RedisProcess, admin: redis.Redis) -> None:
-    from ratelimit_app.engine import new_lease_token
+    from ratelimit_app.core.engine import new_lease_token
 
     service = configure(settings, server.url)
     slots = [Policy("concurrency", "concurrency", limit=1, period=60)]

@@ -12,8 +12,8 @@ from django.test import Client
 from django.urls import reverse
 
 from ratelimit_app import Policy, RateLimiter, metrics
-from ratelimit_app.engine import state_entries
-from ratelimit_app.fallback import LocalLimiter
+from ratelimit_app.core.engine import state_entries
+from ratelimit_app.core.fallback import LocalLimiter
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 
 from .limits_support import make_key, parse_ietf, seed_tiers
@@ -140,7 +140,7 @@ def test_the_async_engine_splits_shadow_results_the_same_way(redis_url: str, key
     import redis.asyncio
 
     from ratelimit_app import AsyncRateLimiter
-    from ratelimit_app.engine_async import close_client
+    from ratelimit_app.core.engine_async import close_client
 
     async def main() -> list[Any]:
         client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(redis_url, socket_timeout=10)

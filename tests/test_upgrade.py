@@ -1,6 +1,6 @@
 """Upgrades never hurt: state written by the previous release's script is carried over by this one.
 
-The previous release's decision script is kept in tests/legacy_lua (a copy of ratelimit_app/lua at
+The previous release's decision script is kept in tests/legacy_lua (a copy of ratelimit_app/core/lua at
 311ea9b: a key per policy, "<prefix>:{<digest>}<letter><policy>"). These tests write state with it, in
 its own key layout, then decide with today's engine (one key per identity): no error, and never more
 than the limit granted within one period across the two.
@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from ratelimit_app import Policy, RateLimiter, engine
-from ratelimit_app.calendars import CALENDAR_PERIODS
-from ratelimit_app.engine import ALGORITHM_CODES, CALENDAR_CODE, KEY_LETTERS, identity_digest, new_lease_token
+from ratelimit_app import Policy, RateLimiter
+from ratelimit_app.core import engine
+from ratelimit_app.core.calendars import CALENDAR_PERIODS
+from ratelimit_app.core.engine import ALGORITHM_CODES, CALENDAR_CODE, KEY_LETTERS, identity_digest, new_lease_token
 
 LEGACY_DIR = Path(__file__).resolve().parent / "legacy_lua"
 #: that release's files, in the order its scripts.py joined them

@@ -38,8 +38,8 @@ from rest_framework.response import Response
 
 from ratelimit_app.conf import ratelimit_settings
 from ratelimit_app.connection import get_redis
+from ratelimit_app.core.exceptions import REDIS_CLIENT_ERRORS
 from ratelimit_app.decorators import limit_concurrency, ratelimit
-from ratelimit_app.exceptions import REDIS_CLIENT_ERRORS
 from ratelimit_app.limiting import LimitOutcome, limit_request
 from ratelimit_app.middleware import REQUEST_ATTRIBUTE
 from ratelimit_app.routes import limit_cost

@@ -17,9 +17,9 @@ from redis.exceptions import RedisError
 
 from ratelimit_app.clientrules import ALLOW
 from ratelimit_app.conf import ratelimit_settings
-from ratelimit_app.exceptions import RateLimiterError
+from ratelimit_app.core.exceptions import RateLimiterError
+from ratelimit_app.core.policies import Policy
 from ratelimit_app.lookups import get_lookups
-from ratelimit_app.policies import Policy
 from ratelimit_app.service import get_limiter
 
 from ._targets import resolve

@@ -1,7 +1,7 @@
 -- calendar_window: a fixed window whose boundaries are calendar days, weeks (from Monday) or months in
 -- a time zone: "10,000 per month, resetting at 00:00 on the 1st". The local time comes from Redis TIME
 -- and the zone's UTC offset; the offset, its next change (DST) and the offset after it arrive in one
--- integer, the rule (ratelimit_app/calendars.py builds it from the zone database):
+-- integer, the rule (ratelimit_app/core/calendars.py builds it from the zone database):
 --   rule = ((unit * 128 + offset_now_q + 64) * 128 + offset_next_q + 64) * 2^27 + change_minute
 --   unit 1 day, 2 week, 3 month; offsets in quarter hours; change_minute since the epoch (UTC)
 --

@@ -10,7 +10,7 @@ from typing import Any
 from .algorithms import REGISTRY
 from .calendars import CALENDAR_PERIODS, CALENDARS, is_valid_time_zone, rule_at
 
-#: The rate algorithms: requests over time (ratelimit_app.algorithms has them all).
+#: The rate algorithms: requests over time (ratelimit_app.core.algorithms has them all).
 ALGORITHMS: tuple[str, ...] = tuple(a.name for a in REGISTRY if not a.concurrency)
 #: Requests in flight (slots, each a lease of `period` seconds) rather than requests over time: a policy
 #: of its own kind, apart from the rate ALGORITHMS (a request takes one slot whatever its cost, and gives
@@ -82,7 +82,7 @@ class Policy:
     (default: `limit`). Other algorithms take no burst. A `shadow` policy (a dry run) is counted like
     any other but never refuses: its would-be refusals are reported apart (`Decision.shadow`).
     A `calendar` policy ("day", "week" or "month"; fixed_window only, its period the calendar's longest,
-    `CALENDAR_PERIODS`) counts per calendar period in `time_zone` (see ratelimit_app.calendars);
+    `CALENDAR_PERIODS`) counts per calendar period in `time_zone` (see ratelimit_app.core.calendars);
     `clock_shift_ms` moves the Redis time such a policy is decided at, for tests only (0 in production).
     Invalid values raise InvalidPolicy.
     """
@@ -163,7 +163,7 @@ class Policy:
             raise InvalidPolicy(f"time_zone: {self.time_zone!r} for policy {self.name!r} is not a known time zone")
         if isinstance(self.clock_shift_ms, bool) or not isinstance(self.clock_shift_ms, int):
             raise InvalidPolicy(f"clock_shift_ms: {self.clock_shift_ms!r} must be an integer")
-        # the app clock only picks which DST change is "next" (see ratelimit_app.calendars)
+        # the app clock only picks which DST change is "next" (see ratelimit_app.core.calendars)
         rule = rule_at(self.calendar, self.time_zone, time.time() + self.clock_shift_ms / 1000)
         object.__setattr__(self, "calendar_rule", rule)
 

@@ -1,4 +1,4 @@
-"""The Lua sources shipped in ratelimit_app/lua, assembled once into the decision script."""
+"""The Lua sources shipped in ratelimit_app/core/lua, assembled once into the decision script."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from importlib import resources
 
 from .algorithms import SCRIPTED
 
-#: Algorithm files, each ending with the function of its algorithm (ratelimit_app.algorithms has each
+#: Algorithm files, each ending with the function of its algorithm (ratelimit_app.core.algorithms has each
 #: one's code, which decide.lua dispatches on).
 ALGORITHM_FILES: tuple[str, ...] = tuple(algorithm.lua_file for algorithm in SCRIPTED)
 ENTRY_FILE = "decide.lua"
@@ -20,7 +20,7 @@ ALGORITHM_PARAMETERS = "(stored, now_us, limit, period_ms, capacity, cost)"
 
 def read_lua(name: str) -> str:
     """Return the text of one shipped Lua file."""
-    return (resources.files("ratelimit_app") / "lua" / name).read_text(encoding="utf-8")
+    return (resources.files("ratelimit_app.core") / "lua" / name).read_text(encoding="utf-8")
 
 
 def _check_function() -> str:
@@ -46,7 +46,17 @@ def _check_function() -> str:
         branches.append(f"  {keyword} code == {code} then -- {name}\n{body.removesuffix('end')}")
     return "\n".join(preambles) + \
         "\nlocal function check(code, stored, now_us, limit, period_ms, capacity, cost)\n" + \
-        "".join(branches) + "  end\nend\n"
+        "".join(branches) + "  end\nend\n" + _kinds()
+
+
+def _kinds() -> str:
+    """The kinds of state decide.lua treats apart, named by the registry rather than by decide.lua: the
+    algorithm whose state is a key of its own (requests in flight, charged by its `<name>_charge`),
+    and the one whose state is never an integer."""
+    (slots,) = (algorithm for algorithm in SCRIPTED if algorithm.concurrency)
+    (text,) = (algorithm for algorithm in SCRIPTED if algorithm.text_state)
+    return (f"local SLOTS_CODE, slots_charge = {slots.code}, {slots.name}_charge\n"
+            f"local TEXT_STATE_CODE = {text.code}\n")
 
 
 @cache

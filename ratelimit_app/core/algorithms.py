@@ -18,7 +18,9 @@ class Algorithm:
     """One algorithm: its `name` (Policy.algorithm), the `code` decide.lua dispatches on, the `letter`
     of its state in a key, its Lua file, and whether a policy of it may have a burst (a capacity
     above its limit). `concurrency` is True for the one that counts requests in flight (slots) rather
-    than requests over time."""
+    than requests over time: its state is a key of its own, charged by its Lua `<name>_charge`.
+    `text_state` is True when its state is bytes that are never an integer (decide.lua then never
+    reads a 7-byte state of it as one)."""
 
     name: str
     code: int
@@ -26,12 +28,13 @@ class Algorithm:
     lua_file: str
     takes_burst: bool = False
     concurrency: bool = False
+    text_state: bool = False
 
 
 #: The algorithms a Policy may use, in the order they are listed to users.
 REGISTRY: tuple[Algorithm, ...] = (
     Algorithm("fixed_window", 3, "f", "fixed_window.lua"),
-    Algorithm("sliding_window", 2, "s", "sliding_window.lua"),
+    Algorithm("sliding_window", 2, "s", "sliding_window.lua", text_state=True),
     Algorithm("sliding_window_counter", 5, "c", "sliding_window_counter.lua"),
     Algorithm("token_bucket", 1, "t", "token_bucket.lua", takes_burst=True),
     Algorithm("gcra", 4, "g", "gcra.lua", takes_burst=True),

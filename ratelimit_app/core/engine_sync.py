@@ -1,4 +1,4 @@
-"""The synchronous transport of the engine: `RateLimiter` carries out the steps of ratelimit_app.engine.
+"""The synchronous transport of the engine: `RateLimiter` carries out the steps of ratelimit_app.core.engine.
 
 It has two ways to reach a standalone Redis (or a Sentinel master), chosen by `connections`:
 
@@ -258,7 +258,7 @@ class RateLimiter:
                 connection.disconnect()
 
     def _run(self, steps: Steps) -> list[Decision]:
-        """Carry out the steps of one decision (see ratelimit_app.engine)."""
+        """Carry out the steps of one decision (see ratelimit_app.core.engine)."""
         reply: Any = None
         try:
             while True:

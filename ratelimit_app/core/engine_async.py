@@ -1,4 +1,4 @@
-"""The asyncio transport of the engine: `AsyncRateLimiter` carries out the steps of ratelimit_app.engine.
+"""The asyncio transport of the engine: `AsyncRateLimiter` carries out the steps of ratelimit_app.core.engine.
 
 Everything but the I/O is shared with the sync `RateLimiter`: the call (`prepare_call`), the exchange
 (`decide`: NOSCRIPT recovery, the never-resend rule, one call per slot on a cluster) and the reply
@@ -149,7 +149,7 @@ class AsyncRateLimiter:
         return state_keys(self.prefix, identity, policies)
 
     async def _run(self, steps: Steps) -> list[Decision]:
-        """Carry out the steps of one decision (see ratelimit_app.engine)."""
+        """Carry out the steps of one decision (see ratelimit_app.core.engine)."""
         reply: Any = None
         try:
             while True:

@@ -1,9 +1,9 @@
-"""The algorithms of ratelimit_app/lua in Python, one model per algorithm, for the in-process limiter
-(ratelimit_app.fallback): the same state, the same arithmetic (in floats, as Lua numbers are doubles)
+"""The algorithms of ratelimit_app/core/lua in Python, one model per algorithm, for the in-process limiter
+(ratelimit_app.core.fallback): the same state, the same arithmetic (in floats, as Lua numbers are doubles)
 and the same results as the Lua function of the same name.
 
 Each model is registered with `@model("<name>")` under the name of its algorithm in
-ratelimit_app.algorithms, and returns an `Outcome`: (allowed, remaining now, reset now in us, retry
+ratelimit_app.core.algorithms, and returns an `Outcome`: (allowed, remaining now, reset now in us, retry
 in us (0: allowed, -1: never), and `apply`, which charges the request and returns the new reset).
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 Outcome = tuple[bool, float, float, float, Callable[[], float] | None]
 
 #: The model of each algorithm, by name (filled by `@model`; tests/test_scripts.py checks that every
-#: algorithm of ratelimit_app.algorithms has one).
+#: algorithm of ratelimit_app.core.algorithms has one).
 MODELS: dict[str, Callable[..., Outcome]] = {}
 
 
@@ -81,7 +81,7 @@ class Store:
 @model("fixed_window")
 def fixed_window(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                  cost: float) -> Outcome:
-    """ratelimit_app/lua/fixed_window.lua."""
+    """ratelimit_app/core/lua/fixed_window.lua."""
     period_us = period_ms * 1000
     window = math.floor(now_us / period_us)
     reset_us = (window + 1) * period_us - now_us
@@ -105,7 +105,7 @@ def fixed_window(store: Store, key: str, now_us: float, limit: float, period_ms:
 @model("sliding_window")
 def sliding_window(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                    cost: float) -> Outcome:
-    """ratelimit_app/lua/sliding_window.lua (its log of 7-byte admission times is a sorted array here)."""
+    """ratelimit_app/core/lua/sliding_window.lua (its log of 7-byte admission times is a sorted array here)."""
     period_us = period_ms * 1000
     window_start = now_us - period_us
     scores = store.get(key, now_us)
@@ -137,7 +137,7 @@ def sliding_window(store: Store, key: str, now_us: float, limit: float, period_m
 @model("sliding_window_counter")
 def sliding_window_counter(store: Store, key: str, now_us: float, limit: float, period_ms: float,
                            capacity: float, cost: float) -> Outcome:
-    """ratelimit_app/lua/sliding_window_counter.lua."""
+    """ratelimit_app/core/lua/sliding_window_counter.lua."""
     period_us = period_ms * 1000
     window = math.floor(now_us / period_us)
     elapsed = now_us - window * period_us
@@ -182,7 +182,7 @@ def sliding_window_counter(store: Store, key: str, now_us: float, limit: float, 
 @model("token_bucket")
 def token_bucket(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                  cost: float) -> Outcome:
-    """ratelimit_app/lua/token_bucket.lua (the string "<units>:<stamp>" is a tuple here)."""
+    """ratelimit_app/core/lua/token_bucket.lua (the string "<units>:<stamp>" is a tuple here)."""
     now_ms = math.floor(now_us / 1000)
     full = capacity * period_ms
     state = store.get(key, now_us)
@@ -215,7 +215,7 @@ def token_bucket(store: Store, key: str, now_us: float, limit: float, period_ms:
 @model("gcra")
 def gcra(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
          cost: float) -> Outcome:
-    """ratelimit_app/lua/gcra.lua."""
+    """ratelimit_app/core/lua/gcra.lua."""
     interval = math.ceil(period_ms * 1000 / limit)
     tolerance = capacity * interval
     tat = store.get(key, now_us)
@@ -239,7 +239,7 @@ def gcra(store: Store, key: str, now_us: float, limit: float, period_ms: float, 
 @model("concurrency")
 def concurrency(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                 cost: float, lease: str | None = None) -> Outcome:
-    """ratelimit_app/lua/concurrency.lua (the sorted set is a dict of lease token -> expiry in us)."""
+    """ratelimit_app/core/lua/concurrency.lua (the sorted set is a dict of lease token -> expiry in us)."""
     period_us = period_ms * 1000
     leases = store.get(key, now_us) or {}
     live = [expiry for expiry in leases.values() if expiry > now_us]

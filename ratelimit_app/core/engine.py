@@ -4,7 +4,7 @@ This module is the sans-IO core: it never touches a socket. `prepare_call` build
 arguments (and the whole EVALSHA command, packed), `parse_reply` turns the script's reply into
 decisions, and `decide` is the whole exchange with Redis (NOSCRIPT recovery, the never-resend rule,
 one call per slot on a cluster) as steps that a transport carries out. The transports only do the
-I/O: `ratelimit_app.engine_sync.RateLimiter` over a synchronous client.
+I/O: `ratelimit_app.core.engine_sync.RateLimiter` over a synchronous client.
 
 Speed matters here: this runs on every request. The packed command of a policy set is built once and
 cached (`_plan`); a call only splices in the identity's digest.
@@ -40,7 +40,7 @@ _CALL_NUMBERS = struct.Struct(">qBB")  # cost, mode, identities
 _POLICY_NUMBERS = struct.Struct(">qqqqBB")  # algorithm code, limit, period in ms, capacity, identity, tag length
 #: The modes of decide.lua: report only (peek), charge when allowed (hit), forget the states (reset).
 PEEK, HIT, RESET = 0, 1, 2
-#: The algorithm codes decide.lua dispatches on (ratelimit_app.algorithms).
+#: The algorithm codes decide.lua dispatches on (ratelimit_app.core.algorithms).
 ALGORITHM_CODES = {algorithm.name: algorithm.code for algorithm in REGISTRY}
 #: Added to the algorithm code of a shadow policy: decide.lua counts it but never lets it refuse.
 SHADOW_FLAG = 64

@@ -1,4 +1,4 @@
-"""The in-process limiter: the algorithms of ratelimit_app/lua, in Python, for Redis outages.
+"""The in-process limiter: the algorithms of ratelimit_app/core/lua, in Python, for Redis outages.
 
 `LocalLimiter` mirrors the Lua scripts line by line: the same state, the same arithmetic (Lua numbers
 are doubles, so this module computes in floats too, and rounds exactly where the scripts do), the same

@@ -1,8 +1,11 @@
 -- decide: one all-or-nothing decision over several policies. Every policy is checked first; only when
 -- all of them allow is the request charged to all of them. A denied request writes nothing.
 -- The algorithm files come first (scripts.py makes their functions the branches of one function,
--- check(code, stored, now_us, limit, period_ms, capacity, cost)); the set of scripts is fixed and
--- request data never becomes source.
+-- check(code, stored, now_us, limit, period_ms, capacity, cost)), then what the registry of
+-- algorithms (ratelimit_app/core/algorithms.py) says about kinds of state: SLOTS_CODE and
+-- slots_charge (requests in flight: a key of their own) and TEXT_STATE_CODE (a state never read as an
+-- integer); this file names no algorithm. The set of scripts is fixed and request data never becomes
+-- source.
 --
 -- ARGV[1]          every number of the call, packed big-endian: a header, struct '>i8BB': cost (units
 --                  to charge, >= 1), mode (0 report only, as peek does; 1 charge when allowed, as hit
@@ -132,15 +135,17 @@ while position <= #numbers do
   local shadow = code >= 64
   if shadow then code = code - 64 end
   local stored = false
-  if code == 6 then
-    -- concurrency: a sorted set, read by its algorithm through its key
+  if code == SLOTS_CODE then
+    -- requests in flight (concurrency): a key of its own, a sorted set read by its algorithm
     if key_count == m then return redis.error_reply('ERR ratelimit decide: bad arguments') end
     if charge and not lease then return redis.error_reply('ERR ratelimit decide: no lease token') end
     stored = KEYS[m + n]
   elseif mode ~= 2 then
     local states = identity[5 * j - 4]
     if states then stored = states[tag] or false end
-    if stored and code ~= 2 and #stored == 7 and byte(stored) < 48 then stored = unpack('>I7', stored) end
+    if stored and code ~= TEXT_STATE_CODE and #stored == 7 and byte(stored) < 48 then
+      stored = unpack('>I7', stored)
+    end
     if not stored and key_count > m then
       -- Upgrades: no entry yet; the policy's key in the previous layout may hold its state
       if legacy == nil then
@@ -175,7 +180,7 @@ for i = 1, n do
     -- and its entry stays as it was)
     reset_us = result[base + 6]
     if value == true then
-      concurrency_charge(KEYS[m + i], now_us, reset_us, lease)
+      slots_charge(KEYS[m + i], now_us, reset_us, lease)
       remaining = remaining - 1  -- a request takes one slot, whatever it costs
     else
       local expiry, at = now_ms + ceil(reset_us / 1000), 5 * j
