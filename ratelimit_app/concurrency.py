@@ -10,7 +10,8 @@ same all-or-nothing call as the request's rate limits. `limiting.decide` returns
   likewise), so a streaming response holds its slots until its stream is closed;
 - at once, when the view raised instead of answering;
 - when the response object is dropped without being closed (a client that disconnected under ASGI
-  while a sync view still ran): a safety net, run when Python frees the response;
+  while a sync view still ran): a safety net, run when Python frees the response (by a thread of its
+  own, since a garbage collection may free it inside any lock);
 - and in any case when the lease runs out (the slot's `period`): a worker killed by SIGKILL loses its
   slots for at most that long.
 
@@ -21,6 +22,8 @@ follows the circuit breaker and the time budget, and never fails a response.
 from __future__ import annotations
 
 import contextlib
+import os
+import queue
 import threading
 import weakref
 from collections.abc import Sequence
@@ -112,7 +115,39 @@ def release_with(response: HttpResponseBase, slots: HeldSlots | None) -> None:
     if slots is None or slots.released:
         return
     cast(Any, response)._resource_closers.append(slots.release)  # called by HttpResponseBase.close()
-    weakref.finalize(response, slots.release)
+    _releaser.start()
+    # A response dropped unclosed may be collected anywhere, even inside a lock the release would take
+    # (a garbage collection runs in whatever code allocates): the finalizer only queues the slots
+    # (SimpleQueue.put is safe there) and the releasing thread gives them back.
+    weakref.finalize(response, _releaser.queue.put, slots)
+
+
+class _Releaser:
+    """A daemon thread that gives back the slots of responses dropped unclosed (see `release_with`);
+    started on first use in each process (a forked child starts its own)."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[HeldSlots] = queue.SimpleQueue()
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        if self._pid == os.getpid():
+            return
+        with self._lock:
+            if self._pid != os.getpid():
+                self.queue = queue.SimpleQueue()  # a forked child's copy may hold its parent's slots
+                threading.Thread(target=self._run, args=(self.queue,), name="ratelimit-slot-releaser",
+                                 daemon=True).start()
+                self._pid = os.getpid()
+
+    @staticmethod
+    def _run(slots_queue: queue.SimpleQueue[HeldSlots]) -> None:
+        while True:
+            slots_queue.get().release()  # never raises
+
+
+_releaser = _Releaser()
 
 
 def release_pending_with(request: HttpRequest, response: HttpResponseBase) -> None:

@@ -330,7 +330,9 @@ class SettingsCached(Generic[T]):
     def __init__(self, build: Callable[[], T]) -> None:
         self._build = build
         self._value: T | None = None
-        self._lock = threading.Lock()
+        # re-entrant: a garbage collection during a build may run code (a finalizer) that asks for the
+        # value again in the same thread; it then builds one of its own rather than waiting forever
+        self._lock = threading.RLock()
         on_reload(self.clear)
 
     def get(self) -> T:

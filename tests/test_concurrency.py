@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
+from django.http import HttpResponse
 
 from ratelimit_app import RateLimiter
+from ratelimit_app import service as service_module
+from ratelimit_app.concurrency import release_with, slots_taken
 from ratelimit_app.core.engine import new_lease_token
 from ratelimit_app.core.fallback import LocalLimiter
 from ratelimit_app.core.policies import CONCURRENCY, InvalidPolicy, Policy
-from ratelimit_app.service import LimiterService
+from ratelimit_app.service import LimiterService, get_limiter
 
 SLOTS = Policy("concurrency", CONCURRENCY, limit=2, period=60)
 MINUTE = Policy("minute", "sliding_window", limit=5, period=60)
@@ -143,3 +149,44 @@ def test_shares_of_slots_per_app_server() -> None:
     policy = Policy("concurrency", CONCURRENCY, limit=5, period=60)
     admitted = [local.hit_many([("c", [policy])], lease=new_lease_token())[0].allowed for _ in range(4)]
     assert admitted == [True, True, False, False]  # 5 // 2 slots in this process
+
+
+def test_a_response_dropped_unclosed_gives_its_slot_back_even_if_collected_inside_a_lock() -> None:
+    """The safety net for a response nobody closes: when Python frees it, its slot is given back. A
+    garbage collection may free it anywhere, here inside the lock that get_limiter() builds under:
+    the request thread goes on at once (the release is queued), and the slot comes back when the
+    releasing thread can take the lock."""
+    policy = Policy("slots", CONCURRENCY, limit=1, period=60)
+    service = get_limiter()
+    token = new_lease_token()
+    decisions = service.hit_many([("dropped", (policy,))], 1, lease=token)
+    slots = slots_taken([("dropped", (policy,))], decisions, token)
+    assert slots is not None and service.peek("dropped", [policy]).remaining == 0
+    holder = [HttpResponse("never closed")]
+    release_with(holder[0], slots)
+    dropped = threading.Event()
+
+    def drop_inside_the_lock() -> None:
+        cached = service_module._service
+        with cached._lock:  # as if a settings reload were building the service right now
+            built, cached._value = cached._value, None
+            holder.clear()
+            gc.collect()
+            cached._value = built
+            dropped.set()
+
+    worker = threading.Thread(target=drop_inside_the_lock, daemon=True)  # a deadlock must not hang pytest
+    worker.start()
+    worker.join(10)
+    assert dropped.is_set() and not worker.is_alive()
+    assert wait_for_value(lambda: get_limiter().peek("dropped", [policy]).remaining, 1, 5.0)
+
+
+def wait_for_value(read: Callable[[], int], expected: int, seconds: float) -> bool:
+    """True once `read()` returns `expected` (polled), False if it has not within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if read() == expected:
+            return True
+        time.sleep(0.01)
+    return read() == expected

@@ -25,6 +25,8 @@ import redis
 from ratelimit_app.metrics import flush, hour_key
 from ratelimit_app.models import ApiKey, Tier
 
+from .limits_support import seed_tiers
+
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = os.environ.get("RATELIMIT_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -90,6 +92,7 @@ def test_staff_log_in_and_the_chart_shows_the_traffic_sent(
 
     staff = django_user_model.objects.create_user(username="ops", password="ops-password-123", is_staff=True)
     staff.user_permissions.add(Permission.objects.get(codename="view_apikey"))
+    seed_tiers()  # an earlier transactional test may have flushed the seeded tiers
     _, key = ApiKey.objects.create_key(name="Browser test key", tier=Tier.objects.get(slug="free"))
     history = seed_history(redis_client, key_prefix)
     # The free tier admits a burst of 10: 25 rapid requests are 10 allowed and 15 refused.
