@@ -13,7 +13,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .identity import IPAddress, IPNetwork
+from .apply.identity import IPAddress, IPNetwork
 
 ALLOW = "allow"
 DENY = "deny"

@@ -4,6 +4,8 @@ through another (no import cycles), at import time or inside functions."""
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +68,28 @@ def test_no_module_imports_itself_back() -> None:
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+STABLE_PATHS = ["middleware", "throttling", "decorators", "routes", "limiting", "metrics", "logs", "prometheus",
+                "dashboard"]
+
+
+def test_the_stable_paths_are_the_code_itself() -> None:
+    """The root modules users import from (MIDDLEWARE, DEFAULT_THROTTLE_CLASSES, the decorators) hand out the
+    very objects the code defines: a setting naming the root path and one naming the code's path agree."""
+    for stem in STABLE_PATHS:
+        module = importlib.import_module(f"ratelimit_app.{stem}")
+        assert module.__all__, stem
+        for name in module.__all__:
+            value = getattr(module, name)
+            if inspect.isclass(value) or inspect.isfunction(value):
+                home = value.__module__
+                assert home.startswith(("ratelimit_app.apply.", "ratelimit_app.observability.")), (stem, name, home)
+                assert getattr(importlib.import_module(home), name) is value, (stem, name)
+
+
+def test_the_apply_folder_holds_every_way_to_apply_limits() -> None:
+    for stem in ["middleware", "throttling", "decorators", "routes", "limiting"]:
+        shim = (PACKAGE / f"{stem}.py").read_text()
+        assert "def " not in shim and "class " not in shim, f"{stem}.py only re-exports"
+        assert (PACKAGE / "apply" / f"{stem}.py").exists()

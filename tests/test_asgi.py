@@ -27,7 +27,7 @@ from django.db import connections
 from django.test import AsyncClient
 
 from devtools.embedded import RedisProcess
-from ratelimit_app import limiting, planning
+from ratelimit_app.apply import limiting, planning
 from ratelimit_app.middleware import RateLimitMiddleware
 from ratelimit_app.service_async import get_async_limiter
 

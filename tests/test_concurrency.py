@@ -14,7 +14,7 @@ from django.http import HttpResponse
 
 from ratelimit_app import RateLimiter
 from ratelimit_app import service as service_module
-from ratelimit_app.concurrency import release_with, slots_taken
+from ratelimit_app.apply.concurrency import release_with, slots_taken
 from ratelimit_app.core.engine import new_lease_token
 from ratelimit_app.core.fallback import LocalLimiter
 from ratelimit_app.core.policies import CONCURRENCY, InvalidPolicy, Policy

@@ -9,7 +9,13 @@ import pytest
 from django.http import HttpResponse
 
 from ratelimit_app import Decision, Policy, PolicyResult
-from ratelimit_app.headers import apply_headers, policy_field, ratelimit_field, retry_after_seconds, window_seconds
+from ratelimit_app.apply.headers import (
+    apply_headers,
+    policy_field,
+    ratelimit_field,
+    retry_after_seconds,
+    window_seconds,
+)
 
 from .limits_support import parse_ietf
 

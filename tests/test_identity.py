@@ -8,7 +8,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory
 
-from ratelimit_app.identity import (
+from ratelimit_app.apply.identity import (
     api_key_from_request,
     client_ip,
     ip_identity,

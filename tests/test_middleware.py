@@ -17,8 +17,9 @@ from rest_framework.views import APIView
 
 from devtools.embedded import free_port, start_redis
 from project.urls import urlpatterns as demo_urlpatterns
-from ratelimit_app import limiting, metrics
+from ratelimit_app import metrics
 from ratelimit_app.apikeys import generate_key
+from ratelimit_app.apply import limiting
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.models import ApiKey, Tier, UserTier
 from ratelimit_app.routes import limit_cost

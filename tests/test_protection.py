@@ -16,12 +16,12 @@ from rest_framework.views import APIView
 
 from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app import metrics
+from ratelimit_app.apply.shedding import FLEET_IDENTITY, FLEET_POLICY, in_flight
 from ratelimit_app.conf import ratelimit_settings
 from ratelimit_app.core.policies import InvalidPolicy
 from ratelimit_app.decorators import limit_concurrency
 from ratelimit_app.routes import limit_cost
 from ratelimit_app.service import get_limiter
-from ratelimit_app.shedding import FLEET_IDENTITY, FLEET_POLICY, in_flight
 from ratelimit_app.throttling import ConcurrencyThrottle, RateLimitHeadersMixin
 
 from .limits_support import make_key, make_tier, parse_ietf

@@ -6,7 +6,7 @@ when the "open" fail mode stops enforcing limits. The view answers only to
 - a staff session (an active user with `is_staff`, as the admin requires);
 - a request carrying `Authorization: Bearer <RATELIMIT['METRICS_TOKEN']>` (compared in constant time);
 - a client IP in RATELIMIT['METRICS_ALLOWED_IPS'] (CIDRs; the client IP as the limiter sees it, through
-  trusted proxies only: see ratelimit_app.identity.client_ip).
+  trusted proxies only: see ratelimit_app.apply.identity.client_ip).
 
 Anyone else gets 403 with a JSON body that says how access is granted. With neither setting
 configured only staff sessions may read it, and `manage.py check` warns (ratelimit.W002). This module
@@ -25,8 +25,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
+from ..apply.identity import IPNetwork, address_in, client_ip, parse_networks
 from ..conf import SettingsCached, ratelimit_settings
-from ..identity import IPNetwork, address_in, client_ip, parse_networks
 
 PROMETHEUS_MODULE = "ratelimit_app.observability.prometheus"
 

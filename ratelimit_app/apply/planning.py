@@ -31,12 +31,17 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject, empty
 
-from . import metrics, shedding
-from .apikeys import key_matches, parse_key
-from .clientrules import ALLOW, DENY, ClientRules
-from .conf import SettingsCached, ratelimit_settings
-from .core.exceptions import BACKEND_ERRORS
-from .core.policies import Policy
+from .. import metrics
+from ..apikeys import key_matches, parse_key
+from ..clientrules import ALLOW, DENY, ClientRules
+from ..conf import SettingsCached, ratelimit_settings
+from ..core.exceptions import BACKEND_ERRORS
+from ..core.policies import Policy
+from ..lookups import MISS, Lookups, NeedsIO, get_lookups, local_only, require_io
+from ..models import IP_POLICY_NAME
+from ..plans import TierInfo
+from ..service import get_limiter
+from . import shedding
 from .identity import (
     api_key_from_request,
     authenticated_user,
@@ -46,12 +51,8 @@ from .identity import (
     user_identity,
 )
 from .limitcheck import LimitCheck
-from .lookups import MISS, Lookups, NeedsIO, get_lookups, local_only, require_io
-from .models import IP_POLICY_NAME
 from .outcome import DENIED, FORBIDDEN, IP_ONLY_TIER, LimitOutcome
-from .plans import TierInfo
 from .routes import route_for_view
-from .service import get_limiter
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,9 +28,9 @@ from functools import lru_cache
 
 from django.http import HttpResponseBase
 
-from .conf import ratelimit_settings
-from .core.decision import Decision, PolicyResult
-from .core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
+from ..conf import ratelimit_settings
+from ..core.decision import Decision, PolicyResult
+from ..core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 
 LEGACY = "legacy"
 IETF = "ietf"

@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponseBase
 
-from .core.policies import CONCURRENCY, Policy
+from ..core.policies import CONCURRENCY, Policy
 
 #: Request attribute: the HeldSlots taken for this request and not yet tied to a response.
 PENDING_ATTRIBUTE = "_ratelimit_slots"
@@ -59,7 +59,7 @@ class HeldSlots:
             if self.released:
                 return
             self.released = True
-        from .service import get_limiter
+        from ..service import get_limiter
 
         with contextlib.suppress(Exception):
             get_limiter().release(self.held, self.token, local=self.local)
@@ -70,7 +70,7 @@ class HeldSlots:
             if self.released:
                 return
             self.released = True
-        from .service_async import get_async_limiter
+        from ..service_async import get_async_limiter
 
         with contextlib.suppress(Exception):
             await get_async_limiter().release(self.held, self.token, local=self.local)

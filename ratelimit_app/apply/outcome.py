@@ -7,11 +7,11 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..core.decision import Decision
+from ..core.policies import Policy
+from ..plans import TierInfo
 from .concurrency import HeldSlots
-from .core.decision import Decision
-from .core.policies import Policy
 from .limitcheck import LimitCheck
-from .plans import TierInfo
 
 ALLOWED = "allowed"
 DENIED = "denied"  # 429
@@ -38,7 +38,7 @@ class LimitOutcome:
     comes from `peek`. `checks` and `decisions` (same order; None where Redis Cluster stopped at the
     first denial) let each throttle or decorator read its own part. `slots` are the concurrency slots
     the request took (None: none); the caller gives them back when the response is finished
-    (ratelimit_app.concurrency).
+    (ratelimit_app.apply.concurrency).
     """
 
     status: str

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.http import HttpRequest
 
-from .conf import SettingsCached, ratelimit_settings
-from .core.policies import CONCURRENCY, MAX_LIMIT, Policy
-from .logs import log_event
+from ..conf import SettingsCached, ratelimit_settings
+from ..core.policies import CONCURRENCY, MAX_LIMIT, Policy
+from ..logs import log_event
 
 if TYPE_CHECKING:
     from .limitcheck import LimitCheck

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from django.http import HttpRequest
 
-from .conf import SettingsCached, ratelimit_settings
+from ..conf import SettingsCached, ratelimit_settings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -15,8 +15,8 @@ from rest_framework import throttling as drf_throttling
 from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 
+from ..core.decision import Decision
 from .concurrency import hold, release_pending_with
-from .core.decision import Decision
 from .headers import retry_after_seconds
 from .identity import authenticated_user
 from .limitcheck import REQUEST_LIMITS, LimitCheck

@@ -13,10 +13,12 @@ from typing import Any, cast
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 
-from . import metrics
+from .. import metrics
+from ..core.decision import Decision
+from ..core.policies import Policy
+from ..service import get_limiter
+from ..service_async import get_async_limiter
 from .concurrency import release_with
-from .core.decision import Decision
-from .core.policies import Policy
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
 from .limitcheck import LimitCheck
@@ -26,8 +28,6 @@ from .outcome import ALLOWED, DENIED, UNAVAILABLE, LimitOutcome
 from .planning import RequestPlan, request_user
 from .responses import limiter_unavailable, too_many_requests
 from .routes import VIEW_LIMIT_ATTRIBUTE, ViewT
-from .service import get_limiter
-from .service_async import get_async_limiter
 
 KeyFunction = Callable[[HttpRequest], "str | None"]
 CountIf = Callable[[HttpResponseBase], bool]

@@ -32,8 +32,8 @@ from typing import Any
 
 from django.http import JsonResponse
 
-from .conf import ratelimit_settings
-from .core.decision import Decision
+from ..conf import ratelimit_settings
+from ..core.decision import Decision
 from .headers import retry_after_seconds
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"

@@ -1,7 +1,7 @@
 """`LimitCheck`: one identity's policies in a request's decision, and who asked for them.
 
 Request handling (ratelimit_app.limiting) decides every check of a request in one call; the views'
-own limits (ratelimit_app.routes), the load shedder (ratelimit_app.shedding), the DRF throttles and
+own limits (ratelimit_app.routes), the load shedder (ratelimit_app.apply.shedding), the DRF throttles and
 `@ratelimit` each add theirs.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .core.policies import Policy
+from ..core.policies import Policy
 
 #: `LimitCheck.owner` of the request's own limits (per-IP and tier).
 REQUEST_LIMITS = ""

@@ -1,0 +1,281 @@
+"""Limit one request: plan it (ratelimit_app.apply.planning: who is the client, which limits apply), then
+one all-or-nothing Redis call over every limit of ours that applies (`decide`).
+
+This is the shared core of `RateLimitMiddleware`, the DRF throttles and `@ratelimit`; it returns a
+`LimitOutcome` (ratelimit_app.apply.outcome) and leaves the HTTP answer to them.
+
+`decide` makes one call `hit_many([per-IP check, tier check, fleet check, *extra checks], cost)`
+(the fleet check is the load shedder's count of requests in flight, when RATELIMIT['SHED_CAPACITY']
+is set: see ratelimit_app.apply.shedding); the extra checks are those of our DRF throttles and of
+`@ratelimit` on the same view, so every limit of ours on one request is charged at most once, and
+only if all of them allow.
+
+Whatever goes wrong inside the limiter at request time (a bug, a setting changed at run time, a tier
+deleted while a setting names it) never fails the request: `safely` answers with the fail mode and
+logs the error, with its traceback, once per cause.
+
+Async code (the middleware under ASGI, `@ratelimit` on `async def` views) uses the awaitable
+counterparts `alimit_request`, `adecide` and `asafely`: the same plan and the same reading of
+Redis' reply (`_call_for` before the call, `_conclude` after it), with the call made through the
+async service on the event loop. A warm request does no blocking work and no thread hop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.http import HttpRequest
+
+from .. import metrics
+from ..clientrules import ALLOW
+from ..conf import DEFAULTS, ratelimit_settings
+from ..core.decision import Decision, degraded_decision
+from ..core.engine import new_lease_token
+from ..core.exceptions import BACKEND_ERRORS
+from ..core.policies import Policy
+from ..logs import logger
+from ..service import get_limiter
+from ..service_async import get_async_limiter
+from . import shedding
+from .concurrency import HeldSlots, needs_lease, slots_taken
+from .limitcheck import LimitCheck
+from .outcome import ALLOWED as ALLOWED
+from .outcome import DENIED as DENIED
+from .outcome import FORBIDDEN as FORBIDDEN
+from .outcome import SHED as SHED
+from .outcome import UNAUTHORIZED as UNAUTHORIZED
+from .outcome import UNAVAILABLE as UNAVAILABLE
+from .outcome import LimitOutcome as LimitOutcome
+from .outcome import summarize
+from .planning import FROM_REQUEST, RequestPlan, aplan_request, plan_request
+from .planning import limit_config as limit_config
+
+
+@dataclass(frozen=True, slots=True)
+class _PlannedCall:
+    """The Redis call one plan needs, before it is made: each check's (identity, policies), the cost
+    (0: a report that charges nothing) and the lease under which concurrency slots are taken."""
+
+    plan: RequestPlan
+    pairs: list[tuple[str, tuple[Policy, ...]]]
+    cost: int
+    lease: str | None
+
+    def degraded(self) -> list[Decision]:
+        """The answer of the fail mode when the service raised instead of applying it."""
+        return [degraded_decision(self.plan.fail_mode == "open")] * len(self.pairs)
+
+
+def _call_for(plan: RequestPlan, cost: int) -> _PlannedCall | LimitOutcome:
+    """The call `decide` makes for `plan`, or the outcome when no call is needed (no checks)."""
+    if not plan.checks:  # nothing to charge: no per-IP limit and no usable key, or an allow-listed client
+        status = UNAUTHORIZED if plan.refusal else ALLOWED
+        if plan.listed and cost > 0:
+            metrics.record_decision(allowed=True, tier=plan.label, policy=None, degraded=False,
+                                    identity=plan.identity, unauthorized=status == UNAUTHORIZED, listed=ALLOW)
+        return LimitOutcome(status, None, (), plan.tier, plan.identity, plan.refusal, cost > 0)
+    if plan.refusal:
+        cost = max(cost, 1)  # an unusable key is charged to the per-IP limit even on report-only routes
+    pairs = [(check.identity, check.policies) for check in plan.checks]
+    # a concurrency limit among them: the request's slot is taken in this same call, under a token
+    taking = cost > 0 and needs_lease([policy for check in plan.checks for policy in check.policies])
+    return _PlannedCall(plan, pairs, cost, new_lease_token() if taking else None)
+
+
+def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
+    """Charge `cost` to every check of `plan` in one all-or-nothing call (cost 0: only report where
+    the client stands), and count the request in the metrics once. `adecide` is the same, awaited."""
+    call = _call_for(plan, cost)
+    if isinstance(call, LimitOutcome):
+        return call
+    service = get_limiter()
+    if call.cost == 0:
+        # one peek per identity (the service applies the fail mode); fresh: a report shows the counts
+        # of now, not those a cached denial remembers
+        decisions = [service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
+                     for identity, policies in call.pairs]
+    else:
+        try:
+            decisions = service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
+        except BACKEND_ERRORS:  # the service normally applies the fail mode itself
+            decisions = call.degraded()
+    outcome, unwanted = _conclude(call, decisions)
+    if unwanted is not None:
+        unwanted.release()
+    return outcome
+
+
+async def adecide(plan: RequestPlan, cost: int) -> LimitOutcome:
+    """`decide` on the event loop: the same call through the async service (`get_async_limiter`)."""
+    call = _call_for(plan, cost)
+    if isinstance(call, LimitOutcome):
+        return call
+    service = get_async_limiter()
+    if call.cost == 0:
+        decisions = [await service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
+                     for identity, policies in call.pairs]
+    else:
+        try:
+            decisions = await service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode,
+                                               lease=call.lease)
+        except BACKEND_ERRORS:
+            decisions = call.degraded()
+    outcome, unwanted = _conclude(call, decisions)
+    if unwanted is not None:
+        await unwanted.arelease()
+    return outcome
+
+
+def _conclude(call: _PlannedCall, decisions: list[Decision]) -> tuple[LimitOutcome, HeldSlots | None]:
+    """The outcome of `call` from Redis' `decisions`, counted in the metrics; and the slots to give
+    back at once (taken by a request that was refused after all), or None."""
+    plan, cost, checks, pairs = call.plan, call.cost, call.plan.checks, call.pairs
+    # shadow policies never show in headers: they are reported apart (Decision.shadow); nor does the load
+    # shedder's fleet count, which is not a limit of the client's
+    policies = tuple(policy for check in checks if not check.owner.startswith(shedding.OWNER_PREFIX)
+                     for policy in check.policies if not policy.shadow)
+    slots = slots_taken(pairs, decisions, call.lease)
+    summary = summarize(decisions, len(pairs))
+    fleet = next((i for i, check in enumerate(checks) if check.owner.startswith(shedding.OWNER_PREFIX)), None)
+    shed_priority: str | None = None
+    if fleet is not None:
+        fleet_decision = decisions[fleet] if fleet < len(decisions) else None
+        kept = [i for i in range(len(checks)) if i != fleet]
+        checks, pairs = tuple(checks[i] for i in kept), [pairs[i] for i in kept]
+        decisions = [decisions[i] for i in kept if i < len(decisions)]
+        shed_priority, summary = _fleet_verdict(call.plan.checks[fleet].owner, fleet_decision,
+                                                summarize(decisions, len(kept)), summary, cost)
+    if shed_priority is not None:
+        status = SHED
+    elif summary.allowed or cost == 0:  # a report-only request is never refused for where it stands
+        status = UNAUTHORIZED if plan.refusal else ALLOWED
+    else:
+        status = UNAVAILABLE if summary.degraded else DENIED
+    if cost > 0:
+        _count(plan, summary, status, shed_priority, fleet is not None)
+    unwanted = None
+    if slots is not None and not summary.allowed:
+        unwanted, slots = slots, None  # Redis Cluster charged the identities before the one that refused
+    padded = tuple(decisions) + (None,) * (len(pairs) - len(decisions))
+    message = plan.refusal if status == UNAUTHORIZED else shed_priority if status == SHED else ""
+    outcome = LimitOutcome(status, summary, policies, plan.tier, plan.identity, message or "", cost > 0, checks,
+                           padded, slots)
+    return outcome, unwanted
+
+
+def _fleet_verdict(owner: str, fleet_decision: Decision | None, own: Decision, summary: Decision,
+                   cost: int) -> tuple[str | None, Decision]:
+    """The load shedder's fleet count (checked by `owner`) was decided with the rest, but it is no
+    limit of the client's: the priority it shed (None: it did not) and the summary the client is
+    shown, from its own checks (`own`; the fleet slot, when taken, is among the request's slots)."""
+    if cost > 0 and fleet_decision is not None and fleet_decision.results and not fleet_decision.results[0].allowed:
+        shed_priority = shedding.priority_of_owner(owner)
+        if shed_priority is not None:
+            return shed_priority, fleet_decision.refused() if fleet_decision.allowed else fleet_decision
+    return None, own.refused() if own.allowed and not summary.allowed else own
+
+
+def _count(plan: RequestPlan, summary: Decision, status: str, shed_priority: str | None, fleet: bool) -> None:
+    """Count one charged request in the metrics (and a shadow limit's would-be refusals, and the load
+    shedder's episode)."""
+    metrics.record_decision(
+        allowed=summary.allowed, tier=plan.label,
+        policy=None if summary.allowed else f"shed.{shed_priority}" if shed_priority else summary.policy,
+        degraded=summary.degraded, identity=plan.identity, unauthorized=status == UNAUTHORIZED,
+    )
+    if summary.allowed and summary.shadow:
+        would_block = summary.would_block
+        if would_block:  # refusals a shadow limit would have made: counted, never answered
+            metrics.record_shadow_blocked(tier=plan.label, policies=would_block, identity=plan.identity)
+    if shed_priority is not None:
+        shedding.fleet_episode.record_shed(shed_priority, {"identity": plan.identity})
+    elif fleet and status == ALLOWED:
+        shedding.fleet_episode.record_admitted()
+
+
+def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
+                  extra: Sequence[LimitCheck] = ()) -> LimitOutcome:
+    """`plan_request` then `decide`, with `extra` checks decided in the same call (a refusal for an
+    unusable key charges the per-IP limit alone). Raises what `plan_request` raises."""
+    planned = plan_request(request, cost=cost, scope=scope, user=user)
+    if isinstance(planned, LimitOutcome):
+        return planned
+    return decide(planned if planned.refusal else planned.plus(extra), cost)
+
+
+async def alimit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
+                         extra: Sequence[LimitCheck] | Callable[[], Sequence[LimitCheck]] = ()) -> LimitOutcome:
+    """`limit_request` on the event loop: `aplan_request` then `adecide`. `extra` may be a callable
+    that gives the extra checks, called once the request's user is known (a key function may read
+    `request.user`)."""
+    planned = await aplan_request(request, cost=cost, scope=scope, user=user)
+    if isinstance(planned, LimitOutcome):
+        return planned
+    if planned.refusal:
+        return await adecide(planned, cost)
+    return await adecide(planned.plus(extra() if callable(extra) else extra), cost)
+
+
+# -- when the limiter itself fails ------------------------------------------------------------------
+
+#: Causes already logged with their traceback (bounded: a long-lived process logs each cause once).
+_logged_causes: set[tuple[str, str]] = set()
+_logged_lock = threading.Lock()
+MAX_LOGGED_CAUSES = 1000
+
+
+def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "") -> LimitOutcome:
+    """`limit()`, or, if it raises anything (a bug, an invalid setting met at run time), the answer of
+    the fail mode: the limiter degrades, the request never fails because of it. The error is logged
+    on "ratelimit_app" at ERROR with its traceback once per cause, then at DEBUG."""
+    try:
+        return limit()
+    except Exception as exc:
+        return _failed(exc, where, identity)
+
+
+async def asafely(limit: Callable[[], Awaitable[LimitOutcome]], *, where: str, identity: str = "") -> LimitOutcome:
+    """`safely` for async code: `await limit()`, or the answer of the fail mode if it raises."""
+    try:
+        return await limit()
+    except Exception as exc:
+        return _failed(exc, where, identity)
+
+
+def _failed(exc: Exception, where: str, identity: str) -> LimitOutcome:
+    """The fail mode's outcome when the limiter itself raised `exc` (logged once per cause)."""
+    _log_once(exc, where)
+    allowed = fail_mode() != "closed"
+    with contextlib.suppress(Exception):
+        metrics.record_decision(allowed=allowed, tier="error", policy=None if allowed else "error",
+                                degraded=True, identity=identity or "unknown")
+    return LimitOutcome(ALLOWED if allowed else UNAVAILABLE, degraded_decision(allowed), (), None, identity)
+
+
+def fail_mode() -> str:
+    """RATELIMIT['FAIL_MODE'], read even when other settings are invalid ("local" acts as "open" when
+    the limiter cannot even say which limits apply)."""
+    try:
+        return str(ratelimit_settings.FAIL_MODE)
+    except Exception:
+        raw = getattr(django_settings, "RATELIMIT", None)
+        mode = raw.get("FAIL_MODE") if isinstance(raw, dict) else None
+        return mode if mode in ("open", "closed", "local") else str(DEFAULTS["FAIL_MODE"])
+
+
+def _log_once(exc: Exception, where: str) -> None:
+    cause = (type(exc).__qualname__, str(exc)[:200])
+    with _logged_lock:
+        first = cause not in _logged_causes
+        if first and len(_logged_causes) < MAX_LOGGED_CAUSES:
+            _logged_causes.add(cause)
+    level = logging.ERROR if first else logging.DEBUG
+    logger.log(level, "rate limiter failed in %s (%s: %s); the request follows the fail mode %r",
+               where, type(exc).__name__, exc, fail_mode(), exc_info=exc if first else None,
+               extra={"ratelimit_event": "ratelimit.internal_error"})

@@ -1,0 +1,149 @@
+"""Per-route declarations the middleware reads: what a request to a view costs, and which scope it is in.
+
+    @limit_cost(5)                          # every request to this view costs 5 units
+    @limit_cost(5, methods=["POST"])        # POST costs 5, other methods 1
+    @limit_cost(1, scope="search")          # adds the tier's limits with scope "search"
+    @limit_cost(0)                          # identify and report, consume nothing (status endpoints)
+    @limit_cost(priority="low")             # shed first when the fleet is overloaded (ratelimit_app.apply.shedding)
+
+Class-based views may set the same on the class (`@limit_cost(...)` on a View or APIView class); a DRF
+view's `throttle_scope` is used as the scope when nothing else is declared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from django.http import HttpRequest
+
+from ..core.policies import MAX_LIMIT
+from .shedding import validate_priority
+
+if TYPE_CHECKING:
+    from .limitcheck import LimitCheck
+
+ATTRIBUTE = "ratelimit_route"
+#: Attribute of a view wrapped by `@ratelimit`: its ViewLimit.
+VIEW_LIMIT_ATTRIBUTE = "ratelimit_view_limit"
+#: Request attribute left by the middleware when our DRF throttles decide the request: (cost, scope).
+DEFERRED_ATTRIBUTE = "_ratelimit_deferred"
+#: Class attribute of the throttles that decide together with the request's own limits.
+JOINT_THROTTLE_ATTRIBUTE = "decides_with_request_limits"
+_SCOPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+ViewT = TypeVar("ViewT", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True, slots=True)
+class RouteLimit:
+    """What a route costs (`cost` units; 0 = report only) and its scope ("" = none).
+
+    With `methods`, the cost applies to those HTTP methods only; other methods cost 1. `priority` is
+    the load-shedding priority ("critical", "normal", "low"; None: not declared, see shedding).
+    """
+
+    cost: int = 1
+    scope: str = ""
+    methods: frozenset[str] | None = None
+    priority: str | None = None
+
+    def cost_for(self, method: str | None) -> int:
+        """The cost of a request with this HTTP method."""
+        if self.methods is None or (method or "").upper() in self.methods:
+            return self.cost
+        return 1
+
+
+DEFAULT_ROUTE = RouteLimit()
+
+
+def validate_scope(scope: str) -> str:
+    """Return `scope` if it is a valid scope name (1-30 of letters, digits, '_', '-'), else raise ValueError."""
+    if not isinstance(scope, str) or not 1 <= len(scope) <= 30 or not set(scope) <= _SCOPE_CHARS:
+        raise ValueError(f"scope: {scope!r} must be 1-30 letters, digits, '_' or '-'")
+    return scope
+
+
+def validate_cost(cost: Any, *, minimum: int = 0) -> int:
+    """Return `cost` if it is an integer from `minimum` to 1e9, else raise ValueError naming it."""
+    if isinstance(cost, bool) or not isinstance(cost, int) or not minimum <= cost <= MAX_LIMIT:
+        raise ValueError(f"cost: {cost!r} must be an integer from {minimum} to {MAX_LIMIT}")
+    return cost
+
+
+def view_name(view: Any) -> str:
+    """`module.qualname` of a view function or class, for error messages."""
+    return f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', type(view).__name__)}"
+
+
+def limit_cost(cost: int = 1, *, scope: str | None = None, methods: Iterable[str] | None = None,
+               priority: str | None = None) -> Callable[[ViewT], ViewT]:
+    """Declare the cost, scope and load-shedding priority of a view (function or class) for
+    RateLimitMiddleware.
+
+    Raises ValueError when applied, naming the view, for a cost outside 0..1e9, an invalid scope name,
+    methods that are not a list of HTTP method names, or a priority other than "critical", "normal"
+    and "low".
+    """
+
+    def decorate(view: ViewT) -> ViewT:
+        try:
+            route = RouteLimit(validate_cost(cost), validate_scope(scope) if scope else "", _methods(methods),
+                               validate_priority(priority) if priority is not None else None)
+        except ValueError as exc:
+            raise ValueError(f"@limit_cost on {view_name(view)}: {exc}") from exc
+        setattr(view, ATTRIBUTE, route)
+        return view
+
+    return decorate
+
+
+def _methods(methods: Iterable[str] | None) -> frozenset[str] | None:
+    if methods is None:
+        return None
+    if isinstance(methods, str) or not all(isinstance(m, str) and m.isalpha() for m in methods):
+        raise ValueError(f"methods: {methods!r} must be a list of HTTP method names such as ['POST']")
+    return frozenset(m.upper() for m in methods)
+
+
+def route_for_view(view_func: Any) -> RouteLimit:
+    """The RouteLimit declared for a resolved view function (DEFAULT_ROUTE when none is)."""
+    route = getattr(view_func, ATTRIBUTE, None)
+    if route is not None:
+        return route
+    view_class = getattr(view_func, "view_class", None) or getattr(view_func, "cls", None)
+    if view_class is None:
+        return DEFAULT_ROUTE
+    route = getattr(view_class, ATTRIBUTE, None)
+    if route is not None:
+        return route
+    scope = getattr(view_class, "throttle_scope", None)
+    if isinstance(scope, str) and scope:
+        return RouteLimit(1, scope)
+    return DEFAULT_ROUTE
+
+
+class ViewLimit(Protocol):
+    """What `@ratelimit` leaves on the view it wraps, so the middleware decides it with the request's
+    own limits (one Redis call) when `joins_request_limits` is True and the route costs `cost`."""
+
+    joins_request_limits: bool
+    cost: int
+
+    def check_for(self, request: HttpRequest) -> LimitCheck | None:
+        """The check of this view's limit for `request` (None: this request is not limited by it)."""
+
+
+def view_limit_of(view_func: Any) -> ViewLimit | None:
+    """The ViewLimit of a view wrapped by `@ratelimit`, or None."""
+    return getattr(view_func, VIEW_LIMIT_ATTRIBUTE, None)
+
+
+def defers_to_throttles(view_func: Any) -> bool:
+    """True for a DRF view whose throttles include one of ours: they decide the request's limits
+    (after DRF's authentication) together with their own, in one call."""
+    view_class = getattr(view_func, "cls", None)
+    throttles = getattr(view_class, "throttle_classes", None) or ()
+    return any(getattr(throttle, JOINT_THROTTLE_ATTRIBUTE, False) for throttle in throttles)
