@@ -9,6 +9,8 @@ Ids are stable (docs/settings.md, "What `check` validates", lists them all):
   check: `manage.py check --database default`);
 - ratelimit.E004: the URLconf routes GET /metrics (ratelimit_app.urls) but prometheus-client is not
   installed;
+- ratelimit.E005: a Redis server older than 6.2 (the decision script writes with KEEPTTL and PXAT, so
+  every decision would fail and follow the fail mode);
 - ratelimit.W001: Redis does not answer (a warning: the fail mode covers outages at run time);
 - ratelimit.W002: the URLconf routes GET /metrics but neither METRICS_TOKEN nor METRICS_ALLOWED_IPS is
   set, so only staff sessions can read it (Prometheus cannot scrape it).
@@ -22,9 +24,13 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, router
 from django.urls import URLPattern, URLResolver, get_resolver
+from redis.cluster import RedisCluster
 
 from .conf import ratelimit_settings, read_settings
 from .core.exceptions import REDIS_CLIENT_ERRORS
+
+#: The oldest Redis server the decision script runs on (SET ... KEEPTTL and PXAT came in 6.2).
+MIN_REDIS_VERSION = (6, 2)
 
 _SETTINGS_HINT = "Fix settings.RATELIMIT; docs/settings.md lists every setting and its accepted values."
 
@@ -40,7 +46,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
     messages: list[checks.CheckMessage] = []
     try:
-        get_redis().ping()
+        client = get_redis()
+        client.ping()
     except ImproperlyConfigured as exc:
         return [checks.Error(str(exc), hint="Set RATELIMIT['REDIS_URL'].", id="ratelimit.E002")]
     except REDIS_CLIENT_ERRORS as exc:
@@ -50,7 +57,56 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             hint=f"Requests follow RATELIMIT['FAIL_MODE'] = {ratelimit_settings.FAIL_MODE!r} until it does.",
             id="ratelimit.W001",
         ))
+    else:
+        messages.extend(_version_errors(client))
     return messages
+
+
+def _version_errors(client: Any) -> list[checks.CheckMessage]:
+    """ratelimit.E005 when a server is older than MIN_REDIS_VERSION; nothing when INFO is not allowed."""
+    try:
+        too_old = old_servers(server_versions(server_info(client)))
+    except REDIS_CLIENT_ERRORS:
+        return []  # INFO renamed or denied by an ACL: the version cannot be read, and is not guessed
+    if not too_old:
+        return []
+    return [checks.Error(
+        f"Redis for rate limiting is older than {_version_text(MIN_REDIS_VERSION)}: {', '.join(too_old)}",
+        hint="Upgrade Redis: the decision script writes with SET ... KEEPTTL and PXAT (Redis 6.2+); "
+             "until then every decision fails and follows RATELIMIT['FAIL_MODE'].",
+        id="ratelimit.E005",
+    )]
+
+
+def _version_text(version: tuple[int, ...]) -> str:
+    return ".".join(str(part) for part in version)
+
+
+def server_info(client: Any) -> dict[str, Any]:
+    """INFO server of the client's server, or of every node of a cluster client (by default redis-py
+    asks one node)."""
+    if isinstance(client, RedisCluster):
+        return client.info("server", target_nodes=RedisCluster.ALL_NODES)
+    return client.info("server")
+
+
+def server_versions(info: dict[str, Any]) -> dict[str, str]:
+    """The redis_version of each server in an INFO server reply: {"": version} for one server, or
+    {node: version} for a cluster client's reply (one INFO per node)."""
+    if "redis_version" in info:
+        return {"": str(info["redis_version"])}
+    return {str(node): str(reply["redis_version"]) for node, reply in info.items()
+            if isinstance(reply, dict) and "redis_version" in reply}
+
+
+def old_servers(versions: dict[str, str]) -> list[str]:
+    """The servers older than MIN_REDIS_VERSION, as "version" or "node: version"."""
+    old = []
+    for node, text in sorted(versions.items()):
+        parts = tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
+        if parts < MIN_REDIS_VERSION:
+            old.append(f"{node}: {text}" if node else text)
+    return old
 
 
 @checks.register("ratelimit", checks.Tags.database)

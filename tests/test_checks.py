@@ -97,3 +97,29 @@ def test_a_tier_setting_naming_no_tier_fails_the_database_check(settings: Any, n
 def test_existing_tiers_pass_the_database_check(settings: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "ANONYMOUS_TIER": "free", "DEFAULT_USER_TIER": "pro"}
     assert ratelimit_messages(databases=["default"]) == []
+
+
+def test_the_redis_version_is_read_from_the_server_itself() -> None:
+    from ratelimit_app.checks import server_versions
+    from ratelimit_app.connection import get_redis
+
+    client = get_redis()
+    assert server_versions(client.info("server")) == {"": client.info("server")["redis_version"]}
+
+
+@pytest.mark.parametrize(
+    ("versions", "old"),
+    [
+        ({"": "6.2.0"}, []),
+        ({"": "7.0.15"}, []),
+        ({"": "10.0.1"}, []),
+        ({"": "6.0.20"}, ["6.0.20"]),
+        ({"": "5.0.14"}, ["5.0.14"]),
+        ({"10.0.0.2:7001": "7.2.4", "10.0.0.1:7000": "6.0.9"}, ["10.0.0.1:7000: 6.0.9"]),
+    ],
+)
+def test_servers_older_than_6_2_are_named(versions: dict[str, str], old: list[str]) -> None:
+    from ratelimit_app.checks import old_servers
+
+    assert old_servers(versions) == old
+

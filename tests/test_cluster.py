@@ -207,6 +207,15 @@ def test_the_service_runs_on_a_cluster_url_with_exactness(cluster: ClusterTopolo
     assert [r.remaining for r in service.peek("apikey:svc", policies).results] == [0, 450]
 
 
+def test_manage_py_check_reads_the_version_of_every_node(cluster: ClusterTopology, settings: Any) -> None:
+    from ratelimit_app.checks import check_settings, server_info, server_versions
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": cluster.url}
+    versions = server_versions(server_info(get_redis()))
+    assert len(versions) == len(cluster.nodes) and all(versions.values())
+    assert check_settings() == []
+
+
 def test_the_cluster_setting_turns_a_plain_url_into_a_cluster_client(cluster: ClusterTopology, settings: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{cluster.nodes[1].port}/0",
                           "CLUSTER": True}
