@@ -30,7 +30,7 @@ from .conf import SettingsCached, ratelimit_settings
 from .core.budget import BudgetConnection, BudgetSSLConnection, BudgetUnixConnection, budget_class_for, budget_deadline
 from .core.engine_async import AsyncRedisClient
 from .core.engine_sync import RedisClient, resolve_connections
-from .sentinel import async_sentinel_master, sentinel_master
+from .sentinel import async_sentinel_master, host_ports, sentinel_master
 
 CLUSTER_SCHEME = "redis+cluster"
 SENTINEL_SCHEME = "redis+sentinel"
@@ -115,16 +115,7 @@ def _scheme_connection_class(scheme: str) -> type[Any]:
 
 def _cluster_nodes(netloc: str) -> list[tuple[str, int]]:
     """(host, port) of every node in the network location of a cluster URL."""
-    nodes = []
-    for item in netloc.rpartition("@")[2].split(","):
-        host, _, port = item.rpartition(":")
-        if not host or not port.isdigit():
-            raise ImproperlyConfigured(
-                f"RATELIMIT['REDIS_URL']: cluster node {item!r} must be host:port "
-                "(redis+cluster://host:7000,host:7001)"
-            )
-        nodes.append((host.strip("[]"), int(port)))
-    return nodes
+    return host_ports(netloc, "cluster node", "redis+cluster://host:7000,host:7001")
 
 
 def _cluster_client(url: str) -> RedisCluster:

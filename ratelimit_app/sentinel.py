@@ -19,18 +19,22 @@ class BudgetSentinelConnection(BudgetMixin, SentinelManagedConnection):
     """A connection to the master the sentinels name, respecting the limiter's time budget."""
 
 
+def host_ports(netloc: str, what: str, example: str) -> list[tuple[str, int]]:
+    """(host, port) of every "host:port" in the comma-separated network location of a URL (a cluster's
+    nodes, a sentinel's addresses); a malformed item is an ImproperlyConfigured naming REDIS_URL."""
+    found = []
+    for item in netloc.rpartition("@")[2].split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ImproperlyConfigured(f"RATELIMIT['REDIS_URL']: {what} {item!r} must be host:port ({example})")
+        found.append((host.strip("[]"), int(port)))
+    return found
+
+
 def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int]:
     """Split "redis+sentinel://host:port,host:port/SERVICE[/DB]" into (sentinels, service, db)."""
     parts = urlsplit(url)
-    hosts: list[tuple[str, int]] = []
-    for item in parts.netloc.rsplit("@", 1)[-1].split(","):
-        host, _, port = item.rpartition(":")
-        if not host or not port.isdigit():
-            raise ImproperlyConfigured(
-                f"RATELIMIT['REDIS_URL']: sentinel address {item!r} must be host:port "
-                "(redis+sentinel://host:26379,host:26380/SERVICE/DB)"
-            )
-        hosts.append((host.strip("[]"), int(port)))
+    hosts = host_ports(parts.netloc, "sentinel address", "redis+sentinel://host:26379,host:26380/SERVICE/DB")
     segments = [s for s in parts.path.split("/") if s]
     service = segments[0] if segments else ratelimit_settings.SENTINEL_SERVICE
     db_text = segments[1] if len(segments) > 1 else parse_qs(parts.query).get("db", ["0"])[0]
