@@ -1,7 +1,8 @@
-"""The demo site under gunicorn with gevent workers: 200 concurrent limited requests stay within the
-limiter pool's `max_connections`, and every one of them is answered exactly.
+"""The demo site under gunicorn with gevent workers, and under eventlet's WSGI server: 200 concurrent
+limited requests stay within the limiter pool's `max_connections`, and every one of them is answered
+exactly.
 
-Under gevent a thread-local is per greenlet, so the sync engine's per-thread connections would grow
+Under gevent or eventlet a thread-local is per greenlet, so the sync engine's per-thread connections would grow
 with greenlets; RATELIMIT['CONNECTIONS'] = "auto" takes the pool path there (engine_sync). The server's
 limiter reaches Redis through a counting TCP proxy (tests/tcp_proxy.py), so every connection it opens
 is counted exactly; its lookup cache goes straight to Redis and is not counted.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +28,7 @@ import redis
 from devtools.embedded import free_port
 
 from .conftest import delete_prefix
-from .gunicorn_server import prepare_database, start_gunicorn, stop_server
+from .gunicorn_server import prepare_database, start_gunicorn, start_server, stop_server
 from .tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
@@ -74,23 +76,32 @@ class GeventSite:
             connection.close()
 
 
-@pytest.fixture(params=["auto", "per_thread"])
+def start_green_server(server: str, port: int, env: dict[str, str]) -> Any:
+    """One process serving every request in a green thread: gunicorn's gevent worker, or eventlet's
+    WSGI server."""
+    if server == "eventlet":
+        return start_server([sys.executable, "-m", "tests.eventlet_server", str(port)], port, env)
+    return start_gunicorn(port, env, "--worker-class", "gevent", "--workers", "1", "--worker-connections", "1000",
+                          "--backlog", "1024", "--timeout", "120")
+
+
+@pytest.fixture(params=[("gevent", "auto"), ("gevent", "per_thread"), ("eventlet", "auto"), ("eventlet", "per_thread")],
+                ids=lambda param: "-".join(param))
 def site(request: Any, tmp_path: Path, redis_url: str) -> Iterator[GeventSite]:
+    green, connections = request.param
     prefix = f"rltest-gevent-{os.urandom(6).hex()}"
     upstream = urlsplit(redis_url)
     database = upstream.path.lstrip("/") or "0"
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.gevent_server_settings", "REDIS_URL": redis_url,
            "RATELIMIT_TEST_PREFIX": prefix, "RATELIMIT_TEST_DB": str(tmp_path / "db.sqlite3"),
-           "RATELIMIT_TEST_LIMITER_URL": redis_url, "RATELIMIT_TEST_CONNECTIONS": request.param,
+           "RATELIMIT_TEST_LIMITER_URL": redis_url, "RATELIMIT_TEST_CONNECTIONS": connections,
            "RATELIMIT_LOG_LEVEL": "WARNING"}
     key = prepare_database(env, SETUP)
     # only the server's limiter goes through the proxy: every connection it counts is the server's
     proxy = TcpProxy(upstream.hostname or "127.0.0.1", upstream.port or 6379)
     env["RATELIMIT_TEST_LIMITER_URL"] = f"redis://127.0.0.1:{proxy.port}/{database}?max_connections={POOL_SIZE}"
     port = free_port()
-    # one worker: the pool bounds one process's connections
-    server = start_gunicorn(port, env, "--worker-class", "gevent", "--workers", "1",
-                            "--worker-connections", "1000", "--backlog", "1024", "--timeout", "120")
+    server = start_green_server(green, port, env)  # one process: the pool bounds one process's connections
     try:
         yield GeventSite(port, key, proxy)
     finally:
@@ -115,8 +126,8 @@ def fire(site: GeventSite, count: int, path: str) -> list[Answer]:
         return list(pool.map(client, range(count)))
 
 
-def test_two_hundred_concurrent_requests_under_gevent(site: GeventSite, request: Any) -> None:
-    connections = request.node.callspec.params["site"]
+def test_two_hundred_concurrent_requests_in_green_threads(site: GeventSite, request: Any) -> None:
+    green, connections = request.node.callspec.params["site"]
     assert site.remaining() == LIMIT  # the key is looked up once, before the burst
 
     answers = fire(site, CONCURRENT, "/api/users")
@@ -129,7 +140,7 @@ def test_two_hundred_concurrent_requests_under_gevent(site: GeventSite, request:
             assert answer.headers["x-ratelimit-remaining"] == "0"
     assert site.remaining() == 0
     opened = site.proxy.connections
-    print(f"connections={connections}: {opened} Redis connections opened, at most {site.proxy.peak} at once")
+    print(f"{green}, connections={connections}: {opened} Redis connections opened, at most {site.proxy.peak} at once")
     if connections == "auto":  # the pool path: never more than the pool holds
         assert site.proxy.peak <= opened <= POOL_SIZE
     else:  # per greenlet: at least one connection for each admitted request's greenlet

@@ -1,0 +1,25 @@
+"""Serve the demo site with eventlet's own WSGI server, every request in a green thread:
+`python -m tests.eventlet_server PORT` (tests/test_gevent_live.py). Gunicorn dropped its eventlet worker
+in version 24, so this is how an eventlet deployment serves Django today."""
+
+from __future__ import annotations
+
+import eventlet
+
+eventlet.monkey_patch()  # before Django, redis-py or anything else imports socket or threading
+
+import sys  # noqa: E402
+
+import eventlet.wsgi  # noqa: E402
+from django.core.wsgi import get_wsgi_application  # noqa: E402
+
+
+def main() -> None:
+    port = int(sys.argv[1])
+    application = get_wsgi_application()
+    listener = eventlet.listen(("127.0.0.1", port), backlog=1024)
+    eventlet.wsgi.server(listener, application, max_size=1000, log_output=False)
+
+
+if __name__ == "__main__":
+    main()
