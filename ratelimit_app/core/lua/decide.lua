@@ -170,7 +170,7 @@ end
 -- 3. charge all of them, or none (or forget them all: mode 2); then reply. An entry charged expires
 -- when its state is back to nothing: at the charged reset, rounded up to a millisecond.
 local charged = charge and all_allowed
-local reply = {nil, nil, nil, nil}
+local reply = ''
 for i = 1, n do
   local base = 8 * (i - 1)
   local allowed, remaining, reset_us, retry_ms = result[base + 1], result[base + 2], result[base + 3], 0
@@ -200,7 +200,7 @@ for i = 1, n do
     if retry_ms == 0 then retry_ms = 1 end
   end
   if mode == 2 and identity[5 * j - 4] then identity[5 * j - 4][tag] = nil end  -- forgotten
-  reply[i] = pack('>i8i8i8', remaining, ceil(reset_us / 1000), retry_ms)
+  reply = reply .. pack('>i8i8i8', remaining, ceil(reset_us / 1000), retry_ms)
 end
 if charged or mode == 2 then
   -- the identity's key: the entries written, then the live ones kept (other policies'); it expires
@@ -229,4 +229,4 @@ if charged or mode == 2 then
   end
   if mode == 2 and key_count > m then call('DEL', unpack_list(KEYS, m + 1, key_count)) end
 end
-return table.concat(reply)
+return reply
