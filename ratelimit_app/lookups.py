@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from typing import Any
 
 from django.core.cache import BaseCache, caches
@@ -62,16 +62,23 @@ class NeedsIO(Exception):
     """Raised inside `local_only()` by a lookup this process has not cached (see `local_only`)."""
 
 
-@contextlib.contextmanager
-def local_only() -> Iterator[None]:
+class _LocalOnly:
+    """The context manager `local_only()` returns (a class, not a generator: it runs on every async request)."""
+
+    __slots__ = ("token",)
+
+    def __enter__(self) -> None:
+        self.token = _local_only.set(True)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _local_only.reset(self.token)
+
+
+def local_only() -> _LocalOnly:
     """Within this block (in this context: thread or asyncio task), lookups answer from this process'
     cache or raise NeedsIO; so does `require_io()`. Async request handling plans a request inside it,
     and redoes the plan with `sync_to_async` when NeedsIO is raised."""
-    token = _local_only.set(True)
-    try:
-        yield
-    finally:
-        _local_only.reset(token)
+    return _LocalOnly()
 
 
 def require_io() -> None:

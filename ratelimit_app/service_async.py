@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import weakref
 from collections.abc import Callable, Sequence
 
 from .breaker import PROBE, SKIP, CircuitBreaker
 from .conf import SettingsCached, ratelimit_settings
 from .connection import get_async_redis
+from .core.budget import budget_deadline
 from .core.decision import Decision
 from .core.engine import Check
 from .core.engine_async import AsyncRateLimiter, close_client
@@ -182,6 +184,8 @@ class AsyncLimiterService:
                 service._epoch_read(call, epoch)
         if call.answer is not None:
             return call.answer
+        # the engine's own connections wait for a reply without a timer of their own when this one ends first
+        token = budget_deadline.set(time.monotonic() + service.budget)
         try:
             async with _budget(service.budget):
                 engine = self._engine or self.limiter()
@@ -195,6 +199,8 @@ class AsyncLimiterService:
         except BaseException:
             service._abandoned(call)
             raise
+        finally:
+            budget_deadline.reset(token)
         return service._answered(call, decisions)
 
 

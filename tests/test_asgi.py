@@ -27,7 +27,7 @@ from django.db import connections
 from django.test import AsyncClient
 
 from devtools.embedded import RedisProcess
-from ratelimit_app.apply import limiting, planning
+from ratelimit_app.apply import planning
 from ratelimit_app.middleware import RateLimitMiddleware
 from ratelimit_app.service_async import get_async_limiter
 
@@ -82,17 +82,16 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> list[Callable[..., Any]]:
 
 @pytest.fixture
 def planned_in(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The threads in which requests were planned (`plan_request`, called by the sync path of
-    ratelimit_app.limiting and by `aplan_request` alike)."""
+    """The threads in which requests were planned (`planning._plan`, which `plan_request`, called by
+    the sync path of ratelimit_app.limiting, and `aplan_request` both call)."""
     threads: list[int] = []
-    original = planning.plan_request
+    original = planning._plan
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.get_ident())
         return original(*args, **kwargs)
 
-    for module in (planning, limiting):
-        monkeypatch.setattr(module, "plan_request", recording)
+    monkeypatch.setattr(planning, "_plan", recording)
     return threads
 
 

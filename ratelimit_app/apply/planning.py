@@ -142,6 +142,11 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
     object). The tier's policies include the key's or user's own limits (overrides). Raises
     ImproperlyConfigured when a tier named in the settings or by a key does not exist.
     """
+    return _plan(request, api_key_from_request(request), cost, scope, user)
+
+
+def _plan(request: HttpRequest, raw_key: str | None, cost: int, scope: str, user: Any) -> RequestPlan | LimitOutcome:
+    """`plan_request` for the API key `raw_key` the request carries (None: none), read once by the caller."""
     config = limit_config()
     ip_id = request_ip_identity(request)
     lookups = get_lookups()
@@ -153,7 +158,6 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
             return _denied_by_list(ip_id, "client network")
     ip_checks = (LimitCheck(ip_id, config.ip_policies),) if config.ip_policies and not listed else ()
     known = _Known(config, lookups, rules, ip_id, ip_checks, listed)
-    raw_key = api_key_from_request(request)
     client = _key_client(known, raw_key, cost) if raw_key is not None else _user_client(request, known, user)
     if not isinstance(client, tuple):
         return client
@@ -162,7 +166,7 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
         return RequestPlan((), tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug,
                            listed=ALLOW)
     checks = (*ip_checks, LimitCheck(identity, tier.policies_for(scope)))
-    fleet = shedding.fleet_check(request, _declared_priority(request))
+    fleet = shedding.fleet_check(request, _declared_priority)
     if fleet is not None:
         checks = (*checks, fleet)
     return RequestPlan(checks, tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug)
@@ -256,13 +260,14 @@ async def aplan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
     key this process has not seen, whose per-IP peek comes first), the whole plan is made in one
     `sync_to_async` call instead. A session user is read with Django's `request.auser()` (5.0+).
     """
-    if user is FROM_REQUEST and api_key_from_request(request) is None:
+    raw_key = api_key_from_request(request)
+    if user is FROM_REQUEST and raw_key is None:
         user = await request_user(request)
     try:
         with local_only():
-            return plan_request(request, cost=cost, scope=scope, user=user)
+            return _plan(request, raw_key, cost, scope, user)
     except NeedsIO:
-        return await sync_to_async(plan_request)(request, cost=cost, scope=scope, user=user)
+        return await sync_to_async(_plan)(request, raw_key, cost, scope, user)
 
 
 async def request_user(request: HttpRequest) -> Any:

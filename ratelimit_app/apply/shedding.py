@@ -32,17 +32,16 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.http import HttpRequest
 
 from ..conf import SettingsCached, ratelimit_settings
 from ..core.policies import CONCURRENCY, MAX_LIMIT, Policy
 from ..logs import log_event
-
-if TYPE_CHECKING:
-    from .limitcheck import LimitCheck
+from .limitcheck import LimitCheck
 
 CRITICAL = "critical"
 NORMAL = "normal"
@@ -111,14 +110,13 @@ def shed_config() -> ShedConfig:
     return _config.get()
 
 
-def fleet_check(request: HttpRequest, declared: str | None) -> LimitCheck | None:
-    """The fleet count's check for `request` at its priority (None when SHED_CAPACITY is None)."""
-    from .limitcheck import LimitCheck
-
+def fleet_check(request: HttpRequest, declared: Callable[[HttpRequest], str | None]) -> LimitCheck | None:
+    """The fleet count's check for `request` at its priority (None when SHED_CAPACITY is None);
+    `declared(request)` gives the priority the view declares, asked only when the shedder is on."""
     config = shed_config()
     if config.capacity is None:
         return None
-    priority = config.priority_for(request, declared)
+    priority = config.priority_for(request, declared(request))
     return LimitCheck(FLEET_IDENTITY, (config.thresholds[priority],), OWNER_PREFIX + priority)
 
 

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 from redis.connection import Connection, SSLConnection, UnixDomainSocketConnection
 
 #: The monotonic time (time.monotonic()) by which the running limiter call must be answered, or None
-#: outside a budget. Set by LimiterService around each decision; read by the connection classes below.
+#: outside a budget. Set by LimiterService around each decision and read by the connection classes below;
+#: set by AsyncLimiterService around its asyncio timeout and read by AsyncRateLimiter (a reply wait that
+#: the budget's timeout ends first needs no timer of its own).
 budget_deadline: ContextVar[float | None] = ContextVar("ratelimit_budget_deadline", default=None)
 
 # A read issued after the budget ran out still gets this long: the command was already sent, and a

@@ -79,7 +79,7 @@ class _Plan:
     """
 
     __slots__ = ("args", "key_count", "key_layout", "leases", "named_capacities", "owners", "pieces",
-                 "policy_count", "prefix", "shadows")
+                 "policy_count", "prefix")
 
     def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int) -> None:
         self.prefix = prefix
@@ -108,9 +108,6 @@ class _Plan:
         self.key_layout = tuple(layout)
         self.named_capacities = tuple(tuple((p.name, p.capacity, p.shadow) for p in policies)
                                       for policies in policy_sets)
-        #: per policy of the call, whether it is a shadow policy; empty when none is
-        shadows = tuple(p.shadow for policies in policy_sets for p in policies)
-        self.shadows = shadows if any(shadows) else ()
         self.key_count = len(layout)
         # concurrency policies charged by this call: the command then ends with the lease token (ARGV[2])
         self.leases = sum(p.algorithm == CONCURRENCY for policies in policy_sets for p in policies) \
@@ -230,37 +227,28 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
     plan = call.plan
     if type(reply) is not bytes or len(reply) != _REPLY_NUMBERS.size * plan.policy_count:
         raise BackendError(f"unexpected reply from the decision script: {reply!r:.200}", maybe_applied=True)
-    values = _REPLY_NUMBERS.iter_unpack(reply)
-    # (remaining, reset_ms, retry_ms) per policy; retry_ms is 0 exactly when the policy allows. A shadow
-    # policy's refusal refuses nothing (decide.lua let the call through): its result goes apart, to
-    # Decision.shadow, and it is left out of all_allowed
-    triples = list(values)
-    if plan.shadows:
-        all_allowed = not any(retry_ms for shadow, (_, _, retry_ms) in zip(plan.shadows, triples, strict=False)
-                              if not shadow)
-    else:
-        all_allowed = not any(retry_ms for _, _, retry_ms in triples)
+    triples = _REPLY_NUMBERS.iter_unpack(reply)  # (remaining, reset_ms, retry_ms) per policy, in order
+    # retry_ms is 0 exactly when the policy allows. A shadow policy's refusal refuses nothing (decide.lua let
+    # the call through): its result goes apart, to Decision.shadow, and does not make the call a refusal
+    refusing = False
     decisions = []
-    triple = iter(triples)
     for policies in plan.named_capacities:
         results: list[PolicyResult] = []
         shadow: list[PolicyResult] = []
-        for (name, capacity, is_shadow), (remaining, reset_ms, retry_ms) in zip(policies, triple, strict=False):
-            if not retry_ms:
-                retry_after = None
-            elif retry_ms < 0:
-                retry_after = math.inf
+        for (name, capacity, is_shadow), (remaining, reset_ms, retry_ms) in zip(policies, triples, strict=False):
+            if retry_ms:
+                refusing = refusing or not is_shadow
+                result = PolicyResult(name, False, capacity, remaining if remaining > 0 else 0, reset_ms / 1000,
+                                      math.inf if retry_ms < 0 else retry_ms / 1000)
             else:
-                retry_after = retry_ms / 1000
-            (shadow if is_shadow else results).append(PolicyResult(
-                name, not retry_ms, capacity, remaining if remaining > 0 else 0, reset_ms / 1000, retry_after))
-        decision = Decision.from_results(tuple(results), shadow=tuple(shadow)) if shadow else \
-            Decision.from_results(tuple(results))
-        if decision.allowed and not all_allowed:
-            # all-or-nothing: this identity's own policies allowed, but another identity in the same
-            # call denied, so nothing was charged and the request is refused
-            decision = decision.refused()
-        decisions.append(decision)
+                result = PolicyResult(name, True, capacity, remaining if remaining > 0 else 0, reset_ms / 1000, None)
+            (shadow if is_shadow else results).append(result)
+        decisions.append(Decision.from_results(tuple(results), shadow=tuple(shadow)) if shadow else
+                         Decision.from_results(tuple(results)))
+    if refusing:
+        # all-or-nothing: an identity whose own policies allowed is refused too when another identity in the
+        # same call denied, since nothing was charged
+        decisions = [decision.refused() if decision.allowed else decision for decision in decisions]
     return decisions
 
 

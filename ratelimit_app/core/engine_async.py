@@ -8,6 +8,7 @@ Everything but the I/O is shared with the sync `RateLimiter`: the call (`prepare
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any, Union, cast
 
@@ -17,6 +18,7 @@ from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .budget import budget_deadline
 from .decision import Decision
 from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, release_keys, state_keys
 from .exceptions import REDIS_CLIENT_ERRORS, BackendError
@@ -205,11 +207,22 @@ class AsyncRateLimiter:
             except BaseException:  # cancelled while connecting: never reuse a half-made connection
                 await connection.disconnect(nowait=True)
                 raise
-            return await self._write_and_read(connection, call, read_timeout=self._read_timeout)
+            return await self._write_and_read(connection, call, read_timeout=self._reply_timeout())
         finally:
             idle.append(connection)
             if slots is not None:
                 slots.release()
+
+    def _reply_timeout(self) -> float | None:
+        """How long an own connection waits for a reply: the client's socket timeout, or None (no timer
+        of its own) when the caller's time budget (`budget_deadline`, set by the async service around its
+        own timeout) runs out first anyway: one timer per decision instead of two."""
+        read_timeout = self._read_timeout
+        if read_timeout is not None:
+            deadline = budget_deadline.get()
+            if deadline is not None and deadline - time.monotonic() <= read_timeout:
+                return None
+        return read_timeout
 
     async def _send_pooled(self, call: PreparedCall) -> Any:
         """The reference path: a connection of the client's pool, redis-py's own command packing."""
