@@ -19,7 +19,7 @@ from ratelimit_app.core.engine import (
     KEY_LETTERS,
     LOAD_SCRIPT,
     NOSCRIPT,
-    decide,
+    decision_steps,
     parse_reply,
     prepare_call,
     state_entries,
@@ -486,9 +486,9 @@ def test_a_bucket_refills_from_its_stored_time_and_never_from_a_clock_that_stepp
 
 
 def test_noscript_is_recovered_once_and_a_second_one_is_an_error() -> None:
-    """The exchange every transport carries out (ratelimit_app.core.engine.decide), stepped by hand."""
+    """The exchange every transport carries out (ratelimit_app.core.engine.decision_steps), stepped by hand."""
     policies = [small_policy("gcra")]
-    steps = decide("rl", [("k", policies)], 1, charge=True, one_slot_per_call=False)
+    steps = decision_steps("rl", [("k", policies)], 1, charge=True, one_slot_per_call=False)
     call = steps.send(None)
     assert call is not None and call.keys == prepare_call("rl", [("k", policies)], 1, charge=True).keys
     assert steps.send(NOSCRIPT) is LOAD_SCRIPT  # nothing ran: load the script ...
@@ -501,8 +501,8 @@ def test_noscript_is_recovered_once_and_a_second_one_is_an_error() -> None:
 def test_one_call_per_slot_validates_every_check_before_sending_and_stops_at_the_first_denial() -> None:
     ip, key = [small_policy("gcra")], [Policy("burst", "gcra", limit=2, period=60)]
     with pytest.raises(ValueError, match="identity"):
-        decide("rl", [("ip:1", ip), ("", key)], 1, charge=True, one_slot_per_call=True)
-    steps = decide("rl", [("ip:1", ip), ("key:1", key), ("key:2", key)], 1, charge=True, one_slot_per_call=True)
+        decision_steps("rl", [("ip:1", ip), ("", key)], 1, charge=True, one_slot_per_call=True)
+    steps = decision_steps("rl", [("ip:1", ip), ("key:1", key), ("key:2", key)], 1, charge=True, one_slot_per_call=True)
     first = steps.send(None)
     assert first is not None and first.digests == prepare_call("rl", [("ip:1", ip)], 1, charge=True).digests
     denied = struct.pack(">qqq", 0, 1000, 5000)  # the script's reply: 0 left, full in 1 s, retry in 5 s

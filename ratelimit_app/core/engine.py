@@ -2,7 +2,7 @@
 
 This module is the sans-IO core: it never touches a socket. `prepare_call` builds keys and
 arguments (and the whole EVALSHA command, packed), `parse_reply` turns the script's reply into
-decisions, and `decide` is the whole exchange with Redis (NOSCRIPT recovery, the never-resend rule,
+decisions, and `decision_steps` is the whole exchange with Redis (NOSCRIPT recovery, the never-resend rule,
 one call per slot on a cluster) as steps that a transport carries out. The transports only do the
 I/O: `ratelimit_app.core.engine_sync.RateLimiter` over a synchronous client.
 
@@ -253,9 +253,9 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
 
 
 # -- one exchange with Redis, written once for every transport ------------------------------------------
-# A transport drives `decide` like this (the sync one with plain calls, the asyncio one with awaits):
+# A transport drives `decision_steps` like this (the sync one with plain calls, the asyncio one with awaits):
 #
-#     steps = decide(prefix, checks, cost, charge=True, one_slot_per_call=is_cluster)
+#     steps = decision_steps(prefix, checks, cost, charge=True, one_slot_per_call=is_cluster)
 #     reply = None
 #     try:
 #         while True:
@@ -279,12 +279,12 @@ class _NoScript:
         return "NOSCRIPT"
 
 
-#: What a transport hands back to `decide` when Redis answered an EVALSHA with NOSCRIPT (nothing ran).
+#: What a transport hands back to `decision_steps` when Redis answered an EVALSHA with NOSCRIPT (nothing ran).
 NOSCRIPT = _NoScript()
-#: What `decide` yields for "load the script", in place of a call to send.
+#: What `decision_steps` yields for "load the script", in place of a call to send.
 LOAD_SCRIPT = None
 #: The decision of an identity checked against no policy: allowed, nothing to report.
-NO_POLICY = Decision(True, 0, 0, 0.0, None, "", ())
+NO_POLICY_DECISION = Decision(True, 0, 0, 0.0, None, "", ())
 
 Steps = Generator["PreparedCall | None", Any, "list[Decision]"]
 
@@ -296,7 +296,7 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-def decide(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool,
+def decision_steps(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool,
            lease: str | None = None, reset: bool = False) -> Steps:
     """The steps of one decision over `checks` (see above for how a transport runs them).
 
@@ -326,7 +326,7 @@ def _one_by_one(calls: list[PreparedCall]) -> Steps:
 def _exchange(call: PreparedCall) -> Steps:
     """Send one call, recovering once from NOSCRIPT; its decisions."""
     if not call.plan.policy_count:
-        return [NO_POLICY] * len(call.digests)
+        return [NO_POLICY_DECISION] * len(call.digests)
     reply = yield call
     if reply is NOSCRIPT:
         # Redis lost its script cache (restart, failover, SCRIPT FLUSH). NOSCRIPT means nothing ran,

@@ -1,7 +1,7 @@
 """The asyncio transport of the engine: `AsyncRateLimiter` carries out the steps of ratelimit_app.core.engine.
 
 Everything but the I/O is shared with the sync `RateLimiter`: the call (`prepare_call`), the exchange
-(`decide`: NOSCRIPT recovery, the never-resend rule, one call per slot on a cluster) and the reply
+(`decision_steps`: NOSCRIPT recovery, the never-resend rule, one call per slot on a cluster) and the reply
 (`parse_reply`). So the two return the same `Decision` for the same state, and fail the same way.
 """
 
@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .budget import budget_deadline
 from .decision import Decision
-from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, release_keys, state_keys
+from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decision_steps, release_keys, state_keys
 from .exceptions import REDIS_CLIENT_ERRORS, BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
@@ -105,19 +105,19 @@ class AsyncRateLimiter:
                   lease: str | None = None) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
         policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
-        return (await self._run(decide(self.prefix, ((identity, policies),), cost, charge=True,
+        return (await self._run(decision_steps(self.prefix, ((identity, policies),), cost, charge=True,
                                        one_slot_per_call=False, lease=lease)))[0]
 
     async def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-        return (await self._run(decide(self.prefix, ((identity, policies),), cost, charge=False,
+        return (await self._run(decision_steps(self.prefix, ((identity, policies),), cost, charge=False,
                                        one_slot_per_call=False)))[0]
 
     async def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
                        lease: str | None = None) -> list[Decision]:
         """Decide several identities together; all-or-nothing on a single Redis, one after another on
         Redis Cluster (see `RateLimiter.hit_many`). `lease` as in `hit`."""
-        return await self._run(decide(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
+        return await self._run(decision_steps(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
                                       lease=lease))
 
     async def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
@@ -143,8 +143,8 @@ class AsyncRateLimiter:
         """Forget the state of `identity` for these policies (one call of the decision script: the
         identity's other policies, which share its key, keep theirs)."""
         if policies:
-            await self._run(decide(self.prefix, ((identity, policies),), 1, charge=False, one_slot_per_call=False,
-                               reset=True))
+            await self._run(decision_steps(self.prefix, ((identity, policies),), 1, charge=False,
+                                           one_slot_per_call=False, reset=True))
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
         """The Redis keys that hold the state of `identity` under these policies."""

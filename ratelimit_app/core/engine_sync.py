@@ -30,7 +30,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError
 
 from .decision import Decision
-from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decide, release_keys, state_keys
+from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decision_steps, release_keys, state_keys
 from .exceptions import REDIS_CLIENT_ERRORS, BackendError
 from .policies import Policy
 from .scripts import decide_sha, decide_source
@@ -171,12 +171,13 @@ class RateLimiter:
     def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, lease: str | None = None) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
         policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
-        return self._run(decide(self.prefix, ((identity, policies),), cost, charge=True, one_slot_per_call=False,
-                                lease=lease))[0]
+        return self._run(decision_steps(self.prefix, ((identity, policies),), cost, charge=True,
+                                        one_slot_per_call=False, lease=lease))[0]
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-        return self._run(decide(self.prefix, ((identity, policies),), cost, charge=False, one_slot_per_call=False))[0]
+        return self._run(decision_steps(self.prefix, ((identity, policies),), cost, charge=False,
+                                        one_slot_per_call=False))[0]
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None) -> list[Decision]:
         """Decide several identities together (for example a client IP and its API key).
@@ -186,7 +187,7 @@ class RateLimiter:
         the first denial stops the rest (identities already charged stay charged; the list is then
         shorter than `checks`). `lease` as in `hit`.
         """
-        return self._run(decide(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
+        return self._run(decision_steps(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
                                 lease=lease))
 
     def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
@@ -237,8 +238,8 @@ class RateLimiter:
         """Forget the state of `identity` for these policies (one call of the decision script: the
         identity's other policies, which share its key, keep theirs)."""
         if policies:
-            self._run(decide(self.prefix, ((identity, policies),), 1, charge=False, one_slot_per_call=False,
-                               reset=True))
+            self._run(decision_steps(self.prefix, ((identity, policies),), 1, charge=False,
+                                           one_slot_per_call=False, reset=True))
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
         """The Redis keys that hold the state of `identity` under these policies."""
