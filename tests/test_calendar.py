@@ -4,6 +4,7 @@ of waiting), the admin, headers, the 429 body and the status endpoint."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -29,7 +30,7 @@ def redis_now(client: Any) -> float:
 
 def shifted(unit: str, time_zone: str, shift_s: float, limit: int = 3) -> Policy:
     return Policy("quota", "fixed_window", limit=limit, period=CALENDAR_PERIODS[unit], calendar=unit,
-                  time_zone=time_zone, clock_shift_ms=round(shift_s * 1000))
+                  time_zone=time_zone, clock_shift_ms=math.ceil(shift_s * 1000))  # never before the moment
 
 
 def at(limiter: RateLimiter, unit: str, time_zone: str, moment: datetime, limit: int = 3) -> Policy:
