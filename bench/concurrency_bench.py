@@ -173,7 +173,7 @@ def _write_section(lines: list[str], load_at_start: float, load_at_end: float) -
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     section = "\n".join([
-        "## 5. Concurrency slots over HTTP",
+        "## 7. Concurrency slots over HTTP",
         "",
         "Written by `python3 bench/concurrency_bench.py --write` (not by `bench/run.py`, which keeps this",
         "section). One gunicorn serves the trivial view behind RateLimitMiddleware; two API keys take turns",
