@@ -1,6 +1,10 @@
 """Serve the demo site with eventlet's own WSGI server, every request in a green thread:
-`python -m tests.eventlet_server PORT` (tests/test_gevent_live.py). Gunicorn dropped its eventlet worker
-in version 24, so this is how an eventlet deployment serves Django today."""
+`python -m tests.eventlet_server PORT` (tests/test_gevent_live.py). Gunicorn removed its eventlet
+worker in version 26, so this is how an eventlet deployment serves Django today.
+
+Nothing here fakes Redis: `eventlet.monkey_patch()` makes the standard library's sockets and threads
+green, and the server's limiter talks to the real Redis server the test names (through its counting
+TCP proxy), exactly as under gunicorn's gevent worker."""
 
 from __future__ import annotations
 
