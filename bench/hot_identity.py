@@ -3,9 +3,10 @@
     python bench/hot_identity.py [--sizes 100 1000 5000 20000] [--calls 300]
 
 One identity is hit again and again under limits no run reaches (as the HTTP sections' bench tier is):
-an algorithm whose state is O(1) costs the same at every size, while the exact sliding window keeps
-one entry per admitted unit in its window (7 bytes each) and copies the whole log on every admitted
-hit, so its time grows with the units in the window. For each algorithm, and the 3-policy tier, the
+an algorithm whose state is O(1) costs the same at every size, and so should the exact sliding window,
+which keeps one entry per admitted unit in its window (7 bytes each): a log whose limit is 128 or more
+has a key of its own, which a hit appends to (lua/sliding_window.lua); a short log, in its identity's
+entry, is copied whole by every admitted hit. For each algorithm, and the 3-policy tier, the
 identity is filled to each size, statistics are reset, and `--calls` more hits are measured. Starts
 its own redis-server on a free loopback port, like bench/redis_time.py; prints a Markdown table.
 """

@@ -1,10 +1,12 @@
-"""Redis memory per key for each algorithm, measured with MEMORY USAGE (the numbers in docs/operations.md).
+"""Redis memory per identity for each algorithm, measured with MEMORY USAGE (the numbers in docs/operations.md).
 
 Starts its own redis-server (devtools.embedded), so nothing else shares the measurement. For each
 algorithm and fill level it charges 1,000 identities with one policy named "minute" under the default
-key prefix "rl" (the identity's key, `rl:{<24 hex>}`, holding the policy's entry), then reports the mean of
-`MEMORY USAGE <key> SAMPLES 0` (the key's own allocation, key name included) and the growth of
-INFO used_memory per identity (what the server really allocated, its dictionary overhead included).
+key prefix "rl" (the identity's key, `rl:{<24 hex>}`, holding the policy's entry; a long sliding log,
+limit 128 or more, also has a key of its own, `rl:{<24 hex>}sminute`), then reports the mean over the
+identities of `MEMORY USAGE <key> SAMPLES 0` summed over the identity's keys (each key's own
+allocation, key name included) and the growth of INFO used_memory per identity (what the server really
+allocated, its dictionary overhead included).
 
     .venv/bin/python bench/memory_per_key.py            # prints a Markdown table
 """
@@ -20,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from devtools.embedded import start_redis
 from ratelimit_app import Policy, RateLimiter
+from ratelimit_app.core.engine import prepare_call
 
 IDENTITIES = 1000
 
@@ -33,6 +36,9 @@ CASES: list[tuple[str, int, int, str]] = [
     ("token_bucket", 1000, 1000, "empty bucket"),
     ("gcra", 1000, 1, "1 unit"),
     ("gcra", 1000, 1000, "1,000 units"),
+    ("sliding_window", 100, 1, "1 unit"),
+    ("sliding_window", 100, 10, "10 units"),
+    ("sliding_window", 100, 100, "100 units"),
     ("sliding_window", 2000, 1, "1 unit"),
     ("sliding_window", 2000, 10, "10 units"),
     ("sliding_window", 2000, 100, "100 units"),
@@ -42,13 +48,13 @@ CASES: list[tuple[str, int, int, str]] = [
 
 
 def measure(client: redis.Redis, algorithm: str, limit: int, units: int) -> tuple[float, float]:
-    """(mean MEMORY USAGE per key, used_memory growth per identity) for one case, in bytes."""
+    """(mean MEMORY USAGE of an identity's keys, used_memory growth per identity) for one case, in bytes."""
     client.flushall()
     limiter = RateLimiter(client, prefix="rl")
     # a day: no state expires or refills while the 1,000 identities are measured
     policies = [Policy("minute", algorithm, limit=limit, period=86400)]
     limiter.hit("warm-up", policies)  # loads the script before the baseline
-    client.delete(*limiter.keys("warm-up", policies))
+    client.delete(*identity_keys(limiter, "warm-up", policies))
     before = int(client.info("memory")["used_memory"])
     keys = []
     for n in range(IDENTITIES):
@@ -56,12 +62,18 @@ def measure(client: redis.Redis, algorithm: str, limit: int, units: int) -> tupl
         decision = limiter.hit(identity, policies, cost=units)
         if not decision.allowed:
             raise RuntimeError(f"{algorithm}: charging {units} units was denied: {decision}")
-        keys.extend(limiter.keys(identity, policies))
+        keys.append(identity_keys(limiter, identity, policies))
     after = int(client.info("memory")["used_memory"])
-    usage = [int(client.memory_usage(key, samples=0) or 0) for key in keys]
-    if len(usage) != IDENTITIES or 0 in usage:
-        raise RuntimeError(f"{algorithm}: expected {IDENTITIES} live keys")
-    return sum(usage) / len(usage), (after - before) / IDENTITIES
+    usage = [[int(client.memory_usage(key, samples=0) or 0) for key in names] for names in keys]
+    if any(0 in sizes for sizes in usage):
+        raise RuntimeError(f"{algorithm}: expected every key of the {IDENTITIES} identities to be live")
+    return sum(map(sum, usage)) / IDENTITIES, (after - before) / IDENTITIES
+
+
+def identity_keys(limiter: RateLimiter, identity: str, policies: list[Policy]) -> list[str]:
+    """Every key that holds state of `identity`: its own key, and a long log's key when it has one."""
+    names = prepare_call(limiter.prefix, ((identity, policies),), 1, charge=False).keys[:1]
+    return names + [key for key in limiter.keys(identity, policies) if key not in names]
 
 
 def main() -> None:
@@ -69,13 +81,13 @@ def main() -> None:
     try:
         client = redis.Redis(port=server.port, socket_timeout=30)
         version = client.info("server")["redis_version"]
-        print(f"Redis {version}, {IDENTITIES} identities per case, one policy per key\n")
-        print("| algorithm | state after the hit(s) | MEMORY USAGE per key (bytes) "
+        print(f"Redis {version}, {IDENTITIES} identities per case, one policy per identity\n")
+        print("| algorithm | limit | state after the hit(s) | MEMORY USAGE per identity (bytes, its keys) "
               "| used_memory per identity (bytes) |")
-        print("|---|---|---|---|")
+        print("|---|---:|---|---|---|")
         for algorithm, limit, units, label in CASES:
             per_key, per_identity = measure(client, algorithm, limit, units)
-            print(f"| `{algorithm}` | {label} | {per_key:.0f} | {per_identity:.0f} |")
+            print(f"| `{algorithm}` | {limit:,} | {label} | {per_key:.0f} | {per_identity:.0f} |")
         client.close()
     finally:
         server.stop()

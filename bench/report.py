@@ -597,10 +597,10 @@ def asgi_section(section: AsgiSection) -> list[str]:
                 f"with our async middleware, and {_us(sync.app_cpu)} ({_signed_us(sync.app_cpu - ours.app_cpu)} over "
                 f"the async one) with our sync middleware in a thread. Redis spends {_us(ours.server_cpu)} µs per "
                 f"request on our script (the per-IP limit and 3 policies) against {_us(floor_row.server_cpu)} µs on "
-                "the INCR script. Most of that is the bench tier's sliding_window: one API key's exact log at "
-                "1,000,000/min, which grows through the run (every admitted request adds a unit for a minute) and "
-                "is rewritten by every hit, a cost that grows with the log (bench/hot_identity.py, "
-                "docs/algorithms.md); section 5 has the script's cost for a new identity.",
+                "the INCR script (section 5 has the script's cost for a new identity). The bench tier's "
+                "sliding_window is one API key's exact log at 1,000,000/min, which grows through the run (every "
+                "admitted request adds a unit for a minute): a log that long has a key of its own, which a hit "
+                "appends to, so its cost does not grow with the log (bench/hot_identity.py, docs/algorithms.md).",
                 "",
             ]
         lines += _asgi_profile_table(section.profile)

@@ -23,6 +23,7 @@ from ratelimit_app.core.policies import ALGORITHMS
 from ratelimit_app.service import get_limiter
 
 from .test_engine import wait_out_fixed_window
+from .test_engine_async import TIGHTEST
 from .topology import ClusterTopology, hammer_cluster, run_threads, start_cluster
 
 EXACT = ["fixed_window", "sliding_window", "token_bucket", "gcra"]
@@ -255,18 +256,18 @@ def run_on_cluster(cluster: ClusterTopology, scenario: Callable[[AsyncRedisClust
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("algorithm", EXACT)
+@pytest.mark.parametrize(("algorithm", "limit"), TIGHTEST)
 def test_32_asyncio_tasks_admit_exactly_the_limit_of_a_three_policy_tier(cluster: ClusterTopology, key_prefix: str,
-                                                                         algorithm: str) -> None:
+                                                                         algorithm: str, limit: int) -> None:
     from .test_engine_async import admitted_by_tasks, fixed_window_margin, tier
 
-    policies = tier(algorithm, 40)
+    policies = tier(algorithm, limit)
 
     async def scenario(client: AsyncRedisCluster) -> None:
         limiter = AsyncRateLimiter(client, prefix=key_prefix)
         await fixed_window_margin(limiter, "apikey:hot", policies, margin=60)
-        assert await admitted_by_tasks(limiter, "apikey:hot", policies, tasks=32, hits=6) == 40
-        assert [r.remaining for r in (await limiter.peek("apikey:hot", policies)).results] == [0, 360, 3960]
+        assert await admitted_by_tasks(limiter, "apikey:hot", policies, tasks=32, hits=6) == limit
+        assert [r.remaining for r in (await limiter.peek("apikey:hot", policies)).results] == [0, 9 * limit, 99 * limit]
 
     run_on_cluster(cluster, scenario)
 

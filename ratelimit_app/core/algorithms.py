@@ -20,7 +20,9 @@ class Algorithm:
     above its limit). `concurrency` is True for the one that counts requests in flight (slots) rather
     than requests over time: its state is a key of its own, charged by its Lua `<name>_charge`.
     `text_state` is True when its state is bytes that are never an integer (decide.lua then never
-    reads a 7-byte state of it as one)."""
+    reads a 7-byte state of it as one). `long_state_from` (0: never) is the limit from which a policy
+    of it keeps its state in a key of its own, where a hit appends to it rather than rewriting it with
+    the identity's other entries (a sliding log grows with its limit: lua/sliding_window.lua)."""
 
     name: str
     code: int
@@ -29,12 +31,13 @@ class Algorithm:
     takes_burst: bool = False
     concurrency: bool = False
     text_state: bool = False
+    long_state_from: int = 0
 
 
 #: The algorithms a Policy may use, in the order they are listed to users.
 REGISTRY: tuple[Algorithm, ...] = (
     Algorithm("fixed_window", 3, "f", "fixed_window.lua"),
-    Algorithm("sliding_window", 2, "s", "sliding_window.lua", text_state=True),
+    Algorithm("sliding_window", 2, "s", "sliding_window.lua", text_state=True, long_state_from=128),
     Algorithm("sliding_window_counter", 5, "c", "sliding_window_counter.lua"),
     Algorithm("token_bucket", 1, "t", "token_bucket.lua", takes_burst=True),
     Algorithm("gcra", 4, "g", "gcra.lua", takes_burst=True),

@@ -22,7 +22,7 @@ from collections.abc import Generator, Sequence
 from functools import lru_cache
 from typing import Any
 
-from .algorithms import CALENDAR_WINDOW, REGISTRY
+from .algorithms import BY_NAME, CALENDAR_WINDOW, REGISTRY
 from .decision import Decision, PolicyResult
 from .exceptions import BackendError
 from .policies import CONCURRENCY, Policy
@@ -65,6 +65,13 @@ LEGACY_KEYS = True
 _REPLY_NUMBERS = struct.Struct(">qqq")  # remaining, reset in ms, retry in ms
 
 
+def has_own_key(policy: Policy) -> bool:
+    """True when `policy` keeps its state in a key of its own (see PreparedCall.keys), not in an entry of
+    its identity's key: a concurrency policy's sorted set of leases, or a long sliding log."""
+    algorithm = BY_NAME[policy.algorithm]
+    return algorithm.concurrency or 0 < algorithm.long_state_from <= policy.limit
+
+
 def _bulk(value: bytes) -> bytes:
     """One RESP bulk string."""
     return b"$%d\r\n%s\r\n" % (len(value), value)
@@ -103,7 +110,7 @@ class _Plan:
         # KEYS of decide.lua: the state key of each identity ("<prefix>:{<digest>}"), then, when the
         # previous layout is read or a concurrency policy's sorted set is needed, each policy's own key
         layout: list[tuple[int, str]] = [(check, ":{%s}") for check in range(len(policy_sets))]
-        if self.policy_count and (LEGACY_KEYS or any(p.algorithm == CONCURRENCY for ps in policy_sets for p in ps)):
+        if self.policy_count and (LEGACY_KEYS or any(has_own_key(p) for ps in policy_sets for p in ps)):
             layout += own_keys
         self.key_layout = tuple(layout)
         self.named_capacities = tuple(tuple((p.name, p.capacity, p.shadow) for p in policies)
@@ -361,11 +368,12 @@ def state_entries(value: bytes) -> dict[str, tuple[int, bytes]]:
 def state_keys(prefix: str, identity: str, policies: Sequence[Policy]) -> list[str]:
     """The Redis key that holds the state of `identity` under each of these policies, in their order:
     the identity's state key for a rate policy (all of them share it), a concurrency policy's own
-    sorted set."""
+    sorted set, a long sliding log's own key (its entry in the identity's key is only a hint of where
+    its live units start: see lua/sliding_window.lua)."""
     call = prepare_call(prefix, ((identity, policies),), 1, charge=False)
     keys = call.keys
     own = keys[1:] if len(keys) > 1 else [keys[0]] * len(policies)
-    return [own[i] if p.algorithm == CONCURRENCY else keys[0] for i, p in enumerate(policies)]
+    return [own[i] if has_own_key(p) else keys[0] for i, p in enumerate(policies)]
 
 
 def release_keys(prefix: str, held: Sequence[tuple[str, Policy]]) -> list[str]:

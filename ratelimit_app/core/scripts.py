@@ -52,11 +52,14 @@ def _check_function() -> str:
 def _kinds() -> str:
     """The kinds of state decide.lua treats apart, named by the registry rather than by decide.lua: the
     algorithm whose state is a key of its own (requests in flight, charged by its `<name>_charge`),
-    and the one whose state is never an integer."""
+    the one whose state is never an integer, and the one whose state moves to a key of its own from a
+    limit on (a long sliding log: decide.lua gives its function the key's name as its capacity)."""
     (slots,) = (algorithm for algorithm in SCRIPTED if algorithm.concurrency)
     (text,) = (algorithm for algorithm in SCRIPTED if algorithm.text_state)
+    (log,) = (algorithm for algorithm in SCRIPTED if algorithm.long_state_from)
     return (f"local SLOTS_CODE, slots_charge = {slots.code}, {slots.name}_charge\n"
-            f"local TEXT_STATE_CODE = {text.code}\n")
+            f"local TEXT_STATE_CODE = {text.code}\n"
+            f"local LONG_LOG_CODE, LONG_LOG_UNITS = {log.code}, {log.long_state_from}\n")
 
 
 @cache

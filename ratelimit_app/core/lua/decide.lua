@@ -30,8 +30,10 @@
 -- KEYS[j]          the state key of identity j (1 <= j <= m): one string holding an entry for each of
 --                  its rate policies (see "State" below); all keys of one identity share a hash tag
 -- KEYS[m + i]      policy i's own key (#KEYS is m, or m + n): a concurrency policy's sorted set of
---                  leases (always sent for one), or a rate policy's key in the previous release's
---                  layout, read only to carry its state over (see "Upgrades" below)
+--                  leases (always sent for one), a long sliding log's units (always sent for one: a
+--                  policy of LONG_LOG_CODE whose limit is LONG_LOG_UNITS or more; its entry in the
+--                  identity's key is a hint, see sliding_window.lua), or a rate policy's key in the
+--                  previous release's layout, read only to carry its state over (see "Upgrades" below)
 -- Time comes from redis.call('TIME') only: one clock for every app server.
 --
 -- State: the key of an identity is a string of entries, one per rate policy that has state, each
@@ -56,9 +58,11 @@
 -- are shadows (engine.parse_reply sets them apart).
 -- Upgrades: the previous release kept each policy in a key of its own (KEYS[m + i]), in the format
 -- its entry has now. When a rate policy has no entry and such keys are sent, they are read (one
--- EXISTS for all of them, then one MGET when any exists), so an upgrade neither loses state nor grants
--- extra units. The charge writes only the identity's key; the old keys expire with their TTL (reset
--- deletes them).
+-- EXISTS for all of them, then one MGET when any exists; never the keys that are a policy's own today),
+-- so an upgrade neither loses state nor grants extra units. The charge writes only the identity's key;
+-- the old keys expire with their TTL (reset deletes them). A long log is read from its key, which has
+-- the name and the format of the previous layout's: its upgrade is that read. A log whose limit was
+-- lowered below LONG_LOG_UNITS is read from its key the same way (its hint is no short log).
 -- Speed: this runs on every request. Each redis.call costs Redis thousands of instructions (its
 -- arguments become Redis objects, its reply Lua values), a new key with a TTL most (two dictionary
 -- entries): so all the rate policies of an identity live in one key, read by one GET (MGET for several
@@ -123,7 +127,7 @@ end
 -- many slots at once (growing a table slot by slot costs Redis more than a policy's arithmetic).
 local result = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
   nil, nil, nil, nil, nil, nil, nil, nil}
-local legacy  -- the previous layout's values (KEYS[m + 1..]), read once when needed; false: none exists
+local legacy  -- whether any key of the previous layout exists (KEYS[m + 1..]: one EXISTS, when first needed)
 local all_allowed = true
 local n, position = 0, 11
 while position <= #numbers do
@@ -140,19 +144,26 @@ while position <= #numbers do
     if key_count == m then return redis.error_reply('ERR ratelimit decide: bad arguments') end
     if charge and not lease then return redis.error_reply('ERR ratelimit decide: no lease token') end
     stored = KEYS[m + n]
+  elseif code == LONG_LOG_CODE and limit >= LONG_LOG_UNITS and mode ~= 2 then
+    -- a long log: its units are in a key of its own, whose name its algorithm gets as its capacity, and
+    -- its entry is a hint of where they start
+    if key_count == m then return redis.error_reply('ERR ratelimit decide: bad arguments') end
+    local states = identity[5 * j - 4]
+    if states then stored = states[tag] or false end
+    capacity = KEYS[m + n]
   elseif mode ~= 2 then
     local states = identity[5 * j - 4]
     if states then stored = states[tag] or false end
     if stored and code ~= TEXT_STATE_CODE and #stored == 7 and byte(stored) < 48 then
       stored = unpack('>I7', stored)
+    elseif stored and code == LONG_LOG_CODE and #stored % 7 ~= 0 then
+      stored = false  -- the hint of a log that was long (its limit was lowered): its units are in its key
     end
     if not stored and key_count > m then
       -- Upgrades: no entry yet; the policy's key in the previous layout may hold its state
-      if legacy == nil then
-        legacy = call('EXISTS', unpack_list(KEYS, m + 1, key_count)) > 0 and
-          call('MGET', unpack_list(KEYS, m + 1, key_count))
-      end
-      if legacy then stored = legacy[n] end
+      -- (one EXISTS for all of them; then each policy reads its own, never a long log's in one MGET)
+      if legacy == nil then legacy = call('EXISTS', unpack_list(KEYS, m + 1, key_count)) > 0 end
+      if legacy then stored = call('GET', KEYS[m + n]) end
     end
   end
   local allowed, remaining, reset_us, retry_us, value, charged_reset_us = check(code, stored, now_us, limit,
@@ -184,6 +195,11 @@ for i = 1, n do
       remaining = remaining - 1  -- a request takes one slot, whatever it costs
     else
       local expiry, at = now_ms + ceil(reset_us / 1000), 5 * j
+      if type(value) == 'table' then
+        -- a state in a key of its own (a long log): the commands that write it, then its entry
+        for command = 2, #value do call(unpack_list(value[command])) end
+        value = value[1]
+      end
       if type(value) == 'number' then
         identity[at - 1] = identity[at - 1] .. pack('>Bc0I6I4I7', #tag, tag, expiry, 7, value)
       else

@@ -11,21 +11,114 @@
 --   now_us     Redis TIME in microseconds
 --   limit      ARGV: units allowed in any window of period_ms (integer >= 1)
 --   period_ms  ARGV: window length in milliseconds (integer >= 1)
---   capacity   ARGV: equal to limit for this algorithm
+--   capacity   ARGV: equal to limit for this algorithm; for a long log (below), the name of its key
+--              (KEYS[m + i] of decide.lua), and `stored` is its entry in the identity's key (the hint)
 --   cost       units this request wants (integer >= 1)
 -- Returns: allowed (boolean), remaining now (integer), reset now (us: until the newest unit leaves the
 --   window, 0 when none is live), retry (us, 0 when allowed, -1 when cost > capacity: never), and the
 --   write that charges the hit, as data (decide.lua runs it only when every policy allows): the new
 --   log (the live units, then `cost` new ones), and reset after the charge (us: the period), which
---   is also when the entry expires.
+--   is also when the entry expires. A long log's write is a table: its new entry (the hint), then the
+--   commands that write its key.
 -- State: one string of at most 7 x limit bytes; TTL (the entry's expiry) = period, set on every write,
--- so the entry expires with its newest unit. Units that left the window are dropped whenever the log is written. A new
+-- so the entry expires with its newest unit. Units that left the window are dropped whenever the log is
+-- written (a long log, below, keeps its units in a key of its own and drops them less often). A new
 -- unit is stamped no earlier than the newest one, so the log stays sorted even if Redis's clock steps
 -- back (such a unit counts a little longer: stricter, never looser).
+
+-- A long log (a policy whose limit is LONG_LOG_UNITS or more: algorithms.py) keeps its units in a key
+-- of its own, in the same format (the name its key had in the previous release's layout), so that a
+-- hit appends its units (APPEND) instead of rewriting the whole log: the cost of a hit no longer grows
+-- with the units in the window. Its entry in the identity's key is a 20-byte hint, struct
+-- '>c1I6I7I6': 'L', `head` (the units at the front of the key known to have left the window), the
+-- newest unit, and the expiry the key was given (ms). 20 is never a multiple of 7, so a hint is never
+-- taken for a short log's units, nor the other way round. A decision reads the key's length and one
+-- chunk of units from the hint on (STRLEN, GETRANGE). Units that left the window stay at the front of
+-- the key until they are as many as the live ones (and at least LONG_LOG_TRIM), when a charge rewrites
+-- the key with the live ones: the key holds at most about twice the limit, and a unit is copied a
+-- bounded number of times. The key's expiry moves only when its newest unit would outlive it, to a
+-- period after that unit's: once per period. The hint is checked against the key (it must fit the
+-- key's length; the unit just before `head` must have left the window, the last one must be live when
+-- the hint says so), and the log is read whole, as a short log is, when it does not fit or is missing.
+-- (All of it is in the one function below: each function of the script is a closure made anew on every
+-- call, whatever the call decides.)
+local LONG_LOG_TRIM = 64
 
 local function sliding_window(stored, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
   local since = now_us - period_us  -- a unit admitted at t is live while t > since
+  local key = type(capacity) == 'string' and capacity  -- a long log's key
+  if key then
+    capacity = limit
+    if stored and #stored == 20 then
+      -- the hint: where the live units start, read in chunks that double from there (the first chunk
+      -- starts one unit before it, which must have left the window)
+      local _, head, newest, key_expiry = unpack('>c1I6I7I6', stored)
+      local count = call('STRLEN', key) / 7
+      local first = false  -- the first live unit (0-based); false: the hint does not fit the key
+      if count > 0 and count == floor(count) and head <= count then
+        if newest <= since then
+          first = count
+        else
+          local from, step = head, 16
+          if from > 0 then from = from - 1 end
+          while true do
+            local to = from + step
+            if to > count then to = count end
+            local chunk = call('GETRANGE', key, 7 * from, 7 * to - 1)
+            if #chunk ~= 7 * (to - from) or (from < head and unpack('>I7', chunk, 1) > since) then break end
+            if unpack('>I7', chunk, #chunk - 6) > since then
+              local low, high = 0, to - from - 1
+              while low < high do
+                local middle = floor((low + high) / 2)
+                if unpack('>I7', chunk, 7 * middle + 1) > since then high = middle else low = middle + 1 end
+              end
+              first = from + low
+              break
+            end
+            if to == count then break end  -- the hint's newest unit is not in the key
+            from, step = to, step * 2
+          end
+        end
+      end
+      if first then
+        local used = count - first
+        local remaining = limit - used
+        if remaining < 0 then remaining = 0 end
+        local reset_us = 0
+        if used > 0 then reset_us = newest + period_us - now_us end
+        if cost > capacity then
+          return false, remaining, reset_us, -1
+        end
+        if used + cost > limit then
+          local at = first + used + cost - limit - 1
+          local oldest = unpack('>I7', call('GETRANGE', key, 7 * at, 7 * at + 6))
+          return false, remaining, reset_us, oldest + period_us - now_us
+        end
+        local stamp = now_us
+        if newest > stamp then stamp = newest end
+        local added = rep(pack('>I7', stamp), cost)
+        local needed = ceil(stamp / 1000) + period_ms  -- when the newest unit leaves the window (ms)
+        if first >= LONG_LOG_TRIM and 2 * first >= count then
+          -- as many units left the window as are live: the key is rewritten with the live ones
+          key_expiry = needed + period_ms
+          return true, remaining, reset_us, 0, {pack('>c1I6I7I6', 'L', 0, stamp, key_expiry),
+            {'SET', key, call('GETRANGE', key, 7 * first, -1) .. added, 'PXAT', format('%d', key_expiry)}},
+            period_us
+        end
+        local write = {false, {'APPEND', key, added}}
+        if key_expiry < needed then
+          key_expiry = needed + period_ms
+          write[3] = {'PEXPIREAT', key, format('%d', key_expiry)}
+        end
+        write[1] = pack('>c1I6I7I6', 'L', first, stamp, key_expiry)
+        return true, remaining, reset_us, 0, write, period_us
+      end
+    end
+    -- no usable hint: the log is read whole, from the short log of its entry (its limit was raised) or
+    -- from its key, and charged below as a short one, then written to its key
+    if not stored or #stored % 7 ~= 0 then stored = call('GET', key) end
+  end
   local log = stored or ''
   local count = floor(#log / 7)
   -- first live unit (0-based), by binary search: the log is sorted
@@ -55,5 +148,10 @@ local function sliding_window(stored, now_us, limit, period_ms, capacity, cost)
   if newest > stamp then stamp = newest end
   local added = rep(pack('>I7', stamp), cost)
   if first > 0 or #log ~= 7 * count then log = sub(log, 7 * first + 1, 7 * count) end
+  if key then
+    local key_expiry = ceil(stamp / 1000) + 2 * period_ms
+    return true, remaining, reset_us, 0, {pack('>c1I6I7I6', 'L', 0, stamp, key_expiry),
+      {'SET', key, log .. added, 'PXAT', format('%d', key_expiry)}}, period_us
+  end
   return true, remaining, reset_us, 0, log .. added, period_us
 end
