@@ -136,13 +136,9 @@ def _conclude(call: _PlannedCall, decisions: list[Decision]) -> tuple[LimitOutco
     """The outcome of `call` from Redis' `decisions`, counted in the metrics; and the slots to give
     back at once (taken by a request that was refused after all), or None."""
     plan, cost, checks, pairs = call.plan, call.cost, call.plan.checks, call.pairs
-    # shadow policies never show in headers: they are reported apart (Decision.shadow); nor does the load
-    # shedder's fleet count, which is not a limit of the client's
-    policies = tuple(policy for check in checks if not check.owner.startswith(shedding.OWNER_PREFIX)
-                     for policy in check.policies if not policy.shadow)
+    policies, fleet = _shown_policies(checks)
     slots = slots_taken(pairs, decisions, call.lease)
     summary = summarize(decisions, len(pairs))
-    fleet = next((i for i, check in enumerate(checks) if check.owner.startswith(shedding.OWNER_PREFIX)), None)
     shed_priority: str | None = None
     if fleet is not None:
         fleet_decision = decisions[fleet] if fleet < len(decisions) else None
@@ -167,6 +163,22 @@ def _conclude(call: _PlannedCall, decisions: list[Decision]) -> tuple[LimitOutco
     outcome = LimitOutcome(status, summary, policies, plan.tier, plan.identity, message or "", cost > 0, checks,
                            padded, slots)
     return outcome, unwanted
+
+
+def _shown_policies(checks: tuple[LimitCheck, ...]) -> tuple[tuple[Policy, ...], int | None]:
+    """The policies the headers show, and the index of the load shedder's fleet check (None: none).
+
+    Shadow policies never show in headers: they are reported apart (Decision.shadow); nor does the fleet
+    count, which is not a limit of the client's.
+    """
+    shown: list[Policy] = []
+    fleet = None
+    for index, check in enumerate(checks):  # one pass: this runs on every request
+        if not check.owner.startswith(shedding.OWNER_PREFIX):
+            shown += [policy for policy in check.policies if not policy.shadow]
+        elif fleet is None:
+            fleet = index
+    return tuple(shown), fleet
 
 
 def _fleet_verdict(owner: str, fleet_decision: Decision | None, own: Decision, summary: Decision,
