@@ -31,6 +31,7 @@ from django.http import HttpResponseBase
 from ..conf import SettingsCached, ratelimit_settings
 from ..core.decision import Decision, PolicyResult
 from ..core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
+from .concurrency import needs_lease
 
 LEGACY = "legacy"
 IETF = "ietf"
@@ -86,12 +87,6 @@ def _draft() -> str:
 _formatters = SettingsCached(lambda: IETF_DRAFTS.get(_draft(), IETF_DRAFTS["draft-11"]))
 
 
-@lru_cache(maxsize=1024)
-def _has_concurrency(policies: tuple[Policy, ...]) -> bool:
-    """True when a concurrency policy is among `policies` (computed once per distinct set)."""
-    return any(p.algorithm == CONCURRENCY for p in policies)
-
-
 def apply_headers(response: HttpResponseBase, decision: Decision, policies: tuple[Policy, ...],
                   tier: str | None, mode: str) -> None:
     """Add the headers chosen by `mode` ("legacy", "ietf" or "both") describing `decision`.
@@ -102,7 +97,7 @@ def apply_headers(response: HttpResponseBase, decision: Decision, policies: tupl
     headers = response.headers
     live = not decision.degraded and bool(decision.results)
     legacy = decision
-    if mode != IETF and live and decision.allowed and len(policies) == len(decision.results) and _has_concurrency(
+    if mode != IETF and live and decision.allowed and len(policies) == len(decision.results) and needs_lease(
             policies):
         # the trio describes the rate limit nearest to refusing, not the free slots
         rates = tuple(r for p, r in zip(policies, decision.results, strict=True) if p.algorithm != CONCURRENCY)

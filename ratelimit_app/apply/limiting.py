@@ -84,7 +84,7 @@ def _call_for(plan: RequestPlan, cost: int) -> _PlannedCall | LimitOutcome:
         cost = max(cost, 1)  # an unusable key is charged to the per-IP limit even on report-only routes
     pairs = [(check.identity, check.policies) for check in plan.checks]
     # a concurrency limit among them: the request's slot is taken in this same call, under a token
-    taking = cost > 0 and needs_lease([policy for check in plan.checks for policy in check.policies])
+    taking = cost > 0 and any(needs_lease(check.policies) for check in plan.checks)
     return _PlannedCall(plan, pairs, cost, new_lease_token() if taking else None)
 
 
