@@ -26,8 +26,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings as django_settings
 from django.http import HttpRequest
@@ -57,8 +56,8 @@ from .planning import FROM_REQUEST, RequestPlan, aplan_request, plan_request
 from .planning import limit_config as limit_config
 
 
-@dataclass(frozen=True, slots=True)
-class _PlannedCall:
+# a NamedTuple: one is made for every request, in a fraction of a frozen dataclass's time
+class _PlannedCall(NamedTuple):
     """The Redis call one plan needs, before it is made: each check's (identity, policies), the cost
     (0: a report that charges nothing) and the lease under which concurrency slots are taken."""
 
