@@ -27,6 +27,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponseBase
@@ -101,6 +102,12 @@ def slots_taken(checks: Sequence[tuple[str, Sequence[Policy]]], decisions: Seque
 
 def needs_lease(policies: Sequence[Policy]) -> bool:
     """True when a decision over `policies` takes a concurrency slot."""
+    return _has_concurrency(policies if type(policies) is tuple else tuple(policies))
+
+
+@lru_cache(maxsize=1024)
+def _has_concurrency(policies: tuple[Policy, ...]) -> bool:
+    # once per distinct policy set: the same few sets come back with every request
     return any(policy.algorithm == CONCURRENCY for policy in policies)
 
 

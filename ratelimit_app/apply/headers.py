@@ -28,9 +28,10 @@ from functools import lru_cache
 
 from django.http import HttpResponseBase
 
-from ..conf import ratelimit_settings
+from ..conf import SettingsCached, ratelimit_settings
 from ..core.decision import Decision, PolicyResult
 from ..core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
+from .concurrency import needs_lease
 
 LEGACY = "legacy"
 IETF = "ietf"
@@ -52,8 +53,10 @@ def window_seconds(policy: Policy) -> int:
     return max(1, math.ceil(policy.period))
 
 
+@lru_cache(maxsize=1024)
 def _sf_string(name: str) -> str:
     # Policy names are limited to [A-Za-z0-9_.-] by Policy itself; escaping keeps this safe regardless.
+    # Cached: the same few names are quoted for every response.
     return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -80,6 +83,10 @@ def _draft() -> str:
         return "draft-11"
 
 
+#: The formatters of RATELIMIT['HEADER_DRAFT'], looked up once per settings change.
+_formatters = SettingsCached(lambda: IETF_DRAFTS.get(_draft(), IETF_DRAFTS["draft-11"]))
+
+
 def apply_headers(response: HttpResponseBase, decision: Decision, policies: tuple[Policy, ...],
                   tier: str | None, mode: str) -> None:
     """Add the headers chosen by `mode` ("legacy", "ietf" or "both") describing `decision`.
@@ -90,8 +97,8 @@ def apply_headers(response: HttpResponseBase, decision: Decision, policies: tupl
     headers = response.headers
     live = not decision.degraded and bool(decision.results)
     legacy = decision
-    if mode != IETF and live and decision.allowed and len(policies) == len(decision.results) and any(
-            p.algorithm == CONCURRENCY for p in policies):
+    if mode != IETF and live and decision.allowed and len(policies) == len(decision.results) and needs_lease(
+            policies):
         # the trio describes the rate limit nearest to refusing, not the free slots
         rates = tuple(r for p, r in zip(policies, decision.results, strict=True) if p.algorithm != CONCURRENCY)
         if rates:
@@ -104,7 +111,7 @@ def apply_headers(response: HttpResponseBase, decision: Decision, policies: tupl
         if tier:
             headers["X-RateLimit-Tier"] = tier
     if mode != LEGACY:
-        format_policies, format_state = IETF_DRAFTS.get(_draft(), IETF_DRAFTS["draft-11"])
+        format_policies, format_state = _formatters.get()
         if policies:
             headers["RateLimit-Policy"] = format_policies(policies)
         if live:

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..core.decision import Decision
+from ..core.decision import Decision, PolicyResult
 from ..core.policies import Policy
 from ..plans import TierInfo
 from .concurrency import HeldSlots
@@ -80,15 +80,21 @@ class LimitOutcome:
 def summarize(decisions: Sequence[Decision], expected: int) -> Decision:
     """One decision over several identities' decisions: denied if any is (or if some are missing, as
     on Redis Cluster after the first denial); `results` holds every policy's result, in order."""
-    results = tuple(r for d in decisions for r in d.results)
-    degraded = any(d.degraded for d in decisions)
-    denied = [d for d in decisions if not d.allowed]
+    results: tuple[PolicyResult, ...] = ()
+    shadow: tuple[PolicyResult, ...] = ()
+    degraded = False
+    denied: list[Decision] = []
+    for decision in decisions:  # one pass: this runs on every request
+        results += decision.results
+        shadow += decision.shadow
+        degraded = degraded or decision.degraded
+        if not decision.allowed:
+            denied.append(decision)
     if not denied and len(decisions) == expected:
         if len(decisions) == 1 and not degraded:
             return decisions[0]
-        return Decision.from_results(results, degraded=degraded, shadow=tuple(r for d in decisions for r in d.shadow))
+        return Decision.from_results(results, degraded=degraded, shadow=shadow)
     worst = max(denied, key=lambda d: d.retry_after if d.retry_after is not None else 0.0) if denied else None
-    shadow = tuple(r for d in decisions for r in d.shadow)
     if worst is None:
         return Decision(False, 0, 0, 0.0, None, "", results, degraded, shadow)
     return dataclasses.replace(worst, allowed=False, results=results, degraded=degraded, shadow=shadow)

@@ -24,7 +24,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
@@ -172,8 +172,8 @@ def _plan(request: HttpRequest, raw_key: str | None, cost: int, scope: str, user
     return RequestPlan(checks, tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug)
 
 
-@dataclass(frozen=True, slots=True)
-class _Known:
+# a NamedTuple: one is made for every request, in a fraction of a frozen dataclass's time
+class _Known(NamedTuple):
     """What `plan_request` knows before it looks at the key or the user."""
 
     config: LimitConfig

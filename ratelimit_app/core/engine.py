@@ -145,6 +145,12 @@ def _plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, m
 def _digest(identity: str) -> bytes:
     if type(identity) is not str or not identity:
         raise ValueError(f"identity: expected a non-empty string, got {identity!r:.80}")
+    return _hashed(identity)
+
+
+@lru_cache(maxsize=8192)
+def _hashed(identity: str) -> bytes:
+    """The digest of a valid identity; cached, since a client's identity comes back with its every request."""
     return hexlify(hashlib.blake2b(identity.encode("utf-8", "surrogatepass"), digest_size=12).digest())
 
 
