@@ -58,8 +58,8 @@
 -- are shadows (engine.parse_reply sets them apart).
 -- Upgrades: the previous release kept each policy in a key of its own (KEYS[m + i]), in the format
 -- its entry has now. When a rate policy has no entry and such keys are sent, they are read (one
--- EXISTS for all of them, then one MGET when any exists; never the keys that are a policy's own today),
--- so an upgrade neither loses state nor grants extra units. The charge writes only the identity's key;
+-- EXISTS for all of them, then, when any exists, a GET of the policy's own: never a long log's key in
+-- an MGET), so an upgrade neither loses state nor grants extra units. The charge writes only the identity's key;
 -- the old keys expire with their TTL (reset deletes them). A long log is read from its key, which has
 -- the name and the format of the previous layout's: its upgrade is that read. A log whose limit was
 -- lowered below LONG_LOG_UNITS is read from its key the same way (its hint is no short log).
@@ -161,7 +161,7 @@ while position <= #numbers do
     end
     if not stored and key_count > m then
       -- Upgrades: no entry yet; the policy's key in the previous layout may hold its state
-      -- (one EXISTS for all of them; then each policy reads its own, never a long log's in one MGET)
+      -- (one EXISTS for all of them, then a GET of its own)
       if legacy == nil then legacy = call('EXISTS', unpack_list(KEYS, m + 1, key_count)) > 0 end
       if legacy then stored = call('GET', KEYS[m + n]) end
     end

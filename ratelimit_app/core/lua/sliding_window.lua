@@ -48,14 +48,17 @@ local function sliding_window(stored, now_us, limit, period_ms, capacity, cost)
   local period_us = period_ms * 1000
   local since = now_us - period_us  -- a unit admitted at t is live while t > since
   local key = type(capacity) == 'string' and capacity  -- a long log's key
+  -- where the log stands: its units (count), the first live one (0-based; false until known), the newest;
+  -- `log` is the whole log when it was read whole (a short log, or a long one without a usable hint)
+  local log, count, first, newest, head, key_expiry = false, 0, false, 0, 0, 0
   if key then
     capacity = limit
     if stored and #stored == 20 then
       -- the hint: where the live units start, read in chunks that double from there (the first chunk
       -- starts one unit before it, which must have left the window)
-      local _, head, newest, key_expiry = unpack('>c1I6I7I6', stored)
-      local count = call('STRLEN', key) / 7
-      local first = false  -- the first live unit (0-based); false: the hint does not fit the key
+      local _
+      _, head, newest, key_expiry = unpack('>c1I6I7I6', stored)
+      count = call('STRLEN', key) / 7
       if count > 0 and count == floor(count) and head <= count then
         if newest <= since then
           first = count
@@ -81,77 +84,63 @@ local function sliding_window(stored, now_us, limit, period_ms, capacity, cost)
           end
         end
       end
-      if first then
-        local used = count - first
-        local remaining = limit - used
-        if remaining < 0 then remaining = 0 end
-        local reset_us = 0
-        if used > 0 then reset_us = newest + period_us - now_us end
-        if cost > capacity then
-          return false, remaining, reset_us, -1
-        end
-        if used + cost > limit then
-          local at = first + used + cost - limit - 1
-          local oldest = unpack('>I7', call('GETRANGE', key, 7 * at, 7 * at + 6))
-          return false, remaining, reset_us, oldest + period_us - now_us
-        end
-        local stamp = now_us
-        if newest > stamp then stamp = newest end
-        local added = rep(pack('>I7', stamp), cost)
-        local needed = ceil(stamp / 1000) + period_ms  -- when the newest unit leaves the window (ms)
-        if first >= LONG_LOG_TRIM and 2 * first >= count then
-          -- as many units left the window as are live: the key is rewritten with the live ones
-          key_expiry = needed + period_ms
-          return true, remaining, reset_us, 0, {pack('>c1I6I7I6', 'L', 0, stamp, key_expiry),
-            {'SET', key, call('GETRANGE', key, 7 * first, -1) .. added, 'PXAT', format('%d', key_expiry)}},
-            period_us
-        end
-        local write = {false, {'APPEND', key, added}}
-        if key_expiry < needed then
-          key_expiry = needed + period_ms
-          write[3] = {'PEXPIREAT', key, format('%d', key_expiry)}
-        end
-        write[1] = pack('>c1I6I7I6', 'L', first, stamp, key_expiry)
-        return true, remaining, reset_us, 0, write, period_us
-      end
     end
     -- no usable hint: the log is read whole, from the short log of its entry (its limit was raised) or
-    -- from its key, and charged below as a short one, then written to its key
-    if not stored or #stored % 7 ~= 0 then stored = call('GET', key) end
+    -- from its key
+    if not first and (not stored or #stored % 7 ~= 0) then stored = call('GET', key) end
   end
-  local log = stored or ''
-  local count = floor(#log / 7)
-  -- first live unit (0-based), by binary search: the log is sorted
-  local first, last = 0, count
-  while first < last do
-    local middle = floor((first + last) / 2)
-    if unpack('>I7', log, 7 * middle + 1) > since then last = middle else first = middle + 1 end
+  if not first then
+    log = stored or ''
+    count = floor(#log / 7)
+    -- first live unit (0-based), by binary search: the log is sorted
+    local last = count
+    first = 0
+    while first < last do
+      local middle = floor((first + last) / 2)
+      if unpack('>I7', log, 7 * middle + 1) > since then last = middle else first = middle + 1 end
+    end
+    newest = 0
+    if count > first then newest = unpack('>I7', log, 7 * count - 6) end
   end
   local used = count - first
   local remaining = limit - used
   if remaining < 0 then remaining = 0 end
-  local newest = 0
   local reset_us = 0
-  if used > 0 then
-    newest = unpack('>I7', log, 7 * count - 6)
-    reset_us = newest + period_us - now_us
-  end
+  if used > 0 then reset_us = newest + period_us - now_us end
   if cost > capacity then
     return false, remaining, reset_us, -1
   end
   if used + cost > limit then
     -- the request fits once the (used + cost - limit) oldest live units have left the window
-    local oldest = unpack('>I7', log, 7 * (first + used + cost - limit - 1) + 1)
+    local at = first + used + cost - limit - 1
+    local oldest
+    if log then oldest = unpack('>I7', log, 7 * at + 1) else
+      oldest = unpack('>I7', call('GETRANGE', key, 7 * at, 7 * at + 6))
+    end
     return false, remaining, reset_us, oldest + period_us - now_us
   end
   local stamp = now_us
   if newest > stamp then stamp = newest end
   local added = rep(pack('>I7', stamp), cost)
-  if first > 0 or #log ~= 7 * count then log = sub(log, 7 * first + 1, 7 * count) end
-  if key then
-    local key_expiry = ceil(stamp / 1000) + 2 * period_ms
-    return true, remaining, reset_us, 0, {pack('>c1I6I7I6', 'L', 0, stamp, key_expiry),
-      {'SET', key, log .. added, 'PXAT', format('%d', key_expiry)}}, period_us
+  if log and (first > 0 or #log ~= 7 * count) then log = sub(log, 7 * first + 1, 7 * count) end
+  if not key then
+    return true, remaining, reset_us, 0, log .. added, period_us
   end
-  return true, remaining, reset_us, 0, log .. added, period_us
+  -- a long log's write: its key, then its hint
+  local needed = ceil(stamp / 1000) + period_ms  -- when the newest unit leaves the window (ms)
+  local write
+  if log or (first >= LONG_LOG_TRIM and 2 * first >= count) then
+    -- read whole, or as many units left the window as are live: the key is written with the live ones
+    if not log then log = call('GETRANGE', key, 7 * first, -1) end
+    key_expiry, first = needed + period_ms, 0
+    write = {false, {'SET', key, log .. added, 'PXAT', format('%d', key_expiry)}}
+  else
+    write = {false, {'APPEND', key, added}}
+    if key_expiry < needed then
+      key_expiry = needed + period_ms
+      write[3] = {'PEXPIREAT', key, format('%d', key_expiry)}
+    end
+  end
+  write[1] = pack('>c1I6I7I6', 'L', first, stamp, key_expiry)
+  return true, remaining, reset_us, 0, write, period_us
 end
