@@ -2,9 +2,9 @@
 `python -m tests.eventlet_server PORT` (tests/test_gevent_live.py). Gunicorn removed its eventlet
 worker in version 26, so this is how an eventlet deployment serves Django today.
 
-Nothing here fakes Redis: `eventlet.monkey_patch()` makes the standard library's sockets and threads
-green, and the server's limiter talks to the real Redis server the test names (through its counting
-TCP proxy), exactly as under gunicorn's gevent worker."""
+The limiter here talks to the real Redis server the test names (through the test's counting TCP proxy),
+exactly as under gunicorn's gevent worker; `eventlet.monkey_patch()` only makes the standard library's
+sockets and threads green, as every eventlet deployment does."""
 
 from __future__ import annotations
 
