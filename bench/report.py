@@ -603,6 +603,7 @@ def asgi_section(section: AsgiSection) -> list[str]:
                 "appends to, so its cost does not grow with the log (bench/hot_identity.py, docs/algorithms.md).",
                 "",
             ]
+        lines += _floor_budget(by, section.profile)
         lines += _asgi_profile_table(section.profile)
         if http.ours_headers:
             lines += ["Headers our async middleware added to a response of the run:", "", "```",
@@ -628,6 +629,29 @@ def _script_share(section: AsgiSection) -> list[str]:
             f"running the tier's script than the INCR script (`usec_per_call` of each, "
             f"{_median(timing.usec['tier']):.1f} vs {_median(timing.usec['incr']):.1f} µs, measured in this run as "
             "in section 5).", ""]
+
+
+def _floor_budget(by: dict[str, Any], profile: AsgiProfile | None) -> list[str]:
+    """What the floor target leaves our middleware. uvicorn serves from one process: when each row keeps
+    about one core busy, requests/s is 1 / the process' CPU per request, and the target bounds the CPU our
+    middleware may add over the floor's."""
+    if not {"async-evalsha", "async-ours"} <= set(by):
+        return []
+    rows = [r for r in by.values() if r.app_cpu > 0 and r.per_second > 0]
+    cores = [r.per_second * r.app_cpu for r in rows]
+    floor, ours = by["async-evalsha"], by["async-ours"]
+    allowed = floor.app_cpu / HTTP_TARGET
+    line = (f"What the {HTTP_TARGET}x target leaves our middleware: in every row, uvicorn's one process keeps "
+            f"{min(cores):.2f} to {max(cores):.2f} of a core busy (requests/s times CPU per request), so its "
+            f"requests/s is one core divided by its CPU per request, and the target bounds that CPU: at most "
+            f"{_us(allowed)} µs per request, {_us(allowed - floor.app_cpu)} µs over the floor's {_us(floor.app_cpu)}, "
+            "for all that the middleware does (who the client is, its plan, the call and its reply, the metrics, "
+            f"the headers, and the Django and uvicorn work they cause). Ours adds {_us(ours.app_cpu - floor.app_cpu)}"
+            " µs.")
+    if profile is not None and not profile.note and "async-ours" in profile.per_request:
+        own = sum(v for part, v in profile.per_request["async-ours"].items() if part.startswith("ours:"))
+        line += f" The profile below puts {_us(own)} µs per request of GIL time in our own code alone."
+    return [line, ""]
 
 
 def _rate_and_cpu(by: dict[str, Any]) -> list[str]:
