@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from devtools.embedded import RedisProcess, start_redis
-from ratelimit_app import Decision, Policy, RateLimiter
+from ratelimit_app import Decision, Policy, PolicyResult, RateLimiter
 from ratelimit_app import metrics as metrics_module
 from ratelimit_app.core.denycache import RESET_CHECK_INTERVAL, DenyCache
 from ratelimit_app.core.scripts import decide_source
@@ -405,6 +405,35 @@ def test_a_denial_decided_before_a_reset_is_not_cached_after_it() -> None:
     assert len(cache) == 0
     cache.remember(("k",), ("key:a",), [denial], time.monotonic(), cache.generation)
     assert len(cache) == 1
+
+
+def test_a_cached_denial_is_shifted_by_whole_milliseconds_never_early_shadow_included() -> None:
+    cache = DenyCache(10)
+    burst = PolicyResult("burst", False, 3, 0, 4.0, 4.0)
+    dry = PolicyResult("dry", False, 1, 0, 9.0, 9.0)
+    denial = Decision(False, 3, 0, 4.0, 4.0, "burst", (burst,), False, (dry,))
+    cache.remember(("k",), ("key:a",), [denial], 100.0)
+    [later] = cache.get(("k",), 101.2347) or []
+    # 1.2347 s later: shifted by 1.234 s, never below the exact 2.7653 s (a client is never early)
+    assert later.retry_after == pytest.approx(2.766) and later.results[0].retry_after == pytest.approx(2.766)
+    assert later.reset_after == pytest.approx(2.766) and later.results[0].remaining == 0
+    assert later.shadow[0].retry_after == pytest.approx(7.766) and later.would_block == ("dry",)
+
+
+def test_lookups_within_one_millisecond_share_one_shifted_denial() -> None:
+    cache = DenyCache(10)
+    denial = Decision(False, 3, 0, 4.0, 4.0, "burst", (PolicyResult("burst", False, 3, 0, 4.0, 4.0),), False)
+    cache.remember(("k",), ("key:a",), [denial], 100.0)
+    first, same = cache.get(("k",), 100.5001), cache.get(("k",), 100.5009)
+    assert first is not None and same is not None and first is not same  # each caller its own list ...
+    assert same[0] is first[0]  # ... of the same (immutable) decision, made once for the millisecond
+    after = cache.get(("k",), 100.5012)
+    assert after is not None and after[0] is not first[0] and after[0].retry_after == pytest.approx(3.499)
+    # a denial remembered again is a new entry: never answered with the old one's shifted copy
+    cache.remember(("k",), ("key:a",), [denial], 100.5)
+    again = cache.get(("k",), 100.5012)
+    assert again is not None and again[0].retry_after == pytest.approx(3.999)
+    assert cache.hits == 4
 
 
 def test_the_deny_cache_is_bounded(settings: Any, server: RedisProcess) -> None:

@@ -9,6 +9,11 @@ Redis that lost its data; both are documented in docs/operations.md. Only denial
 policies are cached (never "refused because a sibling identity denied", never a degraded answer).
 
 The cache is bounded: when full, expired entries are dropped first, then the oldest entries.
+
+A cached denial is answered with its times (reset_after, retry_after) shifted by the whole milliseconds
+since Redis made it: Redis' reply is in whole milliseconds itself, a shifted time is never shorter than
+the exact one (a client that waits it is never early), and every lookup of one entry within the same
+millisecond shares one shifted copy of the (immutable) decisions instead of building its own.
 """
 
 from __future__ import annotations
@@ -32,6 +37,19 @@ RESET_CHECK_INTERVAL = 0.5
 _EPOCH_TTL_SECONDS = 86400
 
 
+class _Entry:
+    """One cached denial: denied until `until` (monotonic seconds), decided at or after `started`, the
+    identities it involves, and its decisions as last shifted: (whole milliseconds since `started`, the
+    decisions shifted by them), None before the first lookup."""
+
+    __slots__ = ("decisions", "identities", "shifted", "started", "until")
+
+    def __init__(self, until: float, started: float, decisions: tuple[Decision, ...],
+                 identities: tuple[str, ...]) -> None:
+        self.until, self.started, self.decisions, self.identities = until, started, decisions, identities
+        self.shifted: tuple[int, list[Decision]] | None = None
+
+
 class DenyCache:
     """Decisions of denied requests, keyed by the exact request, until their retry time.
 
@@ -43,8 +61,7 @@ class DenyCache:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size: {size!r} must be an integer >= 1")
         self.size = size
-        # key -> (denied until, moment of the denial, decisions, identities)
-        self._entries: dict[Hashable, tuple[float, float, list[Decision], tuple[str, ...]]] = {}
+        self._entries: dict[Hashable, _Entry] = {}
         self._lock = threading.Lock()
         self.hits = 0
         #: Changes whenever entries are dropped by `forget` or `clear`; a denial whose request started under
@@ -59,15 +76,18 @@ class DenyCache:
         entry = self._entries.get(key)
         if entry is None:
             return None
-        until, started, decisions, _ = entry
-        if now >= until:
+        if now >= entry.until:
             with self._lock:
                 if self._entries.get(key) is entry:
                     del self._entries[key]
             return None
         self.hits += 1  # a statistic: an occasional lost increment under contention is acceptable
-        elapsed = now - started
-        return [_shift(decision, elapsed) for decision in decisions]
+        elapsed_ms = int((now - entry.started) * 1000)
+        shifted = entry.shifted  # (one read: another thread may replace it meanwhile, with an equal copy)
+        if shifted is None or shifted[0] != elapsed_ms:
+            shifted = (elapsed_ms, [_shift(decision, elapsed_ms / 1000) for decision in entry.decisions])
+            entry.shifted = shifted
+        return list(shifted[1])
 
     def remember(self, key: Hashable, identities: tuple[str, ...], decisions: Sequence[Decision],
                  started: float, generation: int | None = None) -> None:
@@ -87,16 +107,16 @@ class DenyCache:
                 return
             entries = self._entries
             if key not in entries and len(entries) >= self.size:
-                for stale in [k for k, v in entries.items() if v[0] <= started]:
+                for stale in [k for k, v in entries.items() if v.until <= started]:
                     del entries[stale]
                 while len(entries) >= self.size:
                     del entries[next(iter(entries))]
-            entries[key] = (until, started, list(decisions), identities)
+            entries[key] = _Entry(until, started, tuple(decisions), identities)
 
     def forget(self, identity: str) -> int:
         """Drop every entry that involves `identity` (after a reset); returns how many were dropped."""
         with self._lock:
-            stale = [k for k, v in self._entries.items() if identity in v[3]]
+            stale = [k for k, v in self._entries.items() if identity in v.identities]
             for key in stale:
                 del self._entries[key]
             self.generation += 1
@@ -157,12 +177,14 @@ def _shift_seconds(value: float | None, elapsed: float) -> float | None:
     return max(value - elapsed, 0.001)
 
 
+def _shift_results(results: tuple[PolicyResult, ...], elapsed: float) -> tuple[PolicyResult, ...]:
+    return tuple(PolicyResult(r.policy, r.allowed, r.limit, r.remaining, max(r.reset_after - elapsed, 0.0),
+                              _shift_seconds(r.retry_after, elapsed)) for r in results)
+
+
 def _shift(decision: Decision, elapsed: float) -> Decision:
-    """The same denial, as seen `elapsed` seconds after Redis made it."""
-    results = tuple(
-        PolicyResult(r.policy, r.allowed, r.limit, r.remaining, max(r.reset_after - elapsed, 0.0),
-                     _shift_seconds(r.retry_after, elapsed))
-        for r in decision.results
-    )
+    """The same denial, as seen `elapsed` seconds after Redis made it (its shadow results too)."""
     return Decision(decision.allowed, decision.limit, decision.remaining, max(decision.reset_after - elapsed, 0.0),
-                    _shift_seconds(decision.retry_after, elapsed), decision.policy, results, decision.degraded)
+                    _shift_seconds(decision.retry_after, elapsed), decision.policy,
+                    _shift_results(decision.results, elapsed), decision.degraded,
+                    _shift_results(decision.shadow, elapsed) if decision.shadow else ())
