@@ -603,7 +603,7 @@ def asgi_section(section: AsgiSection) -> list[str]:
                 "appends to, so its cost does not grow with the log (bench/hot_identity.py, docs/algorithms.md).",
                 "",
             ]
-        lines += _floor_budget(by, section.profile)
+        lines += _floor_budget(by)
         lines += _asgi_profile_table(section.profile)
         if http.ours_headers:
             lines += ["Headers our async middleware added to a response of the run:", "", "```",
@@ -631,7 +631,7 @@ def _script_share(section: AsgiSection) -> list[str]:
             "in section 5).", ""]
 
 
-def _floor_budget(by: dict[str, Any], profile: AsgiProfile | None) -> list[str]:
+def _floor_budget(by: dict[str, Any]) -> list[str]:
     """What the floor target leaves our middleware. uvicorn serves from one process: when each row keeps
     about one core busy, requests/s is 1 / the process' CPU per request, and the target bounds the CPU our
     middleware may add over the floor's."""
@@ -648,9 +648,6 @@ def _floor_budget(by: dict[str, Any], profile: AsgiProfile | None) -> list[str]:
             "for all that the middleware does (who the client is, its plan, the call and its reply, the metrics, "
             f"the headers, and the Django and uvicorn work they cause). Ours adds {_us(ours.app_cpu - floor.app_cpu)}"
             " µs.")
-    if profile is not None and not profile.note and "async-ours" in profile.per_request:
-        own = sum(v for part, v in profile.per_request["async-ours"].items() if part.startswith("ours:"))
-        line += f" The profile below puts {_us(own)} µs per request of GIL time in our own code alone."
     return [line, ""]
 
 
