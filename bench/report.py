@@ -631,14 +631,20 @@ def _script_share(section: AsgiSection) -> list[str]:
             "in section 5).", ""]
 
 
+#: requests/s times CPU per request of a process that one core limits (measurement noise either side)
+CORE_BOUND = (0.9, 1.1)
+
+
 def _floor_budget(by: dict[str, Any]) -> list[str]:
     """What the floor target leaves our middleware. uvicorn serves from one process: when each row keeps
     about one core busy, requests/s is 1 / the process' CPU per request, and the target bounds the CPU our
     middleware may add over the floor's."""
     if not {"async-evalsha", "async-ours"} <= set(by):
         return []
-    rows = [r for r in by.values() if r.app_cpu > 0 and r.per_second > 0]
-    cores = [r.per_second * r.app_cpu for r in rows]
+    cores = [r.per_second * r.app_cpu for r in by.values() if r.app_cpu > 0 and r.per_second > 0]
+    # the budget holds only where uvicorn's CPU is what limits its requests/s (and CPU was measured)
+    if len(cores) != len(by) or not all(CORE_BOUND[0] <= c <= CORE_BOUND[1] for c in cores):
+        return []
     floor, ours = by["async-evalsha"], by["async-ours"]
     allowed = floor.app_cpu / HTTP_TARGET
     line = (f"What the {HTTP_TARGET}x target leaves our middleware: in every row, uvicorn's one process keeps "
