@@ -9,6 +9,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from django.db import connections
 
 from ratelimit_app.metrics import flush
 from ratelimit_app.models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit
@@ -129,5 +130,9 @@ def test_staff_run_plans_in_the_admin(live_server: Any, transactional_db: Any, d
             page.screenshot(path=str(ARTIFACTS / "plans-client-rules.png"), full_page=True)
         finally:
             browser.close()
+            # The ORM reads above ran while Playwright's event loop ran in this thread, so Django's
+            # connections (an asgiref Local, per context) gave them a connection of their own that nothing
+            # else closes: left open, it keeps the test database from being dropped at the end of the run.
+            connections.close_all()
     for name in ("shadow-admin", "shadow-dashboard", "override", "calendar", "client-rules"):
         assert (ARTIFACTS / f"plans-{name}.png").stat().st_size > 10_000
