@@ -85,7 +85,8 @@ MATRIX: dict[str, Combination] = {
 
 #: Tests that run on the main combination only: the browser tests need Playwright and Chromium, and the
 #: benchmark smoke test measures the machine, not compatibility.
-MAIN_ONLY = ["tests/test_dashboard_browser.py", "tests/test_plans_browser.py", "tests/test_bench_smoke.py"]
+MAIN_ONLY = ["tests/observability/test_dashboard_browser.py", "tests/test_plans_browser.py",
+             "tests/test_bench_smoke.py"]
 
 _add_pyenv_interpreters(sorted({c.python for c in MATRIX.values()}))
 
@@ -180,7 +181,7 @@ def _follow_the_readme(session: nox.Session, site: Path, section: str) -> None:
                            + f'\nRATELIMIT.update(REDIS_URL={resolve_redis_url()!r}, KEY_PREFIX={prefix!r})\n')
     # urls.py: the README's dashboard include, placed where it says (before the admin's own URLs)
     include_line = next(line.strip() for line in _code_blocks(section, "python")[1].splitlines()
-                        if "ratelimit_app.dashboard" in line)
+                        if "ratelimit_app.observability.dashboard" in line)
     urls_block = _code_blocks(section, "python")[1]
     import_line = "from django.urls import include, path"
     if import_line not in urls_block:

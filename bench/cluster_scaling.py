@@ -3,7 +3,7 @@
     python bench/cluster_scaling.py [--processes 4] [--seconds 3] [--rounds 3]
 
 For each cluster size it starts that many cluster-enabled redis-servers on free loopback ports
-(tests/topology.py, no replicas), then `--processes` client processes each decide the free tier
+(tests/support/topology.py, no replicas), then `--processes` client processes each decide the free tier
 (token_bucket + sliding_window + fixed_window) for new identities through `RateLimiter` on a
 `RedisCluster` client, as fast as they can, for `--seconds`. It reports decisions per second (the
 median of `--rounds` rounds), the share of the decisions each master ran (how the identities' slots
@@ -26,7 +26,7 @@ import redis
 from redis.cluster import ClusterNode, RedisCluster
 
 from ratelimit_app import Policy, RateLimiter
-from tests.topology import start_cluster
+from tests.support.topology import start_cluster
 
 TIER = [
     Policy("burst", "token_bucket", limit=20, period=60, burst=10),

@@ -1,6 +1,6 @@
 """Limiter time per decision while Redis is stopped, black-holed, paused or loses replies (docs/operations.md).
 
-Starts its own redis-server and a TCP proxy (tests/tcp_proxy.py) in front of it; the limiter runs with
+Starts its own redis-server and a TCP proxy (tests/support/tcp_proxy.py) in front of it; the limiter runs with
 production settings (BUDGET_MS 50, socket timeouts 50 ms) except where a row says otherwise. Each row:
 300 decisions of one client during the outage, timed with time.perf_counter around
 `LimiterService.hit`. "breaker" rows use BREAKER_FAILURES = 3 (the default); "every call" rows set it
@@ -31,11 +31,11 @@ import redis  # noqa: E402
 
 from devtools.embedded import start_redis  # noqa: E402
 from ratelimit_app import Policy, RateLimiter  # noqa: E402
-from ratelimit_app.conf import ratelimit_settings  # noqa: E402
-from ratelimit_app.connection import build_client  # noqa: E402
 from ratelimit_app.core.scripts import decide_source  # noqa: E402
-from ratelimit_app.service import LimiterService  # noqa: E402
-from tests.tcp_proxy import TcpProxy  # noqa: E402
+from ratelimit_app.service.conf import ratelimit_settings  # noqa: E402
+from ratelimit_app.service.connection import build_client  # noqa: E402
+from ratelimit_app.service.limiter import LimiterService  # noqa: E402
+from tests.support.tcp_proxy import TcpProxy  # noqa: E402
 
 DECISIONS = 300
 POLICIES = [Policy("day", "sliding_window", limit=1_000_000, period=86400)]

@@ -159,10 +159,10 @@ class Ours:
 
 
 class OursService(Ours):
-    """`ratelimit_app.service.get_limiter().hit(...)`: the call request-handling code makes (settings-built client)."""
+    """`ratelimit_app.service.limiter.get_limiter().hit(...)`: what request handling calls (settings-built client)."""
 
     def __init__(self, policies: list[Any], ctx: Context) -> None:
-        from ratelimit_app.service import get_limiter
+        from ratelimit_app.service.limiter import get_limiter
 
         self.service = get_limiter()
         self.policies = policies
@@ -395,7 +395,7 @@ def _tier(rate: Rate, ctx: Context) -> Limiter:
 
 
 def _service_tier(rate: Rate, ctx: Context) -> Limiter:
-    """`ratelimit_app.service.get_limiter().hit(identity, policies)`: the call request-handling code makes."""
+    """`ratelimit_app.service.limiter.get_limiter().hit(identity, policies)`: the call request-handling code makes."""
     return OursService(tier_policies(rate), ctx)
 
 

@@ -8,7 +8,7 @@ router = SimpleRouter()
 router.register("items", views.ItemViewSet, basename="item")
 
 urlpatterns = [
-    path("admin/", include("ratelimit_app.dashboard")),  # rate-limit dashboard: before admin.site.urls
+    path("admin/", include("ratelimit_app.observability.dashboard")),  # rate-limit dashboard: before admin.site.urls
     path("admin/", admin.site.urls),
     path("health", views.health, name="health"),
     path("api/users", views.users, name="users"),

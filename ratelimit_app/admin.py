@@ -16,11 +16,11 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
-from . import apikeys
 from .core.policies import Policy
-from .lookups import get_lookups
 from .models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
-from .plans import OVERRIDE_FIELDS, apply_overrides
+from .plans import apikeys
+from .plans.compile import OVERRIDE_FIELDS, apply_overrides
+from .plans.lookups import get_lookups
 
 _LIMIT_FIELDS = ("name", "algorithm", "limit", "period", "burst", "calendar", "scope", "enabled", "shadow")
 

@@ -7,9 +7,13 @@ class RateLimitConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, plan_checks  # noqa: F401  (registers the system checks)
-        from .lookups import connect_signals
+        from . import checks  # noqa: F401  (registers the system checks)
+        from .observability import recorder
+        from .plans import checks as plan_checks  # noqa: F401  (registers the checks of stored plans)
+        from .plans.lookups import connect_signals
+        from .service import events
 
+        events.install(recorder)  # the limiter's reports reach the metrics recorder
         connect_signals()  # saving or deleting tiers, limits, keys or user tiers invalidates the caches
         if apps.is_installed("django.contrib.admin"):
             from django.contrib import admin

@@ -26,8 +26,8 @@ from django.db import DatabaseError, router
 from django.urls import URLPattern, URLResolver, get_resolver
 from redis.cluster import RedisCluster
 
-from .conf import ratelimit_settings, read_settings
 from .core.exceptions import REDIS_CLIENT_ERRORS
+from .service.conf import ratelimit_settings, read_settings
 
 #: The oldest Redis server the decision script runs on (SET ... KEEPTTL and PXAT came in 6.2).
 MIN_REDIS_VERSION = (6, 2)
@@ -42,7 +42,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     _, errors = read_settings()
     if errors:
         return [checks.Error(error.message, hint=_SETTINGS_HINT, id="ratelimit.E001") for error in errors]
-    from .connection import get_redis
+    from .service.connection import get_redis
 
     messages: list[checks.CheckMessage] = []
     try:

@@ -1,10 +1,184 @@
-"""The stable import path of the view decorators (`from ratelimit_app.decorators import ratelimit`).
+"""The view decorators: `@ratelimit` (one limit of the view's own), `@limit_concurrency` (requests in flight)
+and `@limit_cost` (the cost, scope and priority of a view under RateLimitMiddleware).
 
-The code lives in ratelimit_app.apply.decorators; this module re-exports its public names.
+`@ratelimit` for plain Django views: one limit, counted per client, decided atomically in Redis.
+
+    from ratelimit_app.decorators import ratelimit
+
+    @ratelimit(rate="10/m", key="ip")
+    def quote(request): ...
+
+    @ratelimit(rate="5/10m", key="header:x-device-id", algorithm="gcra", burst=3, block=False)
+    def upload(request):
+        if request.limited: ...
+
+`key` counts the limit per: "ip" (client IP, trusted proxies only), "user" (the authenticated user,
+else the IP), "header:<name>" (the value of that request header; requests without it share one
+counter), or a callable `key(request) -> str | None` (None: do not limit this request). Each
+decorated view has its own counters; views given the same `group` (and the same rate and algorithm)
+share them. The policy is named `name`, else after the group, else after the view.
+
+Denied with `block=True` (default): 429 JSON `{"error", "tier", "policy", "retry_after"}` with
+`Retry-After`; when Redis is unavailable and RATELIMIT['FAIL_MODE'] refuses: 503. With `block=False`
+the view always runs and `request.limited` says whether the request was over the limit. Responses
+carry the rate limit headers (RATELIMIT['HEADERS']). Every argument is checked when the decorator is
+applied (at import), so a bad rate, key, cost or algorithm fails at startup, naming the view.
+
+Under RateLimitMiddleware (a path it limits, `block=True`, the route's cost), the view's limit is
+decided in the same all-or-nothing Redis call as the per-IP limit and the tier: a request refused by
+any of them charges none of them. Otherwise the decorator decides its limit alone.
+
+`shadow=True` makes the limit a dry run: counted, never refusing, its would-be refusals counted in
+the metrics (`ratelimit_shadow_blocked_total{tier="decorator"}`).
+
+Limits counted by outcome: with `count_if=lambda response: ...`, the limit is checked before the view
+runs (a peek: a client already at the limit gets 429 without running the view) and charged after it,
+only when `count_if(response)` is true. A login view that allows 5 failed attempts per 15 minutes per
+username, successful logins being free:
+
+    @ratelimit(rate="5/15m", key="post:username", count_if=lambda r: r.status_code in (401, 403))
+    def login(request): ...
+
+Concurrency bound: the check and the charge are two Redis calls, so requests in flight between them
+all pass the check. The counter itself never exceeds the limit (each charge is atomic, and a charge
+that no longer fits is refused), but up to `limit + C - 1` matching responses can be served in one
+window, where C is the number of requests for the same key in flight at once (the test suite runs 8
+concurrent clients against a limit of 5 and checks both). Such a limit is decided alone, never joined
+with the middleware's call.
+
+`@limit_concurrency(5, key="user")` caps the requests of one client in flight in the view at once
+(each holds a slot until its response is closed; `lease` seconds at most if the worker dies): refused
+with 429 and `Retry-After: 1`. Same keys, `name`, `group` and `block` as `@ratelimit`.
 """
 
 from __future__ import annotations
 
-from .apply.decorators import limit_concurrency, ratelimit
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
 
-__all__ = ["limit_concurrency", "ratelimit"]
+from .apply.routes import ATTRIBUTE, RouteLimit, ViewT, validate_cost, validate_scope, view_name
+from .apply.shedding import validate_priority
+from .apply.viewlimits import (
+    ConcurrencyLimit,
+    CountIf,
+    DecoratorLimit,
+    KeyFunction,
+    digest_label,
+    key_function_for,
+    plain_label,
+    wrap_view,
+)
+from .core.policies import CONCURRENCY, InvalidPolicy, Policy
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _policy_name(view: Any, block: Any, name: Any, group: Any) -> str:
+    """Check the arguments both decorators share; the policy's name: `name`, else the group's, else
+    the view's (made safe for a policy name)."""
+    if not isinstance(block, bool):
+        raise TypeError(f"block: {block!r} must be True or False")
+    for label, value in (("name", name), ("group", group)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValueError(f"{label}: {value!r} must be a non-empty string")
+    return str(name or _UNSAFE.sub("_", str(group or getattr(view, "__name__", "view")))[:64] or "view")
+
+
+def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sliding_window",
+              burst: int | None = None, block: bool = True, cost: int = 1, name: str | None = None,
+              group: str | None = None, shadow: bool = False,
+              count_if: CountIf | None = None) -> Callable[[ViewT], ViewT]:
+    """Limit a view to `rate` per `key` (see the module docstring).
+
+    `shadow=True`: a dry run. `count_if(response) -> bool`: charge only responses that match, after
+    the view (see the module docstring for its concurrency bound). Every argument is checked when
+    the decorator is applied: a bad rate, algorithm, burst, cost (an integer >= 1), key, name, group,
+    shadow or count_if raises InvalidPolicy / ValueError / TypeError naming the view.
+    """
+
+    def decorate(view: ViewT) -> ViewT:
+        where = f"@ratelimit on {view_name(view)}"
+        try:
+            key_function = key_function_for(key)
+            validate_cost(cost, minimum=1)
+            if count_if is not None and not callable(count_if):
+                raise TypeError(f"count_if: {count_if!r} must be a callable taking the response")
+            policy_name = _policy_name(view, block, name, group)
+            parsed = Policy.parse(rate, name=policy_name, algorithm=algorithm, burst=burst)
+            policy = Policy(parsed.name, parsed.algorithm, limit=parsed.limit, period=parsed.period,
+                            burst=parsed.burst, shadow=shadow)
+        except InvalidPolicy as exc:
+            raise InvalidPolicy(f"{where}: {exc}") from exc
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"{where}: {exc}") from exc
+        # Header values and callable results are user data (a header could even carry an API key): the
+        # metrics see a digest of them, never the value.
+        label_of: Callable[[str], str] = (
+            plain_label if isinstance(key, str) and key in ("ip", "user") else digest_label
+        )
+        return wrap_view(view, DecoratorLimit(policy, group or view_name(view), key_function, label_of, block, cost,
+                                          count_if))
+
+    return decorate
+
+
+def limit_concurrency(slots: int, key: str | KeyFunction = "user", *, lease: float = 60, block: bool = True,
+                      name: str | None = None, group: str | None = None) -> Callable[[ViewT], ViewT]:
+    """Allow at most `slots` requests per `key` in the view at once (see the module docstring).
+
+    A request holds its slot until its response is closed (a streaming response: until its stream is),
+    or for `lease` seconds at most when the worker dies. Every argument is checked when the decorator
+    is applied: bad slots, lease, key, name or group raise InvalidPolicy / ValueError / TypeError
+    naming the view.
+    """
+
+    def decorate(view: ViewT) -> ViewT:
+        where = f"@limit_concurrency on {view_name(view)}"
+        try:
+            key_function = key_function_for(key)
+            policy_name = _policy_name(view, block, name, group)
+            if isinstance(lease, bool) or not isinstance(lease, (int, float)):
+                raise InvalidPolicy(f"lease: {lease!r} must be a number of seconds")
+            policy = Policy(policy_name, CONCURRENCY, limit=slots, period=lease)
+        except InvalidPolicy as exc:
+            raise InvalidPolicy(f"{where}: {str(exc).replace('limit: ', 'slots: ').replace('period: ', 'lease: ')}"
+                                ) from exc
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"{where}: {exc}") from exc
+        label_of: Callable[[str], str] = (
+            plain_label if isinstance(key, str) and key in ("ip", "user") else digest_label
+        )
+        return wrap_view(view, ConcurrencyLimit(policy, group or view_name(view), key_function, label_of, block, 1))
+
+    return decorate
+
+
+def limit_cost(cost: int = 1, *, scope: str | None = None, methods: Iterable[str] | None = None,
+               priority: str | None = None) -> Callable[[ViewT], ViewT]:
+    """Declare the cost, scope and load-shedding priority of a view (function or class) for
+    RateLimitMiddleware.
+
+    Raises ValueError when applied, naming the view, for a cost outside 0..1e9, an invalid scope name,
+    methods that are not a list of HTTP method names, or a priority other than "critical", "normal"
+    and "low".
+    """
+
+    def decorate(view: ViewT) -> ViewT:
+        try:
+            route = RouteLimit(validate_cost(cost), validate_scope(scope) if scope else "", _methods(methods),
+                               validate_priority(priority) if priority is not None else None)
+        except ValueError as exc:
+            raise ValueError(f"@limit_cost on {view_name(view)}: {exc}") from exc
+        setattr(view, ATTRIBUTE, route)
+        return view
+
+    return decorate
+
+
+def _methods(methods: Iterable[str] | None) -> frozenset[str] | None:
+    if methods is None:
+        return None
+    if isinstance(methods, str) or not all(isinstance(m, str) and m.isalpha() for m in methods):
+        raise ValueError(f"methods: {methods!r} must be a list of HTTP method names such as ['POST']")
+    return frozenset(m.upper() for m in methods)

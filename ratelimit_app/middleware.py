@@ -1,10 +1,265 @@
-"""The stable import path of the middleware (`"ratelimit_app.middleware.RateLimitMiddleware"` in MIDDLEWARE).
+"""`RateLimitMiddleware`: limits every request under RATELIMIT['PATH_PREFIXES'] (default `/api/`).
 
-The code lives in ratelimit_app.apply.middleware; this module re-exports its public names.
+Add it after AuthenticationMiddleware (so session users get their tier):
+
+    MIDDLEWARE = [..., "django.contrib.auth.middleware.AuthenticationMiddleware",
+                  "ratelimit_app.middleware.RateLimitMiddleware", ...]
+
+The decision is made in `process_view`, once the view is known, so a view can declare its cost and
+scope (`ratelimit_app.decorators.limit_cost`), and the limits of `@ratelimit` on the view are decided in
+the same Redis call. A DRF view with any of our throttles is left to them: the first of them decides
+the per-IP limit, the tier and every throttle of ours in one call, after DRF has authenticated the
+request (if DRF refuses the request before its throttles run, the middleware charges it on the way
+out). A limited path that resolves to no view (404) or that an earlier middleware answered is still
+charged, at cost 1, on the way out. Every limited response carries the rate limit headers; the
+outcome is left on `request.ratelimit` for views (the status endpoint).
+
+Concurrency slots the request took (a tier's concurrency limit, `@limit_concurrency`, a
+`ConcurrencyThrottle`) are given back when the response is closed, or at once when the view raises
+(ratelimit_app.apply.concurrency).
+
+Load shedding (ratelimit_app.apply.shedding): the fleet shedder's count is part of the request's decision
+(503 when it refuses); the process shedder counts this process' requests in flight here and refuses
+low-priority ones at once, without Redis, when RATELIMIT['SHED_PROCESS_LIMIT'] is passed.
+
+The limiter never fails a request: whatever goes wrong inside it follows the fail mode and is logged
+(`ratelimit_app.apply.limiting.safely`).
 """
 
 from __future__ import annotations
 
-from .apply.middleware import REQUEST_ATTRIBUTE, RateLimitMiddleware
+import weakref
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-__all__ = ["REQUEST_ATTRIBUTE", "RateLimitMiddleware"]
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings as django_settings
+from django.http import HttpRequest, HttpResponseBase
+
+from .apply import shedding
+from .apply.concurrency import arelease_pending_now, hold, release_pending_now, release_pending_with
+from .apply.identity import request_ip_identity
+from .apply.limiting import (
+    ALLOWED,
+    LimitCheck,
+    LimitOutcome,
+    alimit_request,
+    asafely,
+    limit_config,
+    limit_request,
+    safely,
+)
+from .apply.responses import REQUEST_ATTRIBUTE, add_headers, overloaded, refusal
+from .apply.routes import DEFERRED_ATTRIBUTE, ViewLimit, defers_to_throttles, route_for_view, view_limit_of
+from .service import events
+from .service.conf import DEFAULTS
+
+#: Request attribute: the requests in flight in this process when this one arrived (process shedder).
+IN_FLIGHT_ATTRIBUTE = "_ratelimit_in_flight"
+
+
+class RateLimitMiddleware:
+    """Identify, limit and annotate API requests (see the module docstring).
+
+    Sync and async capable: under WSGI it runs as a sync middleware; under ASGI it is a coroutine,
+    and its `process_view` is one too, so Django runs both on the event loop and the decision is
+    awaited there (`limiting.alimit_request`), with no thread hop for a warm request.
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+            # Django runs a view middleware method on the loop only when it is a coroutine function
+            self.process_view = self.aprocess_view  # type: ignore[method-assign,assignment]
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        departure = _count_in_flight(request)
+        try:
+            response = self.get_response(request)
+        except BaseException:
+            release_pending_now(request)  # the view raised: no response will be closed
+            if departure is not None:
+                departure()
+            raise
+        late = _late_charge(request)
+        outcome = None if late is None else safely(lambda: limit_request(request, cost=late[0], scope=late[1]),
+                                                  where="middleware")
+        return _finish(request, response, outcome, departure)
+
+    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
+        departure = _count_in_flight(request)
+        try:
+            response = await self.get_response(request)
+        except BaseException:
+            await arelease_pending_now(request)
+            if departure is not None:
+                departure()
+            raise
+        late = _late_charge(request)
+        outcome = None if late is None else await asafely(
+            lambda: alimit_request(request, cost=late[0], scope=late[1]), where="middleware")
+        return _finish(request, response, outcome, departure)
+
+    def process_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
+                     view_kwargs: Any) -> HttpResponseBase | None:
+        limits = _view_limits(request, view_func)
+        if not isinstance(limits, _ViewLimits):
+            return limits
+        outcome = safely(lambda: limit_request(request, cost=limits.cost, scope=limits.scope,
+                                               extra=limits.checks_for(request)), where="middleware")
+        return _admit(request, outcome, limits.cost)
+
+    async def aprocess_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
+                            view_kwargs: Any) -> HttpResponseBase | None:
+        """`process_view` under ASGI (the decision awaited on the event loop)."""
+        limits = _view_limits(request, view_func)
+        if not isinstance(limits, _ViewLimits):
+            return limits
+        outcome = await asafely(lambda: alimit_request(request, cost=limits.cost, scope=limits.scope,
+                                                       extra=lambda: limits.checks_for(request)), where="middleware")
+        return _admit(request, outcome, limits.cost)
+
+
+# a NamedTuple: one is made for every request, in a fraction of a frozen dataclass's time
+class _ViewLimits(NamedTuple):
+    """What the middleware charges a request once its view is known: the route's cost and scope, and
+    the view's own limit (`@ratelimit`, `@limit_concurrency`) when it is decided in the same call."""
+
+    cost: int
+    scope: str
+    view_limit: ViewLimit | None
+
+    def checks_for(self, request: HttpRequest) -> list[LimitCheck]:
+        """The view's own check for `request`, when it joins the request's limits at this cost."""
+        view_limit = self.view_limit
+        if view_limit is None or not view_limit.joins_request_limits:
+            return []
+        if view_limit.cost != self.cost and not getattr(view_limit, "joins_at_any_cost", False):
+            return []
+        check = view_limit.check_for(request)
+        return [check] if check is not None else []
+
+
+def _view_limits(request: HttpRequest, view_func: Callable[..., Any]) -> _ViewLimits | HttpResponseBase | None:
+    """What to charge before the view runs; or the process shedder's 503; or None when the middleware
+    decides nothing here (a path it does not limit, or a view whose DRF throttles decide)."""
+    shed = _process_shed(request, view_func)
+    if shed is not None:
+        return shed
+    if not _applies(request):
+        return None
+    route = route_for_view(view_func)
+    cost = route.cost_for(request.method)
+    if defers_to_throttles(view_func):
+        setattr(request, DEFERRED_ATTRIBUTE, (cost, route.scope))
+        return None
+    return _ViewLimits(cost, route.scope, view_limit_of(view_func))
+
+
+def _admit(request: HttpRequest, outcome: LimitOutcome, cost: int) -> HttpResponseBase | None:
+    """Leave `outcome` on the request; None to let the view run, else the refusal."""
+    setattr(request, REQUEST_ATTRIBUTE, outcome)
+    hold(request, outcome.slots)
+    return None if outcome.status == ALLOWED else refusal(outcome, cost)
+
+
+def _late_charge(request: HttpRequest) -> tuple[int, str] | None:
+    """(cost, scope) to charge on the way out when no decision was made before the view: the URL
+    resolved to no view, an earlier middleware answered, or DRF refused the request before its
+    throttles ran. None when a decision was made or the path is not limited."""
+    if request.__dict__.get(REQUEST_ATTRIBUTE) is not None:
+        return None
+    deferred = request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
+    if deferred is not None:
+        return max(deferred[0], 1), deferred[1]
+    return (1, "") if _applies(request) else None
+
+
+def _finish(request: HttpRequest, response: HttpResponseBase, late: LimitOutcome | None,
+            departure: shedding.Departure | None) -> HttpResponseBase:
+    """The response with the rate limit headers (or the refusal of a late charge), its concurrency
+    slots and the process' count of requests in flight tied to it."""
+    if late is not None:
+        setattr(request, REQUEST_ATTRIBUTE, late)
+        hold(request, late.slots)
+        if late.status != ALLOWED:
+            response = refusal(late)
+        else:
+            add_headers(response, late)
+    else:
+        outcome: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+        if outcome is not None:
+            add_headers(response, outcome)
+    release_pending_with(request, response)
+    if departure is not None:  # this process' count of requests in flight drops when the response is done
+        response._resource_closers.append(departure)  # type: ignore[attr-defined]
+        weakref.finalize(response, departure)
+    return response
+
+
+def _count_in_flight(request: HttpRequest) -> shedding.Departure | None:
+    """Count `request` in this process' requests in flight when the process shedder is on; the
+    Departure takes it out again."""
+    try:
+        if shedding.shed_config().process_limit is None:
+            return None
+    except Exception:  # invalid settings: `check` reports them, the request follows the fail mode
+        return None
+    setattr(request, IN_FLIGHT_ATTRIBUTE, shedding.in_flight.enter())
+    return shedding.Departure()
+
+
+def _process_shed(request: HttpRequest, view_func: Callable[..., Any]) -> HttpResponseBase | None:
+    """503 for a low-priority request while this process has more than SHED_PROCESS_LIMIT requests in
+    flight (no Redis call), else None."""
+    count = request.__dict__.get(IN_FLIGHT_ATTRIBUTE)
+    if count is None:
+        return None
+    try:
+        config = shedding.shed_config()
+        priority = config.priority_for(request, route_for_view(view_func).priority)
+        if not shedding.process_sheds(config, priority, count):
+            if priority == shedding.LOW:
+                shedding.process_episode.record_admitted()
+            return None
+        identity = request_ip_identity(request)
+        events.record_decision(allowed=False, tier="process", policy=f"process-shed.{priority}", degraded=False,
+                                identity=identity)
+        shedding.process_episode.record_shed(priority, {"in_flight": count, "limit": config.process_limit})
+        return overloaded(priority, config.retry_after)
+    except Exception:  # the shedder never fails a request
+        return None
+
+
+def _applies(request: HttpRequest) -> bool:
+    """True when the middleware limits this request's path.
+
+    With invalid settings met at run time (`check` reports them before that), the path prefixes are
+    read from the raw setting when they can be, else the defaults: those requests then follow the fail
+    mode (`safely`), and every other page keeps working.
+    """
+    try:
+        config = limit_config()
+    except Exception:
+        raw = getattr(django_settings, "RATELIMIT", None)
+        raw = raw if isinstance(raw, dict) else {}
+        prefixes, exempt = raw.get("PATH_PREFIXES", DEFAULTS["PATH_PREFIXES"]), raw.get(
+            "EXEMPT_PATHS", DEFAULTS["EXEMPT_PATHS"])
+        if not _is_path_list(prefixes):
+            prefixes = DEFAULTS["PATH_PREFIXES"]
+        if not _is_path_list(exempt):
+            exempt = DEFAULTS["EXEMPT_PATHS"]
+        path = request.path_info
+        return path.startswith(tuple(prefixes)) and not path.startswith(tuple(exempt))
+    return config.enabled and config.applies(request.path_info)
+
+
+def _is_path_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)

@@ -1,6 +1,6 @@
 """Plans ("tiers"), their limits, API keys and per-user tier assignments, as staff edit them in the admin.
 
-Request handling never reads these models directly: `ratelimit_app.lookups` caches what it needs
+Request handling never reads these models directly: `ratelimit_app.plans.lookups` caches what it needs
 (frozen `TierInfo` / `KeyInfo` values) and is invalidated when any of these rows is saved or deleted.
 """
 
@@ -17,10 +17,10 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
-from . import apikeys
-from .conf import IP_POLICY_NAME
 from .core.calendars import CALENDAR_PERIODS, is_valid_time_zone
 from .core.policies import ALL_ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
+from .plans import apikeys
+from .service.conf import IP_POLICY_NAME
 
 FAIL_MODE_CHOICES = [
     ("", "Default (RATELIMIT['FAIL_MODE'])"),

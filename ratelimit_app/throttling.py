@@ -1,26 +1,378 @@
-"""The stable import path of the DRF throttles (`"ratelimit_app.throttling.UserRateThrottle"` in
-REST_FRAMEWORK's DEFAULT_THROTTLE_CLASSES, and the others).
+"""DRF throttles backed by the limiter: the request's tier, and atomic drop-ins for DRF's own throttles.
 
-The code lives in ratelimit_app.apply.throttling and ratelimit_app.apply.jointthrottle; this module
-re-exports their public names.
+- `TierRateThrottle` enforces the request's tier exactly as RateLimitMiddleware does (per-IP limit,
+  then the key's, user's or anonymous tier; the view's `throttle_scope` selects scoped limits).
+- `AnonRateThrottle`, `UserRateThrottle`, `ScopedRateThrottle` replace DRF's classes of the same names
+  and are subclasses of them (and of `SimpleRateThrottle`): same settings (`DEFAULT_THROTTLE_RATES`,
+  `NUM_PROXIES`, a `THROTTLE_RATES` or `rate` class attribute, `throttle_scope`), same overridable
+  methods (`get_cache_key`, `get_ident`, `get_rate`, `parse_rate`, `throttle_success`,
+  `throttle_failure`, `wait`), but each decision is atomic in Redis (DRF's read-then-write cache
+  throttle over-admits under concurrency), and rates are read at request time, so
+  `override_settings` reaches them. docs/usage.md has the full compatibility table.
+
+All of our throttles on one view, and the middleware's per-IP and tier limits, are decided in ONE
+all-or-nothing Redis call when DRF asks the first of them: a request refused by any limit is charged
+to none, and each throttle's `allow_request` answers for its own limits. `wait()` returns the
+limiter's retry time, so DRF answers 429 with `Retry-After`.
+
+`allow_request` is sync, and stays so under ASGI: Django runs a sync DRF view in `sync_to_async`, and
+adrf (async DRF) runs a view's `initial()`, throttles included, in `sync_to_async` too, so the decision
+is made with the sync engine in that worker thread, never on the event loop (tests/test_adrf.py).
 """
 
 from __future__ import annotations
 
-from .apply.jointthrottle import ClientRefused, InvalidApiKey, LimiterUnavailable, Overloaded, RateLimitHeadersMixin
-from .apply.throttling import (
-    AnonRateThrottle,
-    AtomicRateThrottle,
-    ConcurrencyThrottle,
-    ScopedRateThrottle,
-    TierRateThrottle,
-    UserRateThrottle,
-    check_throttle_settings,
-    parse_throttle_rate,
-)
+import contextlib
+import hashlib
+import re
+from functools import lru_cache
+from typing import Any, ClassVar
 
-__all__ = [
-    "AnonRateThrottle", "AtomicRateThrottle", "ClientRefused", "ConcurrencyThrottle", "InvalidApiKey",
-    "LimiterUnavailable", "Overloaded", "RateLimitHeadersMixin", "ScopedRateThrottle", "TierRateThrottle",
-    "UserRateThrottle", "check_throttle_settings", "parse_throttle_rate",
-]
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.urls import get_resolver
+from rest_framework import throttling as drf_throttling
+from rest_framework.request import Request
+from rest_framework.settings import api_settings
+
+from .apply.drf import ClientRefused as ClientRefused
+from .apply.drf import InvalidApiKey as InvalidApiKey
+from .apply.drf import JointThrottle, RateLimitHeadersMixin, django_request_of
+from .apply.drf import LimiterUnavailable as LimiterUnavailable
+from .apply.drf import Overloaded as Overloaded
+from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity
+from .apply.limitcheck import LimitCheck
+from .core.policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
+
+_POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@checks.register("ratelimit")
+def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """DEFAULT_THROTTLE_RATES parse (ratelimit.E010); every `throttle_scope` of a view with our
+    ScopedRateThrottle has a rate (E011); throttles in use (DEFAULT_THROTTLE_CLASSES and the views of
+    the URLconf) override nothing ours ignore (W010); X-Forwarded-For ignored because NUM_PROXIES is
+    None and no RATELIMIT['TRUSTED_PROXIES'] are set (W011); a view whose throttles may take
+    concurrency slots (ConcurrencyThrottle, TierRateThrottle) with neither RateLimitMiddleware nor
+    RateLimitHeadersMixin to give them back (W012)."""
+    rates = api_settings.DEFAULT_THROTTLE_RATES or {}
+    messages = _rate_errors(rates)
+    defaults: Any = api_settings.DEFAULT_THROTTLE_CLASSES or ()  # imported classes (the stubs say strings)
+    used_throttles: set[type] = {t for t in defaults if isinstance(t, type) and issubclass(t, AtomicRateThrottle)}
+    with contextlib.suppress(Exception):  # the URLconf's own errors are reported by Django's checks
+        for view_class in _drf_view_classes(get_resolver().url_patterns):
+            throttles = [t for t in getattr(view_class, "throttle_classes", ()) or () if isinstance(t, type)]
+            used_throttles.update(t for t in throttles if issubclass(t, AtomicRateThrottle))
+            messages += _view_messages(view_class, throttles, rates)
+    messages += _override_warnings(used_throttles)
+    messages += _proxy_warning()
+    return messages
+
+
+def _rate_errors(rates: dict[str, Any]) -> list[checks.CheckMessage]:
+    """ratelimit.E010 for each rate of DEFAULT_THROTTLE_RATES that does not parse."""
+    messages: list[checks.CheckMessage] = []
+    for scope, rate in rates.items():
+        if rate is None:
+            continue
+        try:
+            parse_throttle_rate(str(rate))
+        except InvalidPolicy as exc:
+            messages.append(checks.Error(
+                f"REST_FRAMEWORK['DEFAULT_THROTTLE_RATES'][{scope!r}] = {rate!r} is not a rate: {exc}",
+                hint="Use '<requests>/<period>': '100/hour', '10/min', '5/10m', '0/day' (refuse all) or None.",
+                id="ratelimit.E010",
+            ))
+    return messages
+
+
+# the middleware's stable path, and the path of its code
+MIDDLEWARE_PATHS = frozenset({"ratelimit_app.middleware.RateLimitMiddleware"})
+
+
+def _view_messages(view_class: type, throttles: list[type], rates: dict[str, Any]) -> list[checks.CheckMessage]:
+    """ratelimit.W012 (slots nobody gives back) and E011 (a scope without a rate) for one view class."""
+    from django.conf import settings as django_settings
+
+    messages: list[checks.CheckMessage] = []
+    name = f"{view_class.__module__}.{view_class.__qualname__}"
+    middleware_installed = bool(MIDDLEWARE_PATHS.intersection(django_settings.MIDDLEWARE or ()))
+    takes_slots = [t for t in throttles if issubclass(t, (ConcurrencyThrottle, TierRateThrottle))]
+    if takes_slots and not middleware_installed and not issubclass(view_class, RateLimitHeadersMixin):
+        messages.append(checks.Warning(
+            f"{name} uses {takes_slots[0].__name__}, which may take concurrency slots, but neither "
+            "RateLimitMiddleware nor RateLimitHeadersMixin gives them back: each slot would be held until its "
+            "lease runs out.",
+            hint="Add ratelimit_app.middleware.RateLimitMiddleware to MIDDLEWARE, or RateLimitHeadersMixin to "
+                 "the view.", id="ratelimit.W012",
+        ))
+    view_scope = getattr(view_class, "throttle_scope", None)
+    scoped = [t for t in throttles if issubclass(t, ScopedRateThrottle) and "THROTTLE_RATES" not in vars(t)]
+    if view_scope and scoped and view_scope not in rates:
+        messages.append(checks.Error(
+            f"{name}.throttle_scope = {view_scope!r} has no rate in REST_FRAMEWORK['DEFAULT_THROTTLE_RATES']",
+            hint=f"Add DEFAULT_THROTTLE_RATES[{view_scope!r}] (None: not limited).", id="ratelimit.E011",
+        ))
+    return messages
+
+
+def _override_warnings(used_throttles: set[type]) -> list[checks.CheckMessage]:
+    """ratelimit.W010 for each throttle in use that overrides `timer` or `history`."""
+    messages: list[checks.CheckMessage] = []
+    for throttle in sorted(used_throttles, key=lambda t: f"{t.__module__}.{t.__qualname__}"):
+        ignored = [name for name in ("timer", "history") if any(name in vars(k) for k in _own_classes(throttle))]
+        if ignored:
+            messages.append(checks.Warning(
+                f"{throttle.__module__}.{throttle.__qualname__} overrides {', '.join(ignored)}, which "
+                "ratelimit_app throttles never use: time comes from Redis TIME and the history lives in Redis.",
+                hint="Remove the override; see the compatibility table in docs/usage.md.", id="ratelimit.W010",
+            ))
+    return messages
+
+
+def _proxy_warning() -> list[checks.CheckMessage]:
+    """ratelimit.W011 when neither DRF's NUM_PROXIES nor RATELIMIT['TRUSTED_PROXIES'] is set."""
+    try:
+        config = identity_config()
+    except ImproperlyConfigured:
+        return []  # invalid RATELIMIT settings: ratelimit.E001 says which
+    if api_settings.NUM_PROXIES is not None or config.trusted_hops or config.trusted_networks:
+        return []
+    return [checks.Warning(
+        "X-Forwarded-For is ignored by ratelimit_app's throttles: REST_FRAMEWORK['NUM_PROXIES'] is None "
+        "(DRF would trust the spoofable header) and RATELIMIT['TRUSTED_PROXIES'] is not set.",
+        hint="Behind a proxy, set REST_FRAMEWORK['NUM_PROXIES'] or RATELIMIT['TRUSTED_PROXIES'] so clients "
+             "are told apart; otherwise every client counts as the proxy's address. Silence this warning "
+             "with SILENCED_SYSTEM_CHECKS = ['ratelimit.W011'] when no proxy is in front.",
+        id="ratelimit.W011",
+    )]
+
+
+def _own_classes(throttle: type) -> list[type]:
+    """The classes of `throttle`'s MRO written by the project (below our AtomicRateThrottle)."""
+    return [k for k in throttle.__mro__ if issubclass(k, AtomicRateThrottle) and k.__module__ != __name__]
+
+
+def _drf_view_classes(patterns: Any) -> Any:
+    """The view classes of every URL pattern, included ones too."""
+    for pattern in patterns:
+        if hasattr(pattern, "url_patterns"):
+            yield from _drf_view_classes(pattern.url_patterns)
+        else:
+            view_class = getattr(getattr(pattern, "callback", None), "cls", None)
+            if isinstance(view_class, type):
+                yield view_class
+
+
+class TierRateThrottle(JointThrottle):
+    """Enforce the request's tier (see the module docstring); a view may set `throttle_scope`."""
+
+    carries_request_limits = True
+
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        return []  # its limits are the request's own: planned by _joint_decision
+
+
+def parse_throttle_rate(rate: str) -> tuple[int, int | float]:
+    """(requests, seconds) of a DRF rate: ours ("5/10m", "100/hr") or anything DRF's own `parse_rate`
+    reads ("<int>/<period starting with s, m, h or d>"). Raises InvalidPolicy otherwise."""
+    try:
+        return parse_rate(rate)
+    except InvalidPolicy:
+        num, _, period = str(rate).partition("/")
+        try:
+            requests = int(num)
+        except ValueError:
+            requests = -1
+        seconds = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(period[:1])
+        if requests < 0 or seconds is None:
+            raise
+        return requests, seconds
+
+
+@lru_cache(maxsize=1024)
+def _policy(scope: str, rate: str, algorithm: str) -> Policy | None:
+    """The policy of a throttle's scope and rate (None for a rate of 0: refuse every request)."""
+    requests, seconds = parse_throttle_rate(rate)
+    if requests == 0:
+        return None
+    name = scope if _POLICY_NAME.match(scope) else (
+        re.sub(r"[^A-Za-z0-9_.-]", "_", scope)[:50] + "-" + hashlib.blake2b(scope.encode(), digest_size=4).hexdigest()
+    )
+    return Policy(name, algorithm, limit=requests, period=seconds)
+
+
+class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
+    """Base of the drop-ins: DRF's SimpleRateThrottle contract, decided atomically in Redis.
+
+    `get_cache_key(request, view)` names what is limited (None: not this request); it is hashed before
+    it reaches Redis. `algorithm` is any engine algorithm (default sliding_window: exact, like DRF's).
+    """
+
+    algorithm = "sliding_window"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "cache" in cls.__dict__:
+            raise ImproperlyConfigured(
+                f"{cls.__module__}.{cls.__qualname__}.cache: ratelimit_app throttles count in Redis "
+                "(RATELIMIT['REDIS_URL']), never in a Django cache. Remove the attribute, or subclass "
+                "rest_framework.throttling.SimpleRateThrottle to keep DRF's cache throttle."
+            )
+
+    def __init__(self) -> None:
+        # DRF reads the rate here and a bad one would fail the request with a 500: keep the error for
+        # allow_request, where it follows the fail mode (`manage.py check` reports it first: E010).
+        self.config_error: ImproperlyConfigured | None = None
+        try:
+            super().__init__()
+        except ImproperlyConfigured as exc:
+            self.config_error = exc
+
+    def get_rate(self) -> str | None:
+        """The rate of this throttle's scope: from a `THROTTLE_RATES` attribute of a subclass, else
+        from DEFAULT_THROTTLE_RATES read now. ImproperlyConfigured when there is no scope or no rate."""
+        if not getattr(self, "scope", None):
+            raise ImproperlyConfigured(f"You must set either `.scope` or `.rate` for '{type(self).__name__}' throttle")
+        rates = self._throttle_rates()
+        try:
+            return rates[str(self.scope)]
+        except KeyError:
+            raise ImproperlyConfigured(f"No default throttle rate set for '{self.scope}' scope") from None
+
+    def _throttle_rates(self) -> dict[str, Any]:
+        for klass in type(self).__mro__:
+            if klass is AtomicRateThrottle:
+                break
+            if "THROTTLE_RATES" in klass.__dict__:
+                return dict(klass.__dict__["THROTTLE_RATES"])
+        return dict(api_settings.DEFAULT_THROTTLE_RATES or {})
+
+    def parse_rate(self, rate: str | None) -> tuple[int | None, int | float | None]:  # type: ignore[override]
+        # (DRF's stubs say the period is an int; ours may be fractional: "3/500ms")
+        """(requests, seconds) of `rate` ((None, None) for None); ImproperlyConfigured naming the class."""
+        if rate is None:
+            return (None, None)
+        try:
+            return parse_throttle_rate(rate)
+        except InvalidPolicy as exc:
+            raise ImproperlyConfigured(
+                f"{type(self).__name__} (scope {getattr(self, 'scope', None)!r}): rate {rate!r} is not a rate "
+                f"such as '100/hour', '10/min' or '5/10m' ({exc})"
+            ) from None
+
+    def get_ident(self, request: Any) -> str | None:  # type: ignore[override]
+        # (DRF's stubs say str; DRF's own get_ident returns None too, when REMOTE_ADDR is missing)
+        """The client address. With DRF's NUM_PROXIES set (the project's statement of trust), DRF's rule
+        over X-Forwarded-For; with NUM_PROXIES None (DRF's default, which would trust a spoofable
+        header), RATELIMIT['TRUSTED_PROXIES'] decides, and X-Forwarded-For is ignored without them.
+        IPv6 clients are grouped by RATELIMIT['IPV6_PREFIX']. None when the request has no address."""
+        if api_settings.NUM_PROXIES is not None:
+            return super().get_ident(request)
+        address = client_ip(request)
+        if address == UNKNOWN_IP:
+            return None
+        return ip_identity(address, identity_config().ipv6_prefix).removeprefix("ip:")
+
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        """This throttle's check: its rate for the identity `get_cache_key` names."""
+        if self.config_error is not None:
+            raise self.config_error
+        rate = self.rate
+        if rate is None:
+            return []
+        key = self.get_cache_key(request, view)
+        self.key = key
+        self.history: list[float] = []
+        if key is None:
+            return []
+        policy = _policy(str(self.scope or "throttle"), rate, self.algorithm)
+        if policy is None:
+            return None
+        return [LimitCheck(f"throttle:{key}", (policy,), self.owner)]
+
+    def metrics_label(self) -> str:
+        return f"throttle.{self.scope or 'throttle'}"
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        """Like DRF: no rate, no limit; else decided jointly (see JointThrottle.allow_request)."""
+        if getattr(self, "rate", None) is None and self.config_error is None:
+            return True
+        return super().allow_request(request, view)
+
+
+class AnonRateThrottle(AtomicRateThrottle, drf_throttling.AnonRateThrottle):
+    """Limits anonymous clients by address at DEFAULT_THROTTLE_RATES['anon'] (users are not limited)."""
+
+
+class UserRateThrottle(AtomicRateThrottle, drf_throttling.UserRateThrottle):
+    """Limits each user (anonymous clients by address) at DEFAULT_THROTTLE_RATES['user']."""
+
+
+class ScopedRateThrottle(AtomicRateThrottle, drf_throttling.ScopedRateThrottle):
+    """Limits each user (or address) per view scope (`throttle_scope`, any string) at
+    DEFAULT_THROTTLE_RATES[scope]; views without a scope are not limited."""
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        # Like DRF: the scope comes from the view, so it is known only now; no scope, no limit.
+        if not self._read_scope(view):
+            return True
+        return super().allow_request(request, view)
+
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        if not self._read_scope(view):
+            return []
+        return super().limit_checks(request, view)
+
+    def _read_scope(self, view: Any) -> bool:
+        """Take the view's scope and its rate (a bad rate is kept for allow_request); False: no scope."""
+        self.scope = getattr(view, self.scope_attr, None)
+        if not self.scope:
+            return False
+        self.config_error = None
+        try:
+            self.rate = self.get_rate()
+            self.num_requests, self.duration = self.parse_rate(self.rate)
+        except ImproperlyConfigured as exc:
+            self.rate, self.config_error = None, exc
+        return True
+
+
+
+class ConcurrencyThrottle(JointThrottle):
+    """At most `slots` requests of one user (anonymous clients: one address) in flight at once in the
+    views it throttles; each holds a slot until its response is closed, `lease` seconds at most if its
+    worker dies. Refused: 429 with `Retry-After: 1`. Set `slots`, `lease` and `scope` (the policy
+    name, and what views sharing it count together) on a subclass; they are checked when the class is
+    defined. The slot is given back by RateLimitMiddleware or RateLimitHeadersMixin (one is needed).
+    """
+
+    slots: ClassVar[int] = 5
+    lease: ClassVar[float] = 60
+    scope: ClassVar[str] = "concurrency"
+    policy: ClassVar[Policy] = Policy("concurrency", CONCURRENCY, limit=5, period=60)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        try:
+            cls.policy = Policy(cls.scope, CONCURRENCY, limit=cls.slots, period=cls.lease)
+        except InvalidPolicy as exc:
+            raise ImproperlyConfigured(
+                f"{cls.__module__}.{cls.__qualname__}: slots {cls.slots!r}, lease {cls.lease!r}, scope {cls.scope!r}: "
+                f"{exc}"
+            ) from exc
+
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        """One slot per user, else per client address (None address: not limited)."""
+        user = authenticated_user(request)
+        if user is not None:
+            ident = f"user:{user.pk}"
+        else:
+            address = client_ip(django_request_of(request))
+            if address == UNKNOWN_IP:
+                return []
+            ident = ip_identity(address, identity_config().ipv6_prefix)
+        return [LimitCheck(f"throttle:{self.scope}:{ident}", (self.policy,), self.owner)]
+
+    def metrics_label(self) -> str:
+        return f"throttle.{self.scope}"

@@ -2,14 +2,14 @@
 for staff sessions, RATELIMIT['METRICS_TOKEN'] and RATELIMIT['METRICS_ALLOWED_IPS'] only).
 
 The admin dashboard has its own include, to be placed before `admin.site.urls`:
-`path("admin/", include("ratelimit_app.dashboard"))` (see ratelimit_app.dashboard).
+`path("admin/", include("ratelimit_app.observability.dashboard"))` (see ratelimit_app.observability.dashboard).
 """
 
 from __future__ import annotations
 
 from django.urls import path
 
-from .observability.metrics_endpoint import metrics_view  # importable without prometheus-client (check: ratelimit.E004)
+from .observability.metrics_endpoint import metrics_view
 
 urlpatterns = [
     path("metrics", metrics_view, name="ratelimit_metrics"),

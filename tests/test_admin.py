@@ -10,11 +10,10 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 
-from ratelimit_app.apikeys import hash_key
-from ratelimit_app.lookups import build_lookups
 from ratelimit_app.models import ApiKey, Tier, TierLimit
-
-from .limits_support import make_key, poll, seed_tiers
+from ratelimit_app.plans.apikeys import hash_key
+from ratelimit_app.plans.lookups import build_lookups
+from tests.support.limits_support import make_key, poll, seed_tiers
 
 pytestmark = pytest.mark.django_db
 

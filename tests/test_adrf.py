@@ -25,16 +25,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ratelimit_app.throttling import (
-    AnonRateThrottle,
-    ConcurrencyThrottle,
-    RateLimitHeadersMixin,
-    ScopedRateThrottle,
-    TierRateThrottle,
-)
-
-from .limits_support import make_key, make_tier, parse_ietf
-from .tcp_proxy import tcp_proxy
+from ratelimit_app.apply.drf import RateLimitHeadersMixin
+from ratelimit_app.throttling import AnonRateThrottle, ConcurrencyThrottle, ScopedRateThrottle, TierRateThrottle
+from tests.support.limits_support import make_key, make_tier, parse_ietf
+from tests.support.tcp_proxy import tcp_proxy
 
 adrf_views = pytest.importorskip("adrf.views")  # adrf installs wherever the suite runs (requirements-test.txt)
 

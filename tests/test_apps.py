@@ -10,7 +10,7 @@ from pathlib import Path
 from django.contrib import admin
 from django.contrib.admin import AdminSite
 
-from ratelimit_app.dashboard import INDEX_TEMPLATE, install_admin_link
+from ratelimit_app.observability.dashboard import INDEX_TEMPLATE, install_admin_link
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,26 +1,19 @@
-"""The layout holds: the core imports no Django, and no module of ratelimit_app imports itself back
-through another (no import cycles), at import time or inside functions."""
+"""The layout holds (docs/architecture.md): folders are layers and imports run one way, down; no cycles;
+every public name has one home; the core imports no Django; modules and functions stay readable."""
 
 from __future__ import annotations
 
 import ast
-import importlib
-import inspect
 import subprocess
 import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ratelimit_app"
 
-
-def test_the_core_imports_no_django() -> None:
-    modules = sorted(f"ratelimit_app.core.{path.stem}" for path in (PACKAGE / "core").glob("*.py"))
-    code = (f"import sys\nfor name in {modules!r}:\n    __import__(name)\n"
-            "print(sorted(m for m in sys.modules if m == 'django' or m.startswith(('django.', 'rest_framework'))))")
-    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           cwd=PACKAGE.parent)
-    assert found.stdout.strip() == "[]"
-    assert len(modules) >= 10  # the test does look at the core
+#: Lowest first. A module may import from its own layer and the layers below it, never above.
+LAYERS = ("core", "service", "plans", "apply", "entry")
+#: Root modules that belong to a lower layer than the entry points around them (Django finds models.py there).
+ROOT_MODULES_IN_LAYERS = {"ratelimit_app": "core", "ratelimit_app.models": "plans"}
 
 
 def _module_name(path: Path) -> str:
@@ -28,7 +21,11 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path, name: str) -> set[str]:
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts}
+
+
+def _imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
     """The ratelimit_app modules `path` imports, anywhere in it (top level or inside functions)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -39,25 +36,47 @@ def _imports(path: Path, name: str) -> set[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)
+            for alias in node.names:
+                submodule = f"{module}.{alias.name}"
+                found.add(submodule if submodule in modules else module)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-    return found
+    return {m for m in found if m in modules and m != name}
 
 
-def test_no_module_imports_itself_back() -> None:
-    paths = [p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts]
-    modules = {_module_name(p): p for p in paths}
-    graph = {name: {m for m in _imports(path, name) if m in modules and m != name} for name, path in modules.items()}
-    # packages (their __init__) only group modules: an edge into a package is no cycle of ours
-    graph = {name: {m for m in targets if modules[m].name != "__init__.py"} for name, targets in graph.items()}
-    cycles = []
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(path, name, modules) for name, path in modules.items()}
+
+
+def layer_of(module: str) -> str:
+    if module in ROOT_MODULES_IN_LAYERS:
+        return ROOT_MODULES_IN_LAYERS[module]
+    part = module.split(".")[1]
+    return part if part in LAYERS else "entry"
+
+
+def test_imports_run_down_the_layers() -> None:
+    climbs = sorted((name, target) for name, targets in _graph().items() for target in targets
+                    if LAYERS.index(layer_of(target)) > LAYERS.index(layer_of(name)))
+    assert climbs == []
+
+
+def test_every_layer_is_populated() -> None:
+    """The layer table is not vacuous: each layer holds modules (a renamed folder would empty one)."""
+    counts = {layer: 0 for layer in LAYERS}
+    for name in _modules():
+        counts[layer_of(name)] += 1
+    assert all(count >= 3 for count in counts.values()), counts
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles: list[list[str]] = []
     state: dict[str, int] = {}
 
     def visit(node: str, trail: list[str]) -> None:
         state[node] = 1
-        for target in sorted(graph[node]):
+        for target in sorted(graph.get(node, ())):
             if state.get(target) == 1:
                 cycles.append([*trail[trail.index(target):], target])
             elif target not in state:
@@ -67,29 +86,89 @@ def test_no_module_imports_itself_back() -> None:
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
-    assert cycles == []
+    return cycles
 
 
-STABLE_PATHS = ["middleware", "throttling", "decorators", "routes", "limiting", "metrics", "logs", "prometheus",
-                "dashboard"]
+def test_no_module_imports_itself_back() -> None:
+    assert _cycles(_graph()) == []
 
 
-def test_the_stable_paths_are_the_code_itself() -> None:
-    """The root modules users import from (MIDDLEWARE, DEFAULT_THROTTLE_CLASSES, the decorators) hand out the
-    very objects the code defines: a setting naming the root path and one naming the code's path agree."""
-    for stem in STABLE_PATHS:
-        module = importlib.import_module(f"ratelimit_app.{stem}")
-        assert module.__all__, stem
-        for name in module.__all__:
-            value = getattr(module, name)
-            if inspect.isclass(value) or inspect.isfunction(value):
-                home = value.__module__
-                assert home.startswith(("ratelimit_app.apply.", "ratelimit_app.observability.")), (stem, name, home)
-                assert getattr(importlib.import_module(home), name) is value, (stem, name)
+def _part(module: str) -> str:
+    """A folder of the package, or a module at its root (models.py counts as part of plans/, its layer)."""
+    if module == "ratelimit_app.models":
+        return "ratelimit_app.plans"
+    parts = module.split(".")
+    if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir():
+        return ".".join(parts[:2])
+    return module
 
 
-def test_the_apply_folder_holds_every_way_to_apply_limits() -> None:
-    for stem in ["middleware", "throttling", "decorators", "routes", "limiting"]:
-        shim = (PACKAGE / f"{stem}.py").read_text()
-        assert "def " not in shim and "class " not in shim, f"{stem}.py only re-exports"
-        assert (PACKAGE / "apply" / f"{stem}.py").exists()
+def test_no_cycle_between_parts() -> None:
+    parts: dict[str, set[str]] = {}
+    for name, targets in _graph().items():
+        parts.setdefault(_part(name), set()).update(_part(t) for t in targets if _part(t) != _part(name))
+    assert _cycles(parts) == []
+
+
+def test_the_core_imports_no_django() -> None:
+    modules = sorted(name for name in _modules() if layer_of(name) == "core" and name != "ratelimit_app")
+    code = (f"import sys\nfor name in {modules!r}:\n    __import__(name)\n"
+            "print(sorted(m for m in sys.modules if m == 'django' or m.startswith(('django.', 'rest_framework'))))")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=PACKAGE.parent)
+    assert found.stdout.strip() == "[]"
+    assert len(modules) >= 8  # the test does look at the core
+
+
+def _defines_something(tree: ast.Module) -> bool:
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, ast.AnnAssign) else []
+        if any(not (isinstance(t, ast.Name) and t.id == "__all__") for t in targets):
+            return True
+    return False
+
+
+def test_no_module_only_re_exports() -> None:
+    """Every module holds code of its own; only a package's __init__ may just list names."""
+    hollow = [name for name, path in _modules().items()
+              if path.name != "__init__.py" and path.read_text().strip()
+              and not _defines_something(ast.parse(path.read_text()))]
+    assert hollow == []
+
+
+def test_the_roles_users_import_hold_their_code() -> None:
+    """MIDDLEWARE, DEFAULT_THROTTLE_CLASSES and the decorators name the module that defines them."""
+    from ratelimit_app import decorators, middleware, throttling
+
+    assert middleware.RateLimitMiddleware.__module__ == "ratelimit_app.middleware"
+    for name in ("AnonRateThrottle", "UserRateThrottle", "ScopedRateThrottle", "TierRateThrottle"):
+        assert getattr(throttling, name).__module__ == "ratelimit_app.throttling", name
+    for name in ("ratelimit", "limit_concurrency", "limit_cost"):
+        assert getattr(decorators, name).__module__ == "ratelimit_app.decorators", name
+
+
+def test_modules_and_functions_stay_readable() -> None:
+    """No module over 400 lines, no function over 50."""
+    long_modules, long_functions = [], []
+    for name, path in _modules().items():
+        source = path.read_text()
+        if len(source.splitlines()) > 400:
+            long_modules.append(name)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None \
+                    and node.end_lineno - node.lineno + 1 > 50:
+                long_functions.append(f"{name}.{node.name}")
+    assert long_modules == []
+    assert long_functions == []
+
+
+def test_tests_mirror_the_package() -> None:
+    """Each folder of the package has its folder of tests, and the suite's helpers live in tests/support."""
+    tests = PACKAGE.parent / "tests"
+    for folder in ("core", "service", "plans", "apply", "observability"):
+        assert list((tests / folder).glob("test_*.py")), folder
+    loose = [p.name for p in tests.glob("*.py") if not p.name.startswith(("test_", "conftest", "__init__"))]
+    assert loose == []

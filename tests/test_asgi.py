@@ -30,10 +30,9 @@ from django.test import AsyncClient
 from devtools.embedded import RedisProcess
 from ratelimit_app.apply import planning
 from ratelimit_app.middleware import RateLimitMiddleware
-from ratelimit_app.service_async import get_async_limiter
-
-from .limits_support import make_key, parse_ietf, seed_tiers
-from .test_service_async import ticker
+from ratelimit_app.service.limiter_async import get_async_limiter
+from tests.service.test_limiter_async import ticker
+from tests.support.limits_support import make_key, parse_ietf, seed_tiers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,7 +83,7 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> list[Callable[..., Any]]:
 @pytest.fixture
 def planned_in(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The threads in which requests were planned (`planning._plan`, which `plan_request`, called by
-    the sync path of ratelimit_app.limiting, and `aplan_request` both call)."""
+    the sync path of ratelimit_app.apply.limiting, and `aplan_request` both call)."""
     threads: list[int] = []
     original = planning._plan
 

@@ -21,10 +21,9 @@ import redis
 import requests
 
 from devtools.embedded import free_port
-
-from .conftest import delete_prefix
-from .gunicorn_server import prepare_database, start_server, stop_server
-from .limits_support import check_free_burst, race_of_eight_clients
+from tests.conftest import delete_prefix
+from tests.support.gunicorn_server import prepare_database, start_server, stop_server
+from tests.support.limits_support import check_free_burst, race_of_eight_clients
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +52,7 @@ def site(tmp_path_factory: Any, redis_url: str) -> Iterator[Site]:
     tmp = tmp_path_factory.mktemp("asgi")
     prefix = f"rltest-asgi-{os.urandom(6).hex()}"
     env = {**os.environ, "REDIS_URL": redis_url, "RATELIMIT_TEST_PREFIX": prefix,
-           "DJANGO_SETTINGS_MODULE": "tests.asgi_server_settings",
+           "DJANGO_SETTINGS_MODULE": "tests.support.asgi_server_settings",
            "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}", "RATELIMIT_LOG_LEVEL": "WARNING"}
     keys = prepare_database(env, SETUP)
     port = free_port()

@@ -101,7 +101,7 @@ def test_existing_tiers_pass_the_database_check(settings: Any) -> None:
 
 def test_the_redis_version_is_read_from_the_server_itself() -> None:
     from ratelimit_app.checks import server_versions
-    from ratelimit_app.connection import get_redis
+    from ratelimit_app.service.connection import get_redis
 
     client = get_redis()
     assert server_versions(client.info("server")) == {"": client.info("server")["redis_version"]}

@@ -10,10 +10,8 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
 from ratelimit_app import InvalidPolicy
-from ratelimit_app.decorators import ratelimit
-from ratelimit_app.routes import limit_cost
-
-from .limits_support import parse_ietf
+from ratelimit_app.decorators import limit_cost, ratelimit
+from tests.support.limits_support import parse_ietf
 
 pytestmark = pytest.mark.urls(__name__)
 

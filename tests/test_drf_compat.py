@@ -16,8 +16,9 @@ from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
 from devtools.embedded import free_port
-from ratelimit_app import metrics
-from ratelimit_app.routes import limit_cost
+from ratelimit_app.decorators import limit_cost
+from ratelimit_app.observability.queries import recent_metrics
+from ratelimit_app.observability.recorder import flush
 from ratelimit_app.throttling import (
     AnonRateThrottle,
     ScopedRateThrottle,
@@ -25,8 +26,7 @@ from ratelimit_app.throttling import (
     UserRateThrottle,
     check_throttle_settings,
 )
-
-from .limits_support import make_key, make_tier
+from tests.support.limits_support import make_key, make_tier
 
 pytestmark = pytest.mark.urls(__name__)
 factory = APIRequestFactory()
@@ -308,8 +308,8 @@ def test_stacked_tier_and_scoped_throttles_charge_a_refused_request_nothing(clie
     tier = make_tier("stack", [("burst", "fixed_window", 50, 3600, None, ""),
                                ("minute", "sliding_window", 200, 60, None, "")])
     key = make_key(tier)
-    metrics.flush()
-    before = metrics.recent_metrics(hours=2)
+    flush()
+    before = recent_metrics(hours=2)
     responses = [client.get("/api/c/stacked", HTTP_X_API_KEY=key) for _ in range(40)]
     assert [r.status_code for r in responses].count(200) == 30
     assert [r.status_code for r in responses[30:]] == [429] * 10
@@ -320,8 +320,8 @@ def test_stacked_tier_and_scoped_throttles_charge_a_refused_request_nothing(clie
     assert last_allowed["X-RateLimit-Remaining"] == "0"  # the tightest: items 30 -> 0
     remaining = {r.policy: r.remaining for r in refused.wsgi_request.ratelimit.decision.results}
     assert remaining == {"ip": 70, "burst": 20, "minute": 170, "items": 0}  # charged 30 times, not 40
-    assert metrics.flush() is True
-    after = metrics.recent_metrics(hours=2)
+    assert flush() is True
+    after = recent_metrics(hours=2)
     assert (after.allowed - before.allowed, after.blocked - before.blocked) == (30, 10)  # once each
 
 

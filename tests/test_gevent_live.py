@@ -4,7 +4,7 @@ exactly.
 
 Under gevent or eventlet a thread-local is per greenlet, so the sync engine's per-thread connections would grow
 with greenlets; RATELIMIT['CONNECTIONS'] = "auto" takes the pool path there (engine_sync). The server's
-limiter reaches Redis through a counting TCP proxy (tests/tcp_proxy.py), so every connection it opens
+limiter reaches Redis through a counting TCP proxy (tests/support/tcp_proxy.py), so every connection it opens
 is counted exactly; its lookup cache goes straight to Redis and is not counted.
 """
 
@@ -26,10 +26,9 @@ import pytest
 import redis
 
 from devtools.embedded import free_port
-
-from .conftest import delete_prefix
-from .gunicorn_server import prepare_database, start_gunicorn, start_server, stop_server
-from .tcp_proxy import TcpProxy
+from tests.conftest import delete_prefix
+from tests.support.gunicorn_server import prepare_database, start_gunicorn, start_server, stop_server
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 POOL_SIZE = 20  # the limiter pool's max_connections in the server
@@ -80,7 +79,7 @@ def start_green_server(server: str, port: int, env: dict[str, str]) -> Any:
     """One process serving every request in a green thread: gunicorn's gevent worker, or eventlet's
     WSGI server."""
     if server == "eventlet":
-        return start_server([sys.executable, "-m", "tests.eventlet_server", str(port)], port, env)
+        return start_server([sys.executable, "-m", "tests.support.eventlet_server", str(port)], port, env)
     return start_gunicorn(port, env, "--worker-class", "gevent", "--workers", "1", "--worker-connections", "1000",
                           "--backlog", "1024", "--timeout", "120")
 
@@ -92,7 +91,7 @@ def site(request: Any, tmp_path: Path, redis_url: str) -> Iterator[GeventSite]:
     prefix = f"rltest-gevent-{os.urandom(6).hex()}"
     upstream = urlsplit(redis_url)
     database = upstream.path.lstrip("/") or "0"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.gevent_server_settings", "REDIS_URL": redis_url,
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.support.gevent_server_settings", "REDIS_URL": redis_url,
            "RATELIMIT_TEST_PREFIX": prefix, "RATELIMIT_TEST_DB": str(tmp_path / "db.sqlite3"),
            "RATELIMIT_TEST_LIMITER_URL": redis_url, "RATELIMIT_TEST_CONNECTIONS": connections,
            "RATELIMIT_LOG_LEVEL": "WARNING"}

@@ -9,8 +9,7 @@ import pytest
 import requests
 
 from ratelimit_app.models import TierLimit
-
-from .limits_support import check_free_burst, make_key, parse_ietf, race_of_eight_clients, seed_tiers
+from tests.support.limits_support import check_free_burst, make_key, parse_ietf, race_of_eight_clients, seed_tiers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,14 +17,13 @@ from rest_framework.views import APIView
 
 from devtools.embedded import free_port, start_redis
 from project.urls import urlpatterns as demo_urlpatterns
-from ratelimit_app import metrics
-from ratelimit_app.apikeys import generate_key
 from ratelimit_app.apply import limiting
-from ratelimit_app.decorators import ratelimit
+from ratelimit_app.decorators import limit_cost, ratelimit
 from ratelimit_app.models import ApiKey, Tier, UserTier
-from ratelimit_app.routes import limit_cost
-
-from .limits_support import make_key, make_tier, parse_ietf, seed_tiers
+from ratelimit_app.observability.queries import recent_metrics
+from ratelimit_app.observability.recorder import flush
+from ratelimit_app.plans.apikeys import generate_key
+from tests.support.limits_support import make_key, make_tier, parse_ietf, seed_tiers
 
 pytestmark = pytest.mark.django_db
 
@@ -367,13 +366,13 @@ def test_ipv6_clients_share_their_prefix_limit(client: Any, settings: Any) -> No
 
 
 def test_each_limited_request_is_counted_once_in_the_metrics(client: Any, small_key: str) -> None:
-    metrics.flush()
-    before = metrics.recent_metrics(hours=2)
+    flush()
+    before = recent_metrics(hours=2)
     for _ in range(4):
         get(client, key=small_key)
     get(client, key="bad")
-    assert metrics.flush() is True
-    after = metrics.recent_metrics(hours=2)
+    assert flush() is True
+    after = recent_metrics(hours=2)
     tiers = {t.tier: (t.allowed, t.blocked) for t in after.tiers}
     old = {t.tier: (t.allowed, t.blocked) for t in before.tiers}
     assert tiers["small"][0] - old.get("small", (0, 0))[0] == 3

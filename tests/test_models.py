@@ -12,10 +12,9 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ratelimit_app import Policy
-from ratelimit_app.apikeys import hash_key
 from ratelimit_app.models import ApiKey, Tier, TierLimit
-
-from .limits_support import make_tier, seed_tiers
+from ratelimit_app.plans.apikeys import hash_key
+from tests.support.limits_support import make_tier, seed_tiers
 
 pytestmark = pytest.mark.django_db
 

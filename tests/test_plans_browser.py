@@ -11,11 +11,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from django.db import connections
 
-from ratelimit_app.metrics import flush
 from ratelimit_app.models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit
-
-from .limits_support import seed_tiers
-from .test_dashboard_browser import (
+from ratelimit_app.observability.recorder import flush
+from tests.observability.test_dashboard_browser import (
     ARTIFACTS,
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -24,6 +22,7 @@ from .test_dashboard_browser import (
     REQUIRE_BROWSER,
     send_requests,
 )
+from tests.support.limits_support import seed_tiers
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page

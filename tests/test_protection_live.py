@@ -26,9 +26,8 @@ import requests
 from devtools.embedded import free_port
 from ratelimit_app.core.engine_sync import RateLimiter
 from ratelimit_app.core.policies import Policy
-
-from .conftest import delete_prefix
-from .gunicorn_server import prepare_database, start_server, stop_server
+from tests.conftest import delete_prefix
+from tests.support.gunicorn_server import prepare_database, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +70,7 @@ class Site:
 
 def _environment(tmp: Path, prefix: str, redis_url: str) -> dict[str, str]:
     return {**os.environ, "REDIS_URL": redis_url, "RATELIMIT_TEST_PREFIX": prefix,
-            "DJANGO_SETTINGS_MODULE": "tests.protection_server_settings",
+            "DJANGO_SETTINGS_MODULE": "tests.support.protection_server_settings",
             "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}", "RATELIMIT_TEST_SHED_CAPACITY": str(SHED_CAPACITY),
             "ASGI_THREADS": "64", "RATELIMIT_LOG_LEVEL": "WARNING"}
 

@@ -15,10 +15,9 @@ import requests
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ratelimit_app.apikeys import generate_key
-from ratelimit_app.lookups import get_lookups
-
-from .limits_support import make_key, seed_tiers
+from ratelimit_app.plans.apikeys import generate_key
+from ratelimit_app.plans.lookups import get_lookups
+from tests.support.limits_support import make_key, seed_tiers
 
 ONE_MIB = 1 << 20
 

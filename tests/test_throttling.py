@@ -14,16 +14,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from devtools.embedded import free_port
+from ratelimit_app.apply.drf import RateLimitHeadersMixin
 from ratelimit_app.throttling import (
     AnonRateThrottle,
-    RateLimitHeadersMixin,
     ScopedRateThrottle,
     TierRateThrottle,
     UserRateThrottle,
     check_throttle_settings,
 )
-
-from .limits_support import make_key, make_tier, parse_ietf
+from tests.support.limits_support import make_key, make_tier, parse_ietf
 
 pytestmark = pytest.mark.urls(__name__)
 

@@ -21,7 +21,7 @@ def ping(request: HttpRequest) -> HttpResponse:
 def ping_evalsha(request: HttpRequest) -> HttpResponse:
     """The floor of any Redis-backed limiter: one bare EVALSHA per request, then the view."""
     global _sha
-    from ratelimit_app.connection import get_redis
+    from ratelimit_app.service.connection import get_redis
 
     client: Any = get_redis()
     if _sha is None:
@@ -44,7 +44,7 @@ async def aping_evalsha(request: HttpRequest) -> HttpResponse:
     """The async floor: one bare EVALSHA per request over a redis.asyncio client, then the async view."""
     global _async_floor
     if _async_floor is None:
-        from ratelimit_app.connection import get_async_redis
+        from ratelimit_app.service.connection import get_async_redis
 
         client: Any = get_async_redis()
         _async_floor = (client, str(await client.script_load(INCR_SCRIPT)))

@@ -36,13 +36,13 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ratelimit_app.conf import ratelimit_settings
-from ratelimit_app.connection import get_redis
+from ratelimit_app.apply.limiting import limit_request
+from ratelimit_app.apply.outcome import LimitOutcome
 from ratelimit_app.core.exceptions import REDIS_CLIENT_ERRORS
-from ratelimit_app.decorators import limit_concurrency, ratelimit
-from ratelimit_app.limiting import LimitOutcome, limit_request
+from ratelimit_app.decorators import limit_concurrency, limit_cost, ratelimit
 from ratelimit_app.middleware import REQUEST_ATTRIBUTE
-from ratelimit_app.routes import limit_cost
+from ratelimit_app.service.conf import ratelimit_settings
+from ratelimit_app.service.connection import get_redis
 from ratelimit_app.throttling import ScopedRateThrottle, TierRateThrottle
 
 USERS = [

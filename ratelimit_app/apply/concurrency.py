@@ -60,7 +60,7 @@ class HeldSlots:
             if self.released:
                 return
             self.released = True
-        from ..service import get_limiter
+        from ..service.limiter import get_limiter
 
         with contextlib.suppress(Exception):
             get_limiter().release(self.held, self.token, local=self.local)
@@ -71,7 +71,7 @@ class HeldSlots:
             if self.released:
                 return
             self.released = True
-        from ..service_async import get_async_limiter
+        from ..service.limiter_async import get_async_limiter
 
         with contextlib.suppress(Exception):
             await get_async_limiter().release(self.held, self.token, local=self.local)

@@ -17,10 +17,8 @@ from typing import Any, cast
 
 from django.http import HttpRequest
 
-from ..conf import SettingsCached, ratelimit_settings
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+from ..plans.clientrules import IPAddress, IPNetwork
+from ..service.conf import SettingsCached, ratelimit_settings
 
 #: Most X-Forwarded-For entries walked when trusted proxies are a CIDR list.
 MAX_FORWARDED_HOPS = 32
@@ -38,7 +36,7 @@ class IdentityConfig:
 
 
 def _read_identity_config() -> IdentityConfig:
-    # the values were validated with the other settings (ratelimit_app.conf): this only converts them
+    # the values were validated with the other settings (ratelimit_app.service.conf): this only converts them
     meta = "HTTP_" + ratelimit_settings.API_KEY_HEADER.upper().replace("-", "_")
     proxies = ratelimit_settings.TRUSTED_PROXIES
     hops, networks = 0, cast(tuple[IPNetwork, ...], ())

@@ -1,7 +1,7 @@
 """`LimitCheck`: one identity's policies in a request's decision, and who asked for them.
 
-Request handling (ratelimit_app.limiting) decides every check of a request in one call; the views'
-own limits (ratelimit_app.routes), the load shedder (ratelimit_app.apply.shedding), the DRF throttles and
+Request handling (ratelimit_app.apply.limiting) decides every check of a request in one call; the views'
+own limits (ratelimit_app.apply.routes), the load shedder (ratelimit_app.apply.shedding), the DRF throttles and
 `@ratelimit` each add theirs.
 """
 

@@ -31,16 +31,16 @@ from typing import Any, NamedTuple
 from django.conf import settings as django_settings
 from django.http import HttpRequest
 
-from .. import metrics
-from ..clientrules import ALLOW
-from ..conf import DEFAULTS, ratelimit_settings
 from ..core.decision import Decision, degraded_decision
 from ..core.engine import new_lease_token
 from ..core.exceptions import BACKEND_ERRORS
 from ..core.policies import Policy
-from ..logs import logger
-from ..service import get_limiter
-from ..service_async import get_async_limiter
+from ..plans.clientrules import ALLOW
+from ..service import events
+from ..service.conf import DEFAULTS, ratelimit_settings
+from ..service.limiter import get_limiter
+from ..service.limiter_async import get_async_limiter
+from ..service.logs import logger
 from . import shedding
 from .concurrency import HeldSlots, needs_lease, slots_taken
 from .limitcheck import LimitCheck
@@ -76,7 +76,7 @@ def _call_for(plan: RequestPlan, cost: int) -> _PlannedCall | LimitOutcome:
     if not plan.checks:  # nothing to charge: no per-IP limit and no usable key, or an allow-listed client
         status = UNAUTHORIZED if plan.refusal else ALLOWED
         if plan.listed and cost > 0:
-            metrics.record_decision(allowed=True, tier=plan.label, policy=None, degraded=False,
+            events.record_decision(allowed=True, tier=plan.label, policy=None, degraded=False,
                                     identity=plan.identity, unauthorized=status == UNAUTHORIZED, listed=ALLOW)
         return LimitOutcome(status, None, (), plan.tier, plan.identity, plan.refusal, cost > 0)
     if plan.refusal:
@@ -195,7 +195,7 @@ def _fleet_verdict(owner: str, fleet_decision: Decision | None, own: Decision, s
 def _count(plan: RequestPlan, summary: Decision, status: str, shed_priority: str | None, fleet: bool) -> None:
     """Count one charged request in the metrics (and a shadow limit's would-be refusals, and the load
     shedder's episode)."""
-    metrics.record_decision(
+    events.record_decision(
         allowed=summary.allowed, tier=plan.label,
         policy=None if summary.allowed else f"shed.{shed_priority}" if shed_priority else summary.policy,
         degraded=summary.degraded, identity=plan.identity, unauthorized=status == UNAUTHORIZED,
@@ -203,7 +203,7 @@ def _count(plan: RequestPlan, summary: Decision, status: str, shed_priority: str
     if summary.allowed and summary.shadow:
         would_block = summary.would_block
         if would_block:  # refusals a shadow limit would have made: counted, never answered
-            metrics.record_shadow_blocked(tier=plan.label, policies=would_block, identity=plan.identity)
+            events.record_shadow_blocked(tier=plan.label, policies=would_block, identity=plan.identity)
     if shed_priority is not None:
         shedding.fleet_episode.record_shed(shed_priority, {"identity": plan.identity})
     elif fleet and status == ALLOWED:
@@ -264,7 +264,7 @@ def _failed(exc: Exception, where: str, identity: str) -> LimitOutcome:
     _log_once(exc, where)
     allowed = fail_mode() != "closed"
     with contextlib.suppress(Exception):
-        metrics.record_decision(allowed=allowed, tier="error", policy=None if allowed else "error",
+        events.record_decision(allowed=allowed, tier="error", policy=None if allowed else "error",
                                 degraded=True, identity=identity or "unknown")
     return LimitOutcome(ALLOWED if allowed else UNAVAILABLE, degraded_decision(allowed), (), None, identity)
 

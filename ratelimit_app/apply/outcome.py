@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..core.decision import Decision, PolicyResult
 from ..core.policies import Policy
-from ..plans import TierInfo
+from ..plans.compile import TierInfo
 from .concurrency import HeldSlots
 from .limitcheck import LimitCheck
 

@@ -1,5 +1,5 @@
 """Who is the client of a request, and which limits apply: `plan_request` (and `aplan_request` on an
-event loop) turn a request into a `RequestPlan`, every check ratelimit_app.limiting then decides in
+event loop) turn a request into a `RequestPlan`, every check ratelimit_app.apply.limiting then decides in
 one Redis call.
 
 `plan_request` checks, in order:
@@ -31,16 +31,16 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject, empty
 
-from .. import metrics
-from ..apikeys import key_matches, parse_key
-from ..clientrules import ALLOW, DENY, ClientRules
-from ..conf import SettingsCached, ratelimit_settings
 from ..core.exceptions import BACKEND_ERRORS
 from ..core.policies import Policy
-from ..lookups import MISS, Lookups, NeedsIO, get_lookups, local_only, require_io
 from ..models import IP_POLICY_NAME
-from ..plans import TierInfo
-from ..service import get_limiter
+from ..plans.apikeys import key_matches, parse_key
+from ..plans.clientrules import ALLOW, DENY, ClientRules
+from ..plans.compile import TierInfo
+from ..plans.lookups import MISS, Lookups, NeedsIO, get_lookups, local_only, require_io
+from ..service import events
+from ..service.conf import SettingsCached, ratelimit_settings
+from ..service.limiter import get_limiter
 from . import shedding
 from .identity import (
     api_key_from_request,
@@ -292,7 +292,7 @@ async def request_user(request: HttpRequest) -> Any:
 
 def _denied_by_list(identity: str, what: str) -> LimitOutcome:
     """403 for a deny-listed client, counted as denied-by-list; no Redis call is made."""
-    metrics.record_decision(allowed=False, tier="list", policy=None, degraded=False, identity=identity,
+    events.record_decision(allowed=False, tier="list", policy=None, degraded=False, identity=identity,
                             listed=DENY)
     return LimitOutcome(FORBIDDEN, None, (), None, identity, f"{what} refused by an access rule", charged=False)
 
@@ -314,7 +314,7 @@ def _ip_precheck(config: LimitConfig, ip_id: str, cost: int) -> LimitOutcome | N
         return None  # the charge that follows applies the fail mode
     if decision.allowed or decision.degraded:
         return None  # a limiter that cannot decide: the charge that follows applies the tier's fail mode
-    metrics.record_decision(allowed=False, tier=IP_ONLY_TIER, policy=decision.policy, degraded=False,
+    events.record_decision(allowed=False, tier=IP_ONLY_TIER, policy=decision.policy, degraded=False,
                             identity=ip_id)
     check = LimitCheck(ip_id, config.ip_policies)
     return LimitOutcome(DENIED, decision, config.ip_policies, None, ip_id, checks=(check,), decisions=(decision,))

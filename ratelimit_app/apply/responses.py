@@ -26,15 +26,22 @@ RATELIMIT['ERROR_FORMAT'] chooses the body: "json" (default, shown below) or "pr
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
 
-from django.http import JsonResponse
+from django.http import HttpResponseBase, JsonResponse
 
-from ..conf import ratelimit_settings
 from ..core.decision import Decision
-from .headers import retry_after_seconds
+from ..service.conf import ratelimit_settings
+from . import shedding
+from .headers import apply_headers, retry_after_seconds
+from .outcome import DENIED, FORBIDDEN, SHED, UNAUTHORIZED, LimitOutcome
+from .planning import limit_config
+
+#: The request attribute that holds the LimitOutcome (set by the middleware, the throttles and the decorator).
+REQUEST_ATTRIBUTE = "ratelimit"
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
@@ -129,4 +136,29 @@ def overloaded(priority: str, retry_after: float) -> JsonResponse:
         "error": "service overloaded: request shed", "priority": priority, "retry_after": float(seconds),
     }, problem_type=TEMPORARY_REDUCED_CAPACITY)
     response["Retry-After"] = str(seconds)
+    return response
+
+
+def add_headers(response: HttpResponseBase, outcome: LimitOutcome) -> None:
+    """Add the rate limit headers chosen by RATELIMIT['HEADERS'] for this outcome (none for a request
+    the load shedder refused: it was refused for the fleet's load, not for the client's limits)."""
+    if outcome.decision is not None and outcome.policies and outcome.status != SHED:
+        with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
+            apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, limit_config().headers)
+
+
+def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
+    """The 429, 503, 401 or 403 answer to a refused outcome, with the rate limit headers."""
+    decision = outcome.decision
+    if outcome.status == FORBIDDEN:
+        return forbidden(outcome.message)
+    if outcome.status == UNAUTHORIZED:
+        response = unauthorized(outcome.message)
+    elif outcome.status == SHED:
+        return overloaded(outcome.message, shedding.shed_config().retry_after)  # no rate-limit headers
+    elif outcome.status == DENIED and decision is not None:
+        response = too_many_requests(decision, outcome.tier_slug, cost)
+    else:
+        response = limiter_unavailable(decision, outcome.tier_slug)
+    add_headers(response, outcome)
     return response

@@ -12,14 +12,13 @@ view's `throttle_scope` is used as the scope when nothing else is declared.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from django.http import HttpRequest
 
 from ..core.policies import MAX_LIMIT
-from .shedding import validate_priority
 
 if TYPE_CHECKING:
     from .limitcheck import LimitCheck
@@ -76,36 +75,6 @@ def validate_cost(cost: Any, *, minimum: int = 0) -> int:
 def view_name(view: Any) -> str:
     """`module.qualname` of a view function or class, for error messages."""
     return f"{getattr(view, '__module__', '?')}.{getattr(view, '__qualname__', type(view).__name__)}"
-
-
-def limit_cost(cost: int = 1, *, scope: str | None = None, methods: Iterable[str] | None = None,
-               priority: str | None = None) -> Callable[[ViewT], ViewT]:
-    """Declare the cost, scope and load-shedding priority of a view (function or class) for
-    RateLimitMiddleware.
-
-    Raises ValueError when applied, naming the view, for a cost outside 0..1e9, an invalid scope name,
-    methods that are not a list of HTTP method names, or a priority other than "critical", "normal"
-    and "low".
-    """
-
-    def decorate(view: ViewT) -> ViewT:
-        try:
-            route = RouteLimit(validate_cost(cost), validate_scope(scope) if scope else "", _methods(methods),
-                               validate_priority(priority) if priority is not None else None)
-        except ValueError as exc:
-            raise ValueError(f"@limit_cost on {view_name(view)}: {exc}") from exc
-        setattr(view, ATTRIBUTE, route)
-        return view
-
-    return decorate
-
-
-def _methods(methods: Iterable[str] | None) -> frozenset[str] | None:
-    if methods is None:
-        return None
-    if isinstance(methods, str) or not all(isinstance(m, str) and m.isalpha() for m in methods):
-        raise ValueError(f"methods: {methods!r} must be a list of HTTP method names such as ['POST']")
-    return frozenset(m.upper() for m in methods)
 
 
 def route_for_view(view_func: Any) -> RouteLimit:

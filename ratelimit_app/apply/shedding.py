@@ -38,9 +38,9 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from ..conf import SettingsCached, ratelimit_settings
 from ..core.policies import CONCURRENCY, MAX_LIMIT, Policy
-from ..logs import log_event
+from ..service.conf import SettingsCached, ratelimit_settings
+from ..service.logs import log_event
 from .limitcheck import LimitCheck
 
 CRITICAL = "critical"

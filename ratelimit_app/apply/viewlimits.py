@@ -13,20 +13,19 @@ from typing import Any, cast
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 
-from .. import metrics
 from ..core.decision import Decision
 from ..core.policies import Policy
-from ..service import get_limiter
-from ..service_async import get_async_limiter
+from ..service import events
+from ..service.limiter import get_limiter
+from ..service.limiter_async import get_async_limiter
 from .concurrency import release_with
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
 from .limitcheck import LimitCheck
 from .limiting import adecide, asafely, decide, limit_config, safely
-from .middleware import REQUEST_ATTRIBUTE
 from .outcome import ALLOWED, DENIED, UNAVAILABLE, LimitOutcome
 from .planning import RequestPlan, request_user
-from .responses import limiter_unavailable, too_many_requests
+from .responses import REQUEST_ATTRIBUTE, limiter_unavailable, too_many_requests
 from .routes import VIEW_LIMIT_ATTRIBUTE, ViewT
 
 KeyFunction = Callable[[HttpRequest], "str | None"]
@@ -130,7 +129,7 @@ class DecoratorLimit:
         """Counted by outcome, before the view: the outcome of the peek (a refusal is counted)."""
         if decision.allowed:
             return LimitOutcome(ALLOWED, decision, self.policies, None, label, charged=False)
-        metrics.record_decision(allowed=False, tier=DECORATOR_TIER, policy=decision.policy,
+        events.record_decision(allowed=False, tier=DECORATOR_TIER, policy=decision.policy,
                                 degraded=decision.degraded, identity=label)
         return LimitOutcome(UNAVAILABLE if decision.degraded else DENIED, decision, self.policies, None, label,
                             charged=False)
@@ -146,7 +145,7 @@ class DecoratorLimit:
         return self._before(decision, label)
 
     def _count_after(self, label: str) -> None:
-        metrics.record_decision(allowed=True, tier=DECORATOR_TIER, policy=None, degraded=False, identity=label)
+        events.record_decision(allowed=True, tier=DECORATOR_TIER, policy=None, degraded=False, identity=label)
 
     def charge_after(self, check: LimitCheck, label: str, counted: bool) -> LimitOutcome:
         """Counted by outcome, after the view: count the request, and charge it when it matched."""

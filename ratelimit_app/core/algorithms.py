@@ -4,7 +4,7 @@ An algorithm is one Lua file (lua/<name>.lua: the function decide.lua calls, wit
 header states), one model of it in Python for the "local" fail mode (fallback_models.py, registered
 with `@model("<name>")`), and one entry here. Policies (which names are valid, which take a
 burst), the admin's choices, the decision script and its codes, the state keys' letters and the
-fallback all read this registry; tests/test_scripts.py checks that every entry has its Lua function
+fallback all read this registry; tests/core/test_scripts.py checks that every entry has its Lua function
 and its fallback model.
 """
 

@@ -3,8 +3,8 @@
 While a budget is running (`budget_deadline`, set by the service around each decision), every connect
 and every read of these connections waits at most for the time left in it, so no sequence of steps
 inside one decision (connect, handshake, EVALSHA, SCRIPT LOAD, a Sentinel lookup, a cluster topology
-refresh) can add up past RATELIMIT['BUDGET_MS']. The clients of ratelimit_app.connection and
-ratelimit_app.sentinel are built with them.
+refresh) can add up past RATELIMIT['BUDGET_MS']. The clients of ratelimit_app.service.connection and
+ratelimit_app.service.sentinel are built with them.
 """
 
 from __future__ import annotations

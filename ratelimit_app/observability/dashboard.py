@@ -2,7 +2,7 @@
 
 Install it with one URL include, placed before the admin's own URLs (whose catch-all would hide it):
 
-    path("admin/", include("ratelimit_app.dashboard")),
+    path("admin/", include("ratelimit_app.observability.dashboard")),
     path("admin/", admin.site.urls),
 
 It serves `<admin>/ratelimit_app/dashboard/` (URL name "ratelimit_dashboard") through
@@ -37,7 +37,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from redis.exceptions import RedisError
 
-from ..conf import ratelimit_settings
+from ..service.conf import ratelimit_settings
 from .queries import MAX_RANGE_HOURS, BlockedIdentity, HourMetrics, days_of, recent_metrics
 from .snapshot import process_metrics
 
@@ -160,7 +160,7 @@ class RedisHealth:
 
 def redis_health() -> RedisHealth:
     """PING the limiter's Redis (and read its version); never raises."""
-    from ..connection import get_redis
+    from ..service.connection import get_redis
 
     try:
         client = get_redis()

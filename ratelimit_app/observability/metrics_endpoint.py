@@ -26,7 +26,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from ..apply.identity import IPNetwork, address_in, client_ip, parse_networks
-from ..conf import SettingsCached, ratelimit_settings
+from ..service.conf import SettingsCached, ratelimit_settings
 
 PROMETHEUS_MODULE = "ratelimit_app.observability.prometheus"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .logs import safe_identity
+from ..service.logs import safe_identity
 from .schema import day_key, decision_fields, hour_key, shadow_day_key, shadow_field
 
 #: Distinct blocked identities kept per unflushed batch (memory bound while Redis is down).

@@ -18,7 +18,7 @@ Importing this module without prometheus-client raises ImproperlyConfigured. Ser
   `ratelimit_metrics_dropped_total`: health of the batched flush of counts to Redis.
 
 Counters are per process, as with any Prometheus client library: under gunicorn with several workers
-each worker counts its own share. Cluster-wide hourly totals live in Redis (`ratelimit_app.metrics`,
+each worker counts its own share. Cluster-wide hourly totals live in Redis (`ratelimit_app.observability`,
 the dashboard, `manage.py ratelimit_metrics`).
 
 The view is not public: it answers only to staff sessions, to `Authorization: Bearer
@@ -42,7 +42,7 @@ try:
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImproperlyConfigured(
-        "ratelimit_app.prometheus needs prometheus-client: pip install 'django-ratelimit-app[prometheus]'"
+        "ratelimit_app.observability.prometheus needs prometheus-client: pip install 'django-ratelimit-app[prometheus]'"
     ) from exc
 
 

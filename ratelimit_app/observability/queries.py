@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
-from ..conf import ratelimit_settings
+from ..service.conf import ratelimit_settings
 from .schema import HOUR, day_key, hour_key, shadow_day_key
 
 #: The widest range `get_metrics_range` reads at once.
@@ -243,7 +243,7 @@ def _range_of(first: int, last: int, hours: tuple[HourMetrics, ...], top_blocked
 
 
 def _read_range(first: int, last: int) -> MetricsRange:
-    from ..connection import get_redis
+    from ..service.connection import get_redis
 
     prefix = ratelimit_settings.KEY_PREFIX
     top = int(ratelimit_settings.TOP_BLOCKED)

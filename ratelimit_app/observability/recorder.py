@@ -33,9 +33,9 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
-from ..breaker import CLOSED, HALF_OPEN, OPEN
-from ..conf import on_reload, ratelimit_settings
-from .logs import log_breaker_change, log_config_error, log_denial, log_event, logger
+from ..service.breaker import CLOSED, HALF_OPEN, OPEN
+from ..service.conf import on_reload, ratelimit_settings
+from ..service.logs import log_breaker_change, log_config_error, log_denial, log_event, logger
 from .pending import PendingCounts, add_identity, write_batches
 from .schema import HOUR, top_candidates
 
@@ -241,7 +241,7 @@ class ProcessRecorder:
 
     @staticmethod
     def _write(batches: dict[str, PendingCounts]) -> None:
-        from ..connection import get_redis
+        from ..service.connection import get_redis
 
         write_batches(get_redis(), batches, ttl=int(ratelimit_settings.METRICS_TTL_HOURS) * HOUR,
                       keep=top_candidates(int(ratelimit_settings.TOP_BLOCKED)))

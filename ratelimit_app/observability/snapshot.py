@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..breaker import CLOSED
-from ..service import get_limiter
+from ..service.breaker import CLOSED
+from ..service.limiter import get_limiter
 from .queries import ShadowCount
 from .recorder import process_recorder
 

@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
-from ratelimit_app.apikeys import PREFIX_LENGTH, parse_key
 from ratelimit_app.apply.identity import ip_identity
 from ratelimit_app.apply.limiting import limit_config
-from ratelimit_app.conf import ratelimit_settings
 from ratelimit_app.core.policies import Policy
-from ratelimit_app.lookups import get_lookups
-from ratelimit_app.plans import TierInfo
+from ratelimit_app.plans.apikeys import PREFIX_LENGTH, parse_key
+from ratelimit_app.plans.compile import TierInfo
+from ratelimit_app.plans.lookups import get_lookups
+from ratelimit_app.service.conf import ratelimit_settings
 
 
 @dataclass(frozen=True)

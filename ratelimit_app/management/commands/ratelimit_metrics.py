@@ -14,8 +14,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
-from ratelimit_app.conf import ratelimit_settings
-from ratelimit_app.metrics import MAX_RANGE_HOURS, MetricsRange, recent_metrics
+from ratelimit_app.observability.queries import MAX_RANGE_HOURS, MetricsRange, recent_metrics
+from ratelimit_app.service.conf import ratelimit_settings
 
 
 def table(rows: list[tuple[str, ...]], numeric_from: int = 1) -> list[str]:

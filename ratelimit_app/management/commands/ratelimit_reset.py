@@ -3,7 +3,7 @@
 Accepts what `ratelimit_status` accepts. Lists what will be cleared and asks for confirmation unless
 `--yes` is given (without a terminal, `--yes` is required). Clears the state in Redis and in this
 process, and announces the reset: every app server drops the denials its local deny cache holds within
-RESET_CHECK_INTERVAL (0.5 s; see ratelimit_app.core.denycache), so the client is served again everywhere
+RESET_CHECK_INTERVAL (0.5 s; see ratelimit_app.service.denycache), so the client is served again everywhere
 within a second of the success message.
 """
 
@@ -15,8 +15,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from ratelimit_app.core.exceptions import RateLimiterError
-from ratelimit_app.logs import log_event
-from ratelimit_app.service import get_limiter
+from ratelimit_app.service.limiter import get_limiter
+from ratelimit_app.service.logs import log_event
 
 from ._targets import resolve
 

@@ -14,9 +14,9 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 from django.db.models import Min
 
-from ratelimit_app.conf import ratelimit_settings
-from ratelimit_app.connection import redacted_url
 from ratelimit_app.models import ApiKey, Tier
+from ratelimit_app.service.conf import ratelimit_settings
+from ratelimit_app.service.connection import redacted_url
 
 DEMO_KEY_PREFIX = "demo key for "
 ADMIN_USERNAME = "admin"

@@ -1,0 +1,253 @@
+"""`JointThrottle`: the base of ratelimit_app's DRF throttles (ratelimit_app.throttling), which decide
+together: every throttle of ours on one view, and the middleware's per-IP and tier limits when they are
+left to the throttles, in ONE all-or-nothing call made when DRF asks the first of them. Also the
+exceptions they raise (401, 403, 503) and `RateLimitHeadersMixin`."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from django.http import HttpRequest
+from rest_framework import throttling as drf_throttling
+from rest_framework.exceptions import APIException
+from rest_framework.request import Request
+
+from ..core.decision import Decision
+from .concurrency import hold, release_pending_with
+from .headers import retry_after_seconds
+from .identity import authenticated_user
+from .limitcheck import REQUEST_LIMITS, LimitCheck
+from .limiting import decide, limit_config, safely
+from .outcome import ALLOWED, DENIED, FORBIDDEN, SHED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
+from .planning import RequestPlan, plan_request
+from .responses import REQUEST_ATTRIBUTE, add_headers
+from .routes import DEFERRED_ATTRIBUTE, route_for_view
+from .shedding import shed_config
+
+#: Attribute of a DRF Request holding the joint decision of our throttles for that dispatch.
+_JOINT_ATTRIBUTE = "_ratelimit_throttles"
+
+
+class InvalidApiKey(APIException):
+    """401: the request's API key is missing (where one is required), malformed, unknown, revoked or expired."""
+
+    status_code = 401
+    default_detail = "A valid API key is required."
+    default_code = "invalid_api_key"
+    auth_header = 'Bearer realm="api"'
+
+
+class ClientRefused(APIException):
+    """403: a deny rule (ClientRule) refuses the client's network or API key."""
+
+    status_code = 403
+    default_detail = "Refused by an access rule."
+    default_code = "client_refused"
+
+
+class LimiterUnavailable(APIException):
+    """503: the limiter cannot decide and the fail mode refuses; `wait` becomes `Retry-After`."""
+
+    status_code = 503
+    default_detail = "Rate limiter unavailable."
+    default_code = "rate_limiter_unavailable"
+
+    def __init__(self, wait: int = 1) -> None:
+        super().__init__()
+        self.wait = wait
+
+
+class Overloaded(APIException):
+    """503: the load shedder refused the request (too many requests in flight for its priority)."""
+
+    status_code = 503
+    default_detail = "Service overloaded: request shed."
+    default_code = "overloaded"
+
+    def __init__(self, priority: str) -> None:
+        super().__init__(f"Service overloaded: {priority}-priority request shed.")
+        self.wait = int(shed_config().retry_after)
+
+
+def django_request_of(request: Any) -> HttpRequest:
+    """The Django HttpRequest of a DRF Request (or the request itself)."""
+    return request._request if isinstance(request, Request) else request
+
+
+class JointThrottle(drf_throttling.BaseThrottle):
+    """Base of our throttles: they decide together (see the module docstring).
+
+    A subclass implements `limit_checks(request, view)`: its checks, [] when it does not limit this
+    request, or None when it refuses it outright (a rate of 0).
+    """
+
+    #: Read by RateLimitMiddleware (routes.JOINT_THROTTLE_ATTRIBUTE) to leave a view's decision to us.
+    decides_with_request_limits: ClassVar[bool] = True
+    #: True for the throttle that carries the request's own limits (per-IP and tier).
+    carries_request_limits: ClassVar[bool] = False
+    decision: Decision | None = None
+    outcome: LimitOutcome | None = None
+
+    @property
+    def owner(self) -> str:
+        """The label of this throttle's checks in the joint decision."""
+        return f"throttle:{type(self).__module__}.{type(self).__qualname__}"
+
+    def metrics_label(self) -> str:
+        """The `tier` label of decisions this throttle leads in the metrics."""
+        return "throttle"
+
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        raise NotImplementedError(".limit_checks() must be overridden")
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        """Decide (once per request, for all our throttles on the view) and answer for this throttle's
+        limits. Raises InvalidApiKey (401) or LimiterUnavailable (503) from the throttle that carries the
+        request's own limits."""
+        joint = _joint_decision(request, view, self)
+        self.outcome = joint.outcome
+        self.decision = joint.outcome.decision_for(self.owner)
+        refused = self.owner in joint.denied_outright or (self.decision is not None and not self.decision.allowed)
+        if joint.carrier == self.owner:
+            outcome = joint.outcome
+            if outcome.status == FORBIDDEN:
+                raise ClientRefused(outcome.message)
+            if outcome.status == UNAUTHORIZED:
+                raise InvalidApiKey(outcome.message)
+            if outcome.status == SHED:
+                raise Overloaded(outcome.message)
+            if outcome.status == UNAVAILABLE:
+                retry_after = outcome.decision.retry_after if outcome.decision is not None else None
+                raise LimiterUnavailable(retry_after_seconds(retry_after) or 1)
+            base = outcome.decision_for(REQUEST_LIMITS)
+            if base is not None and not base.allowed:
+                self.decision, refused = base, True
+        if self.decision is None and not refused:
+            return True  # this throttle did not limit this request (like DRF for a None cache key: no hook)
+        return self.throttle_failure() if refused else self.throttle_success()
+
+    def throttle_success(self) -> bool:
+        """Called when this throttle's limits allow the request; returns True."""
+        return True
+
+    def throttle_failure(self) -> bool:
+        """Called when this throttle's limits refuse the request; returns False."""
+        return False
+
+    def wait(self) -> float | None:
+        """Seconds until this throttle would allow the request again (None: never, or not refused)."""
+        decision = self.decision
+        if decision is None or decision.allowed or decision.retry_after is None or math.isinf(decision.retry_after):
+            return None
+        return max(decision.retry_after, 1.0)
+
+
+@dataclass(frozen=True)
+class _Joint:
+    view: Any
+    outcome: LimitOutcome
+    carrier: str  # owner of the throttle that answers for the request's own limits and for a 401/503
+    denied_outright: frozenset[str]  # owners whose rate is 0
+
+
+def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> _Joint:
+    """The decision over every throttle of ours on `view` and the request's own limits, made on the
+    first call of a dispatch and reused by the others."""
+    joint: _Joint | None = request.__dict__.get(_JOINT_ATTRIBUTE)
+    if joint is not None and joint.view is view:
+        return joint
+    throttles = _our_throttles(view, caller)
+    django_request = django_request_of(request)
+    deferred = django_request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
+    # The request's own limits are decided here when a TierRateThrottle asks for them, or when the
+    # middleware left them to us; the carrier answers for them.
+    carrier = next((t for t in throttles if t.carries_request_limits), throttles[0])
+    route = route_for_view(type(view))
+    if deferred is not None:
+        cost, scope = deferred
+    else:
+        cost, scope = route.cost_for(request.method), getattr(view, "throttle_scope", None) or route.scope
+    denied: set[str] = set()
+    with_request_limits = carrier.carries_request_limits or deferred is not None
+    limited = _Limited(request, view, throttles, carrier, cost, scope if isinstance(scope, str) else "")
+    outcome = safely(lambda: limited.decide(denied, with_request_limits=with_request_limits),
+                     where=f"throttles of {type(view).__qualname__}")
+    hold(django_request, outcome.slots)  # given back with the response (the middleware or the mixin)
+    if outcome.decision is not None and outcome.policies:
+        setattr(django_request, REQUEST_ATTRIBUTE, outcome)
+    joint = _Joint(view, outcome, carrier.owner, frozenset(denied))
+    request.__dict__[_JOINT_ATTRIBUTE] = joint
+    return joint
+
+
+@dataclass(frozen=True)
+class _Limited:
+    """What one dispatch's throttles decide: the DRF request and view, our throttles on it, the one
+    that carries the request's own limits, and the route's cost and scope."""
+
+    request: Request
+    view: Any
+    throttles: list[JointThrottle]
+    carrier: JointThrottle
+    cost: int
+    scope: str
+
+    def decide(self, denied: set[str], *, with_request_limits: bool) -> LimitOutcome:
+        """Every throttle's checks (and the request's own limits when `with_request_limits`) in one
+        call; the owners of throttles whose rate is 0 are added to `denied` (refused, nothing asked)."""
+        extra: list[LimitCheck] = []
+        leader = self.carrier
+        for throttle in self.throttles:
+            checks = throttle.limit_checks(self.request, self.view)
+            if checks is None:
+                denied.add(throttle.owner)
+            elif checks and not extra:
+                leader = throttle
+            extra.extend(checks or ())
+        if denied:  # a rate of 0: refused without asking Redis, nothing charged
+            return LimitOutcome(DENIED, None, (), None, "")
+        if with_request_limits:
+            planned = plan_request(django_request_of(self.request), cost=self.cost, scope=self.scope,
+                                   user=authenticated_user(self.request))
+            if isinstance(planned, LimitOutcome):
+                return planned
+            return decide(planned if planned.refusal else planned.plus(extra), self.cost)
+        if not extra:
+            return LimitOutcome(ALLOWED, None, (), None, "")
+        plan = RequestPlan(tuple(extra), None, _display_identity(extra[0]), limit_config().fail_mode,
+                           label=leader.metrics_label())
+        return decide(plan, self.cost)
+
+
+def _our_throttles(view: Any, caller: JointThrottle) -> list[JointThrottle]:
+    """Our throttles on `view`, in DRF's order, `caller` standing for its own class."""
+    get_throttles = getattr(view, "get_throttles", None)
+    found = [t for t in get_throttles() if isinstance(t, JointThrottle)] if callable(get_throttles) else []
+    throttles = [caller if type(t) is type(caller) else t for t in found]
+    return throttles if caller in throttles else [caller]
+
+
+def _display_identity(check: LimitCheck) -> str:
+    """A metrics label for a throttle's identity: DRF cache keys hold a user pk or an address, but an
+    overridden get_cache_key may hold anything, so those are shown as a digest."""
+    return "hash:" + hashlib.blake2b(check.identity.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+
+
+class RateLimitHeadersMixin:
+    """Add the rate limit headers of the throttles' decision to a DRF view's responses, and give back
+    the concurrency slots they took when the response is closed.
+
+    Not needed when RateLimitMiddleware is installed (it does both for throttled requests too).
+    """
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+        django_request = django_request_of(request)
+        outcome = django_request.__dict__.get(REQUEST_ATTRIBUTE)
+        if outcome is not None:
+            add_headers(response, outcome)
+        release_pending_with(django_request, response)
+        return response

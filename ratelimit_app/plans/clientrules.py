@@ -1,0 +1,77 @@
+"""Allow and deny lists (`ClientRule` rows as request handling sees them), applied before any Redis call.
+
+A request whose client address lies in a deny-listed network, or that presents an API key whose
+prefix is deny-listed, is refused with 403 and counted as "denied_by_list"; nothing is asked of Redis.
+A request from an allow-listed network, or with a *verified* allow-listed key (the full key must match
+its hash, so a guessed prefix allows nothing), is never limited: no limit is charged, no Redis call is
+made, and it is counted as "allowed_by_list". A request both lists match is denied.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+#: An address or network of either family (client addresses, allow/deny lists, trusted proxies).
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+ALLOW = "allow"
+DENY = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRules:
+    """The enabled rules, compiled: networks per action, and API key prefixes per action."""
+
+    allow_networks: tuple[IPNetwork, ...] = ()
+    deny_networks: tuple[IPNetwork, ...] = ()
+    allow_keys: frozenset[str] = frozenset()
+    deny_keys: frozenset[str] = frozenset()
+
+    @property
+    def empty(self) -> bool:
+        """True when there is no rule at all (requests skip every check)."""
+        return not (self.allow_networks or self.deny_networks or self.allow_keys or self.deny_keys)
+
+    @property
+    def has_networks(self) -> bool:
+        """True when some rule names a network (the client address must be parsed)."""
+        return bool(self.allow_networks or self.deny_networks)
+
+    def for_address(self, address: str) -> str | None:
+        """DENY, ALLOW or None for a client address ("unknown" or garbage matches nothing)."""
+        try:
+            parsed: IPAddress = ipaddress.ip_address(address)
+        except ValueError:
+            return None
+        mapped = getattr(parsed, "ipv4_mapped", None)
+        if mapped is not None:
+            parsed = mapped  # ::ffff:10.0.0.1 is 10.0.0.1
+        if any(parsed in network for network in self.deny_networks):
+            return DENY
+        if any(parsed in network for network in self.allow_networks):
+            return ALLOW
+        return None
+
+    @classmethod
+    def build(cls, rows: Iterable[tuple[str, str, str | None]]) -> ClientRules:
+        """Compile (action, network, api key prefix) rows; unparseable networks are skipped (the
+        model validates them, so only rows written around the admin can be wrong)."""
+        networks: dict[str, list[IPNetwork]] = {ALLOW: [], DENY: []}
+        keys: dict[str, set[str]] = {ALLOW: set(), DENY: set()}
+        for action, network, prefix in rows:
+            if action not in networks:
+                continue
+            if network:
+                try:
+                    networks[action].append(ipaddress.ip_network(network, strict=False))
+                except ValueError:
+                    continue
+            elif prefix:
+                keys[action].add(prefix)
+        return cls(tuple(networks[ALLOW]), tuple(networks[DENY]), frozenset(keys[ALLOW]), frozenset(keys[DENY]))
+
+
+NO_RULES = ClientRules()

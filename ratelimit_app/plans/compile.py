@@ -1,0 +1,159 @@
+"""Tiers and API keys as request handling sees them (`TierInfo`, `KeyInfo`), and how they are read
+from the database: plain rows (picklable, shared between app servers through the Django cache by
+ratelimit_app.plans.lookups, independent of the code version of the dataclasses), compiled into policies
+once per load, never per request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.policies import Policy
+
+
+@dataclass(frozen=True, slots=True)
+class TierInfo:
+    """A tier as request handling sees it, with its enabled limits compiled into policies.
+
+    `policies` are the limits without a scope; `scoped[scope]` are those plus the limits of `scope`.
+    `fail_mode` is None when the tier follows RATELIMIT['FAIL_MODE']. `time_zone` is where the tier's
+    calendar quotas start their days, weeks and months.
+    """
+
+    slug: str
+    name: str
+    fail_mode: str | None
+    policies: tuple[Policy, ...]
+    scoped: dict[str, tuple[Policy, ...]] = field(default_factory=dict, hash=False, compare=False)
+    time_zone: str = "UTC"
+
+    def every_policy(self) -> tuple[Policy, ...]:
+        """Every policy of the tier: the unscoped ones, then each scope's own, each once."""
+        seen: dict[str, Policy] = {}
+        for policy in self.policies:
+            seen.setdefault(policy.name, policy)
+        for scope in sorted(self.scoped):
+            for policy in self.scoped[scope]:
+                seen.setdefault(policy.name, policy)
+        return tuple(seen.values())
+
+    def policies_for(self, scope: str | None) -> tuple[Policy, ...]:
+        """The policies a request to a route declaring `scope` (None or "" for none) is checked against."""
+        if scope:
+            return self.scoped.get(scope, self.policies)
+        return self.policies
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """An API key as request handling sees it: never the key itself, only its prefix and hash."""
+
+    id: int
+    prefix: str
+    name: str
+    hashed_key: str
+    tier_slug: str
+    revoked: bool
+    expires_at: float | None  # Unix time, or None for never
+    owner_id: int | None
+    #: The key's own limits (ApiKeyLimit rows: name, algorithm, limit, period, burst, scope, enabled, shadow,
+    #: calendar)
+    overrides: tuple[tuple[Any, ...], ...] = ()
+
+    def refusal(self, now: float) -> str | None:
+        """Why the key is refused at Unix time `now` ("revoked" or "expired"), or None when usable."""
+        if self.revoked:
+            return "revoked"
+        if self.expires_at is not None and now >= self.expires_at:
+            return "expired"
+        return None
+
+
+# -- database loaders: plain rows, picklable and independent of the code version of the dataclasses --
+def load_tier_row(slug: str) -> tuple[Any, ...] | None:
+    from ..models import Tier, TierLimit
+
+    tier = Tier.objects.filter(slug=slug).values_list("id", "slug", "name", "fail_mode", "time_zone").first()
+    if tier is None:
+        return None
+    limits = list(
+        TierLimit.objects.filter(tier_id=tier[0], enabled=True)
+        .order_by("scope", "period", "id")
+        .values_list("name", "algorithm", "limit", "period", "burst", "scope", "shadow", "calendar")
+    )
+    return (*tier[1:4], limits, tier[4])
+
+
+def build_tier(row: tuple[Any, ...]) -> TierInfo:
+    from ..models import TierLimit
+
+    slug, name, fail_mode, limit_rows, *rest = row
+    time_zone = rest[0] if rest else "UTC"
+    base: list[Policy] = []
+    by_scope: dict[str, list[Policy]] = {}
+    for limit_name, algorithm, limit, period, burst, scope, *extra in limit_rows:
+        shadow, calendar = (bool(extra[0]), extra[1]) if len(extra) == 2 else (False, "")
+        policy = TierLimit(name=limit_name, algorithm=algorithm, limit=limit, period=period, burst=burst,
+                           scope=scope, shadow=shadow, calendar=calendar).to_policy(time_zone)
+        (by_scope.setdefault(scope, []) if scope else base).append(policy)
+    scoped = {scope: (*base, *policies) for scope, policies in by_scope.items()}
+    return TierInfo(slug, name, fail_mode or None, tuple(base), scoped, time_zone)
+
+
+#: The columns of an override limit (ApiKeyLimit, UserTierLimit), in the order `apply_overrides` reads.
+OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar")
+
+
+def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> TierInfo:
+    """`tier` with one client's own limits: an override whose scope and name are those of a tier limit
+    replaces it (or, when disabled, removes it); any other enabled override is added."""
+    from ..models import TierLimit
+
+    base = list(tier.policies)
+    own = {scope: list(policies[len(tier.policies):]) for scope, policies in tier.scoped.items()}
+    for name, algorithm, limit, period, burst, scope, enabled, shadow, *calendar in overrides:
+        row = TierLimit(name=name, algorithm=algorithm, limit=limit, period=period, burst=burst, scope=scope,
+                        shadow=shadow, calendar=calendar[0] if calendar else "")
+        target = own.setdefault(scope, []) if scope else base
+        policy_name = row.policy_name
+        kept = [p for p in target if p.name != policy_name]
+        if enabled:
+            replaced = len(kept) != len(target)
+            index = next((i for i, p in enumerate(target) if p.name == policy_name), len(kept))
+            kept.insert(index if replaced else len(kept), row.to_policy(tier.time_zone))
+        target[:] = kept
+    scoped = {scope: (*base, *policies) for scope, policies in own.items()}
+    return TierInfo(tier.slug, tier.name, tier.fail_mode, tuple(base), scoped, tier.time_zone)
+
+
+def load_key_row(prefix: str) -> tuple[Any, ...] | None:
+    from ..models import ApiKey, ApiKeyLimit
+
+    row = (
+        ApiKey.objects.filter(prefix=prefix)
+        .values_list("id", "prefix", "name", "hashed_key", "tier__slug", "revoked", "expires", "owner_id")
+        .first()
+    )
+    if row is None:
+        return None
+    expires = row[6]
+    overrides = tuple(ApiKeyLimit.objects.filter(api_key_id=row[0]).order_by("scope", "period", "id")
+                      .values_list(*OVERRIDE_FIELDS))
+    return (*row[:6], expires.timestamp() if expires is not None else None, row[7], overrides)
+
+
+def load_user_plan(user_pk: str) -> tuple[str, tuple[tuple[Any, ...], ...]] | None:
+    from ..models import UserTier, UserTierLimit
+
+    row = UserTier.objects.filter(user_id=user_pk).values_list("id", "tier__slug").first()
+    if row is None:
+        return None
+    overrides = tuple(UserTierLimit.objects.filter(user_tier_id=row[0]).order_by("scope", "period", "id")
+                      .values_list(*OVERRIDE_FIELDS))
+    return row[1], overrides
+
+
+def load_client_rules(_: str) -> list[tuple[str, str, str | None]]:
+    from ..models import ClientRule
+
+    return list(ClientRule.objects.filter(enabled=True).values_list("action", "network", "api_key__prefix"))

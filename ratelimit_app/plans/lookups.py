@@ -1,0 +1,331 @@
+"""Cached lookups of tiers, API keys and user tiers: what request handling reads instead of the models.
+
+Three layers, fastest first:
+
+1. an in-process cache (bounded: RATELIMIT['LOCAL_CACHE_SIZE'] entries, plus a separate negative cache
+   of unknown key prefixes bounded by RATELIMIT['NEGATIVE_CACHE_SIZE']). Every entry expires
+   RATELIMIT['CACHE_TTL'] seconds after it was loaded, which is what bounds how long a change takes to
+   reach every app server;
+2. the Django cache named by RATELIMIT['CACHE_ALIAS'], shared by app servers, holding plain rows under
+   a *generation*: saving or deleting a Tier, TierLimit, ApiKey, UserTier, a limit override (ApiKeyLimit,
+   UserTierLimit) or a ClientRule bumps the generation (right away and again after the transaction
+   commits), which makes every older shared entry unreachable;
+3. the database.
+
+A warm request therefore makes no database query and no cache call. Code on an event loop reads
+inside `local_only()`: a lookup that would need the shared cache or the database raises `NeedsIO`
+there instead of blocking the loop (the caller redoes its work in a thread). Values are the frozen
+dataclasses of ratelimit_app.plans.compile, which also reads the rows; a tier's policies are compiled once
+per load, never per request. Raw API keys are never cached, logged or stored: entries are keyed by
+the key's prefix and hold its hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Hashable
+from typing import Any
+
+from django.core.cache import BaseCache, caches
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+
+from ..service.conf import SettingsCached, ratelimit_settings
+from .clientrules import ClientRules
+from .compile import (
+    KeyInfo,
+    TierInfo,
+    apply_overrides,
+    build_tier,
+    load_client_rules,
+    load_key_row,
+    load_tier_row,
+    load_user_plan,
+)
+
+#: Lifetime of the rows kept in the shared Django cache. Changes made through the ORM (admin, shell,
+#: signals) apply within CACHE_TTL; changes that bypass signals (`QuerySet.update`, raw SQL) apply once
+#: this runs out, or at the next `invalidate()`.
+SHARED_TTL = 300
+
+logger = logging.getLogger("ratelimit_app")
+
+_local_only = contextvars.ContextVar("ratelimit_local_only", default=False)
+
+
+class NeedsIO(Exception):
+    """Raised inside `local_only()` by a lookup this process has not cached (see `local_only`)."""
+
+
+class _LocalOnly:
+    """The context manager `local_only()` returns (a class, not a generator: it runs on every async request)."""
+
+    __slots__ = ("token",)
+
+    def __enter__(self) -> None:
+        self.token = _local_only.set(True)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _local_only.reset(self.token)
+
+
+def local_only() -> _LocalOnly:
+    """Within this block (in this context: thread or asyncio task), lookups answer from this process'
+    cache or raise NeedsIO; so does `require_io()`. Async request handling plans a request inside it,
+    and redoes the plan with `sync_to_async` when NeedsIO is raised."""
+    return _LocalOnly()
+
+
+def require_io() -> None:
+    """Raise NeedsIO inside `local_only()`: the caller is about to do I/O (a lookup, a Redis peek)."""
+    if _local_only.get():
+        raise NeedsIO
+
+
+class _Miss:
+    """The "not cached" marker (distinct from a cached None, which means "does not exist")."""
+
+    def __repr__(self) -> str:
+        return "MISS"
+
+
+MISS: Any = _Miss()
+
+
+class LocalCache:
+    """A bounded in-process map whose entries expire `ttl` seconds after they were set.
+
+    Reads take no lock (a dict lookup is atomic in CPython); writes do. When full, the oldest entry is
+    dropped; hot entries are re-inserted at every expiry, so they stay.
+    """
+
+    def __init__(self, maxsize: int, ttl: float) -> None:
+        self.maxsize = maxsize
+        self.ttl = ttl
+        self._data: dict[Hashable, tuple[Any, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Any:
+        """The cached value, or MISS when absent or expired."""
+        entry = self._data.get(key)
+        if entry is None or entry[1] <= time.monotonic():
+            return MISS
+        return entry[0]
+
+    def set(self, key: Hashable, value: Any) -> None:
+        """Cache `value` for `ttl` seconds, evicting the oldest entries beyond `maxsize`."""
+        expires = time.monotonic() + self.ttl
+        with self._lock:
+            self._data.pop(key, None)
+            self._data[key] = (value, expires)
+            while len(self._data) > self.maxsize:
+                del self._data[next(iter(self._data))]
+
+    def discard(self, key: Hashable) -> None:
+        with self._lock:
+            self._data.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+class Lookups:
+    """The three-layer lookup service (see the module docstring). One instance serves a process;
+    tests build a second one to play a second app server sharing the same database and Django cache.
+    """
+
+    def __init__(self, *, cache_ttl: float, local_size: int, negative_size: int, cache_alias: str,
+                 namespace: str) -> None:
+        self.local = LocalCache(local_size, cache_ttl)
+        self.negative = LocalCache(negative_size, cache_ttl)
+        self.cache_alias = cache_alias
+        self.namespace = namespace
+
+    # -- public ----------------------------------------------------------------------------------
+    def tier(self, slug: str) -> TierInfo | None:
+        """The tier named `slug`, or None when no such tier exists."""
+        local_key = ("tier", slug)
+        value = self.local.get(local_key)
+        if value is MISS:
+            row = self._shared("tier", slug, load_tier_row)
+            value = build_tier(row) if row is not None else None
+            self.local.set(local_key, value)
+        return value
+
+    def cached_key(self, prefix: str) -> Any:
+        """The key with `prefix` if this process has it cached (KeyInfo, or None for unknown), else MISS.
+
+        Never does I/O: the middleware uses it to decide whether a lookup is needed at all.
+        """
+        value = self.local.get(("key", prefix))
+        if value is MISS and self.negative.get(prefix) is not MISS:
+            return None
+        return value
+
+    def key(self, prefix: str) -> KeyInfo | None:
+        """The API key with `prefix` (whatever its state), or None when no key has that prefix."""
+        value = self.cached_key(prefix)
+        if value is MISS:
+            row = self._shared("key", prefix, load_key_row, cache_missing=False)
+            if row is None:
+                self.negative.set(prefix, True)
+                return None
+            value = KeyInfo(*row)
+            self.local.set(("key", prefix), value)
+        return value
+
+    def user_tier_slug(self, user_pk: Any) -> str | None:
+        """The slug of the tier assigned to user `user_pk` in the admin, or None when none is."""
+        return self.user_plan(user_pk)[0]
+
+    def user_plan(self, user_pk: Any) -> tuple[str | None, tuple[tuple[Any, ...], ...]]:
+        """The tier slug assigned to user `user_pk` (None when none is) and the user's own limits
+        (UserTierLimit rows, as `KeyInfo.overrides`)."""
+        local_key = ("user", str(user_pk))
+        value = self.local.get(local_key)
+        if value is MISS:
+            value = self._shared("userplan", str(user_pk), load_user_plan)
+            if value is None:
+                value = (None, ())
+            self.local.set(local_key, value)
+        return value
+
+    def with_overrides(self, owner: str, tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> TierInfo:
+        """`tier` with the limits of `overrides` replacing or adding to its own (see `apply_overrides`),
+        cached per `owner` (a key prefix or a user) for as long as `tier` is the tier this process holds."""
+        if not overrides:
+            return tier
+        local_key = ("merged", owner)
+        cached = self.local.get(local_key)
+        if cached is not MISS and cached[0] is tier and cached[1] == overrides:
+            return cached[2]
+        merged = apply_overrides(tier, overrides)
+        self.local.set(local_key, (tier, overrides, merged))
+        return merged
+
+    def client_rules(self) -> ClientRules:
+        """The enabled allow/deny rules (ClientRule), compiled."""
+        value = self.local.get(("rules",))
+        if value is MISS:
+            rows = self._shared("rules", "all", load_client_rules)
+            value = ClientRules.build(rows or ())
+            self.local.set(("rules",), value)
+        return value
+
+    def clear_local(self) -> None:
+        """Forget everything cached in this process."""
+        self.local.clear()
+        self.negative.clear()
+
+    def invalidate(self) -> None:
+        """Make every app server reload from the database within CACHE_TTL; this one right away."""
+        cache = self._cache()
+        if cache is not None:
+            try:
+                cache.set(self._generation_key, uuid.uuid4().hex, timeout=None)
+            except Exception as exc:  # a cache outage must not fail an admin save
+                logger.warning(
+                    "ratelimit: could not invalidate the shared lookup cache (%s); other app servers apply "
+                    "the change within %s seconds", exc, SHARED_TTL,
+                )
+        self.clear_local()
+
+    # -- internals -------------------------------------------------------------------------------
+    @property
+    def _generation_key(self) -> str:
+        return f"{self.namespace}:lookups:generation"
+
+    def _cache(self) -> BaseCache | None:
+        try:
+            return caches[self.cache_alias]
+        except Exception:  # no such alias: run without the shared layer
+            return None
+
+    def _shared(self, kind: str, name: str, load: Any, *, cache_missing: bool = True) -> Any:
+        """Read `kind:name` from the shared cache, else load it from the database and share it (raises
+        NeedsIO inside `local_only()`)."""
+        require_io()
+        cache = self._cache()
+        entry_key = None
+        if cache is not None:
+            try:
+                generation = cache.get(self._generation_key)
+                if generation is None:
+                    cache.add(self._generation_key, uuid.uuid4().hex, timeout=None)
+                    generation = cache.get(self._generation_key)
+                entry_key = f"{self.namespace}:lookups:{generation}:{kind}:{name}"
+                found = cache.get(entry_key, MISSING_MARKER)
+                if found != MISSING_MARKER:
+                    return _from_shared(found)
+            except Exception:  # the cache is an optimisation; the database is the truth
+                cache = None
+        row = load(name)
+        if cache is not None and entry_key is not None and (row is not None or cache_missing):
+            with contextlib.suppress(Exception):  # sharing is an optimisation
+                cache.set(entry_key, _to_shared(row), timeout=SHARED_TTL)
+        return row
+
+
+#: Stored in the shared cache for "does not exist" (None cannot be told apart from a cache miss).
+MISSING_MARKER = "__ratelimit_missing__"
+
+
+def _to_shared(row: Any) -> Any:
+    return MISSING_MARKER + ":none" if row is None else row
+
+
+def _from_shared(value: Any) -> Any:
+    return None if value == MISSING_MARKER + ":none" else value
+
+
+# -- the process-wide instance ---------------------------------------------------------------------
+def build_lookups() -> Lookups:
+    """A new Lookups configured from settings.RATELIMIT (the process uses `get_lookups()`)."""
+    return Lookups(
+        cache_ttl=ratelimit_settings.CACHE_TTL,
+        local_size=ratelimit_settings.LOCAL_CACHE_SIZE,
+        negative_size=ratelimit_settings.NEGATIVE_CACHE_SIZE,
+        cache_alias=ratelimit_settings.CACHE_ALIAS,
+        namespace=ratelimit_settings.KEY_PREFIX,
+    )
+
+
+_lookups = SettingsCached(build_lookups)
+
+
+def get_lookups() -> Lookups:
+    """The lookup service of this process (created on first use from settings, rebuilt after every
+    settings change)."""
+    return _lookups.get()
+
+
+def invalidate() -> None:
+    """Apply a change of tiers, limits, keys or user tiers: see `Lookups.invalidate`."""
+    get_lookups().invalidate()
+
+
+def _on_model_change(sender: Any, using: str = "default", **kwargs: Any) -> None:
+    invalidate()
+    # Again after commit: a server that reloaded between the first bump and the commit read the old
+    # rows, and this second bump makes what it shared unreachable.
+    if transaction.get_connection(using).in_atomic_block:
+        transaction.on_commit(invalidate, using=using)
+
+
+def connect_signals() -> None:
+    """Invalidate the caches whenever a Tier, TierLimit, ApiKey, UserTier, one of their override limits
+    or a ClientRule is saved or deleted."""
+    from ..models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
+
+    for model in (Tier, TierLimit, ApiKey, UserTier, ApiKeyLimit, UserTierLimit, ClientRule):
+        for signal_name, signal in (("post_save", post_save), ("post_delete", post_delete)):
+            signal.connect(_on_model_change, sender=model, dispatch_uid=f"ratelimit-{model.__name__}-{signal_name}")

@@ -1,0 +1,165 @@
+"""A circuit breaker in front of Redis: stop waiting on a Redis that keeps failing.
+
+Closed: every decision goes to Redis. After `failures` consecutive failures (errors or timeouts) the
+breaker opens: decisions skip Redis and follow their fail mode at once. When the cool-down has passed
+the breaker lets exactly one call through as a probe (half-open); if it succeeds the breaker closes
+and normal limiting resumes, if it fails the breaker opens again with the cool-down doubled, up to
+`max_cooldown`. Each state change is reported once: to `on_change(state, detail)` when given (the
+limiter service passes it on to ratelimit_app.observability, which counts and logs it), else logged here as
+the event "ratelimit.breaker" on the "ratelimit_app" logger (WARNING when opening, INFO otherwise).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .logs import log_event
+
+CLOSED = "closed"
+OPEN = "open"
+HALF_OPEN = "half_open"
+
+#: What `before_call` tells the caller to do.
+CALL = 0  # call Redis (breaker closed)
+PROBE = 1  # call Redis as the single probe; report the outcome with probe=True
+SKIP = 2  # do not call Redis; follow the fail mode
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    """A snapshot of the breaker, for stats and dashboards.
+
+    `retry_in` is seconds until the next probe may run (0 when closed or probing); `cooldown` the
+    cool-down the breaker uses the next time it opens or has opened with; `opened` how many times it
+    has opened (from closed) since it was created.
+    """
+
+    state: str
+    consecutive_failures: int
+    cooldown: float
+    retry_in: float
+    opened: int
+
+
+class CircuitBreaker:
+    """Thread-safe circuit breaker; see the module docstring for the states.
+
+    `clock` returns seconds (monotonic). `on_change(state, detail)` is called after each state change
+    (`detail`: the previous state, and the failure count, error and cool-down where they apply); it
+    must not raise. The closed-state fast paths take no lock.
+    """
+
+    def __init__(self, failures: int, cooldown: float, max_cooldown: float, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_change: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        if failures < 1:
+            raise ValueError(f"failures: {failures!r} must be at least 1")
+        if cooldown <= 0 or max_cooldown < cooldown:
+            raise ValueError(f"cooldown: need 0 < cooldown ({cooldown!r}) <= max_cooldown ({max_cooldown!r})")
+        self.failures = failures
+        self.base_cooldown = float(cooldown)
+        self.max_cooldown = float(max_cooldown)
+        self._clock = clock
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self.state = CLOSED
+        self._consecutive = 0
+        self._cooldown = self.base_cooldown
+        self._open_until = 0.0
+        self._opened_at = 0.0
+        self._probe_started = 0.0
+        self._opened = 0
+
+    def before_call(self) -> int:
+        """CALL, PROBE or SKIP: whether this caller may use Redis now."""
+        if self.state is CLOSED:
+            return CALL
+        now = self._clock()
+        with self._lock:
+            if self.state is CLOSED:
+                return CALL
+            if self.state is OPEN:
+                if now < self._open_until:
+                    return SKIP
+                self.state = HALF_OPEN
+                self._probe_started = now
+                changed = True
+            else:
+                # half-open: one probe is in flight. A probe that never reported back (its caller
+                # died) must not keep the breaker half-open forever.
+                if now - self._probe_started < self.max_cooldown:
+                    return SKIP
+                self._probe_started = now
+                changed = False
+        if changed:
+            self._changed(HALF_OPEN, {"previous": OPEN})
+        return PROBE
+
+    def record_success(self, probe: bool = False) -> None:
+        """Redis answered: reset the failure count; close the breaker if it was not closed."""
+        if self.state is CLOSED and self._consecutive == 0:
+            return
+        with self._lock:
+            self._consecutive = 0
+            if self.state is CLOSED:
+                return
+            outage = self._clock() - self._opened_at
+            previous = self.state
+            self.state = CLOSED
+            self._cooldown = self.base_cooldown
+        self._changed(CLOSED, {"previous": previous, "outage_seconds": round(outage, 3)})
+
+    def record_failure(self, error: object = None, probe: bool = False) -> None:
+        """Redis failed or timed out: count it; open (or re-open after a failed probe) when due."""
+        now = self._clock()
+        with self._lock:
+            if self.state is CLOSED:
+                self._consecutive += 1
+                if self._consecutive < self.failures:
+                    return
+                self.state = OPEN
+                self._opened += 1
+                self._opened_at = now
+                self._cooldown = self.base_cooldown
+                self._open_until = now + self._cooldown
+                reopened = False
+            elif probe and self.state is HALF_OPEN:
+                self._cooldown = min(self._cooldown * 2, self.max_cooldown)
+                self.state = OPEN
+                self._open_until = now + self._cooldown
+                reopened = True
+            else:
+                # a call that started before the breaker opened: already accounted for
+                return
+            cooldown, consecutive = self._cooldown, self._consecutive
+        self._changed(OPEN, {"previous": HALF_OPEN if reopened else CLOSED, "failures": consecutive,
+                             "error": str(error)[:200], "next_probe_seconds": cooldown})
+
+    def abandon_probe(self) -> None:
+        """The probe ended without asking Redis (bad input): let the next caller probe at once."""
+        with self._lock:
+            if self.state is HALF_OPEN:
+                self.state = OPEN
+                self._open_until = self._clock()
+
+    def retry_in(self) -> float:
+        """Seconds until the breaker lets a probe through (0 when closed or half-open)."""
+        if self.state is not OPEN:
+            return 0.0
+        return max(self._open_until - self._clock(), 0.0)
+
+    def snapshot(self) -> BreakerState:
+        """The current state, for stats."""
+        with self._lock:
+            return BreakerState(self.state, self._consecutive, self._cooldown, self.retry_in(), self._opened)
+
+    def _changed(self, state: str, detail: dict[str, Any]) -> None:
+        if self._on_change is not None:
+            self._on_change(state, detail)
+        else:
+            log_event("ratelimit.breaker", logging.WARNING if state == OPEN else logging.INFO, state=state, **detail)

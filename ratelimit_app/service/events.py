@@ -1,0 +1,59 @@
+"""The one interface through which the limiter feeds observability.
+
+Request handling and the limiter service report what they did here; whatever records it (the app's
+metrics recorder, `ratelimit_app.observability.recorder`, installed by the app's `ready()`) sits above
+them and is never imported by them. With no recorder installed (the engine used outside Django, or
+before the app is ready) every report is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Recorder(Protocol):
+    """What a recorder of the limiter's events offers (a module with these functions will do)."""
+
+    def record_decision(self, *, allowed: bool, tier: str, policy: str | None, degraded: bool, identity: str,
+                        unauthorized: bool = False, listed: str = "") -> None: ...
+
+    def record_shadow_blocked(self, *, tier: str, policies: tuple[str, ...], identity: str) -> None: ...
+
+    def observe_latency(self, seconds: float) -> None: ...
+
+    def record_breaker_change(self, *, previous: str, state: str) -> None: ...
+
+
+_recorder: Recorder | None = None
+
+
+def install(recorder: Recorder | None) -> None:
+    """Send every later report to `recorder` (None: drop them)."""
+    global _recorder
+    _recorder = recorder
+
+
+def record_decision(*, allowed: bool, tier: str, policy: str | None, degraded: bool, identity: str,
+                    unauthorized: bool = False, listed: str = "") -> None:
+    """Report one limited request: allowed or refused, by which tier and policy, for which identity label."""
+    if _recorder is not None:
+        _recorder.record_decision(allowed=allowed, tier=tier, policy=policy, degraded=degraded, identity=identity,
+                                  unauthorized=unauthorized, listed=listed)
+
+
+def record_shadow_blocked(*, tier: str, policies: tuple[str, ...], identity: str) -> None:
+    """Report one allowed request that the shadow (dry-run) `policies` would have refused."""
+    if _recorder is not None:
+        _recorder.record_shadow_blocked(tier=tier, policies=policies, identity=identity)
+
+
+def observe_latency(seconds: float) -> None:
+    """Report the duration of one limiter call to Redis, in seconds."""
+    if _recorder is not None:
+        _recorder.observe_latency(seconds)
+
+
+def record_breaker_change(*, previous: str, state: str) -> None:
+    """Report one change of the circuit breaker in front of Redis."""
+    if _recorder is not None:
+        _recorder.record_breaker_change(previous=previous, state=state)

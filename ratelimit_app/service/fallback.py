@@ -1,0 +1,175 @@
+"""The in-process limiter: the algorithms of ratelimit_app/core/lua, in Python, for Redis outages.
+
+`LocalLimiter` mirrors the Lua scripts line by line: the same state, the same arithmetic (Lua numbers
+are doubles, so this module computes in floats too, and rounds exactly where the scripts do), the same
+all-or-nothing decision over several policies and the same replies. It serves two purposes:
+
+- the `local` fail mode: while Redis is unavailable each app server enforces every policy divided by
+  RATELIMIT['APP_SERVERS'] (`app_servers`), so the fleet as a whole stays near the real limit;
+- a model of the Lua engine: with `app_servers=1` and an injected clock it must decide exactly as
+  Redis does (tests/service/test_fallback_models.py checks this with hypothesis).
+
+It is thread-safe (one lock per limiter) and its memory is bounded: at most `max_keys` states and at
+most `max_units` sliding-window log entries (8 bytes each) are kept; the least recently written state
+is dropped first (which can only make the limiter more lenient).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from ..core.decision import Decision, PolicyResult
+from ..core.engine import Check, identity_digest
+from ..core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
+from .fallback_models import MODELS, Store
+
+#: A clock returning microseconds since the Unix epoch (the scripts use Redis TIME the same way).
+Clock = Callable[[], int]
+
+DEFAULT_MAX_KEYS = 100_000
+DEFAULT_MAX_UNITS = 1_000_000
+
+
+def wall_clock_us() -> int:
+    """Microseconds since the Unix epoch from this machine's clock (windows align to the epoch)."""
+    return time.time_ns() // 1000
+
+
+def local_share(policy: Policy, app_servers: int) -> tuple[float, float, float]:
+    """(limit, period_ms, capacity) that one of `app_servers` servers enforces for `policy`.
+
+    Window algorithms get limit // app_servers per period. token_bucket and gcra keep their exact
+    rate divided by app_servers (the period is stretched) and get capacity // app_servers as burst.
+    Shares never drop below 1, so a limit smaller than the number of servers still admits something.
+    """
+    if app_servers == 1:
+        return float(policy.limit), float(policy.period_ms), float(policy.capacity)
+    if policy.algorithm in BURST_ALGORITHMS:
+        return (float(policy.limit), float(policy.period_ms * app_servers),
+                float(max(policy.capacity // app_servers, 1)))
+    share = float(max(policy.limit // app_servers, 1))
+    return share, float(policy.period_ms), share
+
+
+class LocalLimiter:
+    """Decides requests against policies in this process, with the semantics of the Lua engine.
+
+    The API mirrors `RateLimiter`: `hit`, `peek`, `hit_many` (always all-or-nothing) and `reset`.
+    `clock` returns microseconds since the epoch; `app_servers` divides every policy (see
+    `local_share`); `max_keys` bounds the number of states kept and `max_units` the entries of all
+    sliding-window logs together.
+    """
+
+    def __init__(self, *, app_servers: int = 1, clock: Clock = wall_clock_us,
+                 max_keys: int = DEFAULT_MAX_KEYS, max_units: int = DEFAULT_MAX_UNITS) -> None:
+        if isinstance(app_servers, bool) or not isinstance(app_servers, int) or app_servers < 1:
+            raise ValueError(f"app_servers: {app_servers!r} must be an integer >= 1")
+        for name, value in (("max_keys", max_keys), ("max_units", max_units)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: {value!r} must be an integer >= 1")
+        self.app_servers = app_servers
+        self.clock = clock
+        self._store = Store(max_keys, max_units)
+        self._lock = threading.Lock()
+
+    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
+        """Charge `cost` to every policy if all of them allow it; charge nothing otherwise."""
+        return self.decide([(identity, policies)], cost, charge=True)[0]
+
+    def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
+        """Report what `hit` would decide for `cost`, charging nothing."""
+        return self.decide([(identity, policies)], cost, charge=False)[0]
+
+    def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None) -> list[Decision]:
+        """Decide several identities together, all-or-nothing across all of them (`lease`: the token
+        concurrency slots are held under)."""
+        return self.decide(checks, cost, charge=True, lease=lease)
+
+    def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
+        """Give back the concurrency slots held under `lease` (see RateLimiter.release)."""
+        with self._lock:
+            now_us = float(self.clock())
+            for identity, policy in held:
+                key = f"{identity_digest(identity)}:{policy.name}:{policy.algorithm}"
+                leases = self._store.get(key, now_us)
+                if leases and lease in leases:
+                    kept = {token: expiry for token, expiry in leases.items() if token != lease and expiry > now_us}
+                    if kept:
+                        self._store.set(key, kept, (max(kept.values()) - now_us) / 1000, now_us, len(kept))
+                    else:
+                        self._store.delete(key)
+
+    def reset(self, identity: str, policies: Sequence[Policy]) -> None:
+        """Forget the state of `identity` for these policies."""
+        digest = identity_digest(identity)
+        with self._lock:
+            for policy in policies:
+                self._store.delete(f"{digest}:{policy.name}:{policy.algorithm}")
+
+    def clear(self) -> None:
+        """Forget every state (used when Redis is back: the next outage starts afresh)."""
+        with self._lock:
+            self._store.clear()
+
+    def __len__(self) -> int:
+        """The number of states held (at most max_keys)."""
+        return len(self._store)
+
+    def decide(self, checks: Sequence[Check], cost: int, *, charge: bool, lease: str | None = None) -> list[Decision]:
+        """One all-or-nothing decision over every policy of every check (decide.lua); concurrency slots
+        are taken under `lease`."""
+        if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+            raise ValueError(f"cost: {cost!r} must be an integer >= 1")
+        plan = []
+        for identity, policies in checks:
+            digest = identity_digest(identity)
+            rows = []
+            for policy in policies:
+                if not isinstance(policy, Policy):
+                    raise TypeError(f"policies: expected Policy objects, got {type(policy).__name__}")
+                if charge and lease is None and policy.algorithm == CONCURRENCY:
+                    raise ValueError("lease: this call takes a concurrency slot; pass lease=<token>")
+                limit, period_ms, capacity = local_share(policy, self.app_servers)
+                rows.append((policy, f"{digest}:{policy.name}:{policy.algorithm}", limit, period_ms, capacity))
+            plan.append(rows)
+        fcost = float(cost)
+        with self._lock:
+            now_us = float(self.clock())
+            outcomes = [[MODELS[policy.algorithm](self._store, key, now_us, limit, period_ms, capacity, fcost,
+                                                      *((lease,) if policy.algorithm == CONCURRENCY else ()))
+                         for policy, key, limit, period_ms, capacity in rows] for rows in plan]
+            all_allowed = all(outcome[0] or row[0].shadow for rows, per_check in zip(plan, outcomes, strict=True)
+                              for row, outcome in zip(rows, per_check, strict=True))
+            decisions = []
+            for rows, per_check in zip(plan, outcomes, strict=True):
+                results: list[PolicyResult] = []
+                shadow: list[PolicyResult] = []
+                for (policy, _, _, _, capacity), (allowed, remaining, reset_us, retry_us, apply) in zip(
+                        rows, per_check, strict=True):
+                    if charge and all_allowed and allowed and apply is not None:
+                        reset_us = apply()
+                        remaining = remaining - (1.0 if policy.algorithm == CONCURRENCY else fcost)
+                    (shadow if policy.shadow else results).append(
+                        _result(policy.name, allowed, capacity, remaining, reset_us, retry_us))
+                decision = Decision.from_results(tuple(results), shadow=tuple(shadow))
+                if decision.allowed and not all_allowed:
+                    decision = decision.refused()
+                decisions.append(decision)
+        return decisions
+
+
+def _result(name: str, allowed: bool, capacity: float, remaining: float, reset_us: float,
+            retry_us: float) -> PolicyResult:
+    """One policy's result, rounded as decide.lua and engine.parse_reply round it."""
+    # Lua numbers leave a script truncated to integers; decide.lua rounds times up to milliseconds
+    reset_ms = math.ceil(reset_us / 1000)
+    if allowed:
+        retry_after = None
+    elif retry_us < 0:
+        retry_after = math.inf
+    else:
+        retry_after = int(max(1, math.ceil(retry_us / 1000))) / 1000.0
+    return PolicyResult(name, allowed, int(capacity), max(int(remaining), 0), reset_ms / 1000.0, retry_after)

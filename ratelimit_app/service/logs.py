@@ -1,0 +1,106 @@
+"""Structured log records of the logger "ratelimit_app", with API keys redacted.
+
+Every record this app logs goes through `log_event`: the message reads `event key=value ...` for
+plain-text handlers, and the same fields travel on the record as attributes (`record.ratelimit_event`
+and `record.ratelimit`, a dict) for structured handlers such as `JsonFormatter`. Fields named
+`identity` are passed through `safe_identity`, fields named `key` through `mask_key`, so a full API
+key never reaches a log: callers pass labels ("key:<prefix>", "ip:203.0.113.7", "user:5").
+
+Levels: denials DEBUG (they can be many), breaker state changes WARNING (open) / INFO (closed,
+half_open), configuration errors ERROR, metrics flush failures WARNING (once per outage).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+logger = logging.getLogger("ratelimit_app")
+
+_MAX_IDENTITY = 128
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:/@+\-\[\]]*$")
+
+
+def mask_key(key: str) -> str:
+    """An API key as it may be shown: its public prefix, never the secret ("abcd1234.…").
+
+    Keys are `<prefix>.<secret>`; a string without a dot shows its first 4 characters only.
+    """
+    if not isinstance(key, str) or not key:
+        return "…"
+    prefix, dot, _ = key.partition(".")
+    if dot:
+        return f"{prefix[:32]}.…"
+    return f"{key[:4]}…"
+
+
+def safe_identity(identity: str) -> str:
+    """An identity label safe to store and show: "key:<prefix>.<secret>" becomes "key:<prefix>".
+
+    Labels of other schemes ("ip:...", "user:...") are kept; anything is cut to 128 characters.
+    """
+    if not isinstance(identity, str):
+        return "?"
+    scheme, colon, rest = identity.partition(":")
+    if colon and scheme == "key":
+        # Only the public prefix identifies a key; whatever follows a dot would be its secret.
+        return f"key:{rest.partition('.')[0][:64]}"
+    return identity[:_MAX_IDENTITY]
+
+
+def _format_value(value: Any) -> str:
+    text = str(value)
+    return text if _SAFE_VALUE.match(text) else json.dumps(text)
+
+
+def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
+    """Log `event` with `fields` on the "ratelimit_app" logger (see the module docstring for the format)."""
+    if not logger.isEnabledFor(level):
+        return
+    if "identity" in fields:
+        fields["identity"] = safe_identity(fields["identity"])
+    if "key" in fields:
+        fields["key"] = mask_key(fields["key"])
+    message = " ".join([event, *(f"{name}={_format_value(value)}" for name, value in fields.items())])
+    logger.log(level, message, extra={"ratelimit_event": event, "ratelimit": fields})
+
+
+def log_denial(*, tier: str, policy: str | None, identity: str, degraded: bool = False) -> None:
+    """A request refused by the limiter (DEBUG: one record per denial)."""
+    log_event("ratelimit.denied", logging.DEBUG, tier=tier, policy=policy or "", identity=identity,
+              degraded=degraded)
+
+
+def log_breaker_change(*, previous: str, state: str) -> None:
+    """The circuit breaker in front of Redis changed state (WARNING when it opens, else INFO)."""
+    level = logging.WARNING if state == "open" else logging.INFO
+    log_event("ratelimit.breaker", level, previous=previous, state=state)
+
+
+def log_config_error(error: Exception, *, where: str) -> None:
+    """A configuration error met at run time (ERROR); `where` names what could not proceed."""
+    log_event("ratelimit.config_error", logging.ERROR, where=where, error=str(error))
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats records as one JSON object per line: time, level, logger, event, message and fields.
+
+    Use it in LOGGING: `"formatters": {"json": {"()": "ratelimit_app.service.logs.JsonFormatter"}}`.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "event": getattr(record, "ratelimit_event", None),
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "ratelimit", None)
+        if isinstance(fields, dict):
+            payload.update({name: value for name, value in fields.items() if name not in payload})
+        if record.exc_info:
+            payload["exception"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=str)

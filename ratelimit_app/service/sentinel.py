@@ -1,0 +1,83 @@
+"""Redis Sentinel: find the current master of a service through a group of sentinels."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis
+import redis.asyncio
+from django.core.exceptions import ImproperlyConfigured
+from redis.connection import ConnectionPool
+from redis.sentinel import Sentinel, SentinelManagedConnection
+
+from ..core.budget import BudgetConnection, BudgetMixin
+from .conf import ratelimit_settings
+
+
+class BudgetSentinelConnection(BudgetMixin, SentinelManagedConnection):
+    """A connection to the master the sentinels name, respecting the limiter's time budget."""
+
+
+def host_ports(netloc: str, what: str, example: str) -> list[tuple[str, int]]:
+    """(host, port) of every "host:port" in the comma-separated network location of a URL (a cluster's
+    nodes, a sentinel's addresses); a malformed item is an ImproperlyConfigured naming REDIS_URL."""
+    found = []
+    for item in netloc.rpartition("@")[2].split(","):
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ImproperlyConfigured(f"RATELIMIT['REDIS_URL']: {what} {item!r} must be host:port ({example})")
+        found.append((host.strip("[]"), int(port)))
+    return found
+
+
+def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int]:
+    """Split "redis+sentinel://host:port,host:port/SERVICE[/DB]" into (sentinels, service, db)."""
+    parts = urlsplit(url)
+    hosts = host_ports(parts.netloc, "sentinel address", "redis+sentinel://host:26379,host:26380/SERVICE/DB")
+    segments = [s for s in parts.path.split("/") if s]
+    service = segments[0] if segments else ratelimit_settings.SENTINEL_SERVICE
+    db_text = segments[1] if len(segments) > 1 else parse_qs(parts.query).get("db", ["0"])[0]
+    if not db_text.isdigit():
+        raise ImproperlyConfigured(f"RATELIMIT['REDIS_URL']: database {db_text!r} must be a number")
+    return hosts, service, int(db_text)
+
+
+def sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
+    """A client that always talks to the master that the sentinels currently name.
+
+    `options` are the limiter's client options (timeouts, no retries). The password in the URL is
+    the master's; the sentinels are asked without one. Each sentinel gets at most an equal share of
+    the connect timeout, so asking all of them cannot take longer than connecting to one server.
+    """
+    hosts, service, db = parse_sentinel_url(url)
+    password = urlsplit(url).password
+    share = len(hosts) or 1
+    sentinel_options = {**options, "socket_connect_timeout": options["socket_connect_timeout"] / share}
+    sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_options, **options)
+    # the sentinels are asked inside the same time budget as the master (redis.Redis takes no
+    # connection class of its own, so each sentinel client gets a pool of budget-aware connections)
+    sentinel.sentinels = [
+        redis.Redis(connection_pool=ConnectionPool(connection_class=BudgetConnection, host=host, port=port,
+                                                   **sentinel_options))
+        for host, port in hosts
+    ]
+    return sentinel.master_for(
+        service, db=db, password=unquote(password) if password else None, connection_class=BudgetSentinelConnection,
+    )
+
+
+def async_sentinel_master(url: str, options: dict[str, Any]) -> redis.asyncio.Redis:
+    """`sentinel_master` for asyncio: a redis.asyncio client of the master the sentinels name now.
+
+    The sentinels are asked with the same options and the same share of the connect timeout; the
+    async service bounds the whole decision, sentinel lookups included, with one asyncio timeout.
+    """
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+    hosts, service, db = parse_sentinel_url(url)
+    password = urlsplit(url).password
+    share = len(hosts) or 1
+    sentinel_options = {**options, "socket_connect_timeout": options["socket_connect_timeout"] / share}
+    sentinel = AsyncSentinel(hosts, sentinel_kwargs=sentinel_options, **options)
+    return sentinel.master_for(service, db=db, password=unquote(password) if password else None)

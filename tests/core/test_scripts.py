@@ -1,0 +1,64 @@
+"""The Lua scripts cannot drift silently: their hash is pinned, and Redis agrees with it."""
+
+from __future__ import annotations
+
+import re
+
+import redis
+
+from ratelimit_app.core.algorithms import REGISTRY, SCRIPTED
+from ratelimit_app.core.scripts import ALGORITHM_FILES, ENTRY_FILE, decide_sha, decide_source, read_lua
+from ratelimit_app.service.fallback_models import MODELS
+
+# Update deliberately when a script changes (and say why in the commit).
+PINNED_DECIDE_SHA = "698e03f8cb56d48018e034860ca642f095075d84"
+
+
+def test_decide_script_hash_is_pinned(redis_client: redis.Redis) -> None:
+    assert redis_client.script_load(decide_source()) == decide_sha() == PINNED_DECIDE_SHA
+
+
+def test_every_script_documents_its_interface() -> None:
+    for name in ALGORITHM_FILES:
+        header = read_lua(name).split("local function", 1)[0]
+        for word in ("stored", "now_us", "limit", "period_ms", "capacity", "cost", "Returns", "TTL"):
+            assert word in header, f"{name} header does not document {word}"
+    header = read_lua(ENTRY_FILE).split("local numbers", 1)[0]
+    for word in ("KEYS[j]", "KEYS[m + i]", "ARGV[1]", "'>i8BB'", "'>i8i8i8i8BBc0'", "algorithm codes", "State",
+                 "'>Bc0I6I4'", "Reply", "Upgrades"):
+        assert word in header, f"{ENTRY_FILE} header does not document {word}"
+
+
+def test_every_algorithm_file_ends_with_its_function() -> None:
+    """scripts.py makes each algorithm's function a branch of check(), which decide.lua calls."""
+    source = decide_source()
+    for algorithm in SCRIPTED:
+        assert f"code == {algorithm.code} then -- {algorithm.lua_file}" in source
+    assert source.count("local function check(") == 1
+
+
+def test_scripts_read_time_only_from_redis() -> None:
+    code = "\n".join(line for line in decide_source().splitlines() if not line.lstrip().startswith("--"))
+    assert code.count("redis.call('TIME')") == 1
+    assert "os.time" not in code and "os.clock" not in code
+
+
+def test_the_engine_and_the_script_agree_on_algorithm_codes() -> None:
+    from ratelimit_app.core.engine import ALGORITHM_CODES
+    from ratelimit_app.core.policies import ALL_ALGORITHMS
+
+    assert set(ALGORITHM_CODES) == set(ALL_ALGORITHMS)
+    header = read_lua(ENTRY_FILE).split("local numbers", 1)[0]
+    for name, code in ALGORITHM_CODES.items():
+        assert f"{code} {name}" in header
+
+
+def test_every_registered_algorithm_has_its_lua_function_and_its_fallback_model() -> None:
+    """Adding an algorithm is one Lua file, one fallback model and one registry entry: this is what
+    ties them together (and nothing is left over in the fallback)."""
+    for algorithm in SCRIPTED:
+        assert re.search(rf"^local function {algorithm.name}\(", read_lua(algorithm.lua_file), re.M), algorithm.name
+    assert set(MODELS) == {algorithm.name for algorithm in REGISTRY}
+    codes = [algorithm.code for algorithm in SCRIPTED]
+    letters = [algorithm.letter for algorithm in SCRIPTED]
+    assert len(set(codes)) == len(codes) and len(set(letters)) == len(letters)
