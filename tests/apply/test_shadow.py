@@ -19,8 +19,7 @@ from ratelimit_app.observability.recorder import flush
 from ratelimit_app.service.fallback import LocalLimiter
 from tests.observability.test_prometheus import scrape, value
 from tests.support.limits_support import make_key, parse_ietf, seed_tiers
-
-from .test_admin import form_data
+from tests.test_admin import form_data
 
 ENFORCED = Policy("hour", "fixed_window", limit=100, period=3600)
 SHADOW = Policy("strict", "sliding_window", limit=3, period=3600, shadow=True)

@@ -19,8 +19,7 @@ from ratelimit_app.core.calendars import CALENDAR_PERIODS, period_bounds
 from ratelimit_app.core.engine import state_entries
 from ratelimit_app.models import Tier, TierLimit
 from tests.support.limits_support import make_key, make_tier, parse_ietf
-
-from .test_admin import form_data
+from tests.test_admin import form_data
 
 
 def redis_now(client: Any) -> float:

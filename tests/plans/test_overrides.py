@@ -17,8 +17,7 @@ from ratelimit_app.core.policies import Policy
 from ratelimit_app.models import ApiKey, ApiKeyLimit, Tier, UserTier
 from ratelimit_app.plans.compile import TierInfo, apply_overrides
 from tests.support.limits_support import LimitSpec, make_key, make_tier
-
-from .test_admin import form_data
+from tests.test_admin import form_data
 
 pytestmark = pytest.mark.django_db
 
