@@ -92,7 +92,7 @@ def profile_variants(redis_url: str, work_dir: Path, variants: list[str], second
     if executable is None:
         return AsgiProfile(seconds, RATE, {}, {}, "py-spy is not installed (it comes with bench/requirements.txt)")
     db_path = work_dir / "bench-http.sqlite3"
-    headers = {"X-API-Key": http_bench.prepare_database(redis_url, db_path)}
+    keys = http_bench.prepare_database(redis_url, db_path)
     _, generate = http_bench.load_generator()
     per_request: dict[str, dict[str, float]] = {}
     cpu: dict[str, float] = {}
@@ -100,11 +100,11 @@ def profile_variants(redis_url: str, work_dir: Path, variants: list[str], second
         progress(f"profile (py-spy): {variant}")
         with http_bench.Server(redis_url, db_path, variant, 1, 0, "uvicorn") as server, \
                 tempfile.TemporaryDirectory(prefix="ratelimit-profile-") as scratch:
-            server.wait_ready(headers)
-            generate(server.url, headers, connections, 1.0)  # warm up
+            server.wait_ready({"X-API-Key": keys[0]})
+            generate(server.url, keys, connections, 1.0)  # warm up
             # the load runs 0.5 s longer on each side than py-spy, so every sample falls under load
             loaded: list[http_bench.HttpResult] = []
-            load = threading.Thread(target=_load_into, args=(loaded, generate, server.url, headers, connections,
+            load = threading.Thread(target=_load_into, args=(loaded, generate, server.url, keys, connections,
                                                              seconds + 1.0))
             load.start()
             time.sleep(0.5)

@@ -39,36 +39,39 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.http_bench import BENCH_TIER, HttpResult, Server, _env, load_generator  # noqa: E402
+from bench.http_bench import KEY_COUNT, SEEDED_TIER, HttpResult, Server, _env, load_generator  # noqa: E402
 from devtools.embedded import start_redis  # noqa: E402
 
-#: The slot tier: BENCH_TIER plus a concurrency limit no run reaches.
+#: The slot tier: the seeded SEEDED_TIER's limits plus a concurrency limit no run reaches (as staff add one).
 SLOTS = ("concurrency", "concurrency", 1_000_000, 60, None)
 
 _PREPARE = """
-import io, json, sys
+import json, sys
 import django
 django.setup()
 from django.core.management import call_command
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 call_command("migrate", interactive=False, verbosity=0)
-keys = {}
-for slug, limits in (("bench", %r), ("bench-slot", %r)):
-    tier, _ = Tier.objects.update_or_create(slug=slug, defaults={"name": slug})
-    for name, algorithm, limit, period, burst in limits:
-        TierLimit.objects.update_or_create(tier=tier, scope="", name=name, defaults={
-            "algorithm": algorithm, "limit": limit, "period": period, "burst": burst, "enabled": True})
-    keys[slug] = ApiKey.objects.create_key(name=slug, tier=tier)[1]
+seeded = Tier.objects.get(slug=%r)
+slot_tier, _ = Tier.objects.update_or_create(slug=seeded.slug + "-slot", defaults={"name": seeded.name + " + slot"})
+for row in seeded.limits.all():
+    TierLimit.objects.update_or_create(tier=slot_tier, scope=row.scope, name=row.name, defaults={
+        "algorithm": row.algorithm, "limit": row.limit, "period": row.period, "burst": row.burst, "enabled": True})
+name, algorithm, limit, period, burst = %r
+TierLimit.objects.update_or_create(tier=slot_tier, scope="", name=name, defaults={
+    "algorithm": algorithm, "limit": limit, "period": period, "burst": burst, "enabled": True})
+keys = {tier.slug: [ApiKey.objects.create_key(name=f"bench {n}", tier=tier)[1] for n in range(%d)]
+        for tier in (seeded, slot_tier)}
 sys.stdout.write(json.dumps(keys) + "\\n")
 """
 
-VARIANTS = (("rate limits", "bench"), ("rate limits + slot", "bench-slot"))
+VARIANTS = (("rate limits", SEEDED_TIER), ("rate limits + slot", f"{SEEDED_TIER}-slot"))
 
 
-def prepare(redis_url: str, db_path: Path) -> dict[str, str]:
+def prepare(redis_url: str, db_path: Path) -> dict[str, list[str]]:
     import json
 
-    done = subprocess.run([sys.executable, "-c", _PREPARE % (BENCH_TIER, (*BENCH_TIER, SLOTS))],
+    done = subprocess.run([sys.executable, "-c", _PREPARE % (SEEDED_TIER, SLOTS, KEY_COUNT)],
                           env=_env(redis_url, db_path, "ours"), cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     if done.returncode != 0:
@@ -108,18 +111,17 @@ def main(argv: list[str]) -> int:
     cpu: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in VARIANTS}
     with Server(redis_server.url, work_dir / "db.sqlite3", "ours", args.workers, args.threads) as server:
         for label, slug in VARIANTS:
-            status, _ = server.wait_ready({"X-API-Key": keys[slug]})
+            status, _ = server.wait_ready({"X-API-Key": keys[slug][0]})
             if status != 200:
                 raise RuntimeError(f"{label}: first answer was {status}, expected 200")
         for round_index in range(args.rounds):
             order = VARIANTS if round_index % 2 == 0 else tuple(reversed(VARIANTS))
             for label, slug in order:
-                headers = {"X-API-Key": keys[slug]}
                 admin.flushdb()  # the private server's sliding logs stay small; the scripts stay loaded
-                generate(server.url, headers, args.connections, args.warmup)
+                generate(server.url, keys[slug], args.connections, args.warmup)
                 before = _commands(admin)
                 app_before, redis_before = server.worker_cpu(), _redis_cpu(admin)
-                result = generate(server.url, headers, args.connections, args.duration)
+                result = generate(server.url, keys[slug], args.connections, args.duration)
                 app_after, redis_after = server.worker_cpu(), _redis_cpu(admin)
                 after = _commands(admin)
                 done = max(1, result.requests)

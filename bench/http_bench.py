@@ -4,14 +4,14 @@ Each variant (bench/httpapp/variants.py) gets its own server on a free loopback 
 serving bench.httpapp.wsgi (the WSGI variants), or uvicorn, one process without access log,
 serving bench.httpapp.asgi (the ASGI variants, whose view is an `async def`). The load generator
 (wrk when it is on PATH, else the bounded Python client below) warms it up, then sends GET /api/ping
-with the same headers for a fixed time over a fixed number of keep-alive connections, and reports
-requests per second, the p99 latency and how many answers were not 200 (must be 0: every limit is
-set far above what a run can send). Rounds are interleaved across variants and each variant's row
-is its median round.
+for a fixed time over a fixed number of keep-alive connections, and reports requests per second, the
+p99 latency and how many answers were not 200 (must be 0: no run reaches a limit). Rounds are
+interleaved across variants and each variant's row is its median round.
 
-Before the variants run, the SQLite database of the bench settings is migrated and a tier "bench"
-shaped like the seeded free tier (token_bucket + sliding_window + fixed_window) but with huge
-limits is created, with an API key for it made by `create_api_key` (the key every variant sends).
+What users get: before the variants run, the SQLite database of the bench settings is migrated, which
+seeds the free, pro and enterprise tiers, and KEY_COUNT API keys of the seeded SEEDED_TIER are made.
+Every request sends one of them, in turn (X-API-Key), so each key stays within its seeded limits for a
+whole round (Redis is flushed between rounds); the limits are the seeded ones, as migrate makes them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import http.client
+import importlib
+import itertools
+import json
 import math
 import os
 import re
@@ -26,9 +29,10 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,13 +43,10 @@ from devtools.embedded import free_port
 ROOT = Path(__file__).resolve().parent.parent
 PATH = "/api/ping"
 
-#: The tier every HTTP request of the "ours" variant is decided against: the free tier's shape,
-#: with limits no run can reach. (name, algorithm, limit, period seconds, burst)
-BENCH_TIER = (
-    ("burst", "token_bucket", 1_000_000, 60, 1_000_000),
-    ("minute", "sliding_window", 1_000_000, 60, None),
-    ("day", "fixed_window", 100_000_000, 86_400, None),
-)
+#: The seeded tier whose keys the requests send (its burst of 200 refills at 2,000 per minute: with
+#: KEY_COUNT keys in turn, a round of a few thousand requests per second stays within every key's limits).
+SEEDED_TIER = "enterprise"
+KEY_COUNT = 64
 
 
 @dataclass(frozen=True)
@@ -76,30 +77,33 @@ def _env(redis_url: str, db_path: Path, variant: str) -> dict[str, str]:
 
 
 _PREPARE = """
-import io, sys
+import json, sys
 import django
 django.setup()
 from django.core.management import call_command
-from ratelimit_app.models import Tier, TierLimit
+from ratelimit_app.models import ApiKey, Tier
 call_command("migrate", interactive=False, verbosity=0)
-tier, _ = Tier.objects.update_or_create(slug="bench", defaults={"name": "Benchmark (huge limits)"})
-for name, algorithm, limit, period, burst in %r:
-    TierLimit.objects.update_or_create(tier=tier, scope="", name=name, defaults={
-        "algorithm": algorithm, "limit": limit, "period": period, "burst": burst, "enabled": True})
-out = io.StringIO()
-call_command("create_api_key", "benchmark", "--tier", "bench", stdout=out)
-sys.stdout.write(out.getvalue())
+tier = Tier.objects.get(slug=%r)
+keys = [ApiKey.objects.create_key(name=f"benchmark {n}", tier=tier)[1] for n in range(%d)]
+sys.stdout.write(json.dumps(keys) + "\\n")
 """
 
 
-def prepare_database(redis_url: str, db_path: Path) -> str:
-    """Migrate the bench database, create the "bench" tier, and return a new API key for it, made by
-    `create_api_key` (which prints the key alone on its last line). One process, to start Django once."""
-    done = subprocess.run([sys.executable, "-c", _PREPARE % (BENCH_TIER,)], env=_env(redis_url, db_path, "ours"),
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+def seeded_limits(slug: str) -> list[tuple[str, str, int, int, int | None]]:
+    """The limits `migrate` seeds for tier `slug`: (name, algorithm, limit, period seconds, burst)."""
+    seed = importlib.import_module("ratelimit_app.migrations.0002_seed_tiers")
+    return list(seed.SEED_TIERS[slug][1])
+
+
+def prepare_database(redis_url: str, db_path: Path) -> list[str]:
+    """Migrate the bench database (which seeds the tiers) and return KEY_COUNT new API keys of the
+    seeded SEEDED_TIER. One process, to start Django once."""
+    done = subprocess.run([sys.executable, "-c", _PREPARE % (SEEDED_TIER, KEY_COUNT)],
+                          env=_env(redis_url, db_path, "ours"), cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"preparing the HTTP database failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout.strip().splitlines()[-1].strip()
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 #: The servers a variant can run under: gunicorn (WSGI) or uvicorn (ASGI).
@@ -192,12 +196,26 @@ def _wrk_seconds(text: str) -> float:
     return float(match.group(1)) * _WRK_UNITS[match.group(2)]
 
 
-def wrk_load(url: str, headers: dict[str, str], connections: int, duration: float) -> HttpResult:
-    """Run wrk (1 thread, `connections` keep-alive connections, `duration` seconds, --latency)."""
+_WRK_KEYS = """
+local keys = {%s}
+local next_key = 0
+request = function()
+  next_key = next_key %% #keys + 1
+  return wrk.format("GET", nil, {["X-API-Key"] = keys[next_key]})
+end
+"""
+
+
+def wrk_load(url: str, keys: Sequence[str], connections: int, duration: float) -> HttpResult:
+    """Run wrk (1 thread, `connections` keep-alive connections, `duration` seconds, --latency), each request
+    with the next of `keys` in X-API-Key (none when `keys` is empty)."""
     command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency", "--timeout", "5s"]
-    for name, value in headers.items():
-        command += ["-H", f"{name}: {value}"]
-    done = subprocess.run([*command, url], capture_output=True, text=True, timeout=duration + 60, check=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="ratelimit-wrk-") as script:
+        if keys:
+            script.write(_WRK_KEYS % ", ".join(f'"{key}"' for key in keys))
+            script.flush()
+            command += ["-s", script.name]
+        done = subprocess.run([*command, url], capture_output=True, text=True, timeout=duration + 60, check=True)
     out = done.stdout
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     per_second = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
@@ -211,8 +229,9 @@ def wrk_load(url: str, headers: dict[str, str], connections: int, duration: floa
     return HttpResult("", requests, per_second, p50, p99, errors, "wrk")
 
 
-def python_load(url: str, headers: dict[str, str], connections: int, duration: float) -> HttpResult:
-    """A bounded Python client: `connections` threads, each one keep-alive connection, for `duration` s."""
+def python_load(url: str, keys: Sequence[str], connections: int, duration: float) -> HttpResult:
+    """A bounded Python client: `connections` threads, each one keep-alive connection, for `duration` s;
+    each request with the next of `keys` in X-API-Key (none when `keys` is empty)."""
     match = re.match(r"http://([^:/]+):(\d+)(/.*)", url)
     if not match:
         raise ValueError(f"unexpected url {url!r}")
@@ -221,12 +240,17 @@ def python_load(url: str, headers: dict[str, str], connections: int, duration: f
     latencies: list[list[float]] = [[] for _ in range(connections)]
     errors = [0] * connections
 
+    turn = itertools.cycle([{"X-API-Key": key} for key in keys] or [{}])
+    turn_lock = threading.Lock()
+
     def client(slot: int) -> None:
         conn = http.client.HTTPConnection(host, port, timeout=5)
         while True:
             before = time.monotonic()
             if before >= end:
                 break
+            with turn_lock:
+                headers = next(turn)
             try:
                 conn.request("GET", path, headers=headers)
                 response = conn.getresponse()
@@ -255,7 +279,7 @@ def python_load(url: str, headers: dict[str, str], connections: int, duration: f
     return HttpResult("", count, count / elapsed, p50, p99, sum(errors), "python")
 
 
-def load_generator() -> tuple[str, Callable[[str, dict[str, str], int, float], HttpResult]]:
+def load_generator() -> tuple[str, Callable[[str, Sequence[str], int, float], HttpResult]]:
     """wrk when installed (it costs the server's CPU far less than Python), else the Python client;
     BENCH_LOAD_GENERATOR=python forces the Python client."""
     if shutil.which("wrk") and os.environ.get("BENCH_LOAD_GENERATOR") != "python":
@@ -296,8 +320,8 @@ def run_http(redis_url: str, admin: redis.Redis, work_dir: Path, variants: list[
     of one, and each variant's row is its median round.
     """
     db_path = work_dir / "bench-http.sqlite3"
-    api_key = prepare_database(redis_url, db_path)
-    headers = {"X-API-Key": api_key}
+    keys = prepare_database(redis_url, db_path)
+    headers = {"X-API-Key": keys[0]}
     generator_name, generate = load_generator()
     runs: dict[str, list[HttpResult]] = {variant: [] for variant in variants}
     ours_headers: dict[str, str] = {}
@@ -316,9 +340,9 @@ def run_http(redis_url: str, admin: redis.Redis, work_dir: Path, variants: list[
             for variant, serving in servers.items():
                 admin.flushall()
                 if warmup > 0:
-                    generate(serving.url, headers, connections, warmup)
+                    generate(serving.url, keys, connections, warmup)
                 cpu_before, app_before = _redis_cpu(admin), serving.worker_cpu()
-                result = generate(serving.url, headers, connections, duration)
+                result = generate(serving.url, keys, connections, duration)
                 cpu, app = _redis_cpu(admin) - cpu_before, serving.worker_cpu() - app_before
                 requests = max(1, result.requests)
                 runs[variant].append(HttpResult(variant, result.requests, result.per_second, result.p50,

@@ -485,7 +485,7 @@ def _memory_section(results: Results) -> list[str]:
 
 
 def _http_section(results: Results) -> list[str]:
-    from bench.http_bench import BENCH_TIER
+    from bench.http_bench import KEY_COUNT, SEEDED_TIER, seeded_limits
     from bench.httpapp.variants import HUGE_RATE, IP_ALGORITHM
     from bench.httpapp.variants import VARIANTS as HTTP_VARIANTS
 
@@ -494,16 +494,17 @@ def _http_section(results: Results) -> list[str]:
     if http is None:
         return [*lines, f"Not measured: {results.http_note}.", ""]
     tier = ", ".join(f"{name} {algorithm} {limit:,}/{period}s" + (f" burst {burst:,}" if burst else "")
-                     for name, algorithm, limit, period, burst in BENCH_TIER)
+                     for name, algorithm, limit, period, burst in seeded_limits(SEEDED_TIER))
     lines += [
         f"`GET /api/ping` returns a small JSON body. gunicorn: {http.workers} workers x {http.threads} threads "
         f"(gthread, keep-alive), no access log; load: {http.generator}, {http.connections} keep-alive connections "
         f"from 127.0.0.1 for {http.duration:g} s after a 1 s warm-up, {results.sizes.http_rounds} round(s) "
         "interleaved over the variants (every variant's gunicorn is started first and stays up; each row is the "
-        "variant's median round). Every request carries the same `X-API-Key`. "
-        f"Limits are far above what a run sends, so nothing is denied (non-200 must be 0): peers at "
-        f"{HUGE_RATE} per client IP; ours: `IP_RATE` {HUGE_RATE} ({IP_ALGORITHM}) plus a tier `bench` shaped "
-        f"like the seeded free tier with huge limits ({tier}), one EVALSHA per request for both.",
+        "variant's median round). Nothing is denied (non-200 must be 0): peers limit at {HUGE_RATE} per client IP; "
+        f"ours runs what a user gets: the default settings, the metrics on, the per-IP limit ({IP_ALGORITHM}, "
+        f"`IP_RATE` {HUGE_RATE}, since every request comes from one address) and the seeded `{SEEDED_TIER}` tier "
+        f"as `migrate` makes it ({tier}); each request sends the next of {KEY_COUNT} keys of that tier, so every "
+        "key stays within its limits for a round. One EVALSHA per request decides the per-IP limit and the tier.",
         "",
     ]
     floor = next((r.per_second for r in http.results if r.variant == "evalsha"), math.nan)

@@ -37,7 +37,7 @@ def test_importing_the_dashboard_changes_no_admin_site() -> None:
                                            "django.contrib.messages"])
         django.setup()
         from django.contrib import admin
-        import ratelimit_app.dashboard
+        import ratelimit_app.observability.dashboard
         print(repr(admin.site.index_template))
     """)
     done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60)

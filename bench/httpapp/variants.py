@@ -19,9 +19,9 @@ HUGE_RATE = "1000000/m"
 IP_ALGORITHM = DEFAULTS["IP_ALGORITHM"]
 
 #: What our middleware variants configure (the gunicorn one and both ASGI ones).
-_OURS = ("RateLimitMiddleware: per-IP limit (IP_RATE, {ip}) + the API key's tier (3 policies shaped like the free "
-         "tier: token_bucket, sliding_window, fixed_window; huge limits) decided in one EVALSHA, rate-limit headers "
-         "on the response")
+_OURS = ("RateLimitMiddleware with the default settings: per-IP limit (IP_RATE, {ip}) + the API key's seeded "
+         "tier (enterprise as migrate makes it: token_bucket, sliding_window, fixed_window) decided in one EVALSHA, "
+         "rate-limit headers on the response, metrics on")
 
 #: variant -> (label, what is configured), in report order.
 VARIANTS: dict[str, tuple[str, str]] = {

@@ -69,7 +69,7 @@ class Overloaded(APIException):
 
     def __init__(self, priority: str) -> None:
         super().__init__(f"Service overloaded: {priority}-priority request shed.")
-        self.wait = int(shed_config().retry_after)
+        self.wait = retry_after_seconds(shed_config().retry_after)
 
 
 def django_request_of(request: Any) -> HttpRequest:
@@ -121,7 +121,7 @@ class JointThrottle(drf_throttling.BaseThrottle):
                 raise Overloaded(outcome.message)
             if outcome.status == UNAVAILABLE:
                 retry_after = outcome.decision.retry_after if outcome.decision is not None else None
-                raise LimiterUnavailable(retry_after_seconds(retry_after) or 1)
+                raise LimiterUnavailable(retry_after_seconds(retry_after))
             base = outcome.decision_for(REQUEST_LIMITS)
             if base is not None and not base.allowed:
                 self.decision, refused = base, True

@@ -118,9 +118,10 @@ def apply_headers(response: HttpResponseBase, decision: Decision, policies: tupl
             headers["RateLimit"] = format_state(decision.results)
 
 
-def retry_after_seconds(retry_after: float | None) -> int | None:
-    """The `Retry-After` value for a denial: whole seconds, rounded up, at least 1; None when the
-    request can never succeed (cost above capacity, `math.inf`) or no time is known."""
+def retry_after_seconds(retry_after: float | None) -> int:
+    """The `Retry-After` value of a refusal, the one rounding of it: whole seconds, rounded up, at least 1
+    (1 when no time is known). A request that can never succeed (`math.inf`) has no Retry-After: the
+    caller leaves the header out."""
     if retry_after is None or math.isinf(retry_after) or math.isnan(retry_after):
-        return None
+        return 1
     return max(1, math.ceil(retry_after))

@@ -31,13 +31,13 @@ from typing import Any, NamedTuple
 from django.conf import settings as django_settings
 from django.http import HttpRequest
 
-from ..core.decision import Decision, degraded_decision
+from ..core.decision import Decision
 from ..core.engine import new_lease_token
-from ..core.exceptions import BACKEND_ERRORS
 from ..core.policies import Policy
 from ..plans.clientrules import ALLOW
 from ..service import events
 from ..service.conf import DEFAULTS, ratelimit_settings
+from ..service.guard import FAIL_MODES, without_limits
 from ..service.limiter import get_limiter
 from ..service.limiter_async import get_async_limiter
 from ..service.logs import logger
@@ -65,10 +65,6 @@ class _PlannedCall(NamedTuple):
     pairs: list[tuple[str, tuple[Policy, ...]]]
     cost: int
     lease: str | None
-
-    def degraded(self) -> list[Decision]:
-        """The answer of the fail mode when the service raised instead of applying it."""
-        return [degraded_decision(self.plan.fail_mode == "open")] * len(self.pairs)
 
 
 def _call_for(plan: RequestPlan, cost: int) -> _PlannedCall | LimitOutcome:
@@ -100,10 +96,7 @@ def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
         decisions = [service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
                      for identity, policies in call.pairs]
     else:
-        try:
-            decisions = service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
-        except BACKEND_ERRORS:  # the service normally applies the fail mode itself
-            decisions = call.degraded()
+        decisions = service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
     outcome, unwanted = _conclude(call, decisions)
     if unwanted is not None:
         unwanted.release()
@@ -120,11 +113,7 @@ async def adecide(plan: RequestPlan, cost: int) -> LimitOutcome:
         decisions = [await service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
                      for identity, policies in call.pairs]
     else:
-        try:
-            decisions = await service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode,
-                                               lease=call.lease)
-        except BACKEND_ERRORS:
-            decisions = call.degraded()
+        decisions = await service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
     outcome, unwanted = _conclude(call, decisions)
     if unwanted is not None:
         await unwanted.arelease()
@@ -262,22 +251,21 @@ async def asafely(limit: Callable[[], Awaitable[LimitOutcome]], *, where: str, i
 def _failed(exc: Exception, where: str, identity: str) -> LimitOutcome:
     """The fail mode's outcome when the limiter itself raised `exc` (logged once per cause)."""
     _log_once(exc, where)
-    allowed = fail_mode() != "closed"
+    decision = without_limits(fail_mode())
     with contextlib.suppress(Exception):
-        events.record_decision(allowed=allowed, tier="error", policy=None if allowed else "error",
-                                degraded=True, identity=identity or "unknown")
-    return LimitOutcome(ALLOWED if allowed else UNAVAILABLE, degraded_decision(allowed), (), None, identity)
+        events.record_decision(allowed=decision.allowed, tier="error", policy=None if decision.allowed else "error",
+                               degraded=True, identity=identity or "unknown")
+    return LimitOutcome(ALLOWED if decision.allowed else UNAVAILABLE, decision, (), None, identity)
 
 
 def fail_mode() -> str:
-    """RATELIMIT['FAIL_MODE'], read even when other settings are invalid ("local" acts as "open" when
-    the limiter cannot even say which limits apply)."""
+    """RATELIMIT['FAIL_MODE'], read even when other settings are invalid."""
     try:
         return str(ratelimit_settings.FAIL_MODE)
     except Exception:
         raw = getattr(django_settings, "RATELIMIT", None)
         mode = raw.get("FAIL_MODE") if isinstance(raw, dict) else None
-        return mode if mode in ("open", "closed", "local") else str(DEFAULTS["FAIL_MODE"])
+        return mode if mode in FAIL_MODES else str(DEFAULTS["FAIL_MODE"])
 
 
 def _log_once(exc: Exception, where: str) -> None:

@@ -98,15 +98,14 @@ def too_many_requests(decision: Decision, tier: str | None, cost: int = 1) -> Js
         "error": "rate limit exceeded", "tier": tier, "policy": decision.policy,
         "retry_after": round(retry_after, 3) if retry_after is not None else None,
     }, problem_type=QUOTA_EXCEEDED, violated=violated_policies(decision))
-    seconds = retry_after_seconds(retry_after)
-    response["Retry-After"] = str(seconds if seconds is not None else 1)
+    response["Retry-After"] = str(retry_after_seconds(retry_after))
     return response
 
 
 def limiter_unavailable(decision: Decision | None, tier: str | None) -> JsonResponse:
     """503 for a request refused because the limiter cannot decide (fail mode closed or local)."""
     retry_after = decision.retry_after if decision is not None else None
-    seconds = retry_after_seconds(retry_after) or 1
+    seconds = retry_after_seconds(retry_after)
     response = _answer(503, {
         "error": "rate limiter unavailable", "tier": tier,
         "policy": decision.policy if decision is not None else "",
@@ -131,7 +130,7 @@ def forbidden(message: str) -> JsonResponse:
 
 def overloaded(priority: str, retry_after: float) -> JsonResponse:
     """503 for a request the load shedder refused (too many requests in flight for its priority)."""
-    seconds = max(1, math.ceil(retry_after))
+    seconds = retry_after_seconds(retry_after)
     response = _answer(503, {
         "error": "service overloaded: request shed", "priority": priority, "retry_after": float(seconds),
     }, problem_type=TEMPORARY_REDUCED_CAPACITY)

@@ -1,6 +1,6 @@
 """Redis connections that respect the limiter's time budget.
 
-While a budget is running (`budget_deadline`, set by the service around each decision), every connect
+While a budget is running (`within_budget`, entered by the services around each call), every connect
 and every read of these connections waits at most for the time left in it, so no sequence of steps
 inside one decision (connect, handshake, EVALSHA, SCRIPT LOAD, a Sentinel lookup, a cluster topology
 refresh) can add up past RATELIMIT['BUDGET_MS']. The clients of ratelimit_app.service.connection and
@@ -16,11 +16,34 @@ from typing import TYPE_CHECKING, Any
 
 from redis.connection import Connection, SSLConnection, UnixDomainSocketConnection
 
-#: The monotonic time (time.monotonic()) by which the running limiter call must be answered, or None
-#: outside a budget. Set by LimiterService around each decision and read by the connection classes below;
-#: set by AsyncLimiterService around its asyncio timeout and read by AsyncRateLimiter (a reply wait that
-#: the budget's timeout ends first needs no timer of its own).
-budget_deadline: ContextVar[float | None] = ContextVar("ratelimit_budget_deadline", default=None)
+# The monotonic time (time.monotonic()) by which the running limiter call must be answered, or None
+# outside a budget. Set by the services around each call (`within_budget`) and read by the connection
+# classes below, the pool of ratelimit_app.service.connection and AsyncRateLimiter (`time_left`).
+_deadline: ContextVar[float | None] = ContextVar("ratelimit_budget_deadline", default=None)
+
+
+class within_budget:
+    """`with within_budget(seconds):` every Redis connect and reply wait inside waits at most for what is
+    left of `seconds` (from `start`, a time.monotonic() value, default now). Nested budgets are not
+    combined: the inner one applies until it ends."""
+
+    __slots__ = ("_deadline", "_token")
+
+    def __init__(self, seconds: float, start: float | None = None) -> None:
+        self._deadline = (time.monotonic() if start is None else start) + seconds
+
+    def __enter__(self) -> None:
+        self._token = _deadline.set(self._deadline)
+
+    def __exit__(self, *exc: object) -> None:
+        _deadline.reset(self._token)
+
+
+def time_left() -> float | None:
+    """Seconds left in the running budget (<= 0 once it ran out), or None outside a budget."""
+    deadline = _deadline.get()
+    return None if deadline is None else deadline - time.monotonic()
+
 
 # A read issued after the budget ran out still gets this long: the command was already sent, and a
 # reply that is on its way is worth a millisecond more than an unknown outcome.
@@ -39,7 +62,7 @@ else:
 class BudgetMixin(_ConnectionBase):
     """Clips each socket connect and each reply wait to the time left in the current budget.
 
-    Outside a budget (`budget_deadline` is None) the connection behaves exactly like its base class.
+    Outside a budget (`time_left()` is None) the connection behaves exactly like its base class.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -47,21 +70,19 @@ class BudgetMixin(_ConnectionBase):
         self._configured_connect_timeout: float | None = self.socket_connect_timeout
 
     def _connect(self) -> Any:
-        deadline = budget_deadline.get()
+        left = time_left()
         configured = self._configured_connect_timeout
-        if deadline is None:
+        if left is None:
             self.socket_connect_timeout = configured
         else:
-            left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the limiter's time budget ran out before connecting to Redis")
             self.socket_connect_timeout = left if configured is None else min(configured, left)
         return super()._connect()  # type: ignore[safe-super]
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
-        deadline = budget_deadline.get()
-        if deadline is not None and "timeout" not in kwargs:
-            left = deadline - time.monotonic()
+        left = time_left()
+        if left is not None and "timeout" not in kwargs:
             # only override when the budget is tighter than the socket's own timeout (the common
             # first read of a call is not), which keeps the hot path free of extra syscalls
             if self.socket_timeout is None or left < self.socket_timeout:

@@ -80,6 +80,14 @@ class Decision:
                         self.results, self.degraded, self.shadow)
 
 
+def all_or_nothing(decisions: list[Decision]) -> list[Decision]:
+    """The decisions of one all-or-nothing call: when any of them denied, each one that allowed becomes a
+    refusal that charged nothing (`Decision.refused`), since nothing was charged to anyone."""
+    if all(decision.allowed for decision in decisions):
+        return decisions
+    return [decision.refused() if decision.allowed else decision for decision in decisions]
+
+
 def degraded_decision(allowed: bool, retry_after: float | None = None, policy: str = "") -> Decision:
     """A decision made without Redis that knows nothing of the limits: what a fail mode answers.
 

@@ -23,7 +23,7 @@ from functools import lru_cache
 from typing import Any
 
 from .algorithms import BY_NAME, CALENDAR_WINDOW, REGISTRY
-from .decision import Decision, PolicyResult
+from .decision import Decision, PolicyResult, all_or_nothing
 from .exceptions import BackendError
 from .policies import CONCURRENCY, Policy
 from .scripts import decide_sha
@@ -258,11 +258,7 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
             (shadow if is_shadow else results).append(result)
         decisions.append(Decision.from_results(tuple(results), shadow=tuple(shadow)) if shadow else
                          Decision.from_results(tuple(results)))
-    if refusing:
-        # all-or-nothing: an identity whose own policies allowed is refused too when another identity in the
-        # same call denied, since nothing was charged
-        decisions = [decision.refused() if decision.allowed else decision for decision in decisions]
-    return decisions
+    return all_or_nothing(decisions) if refusing else decisions
 
 
 # -- one exchange with Redis, written once for every transport ------------------------------------------

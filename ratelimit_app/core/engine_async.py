@@ -8,7 +8,6 @@ Everything but the I/O is shared with the sync `RateLimiter`: the call (`prepare
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from typing import Any, Union, cast
 
@@ -18,7 +17,7 @@ from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .budget import budget_deadline
+from .budget import time_left
 from .decision import Decision
 from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decision_steps, release_keys, state_keys
 from .exceptions import REDIS_CLIENT_ERRORS, BackendError
@@ -215,12 +214,12 @@ class AsyncRateLimiter:
 
     def _reply_timeout(self) -> float | None:
         """How long an own connection waits for a reply: the client's socket timeout, or None (no timer
-        of its own) when the caller's time budget (`budget_deadline`, set by the async service around its
+        of its own) when the caller's time budget (`time_left()`, set by the async service around its
         own timeout) runs out first anyway: one timer per decision instead of two."""
         read_timeout = self._read_timeout
         if read_timeout is not None:
-            deadline = budget_deadline.get()
-            if deadline is not None and deadline - time.monotonic() <= read_timeout:
+            left = time_left()
+            if left is not None and left <= read_timeout:
                 return None
         return read_timeout
 

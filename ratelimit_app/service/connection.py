@@ -14,7 +14,6 @@ connections.
 from __future__ import annotations
 
 import inspect
-import time
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -31,7 +30,7 @@ from ..core.budget import (
     BudgetSSLConnection,
     BudgetUnixConnection,
     budget_class_for,
-    budget_deadline,
+    time_left,
 )
 from ..core.engine_async import AsyncRedisClient
 from ..core.engine_sync import RedisClient, resolve_connections
@@ -48,15 +47,15 @@ POOL_MAX_CONNECTIONS = 50
 class BudgetBlockingConnectionPool(redis.BlockingConnectionPool):
     """A pool of at most `max_connections` whose callers, when every connection is in use, wait for one
     to come back: for at most `timeout` seconds, and never past the running limiter call's budget
-    (`budget_deadline`); then redis.ConnectionError, which the limiter's fail mode answers."""
+    (`time_left()`); then redis.ConnectionError, which the limiter's fail mode answers."""
 
     @property
     def timeout(self) -> float | None:
         """How long a caller of now may wait for a free connection."""
-        deadline = budget_deadline.get()
-        if deadline is None:
+        left = time_left()
+        if left is None:
             return self._wait
-        left = max(deadline - time.monotonic(), 0.0)
+        left = max(left, 0.0)
         return left if self._wait is None else min(self._wait, left)
 
     @timeout.setter

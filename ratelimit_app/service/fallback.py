@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from ..core.decision import Decision, PolicyResult
+from ..core.decision import Decision, PolicyResult, all_or_nothing
 from ..core.engine import Check, identity_digest
 from ..core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 from .fallback_models import MODELS, Store
@@ -154,11 +154,8 @@ class LocalLimiter:
                         remaining = remaining - (1.0 if policy.algorithm == CONCURRENCY else fcost)
                     (shadow if policy.shadow else results).append(
                         _result(policy.name, allowed, capacity, remaining, reset_us, retry_us))
-                decision = Decision.from_results(tuple(results), shadow=tuple(shadow))
-                if decision.allowed and not all_allowed:
-                    decision = decision.refused()
-                decisions.append(decision)
-        return decisions
+                decisions.append(Decision.from_results(tuple(results), shadow=tuple(shadow)))
+        return all_or_nothing(decisions)
 
 
 def _result(name: str, allowed: bool, capacity: float, remaining: float, reset_us: float,

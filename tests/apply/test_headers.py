@@ -72,7 +72,7 @@ def test_degraded_decisions_send_no_counts() -> None:
 
 
 @pytest.mark.parametrize(("retry_after", "header"), [
-    (0.001, 1), (0.5, 1), (1.0, 1), (1.001, 2), (59.2, 60), (None, None), (math.inf, None),
+    (0.001, 1), (0.5, 1), (1.0, 1), (1.001, 2), (59.2, 60), (None, 1), (math.inf, 1),
 ])
-def test_retry_after_is_whole_seconds_at_least_one(retry_after: Any, header: Any) -> None:
+def test_retry_after_is_whole_seconds_rounded_up_at_least_one(retry_after: Any, header: Any) -> None:
     assert retry_after_seconds(retry_after) == header

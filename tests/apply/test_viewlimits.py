@@ -48,7 +48,7 @@ urlpatterns = [*demo_urlpatterns, path("login", login), path("shadowed", shadowe
 def used(username: str) -> int:
     """Units charged to `username`'s counter, read from Redis."""
     limit = getattr(login, VIEW_LIMIT_ATTRIBUTE)
-    engine = get_limiter().limiter
+    engine = get_limiter().limiter()
     key = engine.keys(f"view:login|post:username:{username}", limit.policies)[0]
     value = engine.client.get(key)
     entries = state_entries(value) if isinstance(value, bytes) else {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -20,7 +19,7 @@ import redis.asyncio
 
 from devtools.embedded import free_port
 from ratelimit_app import AsyncRateLimiter, BackendError, Policy, RateLimiter
-from ratelimit_app.core.budget import budget_deadline
+from ratelimit_app.core.budget import within_budget
 from ratelimit_app.core.engine_async import close_client
 from ratelimit_app.core.policies import ALGORITHMS
 from tests.support.tcp_proxy import tcp_proxy
@@ -331,17 +330,14 @@ def test_concurrency_slots_are_taken_and_given_back_like_the_sync_engine(
 
 def test_own_connections_wait_for_a_reply_with_one_timer_when_a_budget_ends_first(redis_url: str) -> None:
     """Alone, the limiter's own connections wait for a reply at most the client's socket timeout; under a
-    time budget that ends first (the async service's, `budget_deadline`), the budget's timer is the only
+    time budget that ends first (the async service's, `within_budget`), the budget's timer is the only
     one, and the socket timeout is kept when the budget is the longer of the two."""
     async def scenario(client: redis.asyncio.Redis) -> list[float | None]:
         limiter = AsyncRateLimiter(client, prefix="test-reply-timer")
         waits = [limiter._reply_timeout()]
         for budget in (0.05, 60.0):
-            token = budget_deadline.set(time.monotonic() + budget)
-            try:
+            with within_budget(budget):
                 waits.append(limiter._reply_timeout())
-            finally:
-                budget_deadline.reset(token)
         return waits
 
     assert run_with(redis_url, scenario, socket_timeout=10) == [10, None, 10]

@@ -85,7 +85,7 @@ def test_latency_histogram_buckets_are_cumulative(client: Client) -> None:
 def test_breaker_state_and_transitions(client: Client, settings: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "BREAKER_FAILURES": 1, "BREAKER_COOLDOWN": 0.05,
                           "BREAKER_MAX_COOLDOWN": 0.05}
-    breaker = get_limiter().breaker  # the gauge reads the service's own breaker
+    breaker = get_limiter().guard.breaker  # the gauge reads the service's own breaker
     before = scrape(client)
     breaker.record_failure("Redis down")
     samples = scrape(client)

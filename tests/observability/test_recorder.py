@@ -313,7 +313,7 @@ def test_breaker_changes_are_logged_once_per_change(caplog: Any, settings: Any) 
     caplog.set_level(logging.INFO, logger="ratelimit_app")
     settings.RATELIMIT = {**settings.RATELIMIT, "BREAKER_FAILURES": 1, "BREAKER_COOLDOWN": 0.05,
                           "BREAKER_MAX_COOLDOWN": 0.05}
-    breaker = get_limiter().breaker  # the state is read from the service's own breaker
+    breaker = get_limiter().guard.breaker  # the state is read from the service's own breaker
     before = dict(process_metrics().breaker_transitions)
     breaker.record_failure("Redis down")
     breaker.record_failure("Redis still down")  # already open: no change

@@ -122,7 +122,7 @@ def test_the_service_never_caches_a_refusal_for_want_of_a_slot(limiter: RateLimi
     one = Policy("concurrency", CONCURRENCY, limit=1, period=60)
     assert service.hit_many([("client", [one])], lease=held)[0].allowed
     assert not service.hit_many([("client", [one])], lease=new_lease_token())[0].allowed
-    assert len(service.deny_cache) == 0
+    assert len(service.guard.deny_cache) == 0
     assert service.release([("client", one)], held)
     assert service.hit_many([("client", [one])], lease=new_lease_token())[0].allowed
 

@@ -101,5 +101,5 @@ def test_the_connections_setting_chooses_the_engines_path(settings: Any, connect
 
     settings.RATELIMIT = {**settings.RATELIMIT, "CONNECTIONS": connections}
     service = get_limiter()
-    assert service.limiter.connections == connections
+    assert service.limiter().connections == connections
     assert service.hit("k", [Policy("minute", "gcra", limit=2, period=60)]).remaining == 1

@@ -60,7 +60,7 @@ def test_the_async_service_shares_state_and_answers_with_the_sync_service(
         settings: Any, server: RedisProcess, admin: redis.Redis) -> None:
     service = configure(settings, server.url)
     sync = get_limiter()
-    assert service.service is sync  # one breaker, one deny cache, one set of counters per process
+    assert service.guard is sync.guard  # one breaker, one deny cache, one set of counters per process
 
     async def scenario() -> None:
         for n in range(5):
@@ -247,7 +247,7 @@ def test_the_async_service_takes_and_releases_slots_and_never_caches_their_refus
         first, second = new_lease_token(), new_lease_token()
         assert (await service.hit("k", slots, lease=first)).allowed
         assert not (await service.hit("k", slots, lease=second)).allowed
-        assert len(service.service.deny_cache) == 0  # a slot may free at any moment: not cached
+        assert len(service.guard.deny_cache) == 0  # a slot may free at any moment: not cached
         assert await service.release([("k", slots[0])], first)
         assert (await service.hit_many([("k", slots)], lease=second))[0].allowed
         assert await service.release([("k", slots[0])], second)

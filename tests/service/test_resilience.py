@@ -294,7 +294,7 @@ def test_breaker_opens_skips_redis_probes_once_and_closes(settings: Any, server:
     proxy.mode = "black_hole"
     for _ in range(3):
         assert service.hit("k", DAY).degraded
-    assert service.breaker.state == "open"
+    assert service.guard.breaker.state == "open"
     sent = proxy.commands_seen("EVALSHA")
     connections = proxy.connections
     # open: 500 decisions without a byte to Redis
@@ -304,23 +304,23 @@ def test_breaker_opens_skips_redis_probes_once_and_closes(settings: Any, server:
     assert (proxy.commands_seen("EVALSHA"), proxy.connections) == (sent, connections)
     assert service.stats().breaker.cooldown == 0.2
     # half-open: once the cool-down the breaker reports has passed, 16 concurrent requests send one probe
-    time.sleep(service.breaker.retry_in())
+    time.sleep(service.guard.breaker.retry_in())
     probes = run_threads(16, lambda _: service.hit("k", DAY))
     assert all(follows("closed", d) for d in probes)
     assert proxy.commands_seen("EVALSHA") == sent + 1
     assert service.stats().breaker.cooldown == 0.4  # the probe failed: the cool-down doubles ...
-    time.sleep(service.breaker.retry_in())
+    time.sleep(service.guard.breaker.retry_in())
     service.hit("k", DAY)
     assert service.stats().breaker.cooldown == 0.8
-    time.sleep(service.breaker.retry_in())
+    time.sleep(service.guard.breaker.retry_in())
     service.hit("k", DAY)
     assert service.stats().breaker.cooldown == 1.0  # ... up to BREAKER_MAX_COOLDOWN
     # Redis answers again: the next probe closes the breaker and limiting is normal at once
     proxy.mode = "forward"
-    time.sleep(service.breaker.retry_in())
+    time.sleep(service.guard.breaker.retry_in())
     decision = service.hit("k", DAY)
     assert decision.allowed and not decision.degraded and decision.remaining == 8
-    assert service.breaker.state == "closed"
+    assert service.guard.breaker.state == "closed"
     assert not service.hit("k", DAY).degraded
     # each state change logged once, however many requests passed through each state
     assert breaker_events(caplog) == ["open", "half_open", "open", "half_open", "open", "half_open", "open",
@@ -442,7 +442,7 @@ def test_the_deny_cache_is_bounded(settings: Any, server: RedisProcess) -> None:
     for n in range(200):
         assert service.hit(f"key:{n}", policies).allowed
         assert not service.hit(f"key:{n}", policies).allowed
-    assert len(service.deny_cache) == 50
+    assert len(service.guard.deny_cache) == 50
     assert not service.hit("key:199", policies).allowed  # recent denials are kept; old ones asked again
     assert not service.hit("key:0", policies).allowed
 

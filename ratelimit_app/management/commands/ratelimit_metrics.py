@@ -25,6 +25,13 @@ def table(rows: list[tuple[str, ...]], numeric_from: int = 1) -> list[str]:
                       for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in rows]
 
 
+def section(out: Any, title: str, empty_title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Write one titled table to `out` (a command's stdout), or only `empty_title` when it has no rows."""
+    out.write(title if rows else empty_title)
+    for line in table([header, *rows]) if rows else ():
+        out.write("  " + line)
+
+
 def rate(blocked: int, total: int) -> str:
     return f"{blocked / total * 100:.1f}%" if total else "-"
 
@@ -67,24 +74,12 @@ class Command(BaseCommand):
         for line in table(rows):
             out.write(line)
         out.write("")
-        tiers: list[tuple[str, ...]] = [("tier", "allowed", "blocked", "block rate")]
-        tiers += [(t.tier, f"{t.allowed:,}", f"{t.blocked:,}", rate(t.blocked, t.total)) for t in summary.tiers]
-        out.write("Per tier:" if summary.tiers else "Per tier: no traffic")
-        if summary.tiers:
-            for line in table(tiers):
-                out.write("  " + line)
-        policies: list[tuple[str, ...]] = [("policy", "blocked")]
-        policies += [(p.policy, f"{p.blocked:,}") for p in summary.policies]
-        out.write("Blocked by policy:" if summary.policies else "Blocked by policy: nothing blocked")
-        if summary.policies:
-            for line in table(policies):
-                out.write("  " + line)
-        top: list[tuple[str, ...]] = [("identity", "blocked")]
-        top += [(b.identity, f"{b.blocked:,}") for b in summary.top_blocked]
-        out.write("Top blocked (UTC days of the range):" if summary.top_blocked else "Top blocked: nothing blocked")
-        if summary.top_blocked:
-            for line in table(top):
-                out.write("  " + line)
+        section(out, "Per tier:", "Per tier: no traffic", ("tier", "allowed", "blocked", "block rate"),
+                [(t.tier, f"{t.allowed:,}", f"{t.blocked:,}", rate(t.blocked, t.total)) for t in summary.tiers])
+        section(out, "Blocked by policy:", "Blocked by policy: nothing blocked", ("policy", "blocked"),
+                [(p.policy, f"{p.blocked:,}") for p in summary.policies])
+        section(out, "Top blocked (UTC days of the range):", "Top blocked: nothing blocked", ("identity", "blocked"),
+                [(b.identity, f"{b.blocked:,}") for b in summary.top_blocked])
         if summary.degraded:
             out.write(f"Degraded decisions (made without Redis): {summary.degraded:,}, "
                       f"of which refused: {summary.degraded_blocked:,}")

@@ -77,7 +77,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         target = resolve(options["target"])
-        engine = get_limiter().limiter
+        engine = get_limiter().limiter()
         self.stdout.write(f"Target:    {target.description}")
         if target.tier is not None:
             mode = target.tier.fail_mode or f"default ({ratelimit_settings.FAIL_MODE})"
