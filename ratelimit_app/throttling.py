@@ -86,7 +86,7 @@ def _rate_errors(rates: dict[str, Any]) -> list[checks.CheckMessage]:
     return messages
 
 
-# the middleware's stable path, and the path of its code
+# the middleware's import path, as MIDDLEWARE names it
 MIDDLEWARE_PATHS = frozenset({"ratelimit_app.middleware.RateLimitMiddleware"})
 
 
