@@ -5,19 +5,21 @@
 
 One gunicorn (gthread) serves bench.httpapp with RateLimitMiddleware ("ours" variant of
 bench/httpapp/variants.py) against a private redis-server. Two API keys, side by side in the same
-server and the same rounds (their order alternates each round):
+server and the same rounds (their order alternates each round), each request sending the next of
+KEY_COUNT keys of its tier:
 
-- "rate limits": a tier shaped like the seeded free tier (token_bucket + sliding_window +
-  fixed_window, huge limits) plus the per-IP limit: one EVALSHA per request;
-- "rate limits + slot": the same tier plus a concurrency limit (huge slots, 60 s leases): the slot is
-  taken in the same EVALSHA and given back by one ZREM when the response is closed.
+- "rate limits": the seeded enterprise tier as migrate makes it (token_bucket + sliding_window +
+  fixed_window) plus the per-IP limit: one EVALSHA per request;
+- "rate limits + slot": a copy of that tier plus a concurrency limit (huge slots, 60 s leases), as
+  staff add one in the admin: the slot is taken in the same EVALSHA and given back by one ZREM when
+  the response is closed.
 
 Each row is the median round by requests per second; the ratio is given both as the ratio of those
 medians and as the median of the per-round ratios (the two variants of one round run back to back, so
 a disturbance of the machine hits both). CPU per request is measured too, less sensitive to other
 load on the machine: the gunicorn workers' (from /proc) and Redis' (INFO cpu). Round trips per request
-are counted from the server's INFO commandstats (EVALSHA, ZREM, and all commands). Nothing is denied (every limit is far
-above what a run sends); the report says how many answers were not 200.
+are counted from the server's INFO commandstats (EVALSHA, ZREM, and all commands). Nothing is denied
+(each key stays within its limits for a round); the report says how many answers were not 200.
 Results go to stdout as a Markdown table; --write also puts them into docs/benchmarks.md as the
 section "concurrency" (kept there when bench/run.py writes the rest of the file again).
 """
@@ -179,8 +181,8 @@ def _write_section(lines: list[str], load_at_start: float, load_at_end: float) -
         "",
         "Written by `python3 bench/concurrency_bench.py --write` (not by `bench/run.py`, which keeps this",
         "section). One gunicorn serves the trivial view behind RateLimitMiddleware; two API keys take turns",
-        "in every round: one of a tier of 3 rate limits (the free tier's shape, huge limits), one of the same",
-        "tier plus a concurrency limit (huge slots, 60 s leases). The slot is taken in the request's one",
+        "in every round: keys of the seeded enterprise tier (3 rate limits), and keys of a copy of it",
+        "plus a concurrency limit (huge slots, 60 s leases). The slot is taken in the request's one",
         "EVALSHA and given back by one ZREM when the response is closed: two round trips instead of one.",
         "Target: the pair keeps >= 0.8x the requests per second of the rate-limited request.",
         "",

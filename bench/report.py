@@ -500,7 +500,7 @@ def _http_section(results: Results) -> list[str]:
         f"(gthread, keep-alive), no access log; load: {http.generator}, {http.connections} keep-alive connections "
         f"from 127.0.0.1 for {http.duration:g} s after a 1 s warm-up, {results.sizes.http_rounds} round(s) "
         "interleaved over the variants (every variant's gunicorn is started first and stays up; each row is the "
-        "variant's median round). Nothing is denied (non-200 must be 0): peers limit at {HUGE_RATE} per client IP; "
+        f"variant's median round). Nothing is denied (non-200 must be 0): peers limit at {HUGE_RATE} per client IP; "
         f"ours runs what a user gets: the default settings, the metrics on, the per-IP limit ({IP_ALGORITHM}, "
         f"`IP_RATE` {HUGE_RATE}, since every request comes from one address) and the seeded `{SEEDED_TIER}` tier "
         f"as `migrate` makes it ({tier}); each request sends the next of {KEY_COUNT} keys of that tier, so every "
@@ -564,8 +564,8 @@ def asgi_section(section: AsgiSection) -> list[str]:
             f"Server: {section.server}, `--no-access-log`, one uvicorn per variant, all started first and kept up; "
             f"load: {http.generator}, {http.connections} keep-alive connections from 127.0.0.1 for "
             f"{http.duration:g} s after a warm-up, {len(next(iter(http.rounds.values())))} round(s) interleaved over "
-            "the four variants, each row the variant's median round. Every request carries the same `X-API-Key` of "
-            "the `bench` tier of section 4, with the same huge limits: nothing is denied, so non-200 must be 0.",
+            "the four variants, each row the variant's median round. Every request sends the next of the keys of the "
+            "seeded tier of section 4, with the same settings: nothing is denied, so non-200 must be 0.",
             "",
             f"**Machine**: {os.cpu_count()} cores, shared with other work running at the same time (load average "
             f"(1 min) at the start / end of these measurements: {section.load}); the load generator runs on the same "
