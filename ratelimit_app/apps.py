@@ -8,6 +8,7 @@ class RateLimitConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .gateway import checks as gateway_checks  # noqa: F401  (registers the gateway endpoint's check)
         from .observability import recorder
         from .plans import checks as plan_checks  # noqa: F401  (registers the checks of stored plans)
         from .plans.lookups import connect_signals

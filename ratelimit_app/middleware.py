@@ -224,7 +224,7 @@ def _process_shed(request: HttpRequest, view_func: Callable[..., Any]) -> HttpRe
         return None
     try:
         config = shedding.shed_config()
-        priority = config.priority_for(request, route_for_view(view_func).priority)
+        priority = config.priority_for(request.path_info, route_for_view(view_func).priority)
         if not shedding.process_sheds(config, priority, count):
             if priority == shedding.LOW:
                 shedding.process_episode.record_admitted()

@@ -200,21 +200,23 @@ def _count(plan: RequestPlan, summary: Decision, status: str, shed_priority: str
 
 
 def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
-                  extra: Sequence[LimitCheck] = ()) -> LimitOutcome:
+                  extra: Sequence[LimitCheck] = (), path: str | None = None) -> LimitOutcome:
     """`plan_request` then `decide`, with `extra` checks decided in the same call (a refusal for an
-    unusable key charges the per-IP limit alone). Raises what `plan_request` raises."""
-    planned = plan_request(request, cost=cost, scope=scope, user=user)
+    unusable key charges the per-IP limit alone). `path`: see `plan_request`. Raises what
+    `plan_request` raises."""
+    planned = plan_request(request, cost=cost, scope=scope, user=user, path=path)
     if isinstance(planned, LimitOutcome):
         return planned
     return decide(planned if planned.refusal else planned.plus(extra), cost)
 
 
 async def alimit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
-                         extra: Sequence[LimitCheck] | Callable[[], Sequence[LimitCheck]] = ()) -> LimitOutcome:
+                         extra: Sequence[LimitCheck] | Callable[[], Sequence[LimitCheck]] = (),
+                         path: str | None = None) -> LimitOutcome:
     """`limit_request` on the event loop: `aplan_request` then `adecide`. `extra` may be a callable
     that gives the extra checks, called once the request's user is known (a key function may read
     `request.user`)."""
-    planned = await aplan_request(request, cost=cost, scope=scope, user=user)
+    planned = await aplan_request(request, cost=cost, scope=scope, user=user, path=path)
     if isinstance(planned, LimitOutcome):
         return planned
     if planned.refusal:

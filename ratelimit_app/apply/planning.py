@@ -131,21 +131,25 @@ class RequestPlan:
 FROM_REQUEST: Any = object()
 
 
-def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
-                 user: Any = FROM_REQUEST) -> RequestPlan | LimitOutcome:
+def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
+                 path: str | None = None) -> RequestPlan | LimitOutcome:
     """Identify the client of `request` and the policies of its tier for `scope`.
 
     Returns a LimitOutcome instead when a per-IP peek already refuses a request with a key this
     process has not looked up yet (nothing is charged), or when a deny rule (ClientRule) matches the
     client (403, decided before any Redis call). An allow rule gives a plan without checks. `user` is
     the authenticated user to use instead of `request.user` (DRF authenticates on its own Request
-    object). The tier's policies include the key's or user's own limits (overrides). Raises
-    ImproperlyConfigured when a tier named in the settings or by a key does not exist.
+    object). The tier's policies include the key's or user's own limits (overrides). `path` is the
+    path of the request when it is not `request`'s own: a gateway's authorization request describes
+    another one (ratelimit_app.gateway), whose path picks the load shedder's priority; the client is
+    still read from `request` (its API key header, its address through TRUSTED_PROXIES, its user).
+    Raises ImproperlyConfigured when a tier named in the settings or by a key does not exist.
     """
-    return _plan(request, api_key_from_request(request), cost, scope, user)
+    return _plan(request, api_key_from_request(request), cost, scope, user, path)
 
 
-def _plan(request: HttpRequest, raw_key: str | None, cost: int, scope: str, user: Any) -> RequestPlan | LimitOutcome:
+def _plan(request: HttpRequest, raw_key: str | None, cost: int, scope: str, user: Any,
+          path: str | None) -> RequestPlan | LimitOutcome:
     """`plan_request` for the API key `raw_key` the request carries (None: none), read once by the caller."""
     config = limit_config()
     ip_id = request_ip_identity(request)
@@ -166,7 +170,7 @@ def _plan(request: HttpRequest, raw_key: str | None, cost: int, scope: str, user
         return RequestPlan((), tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug,
                            listed=ALLOW)
     checks = (*ip_checks, LimitCheck(identity, tier.policies_for(scope)))
-    fleet = shedding.fleet_check(request, _declared_priority)
+    fleet = shedding.fleet_check(request, _declared_priority, path)
     if fleet is not None:
         checks = (*checks, fleet)
     return RequestPlan(checks, tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug)
@@ -251,8 +255,8 @@ def _user_client(request: HttpRequest, known: _Known, user: Any) -> _Client | Re
     return lookups.with_overrides(identity, tier, overrides), identity, known.listed
 
 
-async def aplan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
-                        user: Any = FROM_REQUEST) -> RequestPlan | LimitOutcome:
+async def aplan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
+                        path: str | None = None) -> RequestPlan | LimitOutcome:
     """`plan_request` on the event loop, without blocking it.
 
     With this process' lookup cache warm (the tier, the key, the allow/deny rules), planning does no
@@ -265,9 +269,9 @@ async def aplan_request(request: HttpRequest, *, cost: int = 1, scope: str = "",
         user = await request_user(request)
     try:
         with local_only():
-            return _plan(request, raw_key, cost, scope, user)
+            return _plan(request, raw_key, cost, scope, user, path)
     except NeedsIO:
-        return await sync_to_async(_plan)(request, raw_key, cost, scope, user)
+        return await sync_to_async(_plan)(request, raw_key, cost, scope, user, path)
 
 
 async def request_user(request: HttpRequest) -> Any:

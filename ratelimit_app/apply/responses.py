@@ -1,10 +1,10 @@
 """The JSON answers to refused requests: 429 (over a limit), 503 (limiter unavailable), 401 (no usable key),
-403 (a deny rule).
+403 (a deny rule), 400 (a gateway's description that cannot be read).
 
 RATELIMIT['ERROR_FORMAT'] chooses the body: "json" (default, shown below) or "problem": RFC 9457
 `application/problem+json` with the problem types of draft-ietf-httpapi-ratelimit-headers
 (`quota-exceeded` for 429 with a `violated-policies` member, `temporary-reduced-capacity` for 503;
-`about:blank` for 401 and 403), keeping `tier` and `retry_after` as extension members:
+`about:blank` for 400, 401 and 403), keeping `tier` and `retry_after` as extension members:
 
     429 {"type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
          "title": "Request cannot be satisfied as assigned quota has been exceeded", "status": 429,
@@ -50,7 +50,7 @@ _TITLES = {
     QUOTA_EXCEEDED: "Request cannot be satisfied as assigned quota has been exceeded",
     TEMPORARY_REDUCED_CAPACITY: "Request cannot be satisfied due to temporary server capacity constraints",
 }
-_STATUS_TITLES = {401: "Unauthorized", 403: "Forbidden"}
+_STATUS_TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
 
 
 def _problem_format() -> bool:
@@ -126,6 +126,11 @@ def unauthorized(message: str) -> JsonResponse:
 def forbidden(message: str) -> JsonResponse:
     """403 for a client refused by a deny rule (ClientRule)."""
     return _answer(403, {"error": message})
+
+
+def bad_request(message: str) -> JsonResponse:
+    """400 for a request the limiter cannot read (a gateway's description of the request it asks about)."""
+    return _answer(400, {"error": message})
 
 
 def overloaded(priority: str, retry_after: float) -> JsonResponse:

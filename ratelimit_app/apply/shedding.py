@@ -74,11 +74,10 @@ class ShedConfig:
     process_limit: int | None
     retry_after: float
 
-    def priority_for(self, request: HttpRequest, declared: str | None) -> str:
-        """The priority of `request`: its view's declaration, else its path prefix, else normal."""
+    def priority_for(self, path: str, declared: str | None) -> str:
+        """The priority of a request to `path`: its view's declaration, else its path prefix, else normal."""
         if declared is not None:
             return declared
-        path = request.path_info
         for prefix, priority in self.prefixes:
             if path.startswith(prefix):
                 return priority
@@ -110,13 +109,19 @@ def shed_config() -> ShedConfig:
     return _config.get()
 
 
-def fleet_check(request: HttpRequest, declared: Callable[[HttpRequest], str | None]) -> LimitCheck | None:
+def fleet_check(request: HttpRequest, declared: Callable[[HttpRequest], str | None],
+                path: str | None = None) -> LimitCheck | None:
     """The fleet count's check for `request` at its priority (None when SHED_CAPACITY is None);
-    `declared(request)` gives the priority the view declares, asked only when the shedder is on."""
+    `declared(request)` gives the priority the view declares, asked only when the shedder is on.
+    `path` is the path of the request a gateway describes (its priority is that of its path prefix,
+    nothing is declared for it); None: the request's own path."""
     config = shed_config()
     if config.capacity is None:
         return None
-    priority = config.priority_for(request, declared(request))
+    if path is None:
+        priority = config.priority_for(request.path_info, declared(request))
+    else:
+        priority = config.priority_for(path, None)
     return LimitCheck(FLEET_IDENTITY, (config.thresholds[priority],), OWNER_PREFIX + priority)
 
 

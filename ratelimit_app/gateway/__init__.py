@@ -1,0 +1,16 @@
+"""Gateway mode: the tiers, keys and Redis limits of this app for services that are not Django.
+
+A gateway (nginx, Caddy, Traefik, Envoy) asks the endpoint about each request before passing it to the
+service behind it, and passes or refuses it by the answer: `path("ratelimit/", include("ratelimit_app.gateway"))`
+(the URLs are in `ratelimit_app.gateway.urls`; docs/gateway.md has each gateway's configuration).
+
+- `describe`: the request a gateway describes (method, URI, service, cost), read from its headers;
+- `answers`: the 200 with the rate limit headers, the refusals, and nginx's 403 carrying them;
+- `lease`: concurrency slots handed to the gateway as one signed header value;
+- `views`: the endpoint (one decision through `ratelimit_app.apply.limiting`) and the release of slots;
+- `checks`: `manage.py check` for a routed endpoint (not limited itself, a trusted gateway).
+"""
+
+from .urls import urlpatterns
+
+__all__ = ["urlpatterns"]

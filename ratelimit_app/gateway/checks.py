@@ -1,0 +1,51 @@
+"""`manage.py check` for the gateway endpoint, when the URLconf routes it.
+
+- ratelimit.W003: RateLimitMiddleware limits the endpoint's own path (it is under
+  RATELIMIT['PATH_PREFIXES'] and not in EXEMPT_PATHS): every authorization request would be charged
+  to the gateway's address as well as deciding the request it describes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core import checks
+from django.urls import NoReverseMatch, reverse
+
+from ..service.conf import read_settings
+
+MIDDLEWARE = "ratelimit_app.middleware.RateLimitMiddleware"
+_URL_NAMES = ("ratelimit-gateway-authorize", "ratelimit-gateway-auth-request", "ratelimit-gateway-release")
+
+
+def routed_paths() -> list[str]:
+    """The paths the URLconf serves the endpoint at (none when it does not include it)."""
+    paths = []
+    for name in _URL_NAMES:
+        try:
+            paths.append(reverse(name))
+        except NoReverseMatch:
+            continue
+        except Exception:  # a URLconf that does not import: Django's own URL checks report it
+            return []
+    return paths
+
+
+@checks.register("ratelimit", checks.Tags.urls)
+def check_gateway_paths(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """ratelimit.W003 when the middleware would limit the endpoint itself."""
+    values, errors = read_settings()
+    if errors or MIDDLEWARE not in getattr(django_settings, "MIDDLEWARE", ()) or not values["ENABLED"]:
+        return []
+    prefixes, exempt = tuple(values["PATH_PREFIXES"]), tuple(values["EXEMPT_PATHS"])
+    limited = [path for path in routed_paths() if path.startswith(prefixes) and not path.startswith(exempt)]
+    if not limited:
+        return []
+    return [checks.Warning(
+        f"RateLimitMiddleware limits the gateway endpoint itself ({', '.join(limited)} under "
+        f"RATELIMIT['PATH_PREFIXES']): each authorization request would be charged as a request of the gateway's own.",
+        hint="Include ratelimit_app.gateway outside RATELIMIT['PATH_PREFIXES'], or add its path to "
+             "RATELIMIT['EXEMPT_PATHS'].",
+        id="ratelimit.W003",
+    )]

@@ -1,0 +1,117 @@
+"""The request a gateway asks about (`GatewayRequest`), read once from its authorization request.
+
+A gateway in front of a service that is not Django sends the endpoint an authorization request of its
+own; the request to decide is described in it:
+
+- the original method and URI: nginx's `X-Original-Method` / `X-Original-URI` (set by its
+  configuration; the `auth-request` contract), Caddy's and Traefik's `X-Forwarded-Method` /
+  `X-Forwarded-Uri` (which they set themselves), or Envoy ext_authz's forwarded path: Envoy appends the
+  original path to its `path_prefix` and keeps the original method (the `authorize` contract);
+- the service: `X-RateLimit-Service`, set by the gateway for the routes of one service; it selects the
+  tier limits of that scope (a tier's unscoped limits apply to every service, its limits with scope
+  "orders" to the service "orders" only);
+- the cost: `X-RateLimit-Cost`, set by the gateway for costly routes (default 1).
+
+Who the client is comes from the authorization request itself, as for any request Django limits: the
+API key header (the gateway passes the client's headers on), the client address through
+RATELIMIT['TRUSTED_PROXIES'] (the gateway is the proxy that adds it to X-Forwarded-For).
+
+A client that sends these headers itself, where a gateway passes them on, can only add to its own
+limits: a service scope adds that service's limits to the unscoped ones, and a cost is at least 1.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+from django.http import HttpRequest
+
+from ..apply.routes import validate_cost, validate_scope
+from ..core.policies import MAX_LIMIT
+
+#: The contract of nginx's auth_request (X-Original-*; every answer but 200 is a 403, see answers).
+AUTH_REQUEST = "auth-request"
+#: The contract of Caddy, Traefik and Envoy, which pass the answer's status on (X-Forwarded-*, or a path).
+AUTHORIZE = "authorize"
+
+SERVICE_HEADER = "X-RateLimit-Service"
+COST_HEADER = "X-RateLimit-Cost"
+_HEADERS = {
+    AUTH_REQUEST: ("X-Original-Method", "X-Original-URI"),
+    AUTHORIZE: ("X-Forwarded-Method", "X-Forwarded-Uri"),
+}
+_METHOD = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,32}$")
+MAX_URI = 8192
+
+
+class BadDescription(ValueError):
+    """The authorization request does not describe a request the endpoint can decide (answered 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayRequest:
+    """The request a gateway asks about: its method, URI (as the client sent it: path and query), the
+    path (decoded, as Django's `path_info`), the service ("" for none) and the cost."""
+
+    method: str
+    uri: str
+    path: str
+    service: str
+    cost: int
+
+
+def describe(request: HttpRequest, contract: str, forwarded_path: str | None = None) -> GatewayRequest:
+    """The request that `request`, a gateway's authorization request under `contract`, describes.
+
+    `forwarded_path` is the original path Envoy appended to the endpoint's own path (None: the method
+    and URI are in the contract's headers). Raises BadDescription, saying what is missing or wrong.
+    """
+    if forwarded_path is not None:
+        query = request.META.get("QUERY_STRING", "")
+        method, uri = request.method or "", forwarded_path + (f"?{query}" if query else "")
+        path = forwarded_path
+    else:
+        method_header, uri_header = _HEADERS[contract]
+        method, uri = request.headers.get(method_header, ""), request.headers.get(uri_header, "")
+        if not method or not uri:
+            raise BadDescription(f"the gateway did not describe the request to decide: send {method_header} and "
+                                 f"{uri_header} (docs/gateway.md)")
+        path = _path_of(uri, uri_header)
+    if not _METHOD.match(method):
+        raise BadDescription(f"{method!r:.40} is not an HTTP method")
+    return GatewayRequest(method.upper(), uri, path, _service(request), _cost(request))
+
+
+def _path_of(uri: str, header: str) -> str:
+    """The decoded path of a request URI: origin-form ("/orders?page=2") or absolute-form."""
+    if len(uri) > MAX_URI:
+        raise BadDescription(f"{header} is longer than {MAX_URI} characters")
+    parts = urlsplit(uri)
+    if not parts.path.startswith("/") and uri != "*":
+        raise BadDescription(f"{header} is not a request URI (a path such as /orders?page=2): {uri!r:.80}")
+    return unquote(parts.path) or "/"
+
+
+def _service(request: HttpRequest) -> str:
+    value = request.headers.get(SERVICE_HEADER)
+    if value is None or value == "":
+        return ""
+    try:
+        return validate_scope(value)
+    except ValueError:
+        raise BadDescription(f"{SERVICE_HEADER}: {value!r:.40} must be 1-30 letters, digits, '_' or '-' "
+                             "(the scope of the service's tier limits)") from None
+
+
+def _cost(request: HttpRequest) -> int:
+    value = request.headers.get(COST_HEADER)
+    if value is None or value == "":
+        return 1
+    try:
+        if not (value.isascii() and value.isdigit() and len(value) <= 10):
+            raise ValueError(value)
+        return validate_cost(int(value), minimum=1)
+    except ValueError:
+        raise BadDescription(f"{COST_HEADER}: {value!r:.40} must be a whole number from 1 to {MAX_LIMIT}") from None

@@ -1,0 +1,23 @@
+"""URLs of the gateway endpoint: `path("ratelimit/", include("ratelimit_app.gateway"))` serves
+
+    /ratelimit/authorize            Caddy forward_auth, Traefik ForwardAuth (X-Forwarded-Method/-Uri)
+    /ratelimit/authorize/<path>     Envoy ext_authz (path_prefix "/ratelimit/authorize")
+    /ratelimit/auth-request         nginx auth_request (X-Original-Method/-URI)
+    /ratelimit/release              gives back the concurrency slots an X-RateLimit-Lease names
+
+Keep them out of RATELIMIT['PATH_PREFIXES'] (the endpoint is not limited itself) and reachable by the
+gateways only (docs/gateway.md).
+"""
+
+from __future__ import annotations
+
+from django.urls import path, re_path
+
+from . import views
+
+urlpatterns = [
+    path("authorize", views.authorize, name="ratelimit-gateway-authorize"),
+    re_path(r"^authorize(?P<forwarded>/.*)$", views.authorize, name="ratelimit-gateway-authorize-path"),
+    path("auth-request", views.auth_request, name="ratelimit-gateway-auth-request"),
+    path("release", views.release, name="ratelimit-gateway-release"),
+]

@@ -1,0 +1,274 @@
+"""The gateway endpoint through Django's test client against the real Redis, with requests shaped as each
+gateway sends them: Caddy and Traefik (GET, X-Forwarded-Method / -Uri / -For), Envoy ext_authz (the
+original method, the original path after the endpoint's own, only its allowed headers) and nginx's
+auth_request (X-Original-Method / -URI; every answer but 200 is a 403 carrying the real one)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+import redis
+from django.test import Client
+
+from devtools.embedded import free_port, start_redis
+from ratelimit_app.models import ClientRule
+from tests.support.limits_support import check_free_burst, make_key, make_tier, parse_ietf, seed_tiers
+
+pytestmark = pytest.mark.django_db
+
+CLIENT = "203.0.113.7"
+RATE_LIMIT_HEADERS = ("Retry-After", "RateLimit", "RateLimit-Policy", "X-RateLimit-Limit", "X-RateLimit-Remaining",
+                      "X-RateLimit-Reset", "X-RateLimit-Tier")
+
+
+def use(settings: Any, **values: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, **values}
+
+
+@pytest.fixture(autouse=True)
+def _behind_one_gateway(settings: Any) -> None:
+    use(settings, TRUSTED_PROXIES=1)
+
+
+class Answer:
+    """A test client response read like a `requests` response (what check_free_burst reads)."""
+
+    def __init__(self, response: Any) -> None:
+        self.status_code = response.status_code
+        self.headers = response.headers
+        self.content = response.content
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def forward_auth(client: Client, key: str | None, *, uri: str = "/orders/7?page=2", method: str = "POST",
+                 **headers: str) -> Answer:
+    """What Caddy's forward_auth and Traefik's ForwardAuth send: a GET, the client's own headers, the
+    original request in X-Forwarded-Method / -Uri, the client's address in X-Forwarded-For."""
+    sent = {"X-Forwarded-Method": method, "X-Forwarded-Uri": uri, "X-Forwarded-For": CLIENT,
+            "X-Forwarded-Proto": "http", "X-Forwarded-Host": "shop.example", **headers}
+    if key is not None:
+        sent["X-API-Key"] = key
+    return Answer(client.get("/ratelimit/authorize", headers=sent))
+
+
+def ext_authz(client: Client, key: str, *, path: str = "/orders/7?page=2", method: str = "DELETE",
+              **headers: str) -> Answer:
+    """What Envoy's HTTP ext_authz sends: the original method, path_prefix + the original path (query
+    included), no body, and the headers its allowed_headers let through."""
+    sent = {"X-API-Key": key, "X-Forwarded-For": CLIENT, "Content-Length": "0", **headers}
+    return Answer(client.generic(method, f"/ratelimit/authorize{path}", headers=sent))
+
+
+def auth_request(client: Client, key: str | None, *, uri: str = "/orders/7", **headers: str) -> Answer:
+    """What nginx's auth_request sends with the location of docs/gateway.md: a GET subrequest with the
+    client's headers, X-Original-Method / -URI and X-Forwarded-For."""
+    sent = {"X-Original-Method": "GET", "X-Original-URI": uri, "X-Forwarded-For": CLIENT, **headers}
+    if key is not None:
+        sent["X-API-Key"] = key
+    return Answer(client.get("/ratelimit/auth-request", headers=sent))
+
+
+def release(client: Client, answer: Answer) -> int:
+    """Report the end of an admitted request, as nginx's post_action or the service does."""
+    lease = answer.headers.get("X-RateLimit-Lease")
+    sent = {"X-RateLimit-Lease": lease} if lease else {}
+    return int(client.post("/ratelimit/release", headers=sent).status_code)
+
+
+def test_a_free_keys_eleventh_request_is_429_like_the_middlewares(client: Client) -> None:
+    seed_tiers()
+    key = make_key("free")
+    answers = []
+    for _ in range(11):
+        answers.append(forward_auth(client, key))
+        if answers[-1].status_code == 200:
+            assert answers[-1].content == b""
+            assert release(client, answers[-1]) == 204  # the free tier's 2 slots come back each time
+    check_free_burst(answers)
+    assert "X-RateLimit-Lease" not in answers[-1].headers
+    # the same refusal as the middleware's for the same state: 429, body, Retry-After, RateLimit headers
+    middleware = client.get("/api/users", headers={"X-API-Key": key}, REMOTE_ADDR=CLIENT)
+    assert middleware.status_code == 429
+    assert json.loads(middleware.content).keys() == answers[-1].json().keys()
+    for name in RATE_LIMIT_HEADERS:
+        assert middleware.headers[name] and answers[-1].headers[name], name
+
+
+def test_a_slot_is_held_until_the_release_names_it(client: Client) -> None:
+    seed_tiers()
+    key = make_key("free")
+    first, second = forward_auth(client, key), forward_auth(client, key)
+    assert (first.status_code, second.status_code) == (200, 200)
+    third = forward_auth(client, key)  # both slots of the free tier are held
+    assert third.status_code == 429 and third.json()["policy"] == "concurrency"
+    assert parse_ietf(first.headers["RateLimit"])["concurrency"]["r"] == 1
+    assert release(client, first) == 204
+    assert release(client, first) == 204  # a second report of the same end gives nothing back twice
+    fourth = forward_auth(client, key)
+    assert fourth.status_code == 200 and parse_ietf(fourth.headers["RateLimit"])["concurrency"]["r"] == 0
+    assert forward_auth(client, key).status_code == 429
+
+
+def test_a_lease_not_signed_here_is_refused_and_no_lease_is_nothing_to_do(client: Client) -> None:
+    assert client.post("/ratelimit/release").status_code == 204
+    forged = client.post("/ratelimit/release", headers={"X-RateLimit-Lease": "eyJ0IjoiYSJ9:forged"})
+    assert forged.status_code == 400
+    assert "not signed by this site" in json.loads(forged.content)["error"]
+
+
+def test_a_bad_key_is_401_and_no_key_is_401(client: Client) -> None:
+    seed_tiers()
+    bad = forward_auth(client, make_key("free")[:-4] + "AAAA")
+    assert bad.status_code == 401 and bad.json() == {"error": "unknown API key"}
+    assert bad.headers["WWW-Authenticate"] == 'Bearer realm="api"'
+    assert forward_auth(client, None).json() == {"error": "API key required"}
+
+
+def test_a_service_scope_adds_its_limits_to_the_tiers_global_ones(client: Client) -> None:
+    tier = make_tier("services", [("minute", "fixed_window", 5, 60, None, ""),
+                                  ("minute", "fixed_window", 2, 60, None, "orders")])
+    key = make_key(tier)
+    orders = [forward_auth(client, key, **{"X-RateLimit-Service": "orders"}).status_code for _ in range(3)]
+    assert orders == [200, 200, 429]
+    refused = forward_auth(client, key, **{"X-RateLimit-Service": "orders"})
+    assert refused.json()["policy"] == "orders.minute"
+    assert parse_ietf(refused.headers["RateLimit-Policy"]).keys() == {"ip", "minute", "orders.minute"}
+    # another service, and a route without one, only know the global limit, which the orders counted
+    search = forward_auth(client, key, **{"X-RateLimit-Service": "search"})
+    assert search.status_code == 200 and parse_ietf(search.headers["RateLimit"])["minute"]["r"] == 2
+    assert [forward_auth(client, key).status_code for _ in range(3)] == [200, 200, 429]
+    assert forward_auth(client, key).json()["policy"] == "minute"
+
+
+def test_the_cost_header_charges_that_many_units(client: Client) -> None:
+    tier = make_tier("costly", [("minute", "fixed_window", 10, 60, None, "")])
+    key = make_key(tier)
+    assert forward_auth(client, key, **{"X-RateLimit-Cost": "7"}).headers["X-RateLimit-Remaining"] == "3"
+    refused = forward_auth(client, key, **{"X-RateLimit-Cost": "4"})
+    assert refused.status_code == 429
+    assert forward_auth(client, key).headers["X-RateLimit-Remaining"] == "2"  # the refusal charged nothing
+
+
+@pytest.mark.parametrize(("headers", "message"), [
+    ({"X-Forwarded-Uri": ""}, "send X-Forwarded-Method and X-Forwarded-Uri"),
+    ({"X-Forwarded-Uri": "orders"}, "is not a request URI"),
+    ({"X-Forwarded-Method": "GET /x"}, "is not an HTTP method"),
+    ({"X-RateLimit-Cost": "0"}, "must be a whole number from 1 to 1000000000"),
+    ({"X-RateLimit-Cost": "-3"}, "must be a whole number from 1"),
+    ({"X-RateLimit-Service": "orders/v2"}, "must be 1-30 letters, digits"),
+])
+def test_a_description_that_cannot_be_read_is_400(client: Client, headers: dict[str, str], message: str) -> None:
+    seed_tiers()
+    answer = forward_auth(client, make_key("free"), **headers)
+    assert answer.status_code == 400 and message in answer.json()["error"]
+
+
+def test_envoy_ext_authz_sends_the_original_method_and_path(client: Client, settings: Any) -> None:
+    use(settings, SHED_CAPACITY=10, SHED_LOW_AT=0.1, SHED_PRIORITIES={"/reports/": "low"})
+    seed_tiers()
+    key = make_key("pro")
+    held = ext_authz(client, key, path="/reports/2026?format=csv", method="POST")  # no CSRF token needed
+    assert held.status_code == 200 and held.headers["X-RateLimit-Tier"] == "pro"
+    # the fleet count's low threshold is 1: the described path picked the low priority, and sheds the next
+    shed = ext_authz(client, key, path="/reports/2027")
+    assert shed.status_code == 503 and shed.json()["error"] == "service overloaded: request shed"
+    normal = ext_authz(client, key, path="/")
+    assert normal.status_code == 200  # a normal priority is still admitted
+    assert release(client, held) == 204 and release(client, normal) == 204
+    assert ext_authz(client, key, path="/reports/2027").status_code == 200
+
+
+def test_nginx_gets_every_refusal_as_a_403_carrying_it(client: Client) -> None:
+    seed_tiers()
+    key = make_key("free")
+    for _ in range(10):
+        admitted = auth_request(client, key)
+        assert admitted.status_code == 200 and release(client, admitted) == 204
+    refused = auth_request(client, key)
+    assert refused.status_code == 403 and refused.headers["X-RateLimit-Status"] == "429"
+    body = json.loads(refused.headers["X-RateLimit-Body"])
+    assert (body["error"], body["policy"]) == ("rate limit exceeded", "burst")
+    assert refused.headers["Retry-After"] and parse_ietf(refused.headers["RateLimit"])["burst"]["r"] == 0
+    unknown = auth_request(client, key[:-4] + "AAAA")
+    assert (unknown.status_code, unknown.headers["X-RateLimit-Status"]) == (403, "401")
+    assert unknown.headers["WWW-Authenticate"] == 'Bearer realm="api"'
+    unreadable = auth_request(client, key, uri="")
+    assert (unreadable.status_code, unreadable.headers["X-RateLimit-Status"]) == (403, "400")
+    assert "X-Original-Method and X-Original-URI" in json.loads(unreadable.headers["X-RateLimit-Body"])["error"]
+
+
+def test_problem_details_travel_to_nginx_as_well(client: Client, settings: Any) -> None:
+    use(settings, ERROR_FORMAT="problem")
+    seed_tiers()
+    refused = auth_request(client, "not-a-key")
+    assert refused.headers["Content-Type"] == "application/problem+json"
+    assert json.loads(refused.headers["X-RateLimit-Body"])["detail"] == "malformed API key"
+
+
+def test_a_deny_rule_is_403(client: Client) -> None:
+    seed_tiers()
+    ClientRule.objects.create(action="deny", network="203.0.113.0/24")
+    denied = forward_auth(client, make_key("free"))
+    assert denied.status_code == 403 and "refused by an access rule" in denied.json()["error"]
+
+
+def test_redis_down_follows_the_fail_mode(client: Client, settings: Any) -> None:
+    seed_tiers()
+    key = make_key("free")
+    use(settings, REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", FAIL_MODE="closed", BUDGET_MS=200,
+        SOCKET_CONNECT_TIMEOUT=0.1)
+    closed = auth_request(client, key)
+    assert (closed.status_code, closed.headers["X-RateLimit-Status"]) == (403, "503")
+    assert json.loads(closed.headers["X-RateLimit-Body"])["error"] == "rate limiter unavailable"
+    use(settings, FAIL_MODE="open")
+    assert forward_auth(client, key).status_code == 200
+
+
+def test_one_redis_command_per_decision(client: Client, settings: Any) -> None:
+    """Counted with MONITOR on a private Redis: what clients send, not what runs inside the script."""
+    server = start_redis()
+    try:
+        use(settings, REDIS_URL=server.url, METRICS_ENABLED=False)
+        seed_tiers()
+        key = make_key("free")
+        warm = forward_auth(client, key)  # loads the script, caches the key and the tier
+        assert release(client, warm) == 204
+        spy = redis.Redis.from_url(server.url)
+        spy.ping()
+        seen: list[str] = []
+        with redis.Redis.from_url(server.url).monitor() as monitor:
+            admitted = forward_auth(client, key)
+            spy.execute_command("ECHO", "between")
+            assert release(client, admitted) == 204
+            spy.execute_command("ECHO", "end-of-test")
+            for event in monitor.listen():
+                if event["command"] == "ECHO end-of-test":
+                    break
+                if event["client_type"] != "lua":
+                    seen.append(event["command"].split()[0])
+        # one EVALSHA decided the per-IP limit and the four limits of the free tier, its slot taken;
+        # the release gave the slot back in one more round trip
+        assert seen == ["EVALSHA", "ECHO", "ZREM"]
+        assert parse_ietf(admitted.headers["RateLimit"]).keys() == {"ip", "burst", "minute", "concurrency", "day"}
+        spy.close()
+    finally:
+        server.stop()
+
+
+def test_an_untrusted_gateway_is_reported_once(client: Client, settings: Any, caplog: Any) -> None:
+    from ratelimit_app.gateway import views
+
+    use(settings, TRUSTED_PROXIES=0)
+    seed_tiers()
+    key = make_key("free")
+    views._warned = False
+    with caplog.at_level(logging.WARNING, logger="ratelimit_app"):
+        for _ in range(2):
+            assert forward_auth(client, key).headers["X-RateLimit-Tier"] == "free"
+    warnings = [r for r in caplog.records if getattr(r, "ratelimit_event", "") == "ratelimit.gateway_untrusted"]
+    assert len(warnings) == 1 and warnings[0].ratelimit["gateway"] == "127.0.0.1"
