@@ -1,7 +1,8 @@
 """What the endpoint answers a gateway, under each contract.
 
 Allowed: 200 with an empty body and every rate limit header the middleware would add (for the gateway
-to copy onto the service's response), and `X-RateLimit-Lease` when the request took concurrency slots.
+to copy onto the service's response), and `X-RateLimit-Lease`: the concurrency slots the request took
+(ratelimit_app.gateway.lease), empty when it took none.
 Refused: the very answer the middleware gives (`ratelimit_app.apply.responses.refusal`: 429, 503, 401
 or 403, its JSON or problem+json body, Retry-After and the rate limit headers), which Caddy, Traefik and
 Envoy pass to the client as it is.
@@ -33,8 +34,8 @@ def answer(outcome: LimitOutcome, cost: int) -> HttpResponseBase:
         return refusal(outcome, cost)
     response = HttpResponse(status=200)
     add_headers(response, outcome)
-    if outcome.slots is not None:
-        response[LEASE_HEADER] = lease_value(outcome.slots)
+    # always there, empty when no slot was taken: a gateway that copies it never copies a missing header
+    response[LEASE_HEADER] = lease_value(outcome.slots) if outcome.slots is not None else ""
     return response
 
 

@@ -1,0 +1,92 @@
+"""The protected service of the live gateway tests: a plain HTTP server (not Django) on a thread of the
+test, which counts every request it receives, so a test can tell that a refused request never reached it.
+
+With `release_url`, it reports the end of each request that carries an `X-RateLimit-Lease` (the
+concurrency slots the gateway endpoint took for it) to the endpoint's release URL before it answers,
+as a service behind a gateway with no end-of-request hook of its own does (Caddy: docs/gateway.md).
+`GET /slow?ms=N` answers after N milliseconds.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+LEASE_HEADER = "X-RateLimit-Lease"
+
+
+class CountingService:
+    """The service on 127.0.0.1:<port>: `received[path]` counts the requests that reached it, `headers`
+    are theirs; `released` counts the leases it reported (answered 204), `release_failures` holds the
+    status of any other answer."""
+
+    def __init__(self, release_url: str | None = None) -> None:
+        self.received: Counter[str] = Counter()
+        self.released = 0
+        self.release_failures: list[int] = []
+        self.headers: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        self._release = urlsplit(release_url) if release_url else None
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self) -> None:
+                service._received(self)
+                parts = urlsplit(self.path)
+                delay = parse_qs(parts.query).get("ms")
+                if parts.path == "/slow" and delay:
+                    time.sleep(int(delay[0]) / 1000)
+                service._report_end(self.headers.get(LEASE_HEADER, ""))
+                body = b"served\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+            def log_message(self, *args: Any) -> None:
+                return
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def _received(self, handler: BaseHTTPRequestHandler) -> None:
+        with self._lock:
+            self.received[urlsplit(handler.path).path] += 1
+            self.headers.append(dict(handler.headers.items()))
+
+    def _report_end(self, lease: str) -> None:
+        if self._release is None or not lease:
+            return
+        connection = http.client.HTTPConnection(self._release.hostname or "", self._release.port, timeout=10)
+        try:
+            connection.request("POST", self._release.path, headers={LEASE_HEADER: lease})
+            status = connection.getresponse().status
+        finally:
+            connection.close()
+        with self._lock:
+            if status == 204:
+                self.released += 1
+            else:
+                self.release_failures.append(status)
+
+    def total(self) -> int:
+        """Every request that reached the service."""
+        with self._lock:
+            return sum(self.received.values())
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
