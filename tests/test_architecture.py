@@ -168,7 +168,7 @@ def test_modules_and_functions_stay_readable() -> None:
 def test_tests_mirror_the_package() -> None:
     """Each folder of the package has its folder of tests, and the suite's helpers live in tests/support."""
     tests = PACKAGE.parent / "tests"
-    for folder in ("core", "service", "plans", "apply", "observability"):
+    for folder in ("core", "service", "plans", "apply", "observability", "gateway"):
         assert list((tests / folder).glob("test_*.py")), folder
     loose = [p.name for p in tests.glob("*.py") if not p.name.startswith(("test_", "conftest", "__init__"))]
     assert loose == []

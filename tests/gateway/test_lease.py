@@ -1,0 +1,40 @@
+"""The lease of a gateway request's concurrency slots: one signed header value, read back into the slots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core import signing
+
+from ratelimit_app.apply.concurrency import HeldSlots
+from ratelimit_app.core.policies import Policy
+from ratelimit_app.gateway.lease import MAX_LEASE, BadLease, lease_value, slots_of
+
+
+def test_a_lease_names_its_slots_and_their_token() -> None:
+    held = ((("key:abcd1234"), Policy("concurrency", "concurrency", limit=2, period=60)),
+            ("shed:fleet", Policy("shed", "concurrency", limit=9, period=0.5)))
+    value = lease_value(HeldSlots("f00d", held, local=False))
+    assert value.isascii() and " " not in value and "abcd1234" not in value  # base64: header-safe
+    slots = slots_of(value)
+    assert (slots.token, slots.held, slots.local, slots.released) == ("f00d", held, False, False)
+    assert slots_of(lease_value(HeldSlots("t", held[:1], local=True))).local is True
+
+
+def test_a_lease_signed_elsewhere_is_refused(settings: Any) -> None:
+    value = lease_value(HeldSlots("f00d", (("ip:203.0.113.7", Policy("c", "concurrency", limit=1, period=5)),), False))
+    settings.SECRET_KEY = "another-site-entirely-" + "x" * 40
+    with pytest.raises(BadLease, match="not signed by this site"):
+        slots_of(value)
+
+
+@pytest.mark.parametrize("payload", [{"t": "a"}, {"t": "a", "l": False, "h": [["key:x", "c", 0, 5]]}, [1, 2]])
+def test_a_signed_value_that_names_no_slots_is_refused(payload: Any) -> None:
+    with pytest.raises(BadLease, match="does not name slots"):
+        slots_of(signing.dumps(payload, salt="ratelimit_app.gateway.lease"))
+
+
+def test_an_oversized_value_is_refused_before_it_is_read() -> None:
+    with pytest.raises(BadLease, match=f"longer than {MAX_LEASE}"):
+        slots_of("a" * (MAX_LEASE + 1))
