@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.gateways import missing_gateways
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,3 +65,22 @@ def test_asgi_only_smoke_run_measures_every_asgi_row_without_errors(tmp_path: Pa
     verdicts = [line.rstrip(" |").rsplit("|", 1)[1].split(" (noisy")[0].strip()
                 for line in report.split("| target |")[1].split("\n\n")[0].splitlines()[2:]]
     assert len(verdicts) == 4 and all(v in ("**pass**", "**MISS**") for v in verdicts), verdicts
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(missing_gateways() is not None and os.environ.get("RATELIMIT_REQUIRE_GATEWAYS") != "1",
+                    reason=f"gateways: {missing_gateways()}")
+def test_gateway_bench_measures_every_row_without_refusals(tmp_path: Path) -> None:
+    """bench/gateway_bench.py on a tiny size: nginx without auth_request, with a bare auth_request to one
+    EVALSHA, and with the documented gateway endpoint (with and without a slot), every answer 200."""
+    done = subprocess.run([sys.executable, "bench/gateway_bench.py", "--duration", "1", "--warmup", "0",
+                           "--rounds", "1", "--connections", "2", "--workers", "1", "--threads", "2",
+                           "--json", str(tmp_path / "gateway.json")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads((tmp_path / "gateway.json").read_text(encoding="utf-8"))
+    assert [row["label"] for row in rows] == ["no auth_request", "bare auth_request (the floor)", "gateway endpoint",
+                                              "gateway endpoint + slot"]
+    assert all(r["requests"] > 0 and r["errors"] == 0 for row in rows for r in row["results"]), rows
+    assert "| gateway endpoint + slot |" in done.stdout

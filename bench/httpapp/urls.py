@@ -1,18 +1,19 @@
-"""GET /api/ping, served by the view of the variant in BENCH_HTTP_VARIANT."""
+"""GET /api/ping, served by the view of the variant in BENCH_HTTP_VARIANT (and, for the gateway benchmark,
+the gateway endpoint under /ratelimit/)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.conf import settings
-from django.urls import path
+from django.urls import include, path
 
 from bench.httpapp import views
-from bench.httpapp.variants import ASGI_VARIANTS
+from bench.httpapp.variants import ASGI_VARIANTS, GATEWAY_VARIANT
 
 
 def _view(variant: str) -> Any:
-    if variant == "evalsha":
+    if variant in ("evalsha", GATEWAY_VARIANT):
         return views.ping_evalsha
     if variant == "async-evalsha":
         return views.aping_evalsha
@@ -27,4 +28,7 @@ def _view(variant: str) -> Any:
     return views.ping
 
 
-urlpatterns = [path("api/ping", _view(str(getattr(settings, "VARIANT", "none"))))]
+_VARIANT = str(getattr(settings, "VARIANT", "none"))
+urlpatterns = [path("api/ping", _view(_VARIANT))]
+if _VARIANT == GATEWAY_VARIANT:  # bench/gateway_bench.py: the gateway endpoint, next to the floor at /api/ping
+    urlpatterns.append(path("ratelimit/", include("ratelimit_app.gateway")))

@@ -56,6 +56,10 @@ ASGI_VARIANTS: dict[str, tuple[str, str]] = {
                   "and the async view from there back on the event loop (async_to_sync)"),
 }
 
+#: The variant of bench/gateway_bench.py: /api/ping is the floor (one bare EVALSHA), /ratelimit/ the gateway
+#: endpoint, behind nginx (one trusted proxy) with a per-IP limit no run reaches.
+GATEWAY_VARIANT = "gateway"
+
 #: The middleware of each variant that has one.
 _MIDDLEWARE = {"ours": "ratelimit_app.middleware.RateLimitMiddleware",
                "async-ours": "ratelimit_app.middleware.RateLimitMiddleware",
@@ -64,8 +68,11 @@ _MIDDLEWARE = {"ours": "ratelimit_app.middleware.RateLimitMiddleware",
 
 def configure(settings: dict[str, Any], variant: str) -> None:
     """Apply `variant` to the settings module namespace `settings` (raises ValueError for unknown names)."""
-    if variant not in VARIANTS and variant not in ASGI_VARIANTS:
-        raise ValueError(f"BENCH_HTTP_VARIANT={variant!r}; expected one of {', '.join([*VARIANTS, *ASGI_VARIANTS])}")
+    if variant not in VARIANTS and variant not in ASGI_VARIANTS and variant != GATEWAY_VARIANT:
+        raise ValueError(f"BENCH_HTTP_VARIANT={variant!r}; expected one of "
+                         f"{', '.join([*VARIANTS, *ASGI_VARIANTS, GATEWAY_VARIANT])}")
+    if variant == GATEWAY_VARIANT:
+        settings["RATELIMIT"] = {**settings["RATELIMIT"], "IP_RATE": HUGE_RATE, "TRUSTED_PROXIES": 1}
     if variant in _MIDDLEWARE:
         settings["MIDDLEWARE"] = [_MIDDLEWARE[variant]]
         settings["RATELIMIT"] = {
