@@ -2,12 +2,14 @@
 
 A gateway (nginx, Caddy, Traefik, Envoy) asks the endpoint about each request before passing it to the
 service behind it, and passes or refuses it by the answer: `path("ratelimit/", include("ratelimit_app.gateway"))`
-(the URLs are in `ratelimit_app.gateway.urls`; docs/gateway.md has each gateway's configuration).
+(the URLs are in `ratelimit_app.gateway.urls`; under ASGI, `include("ratelimit_app.gateway.async_urls")`;
+docs/gateway.md has each gateway's configuration).
 
 - `describe`: the request a gateway describes (method, URI, service, cost), read from its headers;
 - `answers`: the 200 with the rate limit headers, the refusals, and nginx's 403 carrying them;
 - `lease`: concurrency slots handed to the gateway as one signed header value;
-- `views`: the endpoint (one decision through `ratelimit_app.apply.limiting`) and the release of slots;
+- `views`: the endpoint (one decision through `ratelimit_app.apply.limiting`) and the release of slots,
+  each with its async twin;
 - `checks`: `manage.py check` for a routed endpoint (not limited itself, a trusted gateway).
 """
 
