@@ -10,7 +10,7 @@ docs/gateway.md has each gateway's configuration).
 - `lease`: concurrency slots handed to the gateway as one signed header value;
 - `views`: the endpoint (one decision through `ratelimit_app.apply.limiting`) and the release of slots,
   each with its async twin;
-- `checks`: `manage.py check` for a routed endpoint (not limited itself, a trusted gateway).
+- `checks`: `manage.py check` warns when the middleware would limit the endpoint itself (ratelimit.W003).
 """
 
 from .urls import urlpatterns
