@@ -23,6 +23,6 @@ urlpatterns = [
     path("drf/", include(router.urls)),
     path("public/quote", views.quote, name="quote"),
     path("public/async-quote", views.quote_async, name="quote-async"),
-    path("ratelimit/", include("ratelimit_app.gateway")),  # the gateway endpoint (docs/gateway.md)
+    path("ratelimit/", include("ratelimit_app.gateway.urls")),  # the gateway endpoint (docs/gateway.md)
     path("", include("ratelimit_app.urls")),  # GET /metrics (Prometheus)
 ]

@@ -31,4 +31,4 @@ def _view(variant: str) -> Any:
 _VARIANT = str(getattr(settings, "VARIANT", "none"))
 urlpatterns = [path("api/ping", _view(_VARIANT))]
 if _VARIANT == GATEWAY_VARIANT:  # bench/gateway_bench.py: the gateway endpoint, next to the floor at /api/ping
-    urlpatterns.append(path("ratelimit/", include("ratelimit_app.gateway")))
+    urlpatterns.append(path("ratelimit/", include("ratelimit_app.gateway.urls")))

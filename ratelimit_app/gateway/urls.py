@@ -1,4 +1,4 @@
-"""URLs of the gateway endpoint: `path("ratelimit/", include("ratelimit_app.gateway"))` serves
+"""URLs of the gateway endpoint: `path("ratelimit/", include("ratelimit_app.gateway.urls"))` serves
 
     /ratelimit/authorize            Caddy forward_auth, Traefik ForwardAuth (X-Forwarded-Method/-Uri)
     /ratelimit/authorize/<path>     Envoy ext_authz (path_prefix "/ratelimit/authorize")

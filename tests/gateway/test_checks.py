@@ -10,7 +10,7 @@ from django.urls import include, path
 from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app.gateway.checks import check_gateway_paths, routed_paths
 
-urlpatterns = [*demo_urlpatterns, path("api/gateway/", include("ratelimit_app.gateway"))]
+urlpatterns = [*demo_urlpatterns, path("api/gateway/", include("ratelimit_app.gateway.urls"))]
 
 
 def test_the_demo_routes_the_endpoint_outside_the_limited_paths() -> None:
