@@ -19,7 +19,7 @@ from django.urls import include, path
 
 from devtools.embedded import free_port, start_redis
 from project.urls import urlpatterns as demo_urlpatterns
-from ratelimit_app.apply import planning
+from ratelimit_app.apply import planning, shedding
 from ratelimit_app.gateway import views
 from ratelimit_app.models import ClientRule
 from tests.support.limits_support import check_free_burst, make_key, make_tier, parse_ietf, seed_tiers
@@ -179,7 +179,10 @@ def test_a_description_that_cannot_be_read_is_400(client: Client, headers: dict[
     assert answer.status_code == 400 and message in answer.json()["error"]
 
 
-def test_envoy_ext_authz_sends_the_original_method_and_path(client: Client, settings: Any) -> None:
+def test_envoy_ext_authz_sends_the_original_method_and_path(client: Client, settings: Any,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("active", "shed", "last_shed"):  # the shedding episode this test starts ends with it
+        monkeypatch.setattr(shedding.fleet_episode, name, getattr(shedding.fleet_episode, name))
     use(settings, SHED_CAPACITY=10, SHED_LOW_AT=0.1, SHED_PRIORITIES={"/reports/": "low"})
     seed_tiers()
     key = make_key("pro")
@@ -271,11 +274,12 @@ def test_one_redis_command_per_decision(client: Client, settings: Any) -> None:
         server.stop()
 
 
-def test_an_untrusted_gateway_is_reported_once(client: Client, settings: Any, caplog: Any) -> None:
+def test_an_untrusted_gateway_is_reported_once(client: Client, settings: Any, caplog: Any,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     use(settings, TRUSTED_PROXIES=0)
     seed_tiers()
     key = make_key("free")
-    views._warned = False
+    monkeypatch.setattr(views, "_warned", False)
     with caplog.at_level(logging.WARNING, logger="ratelimit_app"):
         for _ in range(2):
             assert forward_auth(client, key).headers["X-RateLimit-Tier"] == "free"
