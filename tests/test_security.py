@@ -32,7 +32,7 @@ def engine_keys(redis_client: redis.Redis, prefix: str) -> list[str]:
     return [k for k in keys if not k.startswith(f"{prefix}:{{metrics}}")]
 
 
-#: an identity's key, or a policy's key of its own (the previous release's layout; concurrency slots)
+#: an identity's key, or a policy's key of its own (a long sliding log's units; concurrency slots)
 KEY_NAME = re.compile(r"[A-Za-z0-9_.:-]+:\{[0-9a-f]{24}\}([tsfgcqk][A-Za-z0-9_.-]+)?")
 
 

@@ -37,7 +37,7 @@ DIGEST_CHARS = 24
 #: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
 #: would cost Redis a strtod each, and every argument is parsed and interned as a Lua string.
 _CALL_NUMBERS = struct.Struct(">qBB")  # cost, mode, identities
-_POLICY_NUMBERS = struct.Struct(">qqqqBB")  # algorithm code, limit, period in ms, capacity, identity, tag length
+_POLICY_NUMBERS = struct.Struct(">qqqqBB")  # algorithm code, limit, period, extra, identity, tag length
 #: The modes of decide.lua: report only (peek), charge when allowed (hit), forget the states (reset).
 PEEK, HIT, RESET = 0, 1, 2
 #: The algorithm codes decide.lua dispatches on (ratelimit_app.core.algorithms).
@@ -45,7 +45,7 @@ ALGORITHM_CODES = {algorithm.name: algorithm.code for algorithm in REGISTRY}
 #: Added to the algorithm code of a shadow policy: decide.lua counts it but never lets it refuse.
 SHADOW_FLAG = 64
 #: The code of a calendar quota (a fixed window whose boundaries are calendar days, weeks or months):
-#: its period slot carries `Policy.calendar_rule` and its capacity slot `Policy.clock_shift_ms`.
+#: its period is `Policy.calendar_rule` and its extra number `Policy.clock_shift_ms`.
 CALENDAR_CODE = CALENDAR_WINDOW.code
 #: The letter that stands for the algorithm in a policy's tag (its entry in the identity's key) and in
 #: the name of its own key (see PreparedCall.keys).
@@ -55,12 +55,6 @@ KEY_LETTERS = {algorithm.name: algorithm.letter for algorithm in REGISTRY}
 CALENDAR_KEY_LETTER = CALENDAR_WINDOW.letter
 #: A lease token (ARGV[2] of decide.lua): the member a request's concurrency slots are held under.
 _LEASE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-#: Also send each rate policy's key in the previous release's layout, a key per policy
-#: ("<prefix>:{<digest>}<letter><policy>", the name its concurrency policies' keys still have), so that
-#: state written before an upgrade is carried over (see decide.lua). Such keys expire within the longest
-#: TTL of the policies (docs/algorithms.md); after that, setting this to False before the first decision
-#: saves Redis the EXISTS of a new identity's decision. A later release will stop sending them.
-LEGACY_KEYS = True
 #: The script's reply: three numbers per policy (see decide.lua).
 _REPLY_NUMBERS = struct.Struct(">qqq")  # remaining, reset in ms, retry in ms
 
@@ -70,6 +64,29 @@ def has_own_key(policy: Policy) -> bool:
     its identity's key: a concurrency policy's sorted set of leases, or a long sliding log."""
     algorithm = BY_NAME[policy.algorithm]
     return algorithm.concurrency or 0 < algorithm.long_state_from <= policy.limit
+
+
+def is_sent_its_key(policy: Policy) -> bool:
+    """True when a call names `policy`'s key of its own (KEYS[m + k] of decide.lua): every policy of an
+    algorithm that has one, since a sliding log whose limit was lowered reads its units from it."""
+    algorithm = BY_NAME[policy.algorithm]
+    return algorithm.concurrency or algorithm.long_state_from > 0
+
+
+def _tag(policy: Policy) -> str:
+    """The tag of `policy`: the letter of its algorithm and its name (its entry in its identity's key,
+    and the end of its key of its own)."""
+    return (CALENDAR_KEY_LETTER if policy.calendar else KEY_LETTERS[policy.algorithm]) + policy.name
+
+
+def _numbers(policy: Policy) -> tuple[int, int, int, int]:
+    """The code, limit, period and extra number of `policy` in ARGV[1] of decide.lua."""
+    if policy.calendar:
+        code, period, extra = CALENDAR_CODE, policy.calendar_rule, policy.clock_shift_ms
+    else:
+        algorithm = BY_NAME[policy.algorithm]
+        code, period, extra = algorithm.code, policy.period_ms, policy.capacity if algorithm.takes_burst else 0
+    return code + (SHADOW_FLAG if policy.shadow else 0), policy.limit, period, extra
 
 
 def _bulk(value: bytes) -> bytes:
@@ -90,7 +107,9 @@ class _Plan:
 
     def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int) -> None:
         self.prefix = prefix
-        own_keys: list[tuple[int, str]] = []  # (check, suffix) of each policy's own key
+        # KEYS of decide.lua: the state key of each identity ("<prefix>:{<digest>}"), then the key of
+        # its own of each policy that is sent one ("<prefix>:{<digest>}<tag>")
+        layout: list[tuple[int, str]] = [(check, ":{%s}") for check in range(len(policy_sets))]
         numbers = [_CALL_NUMBERS.pack(cost, mode, len(policy_sets))]
         for check, policies in enumerate(policy_sets):
             for policy in policies:
@@ -100,18 +119,11 @@ class _Plan:
             if len(set(names)) != len(names):
                 raise ValueError(f"policies: names must be unique within one decision, got {names}")
             for p in policies:
-                tag = ((CALENDAR_KEY_LETTER if p.calendar else KEY_LETTERS[p.algorithm]) + p.name).encode()
-                own_keys.append((check, ":{%s}" + tag.decode()))
-                code = CALENDAR_CODE if p.calendar else ALGORITHM_CODES[p.algorithm]
-                code += SHADOW_FLAG if p.shadow else 0
-                period, capacity = (p.calendar_rule, p.clock_shift_ms) if p.calendar else (p.period_ms, p.capacity)
-                numbers.append(_POLICY_NUMBERS.pack(code, p.limit, period, capacity, check + 1, len(tag)) + tag)
-        self.policy_count = len(own_keys)
-        # KEYS of decide.lua: the state key of each identity ("<prefix>:{<digest>}"), then, when the
-        # previous layout is read or a concurrency policy's sorted set is needed, each policy's own key
-        layout: list[tuple[int, str]] = [(check, ":{%s}") for check in range(len(policy_sets))]
-        if self.policy_count and (LEGACY_KEYS or any(has_own_key(p) for ps in policy_sets for p in ps)):
-            layout += own_keys
+                tag = _tag(p)
+                if is_sent_its_key(p):
+                    layout.append((check, ":{%s}" + tag))
+                numbers.append(_POLICY_NUMBERS.pack(*_numbers(p), check + 1, len(tag)) + tag.encode())
+        self.policy_count = sum(len(policies) for policies in policy_sets)
         self.key_layout = tuple(layout)
         self.named_capacities = tuple(tuple((p.name, p.capacity, p.shadow) for p in policies)
                                       for policies in policy_sets)
@@ -178,10 +190,10 @@ class PreparedCall:
     def keys(self) -> list[str]:
         """KEYS of the call: the state key of each identity, "<prefix>:{<digest>}" (the braces are the
         hash tag), which holds every rate policy of that identity, kept short because every byte of a
-        key name is paid per identity in Redis memory; then, with LEGACY_KEYS or when a concurrency
-        policy is decided, each policy's own key, "<prefix>:{<digest>}<letter><policy>" (the letter is
-        the algorithm's, KEY_LETTERS): a concurrency policy's sorted set of leases, or a rate policy's
-        key in the previous release's layout."""
+        key name is paid per identity in Redis memory; then the key of its own of each policy that is
+        sent one (`is_sent_its_key`), "<prefix>:{<digest>}<letter><policy>" (the letter is the
+        algorithm's, KEY_LETTERS): a concurrency policy's sorted set of leases, a sliding log's units
+        (used once its limit makes it long)."""
         digests = [digest.decode() for digest in self.digests]
         return [self.plan.prefix + pattern % digests[owner] for owner, pattern in self.plan.key_layout]
 
@@ -372,10 +384,8 @@ def state_keys(prefix: str, identity: str, policies: Sequence[Policy]) -> list[s
     the identity's state key for a rate policy (all of them share it), a concurrency policy's own
     sorted set, a long sliding log's own key (its entry in the identity's key is only a hint of where
     its live units start: see lua/sliding_window.lua)."""
-    call = prepare_call(prefix, ((identity, policies),), 1, charge=False)
-    keys = call.keys
-    own = keys[1:] if len(keys) > 1 else [keys[0]] * len(policies)
-    return [own[i] if has_own_key(p) else keys[0] for i, p in enumerate(policies)]
+    identity_key = f"{prefix}:{{{identity_digest(identity)}}}"
+    return [identity_key + _tag(p) if has_own_key(p) else identity_key for p in policies]
 
 
 def release_keys(prefix: str, held: Sequence[tuple[str, Policy]]) -> list[str]:

@@ -14,8 +14,8 @@ ALGORITHM_FILES: tuple[str, ...] = tuple(algorithm.lua_file for algorithm in SCR
 ENTRY_FILE = "decide.lua"
 #: Locals every other file uses; it comes first.
 PRELUDE_FILE = "prelude.lua"
-#: The parameters of every algorithm function, in this order (see any algorithm file).
-ALGORITHM_PARAMETERS = "(stored, now_us, limit, period_ms, capacity, cost)"
+#: The parameters of every algorithm function, in this order (see "The algorithms" in decide.lua).
+ALGORITHM_PARAMETERS = "(stored, key, now_us, cost, limit, period, extra)"
 
 
 def read_lua(name: str) -> str:
@@ -26,7 +26,7 @@ def read_lua(name: str) -> str:
 def _check_function() -> str:
     """Every algorithm as one branch of one function, check(code, ...), which decide.lua calls.
 
-    Each algorithm file ends with `local function <its name>(stored, now_us, ...)`; what precedes that
+    Each algorithm file ends with `local function <its name>(stored, key, ...)`; what precedes that
     (its header, its helpers) stays as it is, and the function's body becomes the branch of its code.
     Redis runs the whole script for every call, and each function it defines is a closure made anew:
     one function for all the algorithms is made once, where seven were made on every request.
@@ -45,27 +45,31 @@ def _check_function() -> str:
         keyword = "if" if not branches else "elseif"
         branches.append(f"  {keyword} code == {code} then -- {name}\n{body.removesuffix('end')}")
     return "\n".join(preambles) + \
-        "\nlocal function check(code, stored, now_us, limit, period_ms, capacity, cost)\n" + \
-        "".join(branches) + "  end\nend\n" + _kinds()
+        f"\nlocal function check(code, {ALGORITHM_PARAMETERS[1:]}\n" + "".join(branches) + "  end\nend\n"
 
 
 def _kinds() -> str:
-    """The kinds of state decide.lua treats apart, named by the registry rather than by decide.lua: the
-    algorithm whose state is a key of its own (requests in flight, charged by its `<name>_charge`),
-    the one whose state is never an integer, and the one whose state moves to a key of its own from a
-    limit on (a long sliding log: decide.lua gives its function the key's name as its capacity)."""
+    """The kinds of policy decide.lua treats apart, named by the registry rather than by decide.lua:
+    the algorithm whose state is only a key of its own (requests in flight), the one whose state moves
+    to a key of its own from a limit on (a sliding log) and the one whose state is never an integer."""
     (slots,) = (algorithm for algorithm in SCRIPTED if algorithm.concurrency)
-    (text,) = (algorithm for algorithm in SCRIPTED if algorithm.text_state)
     (log,) = (algorithm for algorithm in SCRIPTED if algorithm.long_state_from)
-    return (f"local SLOTS_CODE, slots_charge = {slots.code}, {slots.name}_charge\n"
-            f"local TEXT_STATE_CODE = {text.code}\n"
-            f"local LONG_LOG_CODE, LONG_LOG_UNITS = {log.code}, {log.long_state_from}\n")
+    (text,) = (algorithm for algorithm in SCRIPTED if algorithm.text_state)
+    return (f"local SLOTS_CODE, LOG_CODE, LONG_LOG_UNITS = {slots.code}, {log.code}, {log.long_state_from}\n"
+            f"local TEXT_STATE_CODE = {text.code}\n")
+
+
+def _slots_charge() -> str:
+    """The charge of a slot (the `<name>_charge` function of the algorithm of requests in flight)."""
+    (slots,) = (algorithm for algorithm in SCRIPTED if algorithm.concurrency)
+    return f"local slots_charge = {slots.name}_charge\n"
 
 
 @cache
 def decide_source() -> str:
-    """The complete decision script: the prelude, the algorithms as one function, then decide.lua."""
-    return "\n".join((read_lua(PRELUDE_FILE), _check_function(), read_lua(ENTRY_FILE)))
+    """The complete decision script: the prelude, the kinds of policy, the algorithms as one function,
+    then decide.lua."""
+    return "\n".join((read_lua(PRELUDE_FILE), _kinds(), _check_function(), _slots_charge(), read_lua(ENTRY_FILE)))
 
 
 @cache

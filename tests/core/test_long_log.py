@@ -13,7 +13,6 @@ import pytest
 import redis
 
 from ratelimit_app import Policy, RateLimiter
-from ratelimit_app.core import engine
 from ratelimit_app.core.algorithms import BY_NAME
 from ratelimit_app.core.engine import prepare_call, state_entries
 
@@ -148,14 +147,9 @@ def test_peek_writes_nothing_and_reset_forgets_the_log_and_its_key(
     assert limiter.hit("k", long_policy()).remaining == LIMIT - 1
 
 
-@pytest.mark.parametrize("legacy_keys", [True, False])
 def test_a_log_keeps_its_count_when_its_limit_moves_across_the_long_log_limit(
-    limiter: RateLimiter, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, legacy_keys: bool,
-    request: pytest.FixtureRequest,
+    limiter: RateLimiter, redis_client: redis.Redis
 ) -> None:
-    monkeypatch.setattr(engine, "LEGACY_KEYS", legacy_keys)
-    engine._plan.cache_clear()
-    request.addfinalizer(engine._plan.cache_clear)
     short, long = long_policy(LONG - 1), long_policy(LONG + 1000)
     # raised: the short log in the identity's entry moves to the log's own key
     assert limiter.hit("k", short, cost=100).remaining == LONG - 101
@@ -163,18 +157,25 @@ def test_a_log_keeps_its_count_when_its_limit_moves_across_the_long_log_limit(
     [own] = limiter.keys("k", long)
     assert redis_client.strlen(own) == 7 * 110
     assert limiter.peek("k", long).remaining == LONG + 1000 - 110
-    if not legacy_keys:
-        # lowered, when a call sends no key of the previous layout: the short log's call does not name the
-        # long log's key, so its count starts afresh (docs/algorithms.md)
-        assert limiter.hit("k", short).remaining == LONG - 2
-        return
-    # lowered again: read from its key into a short log, whose entry replaces the hint
+    # lowered: every call names a sliding log's own key, so the short log reads the units from it,
+    # and its entry replaces the hint
+    assert prepare_call(limiter.prefix, (("k", short),), 1, charge=True).keys[1] == own
     assert limiter.peek("k", short).remaining == LONG - 1 - 110
     assert limiter.hit("k", short).remaining == LONG - 1 - 111
     value = redis_client.get(identity_key(limiter))
     assert isinstance(value, bytes) and len(state_entries(value)["sminute"][1]) == 7 * 111
     # and raised once more: the short log is the one that counts (its key is older)
     assert limiter.hit("k", long).remaining == LONG + 1000 - 112
+
+
+def test_a_lowered_log_whose_key_was_evicted_counts_from_nothing(
+    limiter: RateLimiter, redis_client: redis.Redis
+) -> None:
+    short, long = long_policy(LONG - 1), long_policy(LONG + 1000)
+    assert limiter.hit("k", long, cost=50).allowed
+    [own] = limiter.keys("k", long)
+    redis_client.delete(own)  # evicted: the hint is left without its units
+    assert limiter.hit("k", short).remaining == LONG - 2
 
 
 def test_concurrent_hits_on_a_long_log_admit_exactly_its_limit(

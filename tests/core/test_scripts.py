@@ -7,7 +7,14 @@ import re
 import redis
 
 from ratelimit_app.core.algorithms import REGISTRY, SCRIPTED
-from ratelimit_app.core.scripts import ALGORITHM_FILES, ENTRY_FILE, decide_sha, decide_source, read_lua
+from ratelimit_app.core.scripts import (
+    ALGORITHM_FILES,
+    ALGORITHM_PARAMETERS,
+    ENTRY_FILE,
+    decide_sha,
+    decide_source,
+    read_lua,
+)
 from ratelimit_app.service.fallback_models import MODELS
 
 # Update deliberately when a script changes (and say why in the commit).
@@ -19,14 +26,19 @@ def test_decide_script_hash_is_pinned(redis_client: redis.Redis) -> None:
 
 
 def test_every_script_documents_its_interface() -> None:
-    for name in ALGORITHM_FILES:
-        header = read_lua(name).split("local function", 1)[0]
-        for word in ("stored", "now_us", "limit", "period_ms", "capacity", "cost", "Returns", "TTL"):
-            assert word in header, f"{name} header does not document {word}"
+    """The contract (ARGV, KEYS, the state key, the algorithm functions, the reply) is written once, in
+    decide.lua's header; each algorithm file says what its numbers mean and what its state is."""
     header = read_lua(ENTRY_FILE).split("local numbers", 1)[0]
-    for word in ("KEYS[j]", "KEYS[m + i]", "ARGV[1]", "'>i8BB'", "'>i8i8i8i8BBc0'", "algorithm codes", "State",
-                 "'>Bc0I6I4'", "Reply", "Upgrades"):
+    for word in ("ARGV[1]", "'>i8BB'", "'>i8i8i8i8BBc0'", "ARGV[2]", "KEYS[j]", "KEYS[m + k]", "State:",
+                 "'>Bc0I6I4'", f"check(code, {ALGORITHM_PARAMETERS[1:]}", "Reply:"):
         assert word in header, f"{ENTRY_FILE} header does not document {word}"
+    for name in ALGORITHM_FILES:
+        lines = read_lua(name).split("local function", 1)[0].splitlines()
+        header = " ".join(line.removeprefix("--").strip() for line in lines)
+        for word in ("Numbers: limit = ", "; period = ", "; extra = ", "State:", "TTL"):
+            assert word in header, f"{name} header does not document {word!r}"
+        # the contract is not repeated
+        assert "Returns" not in header and "Called by decide.lua" not in header, name
 
 
 def test_every_algorithm_file_ends_with_its_function() -> None:

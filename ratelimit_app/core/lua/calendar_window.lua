@@ -5,26 +5,15 @@
 --   rule = ((unit * 128 + offset_now_q + 64) * 128 + offset_next_q + 64) * 2^27 + change_minute
 --   unit 1 day, 2 week, 3 month; offsets in quarter hours; change_minute since the epoch (UTC)
 --
--- Called by decide.lua once per policy, through check(code, ...): scripts.py makes the function this file
--- ends with the branch of its algorithm code, so it must keep that name and these parameters:
---   stored     the policy's state (its entry in the identity's key, or, after an upgrade, the value
---              of its key in the previous release's layout, in the same format; false when missing):
---              the integer 65536 x units used + period index mod 65536
---   now_us     Redis TIME in microseconds
---   limit      ARGV: units allowed per calendar period (integer >= 1)
---   period_ms  ARGV: for this algorithm, the calendar rule above (not a length)
---   capacity   ARGV: for this algorithm, a shift of the clock in milliseconds (0 except in tests, which
---              use it to stand just before a boundary and just after it without waiting)
---   cost       units this request wants (integer >= 1)
--- Returns: as fixed_window.lua: allowed, remaining now, reset now (us), retry (us; -1: never), and the
---   write that charges the hit (the new value, and reset after the charge in us, also when the entry
---   expires).
--- State: one integer (as fixed_window's); TTL = time to the start of the next period (set on every
--- write). The period index (local day number, or year * 12 + month) is stored with the count, mod
--- 65536 (a key lives about one period, never 65536 of them), so a key that outlives its period (a
--- shifted clock in tests, or a DST rule that changed) counts for nothing.
-local function calendar_window(stored, now_us, limit, period_ms, capacity, cost)
-  local rule, shift_ms = period_ms, capacity
+-- Numbers: limit = units allowed per calendar period; period = the rule above (a calendar period has
+-- no fixed length); extra = a shift of the clock in ms (0 except in tests, which use it to stand just
+-- before a boundary and just after it without waiting).
+-- State: the integer 65536 x units used + period index mod 65536 (the local day number, or year * 12 +
+-- month); TTL (the entry's expiry) = time to the start of the next period, set on every write. An entry
+-- lives about one period, never 65536 of them, so one that outlives its period (a shifted clock in
+-- tests, or a DST rule that changed) counts for nothing.
+local function calendar_window(stored, key, now_us, cost, limit, period, extra)
+  local rule, shift_ms = period, extra
   -- (the helpers are made only when a calendar quota is decided)
   local function days_from_civil(y, m, d)
     if m <= 2 then y = y - 1 end
@@ -77,10 +66,7 @@ local function calendar_window(stored, now_us, limit, period_ms, capacity, cost)
   local reset_us = next_s * 1000000 - now_us
   if reset_us < 1000 then reset_us = 1000 end
   local used = 0
-  if stored then
-    local value = tonumber(stored) or 0
-    if value % 65536 == window % 65536 then used = floor(value / 65536) end
-  end
+  if stored and stored % 65536 == window % 65536 then used = floor(stored / 65536) end
   local remaining = limit - used
   if remaining < 0 then remaining = 0 end
   if cost > limit then

@@ -1,50 +1,65 @@
 -- decide: one all-or-nothing decision over several policies. Every policy is checked first; only when
 -- all of them allow is the request charged to all of them. A denied request writes nothing.
--- The algorithm files come first (scripts.py makes their functions the branches of one function,
--- check(code, stored, now_us, limit, period_ms, capacity, cost)), then what the registry of
--- algorithms (ratelimit_app/core/algorithms.py) says about kinds of state: SLOTS_CODE and
--- slots_charge (requests in flight: a key of their own) and TEXT_STATE_CODE (a state never read as an
--- integer); this file names no algorithm. The set of scripts is fixed and request data never becomes
--- source.
+-- This header is the contract between the engine (ratelimit_app/core/engine.py) and the script: its
+-- arguments, the state it keeps, what each algorithm function is given and returns, and its reply.
+-- scripts.py assembles the script: prelude.lua, the kinds of policy this file treats apart (constants
+-- named by the registry of algorithms, ratelimit_app/core/algorithms.py: SLOTS_CODE, the requests in
+-- flight, whose state is only a key of their own, charged by slots_charge; LOG_CODE, the sliding log,
+-- which keeps its units in a key of its own from a limit of LONG_LOG_UNITS on; TEXT_STATE_CODE, whose
+-- state is never an integer), the algorithm files (the function each one ends with becomes the branch
+-- of its code in one function, check), then this file, which names no algorithm. The set of scripts
+-- is fixed and request data never becomes source.
 --
--- ARGV[1]          every number of the call, packed big-endian: a header, struct '>i8BB': cost (units
---                  to charge, >= 1), mode (0 report only, as peek does; 1 charge when allowed, as hit
---                  does; 2 forget the policies' states, as reset does, then report) and m (identities,
---                  >= 1); then for each policy i (n of them, 1 <= n): struct '>i8i8i8i8BBc0': its
---                  algorithm code, limit, period in milliseconds and capacity (integers >= 1; capacity
---                  is the burst for token_bucket and gcra, else the limit), its identity j (1 <= j <= m),
---                  and its tag (the length, then the bytes: the letter of its algorithm and its name,
---                  engine.KEY_LETTERS, unique among the policies of one identity)
---                  algorithm codes: 1 token_bucket, 2 sliding_window, 3 fixed_window, 4 gcra,
---                  5 sliding_window_counter, 6 concurrency (engine.ALGORITHM_CODES, checked by
---                  tests/test_scripts.py);
---                  32 calendar_window (a fixed window over calendar days, weeks or months: its period
---                  slot carries the calendar rule and its capacity slot a clock shift in ms, 0 outside
---                  tests; engine.CALENDAR_CODE, see calendar_window.lua);
---                  64 added to the code marks a shadow (dry-run) policy (engine.SHADOW_FLAG): it is
---                  checked like the others, never refuses the call, is charged when the call is charged
---                  and it allows, and is not charged when it would have refused (so its count stays
---                  what it would be if it were enforced)
--- ARGV[2]          the lease token of this request (only when it charges a concurrency policy: the
---                  member its slot is held under, which the app server removes when the response ends)
--- KEYS[j]          the state key of identity j (1 <= j <= m): one string holding an entry for each of
---                  its rate policies (see "State" below); all keys of one identity share a hash tag
--- KEYS[m + i]      policy i's own key (#KEYS is m, or m + n): a concurrency policy's sorted set of
---                  leases (always sent for one), a long sliding log's units (always sent for one: a
---                  policy of LONG_LOG_CODE whose limit is LONG_LOG_UNITS or more; its entry in the
---                  identity's key is a hint, see sliding_window.lua), or a rate policy's key in the
---                  previous release's layout, read only to carry its state over (see "Upgrades" below)
+-- ARGV[1]        every number of the call, packed big-endian in one string: the call, struct '>i8BB':
+--                  cost   units to charge (>= 1)
+--                  mode   0 report only (peek); 1 charge when every policy allows (hit); 2 forget the
+--                         policies' states (reset: nothing is checked, and the reply is all zeros)
+--                  m      identities (>= 1)
+--                then each policy i (n of them, n >= 1), struct '>i8i8i8i8BBc0':
+--                  code   its algorithm: 1 token_bucket, 2 sliding_window, 3 fixed_window, 4 gcra,
+--                         5 sliding_window_counter, 6 concurrency, 32 calendar_window
+--                         (engine.ALGORITHM_CODES and engine.CALENDAR_CODE, checked by
+--                         tests/test_scripts.py); plus 64 for a shadow policy (engine.SHADOW_FLAG): it
+--                         is checked like the others and never refuses the call; it is charged when
+--                         the call is charged and it allows, and not when it would have refused, so
+--                         its count stays what it would be if it were enforced
+--                  limit, period, extra   the policy's numbers (integers), as its algorithm's file
+--                         says: limit is its units (or slots) per period; period the period's length
+--                         in ms (a calendar quota's calendar rule); extra a bucket's size (the burst of
+--                         token_bucket and gcra), a calendar quota's clock shift in ms (0 outside
+--                         tests), or 0
+--                  j      its identity (1 <= j <= m)
+--                  tag    its length, then its bytes: the letter of its algorithm and the policy's
+--                         name (engine.KEY_LETTERS), unique among the policies of one identity
+-- ARGV[2]        the lease token of this request, only when it charges a concurrency policy: the
+--                member its slot is held under, which the app server removes when the response ends
+-- KEYS[j]        the state key of identity j (1 <= j <= m), "<prefix>:{<digest>}": its entries (State)
+-- KEYS[m + k]    the key of its own of the k-th policy that has one, in policy order: every policy of
+--                SLOTS_CODE (its sorted set of leases) and of LOG_CODE (its units, once its limit is
+--                LONG_LOG_UNITS or more), "<prefix>:{<digest>}<tag>": all the keys of one identity share
+--                its hash tag. #KEYS is m plus the number of such policies.
 -- Time comes from redis.call('TIME') only: one clock for every app server.
 --
 -- State: the key of an identity is a string of entries, one per rate policy that has state, each
 -- struct '>Bc0I6I4' + its state: the tag (length, bytes), the entry's expiry (ms since the epoch: what
 -- a key of its own would have as its TTL; a later entry is no state) and the state's length, then the
--- state in its algorithm's format (see the algorithm's header), an integer as 7 bytes, struct '>I7'
--- (below 2^53: its first byte is below 48, where the decimal integers of the previous release start
--- with a digit; a sliding log, the only other state of 7 bytes, is never an integer). The key expires
--- with its last entry: when a write needs a later expiry than the key has, it is set (PXAT), else the
--- key keeps its TTL (KEEPTTL). A write keeps the live entries of policies that are not part of the call
--- (another route's limits of the same identity) and drops dead ones.
+-- state in its algorithm's format (its file's "State"): an integer state as 7 bytes, struct '>I7'
+-- (below 2^53), any other state as its bytes. The key expires with its last entry: when a write needs
+-- a later expiry than the key has, it is set (PXAT), else the key keeps its TTL (KEEPTTL). A write
+-- keeps the live entries of policies that are not part of the call (another route's limits of the
+-- same identity) and drops dead ones.
+--
+-- The algorithms: check(code, stored, key, now_us, cost, limit, period, extra) runs the branch of
+-- `code` (without the shadow flag) for one policy. Its inputs: stored, the policy's state (its entry's:
+-- an integer state as a number, another as its bytes; false when it has none), key, the name of its
+-- key of its own (KEYS[m + k]; false for a policy without one), now_us (Redis TIME in microseconds),
+-- cost and the policy's numbers from ARGV[1]; each algorithm decodes them into named locals at the top
+-- of its function. It returns: allowed (boolean), remaining now (units, or free slots), reset now (us
+-- until the policy is back to its full allowance), retry (us: 0 when allowed; -1 when cost exceeds
+-- what it can ever grant), and, when it allows, the write that charges the request, as data (run only
+-- when every policy allows), and the reset after the charge (us), which is also when its entry
+-- expires. The write is the new state (a number or bytes), or a table (the new state, then commands
+-- for its key of its own: a long log), or true (a slot: slots_charge adds the lease to its key).
 --
 -- Reply: one string of 24n bytes, for each policy i three big-endian signed 64-bit integers (struct
 -- '>i8i8i8'; one string costs Redis far less to return than 1 + 4n integers):
@@ -56,13 +71,7 @@
 -- shadow policy is 0. A shadow policy's triple is its own verdict (retry_ms_i > 0 or -1: it would have
 -- refused); the reply carries no flag for it, since the caller sent the codes and knows which policies
 -- are shadows (engine.parse_reply sets them apart).
--- Upgrades: the previous release kept each policy in a key of its own (KEYS[m + i]), in the format
--- its entry has now. When a rate policy has no entry and such keys are sent, they are read (one
--- EXISTS for all of them, then, when any exists, a GET of the policy's own: never a long log's key in
--- an MGET), so an upgrade neither loses state nor grants extra units. The charge writes only the identity's key;
--- the old keys expire with their TTL (reset deletes them). A long log is read from its key, which has
--- the name and the format of the previous layout's: its upgrade is that read. A log whose limit was
--- lowered below LONG_LOG_UNITS is read from its key the same way (its hint is no short log).
+--
 -- Speed: this runs on every request. Each redis.call costs Redis thousands of instructions (its
 -- arguments become Redis objects, its reply Lua values), a new key with a TTL most (two dictionary
 -- entries): so all the rate policies of an identity live in one key, read by one GET (MGET for several
@@ -75,14 +84,13 @@
 -- a closure made anew every time.
 -- Needs Redis 6.2 or later (SET ... KEEPTTL / PXAT; scripts replicate their effects, so TIME may precede
 -- writes). (redis.replicate_commands() is not called: on Redis 7 it is a deprecated no-op.)
-local numbers = ARGV[1]
-local lease = ARGV[2]
+local numbers, lease = ARGV[1], ARGV[2]
 local cost, mode, m = unpack('>i8BB', numbers)
 local key_count = #KEYS
 if #ARGV > 2 or cost < 1 or mode > 2 or m < 1 or key_count < m then
   return redis.error_reply('ERR ratelimit decide: bad arguments')
 end
-local charge = mode == 1
+local charge, forget = mode == 1, mode == 2
 
 local time = redis.call('TIME')
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -122,59 +130,49 @@ if m > 1 then
   end
 end
 
--- 2. check every policy; result[8(i-1) + 1..8] holds policy i's results (see the algorithm headers),
--- its tag and its identity. Lua 5.1 has no table.new, but a constructor listing nils allocates that
--- many slots at once (growing a table slot by slot costs Redis more than a policy's arithmetic).
-local result = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-  nil, nil, nil, nil, nil, nil, nil, nil}
-local legacy  -- whether any key of the previous layout exists (KEYS[m + 1..]: one EXISTS, when first needed)
+-- 2. check every policy; result[9(i-1) + 1..9] holds policy i's results (see "The algorithms"), its
+-- tag, its identity and its key of its own. Lua 5.1 has no table.new, but a constructor listing nils
+-- allocates that many slots at once (growing a table slot by slot costs Redis more than a policy's
+-- arithmetic).
+local result = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+  nil, nil, nil, nil, nil, nil, nil, nil, nil}
 local all_allowed = true
-local n, position = 0, 11
+local n, keyed, position = 0, 0, 11
 while position <= #numbers do
-  local code, limit, period_ms, capacity, j, tag
-  code, limit, period_ms, capacity, j, tag, position = unpack('>i8i8i8i8BBc0', numbers, position)
+  local code, limit, period, extra, j, tag
+  code, limit, period, extra, j, tag, position = unpack('>i8i8i8i8BBc0', numbers, position)
   n = n + 1
   if j > m then return redis.error_reply('ERR ratelimit decide: bad arguments') end
   if owner then j = owner[j] end
   local shadow = code >= 64
   if shadow then code = code - 64 end
-  local stored = false
-  if code == SLOTS_CODE then
-    -- requests in flight (concurrency): a key of its own, a sorted set read by its algorithm
-    if key_count == m then return redis.error_reply('ERR ratelimit decide: bad arguments') end
-    if charge and not lease then return redis.error_reply('ERR ratelimit decide: no lease token') end
-    stored = KEYS[m + n]
-  elseif code == LONG_LOG_CODE and limit >= LONG_LOG_UNITS and mode ~= 2 then
-    -- a long log: its units are in a key of its own, whose name its algorithm gets as its capacity, and
-    -- its entry is a hint of where they start
-    if key_count == m then return redis.error_reply('ERR ratelimit decide: bad arguments') end
-    local states = identity[5 * j - 4]
-    if states then stored = states[tag] or false end
-    capacity = KEYS[m + n]
-  elseif mode ~= 2 then
-    local states = identity[5 * j - 4]
-    if states then stored = states[tag] or false end
-    if stored and code ~= TEXT_STATE_CODE and #stored == 7 and byte(stored) < 48 then
-      stored = unpack('>I7', stored)
-    elseif stored and code == LONG_LOG_CODE and #stored % 7 ~= 0 then
-      stored = false  -- the hint of a log that was long (its limit was lowered): its units are in its key
-    end
-    if not stored and key_count > m then
-      -- Upgrades: no entry yet; the policy's key in the previous layout may hold its state
-      -- (one EXISTS for all of them, then a GET of its own)
-      if legacy == nil then legacy = call('EXISTS', unpack_list(KEYS, m + 1, key_count)) > 0 end
-      if legacy then stored = call('GET', KEYS[m + n]) end
+  local key = false
+  if code == SLOTS_CODE or code == LOG_CODE then
+    keyed = keyed + 1
+    key = KEYS[m + keyed]
+    if not key then return redis.error_reply('ERR ratelimit decide: bad arguments') end
+    if code == SLOTS_CODE and charge and not lease then
+      return redis.error_reply('ERR ratelimit decide: no lease token')
     end
   end
-  local allowed, remaining, reset_us, retry_us, value, charged_reset_us = check(code, stored, now_us, limit,
-    period_ms, capacity, cost)
-  if allowed == nil then return redis.error_reply('ERR ratelimit decide: unknown algorithm') end
-  local base = 8 * (n - 1)
+  local allowed, remaining, reset_us, retry_us, write, charged_reset_us = true, 0, 0, 0, false, 0
+  if not forget then
+    local states, stored = identity[5 * j - 4], false
+    if states then
+      stored = states[tag] or false
+      if stored and #stored == 7 and code ~= TEXT_STATE_CODE then stored = unpack('>I7', stored) end
+    end
+    allowed, remaining, reset_us, retry_us, write, charged_reset_us = check(code, stored, key, now_us, cost,
+      limit, period, extra)
+    if allowed == nil then return redis.error_reply('ERR ratelimit decide: unknown algorithm') end
+  end
+  local base = 9 * (n - 1)
   result[base + 1], result[base + 2], result[base + 3], result[base + 4] = allowed, remaining, reset_us, retry_us
-  result[base + 5], result[base + 6], result[base + 7], result[base + 8] = value, charged_reset_us, tag, j
+  result[base + 5], result[base + 6], result[base + 7], result[base + 8] = write, charged_reset_us, tag, j
+  result[base + 9] = key
   if not allowed and not shadow then all_allowed = false end
 end
-if n < 1 or (key_count ~= m and key_count ~= m + n) then
+if n < 1 or key_count ~= m + keyed then
   return redis.error_reply('ERR ratelimit decide: bad arguments')
 end
 
@@ -183,27 +181,27 @@ end
 local charged = charge and all_allowed
 local reply = ''
 for i = 1, n do
-  local base = 8 * (i - 1)
+  local base = 9 * (i - 1)
   local allowed, remaining, reset_us, retry_ms = result[base + 1], result[base + 2], result[base + 3], 0
-  local value, tag, j = result[base + 5], result[base + 7], result[base + 8]
+  local write, tag, j = result[base + 5], result[base + 7], result[base + 8]
   if charged and allowed then
     -- (a shadow policy that would have refused is not charged, so its count stays the enforced one,
     -- and its entry stays as it was)
     reset_us = result[base + 6]
-    if value == true then
-      slots_charge(KEYS[m + i], now_us, reset_us, lease)
+    if write == true then
+      slots_charge(result[base + 9], now_us, reset_us, lease)
       remaining = remaining - 1  -- a request takes one slot, whatever it costs
     else
       local expiry, at = now_ms + ceil(reset_us / 1000), 5 * j
-      if type(value) == 'table' then
+      if type(write) == 'table' then
         -- a state in a key of its own (a long log): the commands that write it, then its entry
-        for command = 2, #value do call(unpack_list(value[command])) end
-        value = value[1]
+        for command = 2, #write do call(unpack_list(write[command])) end
+        write = write[1]
       end
-      if type(value) == 'number' then
-        identity[at - 1] = identity[at - 1] .. pack('>Bc0I6I4I7', #tag, tag, expiry, 7, value)
+      if type(write) == 'number' then
+        identity[at - 1] = identity[at - 1] .. pack('>Bc0I6I4I7', #tag, tag, expiry, 7, write)
       else
-        identity[at - 1] = identity[at - 1] .. pack('>Bc0I6I4', #tag, tag, expiry, #value) .. value
+        identity[at - 1] = identity[at - 1] .. pack('>Bc0I6I4', #tag, tag, expiry, #write) .. write
       end
       if expiry > identity[at] then identity[at] = expiry end
       if identity[at - 4] then identity[at - 4][tag] = nil end  -- replaced
@@ -215,10 +213,10 @@ for i = 1, n do
     if retry_us < 0 then retry_ms = -1 else retry_ms = ceil(retry_us / 1000) end
     if retry_ms == 0 then retry_ms = 1 end
   end
-  if mode == 2 and identity[5 * j - 4] then identity[5 * j - 4][tag] = nil end  -- forgotten
+  if forget and identity[5 * j - 4] then identity[5 * j - 4][tag] = nil end  -- forgotten
   reply = reply .. pack('>i8i8i8', remaining, ceil(reset_us / 1000), retry_ms)
 end
-if charged or mode == 2 then
+if charged or forget then
   -- the identity's key: the entries written, then the live ones kept (other policies'); it expires
   -- with the latest of them
   for j = 1, m do
@@ -243,6 +241,6 @@ if charged or mode == 2 then
       end
     end
   end
-  if mode == 2 and key_count > m then call('DEL', unpack_list(KEYS, m + 1, key_count)) end
+  if forget and key_count > m then call('DEL', unpack_list(KEYS, m + 1, key_count)) end
 end
 return reply
