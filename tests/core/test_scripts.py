@@ -18,7 +18,7 @@ from ratelimit_app.core.scripts import (
 from ratelimit_app.service.fallback_models import MODELS
 
 # Update deliberately when a script changes (and say why in the commit).
-PINNED_DECIDE_SHA = "698e03f8cb56d48018e034860ca642f095075d84"
+PINNED_DECIDE_SHA = "ea5476527db1248c2e789960ab1bdb019cf1523a"
 
 
 def test_decide_script_hash_is_pinned(redis_client: redis.Redis) -> None:
