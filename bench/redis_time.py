@@ -23,7 +23,6 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.script_instructions import previous_call, previous_source
 from devtools.embedded import start_redis
 from ratelimit_app.core.engine import prepare_call
 from ratelimit_app.core.policies import Policy
@@ -36,14 +35,11 @@ TIER = (
     Policy("day", "fixed_window", limit=1000, period=86400),
 )
 SINGLE = ("fixed_window", "sliding_window", "sliding_window_counter", "token_bucket", "gcra")
-#: case name -> policies (None: the bare INCR script); a name starting with "previous" is decided by
-#: the previous release's script (tests/legacy_lua, a key per policy), for a comparison in the same run
+#: case name -> policies (None: the bare INCR script)
 CASES: dict[str, tuple[Policy, ...] | None] = {
     "incr": None,
     "tier": TIER,
-    "previous release: tier": TIER,
     **{name: (Policy("limit", name, limit=20, period=60),) for name in SINGLE},
-    "previous release: fixed_window": (Policy("limit", "fixed_window", limit=20, period=60),),
 }
 
 
@@ -61,7 +57,6 @@ def run_redis_time(admin: redis.Redis, rounds: int, calls: int, prefix: str = "r
     """Measure every case `rounds` times with `calls` decisions each (new identities)."""
     client = redis.Redis(connection_pool=admin.connection_pool)
     decide = client.script_load(decide_source())
-    previous = client.script_load(previous_source())
     incr = client.script_load(INCR_SCRIPT)
     usec: dict[str, list[float]] = {name: [] for name in CASES}
     serial = 0
@@ -72,9 +67,6 @@ def run_redis_time(admin: redis.Redis, rounds: int, calls: int, prefix: str = "r
                 serial += 1
                 if policies is None:
                     client.execute_command("EVALSHA", incr, 1, f"{prefix}:bare:{serial}")
-                elif name.startswith("previous"):
-                    keys, args = previous_call(f"identity:{serial}", policies, prefix)
-                    client.execute_command("EVALSHA", previous, len(keys), *keys, *args)
                 else:
                     call = prepare_call(prefix, ((f"identity:{serial}", policies),), 1, charge=True)
                     client.execute_command("EVALSHA", decide, len(call.keys), *call.keys, *call.args)
@@ -105,8 +97,6 @@ def cpu_per_decision(admin: redis.Redis, calls: int, batch: int = 100, prefix: s
     incr = client.script_load(INCR_SCRIPT)
     result = {}
     for name, policies in CASES.items():
-        if name.startswith("previous"):
-            continue
         before = _redis_cpu(client)
         for start in range(0, calls, batch):
             pipe = client.pipeline(transaction=False)

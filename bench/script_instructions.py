@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -29,10 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis
 
 from devtools.embedded import free_port
-from ratelimit_app.core import engine
-from ratelimit_app.core.engine import ALGORITHM_CODES, KEY_LETTERS, identity_digest, prepare_call
+from ratelimit_app.core.engine import prepare_call
 from ratelimit_app.core.policies import Policy
-from ratelimit_app.core.scripts import ENTRY_FILE, PRELUDE_FILE, decide_source
+from ratelimit_app.core.scripts import decide_source
 
 INCR_SCRIPT = "return redis.call('INCR', KEYS[1])"
 FREE_TIER = (
@@ -59,30 +57,11 @@ EXISTING_PERIOD = 30 * 86400
 EXISTING = 100
 
 
-def previous_call(identity: str, policies: tuple[Policy, ...], prefix: str = "rl") -> tuple[list[str], list[bytes]]:
-    """KEYS and ARGV of the previous release's script (tests/legacy_lua): a key per policy."""
-    digest = identity_digest(identity)
-    keys = [f"{prefix}:{{{digest}}}{KEY_LETTERS[p.algorithm]}{p.name}" for p in policies]
-    numbers = struct.pack(">qq", 1, 1) + b"".join(
-        struct.pack(">qqqq", ALGORITHM_CODES[p.algorithm], p.limit, p.period_ms, p.capacity) for p in policies)
-    return keys, [numbers]
-
-
-def previous_source() -> str:
-    """The previous release's decision script (tests/legacy_lua), its files in that release's order."""
-    return "\n".join((LEGACY_DIR / name).read_text(encoding="utf-8")
-                     for name in (PRELUDE_FILE, *PREVIOUS_ALGORITHM_FILES, ENTRY_FILE))
-
-
 def _decide(policies: tuple[Policy, ...], identities: int = 0) -> Sender:
     def send(pipe: redis.client.Pipeline, i: int) -> None:
         identity = f"identity:{i % identities if identities else i}"
-        if SOURCE.get("decide"):
-            keys, args = previous_call(identity, policies)
-        else:
-            call = prepare_call("rl", ((identity, policies),), 1, charge=True)
-            keys, args = call.keys, call.args
-        pipe.execute_command("EVALSHA", SHAS["decide"], len(keys), *keys, *args)
+        call = prepare_call("rl", ((identity, policies),), 1, charge=True)
+        pipe.execute_command("EVALSHA", SHAS["decide"], len(call.keys), *call.keys, *call.args)
     return send
 
 
@@ -91,11 +70,6 @@ def _incr(pipe: redis.client.Pipeline, i: int) -> None:
 
 
 SHAS: dict[str, str] = {}
-SOURCE: dict[str, str] = {}  # "decide": the script measured in place of today's (--previous)
-LEGACY_DIR = Path(__file__).resolve().parent.parent / "tests" / "legacy_lua"
-#: The previous release's algorithm files, in the order its scripts.py joined them.
-PREVIOUS_ALGORITHM_FILES = ("fixed_window.lua", "sliding_window.lua", "sliding_window_counter.lua", "token_bucket.lua",
-                            "gcra.lua", "calendar_window.lua", "concurrency.lua")
 #: The Redis calls a decision cannot do without, and nothing else: read the clock, read the identity's
 #: key, write it with a TTL (a key of its own per policy: three writes). What is above them is Lua.
 SHAPE_SCRIPTS = {
@@ -156,7 +130,7 @@ def _instructions(send: Sender, calls: int, work: Path) -> tuple[int, int]:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
-        SHAS["decide"] = client.script_load(SOURCE.get("decide") or decide_source())
+        SHAS["decide"] = client.script_load(decide_source())
         SHAS["incr"] = client.script_load(INCR_SCRIPT)
         for label, script in SHAPE_SCRIPTS.items():
             SHAS[label] = client.script_load(script)
@@ -182,19 +156,9 @@ def _instructions(send: Sender, calls: int, work: Path) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=3000, help="calls in the shorter run (default 3000)")
-    parser.add_argument("--without-legacy-keys", action="store_true",
-                        help="send only today's keys (engine.LEGACY_KEYS off): what a release without the "
-                             "upgrade reads costs")
     parser.add_argument("--only", nargs="*", default=[],
                         help="measure only the calls whose label contains one of these words (INCR, tier, gcra...)")
-    parser.add_argument("--previous", action="store_true",
-                        help="measure the previous release's script (tests/legacy_lua) instead of today's")
     args = parser.parse_args()
-    if args.without_legacy_keys:
-        engine.LEGACY_KEYS = False
-    if args.previous:
-        # that release's files, in its order (its algorithms were functions of their own)
-        SOURCE["decide"] = previous_source()
     for tool in ("valgrind", "callgrind_annotate", "redis-server"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is not on PATH")

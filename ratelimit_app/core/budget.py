@@ -53,6 +53,17 @@ _LAST_READ = 0.001
 #: own timeout (see BudgetMixin._read_response_within).
 _READ_TAKES_TIMEOUT = "timeout" in inspect.signature(Connection.read_response).parameters
 
+def reply_wait(read_timeout: float | None) -> float | None:
+    """How long a connection without a socket timeout of its own (AsyncRateLimiter's own connections)
+    waits for a reply: `read_timeout`, or None, no timer of its own, when the running budget ends first
+    anyway (the async service's timeout around the call ends the wait): one timer per decision, not two."""
+    if read_timeout is not None:
+        left = time_left()
+        if left is not None and left <= read_timeout:
+            return None
+    return read_timeout
+
+
 if TYPE_CHECKING:
     from redis.connection import AbstractConnection as _ConnectionBase
 else:

@@ -1,39 +1,39 @@
-"""The rate limiter engine: one atomic Redis round trip decides a request against many policies.
+"""The rate limiter engine, sans I/O: everything `RateLimiter` and `AsyncRateLimiter` do but the I/O.
 
-This module is the sans-IO core: it never touches a socket. `prepare_call` builds keys and
-arguments (and the whole EVALSHA command, packed), `parse_reply` turns the script's reply into
-decisions, and `decision_steps` is the whole exchange with Redis (NOSCRIPT recovery, the never-resend rule,
-one call per slot on a cluster) as steps that a transport carries out. The transports only do the
-I/O: `ratelimit_app.core.engine_sync.RateLimiter` over a synchronous client.
+One atomic Redis round trip (EVALSHA of decide.lua) decides a request against many policies. This
+module never touches a socket: `prepare_call` builds the call (KEYS, ARGV, and the whole EVALSHA
+command, packed), `parse_reply` turns the script's reply into decisions, and the `*_steps` functions are
+each operation of the limiters (hit, peek, hit_many, reset) as the steps of an exchange with Redis
+(NOSCRIPT recovery, the never-resend rule, one call per slot on a cluster) that a transport carries out:
+`ratelimit_app.core.engine_sync.RateLimiter` with plain calls, `ratelimit_app.core.engine_async.
+AsyncRateLimiter` with awaits. Arguments are validated here, and the errors of Redis failures are
+worded here, so the two transports decide and fail alike.
 
 Speed matters here: this runs on every request. The packed command of a policy set is built once and
-cached (`_plan`); a call only splices in the identity's digest.
+cached (`_plan`, beside `_Plan`, its plain construction); a call only splices in the identity's digest
+(cached too: `keys.digest`). `PreparedCall.keys` and `.args` are the same call unpacked, which the
+reference paths (a pool's connection, a cluster node) send through redis-py's own packing.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
 import struct
-from binascii import hexlify
 from collections.abc import Generator, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from .algorithms import BY_NAME, CALENDAR_WINDOW, REGISTRY
 from .decision import Decision, PolicyResult, all_or_nothing
 from .exceptions import BackendError
+from .keys import DIGEST_CHARS, digest, is_sent_its_key, release_keys, tag
 from .policies import CONCURRENCY, Policy
 from .scripts import decide_sha
 
 Check = tuple[str, Sequence[Policy]]
 
-#: What a key prefix may be (RATELIMIT['KEY_PREFIX'] is validated against it too).
-PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-#: Length of an identity digest in hex characters (blake2b, 12 bytes).
-DIGEST_CHARS = 24
 #: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
 #: would cost Redis a strtod each, and every argument is parsed and interned as a Lua string.
 _CALL_NUMBERS = struct.Struct(">qBB")  # cost, mode, identities
@@ -47,36 +47,10 @@ SHADOW_FLAG = 64
 #: The code of a calendar quota (a fixed window whose boundaries are calendar days, weeks or months):
 #: its period is `Policy.calendar_rule` and its extra number `Policy.clock_shift_ms`.
 CALENDAR_CODE = CALENDAR_WINDOW.code
-#: The letter that stands for the algorithm in a policy's tag (its entry in the identity's key) and in
-#: the name of its own key (see PreparedCall.keys).
-KEY_LETTERS = {algorithm.name: algorithm.letter for algorithm in REGISTRY}
-#: The letter of a calendar quota's state key (its algorithm is fixed_window, its state is not; "q" is
-#: the concurrency policies').
-CALENDAR_KEY_LETTER = CALENDAR_WINDOW.letter
 #: A lease token (ARGV[2] of decide.lua): the member a request's concurrency slots are held under.
 _LEASE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 #: The script's reply: three numbers per policy (see decide.lua).
 _REPLY_NUMBERS = struct.Struct(">qqq")  # remaining, reset in ms, retry in ms
-
-
-def has_own_key(policy: Policy) -> bool:
-    """True when `policy` keeps its state in a key of its own (see PreparedCall.keys), not in an entry of
-    its identity's key: a concurrency policy's sorted set of leases, or a long sliding log."""
-    algorithm = BY_NAME[policy.algorithm]
-    return algorithm.concurrency or 0 < algorithm.long_state_from <= policy.limit
-
-
-def is_sent_its_key(policy: Policy) -> bool:
-    """True when a call names `policy`'s key of its own (KEYS[m + k] of decide.lua): every policy of an
-    algorithm that has one, since a sliding log whose limit was lowered reads its units from it."""
-    algorithm = BY_NAME[policy.algorithm]
-    return algorithm.concurrency or algorithm.long_state_from > 0
-
-
-def _tag(policy: Policy) -> str:
-    """The tag of `policy`: the letter of its algorithm and its name (its entry in its identity's key,
-    and the end of its key of its own)."""
-    return (CALENDAR_KEY_LETTER if policy.calendar else KEY_LETTERS[policy.algorithm]) + policy.name
 
 
 def _numbers(policy: Policy) -> tuple[int, int, int, int]:
@@ -119,10 +93,10 @@ class _Plan:
             if len(set(names)) != len(names):
                 raise ValueError(f"policies: names must be unique within one decision, got {names}")
             for p in policies:
-                tag = _tag(p)
+                name = tag(p)
                 if is_sent_its_key(p):
-                    layout.append((check, ":{%s}" + tag))
-                numbers.append(_POLICY_NUMBERS.pack(*_numbers(p), check + 1, len(tag)) + tag.encode())
+                    layout.append((check, ":{%s}" + name))
+                numbers.append(_POLICY_NUMBERS.pack(*_numbers(p), check + 1, len(name)) + name.encode())
         self.policy_count = sum(len(policies) for policies in policy_sets)
         self.key_layout = tuple(layout)
         self.named_capacities = tuple(tuple((p.name, p.capacity, p.shadow) for p in policies)
@@ -154,23 +128,6 @@ def _plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, m
     return _Plan(prefix, policy_sets, cost, mode)
 
 
-def _digest(identity: str) -> bytes:
-    if type(identity) is not str or not identity:
-        raise ValueError(f"identity: expected a non-empty string, got {identity!r:.80}")
-    return _hashed(identity)
-
-
-@lru_cache(maxsize=8192)
-def _hashed(identity: str) -> bytes:
-    """The digest of a valid identity; cached, since a client's identity comes back with its every request."""
-    return hexlify(hashlib.blake2b(identity.encode("utf-8", "surrogatepass"), digest_size=12).digest())
-
-
-def identity_digest(identity: str) -> str:
-    """A fixed-length, hash-tag-safe digest of an identity: users never choose Redis key names."""
-    return _digest(identity).decode()
-
-
 class PreparedCall:
     """One invocation of the decision script: the packed command, and what `parse_reply` needs.
 
@@ -191,9 +148,8 @@ class PreparedCall:
         """KEYS of the call: the state key of each identity, "<prefix>:{<digest>}" (the braces are the
         hash tag), which holds every rate policy of that identity, kept short because every byte of a
         key name is paid per identity in Redis memory; then the key of its own of each policy that is
-        sent one (`is_sent_its_key`), "<prefix>:{<digest>}<letter><policy>" (the letter is the
-        algorithm's, KEY_LETTERS): a concurrency policy's sorted set of leases, a sliding log's units
-        (used once its limit makes it long)."""
+        sent one (`keys.is_sent_its_key`), "<prefix>:{<digest>}<tag>": a concurrency policy's sorted
+        set of leases, a sliding log's units (used once its limit makes it long)."""
         digests = [digest.decode() for digest in self.digests]
         return [self.plan.prefix + pattern % digests[owner] for owner, pattern in self.plan.key_layout]
 
@@ -202,15 +158,25 @@ class PreparedCall:
         """ARGV of the call: the packed numbers, then the lease token when the call takes slots."""
         return [*self.plan.args, self.lease] if self.lease is not None else list(self.plan.args)
 
+    def command(self) -> tuple[Any, ...]:
+        """The call as the arguments of one EVALSHA command, for clients that pack it themselves (the
+        reference paths: a pool's connection, a cluster node); `packed` is the same command, packed."""
+        return ("EVALSHA", decide_sha(), self.plan.key_count, *self.keys, *self.args)
 
-def _with_lease(call: PreparedCall, lease: str | None) -> PreparedCall:
-    """`call` with the lease token its concurrency policies are charged under (ARGV[2] of decide.lua)."""
+
+def check_lease(lease: str | None) -> str:
+    """`lease` when it is a valid lease token (1-64 letters, digits, '_.:-'); ValueError otherwise."""
     if lease is None:
         raise ValueError("lease: this call takes a concurrency slot; pass lease=<token> (see new_lease_token), "
                          "the name under which the slot is held and released")
     if type(lease) is not str or not _LEASE.match(lease):
         raise ValueError(f"lease: {lease!r:.80} must be 1-64 characters of letters, digits, '_.:-'")
-    token = lease.encode()
+    return lease
+
+
+def _with_lease(call: PreparedCall, lease: str | None) -> PreparedCall:
+    """`call` with the lease token its concurrency policies are charged under (ARGV[2] of decide.lua)."""
+    token = check_lease(lease).encode()
     call.lease = token
     call.packed += _bulk(token)
     return call
@@ -232,12 +198,12 @@ def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: boo
     if len(checks) == 1:  # the usual case, kept short: it runs on every request
         identity, policies = checks[0]
         plan = _plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, mode)
-        digest = _digest(identity)
-        call = PreparedCall(plan, [digest], digest.join(plan.pieces))
+        hashed = digest(identity)
+        call = PreparedCall(plan, [hashed], hashed.join(plan.pieces))
         return _with_lease(call, lease) if plan.leases else call
     policy_sets = tuple(policies if type(policies) is tuple else tuple(policies) for _, policies in checks)
     plan = _plan(prefix, policy_sets, cost, mode)
-    digests = [_digest(identity) for identity, _ in checks]
+    digests = [digest(identity) for identity, _ in checks]
     pieces = plan.pieces
     parts = [pieces[0]]
     for gap, owner in enumerate(plan.owners, 1):
@@ -274,21 +240,21 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
 
 
 # -- one exchange with Redis, written once for every transport ------------------------------------------
-# A transport drives `decision_steps` like this (the sync one with plain calls, the asyncio one with awaits):
+# A transport carries out the steps of an operation like this (the sync one with plain calls, the asyncio
+# one with awaits), and returns what the steps return:
 #
-#     steps = decision_steps(prefix, checks, cost, charge=True, one_slot_per_call=is_cluster)
-#     reply = None
+#     steps, reply = hit_steps(prefix, identity, policies, cost, lease), None
 #     try:
 #         while True:
 #             call = steps.send(reply)
-#             reply = load_script() if call is None else send(call)
+#             reply = load_script() if call is LOAD_SCRIPT else send(call)
 #     except StopIteration as done:
-#         decisions = done.value
+#         return done.value
 #
 # `send(call)` writes the call's EVALSHA and returns Redis' reply, or NOSCRIPT when Redis answered
 # that it does not have the script; `load_script()` runs SCRIPT LOAD (on every master of a cluster).
-# Both raise BackendError when Redis cannot answer, `maybe_applied` telling whether the EVALSHA
-# reached Redis before its reply was lost: such a call is never sent again.
+# Both raise BackendError when Redis cannot answer (the errors below), `maybe_applied` telling whether
+# the EVALSHA reached Redis before its reply was lost: such a call is never sent again.
 
 
 class _NoScript:
@@ -300,26 +266,72 @@ class _NoScript:
         return "NOSCRIPT"
 
 
-#: What a transport hands back to `decision_steps` when Redis answered an EVALSHA with NOSCRIPT (nothing ran).
+#: What a transport hands back to the steps when Redis answered an EVALSHA with NOSCRIPT (nothing ran).
 NOSCRIPT = _NoScript()
-#: What `decision_steps` yields for "load the script", in place of a call to send.
+#: What the steps yield for "load the script", in place of a call to send.
 LOAD_SCRIPT = None
 #: The decision of an identity checked against no policy: allowed, nothing to report.
 NO_POLICY_DECISION = Decision(True, 0, 0, 0.0, None, "", ())
 
-Steps = Generator["PreparedCall | None", Any, "list[Decision]"]
+T = TypeVar("T")
+C = TypeVar("C")
+#: The steps of an operation that returns a T: each yields a call to send (or LOAD_SCRIPT), and is sent
+#: Redis' reply to it.
+Steps = Generator["PreparedCall | None", Any, T]
 
 
-def check_prefix(prefix: str) -> str:
-    """`prefix` when it is a valid key prefix (1-64 letters, digits, '_.:-'); ValueError otherwise."""
-    if not isinstance(prefix, str) or not PREFIX_PATTERN.match(prefix):
-        raise ValueError(f"prefix: {prefix!r} must be 1-64 characters of letters, digits, '_.:-'")
-    return prefix
+def check_client(client: C, kinds: tuple[type, ...], names: str) -> C:
+    """`client` when it is an instance of one of `kinds` (spelt `names` in the error); TypeError otherwise."""
+    if not isinstance(client, kinds):
+        raise TypeError(f"client: expected a {names}, got {type(client).__name__}")
+    return client
+
+
+def check_connections(connections: str, modes: tuple[str, ...]) -> str:
+    """`connections` when it is one of `modes`; ValueError otherwise."""
+    if connections not in modes:
+        raise ValueError(f"connections: {connections!r} is not one of {', '.join(modes)}")
+    return connections
+
+
+def hit_steps(prefix: str, identity: str, policies: Sequence[Policy], cost: int, lease: str | None) -> Steps[Decision]:
+    """`hit`: charge `cost` to every policy if all of them allow it, nothing otherwise."""
+    return _first(decision_steps(prefix, ((identity, policies),), cost, charge=True, one_slot_per_call=False,
+                                 lease=lease))
+
+
+def peek_steps(prefix: str, identity: str, policies: Sequence[Policy], cost: int) -> Steps[Decision]:
+    """`peek`: what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
+    return _first(decision_steps(prefix, ((identity, policies),), cost, charge=False, one_slot_per_call=False))
+
+
+def hit_many_steps(prefix: str, checks: Sequence[Check], cost: int, lease: str | None,
+                   cluster: bool) -> Steps[list[Decision]]:
+    """`hit_many`: several identities in one call, all-or-nothing; one call per identity on a `cluster`."""
+    return decision_steps(prefix, checks, cost, charge=True, one_slot_per_call=cluster, lease=lease)
+
+
+def reset_steps(prefix: str, identity: str, policies: Sequence[Policy]) -> Steps[None]:
+    """`reset`: forget the state of `identity` for these policies (its other policies keep theirs)."""
+    return _first(decision_steps(prefix, ((identity, policies),), 1, charge=False, one_slot_per_call=False,
+                                 reset=True), keep=False)
+
+
+def release_plan(prefix: str, held: Sequence[tuple[str, Policy]], lease: str) -> list[str]:
+    """`release`: the keys to remove the lease token `lease` from (one ZREM each) to give back the slots
+    `held`, (identity, concurrency policy) pairs; ValueError for a lease that is no token."""
+    check_lease(lease)
+    return release_keys(prefix, held)
+
+
+def _first(steps: Steps[list[Decision]], keep: bool = True) -> Steps[Any]:
+    decisions = yield from steps
+    return decisions[0] if keep else None
 
 
 def decision_steps(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool,
-           lease: str | None = None, reset: bool = False) -> Steps:
-    """The steps of one decision over `checks` (see above for how a transport runs them).
+                   lease: str | None = None, reset: bool = False) -> Steps[list[Decision]]:
+    """The steps of one decision over `checks`.
 
     Normally one call decides every check, all-or-nothing. With `one_slot_per_call` (Redis Cluster,
     where the identities live on different slots) each check is its own call, in order, and the
@@ -334,7 +346,7 @@ def decision_steps(prefix: str, checks: Sequence[Check], cost: int, *, charge: b
     return _exchange(prepare_call(prefix, checks, cost, charge=charge, lease=lease, reset=reset))
 
 
-def _one_by_one(calls: list[PreparedCall]) -> Steps:
+def _one_by_one(calls: list[PreparedCall]) -> Steps[list[Decision]]:
     decisions: list[Decision] = []
     for call in calls:
         decision = (yield from _exchange(call))[0]
@@ -344,7 +356,7 @@ def _one_by_one(calls: list[PreparedCall]) -> Steps:
     return decisions
 
 
-def _exchange(call: PreparedCall) -> Steps:
+def _exchange(call: PreparedCall) -> Steps[list[Decision]]:
     """Send one call, recovering once from NOSCRIPT; its decisions."""
     if not call.plan.policy_count:
         return [NO_POLICY_DECISION] * len(call.digests)
@@ -360,38 +372,22 @@ def _exchange(call: PreparedCall) -> Steps:
     return parse_reply(call, reply)
 
 
-_ENTRY_HEAD = struct.Struct(">B")
-_ENTRY_TAIL = struct.Struct(">QI")  # expiry (6 bytes after a 2-byte pad), state length
+# -- the errors of a transport, worded once ------------------------------------------------------------
+def unreachable(exc: BaseException) -> BackendError:
+    """No connection to Redis (or to a cluster's node): nothing was sent."""
+    return BackendError(f"Redis unreachable: {exc}", maybe_applied=False)
 
 
-def state_entries(value: bytes) -> dict[str, tuple[int, bytes]]:
-    """The entries of an identity's state key (see decide.lua): tag (the algorithm's letter and the
-    policy's name) -> (expiry in ms since the epoch, the state in its algorithm's format)."""
-    entries = {}
-    position = 0
-    while position < len(value):
-        [tag_length] = _ENTRY_HEAD.unpack_from(value, position)
-        tag = value[position + 1:position + 1 + tag_length].decode()
-        position += 1 + tag_length
-        expiry, length = _ENTRY_TAIL.unpack(b"\0\0" + value[position:position + 10])
-        entries[tag] = (expiry, value[position + 10:position + 10 + length])
-        position += 10 + length
-    return entries
+def failed(exc: BaseException, sent: bool) -> BackendError:
+    """An EVALSHA failed; `sent` when it was written before the failure (Redis may have run it)."""
+    return BackendError(f"Redis failed: {exc}", maybe_applied=sent)
 
 
-def state_keys(prefix: str, identity: str, policies: Sequence[Policy]) -> list[str]:
-    """The Redis key that holds the state of `identity` under each of these policies, in their order:
-    the identity's state key for a rate policy (all of them share it), a concurrency policy's own
-    sorted set, a long sliding log's own key (its entry in the identity's key is only a hint of where
-    its live units start: see lua/sliding_window.lua)."""
-    identity_key = f"{prefix}:{{{identity_digest(identity)}}}"
-    return [identity_key + _tag(p) if has_own_key(p) else identity_key for p in policies]
+def load_failed(exc: BaseException) -> BackendError:
+    """SCRIPT LOAD failed (no decision was made)."""
+    return BackendError(f"could not load the decision script: {exc}", maybe_applied=False)
 
 
-def release_keys(prefix: str, held: Sequence[tuple[str, Policy]]) -> list[str]:
-    """The state keys of the concurrency slots `held` ((identity, concurrency policy) pairs): what a
-    release removes the lease token from (one ZREM per key)."""
-    keys: list[str] = []
-    for identity, policy in held:
-        keys += state_keys(prefix, identity, (policy,))
-    return keys
+def release_failed(lease: str, exc: BaseException, sent: bool = True) -> BackendError:
+    """Giving back the slots of `lease` failed (they free themselves when their lease runs out)."""
+    return BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=sent)

@@ -1,15 +1,16 @@
 """The asyncio transport of the engine: `AsyncRateLimiter` carries out the steps of ratelimit_app.core.engine.
 
-Everything but the I/O is shared with the sync `RateLimiter`: the call (`prepare_call`), the exchange
-(`decision_steps`: NOSCRIPT recovery, the never-resend rule, one call per slot on a cluster) and the reply
-(`parse_reply`). So the two return the same `Decision` for the same state, and fail the same way.
+It is the twin of `ratelimit_app.core.engine_sync.RateLimiter`: the same methods in the same order,
+each of them only the I/O of a step that the sans-IO engine builds (the calls, the arguments'
+validation, the NOSCRIPT recovery, the replies and the errors' wording live there, once). So the two
+return the same `Decision` for the same state, and fail the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, Union, cast
+from typing import Any, TypeVar, Union, cast
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -17,15 +18,33 @@ from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .budget import time_left
+from .budget import reply_wait
 from .decision import Decision
-from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decision_steps, release_keys, state_keys
-from .exceptions import REDIS_CLIENT_ERRORS, BackendError
+from .engine import (
+    LOAD_SCRIPT,
+    NOSCRIPT,
+    Check,
+    PreparedCall,
+    Steps,
+    check_client,
+    check_connections,
+    failed,
+    hit_many_steps,
+    hit_steps,
+    load_failed,
+    peek_steps,
+    release_failed,
+    release_plan,
+    reset_steps,
+    unreachable,
+)
+from .exceptions import REDIS_CLIENT_ERRORS
+from .keys import check_prefix, state_keys
 from .policies import Policy
-from .scripts import decide_sha, decide_source
+from .scripts import decide_source
 
 AsyncRedisClient = Union[redis.asyncio.Redis, AsyncRedisCluster]  # noqa: UP007 (a runtime alias)
-
+T = TypeVar("T")
 
 #: The values of AsyncRateLimiter's `connections`.
 ASYNC_CONNECTION_MODES = ("own", "pool")
@@ -73,23 +92,21 @@ class AsyncRateLimiter:
     checkout. A connection the server closed (a restart, an idle timeout) is replaced before use.
     "pool" (the reference path): each decision checks a connection out of the client's pool and
     sends the EVALSHA with redis-py's `send_command`. On Redis Cluster both use the client's node
-    pools. `aclose()` closes the limiter's own connections (not the client).
+    pools. Releases of slots go through the client's pool (or its node pools) in both modes. `aclose()`
+    closes the limiter's own connections (not the client).
     """
 
     def __init__(self, client: AsyncRedisClient, prefix: str = "rl", *, connections: str = "own") -> None:
-        if not isinstance(client, (redis.asyncio.Redis, AsyncRedisCluster)):
-            raise TypeError(
-                "client: expected a redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster, "
-                f"got {type(client).__name__}"
-            )
-        if connections not in ASYNC_CONNECTION_MODES:
-            raise ValueError(f"connections: {connections!r} is not one of {', '.join(ASYNC_CONNECTION_MODES)}")
-        self.client = client
+        self.client = check_client(client, (redis.asyncio.Redis, AsyncRedisCluster),
+                                   "redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster")
         self.prefix = check_prefix(prefix)
-        self.connections = connections
+        #: "own" or "pool": how this limiter reaches a standalone Redis
+        self.connections = check_connections(connections, ASYNC_CONNECTION_MODES)
         self._cluster = isinstance(client, AsyncRedisCluster)
-        self._send = (self._send_cluster if self._cluster
-                      else self._send_pooled if connections == "pool" else self._send_own)
+        self._send, self._release = (
+            (self._send_cluster, self._release_cluster) if self._cluster
+            else (self._send_pooled, self._release_pooled) if connections == "pool"
+            else (self._send_own, self._release_pooled))
         self._idle: list[Any] = []  # own connections not in use, most recently used last
         self._read_timeout: float | None = None
         self._slots: asyncio.Semaphore | None = None
@@ -104,70 +121,34 @@ class AsyncRateLimiter:
                   lease: str | None = None) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
         policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
-        return (await self._run(decision_steps(self.prefix, ((identity, policies),), cost, charge=True,
-                                       one_slot_per_call=False, lease=lease)))[0]
+        return await self._run(hit_steps(self.prefix, identity, policies, cost, lease))
 
     async def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-        return (await self._run(decision_steps(self.prefix, ((identity, policies),), cost, charge=False,
-                                       one_slot_per_call=False)))[0]
+        return await self._run(peek_steps(self.prefix, identity, policies, cost))
 
     async def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
                        lease: str | None = None) -> list[Decision]:
         """Decide several identities together; all-or-nothing on a single Redis, one after another on
         Redis Cluster (see `RateLimiter.hit_many`). `lease` as in `hit`."""
-        return await self._run(decision_steps(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
-                                      lease=lease))
+        return await self._run(hit_many_steps(self.prefix, checks, cost, lease, self._cluster))
 
     async def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         """Give back the concurrency slots held under `lease` (see `RateLimiter.release`): one round
         trip on a single Redis (a non-transactional pipeline of one ZREM per slot), one ZREM per slot
         on Redis Cluster. Raises BackendError when Redis cannot be asked."""
-        keys = release_keys(self.prefix, held)
-        if not keys:
-            return
-        try:
-            if self._cluster:
-                for key in keys:  # the identities may live on different nodes
-                    await self.client.zrem(key, lease)
-                return
-            async with cast(redis.asyncio.Redis, self.client).pipeline(transaction=False) as pipe:
-                for key in keys:
-                    pipe.zrem(key, lease)
-                await pipe.execute()
-        except REDIS_CLIENT_ERRORS as exc:
-            raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
+        keys = release_plan(self.prefix, held, lease)
+        if keys:
+            await self._release(keys, lease)
 
     async def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies (one call of the decision script: the
         identity's other policies, which share its key, keep theirs)."""
-        if policies:
-            await self._run(decision_steps(self.prefix, ((identity, policies),), 1, charge=False,
-                                           one_slot_per_call=False, reset=True))
+        await self._run(reset_steps(self.prefix, identity, policies))
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
         """The Redis keys that hold the state of `identity` under these policies."""
         return state_keys(self.prefix, identity, policies)
-
-    async def _run(self, steps: Steps) -> list[Decision]:
-        """Carry out the steps of one decision (see ratelimit_app.core.engine)."""
-        reply: Any = None
-        try:
-            while True:
-                call = steps.send(reply)
-                if call is None:
-                    await self._load_script()
-                    reply = None
-                else:
-                    reply = await self._send(call)
-        except StopIteration as done:
-            return done.value
-
-    async def _load_script(self) -> None:
-        try:
-            await self.client.script_load(decide_source())
-        except REDIS_CLIENT_ERRORS as exc:
-            raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
 
     async def aclose(self) -> None:
         """Close the limiter's own idle connections (the client, and its pool, stay open). A decision in
@@ -175,6 +156,58 @@ class AsyncRateLimiter:
         idle = self._idle
         while idle:
             await idle.pop().disconnect()
+
+    # -- the I/O of the steps (see ratelimit_app.core.engine) --------------------------------------------
+    async def _run(self, steps: Steps[T]) -> T:
+        """Carry out the steps of one operation; what they return."""
+        reply: Any = None
+        try:
+            while True:
+                call = steps.send(reply)
+                if call is LOAD_SCRIPT:
+                    await self._load_script()
+                    reply = None
+                else:
+                    reply = await self._send(call)
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    async def _load_script(self) -> None:
+        try:
+            await self.client.script_load(decide_source())
+        except REDIS_CLIENT_ERRORS as exc:
+            raise load_failed(exc) from exc
+
+    async def _send_cluster(self, call: PreparedCall) -> Any:
+        """To the node that owns the call's slot, through the cluster client: naming the node turns
+        off the client's retries (a MOVED or ASK redirection, which means nothing ran, is still followed)."""
+        client = cast(AsyncRedisCluster, self.client)
+        try:
+            await client.initialize()  # learns the slots on first use, and again after a failure
+            node = client.get_node_from_key(call.keys[0])
+        except REDIS_CLIENT_ERRORS as exc:
+            raise unreachable(exc) from exc
+        try:
+            return await client.execute_command(*call.command(), target_nodes=node,
+                                                **{NEVER_DECODE: True})  # the reply is binary
+        except NoScriptError:
+            return NOSCRIPT
+        except REDIS_CLIENT_ERRORS as exc:
+            raise failed(exc, sent=True) from exc
+
+    async def _send_pooled(self, call: PreparedCall) -> Any:
+        """The reference path: a connection of the client's pool, redis-py's own command packing."""
+        pool = cast(redis.asyncio.Redis, self.client).connection_pool
+        try:
+            connection = await _checkout(pool)
+        except REDIS_CLIENT_ERRORS as exc:
+            raise unreachable(exc) from exc
+        try:
+            return await self._write_and_read(connection, call, packed=False)
+        finally:
+            # a cancelled write or read has already closed the connection (redis-py does on any
+            # BaseException), so what goes back to the pool is clean or closed
+            await pool.release(connection)
 
     async def _send_own(self, call: PreparedCall) -> Any:
         """The speed path: the packed command on a connection of the limiter's own."""
@@ -202,52 +235,27 @@ class AsyncRateLimiter:
                     await connection.connect()
             except REDIS_CLIENT_ERRORS as exc:
                 await connection.disconnect()
-                raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
+                raise unreachable(exc) from exc
             except BaseException:  # cancelled while connecting: never reuse a half-made connection
                 await connection.disconnect(nowait=True)
                 raise
-            return await self._write_and_read(connection, call, read_timeout=self._reply_timeout())
+            return await self._write_and_read(connection, call, read_timeout=reply_wait(self._read_timeout))
         finally:
             idle.append(connection)
             if slots is not None:
                 slots.release()
 
-    def _reply_timeout(self) -> float | None:
-        """How long an own connection waits for a reply: the client's socket timeout, or None (no timer
-        of its own) when the caller's time budget (`time_left()`, set by the async service around its
-        own timeout) runs out first anyway: one timer per decision instead of two."""
-        read_timeout = self._read_timeout
-        if read_timeout is not None:
-            left = time_left()
-            if left is not None and left <= read_timeout:
-                return None
-        return read_timeout
-
-    async def _send_pooled(self, call: PreparedCall) -> Any:
-        """The reference path: a connection of the client's pool, redis-py's own command packing."""
-        pool = cast(redis.asyncio.Redis, self.client).connection_pool
-        try:
-            connection = await _checkout(pool)
-        except REDIS_CLIENT_ERRORS as exc:
-            raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
-        try:
-            return await self._write_and_read(connection, call, packed=False)
-        finally:
-            # a cancelled write or read has already closed the connection (redis-py does on any
-            # BaseException), so what goes back to the pool is clean or closed
-            await pool.release(connection)
-
     async def _write_and_read(self, connection: Any, call: PreparedCall, packed: bool = True,
                               read_timeout: float | None = None) -> Any:
         """Write the call once on `connection` and read its reply (waiting at most `read_timeout`
-        seconds when given, else the connection's own socket timeout)."""
+        seconds when given, else the connection's own socket timeout); a connection whose state is
+        unknown after a failure is closed (made again on next use)."""
         sent = False
         try:
             if packed:
                 await connection.send_packed_command(call.packed, False)
             else:
-                await connection.send_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys,
-                                              *call.args)
+                await connection.send_command(*call.command())
             sent = True
             if read_timeout is None:
                 return await connection.read_response(disable_decoding=True)  # the reply is binary
@@ -259,24 +267,23 @@ class AsyncRateLimiter:
             return NOSCRIPT
         except REDIS_CLIENT_ERRORS as exc:
             if not isinstance(exc, ResponseError):
-                await connection.disconnect()  # the connection's state is unknown: never reuse it
-            raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
+                await connection.disconnect()
+            raise failed(exc, sent) from exc
 
-    async def _send_cluster(self, call: PreparedCall) -> Any:
-        """To the node that owns the call's slot: naming the node turns off the cluster client's
-        retries (a MOVED or ASK redirection, which means nothing ran, is still followed)."""
-        client = cast(AsyncRedisCluster, self.client)
-        keys = call.keys
+    async def _release_cluster(self, keys: list[str], lease: str) -> None:
+        """One ZREM per slot: the identities may live on different nodes."""
         try:
-            await client.initialize()  # learns the slots on first use, and again after a failure
-            node = client.get_node_from_key(keys[0])
+            for key in keys:
+                await self.client.zrem(key, lease)
         except REDIS_CLIENT_ERRORS as exc:
-            raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=False) from exc
+            raise release_failed(lease, exc) from exc
+
+    async def _release_pooled(self, keys: list[str], lease: str) -> None:
+        """The ZREMs, in one non-transactional pipeline on a connection of the client's pool."""
         try:
-            return await client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *keys,
-                                                *call.args, target_nodes=node,
-                                                **{NEVER_DECODE: True})  # the reply is binary
-        except NoScriptError:
-            return NOSCRIPT
+            async with cast(redis.asyncio.Redis, self.client).pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.zrem(key, lease)
+                await pipe.execute()
         except REDIS_CLIENT_ERRORS as exc:
-            raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=True) from exc
+            raise release_failed(lease, exc) from exc

@@ -1,5 +1,9 @@
 """The synchronous transport of the engine: `RateLimiter` carries out the steps of ratelimit_app.core.engine.
 
+It is the twin of `ratelimit_app.core.engine_async.AsyncRateLimiter`: the same methods in the same
+order, each of them only the I/O of a step that the sans-IO engine builds (the calls, the arguments'
+validation, the NOSCRIPT recovery, the replies and the errors' wording live there, once).
+
 It has two ways to reach a standalone Redis (or a Sentinel master), chosen by `connections`:
 
 - "per_thread", the speed path: each thread keeps one connection of its own and writes the call's
@@ -22,18 +26,36 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, Union, cast
+from typing import Any, TypeVar, Union, cast
 
 import redis
 from redis.client import NEVER_DECODE
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from .decision import Decision
-from .engine import NOSCRIPT, Check, PreparedCall, Steps, check_prefix, decision_steps, release_keys, state_keys
-from .exceptions import REDIS_CLIENT_ERRORS, BackendError
+from .engine import (
+    LOAD_SCRIPT,
+    NOSCRIPT,
+    Check,
+    PreparedCall,
+    Steps,
+    check_client,
+    check_connections,
+    failed,
+    hit_many_steps,
+    hit_steps,
+    load_failed,
+    peek_steps,
+    release_failed,
+    release_plan,
+    reset_steps,
+    unreachable,
+)
+from .exceptions import REDIS_CLIENT_ERRORS
+from .keys import check_prefix, state_keys
 from .policies import Policy
-from .scripts import decide_sha, decide_source
+from .scripts import decide_source
 
 #: The values of RateLimiter's `connections` (and of RATELIMIT['CONNECTIONS']).
 CONNECTION_MODES = ("auto", "per_thread", "pool")
@@ -43,6 +65,7 @@ RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, 
 #: (a restart, an idle timeout) before it is used again, as a pool checkout would; one in back-to-back
 #: use skips that system call, which costs about as much as the rest of the client's work.
 IDLE_CHECK_AFTER = 0.01
+T = TypeVar("T")
 
 
 def green_threads() -> bool:
@@ -56,9 +79,7 @@ def green_threads() -> bool:
 
 def resolve_connections(connections: str) -> str:
     """"per_thread" or "pool" for a `connections` value (see the module docstring); ValueError otherwise."""
-    if connections not in CONNECTION_MODES:
-        raise ValueError(f"connections: {connections!r} is not one of {', '.join(CONNECTION_MODES)}")
-    if connections == "auto":
+    if check_connections(connections, CONNECTION_MODES) == "auto":
         return "pool" if green_threads() else "per_thread"
     return connections
 
@@ -74,6 +95,13 @@ def _checkout(pool: Any) -> Any:
         return pool.get_connection()
     except TypeError:
         return pool.get_connection("EVALSHA")
+
+
+def _zrem_each(connection: Any, keys: list[str], lease: str) -> None:
+    """Remove `lease` from each key, pipelined on `connection`: one write, then the replies."""
+    connection.send_packed_command(connection.pack_commands([("ZREM", key, lease) for key in keys]))
+    for _ in keys:
+        connection.read_response()
 
 
 def _stale(connection: Any) -> bool:
@@ -153,31 +181,27 @@ class RateLimiter:
     """
 
     def __init__(self, client: RedisClient, prefix: str = "rl", *, connections: str = "auto") -> None:
-        if not isinstance(client, (redis.Redis, RedisCluster)):
-            raise TypeError(
-                f"client: expected a redis.Redis or redis.cluster.RedisCluster, got {type(client).__name__}"
-            )
-        self.client = client
+        self.client = check_client(client, (redis.Redis, RedisCluster), "redis.Redis or redis.cluster.RedisCluster")
         self.prefix = check_prefix(prefix)
-        self._cluster = isinstance(client, RedisCluster)
         #: "per_thread" or "pool": how this limiter reaches a standalone Redis
         self.connections = resolve_connections(connections)
+        self._cluster = isinstance(client, RedisCluster)
+        self._send, self._release = (
+            (self._send_cluster, self._release_cluster) if self._cluster
+            else (self._send_pooled, self._release_pooled) if self.connections == "pool"
+            else (self._send_own, self._release_own))
         self._thread = _ThreadConnection()
         #: idle connections of threads that ended, with the fork count they were made under
         self._shelf: list[tuple[Any, int]] = []
-        self._send = (self._send_cluster if self._cluster
-                      else self._send_pooled if self.connections == "pool" else self._send_own)
 
     def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, lease: str | None = None) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
         policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
-        return self._run(decision_steps(self.prefix, ((identity, policies),), cost, charge=True,
-                                        one_slot_per_call=False, lease=lease))[0]
+        return self._run(hit_steps(self.prefix, identity, policies, cost, lease))
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-        return self._run(decision_steps(self.prefix, ((identity, policies),), cost, charge=False,
-                                        one_slot_per_call=False))[0]
+        return self._run(peek_steps(self.prefix, identity, policies, cost))
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None) -> list[Decision]:
         """Decide several identities together (for example a client IP and its API key).
@@ -187,59 +211,22 @@ class RateLimiter:
         the first denial stops the rest (identities already charged stay charged; the list is then
         shorter than `checks`). `lease` as in `hit`.
         """
-        return self._run(decision_steps(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
-                                lease=lease))
+        return self._run(hit_many_steps(self.prefix, checks, cost, lease, self._cluster))
 
     def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         """Give back the concurrency slots held under `lease`: each (identity, concurrency policy) of
         `held`. One round trip on a single Redis (one ZREM per slot, pipelined), on the same path as a
-        decision (this thread's connection, or one of the pool); a slot already freed (its lease ran
-        out) is left alone. Raises BackendError when Redis cannot be asked (the slots then free
-        themselves when their lease runs out)."""
-        keys = release_keys(self.prefix, held)
-        if not keys:
-            return
-        commands = [("ZREM", key, lease) for key in keys]
-        if self._cluster:
-            try:
-                for key in keys:  # the identities may live on different nodes
-                    self.client.zrem(key, lease)
-            except REDIS_CLIENT_ERRORS as exc:
-                raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
-            return
-        if self.connections == "pool":
-            pool = cast(redis.Redis, self.client).connection_pool
-            try:
-                connection = _checkout(pool)
-            except REDIS_CLIENT_ERRORS as exc:
-                raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=False) from exc
-            try:
-                connection.send_packed_command(connection.pack_commands(commands))
-                for _ in commands:
-                    connection.read_response()
-            except REDIS_CLIENT_ERRORS as exc:
-                connection.disconnect()
-                raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
-            finally:
-                pool.release(connection)
-            return
-        try:
-            connection = self._connection()
-            if not _connected(connection):
-                connection.connect()
-            connection.send_packed_command(connection.pack_commands(commands))
-            for _ in commands:
-                connection.read_response()
-        except (RedisError, OSError) as exc:
-            self.close()
-            raise BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=True) from exc
+        decision (this thread's connection, or one of the pool); one ZREM per slot on Redis Cluster. A
+        slot already freed (its lease ran out) is left alone. Raises BackendError when Redis cannot be
+        asked (the slots then free themselves when their lease runs out)."""
+        keys = release_plan(self.prefix, held, lease)
+        if keys:
+            self._release(keys, lease)
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies (one call of the decision script: the
         identity's other policies, which share its key, keep theirs)."""
-        if policies:
-            self._run(decision_steps(self.prefix, ((identity, policies),), 1, charge=False,
-                                           one_slot_per_call=False, reset=True))
+        self._run(reset_steps(self.prefix, identity, policies))
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
         """The Redis keys that hold the state of `identity` under these policies."""
@@ -258,43 +245,42 @@ class RateLimiter:
             if forks == _forks:
                 connection.disconnect()
 
-    def _run(self, steps: Steps) -> list[Decision]:
-        """Carry out the steps of one decision (see ratelimit_app.core.engine)."""
+    # -- the I/O of the steps (see ratelimit_app.core.engine) --------------------------------------------
+    def _run(self, steps: Steps[T]) -> T:
+        """Carry out the steps of one operation; what they return."""
         reply: Any = None
         try:
             while True:
                 call = steps.send(reply)
-                if call is None:
+                if call is LOAD_SCRIPT:
                     self._load_script()
                     reply = None
                 else:
                     reply = self._send(call)
         except StopIteration as done:
-            return done.value
+            return cast(T, done.value)
 
     def _load_script(self) -> None:
         try:
             self.client.script_load(decide_source())
         except REDIS_CLIENT_ERRORS as exc:
-            raise BackendError(f"could not load the decision script: {exc}", maybe_applied=False) from exc
+            raise load_failed(exc) from exc
 
-    # -- the three ways to send one call ---------------------------------------------------------------
     def _send_cluster(self, call: PreparedCall) -> Any:
         """To the node that owns the call's slot, through the cluster client: naming the node turns
         off the client's retries (a MOVED or ASK redirection, which means nothing ran, is still followed)."""
-        keys = call.keys
         client = cast(RedisCluster, self.client)
         try:
-            node = client.get_node_from_key(keys[0])
+            node = client.get_node_from_key(call.keys[0])
         except REDIS_CLIENT_ERRORS as exc:
-            raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=False) from exc
+            raise unreachable(exc) from exc
         try:
-            return client.execute_command("EVALSHA", decide_sha(), call.plan.key_count, *keys, *call.args,
-                                          target_nodes=node, **{NEVER_DECODE: True})  # the reply is binary
+            return client.execute_command(*call.command(), target_nodes=node,
+                                          **{NEVER_DECODE: True})  # the reply is binary
         except NoScriptError:
             return NOSCRIPT
         except REDIS_CLIENT_ERRORS as exc:
-            raise BackendError(f"Redis Cluster failed: {exc}", maybe_applied=True) from exc
+            raise failed(exc, sent=True) from exc
 
     def _send_pooled(self, call: PreparedCall) -> Any:
         """The reference path: a connection of the client's pool, redis-py's own command packing."""
@@ -302,43 +288,77 @@ class RateLimiter:
         try:
             connection = _checkout(pool)
         except REDIS_CLIENT_ERRORS as exc:
-            raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
-        sent = False
+            raise unreachable(exc) from exc
         try:
-            connection.send_command("EVALSHA", decide_sha(), call.plan.key_count, *call.keys, *call.args)
-            sent = True
-            return connection.read_response(disable_decoding=True)  # the reply is binary
-        except NoScriptError:
-            return NOSCRIPT
-        except REDIS_CLIENT_ERRORS as exc:
-            if not isinstance(exc, redis.ResponseError):
-                connection.disconnect()  # the connection's state is unknown: never reuse it
-            raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
+            return self._write_and_read(connection, call, packed=False)
         finally:
             pool.release(connection)
 
     def _send_own(self, call: PreparedCall) -> Any:
         """The speed path: the packed command on this thread's own connection (so a client configured
         with retries can never resend an EVALSHA whose reply was lost)."""
-        sent = False
+        connection = self._connection()
         try:
-            connection = self._connection()
             if not _connected(connection):
                 connection.connect()
-        except (RedisError, OSError) as exc:
-            self.close()
-            raise BackendError(f"Redis unreachable: {exc}", maybe_applied=False) from exc
+        except REDIS_CLIENT_ERRORS as exc:
+            connection.disconnect()
+            raise unreachable(exc) from exc
+        return self._write_and_read(connection, call)
+
+    def _write_and_read(self, connection: Any, call: PreparedCall, packed: bool = True) -> Any:
+        """Write the call once on `connection` and read its reply; a connection whose state is unknown
+        after a failure is closed (made again on next use)."""
+        sent = False
         try:
-            connection.send_packed_command((call.packed,))
+            if packed:
+                connection.send_packed_command((call.packed,))
+            else:
+                connection.send_command(*call.command())
             sent = True
             return connection.read_response(disable_decoding=True)  # the reply is binary
         except NoScriptError:
             return NOSCRIPT
-        except (RedisError, OSError) as exc:
-            if not isinstance(exc, redis.ResponseError):
-                self.close()  # the connection's state is unknown: never reuse it
-            raise BackendError(f"Redis failed: {exc}", maybe_applied=sent) from exc
+        except REDIS_CLIENT_ERRORS as exc:
+            if not isinstance(exc, ResponseError):
+                connection.disconnect()
+            raise failed(exc, sent) from exc
 
+    def _release_cluster(self, keys: list[str], lease: str) -> None:
+        """One ZREM per slot: the identities may live on different nodes."""
+        try:
+            for key in keys:
+                self.client.zrem(key, lease)
+        except REDIS_CLIENT_ERRORS as exc:
+            raise release_failed(lease, exc) from exc
+
+    def _release_pooled(self, keys: list[str], lease: str) -> None:
+        """The ZREMs, pipelined on a connection of the client's pool."""
+        pool = cast(redis.Redis, self.client).connection_pool
+        try:
+            connection = _checkout(pool)
+        except REDIS_CLIENT_ERRORS as exc:
+            raise release_failed(lease, exc, sent=False) from exc
+        try:
+            _zrem_each(connection, keys, lease)
+        except REDIS_CLIENT_ERRORS as exc:
+            connection.disconnect()
+            raise release_failed(lease, exc) from exc
+        finally:
+            pool.release(connection)
+
+    def _release_own(self, keys: list[str], lease: str) -> None:
+        """The ZREMs, pipelined on this thread's own connection."""
+        connection = self._connection()
+        try:
+            if not _connected(connection):
+                connection.connect()
+            _zrem_each(connection, keys, lease)
+        except REDIS_CLIENT_ERRORS as exc:
+            connection.disconnect()
+            raise release_failed(lease, exc) from exc
+
+    # -- the per-thread connections of the speed path ---------------------------------------------------
     def _connection(self) -> Any:
         """This thread's connection, made on first use (and again after a fork or a failure)."""
         thread = self._thread

@@ -22,7 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from ..core.engine import PREFIX_PATTERN
+from ..core.keys import PREFIX_PATTERN
 from ..core.policies import ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy, parse_rate
 
 DEFAULTS: dict[str, Any] = {

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from ..core.decision import Decision, PolicyResult, all_or_nothing
-from ..core.engine import Check, identity_digest
+from ..core.engine import Check
+from ..core.keys import identity_digest
 from ..core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 from .fallback_models import MODELS, Store
 

@@ -12,7 +12,7 @@ from django.test import Client
 from django.urls import reverse
 
 from ratelimit_app import Policy, RateLimiter
-from ratelimit_app.core.engine import state_entries
+from ratelimit_app.core.keys import state_entries
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 from ratelimit_app.observability.queries import recent_metrics
 from ratelimit_app.observability.recorder import flush

@@ -16,7 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app.apply.routes import VIEW_LIMIT_ATTRIBUTE
-from ratelimit_app.core.engine import state_entries
+from ratelimit_app.core.keys import state_entries
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.service.limiter import get_limiter
 from tests.observability.test_prometheus import scrape, value

@@ -16,7 +16,7 @@ from django.urls import reverse
 
 from ratelimit_app import Policy, RateLimiter
 from ratelimit_app.core.calendars import CALENDAR_PERIODS, period_bounds
-from ratelimit_app.core.engine import state_entries
+from ratelimit_app.core.keys import state_entries
 from ratelimit_app.models import Tier, TierLimit
 from tests.support.limits_support import make_key, make_tier, parse_ietf
 from tests.test_admin import form_data

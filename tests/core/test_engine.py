@@ -16,16 +16,9 @@ import redis
 
 from ratelimit_app import Decision, Policy, RateLimiter
 from ratelimit_app.core.algorithms import BY_NAME
-from ratelimit_app.core.engine import (
-    KEY_LETTERS,
-    LOAD_SCRIPT,
-    NOSCRIPT,
-    decision_steps,
-    parse_reply,
-    prepare_call,
-    state_entries,
-)
+from ratelimit_app.core.engine import LOAD_SCRIPT, NOSCRIPT, decision_steps, parse_reply, prepare_call
 from ratelimit_app.core.exceptions import BackendError
+from ratelimit_app.core.keys import KEY_LETTERS, state_entries
 from ratelimit_app.core.policies import ALGORITHMS
 from tests.support.engine_workers import hammer
 from tests.support.tcp_proxy import tcp_proxy
@@ -485,6 +478,25 @@ def test_a_bucket_refills_from_its_stored_time_and_never_from_a_clock_that_stepp
     # a refill "in the future": nothing since
     redis_client.set(key, entry("tminute", now_ms + 60_000, stored(now_ms + 5_000)), px=60_000)
     assert limiter.peek("k", policies).reset_after == 60.0
+
+
+@pytest.mark.parametrize("checks", [
+    [("k", [small_policy("gcra")])],
+    [("ip", [small_policy("fixed_window")]),
+     ("key", [small_policy("sliding_window"), Policy("q", "gcra", limit=5, period=1)])],
+    [("k", [Policy("p", "sliding_window", limit=500, period=60), Policy("q", "concurrency", limit=2, period=60)])],
+])
+def test_the_packed_command_is_redis_pys_packing_of_the_same_call(checks: list[Any]) -> None:
+    """The speed path writes `packed`, spliced from a cached plan; the reference paths send `command()`
+    through redis-py's packing: the same bytes, on the first call of a plan and on a cached one."""
+    from redis.connection import Connection
+
+    for identity in ("first", "second"):
+        checks = [(f"{name}:{identity}", policies) for name, policies in checks]
+        call = prepare_call("rl", checks, 2, charge=True, lease="lease-1")
+        assert call.packed == b"".join(Connection().pack_command(*call.command()))
+        assert len(call.keys) == len(checks) + sum(p.algorithm in ("sliding_window", "concurrency")
+                                                   for _, policies in checks for p in policies)
 
 
 def test_noscript_is_recovered_once_and_a_second_one_is_an_error() -> None:

@@ -19,7 +19,7 @@ import redis.asyncio
 
 from devtools.embedded import free_port
 from ratelimit_app import AsyncRateLimiter, BackendError, Policy, RateLimiter
-from ratelimit_app.core.budget import within_budget
+from ratelimit_app.core.budget import reply_wait, within_budget
 from ratelimit_app.core.engine_async import close_client
 from ratelimit_app.core.policies import ALGORITHMS
 from tests.support.tcp_proxy import tcp_proxy
@@ -334,10 +334,10 @@ def test_own_connections_wait_for_a_reply_with_one_timer_when_a_budget_ends_firs
     one, and the socket timeout is kept when the budget is the longer of the two."""
     async def scenario(client: redis.asyncio.Redis) -> list[float | None]:
         limiter = AsyncRateLimiter(client, prefix="test-reply-timer")
-        waits = [limiter._reply_timeout()]
+        waits = [reply_wait(limiter._read_timeout)]
         for budget in (0.05, 60.0):
             with within_budget(budget):
-                waits.append(limiter._reply_timeout())
+                waits.append(reply_wait(limiter._read_timeout))
         return waits
 
     assert run_with(redis_url, scenario, socket_timeout=10) == [10, None, 10]

@@ -14,7 +14,8 @@ import redis
 
 from ratelimit_app import Policy, RateLimiter
 from ratelimit_app.core.algorithms import BY_NAME
-from ratelimit_app.core.engine import prepare_call, state_entries
+from ratelimit_app.core.engine import prepare_call
+from ratelimit_app.core.keys import state_entries
 
 #: The limit from which a sliding log has a key of its own.
 LONG = BY_NAME["sliding_window"].long_state_from

@@ -98,6 +98,8 @@ def test_a_charge_without_a_lease_is_refused(limiter: RateLimiter) -> None:
         limiter.hit("client", [SLOTS], lease="not a token!")
     assert limiter.peek("client", [SLOTS]).remaining == 2  # a peek needs none
     assert limiter.hit("client", [MINUTE]).allowed  # nor a call without a concurrency policy
+    with pytest.raises(ValueError, match="lease"):  # a release names the token it gives back
+        limiter.release([("client", SLOTS)], "not a token!")
     with pytest.raises(InvalidPolicy, match="burst"):
         Policy("c", CONCURRENCY, limit=2, period=60, burst=3)
 
