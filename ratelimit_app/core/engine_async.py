@@ -18,26 +18,10 @@ from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from . import engine
 from .budget import reply_wait
 from .decision import Decision
-from .engine import (
-    LOAD_SCRIPT,
-    NOSCRIPT,
-    Check,
-    PreparedCall,
-    Steps,
-    check_client,
-    check_connections,
-    failed,
-    hit_many_steps,
-    hit_steps,
-    load_failed,
-    peek_steps,
-    release_failed,
-    release_plan,
-    reset_steps,
-    unreachable,
-)
+from .engine import LOAD_SCRIPT, NOSCRIPT, Check, PreparedCall, Steps
 from .exceptions import REDIS_CLIENT_ERRORS
 from .keys import check_prefix, state_keys
 from .policies import Policy
@@ -97,11 +81,11 @@ class AsyncRateLimiter:
     """
 
     def __init__(self, client: AsyncRedisClient, prefix: str = "rl", *, connections: str = "own") -> None:
-        self.client = check_client(client, (redis.asyncio.Redis, AsyncRedisCluster),
+        self.client = engine.check_client(client, (redis.asyncio.Redis, AsyncRedisCluster),
                                    "redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster")
         self.prefix = check_prefix(prefix)
         #: "own" or "pool": how this limiter reaches a standalone Redis
-        self.connections = check_connections(connections, ASYNC_CONNECTION_MODES)
+        self.connections = engine.check_connections(connections, ASYNC_CONNECTION_MODES)
         self._cluster = isinstance(client, AsyncRedisCluster)
         self._send, self._release = (
             (self._send_cluster, self._release_cluster) if self._cluster
@@ -121,30 +105,30 @@ class AsyncRateLimiter:
                   lease: str | None = None) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
         policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
-        return await self._run(hit_steps(self.prefix, identity, policies, cost, lease))
+        return await self._run(engine.hit_steps(self.prefix, identity, policies, cost, lease))
 
     async def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-        return await self._run(peek_steps(self.prefix, identity, policies, cost))
+        return await self._run(engine.peek_steps(self.prefix, identity, policies, cost))
 
     async def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
                        lease: str | None = None) -> list[Decision]:
         """Decide several identities together; all-or-nothing on a single Redis, one after another on
         Redis Cluster (see `RateLimiter.hit_many`). `lease` as in `hit`."""
-        return await self._run(hit_many_steps(self.prefix, checks, cost, lease, self._cluster))
+        return await self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster))
 
     async def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         """Give back the concurrency slots held under `lease` (see `RateLimiter.release`): one round
         trip on a single Redis (a non-transactional pipeline of one ZREM per slot), one ZREM per slot
         on Redis Cluster. Raises BackendError when Redis cannot be asked."""
-        keys = release_plan(self.prefix, held, lease)
+        keys = engine.release_plan(self.prefix, held, lease)
         if keys:
             await self._release(keys, lease)
 
     async def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies (one call of the decision script: the
         identity's other policies, which share its key, keep theirs)."""
-        await self._run(reset_steps(self.prefix, identity, policies))
+        await self._run(engine.reset_steps(self.prefix, identity, policies))
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
         """The Redis keys that hold the state of `identity` under these policies."""
@@ -176,7 +160,7 @@ class AsyncRateLimiter:
         try:
             await self.client.script_load(decide_source())
         except REDIS_CLIENT_ERRORS as exc:
-            raise load_failed(exc) from exc
+            raise engine.load_failed(exc) from exc
 
     async def _send_cluster(self, call: PreparedCall) -> Any:
         """To the node that owns the call's slot, through the cluster client: naming the node turns
@@ -186,14 +170,14 @@ class AsyncRateLimiter:
             await client.initialize()  # learns the slots on first use, and again after a failure
             node = client.get_node_from_key(call.keys[0])
         except REDIS_CLIENT_ERRORS as exc:
-            raise unreachable(exc) from exc
+            raise engine.unreachable(exc) from exc
         try:
             return await client.execute_command(*call.command(), target_nodes=node,
                                                 **{NEVER_DECODE: True})  # the reply is binary
         except NoScriptError:
             return NOSCRIPT
         except REDIS_CLIENT_ERRORS as exc:
-            raise failed(exc, sent=True) from exc
+            raise engine.failed(exc, sent=True) from exc
 
     async def _send_pooled(self, call: PreparedCall) -> Any:
         """The reference path: a connection of the client's pool, redis-py's own command packing."""
@@ -201,7 +185,7 @@ class AsyncRateLimiter:
         try:
             connection = await _checkout(pool)
         except REDIS_CLIENT_ERRORS as exc:
-            raise unreachable(exc) from exc
+            raise engine.unreachable(exc) from exc
         try:
             return await self._write_and_read(connection, call, packed=False)
         finally:
@@ -235,7 +219,7 @@ class AsyncRateLimiter:
                     await connection.connect()
             except REDIS_CLIENT_ERRORS as exc:
                 await connection.disconnect()
-                raise unreachable(exc) from exc
+                raise engine.unreachable(exc) from exc
             except BaseException:  # cancelled while connecting: never reuse a half-made connection
                 await connection.disconnect(nowait=True)
                 raise
@@ -268,7 +252,7 @@ class AsyncRateLimiter:
         except REDIS_CLIENT_ERRORS as exc:
             if not isinstance(exc, ResponseError):
                 await connection.disconnect()
-            raise failed(exc, sent) from exc
+            raise engine.failed(exc, sent) from exc
 
     async def _release_cluster(self, keys: list[str], lease: str) -> None:
         """One ZREM per slot: the identities may live on different nodes."""
@@ -276,7 +260,7 @@ class AsyncRateLimiter:
             for key in keys:
                 await self.client.zrem(key, lease)
         except REDIS_CLIENT_ERRORS as exc:
-            raise release_failed(lease, exc) from exc
+            raise engine.release_failed(lease, exc) from exc
 
     async def _release_pooled(self, keys: list[str], lease: str) -> None:
         """The ZREMs, in one non-transactional pipeline on a connection of the client's pool."""
@@ -286,4 +270,4 @@ class AsyncRateLimiter:
                     pipe.zrem(key, lease)
                 await pipe.execute()
         except REDIS_CLIENT_ERRORS as exc:
-            raise release_failed(lease, exc) from exc
+            raise engine.release_failed(lease, exc) from exc

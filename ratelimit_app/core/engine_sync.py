@@ -33,25 +33,9 @@ from redis.client import NEVER_DECODE
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from . import engine
 from .decision import Decision
-from .engine import (
-    LOAD_SCRIPT,
-    NOSCRIPT,
-    Check,
-    PreparedCall,
-    Steps,
-    check_client,
-    check_connections,
-    failed,
-    hit_many_steps,
-    hit_steps,
-    load_failed,
-    peek_steps,
-    release_failed,
-    release_plan,
-    reset_steps,
-    unreachable,
-)
+from .engine import LOAD_SCRIPT, NOSCRIPT, Check, PreparedCall, Steps
 from .exceptions import REDIS_CLIENT_ERRORS
 from .keys import check_prefix, state_keys
 from .policies import Policy
@@ -79,7 +63,7 @@ def green_threads() -> bool:
 
 def resolve_connections(connections: str) -> str:
     """"per_thread" or "pool" for a `connections` value (see the module docstring); ValueError otherwise."""
-    if check_connections(connections, CONNECTION_MODES) == "auto":
+    if engine.check_connections(connections, CONNECTION_MODES) == "auto":
         return "pool" if green_threads() else "per_thread"
     return connections
 
@@ -181,7 +165,8 @@ class RateLimiter:
     """
 
     def __init__(self, client: RedisClient, prefix: str = "rl", *, connections: str = "auto") -> None:
-        self.client = check_client(client, (redis.Redis, RedisCluster), "redis.Redis or redis.cluster.RedisCluster")
+        self.client = engine.check_client(client, (redis.Redis, RedisCluster),
+                                          "redis.Redis or redis.cluster.RedisCluster")
         self.prefix = check_prefix(prefix)
         #: "per_thread" or "pool": how this limiter reaches a standalone Redis
         self.connections = resolve_connections(connections)
@@ -197,11 +182,11 @@ class RateLimiter:
     def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, lease: str | None = None) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
         policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
-        return self._run(hit_steps(self.prefix, identity, policies, cost, lease))
+        return self._run(engine.hit_steps(self.prefix, identity, policies, cost, lease))
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-        return self._run(peek_steps(self.prefix, identity, policies, cost))
+        return self._run(engine.peek_steps(self.prefix, identity, policies, cost))
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None) -> list[Decision]:
         """Decide several identities together (for example a client IP and its API key).
@@ -211,7 +196,7 @@ class RateLimiter:
         the first denial stops the rest (identities already charged stay charged; the list is then
         shorter than `checks`). `lease` as in `hit`.
         """
-        return self._run(hit_many_steps(self.prefix, checks, cost, lease, self._cluster))
+        return self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster))
 
     def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         """Give back the concurrency slots held under `lease`: each (identity, concurrency policy) of
@@ -219,14 +204,14 @@ class RateLimiter:
         decision (this thread's connection, or one of the pool); one ZREM per slot on Redis Cluster. A
         slot already freed (its lease ran out) is left alone. Raises BackendError when Redis cannot be
         asked (the slots then free themselves when their lease runs out)."""
-        keys = release_plan(self.prefix, held, lease)
+        keys = engine.release_plan(self.prefix, held, lease)
         if keys:
             self._release(keys, lease)
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies (one call of the decision script: the
         identity's other policies, which share its key, keep theirs)."""
-        self._run(reset_steps(self.prefix, identity, policies))
+        self._run(engine.reset_steps(self.prefix, identity, policies))
 
     def keys(self, identity: str, policies: Sequence[Policy]) -> list[str]:
         """The Redis keys that hold the state of `identity` under these policies."""
@@ -264,7 +249,7 @@ class RateLimiter:
         try:
             self.client.script_load(decide_source())
         except REDIS_CLIENT_ERRORS as exc:
-            raise load_failed(exc) from exc
+            raise engine.load_failed(exc) from exc
 
     def _send_cluster(self, call: PreparedCall) -> Any:
         """To the node that owns the call's slot, through the cluster client: naming the node turns
@@ -273,14 +258,14 @@ class RateLimiter:
         try:
             node = client.get_node_from_key(call.keys[0])
         except REDIS_CLIENT_ERRORS as exc:
-            raise unreachable(exc) from exc
+            raise engine.unreachable(exc) from exc
         try:
             return client.execute_command(*call.command(), target_nodes=node,
                                           **{NEVER_DECODE: True})  # the reply is binary
         except NoScriptError:
             return NOSCRIPT
         except REDIS_CLIENT_ERRORS as exc:
-            raise failed(exc, sent=True) from exc
+            raise engine.failed(exc, sent=True) from exc
 
     def _send_pooled(self, call: PreparedCall) -> Any:
         """The reference path: a connection of the client's pool, redis-py's own command packing."""
@@ -288,7 +273,7 @@ class RateLimiter:
         try:
             connection = _checkout(pool)
         except REDIS_CLIENT_ERRORS as exc:
-            raise unreachable(exc) from exc
+            raise engine.unreachable(exc) from exc
         try:
             return self._write_and_read(connection, call, packed=False)
         finally:
@@ -303,7 +288,7 @@ class RateLimiter:
                 connection.connect()
         except REDIS_CLIENT_ERRORS as exc:
             connection.disconnect()
-            raise unreachable(exc) from exc
+            raise engine.unreachable(exc) from exc
         return self._write_and_read(connection, call)
 
     def _write_and_read(self, connection: Any, call: PreparedCall, packed: bool = True) -> Any:
@@ -322,7 +307,7 @@ class RateLimiter:
         except REDIS_CLIENT_ERRORS as exc:
             if not isinstance(exc, ResponseError):
                 connection.disconnect()
-            raise failed(exc, sent) from exc
+            raise engine.failed(exc, sent) from exc
 
     def _release_cluster(self, keys: list[str], lease: str) -> None:
         """One ZREM per slot: the identities may live on different nodes."""
@@ -330,7 +315,7 @@ class RateLimiter:
             for key in keys:
                 self.client.zrem(key, lease)
         except REDIS_CLIENT_ERRORS as exc:
-            raise release_failed(lease, exc) from exc
+            raise engine.release_failed(lease, exc) from exc
 
     def _release_pooled(self, keys: list[str], lease: str) -> None:
         """The ZREMs, pipelined on a connection of the client's pool."""
@@ -338,12 +323,12 @@ class RateLimiter:
         try:
             connection = _checkout(pool)
         except REDIS_CLIENT_ERRORS as exc:
-            raise release_failed(lease, exc, sent=False) from exc
+            raise engine.release_failed(lease, exc, sent=False) from exc
         try:
             _zrem_each(connection, keys, lease)
         except REDIS_CLIENT_ERRORS as exc:
             connection.disconnect()
-            raise release_failed(lease, exc) from exc
+            raise engine.release_failed(lease, exc) from exc
         finally:
             pool.release(connection)
 
@@ -356,7 +341,7 @@ class RateLimiter:
             _zrem_each(connection, keys, lease)
         except REDIS_CLIENT_ERRORS as exc:
             connection.disconnect()
-            raise release_failed(lease, exc) from exc
+            raise engine.release_failed(lease, exc) from exc
 
     # -- the per-thread connections of the speed path ---------------------------------------------------
     def _connection(self) -> Any:
