@@ -1,10 +1,8 @@
 """The demo site under a real ASGI server (uvicorn project.asgi:application), over HTTP: the seed
 scenario on a sync view and on an `async def` view, and 8 concurrent clients admitted exactly.
 
-The server has its own SQLite database and the shared Redis under the test's key prefix. The free
-tier's concurrency limit is switched off for these keys' tier, so the bucket alone decides: 8 clients
-at once would otherwise be refused for their 2 slots as well (tests/test_http.py does the same under
-WSGI).
+The server has its own SQLite database (the seeded tiers, as migrate makes them) and the shared Redis
+under the test's key prefix.
 """
 
 from __future__ import annotations
@@ -33,8 +31,7 @@ PATHS = ["/api/users", "/api/async/users"]
 #: Keys made once in the server's database by `manage.py shell`: one per test and path.
 SETUP = """
 import json
-from ratelimit_app.models import ApiKey, Tier, TierLimit
-TierLimit.objects.filter(tier__slug="free", name="concurrency").update(enabled=False)
+from ratelimit_app.models import ApiKey, Tier
 free = Tier.objects.get(slug="free")
 names = [use + path for use in ("seed", "race", "drf") for path in PATHS]
 print(json.dumps({name: ApiKey.objects.create_key(name=name, tier=free)[1] for name in names}))

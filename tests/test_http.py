@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import requests
 
-from ratelimit_app.models import TierLimit
 from tests.support.limits_support import check_free_burst, make_key, parse_ietf, race_of_eight_clients, seed_tiers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,7 +38,7 @@ def test_seed_scenario(live_server: Any, free_key: str) -> None:
 
     # The status endpoint consumes nothing.
     assert remaining_of(base, free_key) == remaining_of(base, free_key) == {
-        "ip": 99, "burst": 10, "minute": 20, "concurrency": 2, "day": 1000}  # the 401 was charged to the IP
+        "ip": 99, "burst": 10, "minute": 20, "day": 1000}  # the 401 was charged to the IP
 
     # 10 rapid requests pass (the bucket holds 10); the 11th is 429.
     responses = [session.get(f"{base}/api/users", timeout=10) for _ in range(11)]
@@ -48,7 +47,7 @@ def test_seed_scenario(live_server: Any, free_key: str) -> None:
     for response in responses:
         assert parse_ietf(response.headers["RateLimit-Policy"]) == {
             "ip": {"q": 100, "w": 60}, "burst": {"q": 10, "w": 30}, "minute": {"q": 20, "w": 60},
-            "concurrency": {"q": 2, "qu": "concurrent-requests"}, "day": {"q": 1000, "w": 86400}}
+            "day": {"q": 1000, "w": 86400}}
     body = responses[-1].json()
 
     # As the bucket refills (one token per 3 s, waiting what the limiter says), requests pass again,
@@ -92,10 +91,6 @@ def test_health_is_never_limited(live_server: Any, free_key: str) -> None:
 
 def test_concurrent_burst_from_eight_clients_admits_exactly_ten(live_server: Any, free_key: str) -> None:
     base = live_server.url
-    # the bucket's exactness alone: without the tier's 2 slots, which would refuse most of 8 at once
-    slots = TierLimit.objects.get(tier__slug="free", name="concurrency")
-    slots.enabled = False
-    slots.save()
     remaining_of(base, free_key)  # look the key up once (costs nothing), so the burst races only on Redis
     statuses, _ = race_of_eight_clients(base, "/api/users", free_key)
     assert len(statuses) == 50

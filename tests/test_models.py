@@ -30,13 +30,14 @@ def test_migration_seeds_free_pro_and_enterprise() -> None:
     assert limits_of("free") == [
         ("burst", "token_bucket", 20, 60, 10, "", True),
         ("minute", "sliding_window", 20, 60, None, "", True),
-        ("concurrency", "concurrency", 2, 60, None, "", True),
         ("day", "fixed_window", 1_000, 86_400, None, "", True),
     ]
     assert [(n, lim, b) for n, _, lim, _, b, _, _ in limits_of("pro")] == [
-        ("burst", 200, 50), ("minute", 200, None), ("concurrency", 10, None), ("day", 50_000, None)]
+        ("burst", 200, 50), ("minute", 200, None), ("day", 50_000, None)]
     assert [(n, lim, b) for n, _, lim, _, b, _, _ in limits_of("enterprise")] == [
-        ("burst", 2_000, 200), ("minute", 2_000, None), ("concurrency", 50, None), ("day", 1_000_000, None)]
+        ("burst", 2_000, 200), ("minute", 2_000, None), ("day", 1_000_000, None)]
+    # no concurrency limit: a slot costs a second round trip per request (docs/protection.md)
+    assert not TierLimit.objects.filter(tier__slug__in=["free", "pro", "enterprise"], algorithm="concurrency").exists()
 
 
 def test_seeded_free_tier_is_the_documented_policy_set() -> None:
@@ -45,7 +46,6 @@ def test_seeded_free_tier_is_the_documented_policy_set() -> None:
     assert policies == [
         Policy("burst", "token_bucket", limit=20, period=60, burst=10),
         Policy("minute", "sliding_window", limit=20, period=60),
-        Policy("concurrency", "concurrency", limit=2, period=60),
         Policy("day", "fixed_window", limit=1000, period=86400),
     ]
 

@@ -41,6 +41,9 @@ from ratelimit_app.models import ApiKey, Tier, TierLimit
 short = Tier.objects.create(slug="shortlease", name="Short lease")
 TierLimit.objects.create(tier=short, name="minute", algorithm="fixed_window", limit=1000, period=60)
 TierLimit.objects.create(tier=short, name="concurrency", algorithm="concurrency", limit=2, period=2)
+# the seeded tiers have no concurrency limit: the free tier's keys here hold 2 slots, as staff would set
+TierLimit.objects.create(tier=Tier.objects.get(slug="free"), name="concurrency", algorithm="concurrency", limit=2,
+                         period=60)
 keys = {}
 for name, slug in [("slow", "free"), ("stream", "free"), ("gone", "free"), ("kill", "shortlease"),
                    ("shed", "enterprise"), ("critical", "enterprise")]:

@@ -1,5 +1,9 @@
 """Seed the three standard tiers: free, pro and enterprise, each a burst, a per-minute and a per-day limit.
 
+No concurrency limit: a request of a tier with one costs a second Redis round trip (its slot is given back
+with a ZREM after the response), so staff add one per tier in the admin where it is worth that
+(docs/protection.md). A request of a seeded tier is one EVALSHA.
+
 `seed_tiers` is idempotent (update_or_create) and re-usable: tests call it to restore the seeded values.
 """
 

@@ -110,7 +110,7 @@ def test_status_of_an_address_includes_the_anonymous_tier(db: Any, settings: Any
     settings.RATELIMIT = {**settings.RATELIMIT, "ANONYMOUS_TIER": "free"}
     out, _ = run("ratelimit_status", "ip:198.51.100.20")
     assert "Tier:      free" in out
-    assert set(rows(out)) == {"ip", "burst", "minute", "concurrency", "day"}
+    assert set(rows(out)) == {"ip", "burst", "minute", "day"}
 
 
 def test_status_of_a_user_uses_the_default_tier(db: Any, django_user_model: Any) -> None:
@@ -144,8 +144,8 @@ def test_reset_with_yes_lets_an_exhausted_key_in_again(free_key: tuple[ApiKey, s
     api_key, key = free_key
     assert [client.get("/api/users", HTTP_X_API_KEY=key).status_code for _ in range(11)][-1] == 429
     out, _ = run("ratelimit_reset", api_key.prefix, "--yes")
-    assert f"key:{api_key.prefix}: tier free: burst, minute, concurrency, day" in out
-    assert "Reset 4 limit(s)" in out
+    assert f"key:{api_key.prefix}: tier free: burst, minute, day" in out
+    assert "Reset 3 limit(s)" in out
     assert client.get("/api/users", HTTP_X_API_KEY=key).status_code == 200
     assert rows(run("ratelimit_status", api_key.prefix)[0])["burst"][4] == "9/10"
 
@@ -159,7 +159,7 @@ def test_reset_asks_first_and_no_changes_nothing(free_key: tuple[ApiKey, str], c
     assert "Type 'yes' to continue" in out and "Cancelled; nothing was changed." in out
     assert rows(run("ratelimit_status", api_key.prefix)[0])["burst"][4] == "5/10"
     out, _ = run("ratelimit_reset", api_key.prefix, stdin="yes", monkeypatch=monkeypatch)
-    assert "Reset 4 limit(s)" in out
+    assert "Reset 3 limit(s)" in out
     assert rows(run("ratelimit_status", api_key.prefix)[0])["burst"][4] == "10/10"
 
 

@@ -114,7 +114,7 @@ def test_deleting_a_limit_or_key_applies_at_once_here() -> None:
     assert get_lookups().key(prefix) is not None
     TierLimit.objects.get(tier__slug="free", name="day").delete()
     info = get_lookups().tier("free")
-    assert info is not None and [p.name for p in info.policies] == ["burst", "minute", "concurrency"]
+    assert info is not None and [p.name for p in info.policies] == ["burst", "minute"]
     ApiKey.objects.get(prefix=prefix).delete()
     assert get_lookups().key(prefix) is None
 

@@ -7,10 +7,13 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
+import redis
 import requests
 from django.apps import apps as django_apps
 
@@ -21,9 +24,41 @@ LimitSpec = tuple[str, str, int, int, "int | None", str]
 
 
 def seed_tiers() -> None:
-    """Restore the tiers the data migrations seed (transactional tests flush the tables)."""
+    """Restore the tiers the data migration seeds (transactional tests flush the tables)."""
     importlib.import_module("ratelimit_app.migrations.0002_seed_tiers").seed_tiers(django_apps)
-    importlib.import_module("ratelimit_app.migrations.0004_concurrency").seed_concurrency(django_apps)
+
+
+def add_slots(tier: Tier | str, slots: int, lease: int = 60, name: str = "concurrency") -> TierLimit:
+    """Give `tier` (an object or a slug) a concurrency limit of `slots` requests in flight, each a lease
+    of `lease` seconds, as staff would in the admin (the seeded tiers have none)."""
+    if isinstance(tier, str):
+        tier = Tier.objects.get(slug=tier)
+    limit = TierLimit(tier=tier, name=name, algorithm="concurrency", limit=slots, period=lease)
+    limit.full_clean()
+    limit.save()
+    return limit
+
+
+@contextmanager
+def redis_commands(redis_url: str, key_prefix: str) -> Iterator[list[str]]:
+    """Every command Redis executes that names `key_prefix` (each key this app writes for the test
+    does: decisions, shared lookups, metrics) while the block runs, as clients sent them (a script's
+    own calls aside), read from MONITOR up to a marker sent after the block (no waiting on time)."""
+    client = redis.Redis.from_url(redis_url)
+    monitor = client.monitor()
+    commands: list[str] = []
+    with monitor:
+        yield commands
+        marker = f"end-of-test-{uuid.uuid4().hex}"
+        client.echo(marker)
+        while True:
+            seen = monitor.next_command()
+            command = seen["command"]
+            if marker in command:
+                break
+            if key_prefix in command and seen["client_type"] != "lua":  # not those a script runs
+                commands.append(command)
+    client.close()
 
 
 def make_tier(slug: str, limits: list[LimitSpec], *, fail_mode: str = "") -> Tier:
@@ -76,7 +111,6 @@ def attempts(retry: Any) -> int:
 
     Counted by running it, so the answer holds on every redis-py version (Retry.get_retries() is 6.0+).
     """
-    import redis
 
     calls = []
 
