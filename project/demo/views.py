@@ -6,7 +6,8 @@
 - `GET /api/rate-limit/status`  the caller's tier and where it stands in each limit; consumes nothing
 - `/drf/items/`                 a DRF viewset limited by `throttle_classes` (outside the middleware's /api/)
 - `GET /public/quote`           a plain view limited by the `@ratelimit` decorator, per IP
-- `GET /api/slow?ms=500`        a slow request (normal priority): holds the caller's concurrency slot
+- `GET /api/slow?ms=500`        a slow request (normal priority): holds the caller's concurrency slot (when
+  its tier has a concurrency limit: the seeded tiers have none, staff add one in the admin)
 - `GET /api/export?ms=500`      a slow report export: low priority, shed first when the fleet is full
 - `GET /api/checkout?ms=500`    a slow critical request: never shed
 - `GET /api/stream?chunks=5&ms=100`  a streaming response: holds its slot until the stream is closed
@@ -189,7 +190,8 @@ def _slow(request: HttpRequest, kind: str) -> JsonResponse:
 
 @require_GET
 def slow(request: HttpRequest) -> JsonResponse:
-    """A slow request of normal priority (cost 1): it holds the caller's concurrency slot while it runs."""
+    """A slow request of normal priority (cost 1): it holds the caller's concurrency slot (if its tier has a
+    concurrency limit) while it runs."""
     return _slow(request, "slow")
 
 
@@ -209,7 +211,8 @@ def checkout(request: HttpRequest) -> JsonResponse:
 
 @require_GET
 def stream(request: HttpRequest) -> StreamingHttpResponse:
-    """`chunks` lines, `ms` milliseconds apart: the caller's slot is held until the stream is closed."""
+    """`chunks` lines, `ms` milliseconds apart: the caller's slot (if its tier has a concurrency limit) is held
+    until the stream is closed."""
     ms = _sleep_ms(request, 100)
     try:
         chunks = min(max(int(request.GET.get("chunks", 5)), 1), 1000)
