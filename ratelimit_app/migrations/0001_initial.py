@@ -39,6 +39,26 @@ def override_fields():
     ]
 
 
+def override_model(name, owner, to, verbose_name, unique):
+    """An override of a tier's limits (models.OverrideLimit) for the `owner` it belongs to (an API key,
+    a user's tier)."""
+    return migrations.CreateModel(
+        name=name,
+        fields=[
+            ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+            *limit_fields(),
+            *override_fields(),
+            (owner, models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='limits', to=to)),
+        ],
+        options={
+            'verbose_name': verbose_name,
+            'ordering': ['scope', 'period', 'id'],
+            'abstract': False,
+            'constraints': [models.UniqueConstraint(fields=(owner, 'scope', 'name'), name=unique)],
+        },
+    )
+
+
 class Migration(migrations.Migration):
 
     initial = True
@@ -109,21 +129,8 @@ class Migration(migrations.Migration):
                 'verbose_name': 'user tier',
             },
         ),
-        migrations.CreateModel(
-            name='ApiKeyLimit',
-            fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                *limit_fields(),
-                *override_fields(),
-                ('api_key', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='limits', to='ratelimit_app.apikey')),
-            ],
-            options={
-                'verbose_name': 'API key limit override',
-                'ordering': ['scope', 'period', 'id'],
-                'abstract': False,
-                'constraints': [models.UniqueConstraint(fields=('api_key', 'scope', 'name'), name='ratelimit_unique_key_limit_name')],
-            },
-        ),
+        override_model('ApiKeyLimit', 'api_key', 'ratelimit_app.apikey', 'API key limit override',
+                       'ratelimit_unique_key_limit_name'),
         migrations.CreateModel(
             name='TierLimit',
             fields=[
@@ -140,19 +147,6 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('tier', 'scope', 'name'), name='ratelimit_unique_limit_name'), models.CheckConstraint(**{CONDITION: models.Q(('name', 'ip'), ('scope', ''), _negated=True)}, name='ratelimit_limit_name_not_ip', violation_error_message="'ip' is reserved for the per-IP limit.")],
             },
         ),
-        migrations.CreateModel(
-            name='UserTierLimit',
-            fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                *limit_fields(),
-                *override_fields(),
-                ('user_tier', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='limits', to='ratelimit_app.usertier')),
-            ],
-            options={
-                'verbose_name': 'user limit override',
-                'ordering': ['scope', 'period', 'id'],
-                'abstract': False,
-                'constraints': [models.UniqueConstraint(fields=('user_tier', 'scope', 'name'), name='ratelimit_unique_user_limit_name')],
-            },
-        ),
+        override_model('UserTierLimit', 'user_tier', 'ratelimit_app.usertier', 'user limit override',
+                       'ratelimit_unique_user_limit_name'),
     ]
