@@ -73,6 +73,16 @@ def test_other_identities_in_the_same_call(limiter: RateLimiter) -> None:
     assert limiter.peek("ip:1", [ip]).remaining == 98  # the refused request charged the IP nothing
 
 
+def test_reset_frees_the_slots_and_keeps_the_identitys_other_policies(
+        limiter: RateLimiter, redis_client: redis.Redis) -> None:
+    for _ in range(2):
+        assert limiter.hit("client", [SLOTS, MINUTE], lease=new_lease_token()).allowed
+    limiter.reset("client", [SLOTS])
+    [slot_key] = limiter.keys("client", [SLOTS])
+    assert redis_client.exists(slot_key) == 0
+    assert limiter.peek("client", [SLOTS]).remaining == 2 and limiter.peek("client", [MINUTE]).remaining == 3
+
+
 def test_a_lease_frees_itself_when_its_time_is_up(limiter: RateLimiter, redis_client: redis.Redis) -> None:
     short = Policy("concurrency", CONCURRENCY, limit=1, period=0.2)
     token = new_lease_token()
