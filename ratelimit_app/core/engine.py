@@ -5,9 +5,9 @@ module never touches a socket: `prepare_call` builds the call (KEYS, ARGV, and t
 command, packed), `parse_reply` turns the script's reply into decisions, and the `*_steps` functions are
 each operation of the limiters (hit, peek, hit_many, reset) as the steps of an exchange with Redis
 (NOSCRIPT recovery, the never-resend rule, one call per slot on a cluster) that a transport carries out:
-`ratelimit_app.core.engine_sync.RateLimiter` with plain calls, `ratelimit_app.core.engine_async.
-AsyncRateLimiter` with awaits. Arguments are validated here, and the errors of Redis failures are
-worded here, so the two transports decide and fail alike.
+`RateLimiter` (engine_sync.py) with plain calls, `AsyncRateLimiter` (engine_async.py) with awaits.
+Arguments are validated here, and the errors of Redis failures are worded here, so the two transports
+decide and fail alike.
 
 Speed matters here: this runs on every request. The packed command of a policy set is built once and
 cached (`_plan`, beside `_Plan`, its plain construction); a call only splices in the identity's digest
