@@ -31,9 +31,8 @@ def seed_tiers() -> None:
 def add_slots(tier: Tier | str, slots: int, lease: int = 60, name: str = "concurrency") -> TierLimit:
     """Give `tier` (an object or a slug) a concurrency limit of `slots` requests in flight, each a lease
     of `lease` seconds, as staff would in the admin (the seeded tiers have none)."""
-    if isinstance(tier, str):
-        tier = Tier.objects.get(slug=tier)
-    limit = TierLimit(tier=tier, name=name, algorithm="concurrency", limit=slots, period=lease)
+    owner = Tier.objects.get(slug=tier) if isinstance(tier, str) else tier
+    limit = TierLimit(tier=owner, name=name, algorithm="concurrency", limit=slots, period=lease)
     limit.full_clean()
     limit.save()
     return limit
