@@ -19,10 +19,10 @@
 --                  code   its algorithm: 1 token_bucket, 2 sliding_window, 3 fixed_window, 4 gcra,
 --                         5 sliding_window_counter, 6 concurrency, 32 calendar_window
 --                         (engine.ALGORITHM_CODES and engine.CALENDAR_CODE, checked by
---                         tests/test_scripts.py); plus 64 for a shadow policy (engine.SHADOW_FLAG): it
---                         is checked like the others and never refuses the call; it is charged when
---                         the call is charged and it allows, and not when it would have refused, so
---                         its count stays what it would be if it were enforced
+--                         tests/core/test_scripts.py); plus 64 for a shadow policy
+--                         (engine.SHADOW_FLAG): it is checked like the others and never refuses the
+--                         call; it is charged when the call is charged and it allows, and not when it
+--                         would have refused, so its count stays what it would be if it were enforced
 --                  limit, period, extra   the policy's numbers (integers), as its algorithm's file
 --                         says: limit is its units (or slots) per period; period the period's length
 --                         in ms (a calendar quota's calendar rule); extra a bucket's size (the burst of
