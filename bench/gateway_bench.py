@@ -10,12 +10,12 @@ side (bench.httpapp, variant "gateway") against a private redis-server:
 - "no auth_request": nginx proxies to the service, nothing else;
 - "bare auth_request (the floor)": nginx asks a Django view that makes one bare EVALSHA (the floor of any
   Redis-backed limiter, bench.httpapp.views.ping_evalsha) before it proxies;
-- "gateway endpoint": the first nginx block of docs/gateway.md (ports changed), keys of a tier with the
-  seeded SEEDED_TIER's rate limits and no concurrency limit: one decision per request (the per-IP limit
-  and three tier limits in one EVALSHA), the rate limit headers copied onto the answer;
-- "gateway endpoint + slot": the same block, keys of the seeded SEEDED_TIER as migrate makes it, whose
-  concurrency limit takes a slot in the same EVALSHA; nginx's post_action gives it back with a second
-  call to Django (/ratelimit/release: one ZREM).
+- "gateway endpoint": the first nginx block of docs/gateway.md (ports changed), keys of the seeded
+  SEEDED_TIER as migrate makes it (its rate limits, no concurrency limit): one decision per request (the
+  per-IP limit and three tier limits in one EVALSHA), the rate limit headers copied onto the answer;
+- "gateway endpoint + slot": the same block, keys of a copy of that tier plus a concurrency limit no run
+  reaches (as staff add one), whose slot is taken in the same EVALSHA; nginx's post_action gives it back
+  with a second call to Django (/ratelimit/release: one ZREM).
 
 The four run in interleaved rounds (their order alternates each round); each row is its median round.
 Also measured: the gunicorn workers' and Redis' CPU per request, and Redis commands per request (INFO
@@ -54,12 +54,14 @@ from django.core.management import call_command
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 call_command("migrate", interactive=False, verbosity=0)
 seeded = Tier.objects.get(slug=%r)
-rates, _ = Tier.objects.update_or_create(slug=seeded.slug + "-rates", defaults={"name": seeded.name + " rates"})
-for row in seeded.limits.exclude(algorithm="concurrency"):
-    TierLimit.objects.update_or_create(tier=rates, scope=row.scope, name=row.name, defaults={
+slot_tier, _ = Tier.objects.update_or_create(slug=seeded.slug + "-slot", defaults={"name": seeded.name + " + slot"})
+for row in seeded.limits.all():
+    TierLimit.objects.update_or_create(tier=slot_tier, scope=row.scope, name=row.name, defaults={
         "algorithm": row.algorithm, "limit": row.limit, "period": row.period, "burst": row.burst, "enabled": True})
+TierLimit.objects.update_or_create(tier=slot_tier, scope="", name="concurrency", defaults={
+    "algorithm": "concurrency", "limit": 1_000_000, "period": 60, "burst": None, "enabled": True})
 keys = {tier.slug: [ApiKey.objects.create_key(name=f"bench {n}", tier=tier)[1] for n in range(%d)]
-        for tier in (seeded, rates)}
+        for tier in (seeded, slot_tier)}
 sys.stdout.write(json.dumps(keys) + "\\n")
 """
 
@@ -188,7 +190,7 @@ def main(argv: list[str]) -> int:
     if missing is not None:
         raise SystemExit(f"gateway_bench: {missing}")
     rows = [Row("no auth_request", None), Row("bare auth_request (the floor)", SEEDED_TIER),
-            Row("gateway endpoint", f"{SEEDED_TIER}-rates"), Row("gateway endpoint + slot", SEEDED_TIER)]
+            Row("gateway endpoint", SEEDED_TIER), Row("gateway endpoint + slot", f"{SEEDED_TIER}-slot")]
     redis_server = start_redis()
     admin = redis.Redis.from_url(redis_server.url)
     work_dir = Path(tempfile.mkdtemp(prefix="ratelimit-gateway-bench-"))

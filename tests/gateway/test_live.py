@@ -33,13 +33,16 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(MISSING is not None and not REQUIRE_GATEWAYS, reason=f"gateways: {MISSING}")]
 
 #: Made once in the Django app's database by `manage.py shell`: a tier with a global limit and one for the
-#: service "orders", and the keys the tests use (each test its own, per gateway).
+#: service "orders", 2 slots for the free tier, and the keys the tests use (each test its own, per gateway).
 SETUP = """
 import json
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 services = Tier.objects.create(slug="services", name="Services")
 TierLimit.objects.create(tier=services, name="minute", algorithm="fixed_window", limit=5, period=60)
 TierLimit.objects.create(tier=services, name="minute", algorithm="fixed_window", limit=2, period=60, scope="orders")
+# the seeded tiers have no concurrency limit: the free tier's keys here hold 2 slots, as staff would set
+TierLimit.objects.create(tier=Tier.objects.get(slug="free"), name="concurrency", algorithm="concurrency", limit=2,
+                         period=60)
 keys = {}
 for gateway in ("nginx", "caddy"):
     for name, tier in [("burst", "free"), ("slots", "free"), ("services", "services")]:

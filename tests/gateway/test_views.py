@@ -22,7 +22,7 @@ from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app.apply import planning, shedding
 from ratelimit_app.gateway import views
 from ratelimit_app.models import ClientRule
-from tests.support.limits_support import check_free_burst, make_key, make_tier, parse_ietf, seed_tiers
+from tests.support.limits_support import add_slots, check_free_burst, make_key, make_tier, parse_ietf, seed_tiers
 from tests.test_asgi import run
 
 #: For the async twins (@pytest.mark.urls(__name__)): they serve /ratelimit/ before the demo's sync views.
@@ -93,13 +93,14 @@ def release(client: Client, answer: Answer) -> int:
 
 def test_a_free_keys_eleventh_request_is_429_like_the_middlewares(client: Client) -> None:
     seed_tiers()
+    add_slots("free", 2)  # the seeded tiers have none: this test's slots, given back after each request
     key = make_key("free")
     answers = []
     for _ in range(11):
         answers.append(forward_auth(client, key))
         if answers[-1].status_code == 200:
             assert answers[-1].content == b""
-            assert release(client, answers[-1]) == 204  # the free tier's 2 slots come back each time
+            assert release(client, answers[-1]) == 204  # the slot comes back each time
     check_free_burst(answers)
     assert answers[0].headers["X-RateLimit-Lease"] and "X-RateLimit-Lease" not in answers[-1].headers
     # the same refusal as the middleware's for the same state: 429, body, Retry-After, RateLimit headers
@@ -112,6 +113,7 @@ def test_a_free_keys_eleventh_request_is_429_like_the_middlewares(client: Client
 
 def test_a_slot_is_held_until_the_release_names_it(client: Client) -> None:
     seed_tiers()
+    add_slots("free", 2)  # as staff would: the seeded tiers have none
     key = make_key("free")
     first, second = forward_auth(client, key), forward_auth(client, key)
     assert (first.status_code, second.status_code) == (200, 200)
@@ -249,6 +251,7 @@ def test_one_redis_command_per_decision(client: Client, settings: Any) -> None:
     try:
         use(settings, REDIS_URL=server.url, METRICS_ENABLED=False)
         seed_tiers()
+        add_slots("free", 2)  # a tier with a slot to give back (the seeded tiers have none)
         key = make_key("free")
         warm = forward_auth(client, key)  # loads the script, caches the key and the tier
         assert release(client, warm) == 204
@@ -265,7 +268,7 @@ def test_one_redis_command_per_decision(client: Client, settings: Any) -> None:
                     break
                 if event["client_type"] != "lua":
                     seen.append(event["command"].split()[0])
-        # one EVALSHA decided the per-IP limit and the four limits of the free tier, its slot taken;
+        # one EVALSHA decided the per-IP limit and the four limits of the tier, its slot taken;
         # the release gave the slot back in one more round trip
         assert seen == ["EVALSHA", "ECHO", "ZREM"]
         assert parse_ietf(admitted.headers["RateLimit"]).keys() == {"ip", "burst", "minute", "concurrency", "day"}
