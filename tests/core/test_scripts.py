@@ -18,7 +18,7 @@ from ratelimit_app.core.scripts import (
 from ratelimit_app.service.fallback_models import MODELS
 
 # Update deliberately when a script changes (and say why in the commit).
-PINNED_DECIDE_SHA = "00292e516561f146cafa28a3336c51c36007bfa1"
+PINNED_DECIDE_SHA = "726cd5c50714948fe3f77cfe1b421a18cabf1a60"
 
 
 def test_decide_script_hash_is_pinned(redis_client: redis.Redis) -> None:

@@ -65,15 +65,5 @@ local function calendar_window(stored, key, now_us, cost, limit, period, extra)
   if next_s >= change_s then next_s = next_day * 86400 - offset_next end
   local reset_us = next_s * 1000000 - now_us
   if reset_us < 1000 then reset_us = 1000 end
-  local used = 0
-  if stored and stored % 65536 == window % 65536 then used = floor(stored / 65536) end
-  local remaining = limit - used
-  if remaining < 0 then remaining = 0 end
-  if cost > limit then
-    return false, remaining, reset_us, -1
-  end
-  if used + cost > limit then
-    return false, remaining, reset_us, reset_us
-  end
-  return true, remaining, reset_us, 0, (used + cost) * 65536 + window % 65536, reset_us
+  return count_in_window(stored, window, 65536, reset_us, cost, limit)
 end

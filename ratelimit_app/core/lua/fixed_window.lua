@@ -10,15 +10,5 @@ local function fixed_window(stored, key, now_us, cost, limit, period, extra)
   local window_us = period * 1000
   local window = floor(now_us / window_us)
   local reset_us = (window + 1) * window_us - now_us
-  local used = 0
-  if stored and stored % 4 == window % 4 then used = floor(stored / 4) end
-  local remaining = limit - used
-  if remaining < 0 then remaining = 0 end
-  if cost > limit then
-    return false, remaining, reset_us, -1
-  end
-  if used + cost > limit then
-    return false, remaining, reset_us, reset_us
-  end
-  return true, remaining, reset_us, 0, (used + cost) * 4 + window % 4, reset_us
+  return count_in_window(stored, window, 4, reset_us, cost, limit)
 end
