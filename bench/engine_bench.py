@@ -268,7 +268,7 @@ def _sync_transport(state: WorkerState, variant: str) -> Callable[[str], Any]:
             found = lambda identity: client.evalsha(sha, 1, "bl:" + identity)  # noqa: E731
         else:
             limiter = RateLimiter(client, prefix="tr", connections="pool" if variant == "sync.tier.pool"
-                                  else "per_thread")
+                                  else "own")
             policies = tier_policies(ENGINE_RATE)
             found = lambda identity: limiter.hit(identity, policies)  # noqa: E731
         _sync_transports[variant] = found

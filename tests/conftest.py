@@ -77,7 +77,7 @@ def _isolated_ratelimit_settings(settings: Any, key_prefix: str) -> None:
     }
 
 
-@pytest.fixture(params=["per_thread", "pool"])
+@pytest.fixture(params=["own", "pool"])
 def connections(request: pytest.FixtureRequest) -> str:
     """How the sync engine reaches a standalone Redis: every engine test runs on both paths (the speed
     path's own per-thread connections, and the reference path through the client's pool)."""

@@ -212,7 +212,7 @@ def test_concurrency_slots_are_held_by_async_views_and_given_back() -> None:
     assert statuses == [429, 429, 429, 200, 200, 200]
 
 
-@pytest.mark.parametrize("connections", ["per_thread", "pool"])
+@pytest.mark.parametrize("connections", ["own", "pool"])
 def test_request_threads_of_their_own_reuse_one_connection(
         settings: Any, redis_url: str, connections: str) -> None:
     """Under ASGI each request's sync work (adrf's throttles, any sync DRF view) runs in a new thread:

@@ -84,7 +84,7 @@ def start_green_server(server: str, port: int, env: dict[str, str]) -> Any:
                           "--backlog", "1024", "--timeout", "120")
 
 
-@pytest.fixture(params=[("gevent", "auto"), ("gevent", "per_thread"), ("eventlet", "auto"), ("eventlet", "per_thread")],
+@pytest.fixture(params=[("gevent", "auto"), ("gevent", "own"), ("eventlet", "auto"), ("eventlet", "own")],
                 ids=lambda param: "-".join(param))
 def site(request: Any, tmp_path: Path, redis_url: str) -> Iterator[GeventSite]:
     green, connections = request.param

@@ -287,10 +287,17 @@ def check_client(client: C, kinds: tuple[type, ...], names: str) -> C:
     return client
 
 
-def check_connections(connections: str, modes: tuple[str, ...]) -> str:
-    """`connections` when it is one of `modes`; ValueError otherwise."""
-    if connections not in modes:
-        raise ValueError(f"connections: {connections!r} is not one of {', '.join(modes)}")
+#: How a transport reaches a standalone Redis (or a Sentinel master), in both transports: "own" (the
+#: speed path: connections of the limiter's own, one packed write and one read per decision), "pool"
+#: (the reference path: a connection of the client's pool and redis-py's send_command), or "auto" (the
+#: transport's choice: see engine_sync.resolve_connections; the async transport takes "own").
+CONNECTION_MODES = ("auto", "own", "pool")
+
+
+def check_connections(connections: str) -> str:
+    """`connections` when it is one of CONNECTION_MODES; ValueError otherwise."""
+    if connections not in CONNECTION_MODES:
+        raise ValueError(f"connections: {connections!r} is not one of {', '.join(CONNECTION_MODES)}")
     return connections
 
 

@@ -31,7 +31,6 @@ AsyncRedisClient = Union[redis.asyncio.Redis, AsyncRedisCluster]  # noqa: UP007 
 T = TypeVar("T")
 
 #: The values of AsyncRateLimiter's `connections`.
-ASYNC_CONNECTION_MODES = ("own", "pool")
 
 
 async def close_client(client: Any) -> None:
@@ -69,8 +68,8 @@ class AsyncRateLimiter:
     named cluster node). A call cancelled while it waits for Redis (a timeout around it) closes the
     connection it used, so no later call reads its reply.
 
-    `connections` chooses how a standalone Redis (or Sentinel master) is reached. "own" (the default,
-    the speed path): the limiter keeps connections of its own, made with the client's connection
+    `connections` chooses how a standalone Redis (or Sentinel master) is reached. "own" (what "auto",
+    the default, takes; the speed path): the limiter keeps connections of its own, made with the client's connection
     class and options but not taken from its pool, one per decision in flight and at most the pool's
     `max_connections`; a decision is one write of the packed command and one read, with no pool
     checkout. A connection the server closed (a restart, an idle timeout) is replaced before use.
@@ -80,21 +79,21 @@ class AsyncRateLimiter:
     closes the limiter's own connections (not the client).
     """
 
-    def __init__(self, client: AsyncRedisClient, prefix: str = "rl", *, connections: str = "own") -> None:
+    def __init__(self, client: AsyncRedisClient, prefix: str = "rl", *, connections: str = "auto") -> None:
         self.client = engine.check_client(client, (redis.asyncio.Redis, AsyncRedisCluster),
                                    "redis.asyncio.Redis or redis.asyncio.cluster.RedisCluster")
         self.prefix = check_prefix(prefix)
         #: "own" or "pool": how this limiter reaches a standalone Redis
-        self.connections = engine.check_connections(connections, ASYNC_CONNECTION_MODES)
+        self.connections = "own" if engine.check_connections(connections) == "auto" else connections
         self._cluster = isinstance(client, AsyncRedisCluster)
         self._send, self._release = (
             (self._send_cluster, self._release_cluster) if self._cluster
-            else (self._send_pooled, self._release_pooled) if connections == "pool"
+            else (self._send_pooled, self._release_pooled) if self.connections == "pool"
             else (self._send_own, self._release_pooled))
         self._idle: list[Any] = []  # own connections not in use, most recently used last
         self._read_timeout: float | None = None
         self._slots: asyncio.Semaphore | None = None
-        if not self._cluster and connections == "own":
+        if not self._cluster and self.connections == "own":
             pool = cast(redis.asyncio.Redis, client).connection_pool
             self._read_timeout = pool.connection_kwargs.get("socket_timeout")
             limit = getattr(pool, "max_connections", None)

@@ -6,7 +6,7 @@ validation, the NOSCRIPT recovery, the replies and the errors' wording live ther
 
 It has two ways to reach a standalone Redis (or a Sentinel master), chosen by `connections`:
 
-- "per_thread", the speed path: each thread keeps one connection of its own and writes the call's
+- "own", the speed path: each thread keeps one connection of its own and writes the call's
   packed command on it, so a decision costs one write and one read, with no pool checkout; when a
   thread ends its connection is kept for the next new thread (at most MAX_SHELVED idle), so a server
   that runs each request in a new thread reuses connections instead of opening one per request;
@@ -16,7 +16,7 @@ It has two ways to reach a standalone Redis (or a Sentinel master), chosen by `c
   connections would grow with greenlets, while the pool keeps them within its `max_connections`.
 
 "auto" (the default) is "pool" when gevent or eventlet has patched the threading module and
-"per_thread" otherwise. On Redis Cluster both send through the cluster client's node pools.
+"own" otherwise. On Redis Cluster both send through the cluster client's node pools.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from .policies import Policy
 from .scripts import decide_source
 
 #: The values of RateLimiter's `connections` (and of RATELIMIT['CONNECTIONS']).
-CONNECTION_MODES = ("auto", "per_thread", "pool")
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, kept readable)
 #: A thread's connection unused for longer than this (seconds) is checked for a server-side close
@@ -62,9 +61,9 @@ def green_threads() -> bool:
 
 
 def resolve_connections(connections: str) -> str:
-    """"per_thread" or "pool" for a `connections` value (see the module docstring); ValueError otherwise."""
-    if engine.check_connections(connections, CONNECTION_MODES) == "auto":
-        return "pool" if green_threads() else "per_thread"
+    """"own" or "pool" for a `connections` value (see the module docstring); ValueError otherwise."""
+    if engine.check_connections(connections) == "auto":
+        return "pool" if green_threads() else "own"
     return connections
 
 
@@ -156,8 +155,8 @@ class RateLimiter:
     because Redis may already have charged it (the client's own retries are bypassed: the EVALSHA
     is written on one connection, or sent to one cluster node, exactly once).
 
-    `connections` chooses how a standalone Redis (or Sentinel master) is reached: "per_thread",
-    "pool" or "auto" (see the module docstring). With "per_thread" each thread that decides keeps
+    `connections` chooses how a standalone Redis (or Sentinel master) is reached: "own",
+    "pool" or "auto" (see the module docstring). With "own" each thread that decides keeps
     one connection of its own, made from the client's connection settings (its pool's connection
     class and options) and not counted by its pool. A connection idle for more than
     IDLE_CHECK_AFTER seconds is checked for a server-side close before use, as a pool checkout does;
@@ -168,7 +167,7 @@ class RateLimiter:
         self.client = engine.check_client(client, (redis.Redis, RedisCluster),
                                           "redis.Redis or redis.cluster.RedisCluster")
         self.prefix = check_prefix(prefix)
-        #: "per_thread" or "pool": how this limiter reaches a standalone Redis
+        #: "own" or "pool": how this limiter reaches a standalone Redis
         self.connections = resolve_connections(connections)
         self._cluster = isinstance(client, RedisCluster)
         self._send, self._release = (

@@ -22,6 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from ..core.engine import CONNECTION_MODES
 from ..core.keys import PREFIX_PATTERN
 from ..core.policies import ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy, parse_rate
 
@@ -34,7 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "SOCKET_TIMEOUT": 0.05,  # seconds to wait for a Redis reply
     "CLUSTER": False,  # treat REDIS_URL as a Redis Cluster node even without the redis+cluster scheme
     "SENTINEL_SERVICE": "mymaster",  # master name for redis+sentinel:// URLs
-    "CONNECTIONS": "auto",  # "per_thread", "pool", or "auto": pool under gevent/eventlet, else per_thread
+    "CONNECTIONS": "auto",  # "own", "pool", or "auto": pool under gevent/eventlet, else own
     # What is limited
     "ENABLED": True,
     "PATH_PREFIXES": ["/api/"],  # the middleware limits these paths ...
@@ -151,7 +152,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "CLUSTER": _BOOLEAN,
     "SENTINEL_SERVICE": (lambda value: isinstance(value, str) and bool(value.strip()),
                          "the name of a Sentinel master, such as 'mymaster'"),
-    "CONNECTIONS": (lambda value: value in ("auto", "per_thread", "pool"), "one of 'auto', 'per_thread', 'pool'"),
+    "CONNECTIONS": (lambda value: value in CONNECTION_MODES, f"one of {', '.join(map(repr, CONNECTION_MODES))}"),
     "ENABLED": _BOOLEAN,
     "PATH_PREFIXES": (_path_prefixes, "a list of path prefixes, each starting with '/', such as ['/api/']"),
     "EXEMPT_PATHS": (_path_prefixes, "a list of path prefixes, each starting with '/', such as ['/health']"),

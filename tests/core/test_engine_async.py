@@ -225,7 +225,7 @@ def test_bad_arguments_raise_the_same_errors_as_the_sync_engine(redis_url: str, 
         with pytest.raises(ValueError, match="prefix"):
             AsyncRateLimiter(client, prefix="a{b}")
         with pytest.raises(ValueError, match="connections"):
-            AsyncRateLimiter(client, connections="per_thread")
+            AsyncRateLimiter(client, connections="threads")
 
     run_with(redis_url, scenario)
     with pytest.raises(TypeError, match="redis.asyncio"):

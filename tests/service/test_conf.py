@@ -94,7 +94,7 @@ def test_unreachable_cluster_is_a_warning_not_a_crash(settings: Any) -> None:
     assert [m.id for m in check_settings()] == ["ratelimit.W001"]
 
 
-@pytest.mark.parametrize("connections", ["per_thread", "pool"])
+@pytest.mark.parametrize("connections", ["own", "pool"])
 def test_the_connections_setting_chooses_the_engines_path(settings: Any, connections: str) -> None:
     from ratelimit_app import Policy
     from ratelimit_app.service.limiter import get_limiter

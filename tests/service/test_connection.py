@@ -129,7 +129,7 @@ def test_the_pool_path_stays_within_the_clients_pool(server: RedisProcess) -> No
     pool.disconnect()
 
 
-def test_auto_takes_the_per_thread_path_unless_threads_are_green(server: RedisProcess) -> None:
+def test_auto_takes_the_own_path_unless_threads_are_green(server: RedisProcess) -> None:
     # this test process has no gevent or eventlet monkey-patching
     assert not green_threads()
-    assert RateLimiter(redis.Redis(port=server.port), prefix="t").connections == "per_thread"
+    assert RateLimiter(redis.Redis(port=server.port), prefix="t").connections == "own"
