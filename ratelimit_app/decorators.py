@@ -46,6 +46,14 @@ window, where C is the number of requests for the same key in flight at once (th
 concurrent clients against a limit of 5 and checks both). Such a limit is decided alone, never joined
 with the middleware's call.
 
+On a Django Ninja operation (`@api.get(...)` above `@ratelimit(...)`, sync or `async def`), the
+operation returns data (a dict, a model, `Status(201, ...)`) that Ninja turns into the response: an
+allowed request gets that result unchanged, a refused one our 429/503 response, which Ninja passes on;
+`count_if` is given what the operation returned. The headers of a limit decided alone are added to
+results that are responses; RateLimitMiddleware adds the headers of the limits it decides (see
+ratelimit_app.ninja), and a `@limit_concurrency` slot is given back with the response it finishes
+(without the middleware: when the operation returns).
+
 `@limit_concurrency(5, key="user")` caps the requests of one client in flight in the view at once
 (each holds a slot until its response is closed; `lease` seconds at most if the worker dies): refused
 with 429 and `Retry-After: 1`. Same keys, `name`, `group` and `block` as `@ratelimit`.

@@ -35,6 +35,7 @@ from rest_framework import throttling as drf_throttling
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
+from .apply.concurrency import middleware_installed
 from .apply.drf import ClientRefused as ClientRefused
 from .apply.drf import InvalidApiKey as InvalidApiKey
 from .apply.drf import JointThrottle, RateLimitHeadersMixin, django_request_of
@@ -86,19 +87,12 @@ def _rate_errors(rates: dict[str, Any]) -> list[checks.CheckMessage]:
     return messages
 
 
-# the middleware's import path, as MIDDLEWARE names it
-MIDDLEWARE_PATHS = frozenset({"ratelimit_app.middleware.RateLimitMiddleware"})
-
-
 def _view_messages(view_class: type, throttles: list[type], rates: dict[str, Any]) -> list[checks.CheckMessage]:
     """ratelimit.W012 (slots nobody gives back) and E011 (a scope without a rate) for one view class."""
-    from django.conf import settings as django_settings
-
     messages: list[checks.CheckMessage] = []
     name = f"{view_class.__module__}.{view_class.__qualname__}"
-    middleware_installed = bool(MIDDLEWARE_PATHS.intersection(django_settings.MIDDLEWARE or ()))
     takes_slots = [t for t in throttles if issubclass(t, (ConcurrencyThrottle, TierRateThrottle))]
-    if takes_slots and not middleware_installed and not issubclass(view_class, RateLimitHeadersMixin):
+    if takes_slots and not middleware_installed() and not issubclass(view_class, RateLimitHeadersMixin):
         messages.append(checks.Warning(
             f"{name} uses {takes_slots[0].__name__}, which may take concurrency slots, but neither "
             "RateLimitMiddleware nor RateLimitHeadersMixin gives them back: each slot would be held until its "

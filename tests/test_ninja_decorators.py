@@ -85,3 +85,10 @@ def test_an_operation_answering_a_status_with_data(client: Any) -> None:
 @pytest.mark.parametrize("url", ["/ninja/slot", "/ninja/async-slot"])
 def test_a_concurrency_slot_is_given_back_after_an_operation_returning_data(client: Any, url: str) -> None:
     assert [client.get(url).status_code for _ in range(3)] == [200, 200, 200]
+
+
+@pytest.mark.parametrize("url", ["/ninja/slot", "/ninja/async-slot"])
+def test_without_the_middleware_the_slot_is_given_back_when_the_operation_returns(
+        client: Any, settings: Any, url: str) -> None:
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
+    assert [client.get(url).status_code for _ in range(3)] == [200, 200, 200]

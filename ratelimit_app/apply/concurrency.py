@@ -30,12 +30,16 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, cast
 
+from django.conf import settings as django_settings
 from django.http import HttpRequest, HttpResponseBase
 
 from ..core.policies import CONCURRENCY, Policy
 
 #: Request attribute: the HeldSlots taken for this request and not yet tied to a response.
 PENDING_ATTRIBUTE = "_ratelimit_slots"
+#: RateLimitMiddleware's path in MIDDLEWARE: when installed, it ties the slots a request holds to the
+#: response it finishes.
+MIDDLEWARE_PATH = "ratelimit_app.middleware.RateLimitMiddleware"
 
 
 class HeldSlots:
@@ -155,6 +159,34 @@ class _Releaser:
 
 
 _releaser = _Releaser()
+
+
+def middleware_installed() -> bool:
+    """True when RateLimitMiddleware is in MIDDLEWARE."""
+    return MIDDLEWARE_PATH in (getattr(django_settings, "MIDDLEWARE", None) or ())
+
+
+def release_after(request: HttpRequest, result: Any, slots: HeldSlots | None) -> None:
+    """Give `slots` back once the view's `result` is done with: with the response when `result` is one
+    (`release_with`); when it is data that a framework turns into the response later (a Django Ninja
+    operation returns a dict or a model), with the response RateLimitMiddleware finishes, or at once
+    when the middleware is not installed (the view's own work is over)."""
+    if slots is None or isinstance(result, HttpResponseBase):
+        if slots is not None:
+            release_with(result, slots)
+        return
+    if middleware_installed():
+        hold(request, slots)
+    else:
+        slots.release()
+
+
+async def arelease_after(request: HttpRequest, result: Any, slots: HeldSlots | None) -> None:
+    """`release_after` on the event loop."""
+    if slots is not None and not isinstance(result, HttpResponseBase) and not middleware_installed():
+        await slots.arelease()
+    else:
+        release_after(request, result, slots)
 
 
 def release_pending_with(request: HttpRequest, response: HttpResponseBase) -> None:

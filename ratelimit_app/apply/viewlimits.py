@@ -18,7 +18,7 @@ from ..core.policies import Policy
 from ..service import events
 from ..service.limiter import get_limiter
 from ..service.limiter_async import get_async_limiter
-from .concurrency import release_with
+from .concurrency import arelease_after, release_after
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
 from .limitcheck import LimitCheck
@@ -165,8 +165,7 @@ class DecoratorLimit:
         decision = await get_async_limiter().hit(check.identity, self.policies, self.cost)
         return LimitOutcome(ALLOWED, decision, self.policies, None, label)
 
-    def answer_counted(self, request: HttpRequest, view: Callable[..., HttpResponseBase], args: Any,
-                       kwargs: Any) -> HttpResponseBase:
+    def answer_counted(self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """`count_if`: check before the view, run it, charge after it when the response matches."""
         counted = self._counted_check(request)
         if counted is None:
@@ -183,7 +182,7 @@ class DecoratorLimit:
         return self._with_headers(response, after.decision or decision)
 
     async def aanswer_counted(self, request: HttpRequest, view: Callable[..., Any], args: Any,
-                              kwargs: Any) -> HttpResponseBase:
+                              kwargs: Any) -> Any:
         """`answer_counted` for an `async def` view."""
         await request_user(request)
         counted = self._counted_check(request)
@@ -200,7 +199,7 @@ class DecoratorLimit:
         after = await asafely(lambda: self.acharge_after(check, label, matched), where=self.where)
         return self._with_headers(response, after.decision or decision)
 
-    def _matches(self, response: HttpResponseBase) -> bool:
+    def _matches(self, response: Any) -> bool:
         return self.count_if is not None and bool(self.count_if(response))
 
     def _joint_decision(self, request: HttpRequest) -> tuple[bool, Decision | None]:
@@ -216,9 +215,9 @@ class DecoratorLimit:
         request.limited = decision is not None and not decision.allowed  # type: ignore[attr-defined]
         return decision is None or decision.allowed or not self.block
 
-    def answer(self, request: HttpRequest, view: Callable[..., HttpResponseBase], args: Any,
-               kwargs: Any) -> HttpResponseBase:
-        """Run the view, or refuse, once this view's limit is decided for `request`."""
+    def answer(self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """Run the view, or refuse, once this view's limit is decided for `request`: the view's result
+        (a response, or the data a Django Ninja operation returns), or the refusal (a response)."""
         if self.count_if is not None:
             return self.answer_counted(request, view, args, kwargs)
         joined, decision = self._joint_decision(request)
@@ -234,11 +233,10 @@ class DecoratorLimit:
             if slots is not None:
                 slots.release()  # no response will be closed
             raise
-        release_with(response, slots)
+        release_after(request, response, slots)
         return self._with_headers(response, decision)
 
-    async def aanswer(self, request: HttpRequest, view: Callable[..., Any], args: Any,
-                      kwargs: Any) -> HttpResponseBase:
+    async def aanswer(self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """`answer` for an `async def` view: decided and awaited on the event loop."""
         if self.count_if is not None:
             return await self.aanswer_counted(request, view, args, kwargs)
@@ -255,7 +253,7 @@ class DecoratorLimit:
             if slots is not None:
                 await slots.arelease()  # no response will be closed
             raise
-        release_with(response, slots)
+        await arelease_after(request, response, slots)
         return self._with_headers(response, decision)
 
     def _refused(self, decision: Decision | None) -> HttpResponseBase:
@@ -268,8 +266,10 @@ class DecoratorLimit:
             response = too_many_requests(decision, None, self.cost)
         return self._with_headers(response, decision)
 
-    def _with_headers(self, response: HttpResponseBase, decision: Decision | None) -> HttpResponseBase:
-        if decision is not None and decision.results:
+    def _with_headers(self, response: Any, decision: Decision | None) -> Any:
+        """`response` with this limit's headers; what a view returns that is not a response (the data of
+        a Django Ninja operation, which Ninja turns into one) is returned as it is."""
+        if decision is not None and decision.results and isinstance(response, HttpResponseBase):
             apply_headers(response, decision, self.policies, None, limit_config().headers)
         return response
 
@@ -294,7 +294,7 @@ def wrap_view(view: ViewT, limit: DecoratorLimit) -> ViewT:
         wrapper: Callable[..., Any] = markcoroutinefunction(async_wrapper)
     else:
         @functools.wraps(view)
-        def sync_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        def sync_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
             return limit.answer(request, view, args, kwargs)
 
         wrapper = sync_wrapper
