@@ -5,9 +5,7 @@ exceptions they raise (401, 403, 503) and `RateLimitHeadersMixin`."""
 
 from __future__ import annotations
 
-import hashlib
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from django.http import HttpRequest
@@ -16,13 +14,12 @@ from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 
 from ..core.decision import Decision
-from .concurrency import hold, release_pending_with
+from .concurrency import release_pending_with
 from .headers import retry_after_seconds
 from .identity import authenticated_user
-from .limitcheck import REQUEST_LIMITS, LimitCheck
-from .limiting import decide, limit_config, safely
-from .outcome import ALLOWED, DENIED, FORBIDDEN, SHED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
-from .planning import RequestPlan, plan_request
+from .joint import Joint, JointCall, decide_jointly
+from .limitcheck import LimitCheck
+from .outcome import FORBIDDEN, SHED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
 from .responses import REQUEST_ATTRIBUTE, add_headers
 from .routes import DEFERRED_ATTRIBUTE, route_for_view
 from .shedding import shed_config
@@ -109,22 +106,9 @@ class JointThrottle(drf_throttling.BaseThrottle):
         request's own limits."""
         joint = _joint_decision(request, view, self)
         self.outcome = joint.outcome
-        self.decision = joint.outcome.decision_for(self.owner)
-        refused = self.owner in joint.denied_outright or (self.decision is not None and not self.decision.allowed)
         if joint.carrier == self.owner:
-            outcome = joint.outcome
-            if outcome.status == FORBIDDEN:
-                raise ClientRefused(outcome.message)
-            if outcome.status == UNAUTHORIZED:
-                raise InvalidApiKey(outcome.message)
-            if outcome.status == SHED:
-                raise Overloaded(outcome.message)
-            if outcome.status == UNAVAILABLE:
-                retry_after = outcome.decision.retry_after if outcome.decision is not None else None
-                raise LimiterUnavailable(retry_after_seconds(retry_after))
-            base = outcome.decision_for(REQUEST_LIMITS)
-            if base is not None and not base.allowed:
-                self.decision, refused = base, True
+            _raise_for(joint.outcome)
+        refused, self.decision = joint.verdict(self.owner)
         if self.decision is None and not refused:
             return True  # this throttle did not limit this request (like DRF for a None cache key: no hook)
         return self.throttle_failure() if refused else self.throttle_success()
@@ -145,81 +129,41 @@ class JointThrottle(drf_throttling.BaseThrottle):
         return max(decision.retry_after, 1.0)
 
 
-@dataclass(frozen=True)
-class _Joint:
-    view: Any
-    outcome: LimitOutcome
-    carrier: str  # owner of the throttle that answers for the request's own limits and for a 401/503
-    denied_outright: frozenset[str]  # owners whose rate is 0
+def _raise_for(outcome: LimitOutcome) -> None:
+    """The DRF exception answering an outcome refused other than over a rate (401, 403, 503)."""
+    if outcome.status == FORBIDDEN:
+        raise ClientRefused(outcome.message)
+    if outcome.status == UNAUTHORIZED:
+        raise InvalidApiKey(outcome.message)
+    if outcome.status == SHED:
+        raise Overloaded(outcome.message)
+    if outcome.status == UNAVAILABLE:
+        retry_after = outcome.decision.retry_after if outcome.decision is not None else None
+        raise LimiterUnavailable(retry_after_seconds(retry_after))
 
 
-def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> _Joint:
+def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> Joint:
     """The decision over every throttle of ours on `view` and the request's own limits, made on the
     first call of a dispatch and reused by the others."""
-    joint: _Joint | None = request.__dict__.get(_JOINT_ATTRIBUTE)
-    if joint is not None and joint.view is view:
+    joint: Joint | None = request.__dict__.get(_JOINT_ATTRIBUTE)
+    if joint is not None and joint.handler is view:
         return joint
     throttles = _our_throttles(view, caller)
     django_request = django_request_of(request)
     deferred = django_request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
-    # The request's own limits are decided here when a TierRateThrottle asks for them, or when the
-    # middleware left them to us; the carrier answers for them.
-    carrier = next((t for t in throttles if t.carries_request_limits), throttles[0])
     route = route_for_view(type(view))
     if deferred is not None:
         cost, scope = deferred
     else:
         cost, scope = route.cost_for(request.method), getattr(view, "throttle_scope", None) or route.scope
-    denied: set[str] = set()
-    with_request_limits = carrier.carries_request_limits or deferred is not None
-    limited = _Limited(request, view, throttles, carrier, cost, scope if isinstance(scope, str) else "")
-    outcome = safely(lambda: limited.decide(denied, with_request_limits=with_request_limits),
-                     where=f"throttles of {type(view).__qualname__}")
-    hold(django_request, outcome.slots)  # given back with the response (the middleware or the mixin)
-    if outcome.decision is not None and outcome.policies:
-        setattr(django_request, REQUEST_ATTRIBUTE, outcome)
-    joint = _Joint(view, outcome, carrier.owner, frozenset(denied))
+    # The request's own limits are decided here when a TierRateThrottle asks for them, or when the
+    # middleware left them to us; the carrier answers for them.
+    with_request_limits = any(t.carries_request_limits for t in throttles) or deferred is not None
+    call = JointCall(django_request, view, throttles, lambda throttle: throttle.limit_checks(request, view),
+                     cost, scope if isinstance(scope, str) else "", authenticated_user(request), with_request_limits)
+    joint = decide_jointly(call, where=f"throttles of {type(view).__qualname__}")
     request.__dict__[_JOINT_ATTRIBUTE] = joint
     return joint
-
-
-@dataclass(frozen=True)
-class _Limited:
-    """What one dispatch's throttles decide: the DRF request and view, our throttles on it, the one
-    that carries the request's own limits, and the route's cost and scope."""
-
-    request: Request
-    view: Any
-    throttles: list[JointThrottle]
-    carrier: JointThrottle
-    cost: int
-    scope: str
-
-    def decide(self, denied: set[str], *, with_request_limits: bool) -> LimitOutcome:
-        """Every throttle's checks (and the request's own limits when `with_request_limits`) in one
-        call; the owners of throttles whose rate is 0 are added to `denied` (refused, nothing asked)."""
-        extra: list[LimitCheck] = []
-        leader = self.carrier
-        for throttle in self.throttles:
-            checks = throttle.limit_checks(self.request, self.view)
-            if checks is None:
-                denied.add(throttle.owner)
-            elif checks and not extra:
-                leader = throttle
-            extra.extend(checks or ())
-        if denied:  # a rate of 0: refused without asking Redis, nothing charged
-            return LimitOutcome(DENIED, None, (), None, "")
-        if with_request_limits:
-            planned = plan_request(django_request_of(self.request), cost=self.cost, scope=self.scope,
-                                   user=authenticated_user(self.request))
-            if isinstance(planned, LimitOutcome):
-                return planned
-            return decide(planned if planned.refusal else planned.plus(extra), self.cost)
-        if not extra:
-            return LimitOutcome(ALLOWED, None, (), None, "")
-        plan = RequestPlan(tuple(extra), None, _display_identity(extra[0]), limit_config().fail_mode,
-                           label=leader.metrics_label())
-        return decide(plan, self.cost)
 
 
 def _our_throttles(view: Any, caller: JointThrottle) -> list[JointThrottle]:
@@ -228,12 +172,6 @@ def _our_throttles(view: Any, caller: JointThrottle) -> list[JointThrottle]:
     found = [t for t in get_throttles() if isinstance(t, JointThrottle)] if callable(get_throttles) else []
     throttles = [caller if type(t) is type(caller) else t for t in found]
     return throttles if caller in throttles else [caller]
-
-
-def _display_identity(check: LimitCheck) -> str:
-    """A metrics label for a throttle's identity: DRF cache keys hold a user pk or an address, but an
-    overridden get_cache_key may hold anything, so those are shown as a digest."""
-    return "hash:" + hashlib.blake2b(check.identity.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
 
 
 class RateLimitHeadersMixin:
