@@ -1,3 +1,5 @@
+import importlib.util
+
 from django.apps import AppConfig, apps
 
 
@@ -16,6 +18,9 @@ class RateLimitConfig(AppConfig):
 
         events.install(recorder)  # the limiter's reports reach the metrics recorder
         connect_signals()  # saving or deleting tiers, limits, keys or user tiers invalidates the caches
+        if importlib.util.find_spec("ninja") is not None:
+            # the middleware reads the declarations of the Django Ninja operation a request reaches
+            from . import ninja  # noqa: F401
         if apps.is_installed("django.contrib.admin"):
             from django.contrib import admin
 

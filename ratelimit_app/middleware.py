@@ -50,7 +50,14 @@ from .apply.limiting import (
     safely,
 )
 from .apply.responses import REQUEST_ATTRIBUTE, add_headers, overloaded, refusal
-from .apply.routes import DEFERRED_ATTRIBUTE, ViewLimit, defers_to_throttles, route_for_view, view_limit_of
+from .apply.routes import (
+    DEFERRED_ATTRIBUTE,
+    ViewLimit,
+    joined_checks,
+    resolve_view,
+    route_for_view,
+    view_limit_of,
+)
 from .service import events
 from .service.conf import DEFAULTS
 
@@ -138,29 +145,24 @@ class _ViewLimits(NamedTuple):
 
     def checks_for(self, request: HttpRequest) -> list[LimitCheck]:
         """The view's own check for `request`, when it joins the request's limits at this cost."""
-        view_limit = self.view_limit
-        if view_limit is None or not view_limit.joins_request_limits:
-            return []
-        if view_limit.cost != self.cost and not getattr(view_limit, "joins_at_any_cost", False):
-            return []
-        check = view_limit.check_for(request)
-        return [check] if check is not None else []
+        return joined_checks(self.view_limit, request, self.cost)
 
 
 def _view_limits(request: HttpRequest, view_func: Callable[..., Any]) -> _ViewLimits | HttpResponseBase | None:
     """What to charge before the view runs; or the process shedder's 503; or None when the middleware
     decides nothing here (a path it does not limit, or a view whose DRF throttles decide)."""
-    shed = _process_shed(request, view_func)
+    resolved = resolve_view(view_func, request)
+    shed = _process_shed(request, resolved.declared)
     if shed is not None:
         return shed
     if not _applies(request):
         return None
-    route = route_for_view(view_func)
+    route = route_for_view(resolved.declared)
     cost = route.cost_for(request.method)
-    if defers_to_throttles(view_func):
+    if resolved.deferred:
         setattr(request, DEFERRED_ATTRIBUTE, (cost, route.scope))
         return None
-    return _ViewLimits(cost, route.scope, view_limit_of(view_func))
+    return _ViewLimits(cost, route.scope, view_limit_of(resolved.declared))
 
 
 def _admit(request: HttpRequest, outcome: LimitOutcome, cost: int) -> HttpResponseBase | None:
@@ -216,7 +218,7 @@ def _count_in_flight(request: HttpRequest) -> shedding.Departure | None:
     return shedding.Departure()
 
 
-def _process_shed(request: HttpRequest, view_func: Callable[..., Any]) -> HttpResponseBase | None:
+def _process_shed(request: HttpRequest, declared: Any) -> HttpResponseBase | None:
     """503 for a low-priority request while this process has more than SHED_PROCESS_LIMIT requests in
     flight (no Redis call), else None."""
     count = request.__dict__.get(IN_FLIGHT_ATTRIBUTE)
@@ -224,7 +226,7 @@ def _process_shed(request: HttpRequest, view_func: Callable[..., Any]) -> HttpRe
         return None
     try:
         config = shedding.shed_config()
-        priority = config.priority_for(request.path_info, route_for_view(view_func).priority)
+        priority = config.priority_for(request.path_info, route_for_view(declared).priority)
         if not shedding.process_sheds(config, priority, count):
             if priority == shedding.LOW:
                 shedding.process_episode.record_admitted()

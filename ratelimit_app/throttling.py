@@ -23,8 +23,6 @@ is made with the sync engine in that worker thread, never on the event loop (tes
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import re
 from functools import lru_cache
 from typing import Any, ClassVar
 
@@ -42,10 +40,9 @@ from .apply.drf import JointThrottle, RateLimitHeadersMixin, django_request_of
 from .apply.drf import LimiterUnavailable as LimiterUnavailable
 from .apply.drf import Overloaded as Overloaded
 from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity
+from .apply.joint import throttle_policy
 from .apply.limitcheck import LimitCheck
 from .core.policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
-
-_POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 @checks.register("ratelimit")
@@ -188,12 +185,7 @@ def parse_throttle_rate(rate: str) -> tuple[int, int | float]:
 def _policy(scope: str, rate: str, algorithm: str) -> Policy | None:
     """The policy of a throttle's scope and rate (None for a rate of 0: refuse every request)."""
     requests, seconds = parse_throttle_rate(rate)
-    if requests == 0:
-        return None
-    name = scope if _POLICY_NAME.match(scope) else (
-        re.sub(r"[^A-Za-z0-9_.-]", "_", scope)[:50] + "-" + hashlib.blake2b(scope.encode(), digest_size=4).hexdigest()
-    )
-    return Policy(name, algorithm, limit=requests, period=seconds)
+    return throttle_policy(scope, requests, seconds, algorithm)
 
 
 class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):

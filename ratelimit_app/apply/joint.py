@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Protocol, TypeVar
 
 from django.core.exceptions import SynchronousOnlyOperation
@@ -24,6 +26,7 @@ from django.db import connections
 from django.http import HttpRequest
 
 from ..core.decision import Decision
+from ..core.policies import Policy
 from ..plans.lookups import NeedsIO, local_only
 from .concurrency import hold
 from .limitcheck import REQUEST_LIMITS, LimitCheck
@@ -33,6 +36,7 @@ from .planning import RequestPlan, plan_request
 from .responses import REQUEST_ATTRIBUTE
 
 T = TypeVar("T")
+_POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 class Member(Protocol):
@@ -78,7 +82,8 @@ class JointCall:
     """What one handler's throttles decide for one request: `members` in the framework's order,
     `checks_of(member)` (its checks, [] when it does not limit this request, None when it refuses it
     outright), the cost and tier scope of the request, the authenticated `user` (the framework's),
-    whether the request's own limits are part of the call, and `extra` checks (the view's own limit)."""
+    whether the request's own limits are part of the call, and `extra()`, more checks (the view's own
+limit; called during the decision, so it may read the request's user)."""
 
     request: HttpRequest
     handler: Any
@@ -88,7 +93,7 @@ class JointCall:
     scope: str
     user: Any
     with_request_limits: bool
-    extra: Sequence[LimitCheck] = ()
+    extra: Callable[[], Sequence[LimitCheck]] = lambda: ()
 
     @property
     def carrier(self) -> Member:
@@ -109,7 +114,7 @@ class JointCall:
             extra.extend(checks or ())
         if denied:  # a rate of 0: refused without asking Redis, nothing charged
             return LimitOutcome(DENIED, None, (), None, "")
-        extra.extend(self.extra)
+        extra.extend(self.extra())
         if self.with_request_limits:
             planned = plan_request(self.request, cost=self.cost, scope=self.scope, user=self.user)
             if isinstance(planned, LimitOutcome):
@@ -134,6 +139,18 @@ def decide_jointly(call: JointCall, *, where: str, run: Callable[[Callable[[], L
     if outcome.decision is not None and outcome.policies:
         setattr(call.request, REQUEST_ATTRIBUTE, outcome)
     return Joint(call.handler, outcome, call.carrier.owner, frozenset(denied))
+
+
+@lru_cache(maxsize=1024)
+def throttle_policy(scope: str, requests: int, seconds: float, algorithm: str) -> Policy | None:
+    """The policy of a throttle's scope and rate, named after the scope (made safe for a policy name);
+    None for a rate of 0 (refuse every request). Raises InvalidPolicy for a rate the engine refuses."""
+    if requests == 0:
+        return None
+    name = scope if _POLICY_NAME.match(scope) else (
+        re.sub(r"[^A-Za-z0-9_.-]", "_", scope)[:50] + "-" + hashlib.blake2b(scope.encode(), digest_size=4).hexdigest()
+    )
+    return Policy(name, algorithm, limit=requests, period=seconds)
 
 
 def display_identity(check: LimitCheck) -> str:

@@ -7,14 +7,17 @@
     @limit_cost(priority="low")             # shed first when the fleet is overloaded (ratelimit_app.apply.shedding)
 
 Class-based views may set the same on the class (`@limit_cost(...)` on a View or APIView class); a DRF
-view's `throttle_scope` is used as the scope when nothing else is declared.
+view's `throttle_scope` is used as the scope when nothing else is declared. A framework that routes
+several handlers through one Django view (Django Ninja: one view per path, one operation per method)
+registers a `ViewFinder`, so the declarations of the handler a request reaches are read
+(`resolve_view`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from django.http import HttpRequest
 
@@ -110,9 +113,51 @@ def view_limit_of(view_func: Any) -> ViewLimit | None:
     return getattr(view_func, VIEW_LIMIT_ATTRIBUTE, None)
 
 
+def joined_checks(view_limit: ViewLimit | None, request: HttpRequest, cost: int) -> list[LimitCheck]:
+    """The check of a view's own limit for `request` when it is decided with the request's limits at
+    `cost` (a limit joins at its own cost, a concurrency limit at any), else []."""
+    if view_limit is None or not view_limit.joins_request_limits:
+        return []
+    if view_limit.cost != cost and not getattr(view_limit, "joins_at_any_cost", False):
+        return []
+    check = view_limit.check_for(request)
+    return [check] if check is not None else []
+
+
 def defers_to_throttles(view_func: Any) -> bool:
     """True for a DRF view whose throttles include one of ours: they decide the request's limits
     (after DRF's authentication) together with their own, in one call."""
     view_class = getattr(view_func, "cls", None)
     throttles = getattr(view_class, "throttle_classes", None) or ()
     return any(getattr(throttle, JOINT_THROTTLE_ATTRIBUTE, False) for throttle in throttles)
+
+
+class ResolvedView(NamedTuple):
+    """What a request reaches: `declared`, the function or class whose `@limit_cost`, `@ratelimit` and
+    `@limit_concurrency` apply, and `deferred`, True when our throttles on it decide the request's own
+    limits (after the framework's authentication) together with theirs."""
+
+    declared: Any
+    deferred: bool
+
+
+#: `finder(view_func, request)`: the ResolvedView of a view of its framework, else None.
+ViewFinder = Callable[[Any, HttpRequest], "ResolvedView | None"]
+_view_finders: list[ViewFinder] = []
+
+
+def register_view_finder(finder: ViewFinder) -> None:
+    """Let `finder` say what a request to a view of its framework reaches (registered once; ratelimit_app
+    registers Django Ninja's when it is installed)."""
+    if finder not in _view_finders:
+        _view_finders.append(finder)
+
+
+def resolve_view(view_func: Any, request: HttpRequest) -> ResolvedView:
+    """What `request` reaches through the resolved `view_func` (the view itself, unless a registered
+    finder knows better)."""
+    for finder in _view_finders:
+        found = finder(view_func, request)
+        if found is not None:
+            return found
+    return ResolvedView(view_func, defers_to_throttles(view_func))

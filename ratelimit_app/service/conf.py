@@ -48,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "HEADERS": "both",  # "legacy" (X-RateLimit-*), "ietf" (RateLimit, RateLimit-Policy) or "both"
     "HEADER_DRAFT": "draft-11",  # the draft-ietf-httpapi-ratelimit-headers revision the IETF fields follow
     "ERROR_FORMAT": "json",  # body of 429/503/401/403: "json" or "problem" (RFC 9457 problem+json)
+    "NINJA_ERROR_FORMAT": "ninja",  # 429 of our Django Ninja throttles: Ninja's answer, or "ratelimit" (ours)
     "TRUSTED_PROXIES": 0,  # number of trusted proxy hops, or a list of trusted CIDRs
     "IPV6_PREFIX": 64,  # IPv6 clients are grouped by this prefix length
     "API_KEY_HEADER": "X-API-Key",
@@ -163,6 +164,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "HEADERS": (lambda value: value in ("legacy", "ietf", "both"), "one of 'legacy', 'ietf', 'both'"),
     "HEADER_DRAFT": (lambda value: value in ("draft-11",), "'draft-11' (the only revision supported)"),
     "ERROR_FORMAT": (lambda value: value in ("json", "problem"), "one of 'json', 'problem'"),
+    "NINJA_ERROR_FORMAT": (lambda value: value in ("ninja", "ratelimit"), "one of 'ninja', 'ratelimit'"),
     "TRUSTED_PROXIES": (lambda value: _integer(value, 0) or _cidr_list(value),
                         "a hop count >= 0 or a list of proxy CIDRs such as ['10.0.0.0/8', '2001:db8::/32']"),
     "IPV6_PREFIX": (lambda value: _integer(value, 1, 128), "an integer from 1 to 128"),

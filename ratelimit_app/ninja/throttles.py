@@ -1,0 +1,262 @@
+"""Our Django Ninja throttles (see ratelimit_app.ninja): subclasses of `ninja.throttling.BaseThrottle`
+that decide together, in one call, through ratelimit_app.apply.joint.
+
+Ninja creates a throttle once (`NinjaAPI(throttle=AnonRateThrottle("10/m"))`) and asks it for every
+request, from any thread, so a throttle keeps no state of a request: the joint decision lives on the
+request, and the answer `wait()` gives back is this thread's (Ninja calls `wait()` right after
+`allow_request` returned False, in the same thread and with no await in between).
+
+Ninja asks throttles synchronously, for `async def` operations too, on the event loop: the decision is
+then made there without Django I/O, or in a thread of its own when it needs some
+(`ratelimit_app.apply.joint.in_sync_code`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any, ClassVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
+from ninja.conf import settings as ninja_settings
+from ninja.operation import Operation
+from ninja.throttling import AnonRateThrottle as NinjaAnonRateThrottle
+from ninja.throttling import AuthRateThrottle as NinjaAuthRateThrottle
+from ninja.throttling import BaseThrottle, SimpleRateThrottle
+from ninja.throttling import UserRateThrottle as NinjaUserRateThrottle
+
+from ..apply.identity import UNKNOWN_IP, client_ip, identity_config, ip_identity
+from ..apply.joint import Joint, JointCall, decide_jointly, in_sync_code, throttle_policy
+from ..apply.limitcheck import LimitCheck
+from ..apply.outcome import ALLOWED, DENIED, SHED, UNAVAILABLE, LimitOutcome
+from ..apply.planning import FROM_REQUEST
+from ..apply.routes import (
+    DEFAULT_ROUTE,
+    DEFERRED_ATTRIBUTE,
+    joined_checks,
+    route_for_view,
+    validate_scope,
+    view_limit_of,
+)
+from ..apply.shedding import shed_config
+from .operations import request_operation
+from .refusals import leave_refusal
+
+#: Request attribute: (the Joint of the operation's throttles, the request's cost).
+_JOINT_ATTRIBUTE = "_ratelimit_ninja_joint"
+_answers = threading.local()  # .waits: {id(throttle): seconds to wait or None} of this thread's last answers
+
+
+def _waits() -> dict[int, float | None]:
+    waits: dict[int, float | None] | None = getattr(_answers, "waits", None)
+    if waits is None:
+        waits = _answers.waits = {}
+    return waits
+
+
+class JointThrottle(BaseThrottle):
+    """Base of our Ninja throttles: they decide together (see ratelimit_app.apply.joint).
+
+    A subclass implements `limit_checks(request)`: its checks, [] when it does not limit this request,
+    or None when it refuses it outright (a rate of 0).
+    """
+
+    #: Read by RateLimitMiddleware (routes.JOINT_THROTTLE_ATTRIBUTE): it leaves the request's own limits to us.
+    decides_with_request_limits: ClassVar[bool] = True
+    #: True for the throttle that carries the request's own limits (per-IP and tier).
+    carries_request_limits: ClassVar[bool] = False
+    #: The tier scope this throttle asks for (TierRateThrottle's), None: the operation's `@limit_cost` scope.
+    tier_scope: str | None = None
+
+    @property
+    def owner(self) -> str:
+        """The label of this throttle's checks in the joint decision (one per throttle object)."""
+        return f"ninja:{type(self).__module__}.{type(self).__qualname__}@{id(self):x}"
+
+    def metrics_label(self) -> str:
+        """The `tier` label of decisions this throttle leads in the metrics."""
+        return "throttle"
+
+    def limit_checks(self, request: HttpRequest) -> list[LimitCheck] | None:
+        raise NotImplementedError(".limit_checks() must be overridden")
+
+    def allow_request(self, request: HttpRequest) -> bool:
+        """Decide (once per request, for all our throttles on the operation) and answer for this
+        throttle's limits; the throttle that carries the request's own limits also answers for them,
+        and refuses a request they refuse for any reason (401, 403, 503: ratelimit_app.ninja.refusals)."""
+        operation = request_operation(request)
+        joint, cost = _joint_decision(request, operation, self)
+        refused, decision = joint.verdict(self.owner)
+        outcome = joint.outcome
+        wait = _wait_of(decision) if refused else None
+        if joint.carrier == self.owner and outcome.status not in (ALLOWED, DENIED):
+            refused, wait = True, _wait_for_status(outcome)
+        _waits()[id(self)] = wait
+        if refused:
+            leave_refusal(request, outcome, cost, operation.api if operation is not None else None)
+        if decision is None and not refused:
+            return True  # this throttle did not limit this request (like Ninja for a None cache key)
+        return self.throttle_failure() if refused else self.throttle_success()
+
+    def throttle_success(self) -> bool:
+        """Called when this throttle's limits allow the request; returns True."""
+        return True
+
+    def throttle_failure(self) -> bool:
+        """Called when this throttle's limits refuse the request; returns False."""
+        return False
+
+    def wait(self) -> float | None:
+        """Seconds until this throttle would allow the request it last refused in this thread (None:
+        never, not refused, or a refusal that waiting does not lift: 401, 403)."""
+        return _waits().get(id(self))
+
+
+def _wait_of(decision: Any) -> float | None:
+    if decision is None or decision.allowed or decision.retry_after is None or math.isinf(decision.retry_after):
+        return None
+    return max(float(decision.retry_after), 0.001)
+
+
+def _wait_for_status(outcome: LimitOutcome) -> float | None:
+    """The wait of a request refused other than over a rate: the limiter's or the shedder's retry time."""
+    if outcome.status == UNAVAILABLE:
+        return _wait_of(outcome.decision) or 1.0
+    if outcome.status == SHED:
+        return float(shed_config().retry_after)
+    return None
+
+
+def _joint_decision(request: HttpRequest, operation: Operation | None, caller: JointThrottle) -> tuple[Joint, int]:
+    """The joint decision of the operation's throttles for `request` (with its cost), made when Ninja
+    asks the first of them and reused by the others. A throttle asked outside an operation decides alone."""
+    handler = operation if operation is not None else caller
+    cached: tuple[Joint, int] | None = request.__dict__.get(_JOINT_ATTRIBUTE)
+    if cached is not None and cached[0].handler is handler:
+        return cached
+    found = [t for t in operation.throttle_objects if isinstance(t, JointThrottle)] if operation is not None else []
+    members = found if caller in found else [caller]
+    declared = operation.view_func if operation is not None else None
+    route = route_for_view(declared) if declared is not None else DEFAULT_ROUTE
+    deferred = request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
+    cost, scope = deferred if deferred is not None else (route.cost_for(request.method), route.scope)
+    scope = next((m.tier_scope for m in members if m.tier_scope), scope)
+    with_request_limits = any(m.carries_request_limits for m in members) or deferred is not None
+    view_limit = view_limit_of(declared)
+    call = JointCall(request, handler, members, lambda member: member.limit_checks(request), cost, scope,
+                     _user_of(request), with_request_limits, lambda: joined_checks(view_limit, request, cost))
+    where = f"throttles of {getattr(declared, '__qualname__', type(caller).__qualname__)}"
+    joint = decide_jointly(call, where=where, run=in_sync_code)
+    request.__dict__[_JOINT_ATTRIBUTE] = (joint, cost)
+    return joint, cost
+
+
+def _user_of(request: HttpRequest) -> Any:
+    """The user whose tier applies: `request.auth` when Ninja's authentication gave a user (django_auth,
+    or an authenticator returning one), else the request's user (read when the decision is made)."""
+    from django.contrib.auth.base_user import AbstractBaseUser
+
+    auth = request.__dict__.get("auth")
+    if isinstance(auth, AbstractBaseUser) and auth.is_authenticated:
+        return auth
+    return FROM_REQUEST
+
+
+class TierRateThrottle(JointThrottle):
+    """Enforce the client's tier exactly as RateLimitMiddleware does (per-IP limit, then the API key's,
+    user's or anonymous tier). `scope` selects the tier's scoped limits (default: the operation's
+    `@limit_cost(scope=...)`). ValueError for a scope that is not 1-30 letters, digits, '_' or '-'."""
+
+    carries_request_limits = True
+
+    def __init__(self, scope: str | None = None) -> None:
+        if scope is not None:
+            try:
+                validate_scope(scope)
+            except ValueError as exc:
+                raise ValueError(f"TierRateThrottle: {exc}") from None
+        self.tier_scope = scope
+
+    def limit_checks(self, request: HttpRequest) -> list[LimitCheck] | None:
+        return []  # its limits are the request's own: planned with the joint decision
+
+
+class AtomicRateThrottle(JointThrottle, SimpleRateThrottle):
+    """Base of the drop-ins: Ninja's SimpleRateThrottle contract, decided atomically in Redis.
+
+    `AtomicRateThrottle("10/m")`, or a `scope` whose rate is in NINJA_DEFAULT_THROTTLE_RATES (or in a
+    `THROTTLE_RATES` class attribute), read when the throttle is made, as Ninja does; the rate formats
+    are Ninja's ("100/5m", "100/300s", "100/300", units s, sec, m, min, h, hour, d, day), and a bad one
+    raises Ninja's ValueError. `get_cache_key(request)` names what is limited (None: not this request);
+    it is hashed before it reaches Redis, together with the rate, so two throttles with different rates
+    never share a count. A rate of None limits nothing; a rate of 0 refuses every request.
+    `algorithm` is any engine algorithm (default sliding_window: exact, like Ninja's).
+    """
+
+    algorithm: ClassVar[str] = "sliding_window"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "cache" in cls.__dict__:
+            raise ImproperlyConfigured(
+                f"{cls.__module__}.{cls.__qualname__}.cache: ratelimit_app throttles count in Redis "
+                "(RATELIMIT['REDIS_URL']), never in a Django cache. Remove the attribute, or subclass "
+                "ninja.throttling.SimpleRateThrottle to keep Ninja's cache throttle."
+            )
+
+    def get_rate(self) -> str | None:
+        """The rate of this throttle's scope: from a `THROTTLE_RATES` attribute of a subclass, else from
+        NINJA_DEFAULT_THROTTLE_RATES read now. ImproperlyConfigured when there is no scope or no rate."""
+        if not getattr(self, "scope", None):
+            raise ImproperlyConfigured(f"You must set either `.scope` or `.rate` for '{type(self).__name__}' throttle")
+        own = next((k.__dict__["THROTTLE_RATES"] for k in type(self).__mro__
+                    if k is not SimpleRateThrottle and "THROTTLE_RATES" in k.__dict__), None)
+        rates = own if own is not None else ninja_settings.DEFAULT_THROTTLE_RATES
+        try:
+            return rates[str(self.scope)]
+        except KeyError:
+            raise ImproperlyConfigured(f"No default throttle rate set for '{self.scope}' scope") from None
+
+    def get_ident(self, request: HttpRequest) -> str | None:
+        """The client address. With NINJA_NUM_PROXIES set (the project's statement of trust), Ninja's
+        rule over X-Forwarded-For; with it None (Ninja's default, which would trust a spoofable header),
+        RATELIMIT['TRUSTED_PROXIES'] decides, and X-Forwarded-For is ignored without them. IPv6 clients
+        are grouped by RATELIMIT['IPV6_PREFIX']. None when the request has no address."""
+        if ninja_settings.NUM_PROXIES is not None:
+            return super().get_ident(request)
+        address = client_ip(request)
+        if address == UNKNOWN_IP:
+            return None
+        return ip_identity(address, identity_config().ipv6_prefix).removeprefix("ip:")
+
+    def allow_request(self, request: HttpRequest) -> bool:
+        """Like Ninja; a rate of None limits nothing (Ninja's own would fail the request)."""
+        if self.rate is None:
+            return True
+        return super().allow_request(request)
+
+    def limit_checks(self, request: HttpRequest) -> list[LimitCheck] | None:
+        """This throttle's check: its rate for the identity `get_cache_key` names."""
+        key = self.get_cache_key(request)
+        if key is None or self.rate is None or self.num_requests is None or self.duration is None:
+            return []
+        policy = throttle_policy(str(self.scope or "throttle"), self.num_requests, self.duration, self.algorithm)
+        if policy is None:
+            return None
+        return [LimitCheck(f"throttle:{key}|{self.num_requests}/{self.duration}", (policy,), self.owner)]
+
+    def metrics_label(self) -> str:
+        return f"throttle.{self.scope or 'throttle'}"
+
+
+class AnonRateThrottle(AtomicRateThrottle, NinjaAnonRateThrottle):
+    """Limits anonymous clients (no `request.auth`) by address (scope "anon"); authenticated ones are not limited."""
+
+
+class AuthRateThrottle(AtomicRateThrottle, NinjaAuthRateThrottle):
+    """Limits each `request.auth` (a digest of its `str()`), anonymous clients by address (scope "auth")."""
+
+
+class UserRateThrottle(AtomicRateThrottle, NinjaUserRateThrottle):
+    """Limits each user (`request.user`), anonymous clients by address (scope "user")."""
