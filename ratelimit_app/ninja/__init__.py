@@ -33,7 +33,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 try:
     import ninja  # noqa: F401
-except ImportError as exc:  # pragma: no cover - the suite runs with django-ninja installed
+except ImportError as exc:
     raise ImproperlyConfigured(
         "ratelimit_app.ninja needs django-ninja: install it with the [ninja] extra, "
         "pip install 'django-ratelimit-app[ninja]'"

@@ -197,7 +197,7 @@ def test_scope_rates_come_from_ninja_settings(settings: Any) -> None:
         UserRateThrottle()
 
     class NoScope(AnonRateThrottle):
-        scope = None
+        scope = None  # type: ignore[assignment]
 
     with pytest.raises(ImproperlyConfigured, match="must set either `.scope` or `.rate`"):
         NoScope()
