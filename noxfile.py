@@ -63,10 +63,11 @@ class Combination:
     redis: str
     django_redis: str
     prometheus_client: str = "prometheus-client"  # the [prometheus] extra
+    ninja: str = "django-ninja"  # the [ninja] extra
 
     @property
     def pins(self) -> list[str]:
-        return [self.django, self.drf, self.redis, self.django_redis, self.prometheus_client]
+        return [self.django, self.drf, self.redis, self.django_redis, self.prometheus_client, self.ninja]
 
 
 #: The support matrix (README "Supported versions"). The oldest row holds every lower bound that
@@ -80,7 +81,7 @@ MATRIX: dict[str, Combination] = {
     "py3.12-django6.0": Combination("3.12", "Django~=6.0.0", "djangorestframework==3.17.2",
                                     "redis[hiredis]==7.4.1", "django-redis==7.0.0"),
     "py3.13-django6.1": Combination("3.13", "Django~=6.1.0", "djangorestframework==3.18.3",
-                                    "redis[hiredis]==8.1.0", "django-redis==7.0.0"),
+                                    "redis[hiredis]==8.1.0", "django-redis==7.0.0", ninja="django-ninja==1.7.1"),
 }
 
 #: Tests that run on the main combination only: the browser tests need Playwright and Chromium, and the
@@ -93,7 +94,7 @@ _add_pyenv_interpreters(sorted({c.python for c in MATRIX.values()}))
 
 def _tests_session(combination: Combination) -> Callable[[nox.Session], None]:
     def run(session: nox.Session) -> None:
-        session.install("-r", "requirements-test.txt", "-e", ".[prometheus]", *combination.pins)
+        session.install("-r", "requirements-test.txt", "-e", ".[prometheus,ninja]", *combination.pins)
         session.run("python", "-m", "pip", "list", "--format=freeze", silent=False)
         ignores = [f"--ignore={path}" for path in MAIN_ONLY]
         session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *ignores, *session.posargs)

@@ -17,11 +17,8 @@ from ..apply.routes import JOINT_THROTTLE_ATTRIBUTE, ResolvedView
 
 
 def path_view_of(view_func: Any) -> PathView | None:
-    """The PathView behind a view Ninja put in the URLconf: a bound method of it (Ninja before 1.7), or a
-    function closing over it (1.7). None for any other view."""
-    owner = getattr(view_func, "__self__", None)
-    if isinstance(owner, PathView):
-        return owner
+    """The PathView behind a view Ninja put in the URLconf (a function closing over it), None for any
+    other view."""
     for cell in getattr(view_func, "__closure__", None) or ():
         try:
             contents = cell.cell_contents
