@@ -3,6 +3,7 @@ from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
 from project.demo import views
+from project.demo.ninja_api import api as ninja_api
 
 router = SimpleRouter()
 router.register("items", views.ItemViewSet, basename="item")
@@ -21,6 +22,7 @@ urlpatterns = [
     path("api/stream", views.stream, name="stream"),
     path("public/single", views.single, name="single"),
     path("drf/", include(router.urls)),
+    path("ninja/", ninja_api.urls),  # a Django Ninja API (project/demo/ninja_api.py)
     path("public/quote", views.quote, name="quote"),
     path("public/async-quote", views.quote_async, name="quote-async"),
     path("ratelimit/", include("ratelimit_app.gateway.urls")),  # the gateway endpoint (docs/gateway.md)

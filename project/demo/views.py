@@ -17,6 +17,7 @@
 - `GET /api/async/users`        /api/users as an `async def` view: under ASGI (uvicorn project.asgi:application)
   it is limited and answered on the event loop, with no thread hop
 - `GET /public/async-quote`     an `async def` view limited by `@ratelimit`: 5 per minute per client IP
+- `/ninja/...`                  a Django Ninja API (project/demo/ninja_api.py)
 """
 
 from __future__ import annotations
