@@ -5,8 +5,10 @@ decorator decide here; the middleware adds the rate limit headers).
                                 set for the whole API
 - `POST /ninja/data`            the same tier, at cost 5 (`@limit_cost`)
 - `GET /ninja/async/users`      /ninja/users as an `async def` operation
-- `GET /ninja/public`           anonymous clients, 20 per minute per address: the drop-in for Ninja's
+- `GET /ninja/public`           anonymous clients, 5 per minute per address: the drop-in for Ninja's
                                 AnonRateThrottle (no key needed)
+- `GET /ninja/async/public`     the same as an `async def` operation, with the same throttle object: the
+                                two count together
 - `GET /ninja/quote`            `@ratelimit`: 5 per minute per client IP, no throttle
 - `GET /ninja/docs`, `GET /ninja/openapi.json`  Ninja's docs and schema: never limited (Ninja's
                                 throttles apply to operations only, and /ninja/ is not under PATH_PREFIXES)
@@ -24,6 +26,7 @@ from ratelimit_app.routes import limit_cost
 from .views import QUOTES, USERS
 
 api = NinjaAPI(title="ratelimit_app demo", urls_namespace="ninja-demo", throttle=TierRateThrottle())
+PUBLIC = AnonRateThrottle("5/m")
 
 
 @api.get("/users")
@@ -45,9 +48,15 @@ async def users_async(request: HttpRequest) -> dict[str, list[dict[str, object]]
     return {"users": USERS}
 
 
-@api.get("/public", throttle=AnonRateThrottle("20/m"))
+@api.get("/public", throttle=PUBLIC)
 def public(request: HttpRequest) -> dict[str, str]:
-    """For anonymous clients: 20 per minute per client address."""
+    """For anonymous clients: 5 per minute per client address."""
+    return {"hello": "world"}
+
+
+@api.get("/async/public", throttle=PUBLIC)
+async def public_async(request: HttpRequest) -> dict[str, str]:
+    """/ninja/public as an `async def` operation (the same count)."""
     return {"hello": "world"}
 
 
