@@ -1,9 +1,10 @@
 """DRF's own throttling tests, run against our drop-ins.
 
-`test_throttling.py` is DRF 3.18.3's `tests/test_throttling.py`, unchanged (its licence:
-LICENSE-DRF.md). Before it is imported, `rest_framework.throttling`'s `AnonRateThrottle`,
-`UserRateThrottle` and `ScopedRateThrottle` are replaced by ours, so every test of that file that names
-them runs ours; the originals are put back once collection ends. The suite runs in its own pytest
+`test_drf_throttling.py` runs DRF's `tests/test_throttling.py`, unchanged, fetched from DRF's sdist at
+test time (upstream.py: the pinned version, hash-checked). Before it is imported,
+`rest_framework.throttling`'s `AnonRateThrottle`, `UserRateThrottle` and `ScopedRateThrottle` are
+replaced by ours, so every test of that file that names them runs ours; the originals are put back once
+collection ends. The suite runs in its own pytest
 process with DRF's default settings, as DRF's own suite does (tests/drf_suite/settings.py):
 
     ./scripts/test tests/drf_suite --ds=tests.drf_suite.settings
