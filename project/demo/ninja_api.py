@@ -19,9 +19,8 @@ from __future__ import annotations
 from django.http import HttpRequest
 from ninja import NinjaAPI
 
-from ratelimit_app.decorators import ratelimit
+from ratelimit_app.decorators import limit_cost, ratelimit
 from ratelimit_app.ninja import AnonRateThrottle, TierRateThrottle
-from ratelimit_app.routes import limit_cost
 
 from .views import QUOTES, USERS
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ..limits_support import make_key, parse_ietf
+from ..support.limits_support import make_key, parse_ietf
 
 pytestmark = pytest.mark.django_db
 

@@ -21,7 +21,7 @@ import requests
 from devtools.embedded import free_port
 
 from ..conftest import delete_prefix
-from ..gunicorn_server import prepare_database, start_server, stop_server
+from ..support.gunicorn_server import prepare_database, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
@@ -33,7 +33,7 @@ def server(request: Any, tmp_path: Path, redis_url: str) -> Iterator[tuple[str, 
     """(kind, base URL) of the demo site under a fresh key prefix, with its own SQLite database."""
     prefix = f"rltest-ninja-{os.urandom(6).hex()}"
     env = {**os.environ, "REDIS_URL": redis_url, "RATELIMIT_TEST_PREFIX": prefix,
-           "DJANGO_SETTINGS_MODULE": "tests.asgi_server_settings",
+           "DJANGO_SETTINGS_MODULE": "tests.support.asgi_server_settings",
            "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "RATELIMIT_LOG_LEVEL": "WARNING"}
     prepare_database(env, "print('{}')")
     port = free_port()

@@ -14,12 +14,11 @@ from django.urls import path
 from ninja import NinjaAPI
 from ninja.security import APIKeyHeader
 
-from ratelimit_app.decorators import ratelimit
+from ratelimit_app.decorators import limit_cost, ratelimit
 from ratelimit_app.ninja import AnonRateThrottle, TierRateThrottle
 from ratelimit_app.ninja.operations import find_view, operation_for
-from ratelimit_app.routes import limit_cost
 
-from ..limits_support import make_key, make_tier, parse_ietf
+from ..support.limits_support import make_key, make_tier, parse_ietf
 
 pytestmark = pytest.mark.urls(__name__)
 

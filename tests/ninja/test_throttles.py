@@ -84,6 +84,16 @@ def stacked(request: HttpRequest) -> dict[str, bool]:
     return {"ok": True}
 
 
+@api.get("/two-rates", throttle=[AnonRateThrottle("1/m"), AnonRateThrottle("3/m")])
+def two_rates(request: HttpRequest) -> dict[str, bool]:
+    return {"ok": True}
+
+
+@api.get("/three", throttle=AnonRateThrottle("3/m"))
+def three(request: HttpRequest) -> dict[str, bool]:
+    return {"ok": True}
+
+
 @api.get("/shared", throttle=AnonRateThrottle("5/m"))
 def shared(request: HttpRequest) -> dict[str, bool]:
     return {"ok": True}
@@ -263,6 +273,18 @@ def test_several_throttles_decide_together_and_a_refused_request_charges_none(cl
     assert [client.get("/ninja/stacked").status_code for _ in range(5)] == [200, 200, 429, 429, 429]
     # ... so the same 5/m anon count (another operation, the same rate) has 3 requests left, not 0
     assert [client.get("/ninja/shared").status_code for _ in range(4)] == [200, 200, 200, 429]
+
+
+def test_one_scope_with_two_rates_counts_each_rate_apart(client: Any) -> None:
+    assert [client.get("/ninja/two-rates").status_code for _ in range(2)] == [200, 429]  # 1/m refuses
+    # the 3/m count (shared by every anon throttle of that rate) was charged once, by the allowed request
+    assert [client.get("/ninja/three").status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_a_throttle_with_a_django_cache_is_refused_when_defined() -> None:
+    with pytest.raises(ImproperlyConfigured, match="count in Redis"):
+        class Cached(AnonRateThrottle):
+            cache = object()
 
 
 def test_router_level_throttles_and_an_operation_overruling_them(client: Any) -> None:
