@@ -284,7 +284,7 @@ def test_one_scope_with_two_rates_counts_each_rate_apart(client: Any) -> None:
 def test_a_throttle_with_a_django_cache_is_refused_when_defined() -> None:
     with pytest.raises(ImproperlyConfigured, match="count in Redis"):
         class Cached(AnonRateThrottle):
-            cache = object()
+            cache = object()  # type: ignore[assignment]
 
 
 def test_router_level_throttles_and_an_operation_overruling_them(client: Any) -> None:
