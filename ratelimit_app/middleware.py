@@ -150,13 +150,17 @@ class _ViewLimits(NamedTuple):
 
 def _view_limits(request: HttpRequest, view_func: Callable[..., Any]) -> _ViewLimits | HttpResponseBase | None:
     """What to charge before the view runs; or the process shedder's 503; or None when the middleware
-    decides nothing here (a path it does not limit, or a view whose DRF throttles decide)."""
-    resolved = resolve_view(view_func, request)
-    shed = _process_shed(request, resolved.declared)
-    if shed is not None:
-        return shed
+    decides nothing here (a path it does not limit, or a view whose throttles of ours decide). The
+    declarations read are those of the handler the request reaches (`resolve_view`)."""
+    resolved = None
+    if request.__dict__.get(IN_FLIGHT_ATTRIBUTE) is not None:  # the process shedder counts this request
+        resolved = resolve_view(view_func, request)
+        shed = _process_shed(request, resolved.declared)
+        if shed is not None:
+            return shed
     if not _applies(request):
         return None
+    resolved = resolved or resolve_view(view_func, request)
     route = route_for_view(resolved.declared)
     cost = route.cost_for(request.method)
     if resolved.deferred:
