@@ -197,14 +197,7 @@ class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
 
     algorithm = "sliding_window"
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "cache" in cls.__dict__:
-            raise ImproperlyConfigured(
-                f"{cls.__module__}.{cls.__qualname__}.cache: ratelimit_app throttles count in Redis "
-                "(RATELIMIT['REDIS_URL']), never in a Django cache. Remove the attribute, or subclass "
-                "rest_framework.throttling.SimpleRateThrottle to keep DRF's cache throttle."
-            )
+    cache_throttle = "rest_framework.throttling.SimpleRateThrottle"
 
     def __init__(self) -> None:
         # DRF reads the rate here and a bad one would fail the request with a 500: keep the error for

@@ -17,7 +17,7 @@ from ..core.decision import Decision
 from .concurrency import release_pending_with
 from .headers import retry_after_seconds
 from .identity import authenticated_user
-from .joint import Joint, JointCall, decide_jointly
+from .joint import Joint, JointCall, ThrottleHooks, decide_jointly
 from .limitcheck import LimitCheck
 from .outcome import FORBIDDEN, SHED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
 from .responses import REQUEST_ATTRIBUTE, add_headers
@@ -74,7 +74,7 @@ def django_request_of(request: Any) -> HttpRequest:
     return request._request if isinstance(request, Request) else request
 
 
-class JointThrottle(drf_throttling.BaseThrottle):
+class JointThrottle(ThrottleHooks, drf_throttling.BaseThrottle):
     """Base of our throttles: they decide together (see the module docstring).
 
     A subclass implements `limit_checks(request, view)`: its checks, [] when it does not limit this
@@ -112,14 +112,6 @@ class JointThrottle(drf_throttling.BaseThrottle):
         if self.decision is None and not refused:
             return True  # this throttle did not limit this request (like DRF for a None cache key: no hook)
         return self.throttle_failure() if refused else self.throttle_success()
-
-    def throttle_success(self) -> bool:
-        """Called when this throttle's limits allow the request; returns True."""
-        return True
-
-    def throttle_failure(self) -> bool:
-        """Called when this throttle's limits refuse the request; returns False."""
-        return False
 
     def wait(self) -> float | None:
         """Seconds until this throttle would allow the request again (None: never, or not refused)."""

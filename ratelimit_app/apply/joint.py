@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol, TypeVar
 
-from django.core.exceptions import SynchronousOnlyOperation
+from django.core.exceptions import ImproperlyConfigured, SynchronousOnlyOperation
 from django.db import connections
 from django.http import HttpRequest
 
@@ -37,6 +37,31 @@ from .responses import REQUEST_ATTRIBUTE
 
 T = TypeVar("T")
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class ThrottleHooks:
+    """What our throttles add to a framework's throttle class, whichever the framework (DRF, Ninja): the
+    `throttle_success()` / `throttle_failure()` hooks, and a class that sets `cache` refused when it is
+    defined (our throttles count in Redis). `cache_throttle` names the framework's own cache throttle."""
+
+    cache_throttle: str = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "cache" in cls.__dict__:
+            raise ImproperlyConfigured(
+                f"{cls.__module__}.{cls.__qualname__}.cache: ratelimit_app throttles count in Redis "
+                "(RATELIMIT['REDIS_URL']), never in a Django cache. Remove the attribute, or subclass "
+                f"{cls.cache_throttle} to keep the framework's cache throttle."
+            )
+
+    def throttle_success(self) -> bool:
+        """Called when this throttle's limits allow the request; returns True."""
+        return True
+
+    def throttle_failure(self) -> bool:
+        """Called when this throttle's limits refuse the request; returns False."""
+        return False
 
 
 class Member(Protocol):

@@ -27,7 +27,7 @@ from ninja.throttling import BaseThrottle, SimpleRateThrottle
 from ninja.throttling import UserRateThrottle as NinjaUserRateThrottle
 
 from ..apply.identity import UNKNOWN_IP, client_ip, identity_config, ip_identity
-from ..apply.joint import Joint, JointCall, decide_jointly, in_sync_code, throttle_policy
+from ..apply.joint import Joint, JointCall, ThrottleHooks, decide_jointly, in_sync_code, throttle_policy
 from ..apply.limitcheck import LimitCheck
 from ..apply.outcome import ALLOWED, DENIED, SHED, UNAVAILABLE, LimitOutcome
 from ..apply.planning import FROM_REQUEST
@@ -55,7 +55,7 @@ def _waits() -> dict[int, float | None]:
     return waits
 
 
-class JointThrottle(BaseThrottle):
+class JointThrottle(ThrottleHooks, BaseThrottle):
     """Base of our Ninja throttles: they decide together (see ratelimit_app.apply.joint).
 
     A subclass implements `limit_checks(request)`: its checks, [] when it does not limit this request,
@@ -98,14 +98,6 @@ class JointThrottle(BaseThrottle):
         if decision is None and not refused:
             return True  # this throttle did not limit this request (like Ninja for a None cache key)
         return self.throttle_failure() if refused else self.throttle_success()
-
-    def throttle_success(self) -> bool:
-        """Called when this throttle's limits allow the request; returns True."""
-        return True
-
-    def throttle_failure(self) -> bool:
-        """Called when this throttle's limits refuse the request; returns False."""
-        return False
 
     def wait(self) -> float | None:
         """Seconds until this throttle would allow the request it last refused in this thread (None:
@@ -196,14 +188,7 @@ class AtomicRateThrottle(JointThrottle, SimpleRateThrottle):
 
     algorithm: ClassVar[str] = "sliding_window"
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "cache" in cls.__dict__:
-            raise ImproperlyConfigured(
-                f"{cls.__module__}.{cls.__qualname__}.cache: ratelimit_app throttles count in Redis "
-                "(RATELIMIT['REDIS_URL']), never in a Django cache. Remove the attribute, or subclass "
-                "ninja.throttling.SimpleRateThrottle to keep Ninja's cache throttle."
-            )
+    cache_throttle = "ninja.throttling.SimpleRateThrottle"
 
     def get_rate(self) -> str | None:
         """The rate of this throttle's scope: from a `THROTTLE_RATES` attribute of a subclass, else from
