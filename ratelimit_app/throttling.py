@@ -33,15 +33,12 @@ from rest_framework import throttling as drf_throttling
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
-from .apply.concurrency import middleware_installed
-from .apply.drf import ClientRefused as ClientRefused
-from .apply.drf import InvalidApiKey as InvalidApiKey
-from .apply.drf import JointThrottle, RateLimitHeadersMixin, django_request_of
-from .apply.drf import LimiterUnavailable as LimiterUnavailable
-from .apply.drf import Overloaded as Overloaded
+from .apply.concurrency import middleware_installed, release_pending_with
+from .apply.drf import JointThrottle, django_request_of
 from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity
 from .apply.joint import throttle_policy
 from .apply.limitcheck import LimitCheck
+from .apply.responses import REQUEST_ATTRIBUTE, add_headers
 from .core.policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
 
 
@@ -355,3 +352,20 @@ class ConcurrencyThrottle(JointThrottle):
 
     def metrics_label(self) -> str:
         return f"throttle.{self.scope}"
+
+
+class RateLimitHeadersMixin:
+    """Add the rate limit headers of the throttles' decision to a DRF view's responses, and give back
+    the concurrency slots they took when the response is closed.
+
+    Not needed when RateLimitMiddleware is installed (it does both for throttled requests too).
+    """
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+        django_request = django_request_of(request)
+        outcome = django_request.__dict__.get(REQUEST_ATTRIBUTE)
+        if outcome is not None:
+            add_headers(response, outcome)
+        release_pending_with(django_request, response)
+        return response

@@ -25,8 +25,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ratelimit_app.apply.drf import RateLimitHeadersMixin
-from ratelimit_app.throttling import AnonRateThrottle, ConcurrencyThrottle, ScopedRateThrottle, TierRateThrottle
+from ratelimit_app.throttling import (
+    AnonRateThrottle,
+    ConcurrencyThrottle,
+    RateLimitHeadersMixin,
+    ScopedRateThrottle,
+    TierRateThrottle,
+)
 from tests.support.limits_support import make_key, make_tier, parse_ietf
 from tests.support.tcp_proxy import tcp_proxy
 

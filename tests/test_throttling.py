@@ -14,9 +14,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from devtools.embedded import free_port
-from ratelimit_app.apply.drf import RateLimitHeadersMixin
 from ratelimit_app.throttling import (
     AnonRateThrottle,
+    RateLimitHeadersMixin,
     ScopedRateThrottle,
     TierRateThrottle,
     UserRateThrottle,

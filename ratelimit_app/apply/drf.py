@@ -1,7 +1,7 @@
 """`JointThrottle`: the base of ratelimit_app's DRF throttles (ratelimit_app.throttling), which decide
 together: every throttle of ours on one view, and the middleware's per-IP and tier limits when they are
 left to the throttles, in ONE all-or-nothing call made when DRF asks the first of them. Also the
-exceptions they raise (401, 403, 503) and `RateLimitHeadersMixin`."""
+exceptions they raise (401, 403, 503)."""
 
 from __future__ import annotations
 
@@ -14,13 +14,11 @@ from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 
 from ..core.decision import Decision
-from .concurrency import release_pending_with
 from .headers import retry_after_seconds
 from .identity import authenticated_user
 from .joint import Joint, JointCall, ThrottleHooks, decide_jointly
 from .limitcheck import LimitCheck
 from .outcome import FORBIDDEN, SHED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
-from .responses import REQUEST_ATTRIBUTE, add_headers
 from .routes import DEFERRED_ATTRIBUTE, route_for_view
 from .shedding import shed_config
 
@@ -164,20 +162,3 @@ def _our_throttles(view: Any, caller: JointThrottle) -> list[JointThrottle]:
     found = [t for t in get_throttles() if isinstance(t, JointThrottle)] if callable(get_throttles) else []
     throttles = [caller if type(t) is type(caller) else t for t in found]
     return throttles if caller in throttles else [caller]
-
-
-class RateLimitHeadersMixin:
-    """Add the rate limit headers of the throttles' decision to a DRF view's responses, and give back
-    the concurrency slots they took when the response is closed.
-
-    Not needed when RateLimitMiddleware is installed (it does both for throttled requests too).
-    """
-
-    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
-        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
-        django_request = django_request_of(request)
-        outcome = django_request.__dict__.get(REQUEST_ATTRIBUTE)
-        if outcome is not None:
-            add_headers(response, outcome)
-        release_pending_with(django_request, response)
-        return response

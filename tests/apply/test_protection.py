@@ -15,7 +15,6 @@ from django.urls import path
 from rest_framework.views import APIView
 
 from project.urls import urlpatterns as demo_urlpatterns
-from ratelimit_app.apply.drf import RateLimitHeadersMixin
 from ratelimit_app.apply.shedding import FLEET_IDENTITY, FLEET_POLICY, in_flight
 from ratelimit_app.core.policies import InvalidPolicy
 from ratelimit_app.decorators import limit_concurrency, limit_cost
@@ -23,7 +22,7 @@ from ratelimit_app.observability.queries import get_metrics
 from ratelimit_app.observability.recorder import flush
 from ratelimit_app.service.conf import ratelimit_settings
 from ratelimit_app.service.limiter import get_limiter
-from ratelimit_app.throttling import ConcurrencyThrottle
+from ratelimit_app.throttling import ConcurrencyThrottle, RateLimitHeadersMixin
 from tests.support.limits_support import make_key, make_tier, parse_ietf
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
