@@ -337,6 +337,10 @@ class RateLimiter:
         try:
             if not _connected(connection):
                 connection.connect()
+        except REDIS_CLIENT_ERRORS as exc:
+            connection.disconnect()
+            raise engine.release_failed(lease, exc, sent=False) from exc
+        try:
             _zrem_each(connection, keys, lease)
         except REDIS_CLIENT_ERRORS as exc:
             connection.disconnect()
