@@ -74,7 +74,15 @@ class LimitOutcome:
             return None
         if any(d is None for d in mine):
             return self.decision  # Redis Cluster stopped at an earlier denial: this part was never decided
-        return summarize([d for d in mine if d is not None], len(mine))
+        return summarize([_as_its_own(d) for d in mine if d is not None], len(mine))
+
+
+def _as_its_own(decision: Decision) -> Decision:
+    """`decision` as its own policies decided it: one the call refused only because another check
+    refused (every result of its own allows; see core.decision.all_or_nothing) allows again."""
+    if decision.allowed or not decision.results or not all(result.allowed for result in decision.results):
+        return decision
+    return Decision.from_results(decision.results, degraded=decision.degraded, shadow=decision.shadow)
 
 
 def summarize(decisions: Sequence[Decision], expected: int) -> Decision:

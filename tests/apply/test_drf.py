@@ -1,0 +1,246 @@
+"""ratelimit_app.apply.drf: `JointThrottle` (every throttle of ours on a view decided in one call, each
+answering for its own limits, DRF's hooks called as DRF calls them), the exceptions its carrier raises
+(401, 403, 503) and `wait`, with views dispatched directly (no middleware) against the real Redis and
+database."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+import redis
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.test import APIRequestFactory
+from rest_framework.views import APIView
+
+from devtools.embedded import RedisProcess
+from ratelimit_app import Decision, Policy, PolicyResult, new_lease_token
+from ratelimit_app.apply import shedding
+from ratelimit_app.apply.drf import (
+    ClientRefused,
+    InvalidApiKey,
+    JointThrottle,
+    LimiterUnavailable,
+    Overloaded,
+    django_request_of,
+)
+from ratelimit_app.apply.limitcheck import LimitCheck
+from ratelimit_app.apply.shedding import FLEET_IDENTITY, LOW, shed_config
+from ratelimit_app.decorators import limit_cost
+from ratelimit_app.models import ClientRule
+from ratelimit_app.service import events
+from ratelimit_app.service.limiter import get_limiter
+from ratelimit_app.throttling import TierRateThrottle
+from tests.support.limits_support import make_key, make_tier
+from tests.support.topology import command_calls
+
+factory = APIRequestFactory()
+
+
+class Counted(JointThrottle):
+    """A throttle of `limit` requests a minute on one identity; it records DRF's hooks."""
+
+    limit: ClassVar[int] = 2
+    identity: ClassVar[str] = "account:1"
+    hooks: ClassVar[list[str]]
+
+    def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        if self.limit == 0:
+            return None  # a rate of 0: refuse outright
+        if self.limit < 0:
+            return []  # does not limit this request
+        policy = Policy(type(self).__name__.lower(), "fixed_window", limit=self.limit, period=60)
+        return [LimitCheck(f"{self.identity}:{type(self).__name__}", (policy,), self.owner)]
+
+    def throttle_success(self) -> bool:
+        type(self).hooks.append("success")
+        return super().throttle_success()
+
+    def throttle_failure(self) -> bool:
+        type(self).hooks.append("failure")
+        return super().throttle_failure()
+
+
+class Roomy(Counted):
+    limit = 10
+    hooks = []
+
+
+class Tight(Counted):
+    limit = 1
+    hooks = []
+
+
+class Zero(Counted):
+    limit = 0
+    hooks = []
+
+
+class Silent(Counted):
+    limit = -1
+    hooks = []
+
+
+def view_of(*throttles: type[JointThrottle], cost: int | None = None) -> Any:
+    class Ok(APIView):
+        throttle_classes = throttles
+
+        def get(self, request: Any) -> Response:
+            return Response("ok")
+
+    return (limit_cost(cost)(Ok) if cost is not None else Ok).as_view()
+
+
+def get(view: Any, **headers: Any) -> Any:
+    return view(factory.get("/api/things", REMOTE_ADDR="192.0.2.10", **headers))
+
+
+@pytest.fixture(autouse=True)
+def _clear_hooks() -> None:
+    for throttle in (Roomy, Tight, Zero, Silent):
+        throttle.hooks = []
+
+
+@pytest.fixture
+def private(settings: Any, server: RedisProcess) -> Iterator[redis.Redis]:
+    """The limiter on a redis-server of the test's own, and a client of it to count commands."""
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url}
+    client = redis.Redis(port=server.port)
+    yield client
+    client.close()
+
+
+def test_every_throttle_on_a_view_is_decided_in_one_call(private: redis.Redis) -> None:
+    view = view_of(Roomy, Tight)
+    assert get(view).status_code == 200  # loads the script and connects
+    before = command_calls(private, "evalsha")
+    assert get(view).status_code == 429
+    assert command_calls(private, "evalsha") - before == 1
+
+
+def test_only_the_throttle_whose_limit_refused_reports_a_failure_and_nothing_is_charged() -> None:
+    view = view_of(Roomy, Tight)
+    assert get(view).status_code == 200
+    refused = get(view)
+    assert refused.status_code == 429
+    assert Tight.hooks == ["success", "failure"]
+    assert Roomy.hooks == ["success", "success"]  # its own limit allowed: DRF calls its success hook
+    roomy = Policy("roomy", "fixed_window", limit=10, period=60)
+    assert get_limiter().peek("account:1:Roomy", (roomy,)).remaining == 9  # the refusal charged it nothing
+
+
+def test_a_rate_of_zero_refuses_without_asking_redis_or_charging_the_others(private: redis.Redis) -> None:
+    view = view_of(Roomy, Zero)
+    before = command_calls(private, "evalsha")
+    assert [get(view).status_code for _ in range(3)] == [429] * 3
+    assert command_calls(private, "evalsha") == before
+    assert Zero.hooks == ["failure"] * 3 and Roomy.hooks == []  # Roomy was never decided
+
+
+def test_a_throttle_that_does_not_limit_the_request_calls_no_hook() -> None:
+    view = view_of(Silent, Tight)
+    assert [get(view).status_code for _ in range(2)] == [200, 429]
+    assert Silent.hooks == []
+
+
+def test_wait_is_the_refusing_limits_retry_rounded_up_to_a_second_and_none_otherwise() -> None:
+    throttle = Tight()
+    assert throttle.wait() is None  # nothing decided yet
+    result = PolicyResult("tight", False, 1, 0, 0.2, 0.2)
+    throttle.decision = Decision.from_results((result,))
+    assert throttle.wait() == 1.0
+    throttle.decision = Decision.from_results((PolicyResult("tight", False, 1, 0, 41.5, 41.5),))
+    assert throttle.wait() == 41.5
+    throttle.decision = Decision.from_results((PolicyResult("tight", False, 1, 0, 0.0, math.inf),))
+    assert throttle.wait() is None  # never allowed: no time to wait for
+    throttle.decision = Decision.from_results((PolicyResult("tight", True, 1, 0, 5.0, None),))
+    assert throttle.wait() is None
+
+
+def test_the_metrics_name_a_throttles_identity_by_a_digest_never_as_it_is() -> None:
+    seen: list[dict[str, Any]] = []
+
+    class Recorder:
+        def record_decision(self, **kwargs: Any) -> None:
+            seen.append(kwargs)
+
+        def record_shadow_blocked(self, **kwargs: Any) -> None: ...
+
+        def observe_latency(self, seconds: float) -> None: ...
+
+        def record_breaker_change(self, **kwargs: Any) -> None: ...
+
+    installed = events._recorder
+    events.install(Recorder())
+    try:
+        get(view_of(Tight))
+    finally:
+        events.install(installed)
+    [decision] = seen
+    assert decision["identity"].startswith("hash:") and "account" not in decision["identity"]
+    assert decision["tier"] == "throttle"
+
+
+def test_a_throttle_without_limit_checks_is_a_logged_error_and_the_request_follows_the_fail_mode(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    view = view_of(JointThrottle)
+    assert get(view).status_code == 200  # "open", the default: the site keeps working
+    assert ".limit_checks() must be overridden" in caplog.text
+    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed"}
+    assert get(view).status_code == 503
+
+
+def test_django_request_of_unwraps_a_drf_request() -> None:
+    django_request = factory.get("/api/things")
+    assert django_request_of(Request(django_request)) is django_request
+    assert django_request_of(django_request) is django_request
+
+
+# -- what the carrier of the request's own limits raises --------------------------------------------
+
+@pytest.mark.django_db
+def test_an_unusable_key_is_a_401_with_a_bearer_challenge() -> None:
+    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY="not-a-key")
+    assert response.status_code == 401 and response["WWW-Authenticate"] == InvalidApiKey.auth_header
+    assert response.data == {"detail": "malformed API key"}
+    assert response.data["detail"].code == "invalid_api_key"
+
+
+@pytest.mark.django_db
+def test_a_deny_rule_is_a_403() -> None:
+    key = make_key(make_tier("drfdeny", [("minute", "fixed_window", 10, 60, None, "")]))
+    ClientRule.objects.create(action="deny", network="192.0.2.0/24")
+    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY=key)
+    assert response.status_code == 403 and response.data["detail"].code == ClientRefused.default_code
+
+
+@pytest.mark.django_db
+def test_a_limiter_that_cannot_decide_under_the_closed_fail_mode_is_a_503_with_retry_after(
+    settings: Any, server: RedisProcess
+) -> None:
+    key = make_key(make_tier("drfdown", [("minute", "fixed_window", 10, 60, None, "")]))
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url, "FAIL_MODE": "closed",
+                          "BREAKER_FAILURES": 1, "BREAKER_COOLDOWN": 7.0, "BREAKER_MAX_COOLDOWN": 7.0}
+    server.stop()
+    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY=key)
+    assert response.status_code == 503 and response.data["detail"].code == LimiterUnavailable.default_code
+    assert response["Retry-After"] == "7"  # when the breaker will try Redis again
+
+
+@pytest.mark.django_db
+def test_a_shed_request_is_a_503_overloaded_with_the_shedders_retry_after(settings: Any,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shedding, "fleet_episode", shedding._Episode("fleet"))  # this test's episode alone
+    key = make_key(make_tier("drfshed", [("minute", "fixed_window", 10, 60, None, "")]))
+    settings.RATELIMIT = {**settings.RATELIMIT, "SHED_CAPACITY": 2, "SHED_LOW_AT": 0.5, "SHED_RETRY_AFTER": 3,
+                          "SHED_PRIORITIES": {"/api/things": "low"}}
+    low = shed_config().thresholds[LOW]  # one low-priority request in flight fills it
+    assert get_limiter().hit(FLEET_IDENTITY, (low,), lease=new_lease_token()).allowed
+    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY=key)
+    assert response.status_code == 503 and response.data["detail"].code == Overloaded.default_code
+    assert str(response.data["detail"]) == "Service overloaded: low-priority request shed."
+    assert response["Retry-After"] == "3"
