@@ -1,0 +1,210 @@
+"""ratelimit_app.apply.limiting: `limit_request` / `alimit_request` (plan, then one call with the extra
+checks), `decide` (report-only calls, what the outcome shows and counts), and `safely` / `asafely` /
+`fail_mode` (the limiter's own failures follow the fail mode, logged once per cause), against the real
+Redis and database."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import RequestFactory
+
+from ratelimit_app import Policy
+from ratelimit_app.apply.limitcheck import LimitCheck
+from ratelimit_app.apply.limiting import (
+    ALLOWED,
+    DENIED,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    LimitOutcome,
+    alimit_request,
+    asafely,
+    fail_mode,
+    limit_request,
+    safely,
+)
+from ratelimit_app.models import ClientRule, TierLimit
+from ratelimit_app.service import events
+from ratelimit_app.service.limiter import get_limiter
+from tests.support.limits_support import make_key, make_tier
+
+pytestmark = pytest.mark.django_db
+factory = RequestFactory()
+IP = "192.0.2.50"
+TIGHT = Policy("tight", "fixed_window", limit=1, period=60)
+
+
+class Collected:
+    """A recorder keeping the limiter's reports."""
+
+    def __init__(self) -> None:
+        self.decisions: list[dict[str, Any]] = []
+        self.shadow: list[dict[str, Any]] = []
+
+    def record_decision(self, **kwargs: Any) -> None:
+        self.decisions.append(kwargs)
+
+    def record_shadow_blocked(self, **kwargs: Any) -> None:
+        self.shadow.append(kwargs)
+
+    def observe_latency(self, seconds: float) -> None: ...
+
+    def record_breaker_change(self, **kwargs: Any) -> None: ...
+
+
+@pytest.fixture
+def reports() -> Iterator[Collected]:
+    installed = events._recorder
+    collected = Collected()
+    events.install(collected)
+    yield collected
+    events.install(installed)
+
+
+def headers(key: str | None) -> dict[str, Any]:
+    return {"HTTP_X_API_KEY": key} if key else {}
+
+
+def request(key: str | None = None, path: str = "/api/things") -> Any:
+    return factory.get(path, REMOTE_ADDR=IP, **headers(key))
+
+
+def ip_remaining() -> int:
+    return get_limiter().peek(f"ip:{IP}", (Policy.parse("100/m", name="ip", algorithm="sliding_window_counter"),),
+                              ).remaining
+
+
+def test_a_client_without_key_or_tier_is_charged_to_its_ip_and_refused(reports: Collected) -> None:
+    outcome = limit_request(request())
+    assert (outcome.status, outcome.message, outcome.identity) == (UNAUTHORIZED, "API key required", f"ip:{IP}")
+    assert [p.name for p in outcome.policies] == ["ip"] and outcome.tier is None
+    assert ip_remaining() == 99
+    assert reports.decisions[-1]["unauthorized"] is True and reports.decisions[-1]["tier"] == "ip"
+
+
+def test_extra_checks_are_decided_with_the_requests_limits_all_or_nothing() -> None:
+    key = make_key(make_tier("extras", [("minute", "fixed_window", 10, 60, None, "")]))
+    extra = [LimitCheck("throttle:tight", (TIGHT,), "mine")]
+    first = limit_request(request(key), extra=extra)
+    assert first.allowed and first.owns("mine") and [p.name for p in first.policies] == ["ip", "minute", "tight"]
+    second = limit_request(request(key), extra=extra)
+    assert second.status == DENIED and second.decision is not None and second.decision.policy == "tight"
+    assert ip_remaining() == 99  # the refused request charged no limit
+    assert len(second.checks) == len(second.decisions) == 3
+
+
+def test_an_unusable_key_charges_the_ip_alone_never_the_extra_checks() -> None:
+    extra = [LimitCheck("throttle:tight", (TIGHT,), "mine")]
+    outcome = limit_request(request("not-a-key"), extra=extra)
+    assert (outcome.status, outcome.message) == (UNAUTHORIZED, "malformed API key")
+    assert not outcome.owns("mine") and get_limiter().peek("throttle:tight", (TIGHT,)).remaining == 1
+
+
+def test_a_report_only_request_is_never_refused_charges_nothing_and_is_not_counted(reports: Collected) -> None:
+    key = make_key(make_tier("report", [("minute", "fixed_window", 1, 60, None, "")]))
+    assert limit_request(request(key)).allowed
+    assert limit_request(request(key)).status == DENIED
+    counted = len(reports.decisions)
+    report = limit_request(request(key), cost=0)
+    assert report.status == ALLOWED and not report.charged
+    assert report.decision is not None and not report.decision.allowed and report.decision.remaining == 0
+    assert len(reports.decisions) == counted and ip_remaining() == 99  # only the first request was charged
+
+
+def test_shadow_limits_are_not_shown_but_their_would_be_refusals_are_counted(reports: Collected) -> None:
+    tier = make_tier("shadowed", [("minute", "fixed_window", 10, 60, None, "")])
+    TierLimit.objects.create(tier=tier, name="dry", algorithm="fixed_window", limit=1, period=60, shadow=True)
+    key = make_key(tier)
+    outcomes = [limit_request(request(key)) for _ in range(2)]
+    assert all(o.allowed for o in outcomes)
+    assert [p.name for p in outcomes[0].policies] == ["ip", "minute"]
+    assert [s["policies"] for s in reports.shadow] == [("dry",)]
+    assert reports.shadow[0]["tier"] == "shadowed"
+
+
+def test_an_allow_listed_client_is_decided_without_checks_and_counted_when_charged(reports: Collected) -> None:
+    key = make_key(make_tier("listed", [("minute", "fixed_window", 1, 60, None, "")]))
+    ClientRule.objects.create(action="allow", network="192.0.2.0/24")
+    outcomes = [limit_request(request(key), extra=[LimitCheck("throttle:tight", (TIGHT,), "mine")])
+                for _ in range(3)]
+    assert all(o.allowed and o.checks == () and o.decision is None for o in outcomes)
+    assert [d["listed"] for d in reports.decisions] == ["allow"] * 3
+    limit_request(request(key), cost=0)
+    assert len(reports.decisions) == 3  # a report is not counted
+    assert ip_remaining() == 100 and get_limiter().peek("throttle:tight", (TIGHT,)).remaining == 1
+
+
+def test_on_an_event_loop_the_extra_checks_are_asked_for_once_the_user_is_known() -> None:
+    key = make_key(make_tier("asyncextras", [("minute", "fixed_window", 10, 60, None, "")]))
+    assert limit_request(request(key)).allowed  # the key is in this process' lookup cache now: no I/O below
+    asked: list[int] = []
+
+    def extra() -> list[LimitCheck]:
+        asked.append(1)
+        return [LimitCheck("throttle:tight", (TIGHT,), "mine")]
+
+    first = asyncio.run(alimit_request(request(key), extra=extra))
+    second = asyncio.run(alimit_request(request(key), extra=extra))
+    assert (first.status, second.status, len(asked)) == (ALLOWED, DENIED, 2)
+    assert second.decision is not None and second.decision.policy == "tight"
+
+
+def cause() -> str:
+    """An error message no other test raises (each cause is logged with its traceback once per process)."""
+    return f"broken setting {uuid.uuid4().hex}"
+
+
+class Failing:
+    """A limit that raises `error` (a bug, a setting changed at run time)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __call__(self) -> LimitOutcome:
+        raise self.error
+
+
+def test_a_failure_of_the_limiter_follows_the_fail_mode_and_is_logged_once_per_cause(
+    settings: Any, caplog: pytest.LogCaptureFixture, reports: Collected
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="ratelimit_app")
+    failing = Failing(RuntimeError(cause()))
+    first = safely(failing, where="the test", identity="key:abcd1234")
+    assert first.status == ALLOWED and first.decision is not None and first.decision.degraded
+    again = safely(failing, where="the test")
+    assert again.allowed
+    safely(Failing(ValueError(cause())), where="the test")
+    levels = [(r.levelname, r.exc_info is not None) for r in caplog.records
+              if getattr(r, "ratelimit_event", "") == "ratelimit.internal_error"]
+    assert levels == [("ERROR", True), ("DEBUG", False), ("ERROR", True)]
+    assert [(d["tier"], d["identity"], d["degraded"]) for d in reports.decisions] == \
+        [("error", "key:abcd1234", True), ("error", "unknown", True), ("error", "unknown", True)]
+    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed"}
+    refused = safely(failing, where="the test")
+    assert refused.status == UNAVAILABLE and refused.decision is not None and not refused.decision.allowed
+
+
+def test_asafely_is_safely_for_coroutines(settings: Any) -> None:
+    async def broken() -> LimitOutcome:
+        raise RuntimeError(cause())
+
+    async def fine() -> LimitOutcome:
+        return LimitOutcome(DENIED, None, (), None, "ip:1")
+
+    assert asyncio.run(asafely(broken, where="the test")).status == ALLOWED
+    assert asyncio.run(asafely(fine, where="the test")).status == DENIED
+    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed"}
+    assert asyncio.run(asafely(broken, where="the test")).status == UNAVAILABLE
+
+
+def test_the_fail_mode_is_read_even_when_other_settings_are_invalid(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed", "IP_RATE": "lots"}
+    assert fail_mode() == "closed"
+    assert safely(Failing(RuntimeError(cause())), where="the test").status == UNAVAILABLE
+    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "ajar", "IP_RATE": "lots"}
+    assert fail_mode() == "open"  # itself invalid: the default

@@ -1,0 +1,185 @@
+"""ratelimit_app.apply.planning: `limit_config` and `LimitConfig.applies`, and `plan_request` (who the
+client is and which checks apply: keys, users, the anonymous tier, refusals, allow and deny rules, the
+per-IP peek before an unseen key's lookup, the load shedder's fleet check) with `RequestPlan.plus`, and
+`aplan_request` on a warm cache; against the real database and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import RequestFactory
+from django.utils import timezone
+
+from ratelimit_app import Policy
+from ratelimit_app.apply.limitcheck import LimitCheck
+from ratelimit_app.apply.outcome import DENIED, FORBIDDEN, LimitOutcome
+from ratelimit_app.apply.planning import RequestPlan, aplan_request, limit_config, plan_request
+from ratelimit_app.apply.shedding import FLEET_IDENTITY
+from ratelimit_app.models import ApiKey, ClientRule, Tier, UserTier
+from ratelimit_app.service.limiter import get_limiter
+from tests.support.limits_support import make_key, make_tier
+
+pytestmark = pytest.mark.django_db
+factory = RequestFactory()
+IP = "198.51.100.23"
+
+
+def use(settings: Any, **values: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, **values}
+
+
+def headers(key: str | None) -> dict[str, Any]:
+    return {"HTTP_X_API_KEY": key} if key else {}
+
+
+def request(key: str | None = None, path: str = "/api/things", user: Any = None) -> Any:
+    made = factory.get(path, REMOTE_ADDR=IP, **headers(key))
+    if user is not None:
+        made.user = user
+    return made
+
+
+def plan(*args: Any, **kwargs: Any) -> RequestPlan:
+    planned = plan_request(*args, **kwargs)
+    assert isinstance(planned, RequestPlan), planned
+    return planned
+
+
+@pytest.fixture
+def tier() -> Tier:
+    return make_tier("planned", [("minute", "fixed_window", 10, 60, None, ""),
+                                 ("uploads", "fixed_window", 2, 60, None, "upload")], fail_mode="closed")
+
+
+def test_limit_config_follows_the_settings(settings: Any) -> None:
+    use(settings, PATH_PREFIXES=["/api/", "/v2/"], EXEMPT_PATHS=["/api/health"], IP_RATE="7/s",
+        IP_ALGORITHM="gcra", IP_SHADOW=True, FAIL_MODE="local")
+    config = limit_config()
+    assert config.applies("/api/users") and config.applies("/v2/x")
+    assert not config.applies("/api/health") and not config.applies("/api/healthz") and not config.applies("/admin/")
+    [ip] = config.ip_policies
+    assert (ip.name, ip.algorithm, ip.limit, ip.period, ip.shadow) == ("ip", "gcra", 7, 1, True)
+    assert config.fail_mode == "local"
+    use(settings, IP_RATE=None)
+    assert limit_config().ip_policies == ()
+
+
+def test_a_key_is_planned_with_the_per_ip_limit_and_its_tiers_policies_for_the_scope(tier: Tier) -> None:
+    key = make_key(tier)
+    prefix = key.partition(".")[0]
+    planned = plan(request(key))
+    assert [c.identity for c in planned.checks] == [f"ip:{IP}", f"key:{prefix}"]
+    assert [p.name for p in planned.checks[1].policies] == ["minute"]
+    assert (planned.identity, planned.label, planned.fail_mode, planned.tier_fail_mode) == \
+        (f"key:{prefix}", "planned", "closed", "closed")
+    assert planned.tier is not None and planned.tier.slug == "planned" and planned.refusal == ""
+    scoped = plan(request(key), scope="upload")
+    assert [p.name for p in scoped.checks[1].policies] == ["minute", "upload.uploads"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda key: "AbCd1234.x", "malformed API key"),
+    (lambda key: "Zz9Zz9Zz." + "a" * 43, "unknown API key"),
+    (lambda key: key[:-1] + ("b" if key[-1] != "b" else "c"), "unknown API key"),  # the right prefix, a wrong secret
+])
+def test_an_unusable_key_is_planned_against_the_per_ip_limit_alone(tier: Tier, change: Any, message: str) -> None:
+    planned = plan(request(change(make_key(tier))))
+    assert planned.refusal == message and planned.tier is None and planned.identity == f"ip:{IP}"
+    assert [c.identity for c in planned.checks] == [f"ip:{IP}"]
+    assert planned.fail_mode == "open"  # no tier: RATELIMIT['FAIL_MODE']
+
+
+def test_revoked_and_expired_keys_say_which(tier: Tier) -> None:
+    revoked = make_key(tier)
+    ApiKey.objects.filter(prefix=revoked.partition(".")[0]).update(revoked=True)
+    expired = make_key(tier, expires=timezone.now() + timedelta(seconds=1))
+    ApiKey.objects.filter(prefix=expired.partition(".")[0]).update(expires=timezone.now() - timedelta(seconds=1))
+    assert plan(request(revoked)).refusal == "API key revoked"
+    assert plan(request(expired)).refusal == "API key expired"
+
+
+def test_an_ip_over_its_limit_is_refused_before_an_unseen_key_is_looked_up(
+    tier: Tier, settings: Any, django_assert_num_queries: Any
+) -> None:
+    use(settings, IP_RATE="2/m", IP_ALGORITHM="fixed_window")
+    ip = (Policy("ip", "fixed_window", limit=2, period=60),)
+    for _ in range(2):
+        get_limiter().hit(f"ip:{IP}", ip)
+    unseen = "QqQqQqQq." + "a" * 43
+    plan(request())  # the allow/deny rules are in this process' cache now
+    with django_assert_num_queries(0):
+        refused = plan_request(request(unseen))
+    assert isinstance(refused, LimitOutcome) and refused.status == DENIED
+    assert refused.decision is not None and refused.decision.policy == "ip" and refused.identity == f"ip:{IP}"
+    assert get_limiter().peek(f"ip:{IP}", ip).remaining == 0  # the peek charged nothing
+
+
+def test_a_user_gets_their_tier_else_the_default_user_tier(tier: Tier, settings: Any,
+                                                           django_user_model: Any) -> None:
+    alice = django_user_model.objects.create_user("alice", password="pw-alice-123")
+    bob = django_user_model.objects.create_user("bob", password="pw-bob-123")
+    UserTier.objects.create(user=alice, tier=tier)
+    make_tier("fallback", [("minute", "fixed_window", 5, 60, None, "")])
+    use(settings, DEFAULT_USER_TIER="fallback")
+    assert plan(request(user=alice)).label == "planned"
+    assert plan(request(user=bob)).label == "fallback" and plan(request(user=bob)).identity == f"user:{bob.pk}"
+    assert plan(request(), user=alice).label == "planned"  # DRF passes the user it authenticated
+    use(settings, DEFAULT_USER_TIER=None, ANONYMOUS_TIER=None)
+    assert plan(request(user=bob)).refusal == "API key required"
+
+
+def test_without_a_user_the_anonymous_tier_counts_per_ip(tier: Tier, settings: Any) -> None:
+    use(settings, ANONYMOUS_TIER="planned")
+    planned = plan(request())
+    assert [c.identity for c in planned.checks] == [f"ip:{IP}", f"ip:{IP}"] and planned.label == "planned"
+
+
+@pytest.mark.parametrize(("setting", "where"), [("ANONYMOUS_TIER", "RATELIMIT['ANONYMOUS_TIER']"),
+                                                ("DEFAULT_USER_TIER", "RATELIMIT['DEFAULT_USER_TIER']")])
+def test_a_setting_naming_a_missing_tier_is_improperly_configured(settings: Any, django_user_model: Any,
+                                                                  setting: str, where: str) -> None:
+    use(settings, **{setting: "nosuchtier"})
+    user = django_user_model.objects.create_user("carol", password="pw-carol-123")
+    with pytest.raises(ImproperlyConfigured, match=rf"{where.replace('[', '.').replace(']', '.')} names tier "
+                                                   r"'nosuchtier', which does not exist"):
+        plan_request(request(user=user if setting == "DEFAULT_USER_TIER" else None))
+
+
+def test_a_deny_rule_is_a_403_outcome_made_without_redis(tier: Tier) -> None:
+    ClientRule.objects.create(action="deny", network="198.51.100.0/24")
+    refused = plan_request(request(make_key(tier)))
+    assert isinstance(refused, LimitOutcome)
+    assert (refused.status, refused.message, refused.charged) == \
+        (FORBIDDEN, "client network refused by an access rule", False)
+
+
+def test_an_allow_rule_plans_no_checks_and_takes_none_added(tier: Tier) -> None:
+    ClientRule.objects.create(action="allow", network="198.51.100.0/24")
+    planned = plan(request(make_key(tier)))
+    assert planned.checks == () and planned.listed == "allow" and planned.label == "planned"
+    assert planned.plus([LimitCheck("throttle:x", (Policy("x", "fixed_window", limit=1, period=60),))]) is planned
+
+
+def test_plus_adds_checks_to_a_plan_in_order() -> None:
+    base = RequestPlan((LimitCheck("ip:1", ()),), None, "ip:1", "open")
+    extra = LimitCheck("throttle:x", (Policy("x", "fixed_window", limit=1, period=60),), "mine")
+    assert base.plus([extra]).checks == (*base.checks, extra)
+    assert base.plus([]) is base
+    assert dataclasses.replace(base, listed="allow").plus([extra]).checks == base.checks
+
+
+def test_the_fleet_check_comes_last_when_the_shedder_is_on(tier: Tier, settings: Any) -> None:
+    use(settings, SHED_CAPACITY=100)
+    planned = plan(request(make_key(tier)))
+    assert [c.identity for c in planned.checks][-1] == FLEET_IDENTITY and planned.checks[-1].owner == "shed.normal"
+
+
+def test_on_an_event_loop_a_warm_plan_is_the_same_plan(tier: Tier) -> None:
+    key = make_key(tier)
+    planned = plan(request(key))  # warms this process' lookup cache
+    assert asyncio.run(aplan_request(request(key))) == planned
