@@ -12,13 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from django.core import checks
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import DatabaseError
 
 
 def _problem(exc: ValidationError) -> str:
-    return "; ".join(f"{field}: {' '.join(errors)}" for field, errors in exc.message_dict.items()) \
-        if hasattr(exc, "error_dict") else " ".join(exc.messages)
+    """What is wrong with a row: each field at fault and its errors (errors of no one field, alone)."""
+    if not hasattr(exc, "error_dict"):
+        return " ".join(exc.messages)
+    return "; ".join(" ".join(errors) if field == NON_FIELD_ERRORS else f"{field}: {' '.join(errors)}"
+                     for field, errors in exc.message_dict.items())
 
 
 @checks.register("ratelimit", checks.Tags.database)
