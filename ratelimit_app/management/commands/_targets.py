@@ -127,7 +127,7 @@ def resolve(text: str) -> Target:
     full_key_prefix = parse_key(value)
     prefix = full_key_prefix or value
     if len(prefix) != PREFIX_LENGTH or not prefix.isalnum() or not prefix.isascii():
-        shown = prefix[:PREFIX_LENGTH] + "…" if "." in value else value
+        shown = value.partition(".")[0][:PREFIX_LENGTH] + "…" if "." in value else value  # never what follows a dot
         raise CommandError(f"{shown!r} is not an API key prefix ({PREFIX_LENGTH} letters or digits), nor "
                            "ip:<address> or user:<id>")
     return _key_target(prefix)
