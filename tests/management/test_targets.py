@@ -11,10 +11,11 @@ from django.core.management.base import CommandError
 
 from ratelimit_app.management.commands._targets import resolve
 from ratelimit_app.models import ApiKey, ApiKeyLimit, UserTier, UserTierLimit
-from tests.support.limits_support import make_key, make_tier
+from tests.support.limits_support import LimitSpec, make_key, make_tier
 
 pytestmark = pytest.mark.django_db
-LIMITS = [("minute", "fixed_window", 10, 60, None, ""), ("minute", "fixed_window", 2, 60, None, "search")]
+LIMITS: list[LimitSpec] = [("minute", "fixed_window", 10, 60, None, ""),
+                           ("minute", "fixed_window", 2, 60, None, "search")]
 
 
 def use(settings: Any, **values: Any) -> None:
