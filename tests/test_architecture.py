@@ -172,3 +172,37 @@ def test_tests_mirror_the_package() -> None:
         assert list((tests / folder).glob("test_*.py")), folder
     loose = [p.name for p in tests.glob("*.py") if not p.name.startswith(("test_", "conftest", "__init__"))]
     assert loose == []
+
+
+#: Statements and expressions that make a function take one path or another.
+_BRANCHES = (ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match, ast.BoolOp, ast.comprehension)
+
+
+def _mirrored_test(path: Path) -> Path:
+    """tests/<folder>/test_<module>.py for a module in a folder of the package (a module of a subfolder, such
+    as management/commands/, is tested in its top folder's tests; a leading "_" is dropped), and
+    tests/test_<module>.py for a module at its root."""
+    relative = path.relative_to(PACKAGE)
+    name = f"test_{path.stem.lstrip('_')}.py"
+    tests = PACKAGE.parent / "tests"
+    return tests / name if len(relative.parts) == 1 else tests / relative.parts[0] / name
+
+
+def _has_logic(path: Path) -> bool:
+    """False for a module under 40 lines none of whose functions branches (declarations: names, dataclasses,
+    exceptions, URL patterns)."""
+    source = path.read_text()
+    if len(source.splitlines()) >= 40:
+        return True
+    functions = [node for node in ast.walk(ast.parse(source))
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    return any(isinstance(inner, _BRANCHES) for function in functions for inner in ast.walk(function))
+
+
+def test_every_module_with_logic_has_its_test_file() -> None:
+    """Tests mirror the package: each module (migrations and __init__.py aside) has its own test file at
+    `_mirrored_test`, unless it is under 40 lines and defines no function with a branch."""
+    modules = [p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts and p.name != "__init__.py"]
+    missing = sorted(str(p.relative_to(PACKAGE)) for p in modules if _has_logic(p) and not _mirrored_test(p).exists())
+    assert missing == []
+    assert len(modules) > 60  # the test does look at the package
