@@ -174,9 +174,13 @@ def test_plus_adds_checks_to_a_plan_in_order() -> None:
 
 
 def test_the_fleet_check_comes_last_when_the_shedder_is_on(tier: Tier, settings: Any) -> None:
-    use(settings, SHED_CAPACITY=100)
-    planned = plan(request(make_key(tier)))
+    use(settings, SHED_CAPACITY=100, SHED_PRIORITIES={"/reports/": "low"})
+    key = make_key(tier)
+    planned = plan(request(key))
     assert [c.identity for c in planned.checks][-1] == FLEET_IDENTITY and planned.checks[-1].owner == "shed.normal"
+    # a gateway's request describes another one: its path picks the priority, the client is still this one's
+    described = plan(request(key, path="/gateway/authorize"), path="/reports/2027")
+    assert described.checks[-1].owner == "shed.low" and described.identity == planned.identity
 
 
 def test_on_an_event_loop_a_warm_plan_is_the_same_plan(tier: Tier) -> None:

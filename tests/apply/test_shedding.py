@@ -46,13 +46,12 @@ def test_validate_priority_names_the_choices() -> None:
 
 def test_a_declared_priority_wins_then_the_longest_prefix_then_normal(settings: Any) -> None:
     use(settings, SHED_PRIORITIES={"/api/": "low", "/api/checkout": "critical", "/api/checkout/preview": "low"})
-    config = shed_config()
-    priority = config.priority_for
-    assert priority(factory.get("/api/checkout/pay"), None) == CRITICAL
-    assert priority(factory.get("/api/checkout/preview/1"), None) == LOW
-    assert priority(factory.get("/api/users"), None) == LOW
-    assert priority(factory.get("/health"), None) == NORMAL
-    assert priority(factory.get("/api/users"), CRITICAL) == CRITICAL
+    priority = shed_config().priority_for
+    assert priority("/api/checkout/pay", None) == CRITICAL
+    assert priority("/api/checkout/preview/1", None) == LOW
+    assert priority("/api/users", None) == LOW
+    assert priority("/health", None) == NORMAL
+    assert priority("/api/users", CRITICAL) == CRITICAL
 
 
 def test_thresholds_are_shares_of_the_capacity_and_critical_is_never_refused(settings: Any) -> None:
@@ -80,6 +79,10 @@ def test_the_fleet_check_is_the_one_fleet_identity_at_the_requests_priority(sett
                                                               (shed_config().thresholds[LOW],))
     critical = fleet_check(factory.get("/api/export"), lambda request: CRITICAL)
     assert critical is not None and critical.owner == OWNER_PREFIX + CRITICAL
+    # a gateway's request describes another one: the described path's prefix decides, nothing is declared
+    described = fleet_check(factory.get("/auth"), lambda request: CRITICAL, "/api/export/all")
+    assert described is not None and described.owner == "shed.low"
+    assert fleet_check(factory.get("/api/export"), declared, "/other") is not None and asked == ["/api/export"]
 
 
 def test_priority_of_owner_reads_only_fleet_owners() -> None:
