@@ -1,0 +1,194 @@
+"""ratelimit_app.apply.joint: the joint decision of our throttles whatever the framework. `JointCall`
+(its carrier, one call over every member's checks and the view's own, members refused outright),
+`Joint.verdict` (what each member answers for), `decide_jointly` (slots held, the outcome left for the
+headers, the fail mode when the limiter fails), `ThrottleHooks`, `throttle_policy`, `display_identity`
+and `in_sync_code`; against the real Redis and database."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import RequestFactory
+
+from ratelimit_app import Policy
+from ratelimit_app.apply.concurrency import PENDING_ATTRIBUTE, release_pending_now
+from ratelimit_app.apply.joint import (
+    JointCall,
+    ThrottleHooks,
+    decide_jointly,
+    display_identity,
+    in_sync_code,
+    throttle_policy,
+)
+from ratelimit_app.apply.limitcheck import LimitCheck
+from ratelimit_app.apply.outcome import ALLOWED, DENIED, UNAUTHORIZED
+from ratelimit_app.apply.responses import REQUEST_ATTRIBUTE
+from ratelimit_app.plans.lookups import require_io
+from ratelimit_app.service.limiter import get_limiter
+from tests.support.limits_support import make_key, make_tier
+
+factory = RequestFactory()
+
+
+@dataclass(frozen=True)
+class Member:
+    """A throttle as the joint decision sees it."""
+
+    owner: str
+    limit: int | None = 5  # None: a rate of 0, refused outright; -1: does not limit the request
+    carries_request_limits: bool = False
+
+    def metrics_label(self) -> str:
+        return f"label-{self.owner}"
+
+    def checks(self) -> list[LimitCheck] | None:
+        if self.limit is None:
+            return None
+        if self.limit < 0:
+            return []
+        return [LimitCheck(f"throttle:{self.owner}", (Policy(self.owner, "fixed_window", limit=self.limit,
+                                                             period=60),), self.owner)]
+
+
+def call(*members: Member, request: Any = None, with_request_limits: bool = False, extra: Any = None) -> JointCall:
+    return JointCall(request or factory.get("/api/things", REMOTE_ADDR="192.0.2.44"), "handler", members,
+                     lambda member: member.checks(), 1, "", None, with_request_limits,
+                     extra or (lambda: ()))
+
+
+def test_the_carrier_is_the_member_carrying_the_requests_limits_else_the_first() -> None:
+    first, tier = Member("first"), Member("tier", carries_request_limits=True)
+    assert call(first, tier).carrier is tier
+    assert call(first, Member("second")).carrier is first
+
+
+def test_one_call_charges_every_member_or_none_and_each_answers_for_its_own_limits() -> None:
+    roomy, tight = Member("roomy", 5), Member("tight", 1)
+    assert decide_jointly(call(roomy, tight), where="test").outcome.allowed
+    joint = decide_jointly(call(roomy, tight), where="test")
+    assert joint.outcome.status == DENIED
+    assert joint.verdict("tight")[0] is True
+    refused, roomy_decision = joint.verdict("roomy")
+    assert not refused and roomy_decision is not None and roomy_decision.remaining == 4  # charged once only
+    assert get_limiter().peek("throttle:roomy", (Policy("roomy", "fixed_window", limit=5, period=60),)).remaining == 4
+
+
+def test_a_member_refused_outright_stops_the_call_and_one_that_does_not_limit_has_no_decision() -> None:
+    joint = decide_jointly(call(Member("open", -1), Member("zero", None), Member("roomy")), where="test")
+    assert (joint.outcome.status, joint.outcome.decision, joint.denied_outright) == (DENIED, None, {"zero"})
+    assert joint.verdict("zero") == (True, None) and joint.verdict("open") == (False, None)
+    nothing = decide_jointly(call(Member("open", -1)), where="test")
+    assert nothing.outcome.status == ALLOWED and nothing.verdict("open") == (False, None)
+
+
+def test_the_views_own_checks_are_asked_for_during_the_call_and_decided_with_it() -> None:
+    asked: list[int] = []
+    own = LimitCheck("view:own", (Policy("own", "fixed_window", limit=1, period=60),), "view")
+
+    def extra() -> list[LimitCheck]:
+        asked.append(1)
+        return [own]
+
+    assert decide_jointly(call(Member("roomy"), extra=extra), where="test").outcome.allowed
+    refused = decide_jointly(call(Member("roomy"), extra=extra), where="test")
+    assert asked == [1, 1] and refused.outcome.status == DENIED and refused.verdict("roomy")[0] is False
+    assert decide_jointly(call(Member("zero", None), extra=extra), where="test").outcome.decision is None
+    assert asked == [1, 1]  # refused outright: nothing else asked
+
+
+@pytest.mark.django_db
+def test_the_carrier_answers_for_the_requests_own_limits() -> None:
+    key = make_key(make_tier("jointtier", [("minute", "fixed_window", 1, 60, None, "")]))
+    request = factory.get("/api/things", REMOTE_ADDR="192.0.2.45", HTTP_X_API_KEY=key)
+    carrier, other = Member("tier", -1, carries_request_limits=True), Member("roomy")
+    assert decide_jointly(call(carrier, other, request=request, with_request_limits=True), where="test").outcome.allowed
+    joint = decide_jointly(call(carrier, other, request=request, with_request_limits=True), where="test")
+    refused, base = joint.verdict("tier")
+    assert refused and base is not None and base.policy == "minute"
+    assert joint.verdict("roomy")[0] is False  # its own limit allowed
+    unusable = factory.get("/api/things", REMOTE_ADDR="192.0.2.45", HTTP_X_API_KEY="nope")
+    assert decide_jointly(call(carrier, request=unusable, with_request_limits=True),
+                          where="test").outcome.status == UNAUTHORIZED
+
+
+def test_the_slots_taken_are_held_on_the_request_and_the_outcome_left_for_the_headers() -> None:
+    slot = Policy("inflight", "concurrency", limit=1, period=30)
+    request = factory.get("/api/things", REMOTE_ADDR="192.0.2.46")
+    joint = JointCall(request, "handler", (Member("slots"),),
+                      lambda member: [LimitCheck("throttle:slots", (slot,), member.owner)], 1, "", None, False)
+    outcome = decide_jointly(joint, where="test").outcome
+    assert outcome.allowed and getattr(request, REQUEST_ATTRIBUTE) is outcome
+    assert len(request.__dict__[PENDING_ATTRIBUTE]) == 1
+    assert get_limiter().peek("throttle:slots", (slot,)).remaining == 0
+    release_pending_now(request)
+    assert get_limiter().peek("throttle:slots", (slot,)).remaining == 1
+
+
+def test_a_limiter_that_fails_follows_the_fail_mode(settings: Any) -> None:
+    def broken(member: Member) -> list[LimitCheck] | None:
+        raise RuntimeError("a bug in a throttle")
+
+    failing = JointCall(factory.get("/api/things"), "handler", (Member("x"),), broken, 1, "", None, False)
+    assert decide_jointly(failing, where="test").outcome.status == ALLOWED
+    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed"}
+    assert not decide_jointly(failing, where="test").outcome.allowed
+
+
+def test_a_throttle_class_that_sets_a_cache_is_refused_when_it_is_defined() -> None:
+    class Base(ThrottleHooks):
+        cache_throttle = "framework.SimpleRateThrottle"
+
+    with pytest.raises(ImproperlyConfigured, match=r"\.Cached\.cache: .* subclass framework.SimpleRateThrottle"):
+        type("Cached", (Base,), {"cache": object()})
+    plain = type("Plain", (Base,), {})()
+    assert plain.throttle_success() is True and plain.throttle_failure() is False
+
+
+def test_throttle_policy_names_each_scope_safely_and_apart() -> None:
+    assert throttle_policy("uploads", 0, 60, "sliding_window") is None  # a rate of 0
+    assert throttle_policy("uploads", 5, 60, "gcra") == Policy("uploads", "gcra", limit=5, period=60)
+    colon, semicolon = (throttle_policy(scope, 5, 60, "gcra") for scope in ("contacts:create", "contacts;create"))
+    assert colon is not None and semicolon is not None and colon.name != semicolon.name
+    assert colon.name.startswith("contacts_create-") and len(colon.name) == len("contacts_create-") + 8
+    long = throttle_policy("é" * 200, 5, 60, "gcra")
+    assert long is not None and len(long.name) <= 64
+    assert throttle_policy("uploads", 5, 60, "gcra") is throttle_policy("uploads", 5, 60, "gcra")
+
+
+def test_display_identity_is_a_short_digest_never_the_identity() -> None:
+    label = display_identity(LimitCheck("throttle:account-secret-42", ()))
+    assert label.startswith("hash:") and len(label) == len("hash:") + 12 and "secret" not in label
+    assert label == display_identity(LimitCheck("throttle:account-secret-42", ()))
+    assert label != display_identity(LimitCheck("throttle:account-secret-43", ()))
+
+
+def test_in_sync_code_runs_in_place_unless_it_needs_io_on_an_event_loop() -> None:
+    def where() -> str:
+        return threading.current_thread().name
+
+    def needs_io() -> str:
+        require_io()  # what a cold lookup does under local_only()
+        return threading.current_thread().name
+
+    here = threading.current_thread().name
+    assert in_sync_code(where) == here and in_sync_code(needs_io) == here  # off a loop: as it is
+
+    async def on_a_loop() -> tuple[str, str]:
+        return in_sync_code(where), in_sync_code(needs_io)
+
+    assert asyncio.run(on_a_loop()) == (here, "ratelimit-sync-decision")
+
+    def fails() -> str:
+        require_io()
+        raise ValueError("raised in the thread")
+
+    async def failing() -> str:
+        return in_sync_code(fails)
+
+    with pytest.raises(ValueError, match="raised in the thread"):
+        asyncio.run(failing())
