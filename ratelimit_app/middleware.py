@@ -16,7 +16,8 @@ outcome is left on `request.ratelimit` for views (the status endpoint).
 
 Concurrency slots the request took (a tier's concurrency limit, `@limit_concurrency`, a
 `ConcurrencyThrottle`) are given back when the response is closed, or at once when the view raises
-(ratelimit_app.apply.concurrency).
+(ratelimit_app.apply.concurrency); under ASGI, a request cancelled because its client went away gives
+them back once its sync view has returned (a slot is held until the work it admitted has ended).
 
 Load shedding (ratelimit_app.apply.shedding): the fleet shedder's count is part of the request's decision
 (503 when it refuses); the process shedder counts this process' requests in flight here and refuses
@@ -28,16 +29,23 @@ The limiter never fails a request: whatever goes wrong inside it follows the fai
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings as django_settings
 from django.http import HttpRequest, HttpResponseBase
 
 from .apply import shedding
-from .apply.concurrency import arelease_pending_now, hold, release_pending_now, release_pending_with
+from .apply.concurrency import (
+    arelease_pending_now,
+    hold,
+    release_pending_later,
+    release_pending_now,
+    release_pending_with,
+)
 from .apply.identity import request_ip_identity
 from .apply.limiting import (
     ALLOWED,
@@ -104,6 +112,9 @@ class RateLimitMiddleware:
         departure = _count_in_flight(request)
         try:
             response = await self.get_response(request)
+        except asyncio.CancelledError:
+            await _after_the_work(request, departure)  # the client went away: see _after_the_work
+            raise
         except BaseException:
             await arelease_pending_now(request)
             if departure is not None:
@@ -208,6 +219,37 @@ def _finish(request: HttpRequest, response: HttpResponseBase, late: LimitOutcome
         response._resource_closers.append(departure)  # type: ignore[attr-defined]
         weakref.finalize(response, departure)
     return response
+
+
+async def _after_the_work(request: HttpRequest, departure: shedding.Departure | None) -> None:
+    """Give back the slots of a cancelled request, and take it out of this process' count, once the
+    work it was admitted for has ended.
+
+    Django cancels a request whose client disconnected; asgiref then raises CancelledError at once,
+    while a sync view goes on in the request's thread. A call queued on that same thread
+    (thread-sensitive: one thread per request, first come first served) runs only once the view has
+    returned: the slots are held until then. If this task is cancelled again meanwhile, the slots go
+    back from the releasing thread when that call has run.
+    """
+    ended = asyncio.ensure_future(sync_to_async(_nothing, thread_sensitive=True)())
+    try:
+        await asyncio.shield(ended)
+    except asyncio.CancelledError:
+        ended.add_done_callback(lambda _: _leave(request, departure))
+        raise
+    await arelease_pending_now(request)
+    if departure is not None:
+        departure()
+
+
+def _nothing() -> None:
+    """Run in a request's thread: returns once the work queued there before it has ended."""
+
+
+def _leave(request: HttpRequest, departure: shedding.Departure | None) -> None:
+    release_pending_later(request)
+    if departure is not None:
+        departure()
 
 
 def _count_in_flight(request: HttpRequest) -> shedding.Departure | None:

@@ -260,3 +260,67 @@ def test_shedding_refuses_low_priority_first_and_never_critical(site: Site) -> N
     assert max(r.json()["in_flight_of_kind"] for r in admitted) <= low_threshold
     everything = [r.json()["in_flight"] for r in admitted + critical]
     assert max(everything) <= math.floor(0.95 * SHED_CAPACITY) + len(streams)
+
+
+# -- clients that disconnect under ASGI ------------------------------------------------------------
+
+#: The process shedder's limit of the server below: a low-priority request is refused while more than
+#: this many requests (itself included) are in flight in its process.
+PROCESS_LIMIT = 2
+
+
+@pytest.fixture(scope="module")
+def uvicorn_site(tmp_path_factory: Any, redis_url: str) -> Iterator[Site]:
+    """The demo under uvicorn with the process shedder on (SHED_PROCESS_LIMIT = PROCESS_LIMIT)."""
+    tmp = tmp_path_factory.mktemp("protection-disconnect")
+    prefix = f"rltest-live-{os.urandom(6).hex()}"
+    env = {**_environment(tmp, prefix, redis_url), "RATELIMIT_TEST_SHED_PROCESS_LIMIT": str(PROCESS_LIMIT)}
+    keys = prepare_database(env, SETUP)
+    port = free_port()
+    command = [str(BIN / "uvicorn"), "project.asgi:application", "--port", str(port), "--log-level", "warning"]
+    process = start_server(command, port, env, wait=60)
+    try:
+        yield Site("uvicorn", f"http://127.0.0.1:{port}", process, keys, prefix)
+    finally:
+        stop_server(process)
+        client = redis.Redis.from_url(redis_url)
+        delete_prefix(client, prefix)
+        client.close()
+
+
+def _fleet_places(site: Site, client: redis.Redis) -> int:
+    """Live places in the fleet shedder's count (its sorted set of leases in Redis)."""
+    limiter = RateLimiter(client, prefix=site.prefix)
+    [fleet_key] = limiter.keys("shed:fleet", [Policy("shed", "concurrency", limit=1, period=60)])
+    return int(client.zcount(fleet_key, f"({_redis_now(client)}", "+inf"))
+
+
+def test_clients_that_disconnect_keep_their_slots_until_their_views_end(uvicorn_site: Site,
+                                                                        redis_client: redis.Redis) -> None:
+    site = uvicorn_site
+    running = f"{site.prefix}:demo:in-flight:slow"  # the slow views running now, counted by the views
+    seen: list[int] = []
+
+    def views_running() -> int:
+        seen.append(int(redis_client.get(running) or 0))
+        return seen[-1]
+
+    # six slow requests of a free key (2 slots), each client gone 0.5 s after sending it
+    for _ in range(6):
+        client = _raw_get(site, "/api/slow?ms=8000", "gone")
+        assert not poll(lambda: views_running() > 2, 0.5)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()
+    # the two admitted views still run, and hold the key's two slots and two places in the fleet count
+    assert views_running() == 2
+    assert site.remaining("gone")["concurrency"] == 0
+    assert _fleet_places(site, redis_client) == 2
+    # and this process counts them in flight: a low-priority request is shed (2 + itself > 2)
+    shed = site.get("/api/export?ms=0", "shed")
+    assert shed.status_code == 503 and shed.json()["priority"] == "low"
+    # everything comes back once the views have ended
+    assert poll(lambda: views_running() == 0, 20)
+    assert poll(lambda: site.remaining("gone")["concurrency"] == 2, 10)
+    assert poll(lambda: _fleet_places(site, redis_client) == 0, 10)
+    assert site.get("/api/export?ms=0", "shed").status_code == 200
+    assert max(seen) == 2  # never more than the key's 2 slots at once, measured inside the views

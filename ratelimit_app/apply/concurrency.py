@@ -9,8 +9,11 @@ same all-or-nothing call as the request's rate limits. `limiting.decide` returns
   away (WSGI servers call `close()` after the last chunk, also on a disconnect; Django's ASGI handler
   likewise), so a streaming response holds its slots until its stream is closed;
 - at once, when the view raised instead of answering;
-- when the response object is dropped without being closed (a client that disconnected under ASGI
-  while a sync view still ran): a safety net, run when Python frees the response (by a thread of its
+- under ASGI, when the request was cancelled (its client went away), once its sync view has returned:
+  asgiref raises CancelledError at once while the view's thread goes on, and the slot is held until
+  the work it admitted has ended (see RateLimitMiddleware);
+- when the response object is dropped without being closed (a server or a wrapper that never closes
+  it): a safety net, run when Python frees the response (by a thread of its
   own, since a garbage collection may free it inside any lock);
 - and in any case when the lease runs out (the slot's `period`): a worker killed by SIGKILL loses its
   slots for at most that long.
@@ -199,6 +202,16 @@ def release_pending_now(request: HttpRequest) -> None:
     """Give back every slot `request` holds at once (the view raised: there is no response to wait for)."""
     for slots in request.__dict__.pop(PENDING_ATTRIBUTE, ()):
         slots.release()
+
+
+def release_pending_later(request: HttpRequest) -> None:
+    """Have the releasing thread give back every slot `request` holds (from code that must not block,
+    such as a callback on the event loop)."""
+    pending = request.__dict__.pop(PENDING_ATTRIBUTE, ())
+    if pending:
+        _releaser.start()
+    for slots in pending:
+        _releaser.queue.put(slots)
 
 
 async def arelease_pending_now(request: HttpRequest) -> None:
