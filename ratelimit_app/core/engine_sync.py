@@ -37,9 +37,9 @@ from . import engine
 from .decision import Decision
 from .engine import LOAD_SCRIPT, NOSCRIPT, Check, PreparedCall, Steps
 from .exceptions import REDIS_CLIENT_ERRORS
-from .keys import check_prefix, state_keys
+from .keys import cancel_keys, check_prefix, state_keys
 from .policies import Policy
-from .scripts import decide_source
+from .scripts import cancel_source, decide_source
 
 #: The values of RateLimiter's `connections` (and of RATELIMIT['CONNECTIONS']).
 
@@ -206,6 +206,19 @@ class RateLimiter:
         keys = engine.release_plan(self.prefix, held, lease)
         if keys:
             self._release(keys, lease)
+
+    def cancel(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
+        """Make sure `lease` holds none of the slots of `held`, now or later: for a decision whose reply
+        was lost, which Redis may have run, or may run later still (lua/cancel.lua). A slot it took is
+        given back; a charge under this token that runs afterwards takes nothing. One EVAL per slot,
+        through the client (running one again changes nothing). Raises BackendError when Redis cannot
+        be asked."""
+        engine.check_lease(lease)
+        try:
+            for key, period_ms in cancel_keys(self.prefix, held):
+                self.client.eval(cancel_source(), 1, key, lease, period_ms)
+        except REDIS_CLIENT_ERRORS as exc:
+            raise engine.release_failed(lease, exc) from exc
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies (one call of the decision script: the

@@ -94,6 +94,12 @@ def release_keys(prefix: str, held: Sequence[tuple[str, Policy]]) -> list[str]:
     return [key for identity, policy in held for key in state_keys(prefix, identity, (policy,))]
 
 
+def cancel_keys(prefix: str, held: Sequence[tuple[str, Policy]]) -> list[tuple[str, int]]:
+    """(key, lease period in ms) of each concurrency slot `held` ((identity, concurrency policy) pairs):
+    what cancelling a lease token writes to (lua/cancel.lua, one call per key)."""
+    return list(zip(release_keys(prefix, held), (policy.period_ms for _, policy in held), strict=True))
+
+
 _ENTRY_HEAD = struct.Struct(">B")
 _ENTRY_TAIL = struct.Struct(">QI")  # expiry (6 bytes after a 2-byte pad), state length
 

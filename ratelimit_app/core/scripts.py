@@ -12,6 +12,8 @@ from .algorithms import SCRIPTED
 #: one's code, which decide.lua dispatches on).
 ALGORITHM_FILES: tuple[str, ...] = tuple(algorithm.lua_file for algorithm in SCRIPTED)
 ENTRY_FILE = "decide.lua"
+#: The script that cancels a lease token whose decision's reply was lost (run with EVAL: it is rare).
+CANCEL_FILE = "cancel.lua"
 #: Locals every other file uses; it comes first.
 PRELUDE_FILE = "prelude.lua"
 #: The parameters of every algorithm function, in this order (see "The algorithms" in decide.lua).
@@ -76,3 +78,10 @@ def decide_source() -> str:
 def decide_sha() -> str:
     """SHA1 of the decision script, as Redis names it in EVALSHA and SCRIPT LOAD."""
     return hashlib.sha1(decide_source().encode("utf-8"), usedforsecurity=False).hexdigest()
+
+
+@cache
+def cancel_source() -> str:
+    """The lease-cancelling script (lua/cancel.lua): KEYS[1] a concurrency policy's sorted set of leases,
+    ARGV the token and the lease period in ms."""
+    return read_lua(CANCEL_FILE)

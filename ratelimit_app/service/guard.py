@@ -10,7 +10,10 @@
   ratelimit_app.service.fallback, each policy divided by APP_SERVERS);
 - a local deny cache (ratelimit_app.service.denycache): a request Redis denied until T is denied in
   process until T, without a Redis call; a reset in any process clears it everywhere within
-  RESET_CHECK_INTERVAL (the deny cache reads the reset epoch at most that often, see ResetWatch).
+  RESET_CHECK_INTERVAL (the deny cache reads the reset epoch at most that often, see ResetWatch);
+- the slots nobody could give back while Redis did not answer (ratelimit_app.service.lostleases): a
+  decision whose reply was lost has its lease cancelled, a release that failed is sent again, once
+  Redis answers, over the sync engine of the service that `settle_with` names.
 
 A service drives one decision through it: `open` before the Redis call (deny cache, breaker); when
 `open` leaves `call.watch` set, the service reads the reset epoch and hands it to `epoch_read`; then,
@@ -25,11 +28,14 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..core.budget import within_budget
 from ..core.decision import Decision, degraded_decision
 from ..core.engine import Check, prepare_call
+from ..core.engine_sync import RateLimiter
+from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import CONCURRENCY, Policy
 from . import events
 from .breaker import CLOSED, PROBE, SKIP, CircuitBreaker
@@ -37,6 +43,7 @@ from .conf import ratelimit_settings
 from .denycache import DenyCache, ResetWatch
 from .fallback import LocalLimiter
 from .logs import log_event
+from .lostleases import CANCEL, RETRY_INTERVAL, LostLease, LostLeases
 from .servicecall import ServiceCall, ServiceStats, request_key
 
 OPEN, CLOSED_MODE, LOCAL = "open", "closed", "local"
@@ -86,6 +93,9 @@ class RedisGuard:
         self._stats_lock = threading.Lock()
         self._redis_failures = 0
         self._counts = {"open": 0, "closed": 0, "local_allowed": 0, "local_denied": 0}
+        #: slots nobody could give back while Redis did not answer
+        self.lost_leases = LostLeases(self._settle, self._retry_pause)
+        self._settler: Callable[[], RateLimiter] | None = None
 
     @classmethod
     def shared_or_new(cls, guard: RedisGuard | None, options: dict[str, Any]) -> RedisGuard:
@@ -162,9 +172,12 @@ class RedisGuard:
         return decisions
 
     def failed(self, call: ServiceCall, error: BaseException) -> list[Decision]:
-        """Redis could not decide (an error, or the budget ran out): count it; the fail mode answers."""
+        """Redis could not decide (an error, or the budget ran out): count it; the fail mode answers.
+        A decision that may have run takes no slot for good: its lease is cancelled (`_lost`)."""
         events.observe_latency(time.monotonic() - call.started)
         self.count_failure(call.step, error)
+        if not isinstance(error, BackendError) or error.maybe_applied:
+            self._lost(call)
         return self.degraded(call.mode, call.checks, call.cost, call.charge, call.lease)
 
     def abandoned(self, step: int) -> None:
@@ -172,6 +185,22 @@ class RedisGuard:
         input, cancellation)."""
         if step == PROBE:
             self.breaker.abandon_probe()
+
+    def abandoned_call(self, call: ServiceCall, error: BaseException) -> None:
+        """`abandoned` for a decision that raised `error`: a cancelled one (CancelledError,
+        KeyboardInterrupt) may have been sent, and its lease is cancelled like a lost reply's."""
+        self.abandoned(call.step)
+        if not isinstance(error, Exception):
+            self._lost(call)
+
+    def _lost(self, call: ServiceCall) -> None:
+        """The reply of `call` was lost after it was sent: Redis may have run it, now or later. Every
+        concurrency slot it may have taken is cancelled under its lease once Redis answers again."""
+        if call.lease is None or not call.charge or self._settler is None:
+            return
+        held = [(identity, policy) for identity, policies in call.checks for policy in policies
+                if policy.algorithm == CONCURRENCY]
+        self.lost_leases.cancel(held, call.lease)
 
     def degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool,
                  lease: str | None = None) -> list[Decision]:
@@ -212,6 +241,44 @@ class RedisGuard:
         with self._stats_lock:
             self._redis_failures += 1
         self.breaker.record_failure(error, probe=step == PROBE)
+
+    def release_failed(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
+        """Redis could not be asked to release these slots (the breaker skipped it, or it failed): the
+        release is sent again once Redis answers, unless the lease has run out by then."""
+        if self._settler is not None:
+            self.lost_leases.release(held, lease)
+
+    def settle_with(self, engine: Callable[[], RateLimiter]) -> None:
+        """Send lost leases' cancellations and releases over `engine()` (the sync service's engine: the
+        first service that names one)."""
+        if self._settler is None:
+            self._settler = engine
+
+    def _settle(self, lost: LostLease) -> bool:
+        """Send one lost lease's cancellation or release within the budget, through the breaker (from
+        the thread of `lost_leases`): True when Redis took it."""
+        step, settler = self.step(), self._settler
+        if step is None or settler is None:
+            return False
+        try:
+            with within_budget(self.budget):
+                engine = settler()
+                if lost.kind == CANCEL:
+                    engine.cancel(lost.held, lost.lease)
+                else:
+                    engine.release(lost.held, lost.lease)
+        except BACKEND_ERRORS as exc:
+            self.count_failure(step, exc)
+            return False
+        except BaseException:
+            self.abandoned(step)
+            raise
+        self.succeeded(step)
+        return True
+
+    def _retry_pause(self) -> float:
+        """Seconds lost leases wait after a failed attempt: until the breaker lets a call through again."""
+        return max(RETRY_INTERVAL, self.breaker.retry_in())
 
     def forget_locally(self, identity: str, policies: Sequence[Policy]) -> None:
         """The in-process half of a reset: the deny cache's entries and the fallback's state."""

@@ -54,6 +54,7 @@ class LimiterService:
         else:
             self._build = limiter
         self._build_lock = threading.Lock()
+        self.guard.settle_with(self.limiter)  # lost leases are settled over this engine
 
     # -- the public API ----------------------------------------------------------------------------
     def limiter(self) -> RateLimiter:
@@ -83,19 +84,22 @@ class LimiterService:
         """Give back the concurrency slots of `held` taken under `lease`: in Redis (one round trip,
         within the time budget, through the breaker), or in the local fallback when `local` (the
         decision that took them was made by the "local" fail mode). Never raises for Redis failures:
-        False when Redis could not be asked (those slots then free themselves when their lease runs out)."""
+        False when Redis could not be asked; the release is then sent again once Redis answers
+        (RedisGuard.release_failed), unless the lease has run out by then."""
         guard = self.guard
         if local:
             guard.fallback.release(held, lease)
             return True
         step = guard.step()
         if step is None:
+            guard.release_failed(held, lease)
             return False
         try:
             with within_budget(guard.budget):
                 self.limiter().release(held, lease)
         except BACKEND_ERRORS as exc:
             guard.count_failure(step, exc)
+            guard.release_failed(held, lease)
             return False
         except BaseException:
             guard.abandoned(step)
@@ -152,8 +156,8 @@ class LimiterService:
                     decisions = [engine.peek(identity, policies, cost)]
         except BACKEND_ERRORS as exc:
             return guard.failed(call, exc)
-        except BaseException:
-            guard.abandoned(call.step)
+        except BaseException as exc:
+            guard.abandoned_call(call, exc)
             raise
         return guard.answered(call, decisions)
 

@@ -97,12 +97,14 @@ class AsyncLimiterService:
             return True
         step = guard.step()
         if step is None:
+            guard.release_failed(held, lease)
             return False
         try:
             async with _budget(guard.budget):
                 await self.limiter().release(held, lease)
         except _FAILURES as exc:
             guard.count_failure(step, exc)
+            guard.release_failed(held, lease)
             return False
         except BaseException:
             guard.abandoned(step)
@@ -170,8 +172,8 @@ class AsyncLimiterService:
                         decisions = [await engine.peek(identity, policies, cost)]
         except _FAILURES as exc:
             return guard.failed(call, exc)
-        except BaseException:
-            guard.abandoned(call.step)
+        except BaseException as exc:
+            guard.abandoned_call(call, exc)
             raise
         return guard.answered(call, decisions)
 

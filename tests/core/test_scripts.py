@@ -10,6 +10,7 @@ from ratelimit_app.core.algorithms import REGISTRY, SCRIPTED
 from ratelimit_app.core.scripts import (
     ALGORITHM_FILES,
     ALGORITHM_PARAMETERS,
+    CANCEL_FILE,
     ENTRY_FILE,
     decide_sha,
     decide_source,
@@ -18,7 +19,7 @@ from ratelimit_app.core.scripts import (
 from ratelimit_app.service.fallback_models import MODELS
 
 # Update deliberately when a script changes (and say why in the commit).
-PINNED_DECIDE_SHA = "726cd5c50714948fe3f77cfe1b421a18cabf1a60"
+PINNED_DECIDE_SHA = "b931f7d2a8ac23a5c8e696f92859083f16dc415e"
 
 
 def test_decide_script_hash_is_pinned(redis_client: redis.Redis) -> None:
@@ -39,6 +40,9 @@ def test_every_script_documents_its_interface() -> None:
             assert word in header, f"{name} header does not document {word!r}"
         # the contract is not repeated
         assert "Returns" not in header and "Called by decide.lua" not in header, name
+    header = read_lua(CANCEL_FILE).split("local time", 1)[0]
+    for word in ("KEYS[1]", "ARGV[1]", "ARGV[2]", "Returns"):
+        assert word in header, f"{CANCEL_FILE} header does not document {word}"
 
 
 def test_every_algorithm_file_ends_with_its_function() -> None:

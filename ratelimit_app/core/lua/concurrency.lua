@@ -8,7 +8,9 @@
 -- request in flight).
 -- State: no entry: its key of its own (decide.lua: SLOTS_CODE), a sorted set, member = lease token,
 -- score = lease expiry (us), with at most limit live members; TTL = the lease period, set on every
--- charge. Leases that ran out are trimmed when a slot is taken.
+-- charge. Leases that ran out are trimmed when a slot is taken. A member with a negative score is a
+-- cancelled lease (cancel.lua: a token whose decision's reply was lost), score -(its end in us): it
+-- holds no slot, and a charge under its token adds nothing (ZADD NX) until it ends and is trimmed.
 -- Its remaining is the free slots; its reset, when refused, until the last live lease runs out, when
 -- allowed, the lease period if any lease is live, else 0; its retry, when refused, 1 s (a slot frees as
 -- soon as any request of this identity finishes, which no clock can say). Its write is true: decide.lua
@@ -16,12 +18,12 @@
 
 local CONCURRENCY_RETRY_US = 1000000
 
--- the charge: drop leases that ran out, add this request's lease, keep the key one lease period (the
--- newest lease's; a lease taken before the period was shortened may go with the key a little early,
--- which frees its slot early, never late)
+-- the charge: drop leases and cancelled leases that ran out, add this request's lease unless its token
+-- was cancelled, keep the key one lease period (the newest lease's; a lease taken before the period was
+-- shortened may go with the key a little early, which frees its slot early, never late)
 local function concurrency_charge(key, now_us, lease_us, token)
-  call('ZREMRANGEBYSCORE', key, '-inf', format('%d', now_us))
-  call('ZADD', key, format('%d', now_us + lease_us), token)
+  call('ZREMRANGEBYSCORE', key, format('%d', -now_us), format('%d', now_us))
+  call('ZADD', key, 'NX', format('%d', now_us + lease_us), token)
   call('PEXPIRE', key, lease_us / 1000)
 end
 
