@@ -6,7 +6,6 @@ Request handling never reads these models directly: `ratelimit_app.plans.lookups
 
 from __future__ import annotations
 
-import ipaddress
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +19,7 @@ from django.utils import timezone
 from .core.calendars import CALENDAR_PERIODS, is_valid_time_zone
 from .core.policies import ALL_ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
 from .plans import apikeys
+from .plans.clientrules import parse_network
 from .service.conf import IP_POLICY_NAME
 
 FAIL_MODE_CHOICES = [
@@ -358,13 +358,14 @@ class ClientRule(models.Model):
         return f"{self.action} {target}"
 
     def clean(self) -> None:
-        """Exactly one of network and api_key; a network is stored in its canonical CIDR form."""
+        """Exactly one of network and api_key; a network is stored in its canonical CIDR form (an
+        IPv4-mapped IPv6 network as the IPv4 network it maps, which is how clients are matched)."""
         super().clean()
         network = (self.network or "").strip()
         if bool(network) == bool(self.api_key_id):
             raise ValidationError("Give either a network or an API key (exactly one).")
         if network:
             try:
-                self.network = str(ipaddress.ip_network(network, strict=False))
+                self.network = str(parse_network(network))
             except ValueError as exc:
                 raise ValidationError({"network": f"Not a network in CIDR notation: {exc}"}) from exc

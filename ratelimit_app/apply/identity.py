@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from django.http import HttpRequest
 
-from ..plans.clientrules import IPAddress, IPNetwork
+from ..plans.clientrules import IPAddress, IPNetwork, parse_network
 from ..service.conf import SettingsCached, ratelimit_settings
 
 #: Most X-Forwarded-For entries walked when trusted proxies are a CIDR list.
@@ -49,8 +49,9 @@ def _read_identity_config() -> IdentityConfig:
 
 def parse_networks(cidrs: Sequence[str]) -> tuple[IPNetwork, ...]:
     """Networks from CIDR strings ("10.0.0.0/8", "2001:db8::/32", or a single address); host bits are
-    ignored. Raises ValueError for an invalid one."""
-    return tuple(ipaddress.ip_network(cidr.strip(), strict=False) for cidr in cidrs)
+    ignored, an IPv4-mapped network is its IPv4 network (see `parse_network`). Raises ValueError for an
+    invalid one."""
+    return tuple(parse_network(cidr) for cidr in cidrs)
 
 
 _config = SettingsCached(_read_identity_config)
@@ -77,8 +78,22 @@ def api_key_from_request(request: HttpRequest) -> str | None:
 
 
 def _parse_ip(text: str) -> IPAddress | None:
+    """The address of `text`, with or without a port ("1.2.3.4", "1.2.3.4:5678", "2001:db8::1",
+    "[2001:db8::1]:443", as proxies write X-Forwarded-For entries); an IPv4-mapped address as IPv4.
+    None when it is not one."""
+    text = text.strip()
+    host, port = text, None
+    if text.startswith("["):  # an IPv6 address in brackets, maybe with a port
+        host, _, rest = text[1:].partition("]")
+        if ":" not in host or (rest and not rest.startswith(":")):
+            return None
+        port = rest[1:] if rest else None
+    elif text.count(":") == 1:  # an IPv4 address with a port
+        host, _, port = text.partition(":")
+    if port is not None and not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        return None
     try:
-        address = ipaddress.ip_address(text.strip())
+        address = ipaddress.ip_address(host)
     except ValueError:
         return None
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:

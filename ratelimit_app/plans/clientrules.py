@@ -20,6 +20,21 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 ALLOW = "allow"
 DENY = "deny"
 
+#: The IPv4-mapped IPv6 addresses (::ffff:a.b.c.d): a client from one of them is matched as a.b.c.d.
+_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
+
+
+def parse_network(text: str) -> IPNetwork:
+    """The network `text` names (CIDR or one address; host bits ignored), an IPv4-mapped IPv6 network
+    as the IPv4 network it maps (`::ffff:10.1.2.0/120` is `10.1.2.0/24`), since client addresses
+    are matched as IPv4 when they are mapped ones. Raises ValueError for an invalid one."""
+    network = ipaddress.ip_network(text.strip(), strict=False)
+    if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(_MAPPED):
+        mapped = network.network_address.ipv4_mapped
+        assert mapped is not None  # inside ::ffff:0:0/96
+        return ipaddress.IPv4Network((mapped, network.prefixlen - 96))
+    return network
+
 
 @dataclass(frozen=True, slots=True)
 class ClientRules:
@@ -66,7 +81,7 @@ class ClientRules:
                 continue
             if network:
                 try:
-                    networks[action].append(ipaddress.ip_network(network, strict=False))
+                    networks[action].append(parse_network(network))
                 except ValueError:
                     continue
             elif prefix:

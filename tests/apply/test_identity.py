@@ -100,3 +100,25 @@ def test_ipv4_identities_and_mapped_addresses() -> None:
 def test_identity_strings() -> None:
     assert key_identity("AbCd1234") == "key:AbCd1234"
     assert user_identity(42) == "user:42"
+
+
+@pytest.mark.parametrize("proxies", [1, ["10.0.0.0/8"]])
+def test_forwarded_for_entries_with_a_port_name_the_client(settings: Any, proxies: Any) -> None:
+    use(settings, TRUSTED_PROXIES=proxies)
+    assert client_ip(request("10.0.0.2", xff="198.51.100.1:5678")) == "198.51.100.1"
+    assert client_ip(request("10.0.0.2", xff="[2001:db8::1]:443")) == "2001:db8::1"
+    assert client_ip(request("10.0.0.2", xff="[2001:db8::1]")) == "2001:db8::1"
+    assert client_ip(request("10.0.0.2", xff="2001:db8::1")) == "2001:db8::1"  # no port: colons are the address
+    assert client_ip(request("10.0.0.2", xff="[::ffff:198.51.100.1]:80")) == "198.51.100.1"
+
+
+@pytest.mark.parametrize("entry", ["198.51.100.1:", "198.51.100.1:port", "198.51.100.1:99999", "[2001:db8::1]x",
+                                   "[2001:db8::1]:", "[198.51.100.1]:80", "2001:db8::1:80:"])
+def test_a_malformed_port_is_not_an_address(settings: Any, entry: str) -> None:
+    use(settings, TRUSTED_PROXIES=1)
+    assert client_ip(request("10.0.0.2", xff=entry)) == "10.0.0.2"  # unreadable: the proxy's own address
+
+
+def test_a_mapped_trusted_proxy_network_is_its_ipv4_network(settings: Any) -> None:
+    use(settings, TRUSTED_PROXIES=["::ffff:10.0.0.0/104"])
+    assert client_ip(request("10.0.0.2", xff="198.51.100.1")) == "198.51.100.1"

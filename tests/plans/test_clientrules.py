@@ -160,3 +160,25 @@ def test_drf_tier_throttle_refuses_a_deny_listed_client_with_403(admin_client: C
     assert response.status_code == 403
     assert response.json() == {"detail": "client network refused by an access rule"}
     assert client.get("/drf/items/", HTTP_X_API_KEY=key).status_code == 200
+
+
+def test_an_ipv4_mapped_network_is_stored_and_matched_as_ipv4(admin_client: Client, client: Client,
+                                                              settings: Any) -> None:
+    use(settings, IP_RATE=None)
+    seed_tiers()
+    key = make_key("free")
+    # clients are matched by their IPv4 address (::ffff:10.1.2.9 is 10.1.2.9): so is the rule
+    assert add_rule(admin_client, action="deny", network="::ffff:10.1.2.0/120").status_code == 302
+    assert ClientRule.objects.get().network == "10.1.2.0/24"
+    for address in ("10.1.2.9", "::ffff:10.1.2.9"):
+        assert client.get("/api/users", HTTP_X_API_KEY=key, REMOTE_ADDR=address).status_code == 403
+    assert client.get("/api/users", HTTP_X_API_KEY=key, REMOTE_ADDR="10.1.3.9").status_code == 200
+
+
+def test_a_mapped_network_written_around_the_admin_is_matched_as_ipv4(client: Client, settings: Any) -> None:
+    use(settings, IP_RATE=None)
+    seed_tiers()
+    key = make_key("free")
+    ClientRule.objects.create(action="deny", network="::ffff:10.1.2.0/120")  # no clean(): stored as written
+    assert client.get("/api/users", HTTP_X_API_KEY=key, REMOTE_ADDR="10.1.2.9").status_code == 403
+    assert client.get("/api/users", HTTP_X_API_KEY=key, REMOTE_ADDR="10.1.3.9").status_code == 200

@@ -23,7 +23,7 @@ from ratelimit_app.service import lostleases
 from ratelimit_app.service.limiter import LimiterService
 from ratelimit_app.service.lostleases import LostLease, LostLeases
 from tests.service.test_resilience import configure, warm
-from tests.support.tcp_proxy import TcpProxy, tcp_proxy
+from tests.support.tcp_proxy import tcp_proxy
 from tests.support.topology import command_calls, run_threads
 
 SLOTS = Policy("concurrency", CONCURRENCY, limit=2, period=30)
