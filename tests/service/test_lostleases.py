@@ -135,7 +135,8 @@ def test_a_cancelled_lease_is_trimmed_once_it_has_ended(redis_client: redis.Redi
     limiter = RateLimiter(redis_client, prefix=key_prefix)
     [key] = limiter.keys("key:abc", [short])
     limiter.cancel([("key:abc", short)], "gone")
-    [(member, score)] = redis_client.zrange(key, 0, -1, withscores=True)
+    members: list[tuple[bytes, float]] = redis_client.zrange(key, 0, -1, withscores=True)  # type: ignore[assignment]
+    [(member, score)] = members
     assert member == b"gone" and score < 0
     end = -score
     while _redis_now(redis_client) <= end:
