@@ -112,6 +112,19 @@ def test_an_async_view_under_asgi_admits_ten_then_answers_429_with_headers(free_
     assert parse_ietf(denied.headers["RateLimit"])["minute"]["r"] == 10  # the refused request charged nothing
 
 
+def test_status_calls_under_asgi_count_against_the_per_ip_limit(settings: Any, free_key: str) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_RATE": "3/m"}
+
+    async def scenario() -> list[Any]:
+        client = AsyncClient()
+        return [await client.get("/api/rate-limit/status", headers={"X-API-Key": free_key}) for _ in range(5)]
+
+    responses = run(scenario)
+    assert [r.status_code for r in responses] == [200] * 3 + [429] * 2
+    assert [r.json()["limits"][0]["remaining"] for r in responses[:3]] == [2, 1, 0]
+    assert responses[-1].json()["policy"] == "ip"
+
+
 def test_a_warm_limited_request_makes_no_thread_hop_of_its_own(
         settings: Any, free_key: str, hops: list[Callable[..., Any]], planned_in: list[int]) -> None:
     """A warm request to an `async def` view makes as many thread hops with the limiter deciding it as

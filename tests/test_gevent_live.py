@@ -58,7 +58,7 @@ class GeventSite:
     proxy: TcpProxy
 
     def remaining(self) -> int:
-        """What remains of the key's hourly limit (the status endpoint consumes nothing)."""
+        """What remains of the key's hourly limit (the status endpoint consumes nothing of the tier)."""
         answer = self.get("/api/rate-limit/status")
         assert answer.status == 200, answer
         return int({limit["name"]: limit["remaining"] for limit in answer.body["limits"]}["hour"])

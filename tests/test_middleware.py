@@ -181,11 +181,12 @@ def test_a_denied_request_consumes_nothing(client: Any, small_key: str) -> None:
         assert get(client, key=small_key).status_code == 429
     after = get(client, "/api/rate-limit/status", key=small_key).json()
     remaining = {limit["name"]: limit["remaining"] for limit in after["limits"]}
-    assert remaining == {limit["name"]: limit["remaining"] for limit in before["limits"]}
-    assert remaining["day"] == 997 and remaining["ip"] == 97  # only the 3 allowed requests counted
+    assert remaining == {limit["name"]: limit["remaining"] for limit in before["limits"]} | {"ip": 95}
+    # only the 3 allowed requests counted, and each status call one unit of the per-IP limit
+    assert remaining["day"] == 997 and remaining["ip"] == 100 - 3 - 2
 
 
-def test_status_endpoint_reports_and_consumes_nothing(client: Any) -> None:
+def test_status_endpoint_reports_and_charges_the_per_ip_limit_alone(client: Any) -> None:
     seed_tiers()
     key = make_key("free")
     assert get(client, key=key).status_code == 200
@@ -194,10 +195,28 @@ def test_status_endpoint_reports_and_consumes_nothing(client: Any) -> None:
     bodies = [r.json() for r in reports]
     assert bodies[0]["tier"] == "free" and bodies[0]["identity"] == "key:" + key.split(".")[0]
     assert [(lim["name"], lim["remaining"]) for lim in bodies[0]["limits"]] == [
-        ("ip", 99), ("burst", 9), ("minute", 19), ("day", 999)]
+        ("ip", 98), ("burst", 9), ("minute", 19), ("day", 999)]
+    assert [b["limits"][0]["remaining"] for b in bodies] == [98, 97, 96, 95, 94]  # one unit per status call
     assert all(b["limits"][1:] == bodies[0]["limits"][1:] or
-               [lim["remaining"] for lim in b["limits"]] == [99, 9, 19, 999] for b in bodies)
+               [lim["remaining"] for lim in b["limits"][1:]] == [9, 19, 999] for b in bodies)
     assert get(client, key=key)["X-RateLimit-Remaining"] == "8"  # the next real request is the second
+
+
+@pytest.mark.parametrize("key_kind", ["key", "anonymous"])
+def test_status_calls_are_refused_over_the_per_ip_limit_from_the_deny_cache(client: Any, settings: Any,
+                                                                          key_kind: str) -> None:
+    use(settings, IP_RATE="5/m", ANONYMOUS_TIER="free" if key_kind == "anonymous" else None)
+    seed_tiers()
+    key = make_key("free") if key_kind == "key" else None
+    statuses = [get(client, "/api/rate-limit/status", key=key).status_code for _ in range(5)]
+    assert statuses == [200] * 5
+    refused = get(client, "/api/rate-limit/status", key=key)
+    assert refused.status_code == 429 and refused.json()["policy"] == "ip" and int(refused["Retry-After"]) >= 1
+    hits = limiting.get_limiter().stats().deny_cache_hits
+    again = [get(client, "/api/rate-limit/status", key=key) for _ in range(20)]
+    assert all(r.status_code == 429 for r in again)
+    assert limiting.get_limiter().stats().deny_cache_hits - hits == 20  # answered without Redis
+    assert get(client, key=key).status_code == 429  # the API too: one per-IP limit
 
 
 def test_route_cost_is_charged_to_every_limit(client: Any) -> None:

@@ -66,7 +66,7 @@ class Site:
         return requests.get(f"{self.url}{path}", headers={"X-API-Key": self.keys[key]}, timeout=30, **kwargs)
 
     def remaining(self, key: str) -> dict[str, int]:
-        """Where the key stands in each limit (the status endpoint consumes nothing)."""
+        """Where the key stands in each limit (the status endpoint consumes nothing of the tier)."""
         body = self.get("/api/rate-limit/status", key).json()
         return {limit["name"]: limit["remaining"] for limit in body["limits"]}
 

@@ -3,7 +3,8 @@
 - `GET /health`                 never limited; reports whether Redis answers
 - `GET /api/users`              limited by RateLimitMiddleware (per-IP limit + the caller's tier), cost 1
 - `POST /api/data`              cost 5 (declared with `limit_cost`)
-- `GET /api/rate-limit/status`  the caller's tier and where it stands in each limit; consumes nothing
+- `GET /api/rate-limit/status`  the caller's tier and where it stands in each limit; consumes nothing of the
+  tier (one unit of the per-IP limit, so a flood of status calls is limited like any other)
 - `/drf/items/`                 a DRF viewset limited by `throttle_classes` (outside the middleware's /api/)
 - `GET /public/quote`           a plain view limited by the `@ratelimit` decorator, per IP
 - `GET /api/slow?ms=500`        a slow request (normal priority): holds the caller's concurrency slot (when
@@ -89,7 +90,8 @@ def data(request: HttpRequest) -> JsonResponse:
 @limit_cost(0)
 @require_GET
 def rate_limit_status(request: HttpRequest) -> JsonResponse:
-    """The caller's tier and, for each limit, what remains and when it resets. Consumes nothing."""
+    """The caller's tier and, for each limit, what remains and when it resets. Consumes nothing of the
+    tier; the middleware charges it one unit of the per-IP limit (429 over it, from the deny cache)."""
     outcome: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
     if outcome is None or outcome.charged:  # the middleware is off for this path: decide here
         outcome = limit_request(request, cost=0)

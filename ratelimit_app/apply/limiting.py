@@ -36,14 +36,14 @@ from ..core.engine import new_lease_token
 from ..core.policies import Policy
 from ..plans.clientrules import ALLOW
 from ..service import events
-from ..service.conf import DEFAULTS, ratelimit_settings
+from ..service.conf import DEFAULTS, IP_POLICY_NAME, ratelimit_settings
 from ..service.guard import FAIL_MODES, without_limits
 from ..service.limiter import get_limiter
 from ..service.limiter_async import get_async_limiter
 from ..service.logs import logger
 from . import shedding
 from .concurrency import HeldSlots, needs_lease, slots_taken
-from .limitcheck import LimitCheck
+from .limitcheck import REQUEST_LIMITS, LimitCheck
 from .outcome import ALLOWED as ALLOWED
 from .outcome import DENIED as DENIED
 from .outcome import FORBIDDEN as FORBIDDEN
@@ -84,17 +84,24 @@ def _call_for(plan: RequestPlan, cost: int) -> _PlannedCall | LimitOutcome:
 
 
 def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
-    """Charge `cost` to every check of `plan` in one all-or-nothing call (cost 0: only report where
-    the client stands), and count the request in the metrics once. `adecide` is the same, awaited."""
+    """Charge `cost` to every check of `plan` in one all-or-nothing call, and count the request in the
+    metrics once. Cost 0 (a report of where the client stands) charges one unit of the per-IP limit
+    alone, refused there like any request, and reads the other checks without charging them.
+    `adecide` is the same, awaited."""
     call = _call_for(plan, cost)
     if isinstance(call, LimitOutcome):
         return call
     service = get_limiter()
     if call.cost == 0:
-        # one peek per identity (the service applies the fail mode); fresh: a report shows the counts
-        # of now, not those a cached denial remembers
-        decisions = [service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
-                     for identity, policies in call.pairs]
+        decisions = []
+        if _reports_ip(plan):  # one unit of the per-IP limit, like any request (the deny cache answers)
+            identity, policies = call.pairs[0]
+            decisions = [service.hit(identity, policies, 1, fail_mode=plan.tier_fail_mode)]
+        if not _over_ip_limit(plan, decisions):
+            # one peek per other identity (the service applies the fail mode); fresh: a report shows
+            # the counts of now, not those a cached denial remembers
+            decisions += [service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
+                          for identity, policies in call.pairs[len(decisions):]]
     else:
         decisions = service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
     outcome, unwanted = _conclude(call, decisions)
@@ -110,14 +117,34 @@ async def adecide(plan: RequestPlan, cost: int) -> LimitOutcome:
         return call
     service = get_async_limiter()
     if call.cost == 0:
-        decisions = [await service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
-                     for identity, policies in call.pairs]
+        decisions = []
+        if _reports_ip(plan):
+            identity, policies = call.pairs[0]
+            decisions = [await service.hit(identity, policies, 1, fail_mode=plan.tier_fail_mode)]
+        if not _over_ip_limit(plan, decisions):
+            decisions += [await service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
+                          for identity, policies in call.pairs[len(decisions):]]
     else:
         decisions = await service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
     outcome, unwanted = _conclude(call, decisions)
     if unwanted is not None:
         await unwanted.arelease()
     return outcome
+
+
+def _reports_ip(plan: RequestPlan) -> bool:
+    """True when `plan` starts with the per-IP limit, which a report (cost 0) charges one unit: a
+    status call counts like any request there, so a flood of them is limited (and answered from the
+    deny cache) instead of making fresh Redis reads."""
+    checks = plan.checks
+    return bool(checks) and checks[0].owner == REQUEST_LIMITS and checks[0].policies[:1] != () \
+        and checks[0].policies[0].name == IP_POLICY_NAME
+
+
+def _over_ip_limit(plan: RequestPlan, decisions: Sequence[Decision]) -> bool:
+    """True when a report's charge of the per-IP limit was refused (not for an outage: a report is
+    answered, degraded, when the limiter cannot decide)."""
+    return bool(decisions) and not decisions[0].allowed and not decisions[0].degraded and _reports_ip(plan)
 
 
 def _conclude(call: _PlannedCall, decisions: list[Decision]) -> tuple[LimitOutcome, HeldSlots | None]:
@@ -137,11 +164,12 @@ def _conclude(call: _PlannedCall, decisions: list[Decision]) -> tuple[LimitOutco
                                                 summarize(decisions, len(kept)), summary, cost)
     if shed_priority is not None:
         status = SHED
-    elif summary.allowed or cost == 0:  # a report-only request is never refused for where it stands
+    elif summary.allowed or (cost == 0 and not _over_ip_limit(plan, decisions)):
+        # a report-only request is refused only by its charge of the per-IP limit
         status = UNAUTHORIZED if plan.refusal else ALLOWED
     else:
         status = UNAVAILABLE if summary.degraded else DENIED
-    if cost > 0:
+    if cost > 0 or status == DENIED:
         _count(plan, summary, status, shed_priority, fleet is not None)
     unwanted = None
     if slots is not None and not summary.allowed:

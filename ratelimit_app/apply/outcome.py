@@ -34,11 +34,11 @@ class LimitOutcome:
     (when denied: the policy that refused, so headers describe it; None when nothing was decided);
     `policies` are all the policies that applied, for the `RateLimit-Policy` header. `tier` is the
     client's tier when one was established; `identity` a display label ("key:<prefix>", "user:<pk>",
-    "ip:<addr>"), never a full key. `charged` is False for report-only routes (cost 0), whose decision
-    comes from `peek`. `checks` and `decisions` (same order; None where Redis Cluster stopped at the
-    first denial) let each throttle or decorator read its own part. `slots` are the concurrency slots
-    the request took (None: none); the caller gives them back when the response is finished
-    (ratelimit_app.apply.concurrency).
+    "ip:<addr>"), never a full key. `charged` is False for report-only routes (cost 0), which charge
+    one unit of the per-IP limit and read the rest with `peek`. `checks` and `decisions` (same order;
+    None where Redis Cluster stopped at the first denial) let each throttle or decorator read its own
+    part. `slots` are the concurrency slots the request took (None: none); the caller gives them back
+    when the response is finished (ratelimit_app.apply.concurrency).
     """
 
     status: str

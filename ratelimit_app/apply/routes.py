@@ -3,7 +3,7 @@
     @limit_cost(5)                          # every request to this view costs 5 units
     @limit_cost(5, methods=["POST"])        # POST costs 5, other methods 1
     @limit_cost(1, scope="search")          # adds the tier's limits with scope "search"
-    @limit_cost(0)                          # identify and report, consume nothing (status endpoints)
+    @limit_cost(0)                          # identify and report (status endpoints): per-IP limit only
     @limit_cost(priority="low")             # shed first when the fleet is overloaded (ratelimit_app.apply.shedding)
 
 Class-based views may set the same on the class (`@limit_cost(...)` on a View or APIView class); a DRF
@@ -40,7 +40,8 @@ ViewT = TypeVar("ViewT", bound=Callable[..., Any])
 
 @dataclass(frozen=True, slots=True)
 class RouteLimit:
-    """What a route costs (`cost` units; 0 = report only) and its scope ("" = none).
+    """What a route costs (`cost` units; 0 = report only: one unit of the per-IP limit, nothing else)
+    and its scope ("" = none).
 
     With `methods`, the cost applies to those HTTP methods only; other methods cost 1. `priority` is
     the load-shedding priority ("critical", "normal", "low"; None: not declared, see shedding).
