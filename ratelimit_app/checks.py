@@ -13,13 +13,17 @@ Ids are stable (docs/settings.md, "What `check` validates", lists them all):
   every decision would fail and follow the fail mode);
 - ratelimit.W001: Redis does not answer (a warning: the fail mode covers outages at run time);
 - ratelimit.W002: the URLconf routes GET /metrics but neither METRICS_TOKEN nor METRICS_ALLOWED_IPS is
-  set, so only staff sessions can read it (Prometheus cannot scrape it).
+  set, so only staff sessions can read it (Prometheus cannot scrape it);
+- ratelimit.W020: the cache the limiter's lookups share (CACHE_ALIAS) is a Redis or memcached cache
+  without a socket timeout (`check_shared_cache`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
+from django.conf import settings as django_settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, router
@@ -185,3 +189,52 @@ def _routes(view: Any) -> bool:
         return walk(get_resolver().url_patterns)
     except Exception:  # a URLconf that does not import: Django's own URL checks report it
         return False
+
+
+#: Cache backends that talk to a server, and where each takes its read timeout: an OPTIONS key, and
+#: the name of a LOCATION query parameter (None: none).
+_CACHE_READ_TIMEOUTS: dict[str, tuple[str, str | None]] = {
+    "django_redis.cache.RedisCache": ("SOCKET_TIMEOUT", "socket_timeout"),
+    "django.core.cache.backends.redis.RedisCache": ("socket_timeout", "socket_timeout"),
+    "django.core.cache.backends.memcached.PyMemcacheCache": ("timeout", None),
+}
+
+
+@checks.register("ratelimit", checks.Tags.caches)
+def check_shared_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """ratelimit.W020 when the cache the lookups share (CACHE_ALIAS) waits for its server without a
+    timeout. Requests wait for it at most BUDGET_MS (ratelimit_app.service.bounded), but a read that
+    never ends keeps the shared cache out of use in that process until its server answers again."""
+    values, errors = read_settings()
+    if errors:
+        return []  # check_settings reports them
+    alias = values["CACHE_ALIAS"]
+    config = getattr(django_settings, "CACHES", {}).get(alias)
+    if not isinstance(config, dict):
+        return []
+    known = _CACHE_READ_TIMEOUTS.get(config.get("BACKEND", ""))
+    if known is None or _sets_timeout(config, *known):
+        return []
+    option = known[0]
+    return [checks.Warning(
+        f"CACHES[{alias!r}] (RATELIMIT['CACHE_ALIAS'], the lookups' shared cache) sets no socket timeout "
+        f"(OPTIONS {option!r}): a cache server that stops answering holds its reads until the operating "
+        "system gives up. Requests wait for it at most RATELIMIT['BUDGET_MS'] and then read the database, "
+        "but that process stops using the shared cache until the hung read ends.",
+        hint=f"Set CACHES[{alias!r}]['OPTIONS'][{option!r}] (seconds, for example 0.5), and a connect "
+             "timeout likewise.",
+        id="ratelimit.W020",
+    )]
+
+
+def _sets_timeout(config: dict[str, Any], option: str, query: str | None) -> bool:
+    """True when a cache's settings give its connections a read timeout (see _CACHE_READ_TIMEOUTS)."""
+    options = config.get("OPTIONS") or {}
+    pool = options.get("CONNECTION_POOL_KWARGS") or {}
+    if options.get(option) is not None or (query is not None and pool.get(query) is not None):
+        return True
+    locations = config.get("LOCATION") or []
+    locations = [locations] if isinstance(locations, str) else locations
+    if query is None or not locations:
+        return False
+    return all(parse_qs(urlsplit(str(location)).query).get(query) for location in locations)

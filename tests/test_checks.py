@@ -123,3 +123,39 @@ def test_servers_older_than_6_2_are_named(versions: dict[str, str], old: list[st
 
     assert old_servers(versions) == old
 
+
+
+REDIS_LOCATION = "redis://:s3cret-password@127.0.0.1:6379/0"
+
+
+@pytest.mark.parametrize(("backend", "options", "location"), [
+    ("django_redis.cache.RedisCache", {}, REDIS_LOCATION),
+    ("django_redis.cache.RedisCache", {"SOCKET_CONNECT_TIMEOUT": 0.5}, REDIS_LOCATION),
+    ("django_redis.cache.RedisCache", {"SOCKET_TIMEOUT": None}, REDIS_LOCATION),
+    ("django.core.cache.backends.redis.RedisCache", {}, REDIS_LOCATION),
+    ("django.core.cache.backends.memcached.PyMemcacheCache", {}, "127.0.0.1:11211"),
+])
+def test_a_shared_cache_without_a_socket_timeout_is_a_warning(settings: Any, backend: str, options: dict[str, Any],
+                                                              location: str) -> None:
+    settings.CACHES = {**settings.CACHES, "lookups": {"BACKEND": backend, "LOCATION": location, "OPTIONS": options}}
+    settings.RATELIMIT = {**settings.RATELIMIT, "CACHE_ALIAS": "lookups"}
+    [warning] = [m for m in ratelimit_messages() if m.id == "ratelimit.W020"]
+    assert "CACHES['lookups']" in warning.msg and "RATELIMIT['CACHE_ALIAS']" in warning.msg
+    assert "s3cret" not in warning.msg + str(warning.hint)  # a LOCATION may hold a password: never printed
+
+
+@pytest.mark.parametrize(("backend", "options", "location"), [
+    ("django_redis.cache.RedisCache", {"SOCKET_TIMEOUT": 0.5}, REDIS_LOCATION),
+    ("django_redis.cache.RedisCache", {"CONNECTION_POOL_KWARGS": {"socket_timeout": 0.5}}, REDIS_LOCATION),
+    ("django_redis.cache.RedisCache", {}, REDIS_LOCATION + "?socket_timeout=0.5"),
+    ("django.core.cache.backends.redis.RedisCache", {"socket_timeout": 0.5}, REDIS_LOCATION),
+    ("django.core.cache.backends.redis.RedisCache", {}, [REDIS_LOCATION + "?socket_timeout=0.5"]),
+    ("django.core.cache.backends.memcached.PyMemcacheCache", {"timeout": 0.5}, "127.0.0.1:11211"),
+    ("django.core.cache.backends.locmem.LocMemCache", {}, ""),
+    ("django.core.cache.backends.db.DatabaseCache", {}, "cache_table"),
+])
+def test_a_shared_cache_with_a_socket_timeout_or_no_socket_passes(settings: Any, backend: str,
+                                                                 options: dict[str, Any], location: Any) -> None:
+    settings.CACHES = {**settings.CACHES, "lookups": {"BACKEND": backend, "LOCATION": location, "OPTIONS": options}}
+    settings.RATELIMIT = {**settings.RATELIMIT, "CACHE_ALIAS": "lookups"}
+    assert "ratelimit.W020" not in [m.id for m in ratelimit_messages()]

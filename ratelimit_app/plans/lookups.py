@@ -12,7 +12,10 @@ Three layers, fastest first:
    commits), which makes every older shared entry unreachable;
 3. the database.
 
-A warm request therefore makes no database query and no cache call. Code on an event loop reads
+A warm request therefore makes no database query and no cache call. A cold one reads the shared cache
+within the time budget (RATELIMIT['BUDGET_MS'], see ratelimit_app.service.bounded): when the cache does
+not answer in time the database does, and while that read is still unanswered, lookups skip the
+shared cache at once. Code on an event loop reads
 inside `local_only()`: a lookup that would need the shared cache or the database raises `NeedsIO`
 there instead of blocking the loop (the caller redoes its work in a thread). Values are the frozen
 dataclasses of ratelimit_app.plans.compile, which also reads the rows; a tier's policies are compiled once
@@ -35,6 +38,7 @@ from django.core.cache import BaseCache, caches
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
+from ..service.bounded import bounded_calls
 from ..service.conf import SettingsCached, ratelimit_settings
 from .clientrules import ClientRules
 from .compile import (
@@ -144,11 +148,13 @@ class Lookups:
     """
 
     def __init__(self, *, cache_ttl: float, local_size: int, negative_size: int, cache_alias: str,
-                 namespace: str) -> None:
+                 namespace: str, budget: float) -> None:
         self.local = LocalCache(local_size, cache_ttl)
         self.negative = LocalCache(negative_size, cache_ttl)
         self.cache_alias = cache_alias
         self.namespace = namespace
+        #: seconds a lookup waits for the shared cache at most (RATELIMIT['BUDGET_MS'])
+        self.budget = budget
 
     # -- public ----------------------------------------------------------------------------------
     def tier(self, slug: str) -> TierInfo | None:
@@ -252,27 +258,37 @@ class Lookups:
 
     def _shared(self, kind: str, name: str, load: Any, *, cache_missing: bool = True) -> Any:
         """Read `kind:name` from the shared cache, else load it from the database and share it (raises
-        NeedsIO inside `local_only()`)."""
+        NeedsIO inside `local_only()`). The cache is read, and written, within the time budget
+        (ratelimit_app.service.bounded): a cache that hangs costs a lookup at most BUDGET_MS."""
         require_io()
-        cache = self._cache()
-        entry_key = None
-        if cache is not None:
-            try:
-                generation = cache.get(self._generation_key)
-                if generation is None:
-                    cache.add(self._generation_key, uuid.uuid4().hex, timeout=None)
-                    generation = cache.get(self._generation_key)
-                entry_key = f"{self.namespace}:lookups:{generation}:{kind}:{name}"
-                found = cache.get(entry_key, MISSING_MARKER)
-                if found != MISSING_MARKER:
-                    return _from_shared(found)
-            except Exception:  # the cache is an optimisation; the database is the truth
-                cache = None
+        try:
+            entry_key, found = bounded_calls.call(lambda: self._read_shared(kind, name), self.budget)
+        except Exception:  # the cache is an optimisation; the database is the truth
+            entry_key, found = None, MISSING_MARKER
+        if found != MISSING_MARKER:
+            return _from_shared(found)
         row = load(name)
-        if cache is not None and entry_key is not None and (row is not None or cache_missing):
+        if entry_key is not None and (row is not None or cache_missing):
             with contextlib.suppress(Exception):  # sharing is an optimisation
-                cache.set(entry_key, _to_shared(row), timeout=SHARED_TTL)
+                bounded_calls.call(lambda: self._write_shared(entry_key, row), self.budget)
         return row
+
+    def _read_shared(self, kind: str, name: str) -> tuple[str | None, Any]:
+        """(the shared entry's key, its value or MISSING_MARKER); (None, MISSING_MARKER) without a cache."""
+        cache = self._cache()
+        if cache is None:
+            return None, MISSING_MARKER
+        generation = cache.get(self._generation_key)
+        if generation is None:
+            cache.add(self._generation_key, uuid.uuid4().hex, timeout=None)
+            generation = cache.get(self._generation_key)
+        entry_key = f"{self.namespace}:lookups:{generation}:{kind}:{name}"
+        return entry_key, cache.get(entry_key, MISSING_MARKER)
+
+    def _write_shared(self, entry_key: str, row: Any) -> None:
+        cache = self._cache()
+        if cache is not None:
+            cache.set(entry_key, _to_shared(row), timeout=SHARED_TTL)
 
 
 #: Stored in the shared cache for "does not exist" (None cannot be told apart from a cache miss).
@@ -296,6 +312,7 @@ def build_lookups() -> Lookups:
         negative_size=ratelimit_settings.NEGATIVE_CACHE_SIZE,
         cache_alias=ratelimit_settings.CACHE_ALIAS,
         namespace=ratelimit_settings.KEY_PREFIX,
+        budget=float(ratelimit_settings.BUDGET_MS) / 1000,
     )
 
 

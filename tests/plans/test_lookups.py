@@ -3,17 +3,22 @@ saved through the ORM reaches this process at once and every other app server wi
 
 from __future__ import annotations
 
+import math
+import signal
+import threading
 import time
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
+from devtools.embedded import RedisProcess
 from ratelimit_app import Policy
 from ratelimit_app.models import ApiKey, Tier, TierLimit, UserTier
 from ratelimit_app.plans.apikeys import generate_key
 from ratelimit_app.plans.lookups import MISS, KeyInfo, LocalCache, build_lookups, get_lookups, invalidate
+from ratelimit_app.service.bounded import bounded_calls
 from tests.support.limits_support import make_key, make_tier, poll, seed_tiers
 
 pytestmark = pytest.mark.django_db
@@ -172,6 +177,49 @@ def test_lookups_work_without_the_shared_cache(settings: Any, django_assert_num_
     assert lookups.key(prefix) is not None and lookups.tier("free") is not None
     with django_assert_num_queries(0):
         assert lookups.key(prefix) is not None
+
+
+@pytest.mark.django_db(transaction=True)  # the lookups run in threads of their own, which see committed rows
+def test_a_hung_shared_cache_costs_a_lookup_no_more_than_the_budget(settings: Any, server: RedisProcess) -> None:
+    # django-redis with its default options: no socket timeout, a read waits as long as the server does
+    settings.CACHES = {**settings.CACHES, "hung": {"BACKEND": "django_redis.cache.RedisCache",
+                                                   "LOCATION": server.url}}
+    settings.RATELIMIT = {**settings.RATELIMIT, "CACHE_ALIAS": "hung", "BUDGET_MS": 100}
+    seed_tiers()
+    prefix = make_key("free").split(".")[0]
+    lookups = get_lookups()
+    assert lookups.tier("free") is not None  # shared while the cache answers
+    lookups.clear_local()
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        timings = [timed_lookup(lambda: lookups.tier("free")), timed_lookup(lambda: lookups.key(prefix)),
+                   timed_lookup(lambda: lookups.client_rules())]
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    assert all(found is not None for found, _ in timings)  # read from the database
+    # the first waits out the budget; while its call is still unanswered the others skip the cache
+    first, *others = [took for _, took in timings]
+    assert 0.1 <= first < 0.6 and all(took < 0.3 for took in others), timings
+    assert poll(lambda: bounded_calls.overdue == 0, deadline=10)  # the hung call ended with the pause
+    lookups.clear_local()
+    assert lookups.tier("free") is not None and bounded_calls.overdue == 0
+
+
+def timed_lookup(lookup: Any) -> tuple[Any, float]:
+    """`lookup()` and how long it took, or (None, inf) when it has not returned within 10 s (it hung)."""
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(lookup())
+        finally:
+            connections.close_all()  # this thread's own database connection
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    return (result[0], time.monotonic() - started) if result else (None, math.inf)
 
 
 def test_local_cache_entries_expire() -> None:
