@@ -11,9 +11,10 @@
   its tier has a concurrency limit: the seeded tiers have none, staff add one in the admin)
 - `GET /api/export?ms=500`      a slow report export: low priority, shed first when the fleet is full
 - `GET /api/checkout?ms=500`    a slow critical request: never shed
-- `GET /api/stream?chunks=5&ms=100`  a streaming response: holds its slot until the stream is closed
   (each answers how many requests were in its view, all demo endpoints together, when it entered:
-  measured in Redis, so across every worker and server)
+  measured in Redis, so across every worker and server; null when Redis is down)
+- `GET /api/stream?chunks=5&ms=100`  a streaming response: holds its slot until the stream is closed
+  (it ends within half of the shortest lease it holds, so it never outlives its slot)
 - `GET /public/single`          a plain view allowing one request per client IP at once (`@limit_concurrency`)
 - `GET /api/async/users`        /api/users as an `async def` view: under ASGI (uvicorn project.asgi:application)
   it is limited and answered on the event loop, with no thread hop
@@ -42,6 +43,7 @@ from rest_framework.response import Response
 from ratelimit_app.apply.limiting import limit_request
 from ratelimit_app.apply.outcome import LimitOutcome
 from ratelimit_app.core.exceptions import REDIS_CLIENT_ERRORS
+from ratelimit_app.core.policies import CONCURRENCY
 from ratelimit_app.decorators import limit_concurrency, limit_cost, ratelimit
 from ratelimit_app.middleware import REQUEST_ATTRIBUTE
 from ratelimit_app.service.conf import ratelimit_settings
@@ -83,6 +85,8 @@ def data(request: HttpRequest) -> JsonResponse:
         payload = json.loads(request.body or b"{}")
     except (ValueError, UnicodeDecodeError):
         return JsonResponse({"error": "the body must be JSON"}, status=400)
+    except RecursionError:
+        return JsonResponse({"error": "the body is JSON nested too deeply"}, status=400)
     return JsonResponse({"stored": True, "size": len(request.body), "keys": sorted(payload)
                          if isinstance(payload, dict) else []}, status=201)
 
@@ -172,23 +176,36 @@ def _in_flight_key(kind: str) -> str:
 
 def _slow(request: HttpRequest, kind: str) -> JsonResponse:
     """Sleep ms milliseconds, counting the requests inside demo views (all, and of this kind) in Redis:
-    each response says how many were inside when it entered (itself included)."""
+    each response says how many were inside when it entered (itself included; null when Redis could
+    not count: the view answers anyway, as the limiter does when Redis is down)."""
     ms = _sleep_ms(request)
-    client = get_redis()
-    pipe = client.pipeline(transaction=False)
-    pipe.incr(_in_flight_key("all"))
-    pipe.incr(_in_flight_key(kind))
-    pipe.expire(_in_flight_key("all"), 600)
-    pipe.expire(_in_flight_key(kind), 600)
-    in_flight, of_kind, _, _ = pipe.execute()
+    counted = _count_in(kind, +1)
     try:
         time.sleep(ms / 1000)
     finally:
-        pipe = client.pipeline(transaction=False)
-        pipe.decr(_in_flight_key("all"))
-        pipe.decr(_in_flight_key(kind))
-        pipe.execute()
+        if counted is not None:
+            _count_in(kind, -1)
+    in_flight, of_kind = counted if counted is not None else (None, None)
     return JsonResponse({"slept_ms": ms, "kind": kind, "in_flight": in_flight, "in_flight_of_kind": of_kind})
+
+
+#: What asking Redis raises when it cannot answer (or RATELIMIT names no usable Redis).
+_REDIS_DOWN: tuple[type[Exception], ...] = (ImproperlyConfigured, *REDIS_CLIENT_ERRORS)
+
+
+def _count_in(kind: str, step: int) -> tuple[int, int] | None:
+    """Add `step` to the counts of requests inside demo views (all, and of `kind`); the new counts, or
+    None when Redis cannot be asked."""
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        pipe.incrby(_in_flight_key("all"), step)
+        pipe.incrby(_in_flight_key(kind), step)
+        pipe.expire(_in_flight_key("all"), 600)
+        pipe.expire(_in_flight_key(kind), 600)
+        in_flight, of_kind, _, _ = pipe.execute()
+    except _REDIS_DOWN:
+        return None
+    return int(in_flight), int(of_kind)
 
 
 @require_GET
@@ -212,15 +229,23 @@ def checkout(request: HttpRequest) -> JsonResponse:
     return _slow(request, "checkout")
 
 
+#: The longest share of the shortest lease a stream holds (its concurrency slot, its fleet place) that
+#: it may run: it ends while they are still held (docs/protection.md: a lease above the slowest request).
+STREAM_LEASE_SHARE = 0.5
+
+
 @require_GET
 def stream(request: HttpRequest) -> StreamingHttpResponse:
     """`chunks` lines, `ms` milliseconds apart: the caller's slot (if its tier has a concurrency limit) is held
-    until the stream is closed."""
+    until the stream is closed. At most as many chunks as fit in half of the shortest lease the request
+    holds, else MAX_SLEEP_MS."""
     ms = _sleep_ms(request, 100)
     try:
         chunks = min(max(int(request.GET.get("chunks", 5)), 1), 1000)
     except ValueError:
         chunks = 5
+    if ms:
+        chunks = min(chunks, 1 + _stream_limit_ms(request) // ms)
 
     def lines() -> Iterator[bytes]:
         for number in range(chunks):
@@ -238,6 +263,15 @@ def stream(request: HttpRequest) -> StreamingHttpResponse:
     if isinstance(request, ASGIRequest):
         return StreamingHttpResponse(async_lines(), content_type="text/plain")
     return StreamingHttpResponse(lines(), content_type="text/plain")
+
+
+def _stream_limit_ms(request: HttpRequest) -> int:
+    """How long a stream of `request` may run: STREAM_LEASE_SHARE of the shortest lease it holds, else
+    MAX_SLEEP_MS."""
+    outcome: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+    leases = [policy.period for check in (outcome.checks if outcome is not None else ())
+              for policy in check.policies if policy.algorithm == CONCURRENCY]
+    return int(min(leases) * 1000 * STREAM_LEASE_SHARE) if leases else MAX_SLEEP_MS
 
 
 @require_GET
