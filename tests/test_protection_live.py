@@ -23,7 +23,7 @@ import pytest
 import redis
 import requests
 
-from devtools.embedded import free_port
+from devtools.embedded import RedisProcess, free_port
 from ratelimit_app.core.engine_sync import RateLimiter
 from ratelimit_app.core.policies import Policy
 from tests.conftest import delete_prefix
@@ -44,9 +44,12 @@ TierLimit.objects.create(tier=short, name="concurrency", algorithm="concurrency"
 # the seeded tiers have no concurrency limit: the free tier's keys here hold 2 slots, as staff would set
 TierLimit.objects.create(tier=Tier.objects.get(slug="free"), name="concurrency", algorithm="concurrency", limit=2,
                          period=60)
+roomy = Tier.objects.create(slug="roomy", name="Two slots, no burst to speak of")
+TierLimit.objects.create(tier=roomy, name="minute", algorithm="fixed_window", limit=1000, period=60)
+TierLimit.objects.create(tier=roomy, name="concurrency", algorithm="concurrency", limit=2, period=60)
 keys = {}
 for name, slug in [("slow", "free"), ("stream", "free"), ("gone", "free"), ("kill", "shortlease"),
-                   ("shed", "enterprise"), ("critical", "enterprise")]:
+                   ("shed", "enterprise"), ("critical", "enterprise"), ("paused", "roomy")]:
     keys[name] = ApiKey.objects.create_key(name=name, tier=Tier.objects.get(slug=slug))[1]
 print(json.dumps(keys))
 """
@@ -325,3 +328,35 @@ def test_clients_that_disconnect_keep_their_slots_until_their_views_end(uvicorn_
     assert poll(lambda: _fleet_places(site, redis_client) == 0, 10)
     assert site.get("/api/export?ms=0", "shed").status_code == 200
     assert max(seen) == 2  # never more than the key's 2 slots at once, measured inside the views
+
+
+# -- a Redis that pauses -----------------------------------------------------------------------------
+
+def test_a_paused_redis_leaves_no_slot_or_fleet_place_behind(tmp_path: Path, server: RedisProcess) -> None:
+    """gunicorn on a redis-server of the test's own, failing open within a 200 ms budget: requests sent
+    while Redis is stopped are admitted without a slot; Redis runs their decisions when it resumes, and
+    the slots and fleet places those take are given back at once, not after their 60 s leases."""
+    prefix = f"rltest-live-{os.urandom(6).hex()}"
+    env = {**_environment(tmp_path, prefix, server.url), "RATELIMIT_TEST_FAIL_MODE": "open",
+           "RATELIMIT_TEST_BUDGET_MS": "200"}
+    keys = prepare_database(env, SETUP)
+    port = free_port()
+    command = [str(BIN / "gunicorn"), "project.wsgi:application", "--workers", "2", "--threads", "8",
+               "--worker-class", "gthread", "--bind", f"127.0.0.1:{port}", "--timeout", "120"]
+    process = start_server(command, port, env, wait=60)
+    admin = redis.Redis(port=server.port, socket_timeout=10)
+    try:
+        site = Site("gunicorn", f"http://127.0.0.1:{port}", process, keys, prefix)
+        assert all(site.get("/api/users", "paused").status_code == 200 for _ in range(10))  # workers warm
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            paused = concurrently(8, lambda _: site.get("/api/users", "paused"))
+            assert [r.status_code for r in paused] == [200] * 8  # admitted by the fail mode, degraded
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        assert poll(lambda: site.remaining("paused")["concurrency"] == 2 and _fleet_places(site, admin) == 0, 10)
+        held = concurrently(2, lambda _: site.get("/api/slow?ms=1000", "paused"))
+        assert [r.status_code for r in held] == [200, 200]  # both slots free, well within the leases
+    finally:
+        stop_server(process)
+        admin.close()
