@@ -105,7 +105,8 @@ def test_an_unusable_key_charges_the_ip_alone_never_the_extra_checks() -> None:
     assert not outcome.owns("mine") and get_limiter().peek("throttle:tight", (TIGHT,)).remaining == 1
 
 
-def test_a_report_only_request_is_never_refused_charges_nothing_and_is_not_counted(reports: Collected) -> None:
+def test_a_report_only_request_charges_the_per_ip_limit_alone_and_is_not_refused_by_the_tier(
+        reports: Collected) -> None:
     key = make_key(make_tier("report", [("minute", "fixed_window", 1, 60, None, "")]))
     assert limit_request(request(key)).allowed
     assert limit_request(request(key)).status == DENIED
@@ -113,7 +114,17 @@ def test_a_report_only_request_is_never_refused_charges_nothing_and_is_not_count
     report = limit_request(request(key), cost=0)
     assert report.status == ALLOWED and not report.charged
     assert report.decision is not None and not report.decision.allowed and report.decision.remaining == 0
-    assert len(reports.decisions) == counted and ip_remaining() == 99  # only the first request was charged
+    assert len(reports.decisions) == counted  # an allowed report is not counted
+    assert ip_remaining() == 98  # the first request and the report: one unit each of the per-IP limit
+
+
+def test_a_report_over_the_per_ip_limit_is_refused_and_counted(settings: Any, reports: Collected) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_RATE": "2/m"}
+    key = make_key(make_tier("report", [("minute", "fixed_window", 100, 60, None, "")]))
+    assert [limit_request(request(key), cost=0).status for _ in range(3)] == [ALLOWED, ALLOWED, DENIED]
+    refused = limit_request(request(key), cost=0)
+    assert refused.status == DENIED and refused.decision is not None and refused.decision.policy == "ip"
+    assert [(d["allowed"], d["policy"]) for d in reports.decisions] == [(False, "ip")] * 2
 
 
 def test_shadow_limits_are_not_shown_but_their_would_be_refusals_are_counted(reports: Collected) -> None:
