@@ -4,15 +4,19 @@ Three layers, fastest first:
 
 1. an in-process cache (bounded: RATELIMIT['LOCAL_CACHE_SIZE'] entries, plus a separate negative cache
    of unknown key prefixes bounded by RATELIMIT['NEGATIVE_CACHE_SIZE']). Every entry expires
-   RATELIMIT['CACHE_TTL'] seconds after it was loaded, which is what bounds how long a change takes to
-   reach every app server;
-2. the Django cache named by RATELIMIT['CACHE_ALIAS'], shared by app servers, holding plain rows under
-   a *generation*: saving or deleting a Tier, TierLimit, ApiKey, UserTier, a limit override (ApiKeyLimit,
-   UserTierLimit) or a ClientRule bumps the generation (right away and again after the transaction
-   commits), which makes every older shared entry unreachable;
+   RATELIMIT['CACHE_TTL'] seconds after it was loaded, and the whole cache is forgotten when another
+   process announces an edit through the limiter's Redis (ratelimit_app.plans.edits: read at most once a
+   second per process), so an edit reaches every app server about a second after it is committed, and
+   within CACHE_TTL when Redis does not answer;
+2. the Django cache named by RATELIMIT['CACHE_ALIAS'] when it is shared by app servers (not Django's
+   per-process LocMemCache or DummyCache, which are skipped), holding plain rows under a *generation*
+   and the edit epoch last read: saving or deleting a Tier, TierLimit, ApiKey, UserTier, a limit override
+   (ApiKeyLimit, UserTierLimit) or a ClientRule bumps the generation (right away and again after the
+   transaction commits), which makes every older shared entry unreachable;
 3. the database.
 
-A warm request therefore makes no database query and no cache call. A cold one reads the shared cache
+A warm request therefore makes no database query and no cache call (once a second, the first lookup
+also reads the edit epoch: one GET, within the limiter's time budget). A cold one reads the shared cache
 within the time budget (RATELIMIT['BUDGET_MS'], see ratelimit_app.service.bounded): when the cache does
 not answer in time the database does, and while that read is still unanswered, lookups skip the
 shared cache at once. Code on an event loop reads
@@ -35,7 +39,9 @@ from collections.abc import Hashable
 from typing import Any
 
 from django.core.cache import BaseCache, caches
-from django.db import transaction
+from django.core.cache.backends.dummy import DummyCache
+from django.core.cache.backends.locmem import LocMemCache
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.signals import post_delete, post_save
 
 from ..service.bounded import bounded_calls
@@ -51,11 +57,15 @@ from .compile import (
     load_tier_row,
     load_user_plan,
 )
+from .edits import EditWatch
 
 #: Lifetime of the rows kept in the shared Django cache. Changes made through the ORM (admin, shell,
-#: signals) apply within CACHE_TTL; changes that bypass signals (`QuerySet.update`, raw SQL) apply once
+#: signals) are announced at once; changes that bypass signals (`QuerySet.update`, raw SQL) apply once
 #: this runs out, or at the next `invalidate()`.
 SHARED_TTL = 300
+
+#: Cache backends whose entries only their own process sees: no use as the shared layer.
+_PER_PROCESS_CACHES = (LocMemCache, DummyCache)
 
 logger = logging.getLogger("ratelimit_app")
 
@@ -105,12 +115,14 @@ class LocalCache:
     """A bounded in-process map whose entries expire `ttl` seconds after they were set.
 
     Reads take no lock (a dict lookup is atomic in CPython); writes do. When full, the oldest entry is
-    dropped; hot entries are re-inserted at every expiry, so they stay.
+    dropped; hot entries are re-inserted at every expiry, so they stay. `generation` changes at every
+    `clear()`: a value loaded before a clear is not stored after it (see `set`).
     """
 
     def __init__(self, maxsize: int, ttl: float) -> None:
         self.maxsize = maxsize
         self.ttl = ttl
+        self.generation = 0
         self._data: dict[Hashable, tuple[Any, float]] = {}
         self._lock = threading.Lock()
 
@@ -121,10 +133,14 @@ class LocalCache:
             return MISS
         return entry[0]
 
-    def set(self, key: Hashable, value: Any) -> None:
-        """Cache `value` for `ttl` seconds, evicting the oldest entries beyond `maxsize`."""
+    def set(self, key: Hashable, value: Any, generation: int | None = None) -> None:
+        """Cache `value` for `ttl` seconds, evicting the oldest entries beyond `maxsize`. `generation` is
+        `self.generation` read before `value` was loaded: if the cache was cleared since, nothing is
+        stored (the value may predate the edit that cleared it)."""
         expires = time.monotonic() + self.ttl
         with self._lock:
+            if generation is not None and generation != self.generation:
+                return
             self._data.pop(key, None)
             self._data[key] = (value, expires)
             while len(self._data) > self.maxsize:
@@ -137,6 +153,7 @@ class LocalCache:
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+            self.generation += 1
 
     def __len__(self) -> int:
         return len(self._data)
@@ -155,23 +172,29 @@ class Lookups:
         self.namespace = namespace
         #: seconds a lookup waits for the shared cache at most (RATELIMIT['BUDGET_MS'])
         self.budget = budget
+        #: the edits other processes announce (ratelimit_app.plans.edits)
+        self.edits = EditWatch(namespace)
 
     # -- public ----------------------------------------------------------------------------------
     def tier(self, slug: str) -> TierInfo | None:
         """The tier named `slug`, or None when no such tier exists."""
+        self._fresh()
         local_key = ("tier", slug)
         value = self.local.get(local_key)
         if value is MISS:
+            generation = self.local.generation
             row = self._shared("tier", slug, load_tier_row)
             value = build_tier(row) if row is not None else None
-            self.local.set(local_key, value)
+            self.local.set(local_key, value, generation)
         return value
 
     def cached_key(self, prefix: str) -> Any:
         """The key with `prefix` if this process has it cached (KeyInfo, or None for unknown), else MISS.
 
-        Never does I/O: the middleware uses it to decide whether a lookup is needed at all.
+        No I/O but the edit epoch's read once a second (NeedsIO inside `local_only()`): the middleware
+        uses it to decide whether a lookup is needed at all.
         """
+        self._fresh()
         value = self.local.get(("key", prefix))
         if value is MISS and self.negative.get(prefix) is not MISS:
             return None
@@ -181,12 +204,13 @@ class Lookups:
         """The API key with `prefix` (whatever its state), or None when no key has that prefix."""
         value = self.cached_key(prefix)
         if value is MISS:
+            generations = self.local.generation, self.negative.generation
             row = self._shared("key", prefix, load_key_row, cache_missing=False)
             if row is None:
-                self.negative.set(prefix, True)
+                self.negative.set(prefix, True, generations[1])
                 return None
             value = KeyInfo(*row)
-            self.local.set(("key", prefix), value)
+            self.local.set(("key", prefix), value, generations[0])
         return value
 
     def user_tier_slug(self, user_pk: Any) -> str | None:
@@ -196,13 +220,15 @@ class Lookups:
     def user_plan(self, user_pk: Any) -> tuple[str | None, tuple[tuple[Any, ...], ...]]:
         """The tier slug assigned to user `user_pk` (None when none is) and the user's own limits
         (UserTierLimit rows, as `KeyInfo.overrides`)."""
+        self._fresh()
         local_key = ("user", str(user_pk))
         value = self.local.get(local_key)
         if value is MISS:
+            generation = self.local.generation
             value = self._shared("userplan", str(user_pk), load_user_plan)
             if value is None:
                 value = (None, ())
-            self.local.set(local_key, value)
+            self.local.set(local_key, value, generation)
         return value
 
     def with_overrides(self, owner: str, tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> TierInfo:
@@ -220,11 +246,13 @@ class Lookups:
 
     def client_rules(self) -> ClientRules:
         """The enabled allow/deny rules (ClientRule), compiled."""
+        self._fresh()
         value = self.local.get(("rules",))
         if value is MISS:
+            generation = self.local.generation
             rows = self._shared("rules", "all", load_client_rules)
             value = ClientRules.build(rows or ())
-            self.local.set(("rules",), value)
+            self.local.set(("rules",), value, generation)
         return value
 
     def clear_local(self) -> None:
@@ -232,37 +260,57 @@ class Lookups:
         self.local.clear()
         self.negative.clear()
 
-    def invalidate(self) -> None:
-        """Make every app server reload from the database within CACHE_TTL; this one right away."""
+    def forget(self) -> None:
+        """Reload from the database: this process right away, and every process that reads the shared
+        cache (its generation is bumped). Other processes are not told: see `invalidate`."""
         cache = self._cache()
         if cache is not None:
             try:
                 cache.set(self._generation_key, uuid.uuid4().hex, timeout=None)
             except Exception as exc:  # a cache outage must not fail an admin save
                 logger.warning(
-                    "ratelimit: could not invalidate the shared lookup cache (%s); other app servers apply "
-                    "the change within %s seconds", exc, SHARED_TTL,
+                    "ratelimit: could not invalidate the shared lookup cache (%s); app servers that read it "
+                    "apply the change within %s seconds", exc, SHARED_TTL,
                 )
         self.clear_local()
 
+    def invalidate(self) -> None:
+        """`forget`, and announce the edit through the limiter's Redis: every app server reloads within
+        about a second (within CACHE_TTL when Redis does not answer). Run it after the change is
+        committed (the module's `invalidate()` waits for the commit)."""
+        self.forget()
+        self.edits.announce()
+
     # -- internals -------------------------------------------------------------------------------
+    def _fresh(self) -> None:
+        """Forget everything cached when another process announced an edit since this one last looked
+        (read at most once per EDITS_CHECK_INTERVAL; inside `local_only()` that read raises NeedsIO)."""
+        if self.edits.due(time.monotonic()):
+            require_io()
+            if self.edits.check():
+                self.clear_local()
+
     @property
     def _generation_key(self) -> str:
         return f"{self.namespace}:lookups:generation"
 
     def _cache(self) -> BaseCache | None:
+        """The shared layer: the Django cache CACHE_ALIAS names, None when it is no such thing (no such
+        alias, or a cache of this process alone)."""
         try:
-            return caches[self.cache_alias]
+            cache = caches[self.cache_alias]
         except Exception:  # no such alias: run without the shared layer
             return None
+        return None if isinstance(cache, _PER_PROCESS_CACHES) else cache
 
     def _shared(self, kind: str, name: str, load: Any, *, cache_missing: bool = True) -> Any:
         """Read `kind:name` from the shared cache, else load it from the database and share it (raises
         NeedsIO inside `local_only()`). The cache is read, and written, within the time budget
         (ratelimit_app.service.bounded): a cache that hangs costs a lookup at most BUDGET_MS."""
         require_io()
+        epoch = self.edits.seen  # (read here: the shared cache is read on another thread)
         try:
-            entry_key, found = bounded_calls.call(lambda: self._read_shared(kind, name), self.budget)
+            entry_key, found = bounded_calls.call(lambda: self._read_shared(kind, name, epoch), self.budget)
         except Exception:  # the cache is an optimisation; the database is the truth
             entry_key, found = None, MISSING_MARKER
         if found != MISSING_MARKER:
@@ -273,8 +321,10 @@ class Lookups:
                 bounded_calls.call(lambda: self._write_shared(entry_key, row), self.budget)
         return row
 
-    def _read_shared(self, kind: str, name: str) -> tuple[str | None, Any]:
-        """(the shared entry's key, its value or MISSING_MARKER); (None, MISSING_MARKER) without a cache."""
+    def _read_shared(self, kind: str, name: str, epoch: str) -> tuple[str | None, Any]:
+        """(the shared entry's key, its value or MISSING_MARKER); (None, MISSING_MARKER) without a cache.
+        Entries are shared under the cache's generation and the edit epoch `epoch` (the one this process
+        last read): a process that has read a newer epoch never reads an entry stored before it."""
         cache = self._cache()
         if cache is None:
             return None, MISSING_MARKER
@@ -282,7 +332,7 @@ class Lookups:
         if generation is None:
             cache.add(self._generation_key, uuid.uuid4().hex, timeout=None)
             generation = cache.get(self._generation_key)
-        entry_key = f"{self.namespace}:lookups:{generation}:{kind}:{name}"
+        entry_key = f"{self.namespace}:lookups:{generation}:{epoch}:{kind}:{name}"
         return entry_key, cache.get(entry_key, MISSING_MARKER)
 
     def _write_shared(self, entry_key: str, row: Any) -> None:
@@ -325,17 +375,30 @@ def get_lookups() -> Lookups:
     return _lookups.get()
 
 
-def invalidate() -> None:
-    """Apply a change of tiers, limits, keys or user tiers: see `Lookups.invalidate`."""
+def invalidate(using: str = DEFAULT_DB_ALIAS) -> None:
+    """Apply a change of tiers, limits, keys, user tiers, overrides or client rules on every app server.
+
+    Saves and deletes through the ORM call it (signals); call it yourself after changes that bypass
+    them (`QuerySet.update()`, `bulk_create`, raw SQL). Outside a transaction, every app server applies
+    the change within about a second (see ratelimit_app.plans.edits); inside one (of database `using`),
+    this process right away and every app server once it commits.
+    """
+    lookups = get_lookups()
+    if transaction.get_connection(using).in_atomic_block:
+        # now for this process; again after commit: a server that reloaded between now and the commit
+        # read the old rows, and the second bump and the announcement make what it holds unreachable
+        lookups.forget()
+        transaction.on_commit(_invalidate_committed, using=using)
+    else:
+        lookups.invalidate()
+
+
+def _invalidate_committed() -> None:
     get_lookups().invalidate()
 
 
-def _on_model_change(sender: Any, using: str = "default", **kwargs: Any) -> None:
-    invalidate()
-    # Again after commit: a server that reloaded between the first bump and the commit read the old
-    # rows, and this second bump makes what it shared unreachable.
-    if transaction.get_connection(using).in_atomic_block:
-        transaction.on_commit(invalidate, using=using)
+def _on_model_change(sender: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
+    invalidate(using)
 
 
 def connect_signals() -> None:

@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core.budget import within_budget
 from ..core.decision import Decision
 from ..core.engine import Check
 from ..core.engine_sync import RateLimiter
-from ..core.exceptions import BACKEND_ERRORS
+from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import Policy
+from .breaker import CLOSED
 from .conf import SettingsCached, ratelimit_settings
 from .connection import get_redis
 from .guard import RedisGuard
 from .servicecall import ServiceStats
+
+T = TypeVar("T")
 
 
 class LimiterService:
@@ -125,6 +128,17 @@ class LimiterService:
             engine = self.limiter()
             engine.reset(identity, policies)
             guard.reset_watch(engine.prefix).announce(engine.client)  # after the delete: see ResetWatch
+
+    def call_redis(self, command: Callable[[Any], T]) -> T:
+        """`command(client)`: one small command of the caller's own (a GET or SET of a marker key) on the
+        engine's Redis client, within the time budget. Not a decision: it neither counts as one nor moves
+        the breaker. Raises BackendError without sending anything while the breaker is not closed (Redis
+        is known to be failing), and what the client raises (BACKEND_ERRORS) when Redis cannot answer."""
+        guard = self.guard
+        if guard.breaker.state is not CLOSED:
+            raise BackendError("the limiter's circuit breaker is open: Redis is not asked", maybe_applied=False)
+        with within_budget(guard.budget):
+            return command(self.limiter().client)
 
     def stats(self) -> ServiceStats:
         """A snapshot of the guard's counters (shared with the async service of this process)."""

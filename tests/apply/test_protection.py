@@ -235,7 +235,10 @@ def test_with_redis_down_the_fleet_shedder_follows_the_fail_mode(client: Any, se
     from devtools.embedded import free_port
 
     key = make_key(make_tier("roomy", [("minute", "sliding_window", 1000, 60, None, "")]))  # no window edge
-    get(client, "/api/low", key).close()  # looks the key up while Redis answers
+    # Looks the key up while Redis answers. Closed at the end: closing a streamed response in a test
+    # closes the test's database connection, and a process that has not read the edit epoch yet
+    # (a new settings, no Redis) looks the key up in the database again.
+    first = get(client, "/api/low", key)
     use(settings, SHED_CAPACITY=10, REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", BUDGET_MS=200,
         SOCKET_CONNECT_TIMEOUT=0.2, SOCKET_TIMEOUT=0.2)
     assert get(client, "/api/low", key).status_code == 200  # open (default): nothing is shed
@@ -247,6 +250,7 @@ def test_with_redis_down_the_fleet_shedder_follows_the_fail_mode(client: Any, se
     for response in held:
         response.close()
     assert get(client, "/api/low", key).status_code == 200  # given back in the local fallback
+    first.close()
 
 
 def test_the_process_shedder_needs_no_redis(client: Any, settings: Any) -> None:
