@@ -11,7 +11,8 @@ Ids are stable (docs/settings.md, "What `check` validates", lists them all):
   installed;
 - ratelimit.E005: a Redis server older than 6.2 (the decision script writes with KEEPTTL and PXAT, so
   every decision would fail and follow the fail mode);
-- ratelimit.W001: Redis does not answer (a warning: the fail mode covers outages at run time);
+- ratelimit.W001: Redis does not answer (a warning: the fail mode covers outages at run time; edits of
+  plans then reach other app servers within CACHE_TTL, see ratelimit_app.plans.edits);
 - ratelimit.W002: the URLconf routes GET /metrics but neither METRICS_TOKEN nor METRICS_ALLOWED_IPS is
   set, so only staff sessions can read it (Prometheus cannot scrape it);
 - ratelimit.W020: the cache the limiter's lookups share (CACHE_ALIAS) is a Redis or memcached cache
@@ -58,7 +59,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         # building a cluster client already talks to a node, so it can fail here as well as the PING
         messages.append(checks.Warning(
             f"Redis for rate limiting does not answer: {exc}",
-            hint=f"Requests follow RATELIMIT['FAIL_MODE'] = {ratelimit_settings.FAIL_MODE!r} until it does.",
+            hint=f"Requests follow RATELIMIT['FAIL_MODE'] = {ratelimit_settings.FAIL_MODE!r} until it does, and "
+                 "edits of tiers, keys and rules reach other app servers within RATELIMIT['CACHE_TTL'] "
+                 f"({ratelimit_settings.CACHE_TTL:g} s) instead of about a second.",
             id="ratelimit.W001",
         ))
     else:

@@ -49,8 +49,11 @@ def test_check_reports_invalid_settings_with_a_stable_id(settings: Any) -> None:
 
 
 def test_unreachable_redis_is_a_warning_not_a_crash(settings: Any) -> None:
-    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
-    assert [m.id for m in check_settings()] == ["ratelimit.W001"]
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "CACHE_TTL": 5}
+    messages = check_settings()
+    assert [m.id for m in messages] == ["ratelimit.W001"]
+    # what else it means: edits of plans are not announced (ratelimit_app.plans.edits)
+    assert "reach other app servers within RATELIMIT['CACHE_TTL'] (5 s)" in str(messages[0].hint)
     call_command("check")  # warnings do not fail the check
 
 
