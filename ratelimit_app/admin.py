@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
-from .core.policies import Policy
+from .core.policies import CONCURRENCY, Policy
 from .models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
 from .plans import apikeys
 from .plans.compile import OVERRIDE_FIELDS, apply_overrides
@@ -24,15 +25,31 @@ from .plans.lookups import get_lookups
 
 _LIMIT_FIELDS = ("name", "algorithm", "limit", "period", "burst", "calendar", "scope", "enabled", "shadow")
 
+#: The calendar choices as a limit row shows them (the column's help text says the rest), short enough
+#: for a tier's rows to fit a 1,366 px window (a week starts on Monday); the model's own labels are unchanged.
+_ROW_CALENDARS = [("", "no"), ("day", "day"), ("week", "week"), ("month", "month")]
+
+
+class LimitRowForm(forms.ModelForm):
+    """One limit row of a tier, key or user tier page (sized by templates/admin/ratelimit_app/change_form.html)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        calendar = self.fields.get("calendar")
+        if isinstance(calendar, forms.ChoiceField):
+            calendar.choices = _ROW_CALENDARS
+
 
 class TierLimitInline(admin.TabularInline):
     model = TierLimit
+    form = LimitRowForm
     extra = 0
     fields = _LIMIT_FIELDS
 
 
 class ApiKeyLimitInline(admin.TabularInline):
     model = ApiKeyLimit
+    form = LimitRowForm
     extra = 0
     fields = _LIMIT_FIELDS
     verbose_name = "limit override"
@@ -41,6 +58,7 @@ class ApiKeyLimitInline(admin.TabularInline):
 
 class UserTierLimitInline(admin.TabularInline):
     model = UserTierLimit
+    form = LimitRowForm
     extra = 0
     fields = _LIMIT_FIELDS
     verbose_name = "limit override"
@@ -49,8 +67,12 @@ class UserTierLimitInline(admin.TabularInline):
 
 def _describe(policy: Policy, source: str) -> tuple[str, str, str, str, str]:
     burst = f" burst {policy.burst}" if policy.burst is not None else ""
-    rate = f"{policy.limit} per calendar {policy.calendar} ({policy.time_zone})" if policy.calendar else \
-        f"{policy.rate}{burst}"
+    if policy.algorithm == CONCURRENCY:  # a number of requests in flight, each slot leased for the period
+        rate = f"{policy.limit} at once ({policy.period:g} s lease)"
+    elif policy.calendar:
+        rate = f"{policy.limit} per calendar {policy.calendar} ({policy.time_zone})"
+    else:
+        rate = f"{policy.rate}{burst}"
     return (policy.name, rate, policy.algorithm, "shadow (dry run)" if policy.shadow else "enforced",
             source)
 

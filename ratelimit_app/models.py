@@ -17,7 +17,15 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from .core.calendars import CALENDAR_PERIODS, is_valid_time_zone
-from .core.policies import ALL_ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy
+from .core.policies import (
+    ALL_ALGORITHMS,
+    BURST_ALGORITHMS,
+    CONCURRENCY,
+    MAX_LIMIT,
+    MAX_PERIOD_SECONDS,
+    InvalidPolicy,
+    Policy,
+)
 from .plans import apikeys
 from .plans.clientrules import parse_network
 from .service.conf import IP_POLICY_NAME
@@ -134,6 +142,8 @@ class TierLimit(LimitShape):
         shadow = " (shadow)" if self.shadow else ""
         if self.calendar:
             return f"{self.name}: {self.limit} per calendar {self.calendar}{scope}{shadow}"
+        if self.algorithm == CONCURRENCY:  # requests in flight; the period is each slot's lease
+            return f"{self.name}: {self.limit} at once, {self.period}s lease{scope}{shadow}"
         return f"{self.name}: {self.limit}/{self.period}s {self.algorithm}{burst}{scope}{shadow}"
 
     @property
