@@ -153,20 +153,28 @@ def _code_blocks(section: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", section, re.DOTALL)
 
 
-def _wheel_install_session(python: str, django: str) -> Callable[[nox.Session], None]:
+#: What the README's install line installs: a checkout of this repository (the package is not on PyPI).
+README_CHECKOUT = "/path/to/checkout"
+
+
+def _wheel_install_session(python: str, django: str, source: str) -> Callable[[nox.Session], None]:
     def run(session: nox.Session) -> None:
         section = _readme_section("Add it to your project")
         install_line = next(line for line in _code_blocks(section, "bash")[0].splitlines()
                             if line.startswith("pip install "))
-        if install_line.split()[2] != "django-ratelimit-app":
-            session.error(f"the README installs {install_line.split()[2]!r}, not the package we build")
-        # The README's `pip install django-ratelimit-app`, from the wheel just built; Django pinned to
-        # the version under test (its other dependencies resolve to their newest).
-        session.install(str(_built_wheel()), django)
+        if install_line.split()[2] != README_CHECKOUT:
+            session.error(f"the README installs {install_line.split()[2]!r}, not a checkout ({README_CHECKOUT})")
+        wheel = _built_wheel()
+        if f"dist/{wheel.name}" not in section:
+            session.error(f"the README does not name the wheel `nox -s package` builds (dist/{wheel.name})")
+        # The README's install line, from this checkout or from the wheel just built (the two ways it
+        # names); Django pinned to the version under test (its other dependencies resolve to their newest).
+        session.install(str(ROOT) if source == "checkout" else str(wheel), django)
         with tempfile.TemporaryDirectory(prefix="ratelimit-wheel-") as directory:
             _follow_the_readme(session, Path(directory), section)
 
-    run.__doc__ = f"Install the built wheel with {django} on Python {python}, follow the README's steps, check a 429."
+    run.__doc__ = (f"Install the package from the {'checkout' if source == 'checkout' else 'built wheel'} with "
+                   f"{django} on Python {python}, follow the README's steps, check a 429.")
     return run
 
 
@@ -244,8 +252,9 @@ def _wait_for(url: str, timeout: float = 30.0) -> None:
             time.sleep(0.2)
 
 
-#: The wheel is installed with the oldest and the newest Django of the matrix.
-for _python, _django in (("3.10", "Django~=4.2.0"), ("3.13", "Django~=6.1.0")):
+#: The package is installed with the oldest and the newest Django of the matrix: from the built wheel,
+#: and from the checkout (the two ways the README names).
+for _python, _django, _source in (("3.10", "Django~=4.2.0", "wheel"), ("3.13", "Django~=6.1.0", "checkout")):
     _label = _django.split("~=")[1].rsplit(".", 1)[0]
     nox.session(name=f"wheel-django{_label}", python=_python, requires=["package"])(
-        _wheel_install_session(_python, _django))
+        _wheel_install_session(_python, _django, _source))

@@ -3,11 +3,13 @@
 RATELIMIT['HEADERS'] chooses "legacy", "ietf" or "both" (default). For one request:
 
     X-RateLimit-Limit: 10          capacity of the policy that matters most (see Decision)
-    X-RateLimit-Remaining: 0       units left in it
-    X-RateLimit-Reset: 30          seconds until it is back to its full allowance (delta, not a timestamp)
+    X-RateLimit-Remaining: 9       units left in it
+    X-RateLimit-Reset: 3           seconds until it is back to its full allowance (delta, not a timestamp)
     X-RateLimit-Tier: free         the tier that applied (absent when none did)
     RateLimit-Policy: "ip";q=100;w=60, "burst";q=10;w=30, "minute";q=20;w=60, "day";q=1000;w=86400
-    RateLimit: "ip";r=99;t=1, "burst";r=0;t=30, "minute";r=10;t=58, "day";r=990;t=40000
+    RateLimit: "ip";r=99;t=118, "burst";r=9;t=3, "minute";r=19;t=60, "day";r=999;t=38698
+
+(a client's first request at 13:15:02 UTC; docs/usage.md shows one checked against a real response)
 
 The IETF fields follow the revision of draft-ietf-httpapi-ratelimit-headers that RATELIMIT['HEADER_DRAFT']
 names (only "draft-11" today; a later draft becomes a new entry of IETF_DRAFTS, chosen by that setting,

@@ -1,0 +1,82 @@
+"""The examples of responses in the docs are what the server sends: the rate limit headers of
+docs/usage.md and the problem details of docs/plans.md, checked against real responses of the seeded
+free tier (values that depend on the time of day are checked to be those of one moment)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.limits_support import make_key, parse_ietf, seed_tiers
+
+pytestmark = pytest.mark.django_db
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def code_block(document: str, containing: str) -> str:
+    """The fenced code block of docs/<document> that contains `containing`."""
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", (DOCS / document).read_text(encoding="utf-8"), re.DOTALL)
+    found = [block for block in blocks if containing in block]
+    assert len(found) == 1, f"{document}: {len(found)} code blocks contain {containing!r}"
+    return found[0]
+
+
+def header_lines(block: str) -> dict[str, str]:
+    """'Name: value' lines of an example (a comment after the value, set off by 2+ spaces, is dropped)."""
+    headers = {}
+    for line in block.splitlines():
+        name, colon, value = line.partition(": ")
+        if colon and re.fullmatch(r"[A-Za-z-]+", name):
+            headers[name] = re.split(r"\s{2,}", value.strip())[0]
+    return headers
+
+
+def test_the_rate_limit_headers_of_usage_md_are_what_a_first_request_gets(client: Any) -> None:
+    example = header_lines(code_block("usage.md", "RateLimit-Policy:"))
+    seed_tiers()
+    response = client.get("/api/users", HTTP_X_API_KEY=make_key("free"))  # a new key's first request
+    assert response.status_code == 200
+    for name in ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "X-RateLimit-Tier",
+                 "RateLimit-Policy"):
+        assert example[name] == response[name], name
+    shown, sent = parse_ietf(example["RateLimit"]), parse_ietf(response["RateLimit"])
+    assert list(shown) == list(sent)
+    assert {name: fields["r"] for name, fields in shown.items()} == {name: fields["r"] for name, fields in sent.items()}
+    clocked = {"ip", "day"}  # windows aligned to the clock: their t depends on the time of the request
+    assert {name: shown[name]["t"] for name in shown if name not in clocked} == \
+        {name: sent[name]["t"] for name in sent if name not in clocked}
+    # the example's day (a fixed window ending at 00:00 UTC) and per-IP limit (a sliding window counter
+    # of 60 s, full again at the end of the next window) show one moment: the same shift of the clock
+    # from this request's moment moves both
+    shift = shown["day"]["t"] - sent["day"]["t"]
+    assert 0 < shown["day"]["t"] <= 86400
+    assert 60 < shown["ip"]["t"] <= 120 and (shown["ip"]["t"] - sent["ip"]["t"] - shift) % 60 == 0
+
+
+def test_the_problem_details_of_plans_md_are_what_a_refusal_gets(client: Any, settings: Any) -> None:
+    example = code_block("plans.md", "application/problem+json")
+    head, _, body = example.partition("\n\n")
+    shown_body = json.loads(body)
+    settings.RATELIMIT = {**settings.RATELIMIT, "ERROR_FORMAT": "problem"}
+    seed_tiers()
+    key = make_key("free")
+    responses = [client.get("/api/users", HTTP_X_API_KEY=key) for _ in range(11)]  # a burst of 10
+    refused = responses[-1]
+    assert [r.status_code for r in responses] == [200] * 10 + [429]
+    assert head.splitlines()[0] == "HTTP/1.1 429 Too Many Requests"
+    headers = header_lines(head)
+    assert headers["Content-Type"] == refused["Content-Type"]
+    sent_body = json.loads(refused.content)
+    assert set(shown_body) == set(sent_body)
+    assert {k: v for k, v in shown_body.items() if k != "retry_after"} == \
+        {k: v for k, v in sent_body.items() if k != "retry_after"}
+    # the burst refills one unit every 3 s: the wait shown is one a refusal can get, rounded up as sent
+    assert 0 < shown_body["retry_after"] <= 3 and 0 < sent_body["retry_after"] <= 3
+    assert int(headers["Retry-After"]) == math.ceil(shown_body["retry_after"])
+    assert int(refused["Retry-After"]) == math.ceil(sent_body["retry_after"])
