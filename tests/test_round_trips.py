@@ -11,7 +11,8 @@ lookups' shared cache, a slot's sorted set, the metrics.
 Left out, and named: the metrics flusher's batches (keys under "<prefix>:{metrics}", sent by a background
 thread once a second, never on a request's path) and the deny cache's poll of the reset epoch
 ("<prefix>:{resets}:epoch", at most once per RESET_CHECK_INTERVAL, only while a denial is cached: no
-request here is denied).
+request here is denied). `redis_commands` leaves out the edit epoch's reads ("<prefix>:{edits}:epoch",
+once a second by a thread of each process: ratelimit_app.plans.edits).
 """
 
 from __future__ import annotations

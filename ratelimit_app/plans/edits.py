@@ -3,11 +3,12 @@
 A process that saves or deletes a plan row (a Tier, TierLimit, ApiKey, UserTier, limit override or
 ClientRule: the admin, any ORM save or delete, a management command, or `lookups.invalidate()` after a
 `QuerySet.update()`) writes a new random token to one small key, `<KEY_PREFIX>:{edits}:epoch`, once the
-change is committed. Every process reads that key at most once per EDITS_CHECK_INTERVAL (1 s): the first
-lookup after the interval has run out reads it, within the limiter's time budget (an event loop hands
-that lookup to a thread, see `lookups.local_only`); when the token is not the one it saw last, the
-process forgets its cached lookups. So an edit is enforced by every app server about a second after it
-is committed, at the cost of one GET per second per busy process, never one per request.
+change is committed. A process reads that key once when it first looks plans up (its cache is empty
+then: that lookup reads the database anyway), and from then on a thread of its own reads it once per
+EDITS_CHECK_INTERVAL (1 s), within the limiter's time budget; when the token is not the one it saw
+last, the process' lookups forget what they cached (at their next lookup). So an edit is enforced by
+every app server about a second after it is committed, at the cost of one GET per second per process,
+off the request path: no warm request waits for it or sends it.
 
 When Redis does not answer, or the limiter's circuit breaker is open, nothing is read or written and
 each process applies edits once its cached entries expire (RATELIMIT['CACHE_TTL']).
@@ -16,15 +17,16 @@ each process applies edits once its cached entries expire (RATELIMIT['CACHE_TTL'
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
-import time
+import weakref
 from typing import Any
 
 from ..core.exceptions import BACKEND_ERRORS
-from ..service.limiter import get_limiter
+from ..service.limiter import LimiterService, get_limiter
 
-#: Seconds between two reads of the edit epoch by one process (only while it looks things up).
+#: Seconds between two reads of the edit epoch by one process.
 EDITS_CHECK_INTERVAL = 1.0
 # The epoch key outlives any edit worth announcing; when it expires, processes forget once (harmless).
 _EPOCH_TTL_SECONDS = 86400
@@ -33,6 +35,18 @@ logger = logging.getLogger("ratelimit_app")
 
 #: The epoch before this process has read one (differs from every value Redis can hold).
 UNSEEN = "-"
+
+# Forks of this process so far: a forked child has no reader thread, and starts its own.
+_forks = 0
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_count_fork)
 
 
 def edits_key(prefix: str) -> str:
@@ -43,50 +57,77 @@ def edits_key(prefix: str) -> str:
 class EditWatch:
     """One process' view of the edit epoch of one key prefix (see the module docstring).
 
-    `due(now)` is the request path's test (no lock, no I/O); `check()` reads the epoch when it is due
-    (one caller per interval); `announce()` writes a new one. `seen` is the last epoch read, UNSEEN
-    before the first read: lookups shared between processes are stored under it.
+    `reading()` tells whether this process' reader runs (cheap: the lookups ask on every lookup);
+    `start()` reads the epoch once, as the baseline, and starts the reader, which calls `check()` once
+    per `interval` until this watch is garbage. `changes` counts the epochs read that differ from the
+    one before (a first successful read after a failed baseline counts: an edit may have come before
+    it), and `seen` is the last epoch read (UNSEEN before the first), under which lookups share entries
+    with other processes. `announce()` writes a new epoch. Both go through `limiter` (None: this
+    process' `get_limiter()` as the settings are now): its Redis, time budget and breaker.
     """
 
-    def __init__(self, prefix: str, interval: float | None = None) -> None:
+    def __init__(self, prefix: str, interval: float | None = None, limiter: LimiterService | None = None) -> None:
         self.key = edits_key(prefix)
+        self.limiter = limiter or get_limiter()
         self.interval = EDITS_CHECK_INTERVAL if interval is None else interval
         self.seen = UNSEEN
-        self._next_check = 0.0
+        self.changes = 0
+        self._reader_forks: int | None = None  # the fork count when this process' reader started
         self._lock = threading.Lock()
+        self._stop = threading.Event()  # set when this watch is garbage: its reader then ends
+        weakref.finalize(self, self._stop.set)
 
-    def due(self, now: float) -> bool:
-        """True when the epoch should be read before the next cached answer (`check`)."""
-        return now >= self._next_check
+    def reading(self) -> bool:
+        """True when this process' reader thread has been started (a forked child starts its own)."""
+        return self._reader_forks == _forks
+
+    def start(self) -> None:
+        """Read the epoch now, as the baseline (nothing was cached before it: no change is counted),
+        and start this process' reader thread; nothing when it was started already. The read waits at
+        most the limiter's time budget."""
+        with self._lock:
+            if self._reader_forks == _forks:
+                return
+            epoch = self._read()
+            if epoch is not None:
+                self.seen = epoch
+            self._reader_forks = _forks
+        reader = threading.Thread(target=_read_epochs, args=(weakref.ref(self), self._stop, self.interval),
+                                  name="ratelimit-edits", daemon=True)
+        try:
+            reader.start()
+        except RuntimeError:  # the interpreter is shutting down: the cache's TTL still applies
+            return
 
     def check(self) -> bool:
-        """Read the epoch, if it is still due (one caller per interval; the others return at once).
-
-        True when it differs from the one read before, or is read for the first time (an edit may have
-        come before the first read). False when Redis could not be asked: cached entries then expire
-        after CACHE_TTL.
-        """
+        """Read the epoch once: True when it differs from the one read before (or from none, when the
+        baseline could not be read). False when Redis could not be asked (cached entries then expire
+        after CACHE_TTL)."""
+        epoch = self._read()
+        if epoch is None:
+            return False
         with self._lock:
-            now = time.monotonic()
-            if now < self._next_check:
+            if epoch == self.seen:
                 return False
-            self._next_check = now + self.interval
+            self.seen = epoch
+            self.changes += 1
+        return True
+
+    def _read(self) -> str | None:
+        """The epoch in Redis ("" when there is none), or None when Redis could not be asked."""
         try:
-            value = get_limiter().call_redis(lambda client: client.get(self.key))
+            value = self.limiter.call_redis(lambda client: client.get(self.key))
         except BACKEND_ERRORS as exc:
             logger.debug("ratelimit: could not read the edit epoch (%s)", exc)
-            return False
-        epoch = _text(value)
-        with self._lock:
-            previous, self.seen = self.seen, epoch
-        return previous != epoch
+            return None
+        return _text(value)
 
     def announce(self) -> bool:
         """Tell every process that plans changed (run it after the change is committed). False, with a
         warning logged, when Redis could not be told."""
         token = secrets.token_hex(8)
         try:
-            get_limiter().call_redis(lambda client: client.set(self.key, token, ex=_EPOCH_TTL_SECONDS))
+            self.limiter.call_redis(lambda client: client.set(self.key, token, ex=_EPOCH_TTL_SECONDS))
         except BACKEND_ERRORS as exc:
             logger.warning(
                 "ratelimit: could not announce an edit of tiers, keys or rules through Redis (%s); other app "
@@ -94,6 +135,20 @@ class EditWatch:
             )
             return False
         return True
+
+
+def _read_epochs(watch: weakref.ref[EditWatch], stop: threading.Event, interval: float) -> None:
+    """The reader thread: `check()` the watch every `interval` seconds while it exists (holding it only
+    during each read, so that it can be collected meanwhile)."""
+    while not stop.wait(interval):
+        current = watch()
+        if current is None:
+            return
+        try:
+            current.check()
+        except Exception:  # never let the reader die of a surprise: log it, and read again next time
+            logger.exception("ratelimit: reading the edit epoch failed")
+        del current
 
 
 def _text(value: Any) -> str:

@@ -5,9 +5,9 @@ Three layers, fastest first:
 1. an in-process cache (bounded: RATELIMIT['LOCAL_CACHE_SIZE'] entries, plus a separate negative cache
    of unknown key prefixes bounded by RATELIMIT['NEGATIVE_CACHE_SIZE']). Every entry expires
    RATELIMIT['CACHE_TTL'] seconds after it was loaded, and the whole cache is forgotten when another
-   process announces an edit through the limiter's Redis (ratelimit_app.plans.edits: read at most once a
-   second per process), so an edit reaches every app server about a second after it is committed, and
-   within CACHE_TTL when Redis does not answer;
+   process announces an edit through the limiter's Redis (ratelimit_app.plans.edits: read once a second
+   by a thread of each process), so an edit reaches every app server about a second after it is
+   committed, and within CACHE_TTL when Redis does not answer;
 2. the Django cache named by RATELIMIT['CACHE_ALIAS'] when it is shared by app servers (not Django's
    per-process LocMemCache or DummyCache, which are skipped), holding plain rows under a *generation*
    and the edit epoch last read: saving or deleting a Tier, TierLimit, ApiKey, UserTier, a limit override
@@ -15,11 +15,10 @@ Three layers, fastest first:
    transaction commits), which makes every older shared entry unreachable;
 3. the database.
 
-A warm request therefore makes no database query and no cache call (once a second, the first lookup
-also reads the edit epoch: one GET, within the limiter's time budget). A cold one reads the shared cache
-within the time budget (RATELIMIT['BUDGET_MS'], see ratelimit_app.service.bounded): when the cache does
-not answer in time the database does, and while that read is still unanswered, lookups skip the
-shared cache at once. Code on an event loop reads
+A warm request therefore makes no database query, no cache call and no Redis call. A cold one reads
+the shared cache within the time budget (RATELIMIT['BUDGET_MS'], see ratelimit_app.service.bounded):
+when the cache does not answer in time the database does, and while that read is still unanswered,
+lookups skip the shared cache at once. Code on an event loop reads
 inside `local_only()`: a lookup that would need the shared cache or the database raises `NeedsIO`
 there instead of blocking the loop (the caller redoes its work in a thread). Values are the frozen
 dataclasses of ratelimit_app.plans.compile, which also reads the rows; a tier's policies are compiled once
@@ -172,8 +171,9 @@ class Lookups:
         self.namespace = namespace
         #: seconds a lookup waits for the shared cache at most (RATELIMIT['BUDGET_MS'])
         self.budget = budget
-        #: the edits other processes announce (ratelimit_app.plans.edits)
+        #: the edits other processes announce (ratelimit_app.plans.edits), and how many this one has applied
         self.edits = EditWatch(namespace)
+        self._edits_applied = 0
 
     # -- public ----------------------------------------------------------------------------------
     def tier(self, slug: str) -> TierInfo | None:
@@ -191,8 +191,7 @@ class Lookups:
     def cached_key(self, prefix: str) -> Any:
         """The key with `prefix` if this process has it cached (KeyInfo, or None for unknown), else MISS.
 
-        No I/O but the edit epoch's read once a second (NeedsIO inside `local_only()`): the middleware
-        uses it to decide whether a lookup is needed at all.
+        Never does I/O: the middleware uses it to decide whether a lookup is needed at all.
         """
         self._fresh()
         value = self.local.get(("key", prefix))
@@ -283,12 +282,17 @@ class Lookups:
 
     # -- internals -------------------------------------------------------------------------------
     def _fresh(self) -> None:
-        """Forget everything cached when another process announced an edit since this one last looked
-        (read at most once per EDITS_CHECK_INTERVAL; inside `local_only()` that read raises NeedsIO)."""
-        if self.edits.due(time.monotonic()):
+        """Forget everything cached when the edit reader saw an edit announced since the last lookup. The
+        first lookup of a process reads the edit epoch and starts that reader (see
+        ratelimit_app.plans.edits): I/O, so NeedsIO inside `local_only()`; later lookups do none."""
+        edits = self.edits
+        if not edits.reading():
             require_io()
-            if self.edits.check():
-                self.clear_local()
+            edits.start()
+        seen = edits.changes
+        if seen != self._edits_applied:
+            self._edits_applied = seen
+            self.clear_local()
 
     @property
     def _generation_key(self) -> str:

@@ -1,6 +1,7 @@
 """Edits announced through the limiter's Redis: another app server applies a revocation or a tier edit
 within two seconds whatever CACHES is (Django's per-process LocMemCache here), reads the announcement at
-most once a second, never inside an event loop, and falls back to CACHE_TTL when Redis does not answer.
+most once a second in a thread of its own (no lookup waits for it), and falls back to CACHE_TTL when Redis
+does not answer.
 The last two tests run two real app servers (gunicorn) and revoke keys from a third process and from
 the admin of one of them, with Redis and without."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,8 +26,8 @@ from django.db import transaction
 
 from devtools.embedded import RedisProcess, free_port
 from ratelimit_app.models import ApiKey, TierLimit
-from ratelimit_app.plans.edits import EDITS_CHECK_INTERVAL, edits_key
-from ratelimit_app.plans.lookups import LocalCache, NeedsIO, build_lookups, get_lookups, invalidate, local_only
+from ratelimit_app.plans.edits import EDITS_CHECK_INTERVAL, UNSEEN, edits_key
+from ratelimit_app.plans.lookups import LocalCache, build_lookups, get_lookups, invalidate, local_only
 from ratelimit_app.service.limiter import get_limiter
 from tests.support.gunicorn_server import ROOT, prepare_database, start_gunicorn, stop_server
 from tests.support.limits_support import make_key, seed_tiers
@@ -114,7 +116,7 @@ def test_without_redis_other_servers_apply_edits_within_cache_ttl(
 
 
 @pytest.mark.django_db
-def test_the_epoch_is_read_at_most_once_a_second(settings: Any, server: RedisProcess) -> None:
+def test_the_epoch_is_read_once_a_second_by_a_thread_never_per_lookup(settings: Any, server: RedisProcess) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url}
     seed_tiers()
     admin = redis.Redis.from_url(server.url)
@@ -149,14 +151,22 @@ def test_nothing_is_read_while_the_breaker_is_open(settings: Any, server: RedisP
 
 
 @pytest.mark.django_db
-def test_an_event_loop_never_reads_the_epoch_itself() -> None:
+def test_no_lookup_waits_for_the_epoch(settings: Any, server: RedisProcess) -> None:
+    """The epoch is read by a thread of its own: with Redis hung (SIGSTOP) for longer than the reading
+    interval, warm lookups answer at once, on an event loop too (no NeedsIO: no thread hop)."""
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url}
     seed_tiers()
-    lookups = build_lookups()
-    with local_only(), pytest.raises(NeedsIO):  # the read is due: the caller plans in a thread
-        lookups.tier("free")
-    assert lookups.tier("free") is not None  # (in that thread) read, and the tier cached
-    with local_only():
-        assert lookups.tier("free") is not None  # warm and not due: no I/O
+    lookups = get_lookups()
+    assert lookups.tier("free") is not None and lookups.edits.seen != UNSEEN  # the first lookup read the epoch
+    assert lookups.client_rules() is not None
+    server.process.send_signal(signal.SIGSTOP)
+    started, slowest = time.monotonic(), 0.0
+    while time.monotonic() - started < 2.5 * EDITS_CHECK_INTERVAL:
+        before = time.monotonic()
+        with local_only():
+            assert lookups.tier("free") is not None and lookups.client_rules() is not None
+        slowest = max(slowest, time.monotonic() - before)
+    assert slowest < 0.05, f"a warm lookup took {slowest * 1000:.0f} ms"
 
 
 def test_a_value_loaded_before_a_clear_is_not_stored_after_it() -> None:

@@ -18,6 +18,7 @@ import requests
 from django.apps import apps as django_apps
 
 from ratelimit_app.models import ApiKey, Tier, TierLimit
+from ratelimit_app.plans.edits import edits_key
 
 #: (name, algorithm, limit, period, burst, scope)
 LimitSpec = tuple[str, str, int, int, "int | None", str]
@@ -42,7 +43,9 @@ def add_slots(tier: Tier | str, slots: int, lease: int = 60, name: str = "concur
 def redis_commands(redis_url: str, key_prefix: str) -> Iterator[list[str]]:
     """Every command Redis executes that names `key_prefix` (each key this app writes for the test
     does: decisions, shared lookups, metrics) while the block runs, as clients sent them (a script's
-    own calls aside), read from MONITOR up to a marker sent after the block (no waiting on time)."""
+    own calls aside, and the edit epoch's reads, which a thread of each process makes once a second,
+    off every request's path: ratelimit_app.plans.edits), read from MONITOR up to a marker sent after
+    the block (no waiting on time)."""
     client = redis.Redis.from_url(redis_url)
     monitor = client.monitor()
     commands: list[str] = []
@@ -55,7 +58,7 @@ def redis_commands(redis_url: str, key_prefix: str) -> Iterator[list[str]]:
             command = seen["command"]
             if marker in command:
                 break
-            if key_prefix in command and seen["client_type"] != "lua":  # not those a script runs
+            if key_prefix in command and seen["client_type"] != "lua" and edits_key(key_prefix) not in command:
                 commands.append(command)
     client.close()
 
