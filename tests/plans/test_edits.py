@@ -154,7 +154,7 @@ def test_nothing_is_read_while_the_breaker_is_open(settings: Any, server: RedisP
 def test_no_lookup_waits_for_the_epoch(settings: Any, server: RedisProcess) -> None:
     """The epoch is read by a thread of its own: with Redis hung (SIGSTOP) for longer than the reading
     interval, warm lookups answer at once, on an event loop too (no NeedsIO: no thread hop)."""
-    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url}
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url, "BUDGET_MS": 2000}
     seed_tiers()
     lookups = get_lookups()
     assert lookups.tier("free") is not None and lookups.edits.seen != UNSEEN  # the first lookup read the epoch
@@ -166,7 +166,8 @@ def test_no_lookup_waits_for_the_epoch(settings: Any, server: RedisProcess) -> N
         with local_only():
             assert lookups.tier("free") is not None and lookups.client_rules() is not None
         slowest = max(slowest, time.monotonic() - before)
-    assert slowest < 0.05, f"a warm lookup took {slowest * 1000:.0f} ms"
+    # a lookup that waited for the hung read would take the budget, 2 s (the margin is for a loaded machine)
+    assert slowest < 0.5, f"a warm lookup took {slowest * 1000:.0f} ms"
 
 
 def test_a_value_loaded_before_a_clear_is_not_stored_after_it() -> None:
