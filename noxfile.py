@@ -167,15 +167,29 @@ def _wheel_install_session(python: str, django: str, source: str) -> Callable[[n
         wheel = _built_wheel()
         if f"dist/{wheel.name}" not in section:
             session.error(f"the README does not name the wheel `nox -s package` builds (dist/{wheel.name})")
-        # The README's install line, from this checkout or from the wheel just built (the two ways it
-        # names); Django pinned to the version under test (its other dependencies resolve to their newest).
-        session.install(str(ROOT) if source == "checkout" else str(wheel), django)
+        # The README's install line, from a checkout or from the wheel just built (the two ways it names);
+        # Django pinned to the version under test (its other dependencies resolve to their newest).
         with tempfile.TemporaryDirectory(prefix="ratelimit-wheel-") as directory:
-            _follow_the_readme(session, Path(directory), section)
+            if source == "checkout":
+                session.install(str(_fresh_checkout(Path(directory) / "checkout")), django)
+            else:
+                session.install(str(wheel), django)
+            site = Path(directory) / "site"
+            site.mkdir()
+            _follow_the_readme(session, site, section)
 
     run.__doc__ = (f"Install the package from the {'checkout' if source == 'checkout' else 'built wheel'} with "
                    f"{django} on Python {python}, follow the README's steps, check a 429.")
     return run
+
+
+def _fresh_checkout(target: Path) -> Path:
+    """This checkout's files as a fresh clone has them: without the build directories (a setuptools build
+    reuses ./build, which would hand files deleted since to the install), environments and caches."""
+    shutil.copytree(ROOT, target, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".bench-venv", ".nox", "build", "dist", "*.egg-info", "__pycache__", "test-artifacts",
+        "*.sqlite3"))
+    return target
 
 
 def _follow_the_readme(session: nox.Session, site: Path, section: str) -> None:
