@@ -35,8 +35,8 @@ try:
     import ninja  # noqa: F401
 except ImportError as exc:
     raise ImproperlyConfigured(
-        "ratelimit_app.ninja needs django-ninja: install it with the [ninja] extra, "
-        "pip install 'django-ratelimit-app[ninja]'"
+        "ratelimit_app.ninja needs django-ninja: pip install 'django-ninja>=1.7' (or install this package "
+        "with its [ninja] extra)"
     ) from exc
 
 from ..apply.routes import register_view_finder

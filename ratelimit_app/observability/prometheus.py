@@ -42,7 +42,8 @@ try:
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImproperlyConfigured(
-        "ratelimit_app.observability.prometheus needs prometheus-client: pip install 'django-ratelimit-app[prometheus]'"
+        "ratelimit_app.observability.prometheus needs prometheus-client: pip install prometheus-client "
+        "(or install this package with its [prometheus] extra)"
     ) from exc
 
 
