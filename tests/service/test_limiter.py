@@ -1,11 +1,14 @@
 """ratelimit_app.service.limiter: `LimiterService` and `get_limiter`. How the engine is built (lazily, once,
 again after a failure), releases that never raise for Redis, resets that forget locally even when Redis
-is down and announce themselves, bad input that raises rather than follows the fail mode, and one
-service per settings."""
+is down and announce themselves, bad input that raises rather than follows the fail mode, one service
+per settings, and `call_redis` (a caller's own small command, within the budget, never past an open
+breaker)."""
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -16,6 +19,7 @@ from redis.retry import Retry
 from devtools.embedded import RedisProcess, free_port
 from ratelimit_app import BackendError, Policy, RateLimiter, new_lease_token
 from ratelimit_app.service.breaker import CircuitBreaker
+from ratelimit_app.service.connection import build_client
 from ratelimit_app.service.denycache import reset_epoch_key
 from ratelimit_app.service.fallback import LocalLimiter
 from ratelimit_app.service.guard import RedisGuard
@@ -181,3 +185,29 @@ def test_get_limiter_is_one_service_per_settings(settings: Any, server: RedisPro
     private = redis.Redis(port=server.port)
     assert private.keys(f"{key_prefix}-other:*")  # the new settings' Redis and prefix
     private.close()
+
+
+def test_call_redis_runs_one_command_of_the_callers_within_the_budget(
+        redis_client: redis.Redis, key_prefix: str, server: RedisProcess) -> None:
+    service = LimiterService(RateLimiter(redis_client, prefix=key_prefix))
+    marker = f"{key_prefix}:marker"
+    assert service.call_redis(lambda client: client.set(marker, "1", ex=60))
+    assert service.call_redis(lambda client: client.get(marker)) == b"1"
+    assert service.stats().breaker.state == "closed" and service.stats().redis_failures == 0  # not a decision
+    hung = LimiterService(RateLimiter(build_client(server.url), prefix=key_prefix), budget_ms=300)
+    hung.call_redis(lambda client: client.ping())  # connected before the server stops
+    server.process.send_signal(signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(redis.TimeoutError):
+        hung.call_redis(lambda client: client.get(marker))
+    assert time.monotonic() - started < 0.3 + 0.5  # the budget, and a loaded machine's margin
+    assert hung.stats().breaker.state == "closed"  # the breaker is the decisions' to move
+
+
+def test_call_redis_sends_nothing_while_the_breaker_is_open(redis_client: redis.Redis, key_prefix: str) -> None:
+    service = LimiterService(RateLimiter(redis_client, prefix=key_prefix), breaker=CircuitBreaker(1, 60, 60))
+    service.guard.breaker.record_failure(ConnectionError("down"))
+    sent: list[Any] = []
+    with pytest.raises(BackendError, match="breaker is open"):
+        service.call_redis(lambda client: sent.append(client))
+    assert sent == []
