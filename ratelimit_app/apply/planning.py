@@ -37,7 +37,8 @@ from ..models import IP_POLICY_NAME
 from ..plans.apikeys import key_matches, parse_key
 from ..plans.clientrules import ALLOW, DENY, ClientRules
 from ..plans.compile import TierInfo
-from ..plans.lookups import MISS, Lookups, NeedsIO, get_lookups, local_only, require_io
+from ..plans.localcache import MISS
+from ..plans.lookups import Lookups, NeedsIO, get_lookups, local_only, require_io
 from ..service import events
 from ..service.conf import SettingsCached, ratelimit_settings
 from ..service.limiter import get_limiter

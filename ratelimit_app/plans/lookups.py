@@ -31,10 +31,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import threading
-import time
 import uuid
-from collections.abc import Hashable
 from typing import Any
 
 from django.core.cache import BaseCache, caches
@@ -57,6 +54,7 @@ from .compile import (
     load_user_plan,
 )
 from .edits import EditWatch
+from .localcache import MISS, LocalCache
 
 #: Lifetime of the rows kept in the shared Django cache. Changes made through the ORM (admin, shell,
 #: signals) are announced at once; changes that bypass signals (`QuerySet.update`, raw SQL) apply once
@@ -98,64 +96,6 @@ def require_io() -> None:
     """Raise NeedsIO inside `local_only()`: the caller is about to do I/O (a lookup, a Redis peek)."""
     if _local_only.get():
         raise NeedsIO
-
-
-class _Miss:
-    """The "not cached" marker (distinct from a cached None, which means "does not exist")."""
-
-    def __repr__(self) -> str:
-        return "MISS"
-
-
-MISS: Any = _Miss()
-
-
-class LocalCache:
-    """A bounded in-process map whose entries expire `ttl` seconds after they were set.
-
-    Reads take no lock (a dict lookup is atomic in CPython); writes do. When full, the oldest entry is
-    dropped; hot entries are re-inserted at every expiry, so they stay. `generation` changes at every
-    `clear()`: a value loaded before a clear is not stored after it (see `set`).
-    """
-
-    def __init__(self, maxsize: int, ttl: float) -> None:
-        self.maxsize = maxsize
-        self.ttl = ttl
-        self.generation = 0
-        self._data: dict[Hashable, tuple[Any, float]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> Any:
-        """The cached value, or MISS when absent or expired."""
-        entry = self._data.get(key)
-        if entry is None or entry[1] <= time.monotonic():
-            return MISS
-        return entry[0]
-
-    def set(self, key: Hashable, value: Any, generation: int | None = None) -> None:
-        """Cache `value` for `ttl` seconds, evicting the oldest entries beyond `maxsize`. `generation` is
-        `self.generation` read before `value` was loaded: if the cache was cleared since, nothing is
-        stored (the value may predate the edit that cleared it)."""
-        expires = time.monotonic() + self.ttl
-        with self._lock:
-            if generation is not None and generation != self.generation:
-                return
-            self._data.pop(key, None)
-            self._data[key] = (value, expires)
-            while len(self._data) > self.maxsize:
-                del self._data[next(iter(self._data))]
-
-    def discard(self, key: Hashable) -> None:
-        with self._lock:
-            self._data.pop(key, None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-            self.generation += 1
-
-    def __len__(self) -> int:
-        return len(self._data)
 
 
 class Lookups:

@@ -27,7 +27,7 @@ from django.db import transaction
 from devtools.embedded import RedisProcess, free_port
 from ratelimit_app.models import ApiKey, TierLimit
 from ratelimit_app.plans.edits import EDITS_CHECK_INTERVAL, UNSEEN, edits_key
-from ratelimit_app.plans.lookups import LocalCache, build_lookups, get_lookups, invalidate, local_only
+from ratelimit_app.plans.lookups import build_lookups, get_lookups, invalidate, local_only
 from ratelimit_app.service.limiter import get_limiter
 from tests.support.gunicorn_server import ROOT, prepare_database, start_gunicorn, stop_server
 from tests.support.limits_support import make_key, seed_tiers
@@ -168,16 +168,6 @@ def test_no_lookup_waits_for_the_epoch(settings: Any, server: RedisProcess) -> N
         slowest = max(slowest, time.monotonic() - before)
     # a lookup that waited for the hung read would take the budget, 2 s (the margin is for a loaded machine)
     assert slowest < 0.5, f"a warm lookup took {slowest * 1000:.0f} ms"
-
-
-def test_a_value_loaded_before_a_clear_is_not_stored_after_it() -> None:
-    cache = LocalCache(maxsize=10, ttl=60)
-    generation = cache.generation
-    cache.clear()  # an edit was announced while the value was being loaded
-    cache.set("key", "old row", generation)
-    assert len(cache) == 0
-    cache.set("key", "new row", cache.generation)
-    assert cache.get("key") == "new row"
 
 
 # -- two real app servers -------------------------------------------------------------------------
