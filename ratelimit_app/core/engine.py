@@ -36,7 +36,8 @@ Check = tuple[str, Sequence[Policy]]
 
 #: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
 #: would cost Redis a strtod each, and every argument is parsed and interned as a Lua string.
-_CALL_NUMBERS = struct.Struct(">qBB")  # cost, mode, identities
+_CALL_NUMBERS = struct.Struct(">qBBq")  # cost, mode, identities, clock shift in ms (see prepare_call)
+MAX_CLOCK_SHIFT_MS = 10 * 366 * 86_400_000  # the largest clock shift of a call, either way: ten years
 _POLICY_NUMBERS = struct.Struct(">qqqqBB")  # algorithm code, limit, period, extra, identity, tag length
 #: The modes of decide.lua: report only (peek), charge when allowed (hit), forget the states (reset).
 PEEK, HIT, RESET = 0, 1, 2
@@ -69,7 +70,7 @@ def _bulk(value: bytes) -> bytes:
 
 
 class _Plan:
-    """Everything about a call that depends only on the prefix, the policy sets, the cost and the mode.
+    """Everything about a call but its identities: the prefix, the policy sets, the cost, the mode, the shift.
 
     `pieces` is the packed EVALSHA command cut where each key's identity digest goes: the command is
     `pieces[0] + digest(owner 0) + pieces[1] + ... + pieces[-1]`, with `owners[i]` the index of the
@@ -79,12 +80,13 @@ class _Plan:
     __slots__ = ("args", "key_count", "key_layout", "leases", "named_capacities", "owners", "pieces",
                  "policy_count", "prefix")
 
-    def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int) -> None:
+    def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int,
+                 shift: int) -> None:
         self.prefix = prefix
         # KEYS of decide.lua: the state key of each identity ("<prefix>:{<digest>}"), then the key of
         # its own of each policy that is sent one ("<prefix>:{<digest>}<tag>")
         layout: list[tuple[int, str]] = [(check, ":{%s}") for check in range(len(policy_sets))]
-        numbers = [_CALL_NUMBERS.pack(cost, mode, len(policy_sets))]
+        numbers = [_CALL_NUMBERS.pack(cost, mode, len(policy_sets), shift)]
         for check, policies in enumerate(policy_sets):
             for policy in policies:
                 if not isinstance(policy, Policy):
@@ -105,8 +107,7 @@ class _Plan:
         # concurrency policies charged by this call: the command then ends with the lease token (ARGV[2])
         self.leases = sum(p.algorithm == CONCURRENCY for policies in policy_sets for p in policies) \
             if mode == HIT else 0
-        args = [b"".join(numbers)]
-        self.args = tuple(args)
+        self.args = args = (b"".join(numbers),)
 
         pieces: list[bytes] = []
         owners: list[int] = []
@@ -124,8 +125,8 @@ class _Plan:
 
 
 @lru_cache(maxsize=1024)
-def _plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int) -> _Plan:
-    return _Plan(prefix, policy_sets, cost, mode)
+def _plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int, shift: int) -> _Plan:
+    return _Plan(prefix, policy_sets, cost, mode, shift)
 
 
 class PreparedCall:
@@ -188,21 +189,22 @@ def new_lease_token() -> str:
 
 
 def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool,
-                 lease: str | None = None, reset: bool = False) -> PreparedCall:
+                 lease: str | None = None, reset: bool = False, shift: int = 0) -> PreparedCall:
     """Build the EVALSHA of decide.lua for these checks (see its header for KEYS and ARGV). A call that
     charges a concurrency policy needs `lease`, the token its slots are held under (ValueError without).
-    With `reset`, the call forgets the checks' states instead (and reports, as peek does)."""
-    if type(cost) is not int or cost < 1:
-        raise ValueError(f"cost: {cost!r} must be an integer >= 1")
+    With `reset`, it forgets the checks' states (and reports, as peek does); `shift` ms are added to Redis' time."""
+    if type(cost) is not int or cost < 1 or type(shift) is not int or abs(shift) > MAX_CLOCK_SHIFT_MS:
+        raise ValueError(f"cost: {cost!r} must be an integer >= 1, and clock_shift_ms: {shift!r} an integer "
+                         f"within +-{MAX_CLOCK_SHIFT_MS} (ms added to Redis' time, for tests)")
     mode = RESET if reset else HIT if charge else PEEK
     if len(checks) == 1:  # the usual case, kept short: it runs on every request
         identity, policies = checks[0]
-        plan = _plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, mode)
+        plan = _plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, mode, shift)
         hashed = digest(identity)
         call = PreparedCall(plan, [hashed], hashed.join(plan.pieces))
         return _with_lease(call, lease) if plan.leases else call
     policy_sets = tuple(policies if type(policies) is tuple else tuple(policies) for _, policies in checks)
-    plan = _plan(prefix, policy_sets, cost, mode)
+    plan = _plan(prefix, policy_sets, cost, mode, shift)
     digests = [digest(identity) for identity, _ in checks]
     pieces = plan.pieces
     parts = [pieces[0]]
@@ -301,27 +303,26 @@ def check_connections(connections: str) -> str:
     return connections
 
 
-def hit_steps(prefix: str, identity: str, policies: Sequence[Policy], cost: int, lease: str | None) -> Steps[Decision]:
+def hit_steps(prefix: str, identity: str, policies: Sequence[Policy], cost: int, lease: str | None,
+              shift: int = 0) -> Steps[Decision]:
     """`hit`: charge `cost` to every policy if all of them allow it, nothing otherwise."""
-    return _first(decision_steps(prefix, ((identity, policies),), cost, charge=True, one_slot_per_call=False,
-                                 lease=lease))
+    return _first(decision_steps(prefix, ((identity, policies),), cost, charge=True, lease=lease, shift=shift))
 
 
-def peek_steps(prefix: str, identity: str, policies: Sequence[Policy], cost: int) -> Steps[Decision]:
+def peek_steps(prefix: str, identity: str, policies: Sequence[Policy], cost: int, shift: int = 0) -> Steps[Decision]:
     """`peek`: what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-    return _first(decision_steps(prefix, ((identity, policies),), cost, charge=False, one_slot_per_call=False))
+    return _first(decision_steps(prefix, ((identity, policies),), cost, charge=False, shift=shift))
 
 
 def hit_many_steps(prefix: str, checks: Sequence[Check], cost: int, lease: str | None,
-                   cluster: bool) -> Steps[list[Decision]]:
+                   cluster: bool, shift: int = 0) -> Steps[list[Decision]]:
     """`hit_many`: several identities in one call, all-or-nothing; one call per identity on a `cluster`."""
-    return decision_steps(prefix, checks, cost, charge=True, one_slot_per_call=cluster, lease=lease)
+    return decision_steps(prefix, checks, cost, charge=True, one_slot_per_call=cluster, lease=lease, shift=shift)
 
 
 def reset_steps(prefix: str, identity: str, policies: Sequence[Policy]) -> Steps[None]:
     """`reset`: forget the state of `identity` for these policies (its other policies keep theirs)."""
-    return _first(decision_steps(prefix, ((identity, policies),), 1, charge=False, one_slot_per_call=False,
-                                 reset=True), keep=False)
+    return _first(decision_steps(prefix, ((identity, policies),), 1, charge=False, reset=True), keep=False)
 
 
 def release_plan(prefix: str, held: Sequence[tuple[str, Policy]], lease: str) -> list[str]:
@@ -336,21 +337,20 @@ def _first(steps: Steps[list[Decision]], keep: bool = True) -> Steps[Any]:
     return decisions[0] if keep else None
 
 
-def decision_steps(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool,
-                   lease: str | None = None, reset: bool = False) -> Steps[list[Decision]]:
+def decision_steps(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool = False,
+                   lease: str | None = None, reset: bool = False, shift: int = 0) -> Steps[list[Decision]]:
     """The steps of one decision over `checks`.
 
     Normally one call decides every check, all-or-nothing. With `one_slot_per_call` (Redis Cluster,
     where the identities live on different slots) each check is its own call, in order, and the
     first denial stops the rest: checks already charged stay charged and the list is shorter than
     `checks`. Every call is built, and every argument validated (ValueError, TypeError), here, before
-    anything is sent. `lease` is the token concurrency slots are taken under; `reset` forgets the
-    checks' states instead of charging them (see `prepare_call`).
+    anything is sent. `lease`, `reset` and `shift` (the clock shift of every `*_steps`) as in `prepare_call`.
     """
     if one_slot_per_call and len(checks) > 1:
-        return _one_by_one([prepare_call(prefix, (check,), cost, charge=charge, lease=lease, reset=reset)
-                            for check in checks])
-    return _exchange(prepare_call(prefix, checks, cost, charge=charge, lease=lease, reset=reset))
+        return _one_by_one([prepare_call(prefix, (check,), cost, charge=charge, lease=lease, reset=reset,
+                                         shift=shift) for check in checks])
+    return _exchange(prepare_call(prefix, checks, cost, charge=charge, lease=lease, reset=reset, shift=shift))
 
 
 def _one_by_one(calls: list[PreparedCall]) -> Steps[list[Decision]]:

@@ -101,20 +101,23 @@ class AsyncRateLimiter:
                 self._slots = asyncio.Semaphore(limit)
 
     async def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
-                  lease: str | None = None) -> Decision:
+                  lease: str | None = None, clock_shift_ms: int = 0) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
-        policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
-        return await self._run(engine.hit_steps(self.prefix, identity, policies, cost, lease))
+        policy takes one slot, held under `lease` (required then) until `release` or the lease period.
+        `clock_shift_ms` as in `RateLimiter.hit` (tests only)."""
+        return await self._run(engine.hit_steps(self.prefix, identity, policies, cost, lease, clock_shift_ms))
 
-    async def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
+    async def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
+                   clock_shift_ms: int = 0) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-        return await self._run(engine.peek_steps(self.prefix, identity, policies, cost))
+        return await self._run(engine.peek_steps(self.prefix, identity, policies, cost, clock_shift_ms))
 
     async def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
-                       lease: str | None = None) -> list[Decision]:
+                       lease: str | None = None, clock_shift_ms: int = 0) -> list[Decision]:
         """Decide several identities together; all-or-nothing on a single Redis, one after another on
-        Redis Cluster (see `RateLimiter.hit_many`). `lease` as in `hit`."""
-        return await self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster))
+        Redis Cluster (see `RateLimiter.hit_many`). `lease` and `clock_shift_ms` as in `hit`."""
+        return await self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster,
+                                                     clock_shift_ms))
 
     async def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         """Give back the concurrency slots held under `lease` (see `RateLimiter.release`): one round

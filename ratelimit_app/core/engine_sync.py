@@ -178,24 +178,28 @@ class RateLimiter:
         #: idle connections of threads that ended, with the fork count they were made under
         self._shelf: list[tuple[Any, int]] = []
 
-    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, lease: str | None = None) -> Decision:
+    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, lease: str | None = None,
+            clock_shift_ms: int = 0) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise. A concurrency
-        policy takes one slot, held under `lease` (required then) until `release` or the lease period."""
-        return self._run(engine.hit_steps(self.prefix, identity, policies, cost, lease))
+        policy takes one slot, held under `lease` (required then) until `release` or the lease period.
+        `clock_shift_ms` decides as if Redis' clock were that much later (tests only: the test kit's
+        `advance`)."""
+        return self._run(engine.hit_steps(self.prefix, identity, policies, cost, lease, clock_shift_ms))
 
-    def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
+    def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, clock_shift_ms: int = 0) -> Decision:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
-        return self._run(engine.peek_steps(self.prefix, identity, policies, cost))
+        return self._run(engine.peek_steps(self.prefix, identity, policies, cost, clock_shift_ms))
 
-    def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None) -> list[Decision]:
+    def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None,
+                 clock_shift_ms: int = 0) -> list[Decision]:
         """Decide several identities together (for example a client IP and its API key).
 
         On a single Redis this is one round trip and all-or-nothing across every identity. On Redis
         Cluster the identities live on different slots, so they are decided one after another and
         the first denial stops the rest (identities already charged stay charged; the list is then
-        shorter than `checks`). `lease` as in `hit`.
+        shorter than `checks`). `lease` and `clock_shift_ms` as in `hit`.
         """
-        return self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster))
+        return self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster, clock_shift_ms))
 
     def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         """Give back the concurrency slots held under `lease`: each (identity, concurrency policy) of

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from ..core.algorithms import CALENDAR_WINDOW
 from ..core.decision import Decision, PolicyResult, all_or_nothing
 from ..core.engine import Check
 from ..core.keys import identity_digest
@@ -45,7 +46,11 @@ def local_share(policy: Policy, app_servers: int) -> tuple[float, float, float]:
     Window algorithms get limit // app_servers per period. token_bucket and gcra keep their exact
     rate divided by app_servers (the period is stretched) and get capacity // app_servers as burst.
     Shares never drop below 1, so a limit smaller than the number of servers still admits something.
+    A calendar quota gets its share of the limit, its calendar rule and its clock shift, as decide.lua
+    passes them to calendar_window.lua.
     """
+    if policy.calendar:
+        return float(max(policy.limit // app_servers, 1)), float(policy.calendar_rule), float(policy.clock_shift_ms)
     if app_servers == 1:
         return float(policy.limit), float(policy.period_ms), float(policy.capacity)
     if policy.algorithm in BURST_ALGORITHMS:
@@ -58,7 +63,8 @@ def local_share(policy: Policy, app_servers: int) -> tuple[float, float, float]:
 class LocalLimiter:
     """Decides requests against policies in this process, with the semantics of the Lua engine.
 
-    The API mirrors `RateLimiter`: `hit`, `peek`, `hit_many` (always all-or-nothing) and `reset`.
+    The API mirrors `RateLimiter`: `hit`, `peek`, `hit_many` (always all-or-nothing), `release` and
+    `reset`; `clock_shift_ms` moves this limiter's clock for one call, as it moves Redis' (tests only).
     `clock` returns microseconds since the epoch; `app_servers` divides every policy (see
     `local_share`); `max_keys` bounds the number of states kept and `max_units` the entries of all
     sliding-window logs together.
@@ -76,25 +82,27 @@ class LocalLimiter:
         self._store = Store(max_keys, max_units)
         self._lock = threading.Lock()
 
-    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
+    def hit(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, lease: str | None = None,
+            clock_shift_ms: int = 0) -> Decision:
         """Charge `cost` to every policy if all of them allow it; charge nothing otherwise."""
-        return self.decide([(identity, policies)], cost, charge=True)[0]
+        return self.decide([(identity, policies)], cost, charge=True, lease=lease, clock_shift_ms=clock_shift_ms)[0]
 
-    def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1) -> Decision:
+    def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *, clock_shift_ms: int = 0) -> Decision:
         """Report what `hit` would decide for `cost`, charging nothing."""
-        return self.decide([(identity, policies)], cost, charge=False)[0]
+        return self.decide([(identity, policies)], cost, charge=False, clock_shift_ms=clock_shift_ms)[0]
 
-    def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None) -> list[Decision]:
+    def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None,
+                 clock_shift_ms: int = 0) -> list[Decision]:
         """Decide several identities together, all-or-nothing across all of them (`lease`: the token
         concurrency slots are held under)."""
-        return self.decide(checks, cost, charge=True, lease=lease)
+        return self.decide(checks, cost, charge=True, lease=lease, clock_shift_ms=clock_shift_ms)
 
     def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         """Give back the concurrency slots held under `lease` (see RateLimiter.release)."""
         with self._lock:
             now_us = float(self.clock())
             for identity, policy in held:
-                key = f"{identity_digest(identity)}:{policy.name}:{policy.algorithm}"
+                key = _state_key(identity_digest(identity), policy)
                 leases = self._store.get(key, now_us)
                 if leases and lease in leases:
                     kept = {token: expiry for token, expiry in leases.items() if token != lease and expiry > now_us}
@@ -108,7 +116,7 @@ class LocalLimiter:
         digest = identity_digest(identity)
         with self._lock:
             for policy in policies:
-                self._store.delete(f"{digest}:{policy.name}:{policy.algorithm}")
+                self._store.delete(_state_key(digest, policy))
 
     def clear(self) -> None:
         """Forget every state (used when Redis is back: the next outage starts afresh)."""
@@ -119,9 +127,10 @@ class LocalLimiter:
         """The number of states held (at most max_keys)."""
         return len(self._store)
 
-    def decide(self, checks: Sequence[Check], cost: int, *, charge: bool, lease: str | None = None) -> list[Decision]:
+    def decide(self, checks: Sequence[Check], cost: int, *, charge: bool, lease: str | None = None,
+               clock_shift_ms: int = 0) -> list[Decision]:
         """One all-or-nothing decision over every policy of every check (decide.lua); concurrency slots
-        are taken under `lease`."""
+        are taken under `lease`; the clock is `clock_shift_ms` later than `clock` says."""
         if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
             raise ValueError(f"cost: {cost!r} must be an integer >= 1")
         plan = []
@@ -134,13 +143,13 @@ class LocalLimiter:
                 if charge and lease is None and policy.algorithm == CONCURRENCY:
                     raise ValueError("lease: this call takes a concurrency slot; pass lease=<token>")
                 limit, period_ms, capacity = local_share(policy, self.app_servers)
-                rows.append((policy, f"{digest}:{policy.name}:{policy.algorithm}", limit, period_ms, capacity))
+                rows.append((policy, _state_key(digest, policy), limit, period_ms, capacity))
             plan.append(rows)
         fcost = float(cost)
         with self._lock:
-            now_us = float(self.clock())
-            outcomes = [[MODELS[policy.algorithm](self._store, key, now_us, limit, period_ms, capacity, fcost,
-                                                      *((lease,) if policy.algorithm == CONCURRENCY else ()))
+            now_us = float(self.clock() + clock_shift_ms * 1000)
+            outcomes = [[MODELS[_model_name(policy)](self._store, key, now_us, limit, period_ms, capacity, fcost,
+                                                     *((lease,) if policy.algorithm == CONCURRENCY else ()))
                          for policy, key, limit, period_ms, capacity in rows] for rows in plan]
             all_allowed = all(outcome[0] or row[0].shadow for rows, per_check in zip(plan, outcomes, strict=True)
                               for row, outcome in zip(rows, per_check, strict=True))
@@ -148,8 +157,9 @@ class LocalLimiter:
             for rows, per_check in zip(plan, outcomes, strict=True):
                 results: list[PolicyResult] = []
                 shadow: list[PolicyResult] = []
-                for (policy, _, _, _, capacity), (allowed, remaining, reset_us, retry_us, apply) in zip(
+                for (policy, _, limit, _, capacity), (allowed, remaining, reset_us, retry_us, apply) in zip(
                         rows, per_check, strict=True):
+                    capacity = limit if policy.calendar else capacity  # (a calendar's capacity slot is its shift)
                     if charge and all_allowed and allowed and apply is not None:
                         reset_us = apply()
                         remaining = remaining - (1.0 if policy.algorithm == CONCURRENCY else fcost)
@@ -157,6 +167,17 @@ class LocalLimiter:
                         _result(policy.name, allowed, capacity, remaining, reset_us, retry_us))
                 decisions.append(Decision.from_results(tuple(results), shadow=tuple(shadow)))
         return all_or_nothing(decisions)
+
+
+def _model_name(policy: Policy) -> str:
+    """The model that decides `policy`: its algorithm's, or for a calendar quota (a fixed_window policy
+    whose windows are calendar periods) calendar_window's."""
+    return CALENDAR_WINDOW.name if policy.calendar else policy.algorithm
+
+
+def _state_key(digest: str, policy: Policy) -> str:
+    """Where the state of `policy` for the identity of `digest` is kept (one per policy and model)."""
+    return f"{digest}:{policy.name}:{_model_name(policy)}"
 
 
 def _result(name: str, allowed: bool, capacity: float, remaining: float, reset_us: float,

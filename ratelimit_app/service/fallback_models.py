@@ -255,3 +255,70 @@ def concurrency(store: Store, key: str, now_us: float, limit: float, period_ms: 
         return period_us
 
     return True, remaining, period_us if used else 0, 0, apply
+
+
+# -- calendar quotas (ratelimit_app/core/lua/calendar_window.lua; ratelimit_app.core.calendars has the rule) --
+_RULE_UNIT = 2**27  # the calendar rule: ((unit * 128 + offset_now) * 128 + offset_next) * 2**27 + change_minute
+
+
+def _days_from_civil(y: int, m: int, d: int) -> int:
+    if m <= 2:
+        y -= 1
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m - 3 if m > 2 else m + 9) + 2) // 5 + d - 1
+    return era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+
+
+def _civil_from_days(days: int) -> tuple[int, int]:
+    z = days + 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    m = mp + 3 if mp < 10 else mp - 9
+    return yoe + era * 400 + (1 if m <= 2 else 0), m
+
+
+def calendar_period(rule: int, now_s: int) -> tuple[int, int]:
+    """(the period's index, the Unix second the next period starts) of a calendar rule at `now_s`: the
+    local day number, Monday's day number or year * 12 + month - 1, as calendar_window.lua counts them."""
+    change_s = rule % _RULE_UNIT * 60
+    rest = rule // _RULE_UNIT
+    offset_next, offset_now, unit = (rest % 128 - 64) * 900, (rest // 128 % 128 - 64) * 900, rest // 16384
+    day = (now_s + (offset_next if now_s >= change_s else offset_now)) // 86400
+    if unit == 1:
+        window, next_day = day, day + 1
+    elif unit == 2:
+        window = day - (day + 3) % 7  # 1970-01-01 was a Thursday
+        next_day = window + 7
+    else:
+        y, m = _civil_from_days(day)
+        window, next_day = y * 12 + m - 1, _days_from_civil(y + (m == 12), m % 12 + 1, 1)
+    next_s = next_day * 86400 - offset_now
+    return window, next_s if next_s < change_s else next_day * 86400 - offset_next
+
+
+@model("calendar_window")
+def calendar_window(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
+                    cost: float) -> Outcome:
+    """ratelimit_app/core/lua/calendar_window.lua: `period_ms` is the calendar rule and `capacity` the
+    policy's own clock shift in ms, as the script gets them (the state: the period's index, units used)."""
+    local_us = now_us + capacity * 1000
+    window, next_s = calendar_period(int(period_ms), math.floor(local_us / 1_000_000))
+    reset_us = max(next_s * 1_000_000 - local_us, 1000)
+    stored = store.get(key, now_us)
+    used: float = stored[1] if stored is not None and stored[0] == window % 65536 else 0
+    remaining = max(limit - used, 0)
+    if cost > limit:
+        return False, remaining, reset_us, -1, None
+    if used + cost > limit:
+        return False, remaining, reset_us, reset_us, None
+
+    def apply() -> float:
+        store.set(key, (window % 65536, used + cost), math.ceil(reset_us / 1000), now_us)
+        return reset_us
+
+    return True, remaining, reset_us, 0, apply
+

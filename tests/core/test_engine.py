@@ -16,7 +16,14 @@ import redis
 
 from ratelimit_app import Decision, Policy, RateLimiter
 from ratelimit_app.core.algorithms import BY_NAME
-from ratelimit_app.core.engine import LOAD_SCRIPT, NOSCRIPT, decision_steps, parse_reply, prepare_call
+from ratelimit_app.core.engine import (
+    LOAD_SCRIPT,
+    MAX_CLOCK_SHIFT_MS,
+    NOSCRIPT,
+    decision_steps,
+    parse_reply,
+    prepare_call,
+)
 from ratelimit_app.core.exceptions import BackendError
 from ratelimit_app.core.keys import KEY_LETTERS, state_entries
 from ratelimit_app.core.policies import ALGORITHMS
@@ -183,6 +190,29 @@ def test_bad_arguments_raise_clear_errors(limiter: RateLimiter) -> None:
         RateLimiter(limiter.client, prefix="a{b}")
     with pytest.raises(ValueError, match="connections"):
         RateLimiter(limiter.client, connections="threads")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_clock_shift_decides_as_if_redis_time_were_that_much_later(limiter: RateLimiter, algorithm: str) -> None:
+    policy = Policy("p", algorithm, limit=2, period=3600)
+    assert [limiter.hit("c", [policy]).allowed for _ in range(3)] == [True, True, False]
+    refused = limiter.peek("c", [policy])
+    assert refused.retry_after is not None and refused.retry_after > 60
+    shift = math.ceil(refused.retry_after * 1000)
+    assert not limiter.peek("c", [policy], clock_shift_ms=shift - 30_000).allowed  # not yet
+    assert limiter.peek("c", [policy], clock_shift_ms=shift).allowed
+    assert not limiter.hit("c", [policy]).allowed  # Redis' own clock: still refused, nothing was charged
+    assert limiter.hit("c", [policy], clock_shift_ms=shift).allowed
+    fresh = limiter.hit("d", [policy], clock_shift_ms=10 * 86_400_000)  # an identity first seen in ten days
+    assert fresh.allowed and fresh.remaining == 1
+
+
+def test_a_clock_shift_is_an_integer_of_milliseconds_within_ten_years(limiter: RateLimiter) -> None:
+    policies = [small_policy("gcra")]
+    for shift in (1.5, True, "1", MAX_CLOCK_SHIFT_MS + 1, -MAX_CLOCK_SHIFT_MS - 1):
+        with pytest.raises(ValueError, match="clock_shift_ms"):
+            limiter.hit("k", policies, clock_shift_ms=shift)  # type: ignore[arg-type]
+    assert limiter.peek("k", policies, clock_shift_ms=-MAX_CLOCK_SHIFT_MS).allowed
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -87,6 +87,22 @@ def test_admits_exactly_the_limit_then_recovers(redis_url: str, key_prefix: str,
     run_with(redis_url, scenario)
 
 
+def test_a_clock_shift_moves_redis_time_as_for_the_sync_engine(redis_url: str, key_prefix: str,
+                                                               async_connections: str) -> None:
+    policy = Policy("p", "fixed_window", limit=1, period=3600)
+    hour = 3_600_000
+
+    async def scenario(client: redis.asyncio.Redis) -> None:
+        limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
+        assert (await limiter.hit("c", [policy])).allowed
+        assert not (await limiter.hit("c", [policy])).allowed
+        assert (await limiter.peek("c", [policy], clock_shift_ms=hour)).allowed
+        assert [d.allowed for d in await limiter.hit_many([("c", [policy])], clock_shift_ms=hour)] == [True]
+        assert not (await limiter.hit("c", [policy], clock_shift_ms=hour)).allowed  # the next hour is used now
+
+    run_with(redis_url, scenario)
+
+
 def test_the_same_state_gives_the_same_decision_as_the_sync_engine(
         redis_url: str, redis_client: redis.Redis, key_prefix: str, async_connections: str) -> None:
     policies = [

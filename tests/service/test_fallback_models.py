@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ratelimit_app import Decision, Policy, RateLimiter
+from ratelimit_app.core.calendars import CALENDAR_PERIODS, CALENDARS
 from ratelimit_app.core.policies import ALGORITHMS, BURST_ALGORITHMS
 from ratelimit_app.service.fallback import LocalLimiter
 
@@ -54,15 +55,17 @@ class Pair:
         self.model = LocalLimiter(clock=lambda: self.now_us)
         self.slowest = 0.0
 
-    def run(self, operation: str, checks: list[tuple[str, list[Policy]]], cost: int) -> None:
+    def run(self, operation: str, checks: list[tuple[str, list[Policy]]], cost: int, shift: int = 0) -> None:
         started = time.perf_counter()
         seconds, micros = self.client.time()
         self.now_us = seconds * 1_000_000 + micros
         identity, policies = checks[0]
         if operation == "hit":
-            engine, model = [self.engine.hit(identity, policies, cost)], [self.model.hit(identity, policies, cost)]
+            engine = [self.engine.hit(identity, policies, cost, clock_shift_ms=shift)]
+            model = [self.model.hit(identity, policies, cost, clock_shift_ms=shift)]
         elif operation == "peek":
-            engine, model = [self.engine.peek(identity, policies, cost)], [self.model.peek(identity, policies, cost)]
+            engine = [self.engine.peek(identity, policies, cost, clock_shift_ms=shift)]
+            model = [self.model.peek(identity, policies, cost, clock_shift_ms=shift)]
         elif operation == "reset":
             self.engine.reset(identity, policies)
             self.model.reset(identity, policies)
@@ -114,3 +117,26 @@ def test_multi_policy_and_multi_identity_decisions_match_the_model(
     for (operation, cost), flip in operations:
         checks = [a, b] if operation == "many" else [b if flip else a]
         pair.run(operation, checks, cost)
+
+
+DAY_MS = 86_400_000
+
+
+@SETTINGS
+@given(unit=st.sampled_from(CALENDARS), zone=st.sampled_from(["UTC", "Europe/Paris", "America/New_York",
+                                                              "Asia/Kolkata", "Australia/Lord_Howe"]),
+       limit=st.integers(1, 5), own_shift=st.integers(-2 * DAY_MS, 2 * DAY_MS),
+       steps=st.lists(st.tuples(st.sampled_from(["hit", "hit", "peek"]), st.integers(1, 6),
+                                st.integers(0, 70 * DAY_MS)), min_size=1, max_size=20))
+def test_calendar_quotas_match_their_model_across_the_periods_the_clock_shift_crosses(
+        redis_client: redis.Redis, key_prefix: str, unit: str, zone: str, limit: int, own_shift: int,
+        steps: list[tuple[str, int, int]]) -> None:
+    """Calendar days, weeks and months, their boundaries crossed by the call's clock shift (and the
+    policy's own), decided by calendar_window.lua and by its model alike."""
+    pair = Pair(redis_client, key_prefix)
+    policy = Policy("quota", "fixed_window", limit=limit, period=CALENDAR_PERIODS[unit], calendar=unit,
+                    time_zone=zone, clock_shift_ms=own_shift)
+    identity = uuid.uuid4().hex
+    for operation, cost, shift in sorted(steps, key=lambda step: step[2]):  # time moves forward
+        pair.run(operation, [(identity, [policy])], cost, shift)
+

@@ -10,11 +10,13 @@
 -- of its code in one function, check), then this file, which names no algorithm. The set of scripts
 -- is fixed and request data never becomes source.
 --
--- ARGV[1]        every number of the call, packed big-endian in one string: the call, struct '>i8BB':
+-- ARGV[1]        every number of the call, packed big-endian in one string: the call, struct '>i8BBi8':
 --                  cost   units to charge (>= 1)
 --                  mode   0 report only (peek); 1 charge when every policy allows (hit); 2 forget the
 --                         policies' states (reset: nothing is checked, and the reply is all zeros)
 --                  m      identities (>= 1)
+--                  shift  ms added to Redis TIME: 0, except in tests, whose clock it moves (the test
+--                         kit's `advance`; engine.prepare_call)
 --                then each policy i (n of them, n >= 1), struct '>i8i8i8i8BBc0':
 --                  code   its algorithm: 1 token_bucket, 2 sliding_window, 3 fixed_window, 4 gcra,
 --                         5 sliding_window_counter, 6 concurrency, 32 calendar_window
@@ -38,7 +40,7 @@
 --                SLOTS_CODE (its sorted set of leases) and of LOG_CODE (its units, once its limit is
 --                LONG_LOG_UNITS or more), "<prefix>:{<digest>}<tag>": all the keys of one identity share
 --                its hash tag. #KEYS is m plus the number of such policies.
--- Time comes from redis.call('TIME') only: one clock for every app server.
+-- Time comes from redis.call('TIME') only (plus the call's shift): one clock for every app server.
 --
 -- State: the key of an identity is a string of entries, one per rate policy that has state, each
 -- struct '>Bc0I6I4' + its state: the tag (length, bytes), the entry's expiry (ms since the epoch: what
@@ -85,7 +87,7 @@
 -- Needs Redis 6.2 or later (SET ... KEEPTTL / PXAT; scripts replicate their effects, so TIME may precede
 -- writes). (redis.replicate_commands() is not called: on Redis 7 it is a deprecated no-op.)
 local numbers, lease = ARGV[1], ARGV[2]
-local cost, mode, m = unpack('>i8BB', numbers)
+local cost, mode, m, shift = unpack('>i8BBi8', numbers)
 local key_count = #KEYS
 if #ARGV > 2 or cost < 1 or mode > 2 or m < 1 or key_count < m then
   return redis.error_reply('ERR ratelimit decide: bad arguments')
@@ -93,7 +95,7 @@ end
 local charge, forget = mode == 1, mode == 2
 
 local time = redis.call('TIME')
-local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2]) + shift * 1000
 local now_ms = floor(now_us / 1000)
 
 -- 1. read the key of each identity j into identity[5(j-1) + 1..5]: its live entries (state by tag,
@@ -137,7 +139,7 @@ end
 local result = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
   nil, nil, nil, nil, nil, nil, nil, nil, nil}
 local all_allowed = true
-local n, keyed, position = 0, 0, 11
+local n, keyed, position = 0, 0, 19
 while position <= #numbers do
   local code, limit, period, extra, j, tag
   code, limit, period, extra, j, tag, position = unpack('>i8i8i8i8BBc0', numbers, position)
