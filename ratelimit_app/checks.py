@@ -16,11 +16,16 @@ Ids are stable (docs/settings.md, "What `check` validates", lists them all):
 - ratelimit.W002: the URLconf routes GET /metrics but neither METRICS_TOKEN nor METRICS_ALLOWED_IPS is
   set, so only staff sessions can read it (Prometheus cannot scrape it);
 - ratelimit.W020: the cache the limiter's lookups share (CACHE_ALIAS) is a Redis or memcached cache
-  without a socket timeout (`check_shared_cache`).
+  without a socket timeout (`check_shared_cache`);
+- ratelimit.E040: CLOCK_SHIFT is True with DEBUG off outside a test run (the clock of the limiter would
+  be movable in production; it is not moved there either way);
+- ratelimit.W040: BACKEND is "memory" outside DEBUG and tests, or with more than one process (APP_SERVERS
+  or WEB_CONCURRENCY above 1): each process would count alone. With this backend no Redis is checked.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -32,7 +37,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from redis.cluster import RedisCluster
 
 from .core.exceptions import REDIS_CLIENT_ERRORS
-from .service.conf import ratelimit_settings, read_settings
+from .service.conf import in_test_run, ratelimit_settings, read_settings
 
 #: The oldest Redis server the decision script runs on (SET ... KEEPTTL and PXAT came in 6.2).
 MIN_REDIS_VERSION = (6, 2)
@@ -42,19 +47,22 @@ _SETTINGS_HINT = "Fix settings.RATELIMIT; docs/settings.md lists every setting a
 
 @checks.register("ratelimit")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Validate every RATELIMIT setting, and that the Redis it names is configured and reachable."""
+    """Validate every RATELIMIT setting, and that the Redis it names is configured and reachable (none is
+    asked for when BACKEND is "memory")."""
     ratelimit_settings.reload()
-    _, errors = read_settings()
+    values, errors = read_settings()
     if errors:
         return [checks.Error(error.message, hint=_SETTINGS_HINT, id="ratelimit.E001") for error in errors]
+    messages = _test_setting_messages(values)
+    if values["BACKEND"] == "memory":
+        return messages  # decisions are made in process: no Redis to ask
     from .service.connection import get_redis
 
-    messages: list[checks.CheckMessage] = []
     try:
         client = get_redis()
         client.ping()
     except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), hint="Set RATELIMIT['REDIS_URL'].", id="ratelimit.E002")]
+        return [*messages, checks.Error(str(exc), hint="Set RATELIMIT['REDIS_URL'].", id="ratelimit.E002")]
     except REDIS_CLIENT_ERRORS as exc:
         # building a cluster client already talks to a node, so it can fail here as well as the PING
         messages.append(checks.Warning(
@@ -67,6 +75,36 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     else:
         messages.extend(_version_errors(client))
     return messages
+
+
+def _test_setting_messages(values: dict[str, Any]) -> list[checks.CheckMessage]:
+    """ratelimit.E040 (the clock shift outside tests) and W040 (the memory backend where it counts alone)."""
+    messages: list[checks.CheckMessage] = []
+    debug_or_tests = bool(django_settings.DEBUG) or in_test_run()
+    if values["CLOCK_SHIFT"] and not debug_or_tests:
+        messages.append(checks.Error(
+            "RATELIMIT['CLOCK_SHIFT'] is True with DEBUG off outside a test run: it lets tests move the "
+            "limiter's clock, and is never honoured here.",
+            hint="Remove CLOCK_SHIFT from these settings: the test kit (ratelimit_app.testing) sets it for "
+                 "each test itself.", id="ratelimit.E040"))
+    if values["BACKEND"] == "memory":
+        processes = max(int(values["APP_SERVERS"]), _web_concurrency())
+        if processes > 1 or not debug_or_tests:
+            where = f"{processes} processes" if processes > 1 else "DEBUG off outside a test run"
+            messages.append(checks.Warning(
+                f"RATELIMIT['BACKEND'] is 'memory' with {where}: each process counts its clients alone, so "
+                "the limits hold per process, not for the site.",
+                hint="Use BACKEND 'redis' (the default) wherever more than one process serves requests; "
+                     "'memory' is for test suites without Redis.", id="ratelimit.W040"))
+    return messages
+
+
+def _web_concurrency() -> int:
+    """The worker processes WEB_CONCURRENCY asks of gunicorn or uvicorn (1 when unset or not a number)."""
+    try:
+        return int(os.environ.get("WEB_CONCURRENCY", "1"))
+    except ValueError:
+        return 1
 
 
 def _version_errors(client: Any) -> list[checks.CheckMessage]:

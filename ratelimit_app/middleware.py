@@ -306,7 +306,7 @@ def _applies(request: HttpRequest) -> bool:
             exempt = DEFAULTS["EXEMPT_PATHS"]
         path = request.path_info
         return path.startswith(tuple(prefixes)) and not path.startswith(tuple(exempt))
-    return config.enabled and config.applies(request.path_info)
+    return config.applies(request.path_info)
 
 
 def _is_path_list(value: Any) -> bool:

@@ -47,11 +47,11 @@ from .limitcheck import REQUEST_LIMITS, LimitCheck
 from .outcome import ALLOWED as ALLOWED
 from .outcome import DENIED as DENIED
 from .outcome import FORBIDDEN as FORBIDDEN
+from .outcome import NOT_LIMITED, summarize
 from .outcome import SHED as SHED
 from .outcome import UNAUTHORIZED as UNAUTHORIZED
 from .outcome import UNAVAILABLE as UNAVAILABLE
 from .outcome import LimitOutcome as LimitOutcome
-from .outcome import summarize
 from .planning import FROM_REQUEST, RequestPlan, aplan_request, plan_request
 from .planning import limit_config as limit_config
 
@@ -263,16 +263,26 @@ MAX_LOGGED_CAUSES = 1000
 def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "") -> LimitOutcome:
     """`limit()`, or, if it raises anything (a bug, an invalid setting met at run time), the answer of
     the fail mode: the limiter degrades, the request never fails because of it. The error is logged
-    on "ratelimit_app" at ERROR with its traceback once per cause, then at DEBUG."""
+    on "ratelimit_app" at ERROR with its traceback once per cause, then at DEBUG.
+
+    Every entry point (the middleware, the throttles, the decorators) asks for its decisions through
+    here (or `asafely`), so this is where RATELIMIT['ENABLED'] = False turns every limit of ours off:
+    `limit` is not called, nothing is planned, looked up or sent to Redis, and the request is
+    NOT_LIMITED (no headers)."""
     try:
+        if not limit_config().enabled:
+            return NOT_LIMITED
         return limit()
     except Exception as exc:
         return _failed(exc, where, identity)
 
 
 async def asafely(limit: Callable[[], Awaitable[LimitOutcome]], *, where: str, identity: str = "") -> LimitOutcome:
-    """`safely` for async code: `await limit()`, or the answer of the fail mode if it raises."""
+    """`safely` for async code: `await limit()` (not when RATELIMIT['ENABLED'] is False), or the answer
+    of the fail mode if it raises."""
     try:
+        if not limit_config().enabled:
+            return NOT_LIMITED
         return await limit()
     except Exception as exc:
         return _failed(exc, where, identity)

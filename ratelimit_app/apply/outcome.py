@@ -85,6 +85,11 @@ def _as_its_own(decision: Decision) -> Decision:
     return Decision.from_results(decision.results, degraded=decision.degraded, shadow=decision.shadow)
 
 
+#: The outcome of a request that no limit of ours limits: its view's key function said so, or
+#: RATELIMIT['ENABLED'] is False (`limiting.safely`). Nothing was decided, so it carries no headers.
+NOT_LIMITED = LimitOutcome(ALLOWED, None, (), None, "")
+
+
 def summarize(decisions: Sequence[Decision], expected: int) -> Decision:
     """One decision over several identities' decisions: denied if any is (or if some are missing, as
     on Redis Cluster after the first denial); `results` holds every policy's result, in order."""

@@ -85,7 +85,10 @@ class ShedConfig:
 
 
 def _parse() -> ShedConfig:
+    """The shedding settings; with RATELIMIT['ENABLED'] False, neither shedder sheds (nor counts)."""
     settings = ratelimit_settings
+    if not settings.ENABLED:
+        return ShedConfig(None, {}, (), None, float(settings.SHED_RETRY_AFTER))
     capacity = settings.SHED_CAPACITY
     lease = settings.SHED_LEASE
     thresholds: dict[str, Policy] = {}

@@ -23,7 +23,7 @@ from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
 from .limitcheck import LimitCheck
 from .limiting import adecide, asafely, decide, limit_config, safely
-from .outcome import ALLOWED, DENIED, UNAVAILABLE, LimitOutcome
+from .outcome import ALLOWED, DENIED, NOT_LIMITED, UNAVAILABLE, LimitOutcome
 from .planning import RequestPlan, request_user
 from .responses import REQUEST_ATTRIBUTE, limiter_unavailable, too_many_requests
 from .routes import VIEW_LIMIT_ATTRIBUTE, ViewT
@@ -277,10 +277,6 @@ class DecoratorLimit:
     def where(self) -> str:
         """Where a failure of this limit is logged from."""
         return f"@ratelimit ({self.namespace})"
-
-
-#: The outcome of a request its view's key function does not limit.
-NOT_LIMITED = LimitOutcome(ALLOWED, None, (), None, "")
 
 
 def wrap_view(view: ViewT, limit: DecoratorLimit) -> ViewT:

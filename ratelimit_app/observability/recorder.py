@@ -12,7 +12,8 @@ that within one interval; a reader may miss at most the last interval). If Redis
 in memory and are retried every interval: hours older than the TTL are dropped and at most 10,000
 distinct blocked identities are kept per batch (`ProcessMetrics.dropped` counts what was lost). If
 the connection breaks while Redis executes a batch, that one batch may be counted twice.
-Hours are bucketed by this server's clock (UTC); counting needs no shared clock.
+Hours are bucketed by this server's clock (UTC); counting needs no shared clock. With
+RATELIMIT['BACKEND'] = "memory" there is no Redis: the counts stay in this process (its totals).
 
 The limiter service reports here too: `observe_latency(seconds)` (time of one limiter call to Redis)
 and `record_breaker_change(previous=..., state=...)` (each change of its circuit breaker; the current
@@ -241,6 +242,8 @@ class ProcessRecorder:
 
     @staticmethod
     def _write(batches: dict[str, PendingCounts]) -> None:
+        if ratelimit_settings.BACKEND == "memory":
+            return  # no Redis: the counts stay in this process' totals (GET /metrics), not in the dashboard
         from ..service.connection import get_redis
 
         write_batches(get_redis(), batches, ttl=int(ratelimit_settings.METRICS_TTL_HOURS) * HOUR,

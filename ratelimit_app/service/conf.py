@@ -27,6 +27,8 @@ from ..core.keys import PREFIX_PATTERN
 from ..core.policies import ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy, parse_rate
 
 DEFAULTS: dict[str, Any] = {
+    # Where decisions are made
+    "BACKEND": "redis",  # "redis": shared by every process; "memory": this process only (test suites without Redis)
     # Redis connection
     "REDIS_URL": None,  # redis://, rediss://, unix://, redis+cluster://, redis+sentinel://; None: CACHE_ALIAS
     "CACHE_ALIAS": "default",  # a django-redis cache whose client is reused when REDIS_URL is None
@@ -37,7 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "SENTINEL_SERVICE": "mymaster",  # master name for redis+sentinel:// URLs
     "CONNECTIONS": "auto",  # "own", "pool", or "auto": pool under gevent/eventlet, else own
     # What is limited
-    "ENABLED": True,
+    "ENABLED": True,  # False: no limit of ours applies (middleware, throttles, decorators, shedding); no Redis call
     "PATH_PREFIXES": ["/api/"],  # the middleware limits these paths ...
     "EXEMPT_PATHS": ["/health"],  # ... except these (prefix match)
     "IP_RATE": "100/m",  # per-client-IP limit applied before authentication; None disables it
@@ -79,6 +81,8 @@ DEFAULTS: dict[str, Any] = {
     "SHED_PRIORITIES": {},  # path prefix -> "critical", "normal" or "low" (views may declare their own)
     "SHED_PROCESS_LIMIT": None,  # requests in flight in one process beyond which low ones are shed; None: off
     "SHED_RETRY_AFTER": 1,  # seconds in the Retry-After of a shed request's 503
+    # Tests (ratelimit_app.testing)
+    "CLOCK_SHIFT": False,  # True lets tests move the limiter's clock; honoured only with DEBUG or in a test run
 }
 
 #: Policy name of the per-IP limit (RATELIMIT['IP_RATE']); tier limits may not use it, so the two
@@ -86,6 +90,8 @@ DEFAULTS: dict[str, Any] = {
 IP_POLICY_NAME = "ip"
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel")
+#: The values of RATELIMIT['BACKEND'] (docs/testing.md tells when "memory" fits).
+BACKENDS = ("redis", "memory")
 _TIER_SLUG = re.compile(r"^[-a-zA-Z0-9_]+$")  # what Tier.slug (a SlugField) accepts
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9-]{1,100}$")
 _TOKEN = re.compile(r"^[\x21-\x7e]{16,}$")  # printable ASCII, no spaces: it travels in a header
@@ -144,6 +150,7 @@ _PRIORITIES = ("critical", "normal", "low")
 
 #: For each setting except IP_RATE (see `_ip_rate_error`): a test of the value, and the accepted values.
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "BACKEND": (lambda value: value in BACKENDS, f"one of {', '.join(map(repr, BACKENDS))}"),
     "REDIS_URL": (_redis_url, f"None or a URL with scheme {', '.join(_REDIS_SCHEMES)}"),
     "CACHE_ALIAS": (lambda value: isinstance(value, str) and bool(value), "the name of a cache in settings.CACHES"),
     "KEY_PREFIX": (lambda value: isinstance(value, str) and bool(PREFIX_PATTERN.match(value)),
@@ -200,6 +207,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
                         "a dict of path prefixes ('/api/reports/') to 'critical', 'normal' or 'low'"),
     "SHED_PROCESS_LIMIT": _OPTIONAL_LIMIT,
     "SHED_RETRY_AFTER": (lambda value: _integer(value, 1, 86400), "whole seconds from 1 to 86400"),
+    "CLOCK_SHIFT": _BOOLEAN,
 }
 
 
@@ -255,18 +263,36 @@ def setting_errors(values: dict[str, Any]) -> list[SettingError]:
 
 
 def read_settings() -> tuple[dict[str, Any], list[SettingError]]:
-    """settings.RATELIMIT merged over DEFAULTS, and every problem with it (an empty list when valid)."""
+    """settings.RATELIMIT merged over DEFAULTS (and the test kit's overlay over both: `set_overlay`), and
+    every problem with it (an empty list when valid)."""
     user = getattr(django_settings, "RATELIMIT", {}) or {}
     if not isinstance(user, dict):
         return dict(DEFAULTS), [SettingError("RATELIMIT", f"RATELIMIT must be a dict, got {type(user).__name__}")]
     unknown = sorted(set(user) - set(DEFAULTS))
-    values = {**DEFAULTS, **{name: value for name, value in user.items() if name in DEFAULTS}}
+    values = {**DEFAULTS, **{name: value for name, value in user.items() if name in DEFAULTS}, **_overlay}
     errors = setting_errors(values)
     if unknown:
         errors.insert(0, SettingError("RATELIMIT", (
             f"RATELIMIT has unknown setting(s) {', '.join(unknown)}; expected only the settings listed in "
             "docs/settings.md")))
     return values, errors
+
+
+def in_test_run() -> bool:
+    """True while Django's test environment is set up: Django's test runner and pytest-django both set
+    it up (`django.test.utils.setup_test_environment`) before the first test, and tear it down after
+    the last."""
+    from django.test import utils as test_utils
+
+    state = getattr(test_utils, "_TestState", None)
+    return state is not None and hasattr(state, "saved_data")
+
+
+def clock_shift_allowed(values: dict[str, Any]) -> bool:
+    """True when RATELIMIT['CLOCK_SHIFT'] (in `values`) may move the limiter's clock: it is True, and
+    DEBUG is on or a test run is under way. Anywhere else (production) it is refused: `check` errors
+    (ratelimit.E040) and the clock never moves."""
+    return values.get("CLOCK_SHIFT") is True and (bool(getattr(django_settings, "DEBUG", False)) or in_test_run())
 
 
 class RateLimitSettings:
@@ -317,6 +343,27 @@ def _reload_on_change(*, setting: str, **kwargs: Any) -> None:
         ratelimit_settings.reload()
         for callback in _reload_hooks:
             callback()
+
+
+#: RATELIMIT settings laid over settings.RATELIMIT in this process by the test kit (see `set_overlay`).
+_overlay: dict[str, Any] = {}
+
+
+def set_overlay(values: dict[str, Any]) -> dict[str, Any]:
+    """Lay `values` over settings.RATELIMIT in this process, in place of the overlay laid before (`{}`
+    removes it), and apply them as a change of RATELIMIT is applied; returns the overlay it replaced.
+
+    For the test kit (ratelimit_app.testing): a test's own key prefix and the permission to move the
+    clock stay in force however the test changes RATELIMIT (`override_settings`, pytest-django's
+    `settings`), and are gone when the test ends. Names that are no setting raise ValueError; values
+    are validated with the rest, when settings are next read."""
+    global _overlay
+    unknown = sorted(set(values) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"values: {', '.join(unknown)} are not RATELIMIT settings")
+    previous, _overlay = _overlay, dict(values)
+    _reload_on_change(setting="RATELIMIT")
+    return previous
 
 
 T = TypeVar("T")

@@ -37,7 +37,7 @@ from ..core.engine import Check, prepare_call
 from ..core.engine_sync import RateLimiter
 from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import CONCURRENCY, Policy
-from . import events
+from . import clock, events
 from .breaker import CLOSED, PROBE, SKIP, CircuitBreaker
 from .conf import ratelimit_settings
 from .denycache import DenyCache, ResetWatch
@@ -130,7 +130,8 @@ class RedisGuard:
         cache = self.deny_cache
         if len(cache) and not fresh:
             call.key = request_key(checks, cost)
-            call.answer = cache.get(call.key, time.monotonic())
+            # (a denial cached until T is over once the clock, shifted by a test's `advance`, passes T)
+            call.answer = cache.get(call.key, time.monotonic() + clock.offset_ms() / 1000)
             if call.answer is not None:
                 # never while the breaker is open; when Redis cannot answer, the cache keeps answering
                 if prefix is not None and self.breaker.state == CLOSED:
@@ -167,8 +168,8 @@ class RedisGuard:
         self.breaker.record_success(probe=call.step == PROBE)
         if decisions and not decisions[-1].allowed and not _refused_for_slots(call.checks, decisions):
             self.deny_cache.remember(request_key(call.checks, call.cost) if call.key is None else call.key,
-                                     tuple(identity for identity, _ in call.checks), decisions, call.started,
-                                     call.generation)
+                                     tuple(identity for identity, _ in call.checks), decisions,
+                                     call.started + clock.offset_ms() / 1000, call.generation)
         return decisions
 
     def failed(self, call: ServiceCall, error: BaseException) -> list[Decision]:
@@ -211,7 +212,7 @@ class RedisGuard:
         share is denied like any rate-limited request (`allowed=False, degraded=False`: HTTP 429).
         """
         if mode == LOCAL:
-            decisions = self.fallback.decide(checks, cost, charge=charge, lease=lease)
+            decisions = self.fallback.decide(checks, cost, charge=charge, lease=lease, clock_shift_ms=clock.offset_ms())
             allowed = bool(decisions) and decisions[-1].allowed
             self._count("local_allowed" if allowed else "local_denied")
             if allowed:

@@ -7,6 +7,10 @@ what is left of the budget (see ratelimit_app.service.connection), so no request
 
 Its twin for asyncio code is `AsyncLimiterService` (ratelimit_app.service.limiter_async): the same
 methods in the same order, around the same guard; only the I/O differs.
+
+With RATELIMIT['BACKEND'] = "memory" the engine is this process' own limiter instead of Redis
+(ratelimit_app.service.memory), behind the same API. Every decision carries the test kit's clock shift
+(ratelimit_app.service.clock: 0 outside tests).
 """
 
 from __future__ import annotations
@@ -21,46 +25,52 @@ from ..core.engine import Check
 from ..core.engine_sync import RateLimiter
 from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import Policy
+from . import clock
 from .breaker import CLOSED
 from .conf import SettingsCached, ratelimit_settings
 from .connection import get_redis
 from .guard import RedisGuard
+from .memory import MemoryLimiter, memory_limiter
 from .servicecall import ServiceStats
 
 T = TypeVar("T")
+#: What decides: the engine over Redis, or this process' own limiter (RATELIMIT['BACKEND'] = "memory").
+Engine = RateLimiter | MemoryLimiter
 
 
 class LimiterService:
     """The engine as request-handling code sees it, behind the process' RedisGuard.
 
-    `limiter` is a RateLimiter, or a callable that builds one (called lazily, inside the time budget,
-    and again after a failure: a Redis Cluster that is down when the process starts is not fatal);
-    None builds one from settings. `guard` is the RedisGuard to decide behind (None: a new one, built
-    from `options`: fail_mode, budget_ms, app_servers, breaker, deny_cache_size, fallback; see RedisGuard).
+    `limiter` is a RateLimiter (or a MemoryLimiter), or a callable that builds one (called lazily,
+    inside the time budget, and again after a failure: a Redis Cluster that is down when the process
+    starts is not fatal); None builds one from settings (RATELIMIT['BACKEND']). `guard` is the RedisGuard
+    to decide behind (None: a new one, built from `options`: fail_mode, budget_ms, app_servers, breaker,
+    deny_cache_size, fallback; see RedisGuard).
 
     `fail_mode` ("open", "closed", "local", or None for the guard's) chooses what a call answers when
     Redis cannot (see RedisGuard.degraded). Invalid arguments (an unknown fail mode, a bad cost or
     policy) raise ValueError/TypeError.
     """
 
-    def __init__(self, limiter: RateLimiter | Callable[[], RateLimiter] | None = None, *,
+    def __init__(self, limiter: Engine | Callable[[], Engine] | None = None, *,
                  guard: RedisGuard | None = None, **options: Any) -> None:
         self.guard = RedisGuard.shared_or_new(guard, options)
-        self._engine: RateLimiter | None = None
-        self._build: Callable[[], RateLimiter]
-        if isinstance(limiter, RateLimiter):
+        self._engine: Engine | None = None
+        self._build: Callable[[], Engine]
+        if isinstance(limiter, (RateLimiter, MemoryLimiter)):
             self._engine = limiter
             self._build = lambda: limiter
         elif limiter is None:
             prefix, connections = ratelimit_settings.KEY_PREFIX, ratelimit_settings.CONNECTIONS
-            self._build = lambda: RateLimiter(get_redis(), prefix=prefix, connections=connections)
+            self._build = (lambda: memory_limiter(prefix)) if ratelimit_settings.BACKEND == "memory" else (
+                lambda: RateLimiter(get_redis(), prefix=prefix, connections=connections))
         else:
             self._build = limiter
         self._build_lock = threading.Lock()
         self.guard.settle_with(self.limiter)  # lost leases are settled over this engine
 
     # -- the public API ----------------------------------------------------------------------------
-    def limiter(self) -> RateLimiter:
+    def limiter(self) -> Engine:
         """The engine (built on first use; raises what building it raises)."""
         if self._engine is not None:
             return self._engine
@@ -127,18 +137,23 @@ class LimiterService:
         with within_budget(guard.budget):
             engine = self.limiter()
             engine.reset(identity, policies)
-            guard.reset_watch(engine.prefix).announce(engine.client)  # after the delete: see ResetWatch
+            if isinstance(engine, RateLimiter):  # other processes drop their cached denials: see ResetWatch
+                guard.reset_watch(engine.prefix).announce(engine.client)
 
     def call_redis(self, command: Callable[[Any], T]) -> T:
         """`command(client)`: one small command of the caller's own (a GET or SET of a marker key) on the
         engine's Redis client, within the time budget. Not a decision: it neither counts as one nor moves
         the breaker. Raises BackendError without sending anything while the breaker is not closed (Redis
-        is known to be failing), and what the client raises (BACKEND_ERRORS) when Redis cannot answer."""
+        is known to be failing) or when there is no Redis (the memory backend), and what the client raises
+        (BACKEND_ERRORS) when Redis cannot answer."""
         guard = self.guard
         if guard.breaker.state is not CLOSED:
             raise BackendError("the limiter's circuit breaker is open: Redis is not asked", maybe_applied=False)
         with within_budget(guard.budget):
-            return command(self.limiter().client)
+            engine = self.limiter()
+            if not isinstance(engine, RateLimiter):
+                raise BackendError("RATELIMIT['BACKEND'] is 'memory': there is no Redis to ask", maybe_applied=False)
+            return command(engine.client)
 
     def stats(self) -> ServiceStats:
         """A snapshot of the guard's counters (shared with the async service of this process)."""
@@ -148,9 +163,10 @@ class LimiterService:
     def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool,
                 fresh: bool = False, lease: str | None = None) -> list[Decision]:
         guard, engine = self.guard, self._engine
-        call = guard.open(checks, cost, fail_mode, charge, fresh, engine.prefix if engine is not None else None,
-                          lease)
-        if call.watch is not None and engine is not None:
+        # (the reset epoch is Redis': a memory backend has no other process to hear a reset from)
+        watched = engine.prefix if isinstance(engine, RateLimiter) else None
+        call = guard.open(checks, cost, fail_mode, charge, fresh, watched, lease)
+        if call.watch is not None and isinstance(engine, RateLimiter):
             try:
                 with within_budget(guard.budget):
                     epoch = engine.client.get(call.watch.key)
@@ -164,10 +180,10 @@ class LimiterService:
             with within_budget(guard.budget, call.started):
                 engine = self.limiter()
                 if charge:
-                    decisions = engine.hit_many(checks, cost, lease=lease)
+                    decisions = engine.hit_many(checks, cost, lease=lease, clock_shift_ms=clock.offset_ms())
                 else:
                     identity, policies = checks[0]
-                    decisions = [engine.peek(identity, policies, cost)]
+                    decisions = [engine.peek(identity, policies, cost, clock_shift_ms=clock.offset_ms())]
         except BACKEND_ERRORS as exc:
             return guard.failed(call, exc)
         except BaseException as exc:

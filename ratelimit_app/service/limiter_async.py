@@ -28,11 +28,16 @@ from ..core.engine import Check
 from ..core.engine_async import AsyncRateLimiter, close_client
 from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import Policy
+from . import clock
 from .conf import SettingsCached, ratelimit_settings
 from .connection import get_async_redis
 from .guard import RedisGuard
 from .limiter import get_limiter
+from .memory import AsyncMemoryLimiter, memory_limiter
 from .servicecall import ServiceStats
+
+#: What decides: the async engine over Redis, or this process' own limiter (the memory backend).
+AsyncEngine = AsyncRateLimiter | AsyncMemoryLimiter
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _budget
@@ -47,29 +52,31 @@ _FAILURES: tuple[type[Exception], ...] = (*BACKEND_ERRORS, asyncio.TimeoutError)
 class AsyncLimiterService:
     """The async engine as request-handling code sees it, behind a RedisGuard (see LimiterService).
 
-    `limiter` is an AsyncRateLimiter, or a callable that builds one (called on first use in each event
-    loop); None builds one per event loop from settings. `guard` and `options` as for LimiterService.
+    `limiter` is an AsyncRateLimiter (or an AsyncMemoryLimiter), or a callable that builds one (called
+    on first use in each event loop); None builds one per event loop from settings (RATELIMIT['BACKEND']).
+    `guard` and `options` as for LimiterService.
     """
 
-    def __init__(self, limiter: AsyncRateLimiter | Callable[[], AsyncRateLimiter] | None = None, *,
+    def __init__(self, limiter: AsyncEngine | Callable[[], AsyncEngine] | None = None, *,
                  guard: RedisGuard | None = None, **options: Any) -> None:
         self.guard = RedisGuard.shared_or_new(guard, options)
-        self._engine: AsyncRateLimiter | None = None
-        self._build: Callable[[], AsyncRateLimiter]
-        if isinstance(limiter, AsyncRateLimiter):
+        self._engine: AsyncEngine | None = None
+        self._build: Callable[[], AsyncEngine]
+        if isinstance(limiter, (AsyncRateLimiter, AsyncMemoryLimiter)):
             self._engine = limiter
             self._build = lambda: limiter
         elif limiter is None:
             prefix = ratelimit_settings.KEY_PREFIX
-            self._build = lambda: AsyncRateLimiter(get_async_redis(), prefix=prefix)
+            self._build = (lambda: AsyncMemoryLimiter(memory_limiter(prefix))) if ratelimit_settings.BACKEND == \
+                "memory" else (lambda: AsyncRateLimiter(get_async_redis(), prefix=prefix))
         else:
             self._build = limiter
         # one engine per event loop, dropped with its loop
-        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncRateLimiter] = (
+        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine] = (
             weakref.WeakKeyDictionary())
 
     # -- the public API ----------------------------------------------------------------------------
-    def limiter(self) -> AsyncRateLimiter:
+    def limiter(self) -> AsyncEngine:
         """The engine for the running event loop (built on its first use there)."""
         if self._engine is not None:
             return self._engine
@@ -126,7 +133,8 @@ class AsyncLimiterService:
             async with _budget(guard.budget):
                 engine = self.limiter()
                 await engine.reset(identity, policies)
-                await guard.reset_watch(engine.prefix).announce(engine.client)  # after the delete: see ResetWatch
+                if isinstance(engine, AsyncRateLimiter):  # after the delete: see ResetWatch
+                    await guard.reset_watch(engine.prefix).announce(engine.client)
         except asyncio.TimeoutError as exc:
             raise BackendError(f"could not reset {identity!r:.80}: the time budget ran out",
                                maybe_applied=True) from exc
@@ -139,7 +147,7 @@ class AsyncLimiterService:
         """Close the engine this service built for the running event loop (its connections and its
         client), if any."""
         engine = self._engines.pop(asyncio.get_running_loop(), None)
-        if engine is not None:
+        if isinstance(engine, AsyncRateLimiter):
             await engine.aclose()
             await close_client(engine.client)
 
@@ -148,9 +156,9 @@ class AsyncLimiterService:
                       charge: bool, fresh: bool = False, lease: str | None = None) -> list[Decision]:
         guard = self.guard
         engine = self._engine or self._engines.get(asyncio.get_running_loop())
-        call = guard.open(checks, cost, fail_mode, charge, fresh, engine.prefix if engine is not None else None,
-                          lease)
-        if call.watch is not None and engine is not None:
+        watched = engine.prefix if isinstance(engine, AsyncRateLimiter) else None  # (as LimiterService._decide)
+        call = guard.open(checks, cost, fail_mode, charge, fresh, watched, lease)
+        if call.watch is not None and isinstance(engine, AsyncRateLimiter):
             try:
                 async with _budget(guard.budget):
                     epoch = await engine.client.get(call.watch.key)
@@ -166,10 +174,10 @@ class AsyncLimiterService:
                 async with _budget(guard.budget):
                     engine = self.limiter()
                     if charge:
-                        decisions = await engine.hit_many(checks, cost, lease=lease)
+                        decisions = await engine.hit_many(checks, cost, lease=lease, clock_shift_ms=clock.offset_ms())
                     else:
                         identity, policies = checks[0]
-                        decisions = [await engine.peek(identity, policies, cost)]
+                        decisions = [await engine.peek(identity, policies, cost, clock_shift_ms=clock.offset_ms())]
         except _FAILURES as exc:
             return guard.failed(call, exc)
         except BaseException as exc:

@@ -15,6 +15,7 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
 from project.urls import urlpatterns as demo_urlpatterns
+from ratelimit_app import RateLimiter
 from ratelimit_app.apply.routes import VIEW_LIMIT_ATTRIBUTE
 from ratelimit_app.core.keys import state_entries
 from ratelimit_app.decorators import ratelimit
@@ -49,6 +50,7 @@ def used(username: str) -> int:
     """Units charged to `username`'s counter, read from Redis."""
     limit = getattr(login, VIEW_LIMIT_ATTRIBUTE)
     engine = get_limiter().limiter()
+    assert isinstance(engine, RateLimiter)
     key = engine.keys(f"view:login|post:username:{username}", limit.policies)[0]
     value = engine.client.get(key)
     entries = state_entries(value) if isinstance(value, bytes) else {}

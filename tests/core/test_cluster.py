@@ -306,7 +306,8 @@ def test_the_async_service_runs_on_a_cluster_url_with_exactness(cluster: Cluster
                 Policy("minute", "sliding_window", limit=500, period=60)]
 
     async def scenario() -> None:
-        assert isinstance(service.limiter().client, AsyncRedisCluster)
+        engine = service.limiter()
+        assert isinstance(engine, AsyncRateLimiter) and isinstance(engine.client, AsyncRedisCluster)
         decisions = await admitted_by_tasks(service, "apikey:async-svc", policies, tasks=32, hits=5)
         assert not any(d.degraded for d in decisions)
         assert sum(d.allowed for d in decisions) == 50

@@ -99,10 +99,11 @@ def test_unreachable_cluster_is_a_warning_not_a_crash(settings: Any) -> None:
 
 @pytest.mark.parametrize("connections", ["own", "pool"])
 def test_the_connections_setting_chooses_the_engines_path(settings: Any, connections: str) -> None:
-    from ratelimit_app import Policy
+    from ratelimit_app import Policy, RateLimiter
     from ratelimit_app.service.limiter import get_limiter
 
     settings.RATELIMIT = {**settings.RATELIMIT, "CONNECTIONS": connections}
     service = get_limiter()
-    assert service.limiter().connections == connections
+    engine = service.limiter()
+    assert isinstance(engine, RateLimiter) and engine.connections == connections
     assert service.hit("k", [Policy("minute", "gcra", limit=2, period=60)]).remaining == 1

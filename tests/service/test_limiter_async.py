@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from devtools.embedded import RedisProcess
-from ratelimit_app import Policy
+from ratelimit_app import AsyncRateLimiter, Policy
 from ratelimit_app.core.scripts import decide_source
 from ratelimit_app.service.limiter import get_limiter
 from ratelimit_app.service.limiter_async import AsyncLimiterService, get_async_limiter
@@ -193,7 +193,9 @@ def test_without_a_url_the_django_redis_cache_is_copied_into_an_asyncio_client(s
     service = get_async_limiter()
 
     async def scenario() -> None:
-        client = service.limiter().client
+        engine = service.limiter()
+        assert isinstance(engine, AsyncRateLimiter)
+        client = engine.client
         assert isinstance(client, redis.asyncio.Redis) and client.connection_pool.connection_kwargs["protocol"] == 2
         assert (await service.hit("alias", DAY)).remaining == 9
 

@@ -1,0 +1,64 @@
+"""The limiter's clock shift, for tests: milliseconds added to the time every decision of this process is
+made at, so that windows pass, buckets refill, slots' leases run out and calendar months end without
+waiting.
+
+The test kit's `ratelimit.advance(seconds)` moves it forward (`advance` here). The limiter services
+pass it with each decision: to Redis as the call's clock shift (decide.lua adds it to Redis TIME), to
+the in-process limiter (the memory backend, the "local" fail mode) likewise. It can only be moved while
+RATELIMIT['CLOCK_SHIFT'] is True and DEBUG is on or a test run is under way (`conf.clock_shift_allowed`;
+`manage.py check` reports the setting anywhere else: ratelimit.E040), and it drops back to 0 whenever
+the settings change so that it is no longer allowed. It is this process' own: a server running in
+another process keeps its clock.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+from django.core.exceptions import ImproperlyConfigured
+
+from ..core.engine import MAX_CLOCK_SHIFT_MS
+from .conf import clock_shift_allowed, on_reload, read_settings
+
+_lock = threading.Lock()
+_offset_ms = 0
+
+
+def offset_ms() -> int:
+    """The shift in milliseconds (0 unless a test moved the clock): what each decision passes along."""
+    return _offset_ms
+
+
+def advance(seconds: float) -> int:
+    """Move the limiter's clock `seconds` forward (a number >= 0; milliseconds rounded up) and return the
+    whole shift in milliseconds. Raises ImproperlyConfigured when RATELIMIT['CLOCK_SHIFT'] does not
+    allow it, ValueError for a bad number or a shift beyond ten years."""
+    global _offset_ms
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+        raise ValueError(f"seconds: {seconds!r} must be a number of seconds >= 0")
+    values, _ = read_settings()
+    if not clock_shift_allowed(values):
+        raise ImproperlyConfigured(
+            "the limiter's clock moves only in tests: set RATELIMIT['CLOCK_SHIFT'] = True (the test kit's "
+            "`ratelimit` fixture and RateLimitTestMixin do), with DEBUG on or under a test runner")
+    with _lock:
+        shifted = _offset_ms + math.ceil(seconds * 1000)
+        if shifted > MAX_CLOCK_SHIFT_MS:
+            raise ValueError(f"seconds: the clock would move {shifted} ms, more than ten years")
+        _offset_ms = shifted
+    return shifted
+
+
+def reset() -> None:
+    """Put the clock back: decisions are made at Redis' own time again."""
+    global _offset_ms
+    with _lock:
+        _offset_ms = 0
+
+
+@on_reload
+def _drop_when_no_longer_allowed() -> None:
+    values, errors = read_settings()
+    if errors or not clock_shift_allowed(values):
+        reset()
