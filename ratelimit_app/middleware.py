@@ -49,6 +49,7 @@ from .apply.concurrency import (
 from .apply.identity import request_ip_identity
 from .apply.limiting import (
     ALLOWED,
+    SHED,
     LimitCheck,
     LimitOutcome,
     alimit_request,
@@ -281,6 +282,8 @@ def _process_shed(request: HttpRequest, declared: Any) -> HttpResponseBase | Non
         events.record_decision(allowed=False, tier="process", policy=f"process-shed.{priority}", degraded=False,
                                 identity=identity)
         shedding.process_episode.record_shed(priority, {"in_flight": count, "limit": config.process_limit})
+        # refused before any decision: nothing is charged for it on the way out either (see _late_charge)
+        setattr(request, REQUEST_ATTRIBUTE, LimitOutcome(SHED, None, (), None, identity, priority, charged=False))
         return overloaded(priority, config.retry_after)
     except Exception:  # the shedder never fails a request
         return None

@@ -260,6 +260,9 @@ def test_the_process_shedder_needs_no_redis(client: Any, settings: Any) -> None:
     assert in_flight.count == 1
     shed = get(client, "/api/low", key)
     assert shed.status_code == 503 and shed.json()["priority"] == "low"
+    assert "X-RateLimit-Remaining" not in shed  # refused before any decision: nothing charged on the way out
+    anonymous = client.get("/api/low")
+    assert anonymous.status_code == 503 and anonymous.json()["priority"] == "low"  # not a 401 charged late
     normal = get(client, "/api/streaming", key)
     assert normal.status_code == 200  # normal: never by the process shedder
     held.close()
@@ -267,7 +270,7 @@ def test_the_process_shedder_needs_no_redis(client: Any, settings: Any) -> None:
     normal.close()
     assert in_flight.count == 0
     flush()
-    assert {p.policy: p.blocked for p in get_metrics().policies}["process-shed.low"] == 1
+    assert {p.policy: p.blocked for p in get_metrics().policies}["process-shed.low"] == 2
 
 
 @pytest.mark.parametrize(("name", "value", "message"), [
