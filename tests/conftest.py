@@ -21,8 +21,12 @@ DRF_SUITE_SETTINGS = "tests.drf_suite.settings"
 
 def pytest_ignore_collect(collection_path: Any, config: Any) -> bool | None:
     """DRF's own throttling suite needs DRF's default settings from import on: it runs in a process
-    of its own (`--ds=tests.drf_suite.settings`, see tests/drf_suite/conftest.py), and only there."""
+    of its own (`--ds=tests.drf_suite.settings`, see tests/drf_suite/conftest.py), and only there.
+    The sample project is a project of its own, run with its own settings and pytest.ini
+    (tests/sample_project/pytest.ini), never as part of this suite."""
     if collection_path.name == "drf_suite" and django_settings.SETTINGS_MODULE != DRF_SUITE_SETTINGS:
+        return True
+    if collection_path.name == "sample_project":
         return True
     return None
 

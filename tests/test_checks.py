@@ -159,3 +159,39 @@ def test_a_shared_cache_with_a_socket_timeout_or_no_socket_passes(settings: Any,
     settings.CACHES = {**settings.CACHES, "lookups": {"BACKEND": backend, "LOCATION": location, "OPTIONS": options}}
     settings.RATELIMIT = {**settings.RATELIMIT, "CACHE_ALIAS": "lookups"}
     assert "ratelimit.W020" not in [m.id for m in ratelimit_messages()]
+
+
+def test_the_clock_shift_outside_debug_and_tests_is_an_error(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ratelimit_app.service import conf
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "CLOCK_SHIFT": True}
+    assert ratelimit_messages() == []  # a test run: the test kit sets it
+    monkeypatch.setattr(conf, "in_test_run", lambda: False)
+    monkeypatch.setattr("ratelimit_app.checks.in_test_run", lambda: False)
+    settings.DEBUG = True
+    assert ratelimit_messages() == []  # a developer's machine
+    settings.DEBUG = False
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.E040"]
+    assert "RATELIMIT['CLOCK_SHIFT'] is True with DEBUG off outside a test run" in messages[0].msg
+    assert not conf.clock_shift_allowed(conf.read_settings()[0])  # and it is never honoured there
+    with pytest.raises(SystemCheckError, match=r"ratelimit\.E040"):
+        call_command("check")
+
+
+def test_the_memory_backend_asks_no_redis_and_is_a_warning_where_each_process_counts_alone(
+        settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "BACKEND": "memory", "REDIS_URL": "redis://127.0.0.1:1/0"}
+    assert ratelimit_messages() == []  # in tests, one process: fine, and the unreachable Redis is not asked
+    settings.RATELIMIT = {**settings.RATELIMIT, "APP_SERVERS": 4}
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.W040"]
+    assert "RATELIMIT['BACKEND'] is 'memory' with 4 processes: each process counts its clients alone" in messages[0].msg
+    settings.RATELIMIT = {**settings.RATELIMIT, "APP_SERVERS": 1}
+    monkeypatch.setenv("WEB_CONCURRENCY", "3")
+    assert "with 3 processes" in ratelimit_messages()[0].msg
+    monkeypatch.delenv("WEB_CONCURRENCY")
+    monkeypatch.setattr("ratelimit_app.checks.in_test_run", lambda: False)
+    assert "with DEBUG off outside a test run" in ratelimit_messages()[0].msg
+    settings.DEBUG = True
+    assert ratelimit_messages() == []

@@ -1,7 +1,8 @@
 """ratelimit_app.apply.limiting: `limit_request` / `alimit_request` (plan, then one call with the extra
 checks), `decide` (report-only calls, what the outcome shows and counts), and `safely` / `asafely` /
-`fail_mode` (the limiter's own failures follow the fail mode, logged once per cause), against the real
-Redis and database."""
+`fail_mode` (the limiter's own failures follow the fail mode, logged once per cause), and
+RATELIMIT['ENABLED'] = False at that one door of every entry point's decisions (nothing is sent to
+Redis), against the real Redis and database."""
 
 from __future__ import annotations
 
@@ -12,9 +13,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.test import RequestFactory
+from django.http import HttpRequest, JsonResponse
+from django.test import AsyncClient, Client, RequestFactory
+from django.urls import path
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from ratelimit_app import Policy
+from ratelimit_app.apply import shedding
 from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.limiting import (
     ALLOWED,
@@ -28,10 +35,13 @@ from ratelimit_app.apply.limiting import (
     limit_request,
     safely,
 )
+from ratelimit_app.decorators import limit_concurrency, limit_cost, ratelimit
 from ratelimit_app.models import ClientRule, TierLimit
 from ratelimit_app.service import events
 from ratelimit_app.service.limiter import get_limiter
+from ratelimit_app.throttling import ConcurrencyThrottle, ScopedRateThrottle, TierRateThrottle
 from tests.support.limits_support import make_key, make_tier
+from tests.support.tcp_proxy import TcpProxy, tcp_proxy
 
 pytestmark = pytest.mark.django_db
 factory = RequestFactory()
@@ -219,3 +229,88 @@ def test_the_fail_mode_is_read_even_when_other_settings_are_invalid(settings: An
     assert safely(Failing(RuntimeError(cause())), where="the test").status == UNAVAILABLE
     settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "ajar", "IP_RATE": "lots"}
     assert fail_mode() == "open"  # itself invalid: the default
+
+
+# -- RATELIMIT["ENABLED"] = False ---------------------------------------------------------------------
+@limit_cost(priority="low")
+def low(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({})
+
+
+@ratelimit(rate="1/h", key="ip")
+def decorated(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({})
+
+
+@ratelimit(rate="1/h", key="ip", count_if=lambda response: True)
+def counted(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({})
+
+
+@limit_concurrency(1, key="ip")
+def single(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({})
+
+
+@ratelimit(rate="1/h", key="ip")
+async def decorated_async(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({})
+
+
+class OneSlot(ConcurrencyThrottle):
+    slots = 1
+    scope = "one-slot"
+
+
+class Throttled(APIView):
+    throttle_classes = [TierRateThrottle, ScopedRateThrottle, OneSlot]
+    throttle_scope = "items"
+
+    def get(self, request: Request) -> Response:
+        return Response({})
+
+
+urlpatterns = [
+    path("api/low", low), path("public/decorated", decorated), path("public/counted", counted),
+    path("public/single", single), path("public/async", decorated_async), path("drf/throttled", Throttled.as_view()),
+]
+SYNC_PATHS = ["/api/low", "/public/decorated", "/public/counted", "/public/single", "/drf/throttled"]
+
+
+@pytest.fixture
+def proxy(settings: Any, redis_url: str) -> Iterator[TcpProxy]:
+    """The limiter's Redis, and the Django cache its lookups share, behind a proxy that records every byte."""
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    with tcp_proxy("127.0.0.1", port) as running:
+        settings.ROOT_URLCONF = __name__
+        settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": running.url}}
+        settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": running.url, "SHED_CAPACITY": 1,
+                              "SHED_LOW_AT": 0.5, "SHED_PROCESS_LIMIT": 1}
+        yield running
+
+
+def answers(client: Client) -> list[int]:
+    """Two requests to each view, while another request of this process is in flight (so the process
+    shedder's limit of 1 is reached for low-priority requests)."""
+    shedding.in_flight.enter()
+    try:
+        sync = [client.get(url).status_code for url in SYNC_PATHS for _ in range(2)]
+    finally:
+        shedding.in_flight.leave()
+
+    async def asynchronous() -> list[int]:
+        async_client = AsyncClient()
+        return [(await async_client.get(url)).status_code for url in ("/public/async", "/api/low") for _ in range(2)]
+
+    return sync + asyncio.run(asynchronous())
+
+
+def test_enabled_false_lets_every_request_through_and_sends_nothing_to_redis(settings: Any, proxy: TcpProxy) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "ENABLED": False}
+    assert answers(Client()) == [200] * 14
+    assert (proxy.connections, bytes(proxy.from_clients)) == (0, b"")
+    # the same requests with the limits on: refused (401 without a key, 429, 503 shed), through Redis
+    settings.RATELIMIT = {**settings.RATELIMIT, "ENABLED": True}
+    limited = answers(Client())
+    assert limited == [503, 503, 200, 429, 200, 429, 200, 200, 401, 401, 200, 429, 401, 401]
+    assert proxy.connections > 0

@@ -12,7 +12,7 @@ from django.core.management.base import SystemCheckError
 
 from devtools.embedded import free_port
 from ratelimit_app.checks import check_settings
-from ratelimit_app.service.conf import DEFAULTS, ratelimit_settings
+from ratelimit_app.service.conf import DEFAULTS, ratelimit_settings, set_overlay
 from ratelimit_app.service.connection import get_redis
 from tests.support.limits_support import attempts
 
@@ -33,12 +33,27 @@ def test_unknown_setting_is_rejected_by_name(settings: Any) -> None:
     ("name", "value"),
     [("FAIL_MODE", "sometimes"), ("HEADERS", "x"), ("SOCKET_TIMEOUT", 0), ("APP_SERVERS", 0),
      ("PATH_PREFIXES", "/api/"), ("IPV6_PREFIX", 129), ("TRUSTED_PROXIES", "10.0.0.0/8"),
-     ("CONNECTIONS", "per_greenlet")],
+     ("CONNECTIONS", "per_greenlet"), ("BACKEND", "locmem"), ("CLOCK_SHIFT", 1)],
 )
 def test_invalid_values_name_the_setting(settings: Any, name: str, value: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, name: value}
     with pytest.raises(ImproperlyConfigured, match=f"RATELIMIT\\['{name}'\\]"):
         ratelimit_settings.as_dict()
+
+
+def test_the_overlay_is_laid_over_every_ratelimit_and_taken_away_whole(settings: Any) -> None:
+    with pytest.raises(ValueError, match="KEY_PREFX are not RATELIMIT settings"):
+        set_overlay({"KEY_PREFX": "x"})
+    previous = set_overlay({"KEY_PREFIX": "laid-over", "IP_RATE": "5/m"})
+    try:
+        assert previous == {}
+        settings.RATELIMIT = {"REDIS_URL": settings.RATELIMIT["REDIS_URL"], "KEY_PREFIX": "own", "IP_RATE": None}
+        assert (ratelimit_settings.KEY_PREFIX, ratelimit_settings.IP_RATE) == ("laid-over", "5/m")
+        settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed"}
+        assert (ratelimit_settings.KEY_PREFIX, ratelimit_settings.FAIL_MODE) == ("laid-over", "closed")
+    finally:
+        assert set_overlay(previous) == {"KEY_PREFIX": "laid-over", "IP_RATE": "5/m"}
+    assert (ratelimit_settings.KEY_PREFIX, ratelimit_settings.IP_RATE) == ("own", None)
 
 
 def test_check_reports_invalid_settings_with_a_stable_id(settings: Any) -> None:

@@ -1,0 +1,50 @@
+"""Settings of the sample shop: what `django-admin startproject` writes, plus ratelimit_app.
+
+Redis: REDIS_URL (default 127.0.0.1:6379). RATELIMIT_BACKEND=memory decides in process instead, with no
+Redis at all. Database: DATABASE_URL, else SQLite. The Django cache is the default local-memory one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SECRET_KEY = "sample-shop-for-tests-only"
+DEBUG = False
+ALLOWED_HOSTS = ["testserver"]
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "rest_framework",
+    "ratelimit_app",
+    "shop",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "ratelimit_app.middleware.RateLimitMiddleware",
+]
+ROOT_URLCONF = "shop.urls"
+
+DATABASES = {"default": dj_database_url.config(default=f"sqlite:///{BASE_DIR / 'shop.sqlite3'}")}
+if "sqlite" not in DATABASES["default"]["ENGINE"]:  # a test database of its own beside the repository's suite's
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_shop"}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+
+RATELIMIT = {
+    "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    "BACKEND": os.environ.get("RATELIMIT_BACKEND", "redis"),
+}
+REST_FRAMEWORK: dict[str, object] = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+    "DEFAULT_THROTTLE_RATES": {"search": "5/m"},
+    "NUM_PROXIES": 0,
+}
