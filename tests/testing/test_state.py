@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import redis
+from django.core.cache import caches
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
 
@@ -36,11 +37,14 @@ def test_each_test_counts_under_a_prefix_of_its_own_and_leaves_no_key(client: Cl
     make_tier("hourly", HOURLY)
     key = make_api_key("hourly")
     outer_prefix = ratelimit_settings.KEY_PREFIX
+    generation = "{}:lookups:generation"  # the lookups shared through the Django cache (django-redis here)
     with IsolatedRateLimit() as first:
         assert ratelimit_settings.KEY_PREFIX == first.prefix != outer_prefix
         assert [get(client, key).status_code for _ in range(3)] == [200, 200, 429]
         assert keys_under(redis_client, first.prefix)
+        assert caches["default"].get(generation.format(first.prefix)) is not None
     assert keys_under(redis_client, first.prefix) == []  # the counters and the metrics, flushed then deleted
+    assert caches["default"].get(generation.format(first.prefix)) is None
     assert ratelimit_settings.KEY_PREFIX == outer_prefix
     with IsolatedRateLimit() as second:
         assert second.prefix != first.prefix

@@ -1,7 +1,8 @@
 """Settings of the sample shop: what `django-admin startproject` writes, plus ratelimit_app.
 
-Redis: REDIS_URL (default 127.0.0.1:6379). RATELIMIT_BACKEND=memory decides in process instead, with no
-Redis at all. Database: DATABASE_URL, else SQLite. The Django cache is the default local-memory one.
+Redis: REDIS_URL, else the one this repository's scripts use (127.0.0.1:6379 when it answers, else a
+redis-server of the run's own: devtools.embedded). RATELIMIT_BACKEND=memory decides in process instead,
+with no Redis at all. Database: DATABASE_URL, else SQLite. The Django cache is the default local-memory one.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import os
 from pathlib import Path
 
 import dj_database_url
+
+from devtools.embedded import resolve_redis_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = "sample-shop-for-tests-only"
@@ -39,7 +42,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 
 RATELIMIT = {
-    "REDIS_URL": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    "REDIS_URL": resolve_redis_url(),
     "BACKEND": os.environ.get("RATELIMIT_BACKEND", "redis"),
 }
 REST_FRAMEWORK: dict[str, object] = {
