@@ -77,7 +77,7 @@ def test_concurrency_slots_are_held_until_the_response_is_closed(in_memory: None
 
 def test_the_service_decides_all_or_nothing_and_shares_its_store_with_the_async_service(in_memory: None) -> None:
     service = get_limiter()
-    assert service.in_process and isinstance(service.limiter, memory.MemoryLimiter)
+    assert isinstance(service.limiter(), memory.MemoryLimiter)
     assert [d.allowed for d in service.hit_many([("a", [HOUR]), ("b", [HOUR])])] == [True, True]
     assert service.hit("b", [HOUR]).allowed
     assert [d.allowed for d in service.hit_many([("a", [HOUR]), ("b", [HOUR])])] == [False, False]
