@@ -279,13 +279,11 @@ def read_settings() -> tuple[dict[str, Any], list[SettingError]]:
 
 
 def in_test_run() -> bool:
-    """True while Django's test environment is set up: Django's test runner and pytest-django both set
-    it up (`django.test.utils.setup_test_environment`) before the first test, and tear it down after
-    the last."""
+    """True while Django's test environment is set up (`django.test.utils.setup_test_environment`, which
+    Django's test runner and pytest-django call before the first test and undo after the last)."""
     from django.test import utils as test_utils
 
-    state = getattr(test_utils, "_TestState", None)
-    return state is not None and hasattr(state, "saved_data")
+    return hasattr(getattr(test_utils, "_TestState", None), "saved_data")
 
 
 def clock_shift_allowed(values: dict[str, Any]) -> bool:
