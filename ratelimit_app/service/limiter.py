@@ -67,7 +67,14 @@ class LimiterService:
         else:
             self._build = limiter
         self._build_lock = threading.Lock()
-        self.guard.settle_with(self.limiter)  # lost leases are settled over this engine
+        self.guard.settle_with(self._redis_engine)  # lost leases are settled over this engine
+
+    def _redis_engine(self) -> RateLimiter:
+        """The engine lost leases are settled over: a Redis one (the memory backend never loses a reply)."""
+        engine = self.limiter()
+        if not isinstance(engine, RateLimiter):
+            raise TypeError("the memory backend has no lost leases to settle")
+        return engine
 
     # -- the public API ----------------------------------------------------------------------------
     def limiter(self) -> Engine:
