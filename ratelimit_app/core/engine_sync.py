@@ -81,10 +81,15 @@ def _checkout(pool: Any) -> Any:
 
 
 def _zrem_each(connection: Any, keys: list[str], lease: str) -> None:
-    """Remove `lease` from each key, pipelined on `connection`: one write, then the replies."""
-    connection.send_packed_command(connection.pack_commands([("ZREM", key, lease) for key in keys]))
-    for _ in keys:
-        connection.read_response()
+    """Remove `lease` from each key, pipelined on `connection`: one write, then the replies. A failure
+    closes the connection (its state is unknown) and raises BackendError."""
+    try:
+        connection.send_packed_command(connection.pack_commands([("ZREM", key, lease) for key in keys]))
+        for _ in keys:
+            connection.read_response()
+    except REDIS_CLIENT_ERRORS as exc:
+        connection.disconnect()
+        raise engine.release_failed(lease, exc) from exc
 
 
 def _stale(connection: Any) -> bool:
@@ -298,14 +303,23 @@ class RateLimiter:
     def _send_own(self, call: PreparedCall) -> Any:
         """The speed path: the packed command on this thread's own connection (so a client configured
         with retries can never resend an EVALSHA whose reply was lost)."""
+        try:
+            connection = self._connected_own()
+        except REDIS_CLIENT_ERRORS as exc:
+            raise engine.unreachable(exc) from exc
+        return self._write_and_read(connection, call)
+
+    def _connected_own(self) -> Any:
+        """This thread's own connection, connected (a connection that fails to connect is closed, and
+        redis-py's error raised)."""
         connection = self._connection()
         try:
             if not _connected(connection):
                 connection.connect()
-        except REDIS_CLIENT_ERRORS as exc:
+        except REDIS_CLIENT_ERRORS:
             connection.disconnect()
-            raise engine.unreachable(exc) from exc
-        return self._write_and_read(connection, call)
+            raise
+        return connection
 
     def _write_and_read(self, connection: Any, call: PreparedCall, packed: bool = True) -> Any:
         """Write the call once on `connection` and read its reply; a connection whose state is unknown
@@ -342,26 +356,16 @@ class RateLimiter:
             raise engine.release_failed(lease, exc, sent=False) from exc
         try:
             _zrem_each(connection, keys, lease)
-        except REDIS_CLIENT_ERRORS as exc:
-            connection.disconnect()
-            raise engine.release_failed(lease, exc) from exc
         finally:
             pool.release(connection)
 
     def _release_own(self, keys: list[str], lease: str) -> None:
         """The ZREMs, pipelined on this thread's own connection."""
-        connection = self._connection()
         try:
-            if not _connected(connection):
-                connection.connect()
+            connection = self._connected_own()
         except REDIS_CLIENT_ERRORS as exc:
-            connection.disconnect()
             raise engine.release_failed(lease, exc, sent=False) from exc
-        try:
-            _zrem_each(connection, keys, lease)
-        except REDIS_CLIENT_ERRORS as exc:
-            connection.disconnect()
-            raise engine.release_failed(lease, exc) from exc
+        _zrem_each(connection, keys, lease)
 
     # -- the per-thread connections of the speed path ---------------------------------------------------
     def _connection(self) -> Any:

@@ -85,12 +85,17 @@ def fixed_window(store: Store, key: str, now_us: float, limit: float, period_ms:
     period_us = period_ms * 1000
     window = math.floor(now_us / period_us)
     reset_us = (window + 1) * period_us - now_us
-    used: float = 0
+    return count_in_window(store, key, now_us, window, reset_us, limit, cost)
+
+
+def count_in_window(store: Store, key: str, now_us: float, window: int, reset_us: float, limit: float,
+                    cost: float) -> Outcome:
+    """The decision of a counter per window (fixed_window, calendar_window): the prelude's
+    count_in_window. The state is (the window's index, units used); another window's count is none."""
     stored = store.get(key, now_us)
-    if stored is not None and stored[0] == window:
-        used = stored[1]
+    used: float = stored[1] if stored is not None and stored[0] == window else 0
     remaining = max(limit - used, 0)
-    if cost > capacity:
+    if cost > limit:
         return False, remaining, reset_us, -1, None
     if used + cost > limit:
         return False, remaining, reset_us, reset_us, None
@@ -308,17 +313,5 @@ def calendar_window(store: Store, key: str, now_us: float, limit: float, period_
     local_us = now_us + capacity * 1000
     window, next_s = calendar_period(int(period_ms), math.floor(local_us / 1_000_000))
     reset_us = max(next_s * 1_000_000 - local_us, 1000)
-    stored = store.get(key, now_us)
-    used: float = stored[1] if stored is not None and stored[0] == window % 65536 else 0
-    remaining = max(limit - used, 0)
-    if cost > limit:
-        return False, remaining, reset_us, -1, None
-    if used + cost > limit:
-        return False, remaining, reset_us, reset_us, None
-
-    def apply() -> float:
-        store.set(key, (window % 65536, used + cost), math.ceil(reset_us / 1000), now_us)
-        return reset_us
-
-    return True, remaining, reset_us, 0, apply
+    return count_in_window(store, key, now_us, window % 65536, reset_us, limit, cost)
 

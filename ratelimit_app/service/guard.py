@@ -255,19 +255,16 @@ class RedisGuard:
         if self._settler is None:
             self._settler = engine
 
-    def _settle(self, lost: LostLease) -> bool:
-        """Send one lost lease's cancellation or release within the budget, through the breaker (from
-        the thread of `lost_leases`): True when Redis took it."""
-        step, settler = self.step(), self._settler
-        if step is None or settler is None:
+    def attempt(self, call: Callable[[], object]) -> bool:
+        """Make one call to Redis that is not a decision (a release, a lost lease's settlement) through the
+        breaker and within the budget: True when Redis answered, False when the breaker skipped it or it
+        failed (counted). Anything else `call` raises goes on up."""
+        step = self.step()
+        if step is None:
             return False
         try:
             with within_budget(self.budget):
-                engine = settler()
-                if lost.kind == CANCEL:
-                    engine.cancel(lost.held, lost.lease)
-                else:
-                    engine.release(lost.held, lost.lease)
+                call()
         except BACKEND_ERRORS as exc:
             self.count_failure(step, exc)
             return False
@@ -276,6 +273,16 @@ class RedisGuard:
             raise
         self.succeeded(step)
         return True
+
+    def _settle(self, lost: LostLease) -> bool:
+        """Send one lost lease's cancellation or release (from the thread of `lost_leases`): True when
+        Redis took it."""
+        settler = self._settler
+        if settler is None:
+            return False
+        if lost.kind == CANCEL:
+            return self.attempt(lambda: settler().cancel(lost.held, lost.lease))
+        return self.attempt(lambda: settler().release(lost.held, lost.lease))
 
     def _retry_pause(self) -> float:
         """Seconds lost leases wait after a failed attempt: until the breaker lets a call through again."""

@@ -110,22 +110,10 @@ class LimiterService:
         if local:
             guard.fallback.release(held, lease)
             return True
-        step = guard.step()
-        if step is None:
-            guard.release_failed(held, lease)
-            return False
-        try:
-            with within_budget(guard.budget):
-                self.limiter().release(held, lease)
-        except BACKEND_ERRORS as exc:
-            guard.count_failure(step, exc)
-            guard.release_failed(held, lease)
-            return False
-        except BaseException:
-            guard.abandoned(step)
-            raise
-        guard.succeeded(step)
-        return True
+        if guard.attempt(lambda: self.limiter().release(held, lease)):
+            return True
+        guard.release_failed(held, lease)
+        return False
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
              fail_mode: str | None = None, fresh: bool = False) -> Decision:
