@@ -35,7 +35,7 @@ from rest_framework.settings import api_settings
 
 from .apply.concurrency import middleware_installed, release_pending_with
 from .apply.drf import JointThrottle, django_request_of
-from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity
+from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity, throttle_ident
 from .apply.joint import throttle_policy
 from .apply.limitcheck import LimitCheck
 from .apply.responses import REQUEST_ATTRIBUTE, add_headers
@@ -245,10 +245,7 @@ class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
         IPv6 clients are grouped by RATELIMIT['IPV6_PREFIX']. None when the request has no address."""
         if api_settings.NUM_PROXIES is not None:
             return super().get_ident(request)
-        address = client_ip(request)
-        if address == UNKNOWN_IP:
-            return None
-        return ip_identity(address, identity_config().ipv6_prefix).removeprefix("ip:")
+        return throttle_ident(django_request_of(request))
 
     def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
         """This throttle's check: its rate for the identity `get_cache_key` names."""

@@ -91,10 +91,6 @@ class JointThrottle(ThrottleHooks, drf_throttling.BaseThrottle):
         """The label of this throttle's checks in the joint decision."""
         return f"throttle:{type(self).__module__}.{type(self).__qualname__}"
 
-    def metrics_label(self) -> str:
-        """The `tier` label of decisions this throttle leads in the metrics."""
-        return "throttle"
-
     def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
         raise NotImplementedError(".limit_checks() must be overridden")
 

@@ -178,3 +178,13 @@ def authenticated_user(request: Any) -> Any:
     if user is not None and getattr(user, "is_authenticated", False):
         return user
     return None
+
+
+def throttle_ident(request: HttpRequest) -> str | None:
+    """The client address as a throttle names it (DRF's and Ninja's `get_ident`): found through
+    RATELIMIT['TRUSTED_PROXIES'], an IPv6 address grouped by RATELIMIT['IPV6_PREFIX']; None when the
+    request has no address."""
+    address = client_ip(request)
+    if address == UNKNOWN_IP:
+        return None
+    return ip_identity(address, identity_config().ipv6_prefix).removeprefix("ip:")

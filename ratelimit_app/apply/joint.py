@@ -55,6 +55,10 @@ class ThrottleHooks:
                 f"{cls.cache_throttle} to keep the framework's cache throttle."
             )
 
+    def metrics_label(self) -> str:
+        """The `tier` label of decisions this throttle leads in the metrics."""
+        return "throttle"
+
     def throttle_success(self) -> bool:
         """Called when this throttle's limits allow the request; returns True."""
         return True

@@ -26,7 +26,7 @@ from ninja.throttling import AuthRateThrottle as NinjaAuthRateThrottle
 from ninja.throttling import BaseThrottle, SimpleRateThrottle
 from ninja.throttling import UserRateThrottle as NinjaUserRateThrottle
 
-from ..apply.identity import UNKNOWN_IP, client_ip, identity_config, ip_identity
+from ..apply.identity import throttle_ident
 from ..apply.joint import Joint, JointCall, ThrottleHooks, decide_jointly, in_sync_code, throttle_policy
 from ..apply.limitcheck import LimitCheck
 from ..apply.outcome import ALLOWED, DENIED, SHED, UNAVAILABLE, LimitOutcome
@@ -73,10 +73,6 @@ class JointThrottle(ThrottleHooks, BaseThrottle):
     def owner(self) -> str:
         """The label of this throttle's checks in the joint decision (one per throttle object)."""
         return f"ninja:{type(self).__module__}.{type(self).__qualname__}@{id(self):x}"
-
-    def metrics_label(self) -> str:
-        """The `tier` label of decisions this throttle leads in the metrics."""
-        return "throttle"
 
     def limit_checks(self, request: HttpRequest) -> list[LimitCheck] | None:
         raise NotImplementedError(".limit_checks() must be overridden")
@@ -210,10 +206,7 @@ class AtomicRateThrottle(JointThrottle, SimpleRateThrottle):
         are grouped by RATELIMIT['IPV6_PREFIX']. None when the request has no address."""
         if ninja_settings.NUM_PROXIES is not None:
             return super().get_ident(request)
-        address = client_ip(request)
-        if address == UNKNOWN_IP:
-            return None
-        return ip_identity(address, identity_config().ipv6_prefix).removeprefix("ip:")
+        return throttle_ident(request)
 
     def allow_request(self, request: HttpRequest) -> bool:
         """Like Ninja; a rate of None limits nothing (Ninja's own would fail the request)."""
