@@ -20,6 +20,7 @@ from django.utils.html import format_html, format_html_join
 from .core.policies import CONCURRENCY, Policy
 from .models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
 from .plans import apikeys
+from .plans.checks import row_problem
 from .plans.compile import OVERRIDE_FIELDS, apply_overrides
 from .plans.lookups import get_lookups
 
@@ -40,27 +41,45 @@ class LimitRowForm(forms.ModelForm):
             calendar.choices = _ROW_CALENDARS
 
 
-class TierLimitInline(admin.TabularInline):
+def _enforcement(row: Any) -> str:
+    """"not enforced: <why>" for a stored limit that cannot become a policy (a row written around the
+    admin: requests skip it alone), else ""."""
+    problem = row_problem(row) if row.pk is not None else None
+    return f"not enforced: {problem}" if problem else ""
+
+
+class _LimitInline(admin.TabularInline):
+    form = LimitRowForm
+    extra = 0
+    fields = _LIMIT_FIELDS
+
+
+class _ShowsLimitsNotEnforced(admin.ModelAdmin):
+    """A change page that warns about each of its object's stored limits that is not enforced."""
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> Any:
+        obj = self.get_object(request, object_id) if request.method == "GET" else None
+        rows = obj.limits.all() if obj is not None else ()  # type: ignore[attr-defined]  # Tier, ApiKey, UserTier
+        for row in rows:
+            problem = _enforcement(row)
+            if problem:
+                messages.warning(request, f"Limit {row.policy_name!r}: {problem}")
+        return super().change_view(request, object_id, form_url, extra_context)
+
+
+class TierLimitInline(_LimitInline):
     model = TierLimit
-    form = LimitRowForm
-    extra = 0
-    fields = _LIMIT_FIELDS
 
 
-class ApiKeyLimitInline(admin.TabularInline):
+class ApiKeyLimitInline(_LimitInline):
     model = ApiKeyLimit
-    form = LimitRowForm
-    extra = 0
-    fields = _LIMIT_FIELDS
     verbose_name = "limit override"
     verbose_name_plural = "Limit overrides (a tier limit's name replaces it for this key; other names add a limit)"
 
 
-class UserTierLimitInline(admin.TabularInline):
+class UserTierLimitInline(_LimitInline):
     model = UserTierLimit
-    form = LimitRowForm
-    extra = 0
-    fields = _LIMIT_FIELDS
     verbose_name = "limit override"
     verbose_name_plural = "Limit overrides (a tier limit's name replaces it for this user; other names add a limit)"
 
@@ -97,7 +116,7 @@ def effective_limits_table(tier_slug: str, overrides: QuerySet[Any]) -> str:
 
 
 @admin.register(Tier)
-class TierAdmin(admin.ModelAdmin):
+class TierAdmin(_ShowsLimitsNotEnforced):
     list_display = ("slug", "name", "fail_mode", "time_zone", "limits_summary")
     search_fields = ("slug", "name")
     prepopulated_fields = {"slug": ("name",)}
@@ -105,14 +124,15 @@ class TierAdmin(admin.ModelAdmin):
 
     @admin.display(description="limits")
     def limits_summary(self, obj: Tier) -> str:
-        return "; ".join(str(limit) for limit in obj.limits.all() if limit.enabled) or "unlimited"
+        return "; ".join(" ".join(filter(None, (str(limit), _enforcement(limit))))
+                         for limit in obj.limits.all() if limit.enabled) or "unlimited"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Tier]:
         return super().get_queryset(request).prefetch_related("limits")
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(_ShowsLimitsNotEnforced):
     list_display = ("name", "prefix", "tier", "owner", "created", "expires", "revoked")
     list_filter = ("tier", "revoked")
     search_fields = ("name", "prefix")
@@ -162,7 +182,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(UserTier)
-class UserTierAdmin(admin.ModelAdmin):
+class UserTierAdmin(_ShowsLimitsNotEnforced):
     list_display = ("user", "tier")
     list_filter = ("tier",)
     raw_id_fields = ("user",)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import django
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
@@ -27,7 +26,8 @@ from .core.policies import (
     Policy,
 )
 from .plans import apikeys
-from .plans.clientrules import parse_network
+from .plans.clientrules import ALLOW, DENY, parse_network
+from .plans.constraints import check_constraint, limit_constraints, only_safe_characters
 from .service.conf import IP_POLICY_NAME
 
 FAIL_MODE_CHOICES = [
@@ -45,18 +45,10 @@ CALENDAR_CHOICES = [
 ]
 
 
-def check_constraint(condition: models.Q, *, name: str, message: str) -> models.CheckConstraint:
-    """A CheckConstraint on every supported Django (its `check` argument is `condition` from 5.1 on)."""
-    arguments: dict[str, Any] = {"condition" if django.VERSION >= (5, 1) else "check": condition}
-    return models.CheckConstraint(**arguments, name=name, violation_error_message=message)
-
-
 _NAME_PATTERN = r"^[A-Za-z0-9_-]{1,30}$"
 _name_validator = RegexValidator(
     _NAME_PATTERN, "Use 1-30 letters, digits, '_' or '-'.", code="invalid_name"
 )
-
-
 class Tier(models.Model):
     """A plan such as free, pro or enterprise: a named set of limits, and what to do when Redis is down."""
 
@@ -76,6 +68,13 @@ class Tier(models.Model):
 
     class Meta:
         ordering = ["slug"]
+        constraints = [
+            check_constraint(models.Q(fail_mode__in=[value for value, _ in FAIL_MODE_CHOICES]),
+                             name="ratelimit_tier_fail_mode", message="Not one of the fail modes."),
+            # the slug travels in response headers: no CR, LF or anything else a SlugField refuses
+            check_constraint(only_safe_characters("slug"), name="ratelimit_tier_slug",
+                             message="A slug is letters, digits, '_' or '-'."),
+        ]
 
     def __str__(self) -> str:
         return self.name or self.slug
@@ -134,6 +133,7 @@ class TierLimit(LimitShape):
             # the form refuses it too (clean), but so does the database, for writes that skip the form
             check_constraint(~models.Q(name=IP_POLICY_NAME, scope=""), name="ratelimit_limit_name_not_ip",
                              message=f"'{IP_POLICY_NAME}' is reserved for the per-IP limit."),
+            *limit_constraints("tierlimit"),
         ]
 
     def __str__(self) -> str:
@@ -153,13 +153,15 @@ class TierLimit(LimitShape):
 
     def to_policy(self, time_zone: str | None = None) -> Policy:
         """The engine policy for this limit (raises InvalidPolicy when the values cannot be enforced).
-        `time_zone` is its tier's (read from the tier when None) and matters only for calendar quotas."""
+        `time_zone` is its tier's (read from the tier when None) and matters only for calendar quotas,
+        whose period is their calendar's, whatever the row stores."""
         if not self.calendar:
             return Policy(self.policy_name, self.algorithm, limit=self.limit, period=self.period, burst=self.burst,
                           shadow=bool(self.shadow))
         if time_zone is None:
             time_zone = self.tier.time_zone if self.tier_id is not None else "UTC"
-        return Policy(self.policy_name, self.algorithm, limit=self.limit, period=self.period, burst=self.burst,
+        return Policy(self.policy_name, self.algorithm, limit=self.limit,
+                      period=CALENDAR_PERIODS.get(self.calendar, self.period), burst=self.burst,
                       shadow=bool(self.shadow), calendar=self.calendar, time_zone=time_zone)
 
     def clean(self) -> None:
@@ -321,6 +323,7 @@ class ApiKeyLimit(OverrideLimit):
         verbose_name = "API key limit override"
         constraints = [
             models.UniqueConstraint(fields=["api_key", "scope", "name"], name="ratelimit_unique_key_limit_name"),
+            *limit_constraints("apikeylimit"),
         ]
 
 
@@ -333,6 +336,7 @@ class UserTierLimit(OverrideLimit):
         verbose_name = "user limit override"
         constraints = [
             models.UniqueConstraint(fields=["user_tier", "scope", "name"], name="ratelimit_unique_user_limit_name"),
+            *limit_constraints("usertierlimit"),
         ]
 
 
@@ -343,8 +347,6 @@ class ClientRule(models.Model):
     kinds match a request, deny wins.
     """
 
-    ALLOW = "allow"
-    DENY = "deny"
     ACTION_CHOICES = [(ALLOW, "Allow: never limited"), (DENY, "Deny: always refused (403)")]
 
     action = models.CharField(max_length=5, choices=ACTION_CHOICES)
@@ -362,6 +364,14 @@ class ClientRule(models.Model):
     class Meta:
         ordering = ["action", "network", "id"]
         verbose_name = "client allow/deny rule"
+        constraints = [
+            check_constraint(models.Q(action__in=[ALLOW, DENY]), name="ratelimit_clientrule_action",
+                             message="The action is allow or deny."),
+            check_constraint(models.Q(network="", api_key__isnull=False) | (~models.Q(network="")
+                                                                            & models.Q(api_key__isnull=True)),
+                             name="ratelimit_clientrule_target",
+                             message="Give either a network or an API key (exactly one)."),
+        ]
 
     def __str__(self) -> str:
         target = self.network or (f"API key {self.api_key.prefix}" if self.api_key_id and self.api_key else "?")

@@ -106,6 +106,14 @@ def _isolated_ratelimit_settings(settings: Any, key_prefix: str) -> None:
     }
 
 
+@pytest.fixture(autouse=True)
+def _fresh_log_once() -> None:
+    """What `log_once` logged is per process: each test starts as a new process would."""
+    from ratelimit_app.service import logs
+
+    logs._logged_once.clear()
+
+
 @pytest.fixture(params=["own", "pool"])
 def connections(request: pytest.FixtureRequest) -> str:
     """How the sync engine reaches a standalone Redis: every engine test runs on both paths (the speed

@@ -168,3 +168,23 @@ def test_only_staff_reach_the_admin(client: Any, django_user_model: Any) -> None
     client.force_login(user)
     response = client.get(reverse("admin:ratelimit_app_apikey_changelist"))
     assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_the_admin_shows_a_stored_limit_that_is_not_enforced(admin_client: Any) -> None:
+    from ratelimit_app.core.policies import MAX_LIMIT, MAX_PERIOD_SECONDS
+    from ratelimit_app.models import ApiKeyLimit
+    from tests.support.limits_support import make_tier
+
+    tier = make_tier("t", [("minute", "sliding_window", 5, 60, None, ""), ("huge", "sliding_window", 5, 60, None, "")])
+    TierLimit.objects.filter(tier=tier, name="huge").update(algorithm="token_bucket", limit=MAX_LIMIT,
+                                                            period=MAX_PERIOD_SECONDS)
+    changelist = admin_client.get(reverse("admin:ratelimit_app_tier_changelist")).content.decode()
+    assert "huge: " in changelist and "not enforced" in changelist
+    change = admin_client.get(reverse("admin:ratelimit_app_tier_change", args=[tier.pk])).content.decode()
+    assert "not enforced: limit:" in change and "too large to count exactly" in change
+
+    api_key, _ = ApiKey.objects.create_key(name="acme", tier=tier)
+    ApiKeyLimit.objects.create(api_key=api_key, name="extra", algorithm="token_bucket", limit=5, period=60)
+    ApiKeyLimit.objects.filter(api_key=api_key).update(limit=MAX_LIMIT, period=MAX_PERIOD_SECONDS)
+    page = admin_client.get(reverse("admin:ratelimit_app_apikey_change", args=[api_key.pk])).content.decode()
+    assert page.count("not enforced") == 1  # the override, in its inline row

@@ -1,10 +1,12 @@
 """`manage.py check --database default`: plan rows that cannot be enforced as stored.
 
-The admin validates every row it saves; these checks find rows written around it (a data migration,
-`QuerySet.update`, raw SQL), which the request path would otherwise meet at run time (and answer with
-the fail mode). Ids: ratelimit.E030 a tier with an unknown time zone, ratelimit.E031 a tier limit or a
-limit override that cannot be enforced, ratelimit.E032 an allow/deny rule that names no valid network
-or key (it is then ignored).
+The admin validates every row it saves, and the database refuses what the models cannot mean (their
+CheckConstraints). These checks find what is left of rows written around the admin (a data migration,
+`QuerySet.update`, raw SQL): each row gets every field's validation (`clean_fields`) and the model's
+own (`clean`), as the admin's form would. Ids: ratelimit.E030 a tier (an unknown time zone, a blank
+name), ratelimit.E031 a tier limit or a limit override that cannot become a policy (it is skipped alone
+at run time: ratelimit_app.plans.compile), ratelimit.E032 an allow/deny rule that names no valid network
+or key (it is ignored).
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ from typing import Any
 
 from django.core import checks
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
-from django.db import DatabaseError
+from django.db import DatabaseError, models
+
+#: The foreign keys of each checked model: their rows exist (the database says so), and validating
+#: them would cost one query per row.
+_RELATIONS = ("tier", "api_key", "user_tier")
 
 
 def _problem(exc: ValidationError) -> str:
@@ -24,35 +30,60 @@ def _problem(exc: ValidationError) -> str:
                      for field, errors in exc.message_dict.items())
 
 
+def row_problem(row: models.Model) -> str | None:
+    """What keeps a stored plan row from being enforced as stored ("limit: ..."), or None: every field's
+    validation, then the model's own, as the admin's form runs them (without the database's own
+    uniqueness and constraints, which it enforced when the row was written)."""
+    exclude = [name for name in _RELATIONS if any(field.name == name for field in row._meta.fields)]
+    try:
+        row.full_clean(exclude=exclude, validate_unique=False, validate_constraints=False)
+    except ValidationError as exc:
+        return _problem(exc)
+    return None
+
+
 @checks.register("ratelimit", checks.Tags.database)
 def check_stored_plans(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Validate every stored Tier, TierLimit, ApiKeyLimit, UserTierLimit and ClientRule as the admin does."""
     if not databases:
         return []
-    from ..models import ApiKeyLimit, ClientRule, Tier, TierLimit, UserTierLimit
-
-    messages: list[checks.CheckMessage] = []
     try:
-        for tier in Tier.objects.all():
-            try:
-                tier.clean()
-            except ValidationError as exc:
-                messages.append(checks.Error(f"tier {tier.slug!r}: {_problem(exc)}", id="ratelimit.E030",
-                                             hint="Fix the tier in the admin."))
-        for model in (TierLimit, ApiKeyLimit, UserTierLimit):
-            for row in model.objects.all():
-                try:
-                    row.clean()
-                except ValidationError as exc:
-                    messages.append(checks.Error(
-                        f"{model._meta.verbose_name} {row.pk} ({row.name}): {_problem(exc)}", id="ratelimit.E031",
-                        hint="Requests of that tier follow the fail mode until it is fixed in the admin."))
-        for rule in ClientRule.objects.select_related("api_key"):
-            try:
-                rule.clean()
-            except ValidationError as exc:
-                messages.append(checks.Error(f"client rule {rule.pk}: {_problem(exc)}", id="ratelimit.E032",
-                                             hint="The rule is ignored until it is fixed in the admin."))
+        return [*_tier_messages(), *_limit_messages(), *_rule_messages()]
     except DatabaseError:  # not migrated yet: `migrate` comes first
         return []
+
+
+def _tier_messages() -> list[checks.CheckMessage]:
+    from ..models import Tier
+
+    return [checks.Error(f"tier {tier.slug!r}: {problem}", id="ratelimit.E030", hint="Fix the tier in the admin.")
+            for tier in Tier.objects.all() if (problem := row_problem(tier)) is not None]
+
+
+def _limit_messages() -> list[checks.CheckMessage]:
+    from ..models import ApiKeyLimit, TierLimit, UserTierLimit
+
+    messages: list[checks.CheckMessage] = []
+    owners = ((TierLimit, "tier", lambda row: f"tier {row.tier.slug!r}"),
+              (ApiKeyLimit, "api_key__tier",
+               lambda row: f"API key {row.api_key.prefix} (tier {row.api_key.tier.slug!r})"),
+              (UserTierLimit, "user_tier__tier",
+               lambda row: f"user {row.user_tier.user_id} (tier {row.user_tier.tier.slug!r})"))
+    for model, related, owner in owners:
+        for row in model.objects.select_related(related):
+            problem = row_problem(row)
+            if problem is not None:
+                messages.append(checks.Error(
+                    f"{model._meta.verbose_name} {row.pk} ({row.name}) of {owner(row)}: {problem}",
+                    id="ratelimit.E031",
+                    hint="The limit is skipped alone at run time (the other limits of its tier and the per-IP "
+                         "limit still apply) until it is fixed in the admin."))
     return messages
+
+
+def _rule_messages() -> list[checks.CheckMessage]:
+    from ..models import ClientRule
+
+    return [checks.Error(f"client rule {rule.pk}: {problem}", id="ratelimit.E032",
+                         hint="The rule is ignored until it is fixed in the admin.")
+            for rule in ClientRule.objects.select_related("api_key") if (problem := row_problem(rule)) is not None]

@@ -10,8 +10,11 @@ made, and it is counted as "allowed_by_list". A request both lists match is deni
 from __future__ import annotations
 
 import ipaddress
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from ..service.logs import log_once
 
 #: An address or network of either family (client addresses, allow/deny lists, trusted proxies).
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -72,17 +75,19 @@ class ClientRules:
 
     @classmethod
     def build(cls, rows: Iterable[tuple[str, str, str | None]]) -> ClientRules:
-        """Compile (action, network, api key prefix) rows; unparseable networks are skipped (the
-        model validates them, so only rows written around the admin can be wrong)."""
+        """Compile (action, network, api key prefix) rows. A rule whose network does not parse is skipped
+        alone and logged once (the model validates networks, so only rows written around the admin
+        can be wrong; `manage.py check` reports them, ratelimit.E032)."""
         networks: dict[str, list[IPNetwork]] = {ALLOW: [], DENY: []}
         keys: dict[str, set[str]] = {ALLOW: set(), DENY: set()}
         for action, network, prefix in rows:
             if action not in networks:
-                continue
+                continue  # the database refuses any other action
             if network:
                 try:
                     networks[action].append(parse_network(network))
-                except ValueError:
+                except ValueError as exc:
+                    log_once("ratelimit.rule_skipped", logging.ERROR, action=action, network=network, problem=str(exc))
                     continue
             elif prefix:
                 keys[action].add(prefix)

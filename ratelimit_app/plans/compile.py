@@ -5,10 +5,15 @@ once per load, never per request."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..core.policies import Policy
+from ..core.policies import InvalidPolicy, Policy
+from ..service.logs import log_once
+
+if TYPE_CHECKING:
+    from ..models import TierLimit
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +89,20 @@ def load_tier_row(slug: str) -> tuple[Any, ...] | None:
     return (*tier[1:4], limits, tier[4])
 
 
+def _policy_or_skip(row: TierLimit, time_zone: str, tier: str, client: str = "") -> Policy | None:
+    """The policy of `row` (a TierLimit of `tier`, or an override of `client`: "key:ab12cd34"), or None
+    when it cannot become one: the row is then skipped alone (the tier's other limits and the per-IP
+    limit still apply), and logged once at ERROR."""
+    try:
+        return row.to_policy(time_zone)
+    except InvalidPolicy as exc:
+        log_once("ratelimit.limit_skipped", logging.ERROR, tier=tier, client=client, limit=row.policy_name,
+                 problem=str(exc))
+        return None
+
+
 def build_tier(row: tuple[Any, ...]) -> TierInfo:
+    """The TierInfo of a tier row (`load_tier_row`); a limit that cannot become a policy is skipped."""
     from ..models import TierLimit
 
     slug, name, fail_mode, limit_rows, *rest = row
@@ -93,8 +111,11 @@ def build_tier(row: tuple[Any, ...]) -> TierInfo:
     by_scope: dict[str, list[Policy]] = {}
     for limit_name, algorithm, limit, period, burst, scope, *extra in limit_rows:
         shadow, calendar = (bool(extra[0]), extra[1]) if len(extra) == 2 else (False, "")
-        policy = TierLimit(name=limit_name, algorithm=algorithm, limit=limit, period=period, burst=burst,
-                           scope=scope, shadow=shadow, calendar=calendar).to_policy(time_zone)
+        policy = _policy_or_skip(TierLimit(name=limit_name, algorithm=algorithm, limit=limit, period=period,
+                                           burst=burst, scope=scope, shadow=shadow, calendar=calendar),
+                                 time_zone, slug)
+        if policy is None:
+            continue
         (by_scope.setdefault(scope, []) if scope else base).append(policy)
     scoped = {scope: (*base, *policies) for scope, policies in by_scope.items()}
     return TierInfo(slug, name, fail_mode or None, tuple(base), scoped, time_zone)
@@ -104,9 +125,11 @@ def build_tier(row: tuple[Any, ...]) -> TierInfo:
 OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar")
 
 
-def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> TierInfo:
+def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...], client: str = "") -> TierInfo:
     """`tier` with one client's own limits: an override whose scope and name are those of a tier limit
-    replaces it (or, when disabled, removes it); any other enabled override is added."""
+    replaces it (or, when disabled, removes it); any other enabled override is added. An enabled
+    override that cannot become a policy is skipped (the tier limit it would replace stays), logged
+    once as a limit of `client` ("key:ab12cd34", "user:5")."""
     from ..models import TierLimit
 
     base = list(tier.policies)
@@ -114,13 +137,15 @@ def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> T
     for name, algorithm, limit, period, burst, scope, enabled, shadow, *calendar in overrides:
         row = TierLimit(name=name, algorithm=algorithm, limit=limit, period=period, burst=burst, scope=scope,
                         shadow=shadow, calendar=calendar[0] if calendar else "")
+        policy = _policy_or_skip(row, tier.time_zone, tier.slug, client) if enabled else None
+        if enabled and policy is None:
+            continue
         target = own.setdefault(scope, []) if scope else base
-        policy_name = row.policy_name
-        kept = [p for p in target if p.name != policy_name]
-        if enabled:
+        kept = [p for p in target if p.name != row.policy_name]
+        if policy is not None:
             replaced = len(kept) != len(target)
-            index = next((i for i, p in enumerate(target) if p.name == policy_name), len(kept))
-            kept.insert(index if replaced else len(kept), row.to_policy(tier.time_zone))
+            index = next((i for i, p in enumerate(target) if p.name == row.policy_name), len(kept))
+            kept.insert(index if replaced else len(kept), policy)
         target[:] = kept
     scoped = {scope: (*base, *policies) for scope, policies in own.items()}
     return TierInfo(tier.slug, tier.name, tier.fail_mode, tuple(base), scoped, tier.time_zone)

@@ -179,7 +179,7 @@ class Lookups:
         cached = self.local.get(local_key)
         if cached is not MISS and cached[0] is tier and cached[1] == overrides:
             return cached[2]
-        merged = apply_overrides(tier, overrides)
+        merged = apply_overrides(tier, overrides, owner)
         self.local.set(local_key, (tier, overrides, merged))
         return merged
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from typing import Any
 
 logger = logging.getLogger("ratelimit_app")
@@ -65,6 +66,24 @@ def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
         fields["key"] = mask_key(fields["key"])
     message = " ".join([event, *(f"{name}={_format_value(value)}" for name, value in fields.items())])
     logger.log(level, message, extra={"ratelimit_event": event, "ratelimit": fields})
+
+
+#: What `log_once` has logged in this process (bounded: past MAX_LOGGED_ONCE records it logs no more).
+_logged_once: set[tuple[str, ...]] = set()
+_logged_once_lock = threading.Lock()
+MAX_LOGGED_ONCE = 1000
+
+
+def log_once(event: str, level: int, **fields: Any) -> bool:
+    """`log_event`, once per process for the same event and fields (a row or a setting that stays wrong
+    is reported once, not at every reload). True when it logged."""
+    record = (event, *(f"{name}={value!r}" for name, value in sorted(fields.items())))
+    with _logged_once_lock:
+        if record in _logged_once or len(_logged_once) >= MAX_LOGGED_ONCE:
+            return False
+        _logged_once.add(record)
+    log_event(event, level, **fields)
+    return True
 
 
 def log_denial(*, tier: str, policy: str | None, identity: str, degraded: bool = False) -> None:

@@ -1,17 +1,19 @@
 """ratelimit_app.plans.checks: `check_stored_plans`, run by `manage.py check --database default`. Every stored
-tier, limit, limit override and allow/deny rule is validated as the admin would, each problem named
-with its row and field; nothing is read without a database."""
+tier, limit, limit override and allow/deny rule gets every field's validation and the model's own, as
+the admin would, each problem named with its row and field (what the database's constraints refuse
+cannot be stored at all: tests/test_models.py); nothing is read without a database."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from django.core.checks import Error
+from django.core.checks import CheckMessage, Error, run_checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from ratelimit_app.models import ApiKey, ApiKeyLimit, ClientRule, TierLimit, UserTier, UserTierLimit
+from ratelimit_app.core.policies import MAX_LIMIT, MAX_PERIOD_SECONDS
+from ratelimit_app.models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
 from ratelimit_app.plans.checks import check_stored_plans
 from tests.support.limits_support import make_key, make_tier
 
@@ -35,33 +37,43 @@ def test_without_a_database_nothing_is_read(django_assert_num_queries: Any) -> N
         assert check_stored_plans() == [] and check_stored_plans(databases=[]) == []
 
 
+#: Within every column's range (the database's constraints allow it), but too large to count exactly in
+#: Redis: only the policy can tell.
+TOO_LARGE = {"algorithm": "token_bucket", "burst": None, "limit": MAX_LIMIT, "period": MAX_PERIOD_SECONDS}
+
+
 def test_each_bad_row_is_named_with_what_is_wrong(django_user_model: Any) -> None:
     tier = make_tier("broken", [("minute", "fixed_window", 10, 60, None, "")])
-    TierLimit.objects.filter(tier=tier).update(burst=5)  # a burst on fixed_window, written around the admin
+    TierLimit.objects.filter(tier=tier).update(**TOO_LARGE)  # written around the admin
     api_key = ApiKey.objects.get(prefix=make_key(tier).partition(".")[0])
     key_limit = ApiKeyLimit.objects.create(api_key=api_key, name="day", algorithm="fixed_window", limit=5,
                                            period=86400)
-    ApiKeyLimit.objects.filter(pk=key_limit.pk).update(limit=0)
+    ApiKeyLimit.objects.filter(pk=key_limit.pk).update(**TOO_LARGE)
     user = django_user_model.objects.create_user("frank", password="pw-frank-123")
     user_limit = UserTierLimit.objects.create(user_tier=UserTier.objects.create(user=user, tier=tier), name="day",
                                               algorithm="fixed_window", limit=5, period=86400)
-    UserTierLimit.objects.filter(pk=user_limit.pk).update(algorithm="leaky_bucket")
+    UserTierLimit.objects.filter(pk=user_limit.pk).update(**TOO_LARGE)
     rule = ClientRule.objects.create(action="deny", network="192.0.2.0/24")
     ClientRule.objects.filter(pk=rule.pk).update(network="not-a-network")
     found = {(e.id, e.msg.split(":")[0]) for e in errors()}
     limit = TierLimit.objects.get(tier=tier)
     assert found == {
-        ("ratelimit.E031", f"tier limit {limit.pk} (minute)"),
-        ("ratelimit.E031", f"API key limit override {key_limit.pk} (day)"),
-        ("ratelimit.E031", f"user limit override {user_limit.pk} (day)"),
+        ("ratelimit.E031", f"tier limit {limit.pk} (minute) of tier 'broken'"),
+        ("ratelimit.E031", f"API key limit override {key_limit.pk} (day) of API key {api_key.prefix} (tier 'broken')"),
+        ("ratelimit.E031", f"user limit override {user_limit.pk} (day) of user {user.pk} (tier 'broken')"),
         ("ratelimit.E032", f"client rule {rule.pk}"),
     }
     by_id = {e.msg.split(":")[0]: e for e in errors()}
-    assert "burst" in by_id[f"tier limit {limit.pk} (minute)"].msg
-    assert by_id[f"user limit override {user_limit.pk} (day)"].msg == (
-        f"user limit override {user_limit.pk} (day): 'leaky_bucket' for policy 'day' is not one of fixed_window, "
-        "sliding_window, sliding_window_counter, token_bucket, gcra, concurrency")  # no "__all__" label
+    assert "too large to count exactly" in by_id[f"tier limit {limit.pk} (minute) of tier 'broken'"].msg
     assert by_id[f"client rule {rule.pk}"].hint == "The rule is ignored until it is fixed in the admin."
+
+
+def test_an_error_of_no_one_field_is_shown_without_a_label() -> None:
+    tier = make_tier("elsewhere", [("day", "fixed_window", 5, 86400, None, "")])
+    TierLimit.objects.filter(tier=tier).update(calendar="day")
+    Tier.objects.filter(pk=tier.pk).update(time_zone="Mars/Olympus")
+    [limit_error] = [e for e in errors() if e.id == "ratelimit.E031"]
+    assert limit_error.msg.endswith(": 'Mars/Olympus' for policy 'day' is not a known time zone")  # no "__all__"
 
 
 def test_a_tier_with_an_unknown_time_zone_fails_manage_py_check() -> None:
@@ -71,3 +83,41 @@ def test_a_tier_with_an_unknown_time_zone_fails_manage_py_check() -> None:
     assert (error.id, error.msg.split(":")[0]) == ("ratelimit.E030", "tier 'elsewhere'")
     with pytest.raises(SystemCheckError, match="ratelimit.E030"):
         call_command("check", "--database", "default")
+
+
+def plan_messages() -> list[CheckMessage]:
+    return [m for m in run_checks(databases=["default"]) if (m.id or "").startswith("ratelimit.E03")]
+
+
+def test_rows_written_around_the_admin_are_reported_only_with_database_checks() -> None:
+    tier = make_tier("metered", [("day", "fixed_window", 5, 86400, None, "")])
+    Tier.objects.filter(pk=tier.pk).update(time_zone="Mars/Olympus")
+    TierLimit.objects.filter(tier=tier).update(calendar="day")
+    ClientRule.objects.create(action="deny", network="10.0.0.300/8")
+    assert sorted(m.id or "" for m in plan_messages()) == ["ratelimit.E030", "ratelimit.E031", "ratelimit.E032"]
+    assert not [m for m in run_checks() if (m.id or "").startswith("ratelimit.E03")]  # only with --database
+
+
+def test_every_field_of_a_stored_row_is_validated_not_only_the_models_own_rules() -> None:
+    tier = make_tier("t", [("minute", "sliding_window", 5, 60, None, "")])
+    Tier.objects.filter(pk=tier.pk).update(name="")  # a field the form requires, which no constraint covers
+    messages = plan_messages()
+    assert [m.id for m in messages] == ["ratelimit.E030"]
+    assert "tier 't'" in messages[0].msg and "name: This field cannot be blank." in messages[0].msg
+
+
+def test_a_limit_that_cannot_become_a_policy_is_reported_as_skipped_alone() -> None:
+    tier = make_tier("t", [("minute", "sliding_window", 5, 60, None, ""), ("huge", "token_bucket", 5, 60, None, "")])
+    # within every column's range, but too large to count exactly in Redis: only the policy can tell
+    TierLimit.objects.filter(tier=tier, name="huge").update(limit=MAX_LIMIT, period=MAX_PERIOD_SECONDS)
+    messages = plan_messages()
+    assert [m.id for m in messages] == ["ratelimit.E031"]
+    assert "tier limit" in messages[0].msg and "(huge)" in messages[0].msg and "of tier 't'" in messages[0].msg
+    assert "skipped" in (messages[0].hint or "") and "other limits" in (messages[0].hint or "")
+
+
+def test_a_calendar_quota_whose_stored_period_disagrees_is_not_an_error() -> None:
+    """The period of a calendar quota is derived from its calendar when read, never trusted as stored."""
+    tier = make_tier("t", [("month", "fixed_window", 5, 60, None, "")])
+    TierLimit.objects.filter(tier=tier).update(calendar="month", period=2_592_000)
+    assert plan_messages() == []

@@ -182,3 +182,22 @@ def test_a_mapped_network_written_around_the_admin_is_matched_as_ipv4(client: Cl
     ClientRule.objects.create(action="deny", network="::ffff:10.1.2.0/120")  # no clean(): stored as written
     assert client.get("/api/users", HTTP_X_API_KEY=key, REMOTE_ADDR="10.1.2.9").status_code == 403
     assert client.get("/api/users", HTTP_X_API_KEY=key, REMOTE_ADDR="10.1.3.9").status_code == 200
+
+
+def test_a_rule_whose_network_does_not_parse_is_skipped_alone_and_logged_once(client: Client, settings: Any,
+                                                                             caplog: Any) -> None:
+    import logging
+
+    from ratelimit_app.plans.lookups import get_lookups, invalidate
+
+    use(settings)
+    bad = ClientRule.objects.create(action="deny", network="10.0.0.0/8")
+    ClientRule.objects.filter(pk=bad.pk).update(network="10.0.0.300/8")  # written around the admin
+    ClientRule.objects.create(action="deny", network="198.51.100.0/24")
+    invalidate()
+    with caplog.at_level(logging.ERROR, logger="ratelimit_app"):
+        assert client.get("/api/users", REMOTE_ADDR="198.51.100.7").status_code == 403
+        get_lookups().clear_local()
+        assert client.get("/api/users", REMOTE_ADDR="198.51.100.8").status_code == 403
+    skipped = [r for r in caplog.records if getattr(r, "ratelimit_event", None) == "ratelimit.rule_skipped"]
+    assert len(skipped) == 1 and "10.0.0.300/8" in skipped[0].getMessage()

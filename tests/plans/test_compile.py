@@ -1,16 +1,20 @@
 """ratelimit_app.plans.compile: `TierInfo` (every policy once, the policies of a scope), `KeyInfo.refusal`, the
 loaders' plain rows and what `build_tier` and `apply_overrides` compile from them, read from the real
-database."""
+database; a row that cannot become a policy is skipped alone (logged once), never its tier's other limits
+or the per-IP limit."""
 
 from __future__ import annotations
 
+import logging
 import pickle
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+from django.test import Client
 
 from ratelimit_app import Policy
+from ratelimit_app.core.policies import MAX_LIMIT, MAX_PERIOD_SECONDS
 from ratelimit_app.models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
 from ratelimit_app.plans.compile import (
     KeyInfo,
@@ -22,7 +26,8 @@ from ratelimit_app.plans.compile import (
     load_tier_row,
     load_user_plan,
 )
-from tests.support.limits_support import make_key, make_tier
+from ratelimit_app.plans.lookups import get_lookups, invalidate
+from tests.support.limits_support import make_key, make_tier, parse_ietf
 
 MINUTE = Policy("minute", "fixed_window", limit=10, period=60)
 DAY = Policy("day", "fixed_window", limit=100, period=86400)
@@ -135,3 +140,66 @@ def test_client_rules_are_the_enabled_ones_with_their_key_prefix() -> None:
     ClientRule.objects.create(action="allow", api_key=api_key)
     ClientRule.objects.create(action="deny", network="198.51.100.0/24", enabled=False)
     assert sorted(load_client_rules("")) == [("allow", "", api_key.prefix), ("deny", "203.0.113.0/24", None)]
+
+
+def _unenforceable(**filters: Any) -> None:
+    """Make the matching rows too large to count exactly in Redis (every column stays in range)."""
+    TierLimit.objects.filter(**filters).update(algorithm="token_bucket", burst=None, limit=MAX_LIMIT,
+                                               period=MAX_PERIOD_SECONDS)
+    invalidate()  # update() bypasses the signals
+
+
+def skipped_records(caplog: Any) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "ratelimit_event", None) == "ratelimit.limit_skipped"]
+
+
+@pytest.mark.django_db
+def test_a_limit_that_cannot_become_a_policy_is_skipped_alone_and_logged_once(caplog: Any) -> None:
+    make_tier("t", [("minute", "sliding_window", 5, 60, None, ""), ("huge", "sliding_window", 5, 60, None, ""),
+                    ("write", "sliding_window", 2, 60, None, "write")])
+    _unenforceable(tier__slug="t", name="huge")
+    with caplog.at_level(logging.DEBUG, logger="ratelimit_app"):
+        tier = get_lookups().tier("t")
+        get_lookups().clear_local()
+        assert get_lookups().tier("t") == tier  # compiled again: the same skip, not logged again
+    assert tier is not None
+    assert [p.name for p in tier.policies] == ["minute"]
+    assert [p.name for p in tier.policies_for("write")] == ["minute", "write.write"]
+    records = skipped_records(caplog)
+    assert len(records) == 1 and records[0].levelno == logging.ERROR
+    assert records[0].ratelimit["tier"] == "t" and records[0].ratelimit["limit"] == "huge"  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db
+def test_a_calendar_quota_in_a_tier_with_an_unknown_time_zone_is_skipped_alone() -> None:
+    tier = make_tier("t", [("minute", "sliding_window", 5, 60, None, ""), ("day", "fixed_window", 9, 86400, None, "")])
+    TierLimit.objects.filter(tier=tier, name="day").update(calendar="day")
+    Tier.objects.filter(pk=tier.pk).update(time_zone="Mars/Olympus")
+    invalidate()
+    info = get_lookups().tier("t")
+    assert info is not None and [p.name for p in info.policies] == ["minute"]
+
+
+@pytest.mark.django_db
+def test_an_override_that_cannot_become_a_policy_leaves_the_tier_limit_in_force() -> None:
+    tier = make_tier("t", [("minute", "sliding_window", 5, 60, None, "")])
+    api_key, _ = ApiKey.objects.create_key(name="acme", tier=tier)
+    ApiKeyLimit.objects.create(api_key=api_key, name="minute", algorithm="token_bucket", limit=50, period=60)
+    ApiKeyLimit.objects.create(api_key=api_key, name="extra", algorithm="gcra", limit=50, period=60)
+    ApiKeyLimit.objects.filter(api_key=api_key, name="minute").update(limit=MAX_LIMIT, period=MAX_PERIOD_SECONDS)
+    invalidate()
+    info, key = get_lookups().tier("t"), get_lookups().key(api_key.prefix)
+    assert info is not None and key is not None
+    merged = apply_overrides(info, key.overrides)
+    assert [(p.name, p.limit) for p in merged.policies] == [("minute", 5), ("extra", 50)]
+
+
+@pytest.mark.django_db
+def test_requests_of_a_tier_with_one_bad_row_keep_every_other_limit(client: Client) -> None:
+    make_tier("t", [("minute", "sliding_window", 3, 60, None, ""), ("huge", "sliding_window", 5, 60, None, "")])
+    _unenforceable(tier__slug="t", name="huge")
+    key = make_key("t")
+    responses = [client.get("/api/users", HTTP_X_API_KEY=key) for _ in range(4)]
+    assert [r.status_code for r in responses] == [200, 200, 200, 429]
+    assert set(parse_ietf(responses[0]["RateLimit-Policy"])) == {"ip", "minute"}
+    assert responses[3].json()["policy"] == "minute"
