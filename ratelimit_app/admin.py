@@ -23,6 +23,7 @@ from .plans import apikeys
 from .plans.checks import row_problem
 from .plans.compile import OVERRIDE_FIELDS, apply_overrides
 from .plans.lookups import get_lookups
+from .service.conf import InvalidSetting
 
 _LIMIT_FIELDS = ("name", "algorithm", "limit", "period", "burst", "calendar", "scope", "enabled", "shadow")
 
@@ -97,8 +98,12 @@ def _describe(policy: Policy, source: str) -> tuple[str, str, str, str, str]:
 
 
 def effective_limits_table(tier_slug: str, overrides: QuerySet[Any]) -> str:
-    """An HTML table of the limits a client gets: its tier's, with its overrides applied."""
-    tier = get_lookups().tier(tier_slug)
+    """An HTML table of the limits a client gets: its tier's, with its overrides applied (or why it
+    cannot be shown: the page never depends on RATELIMIT being valid)."""
+    try:
+        tier = get_lookups().tier(tier_slug)
+    except InvalidSetting as exc:
+        return f"(unavailable: {exc})"
     if tier is None:
         return "(the tier does not exist)"
     rows = tuple(overrides.order_by("scope", "period", "id").values_list(*OVERRIDE_FIELDS))

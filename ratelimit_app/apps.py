@@ -9,7 +9,7 @@ class RateLimitConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import checks, middleware_checks  # noqa: F401  (register the system checks)
         from .gateway import checks as gateway_checks  # noqa: F401  (registers the gateway endpoint's check)
         from .observability import recorder
         from .plans import checks as plan_checks  # noqa: F401  (registers the checks of stored plans)

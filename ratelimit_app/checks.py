@@ -11,6 +11,10 @@ Ids are stable (docs/settings.md, "What `check` validates", lists them all):
   installed;
 - ratelimit.E005: a Redis server older than 6.2 (the decision script writes with KEEPTTL and PXAT, so
   every decision would fail and follow the fail mode);
+- ratelimit.E020: Redis answers but refuses the connection as configured (a database it does not have,
+  wrong credentials): every decision would fail and follow the fail mode;
+- ratelimit.E021: the configuration says Redis Cluster (RATELIMIT['CLUSTER'], a redis+cluster:// URL)
+  and the server is not a cluster node, or it says a single server and the server is a cluster node;
 - ratelimit.W001: Redis does not answer (a warning: the fail mode covers outages at run time; edits of
   plans then reach other app servers within CACHE_TTL, see ratelimit_app.plans.edits);
 - ratelimit.W002: the URLconf routes GET /metrics but neither METRICS_TOKEN nor METRICS_ALLOWED_IPS is
@@ -21,14 +25,18 @@ Ids are stable (docs/settings.md, "What `check` validates", lists them all):
   be movable in production; it is not moved there either way);
 - ratelimit.W040: BACKEND is "memory" outside DEBUG and tests, or with more than one process (APP_SERVERS
   or WEB_CONCURRENCY above 1): each process would count alone. With this backend no Redis is checked.
+
+RateLimitMiddleware's own checks (E022, W021) are in ratelimit_app.middleware_checks. No message shows the
+value of a setting that can hold a secret (ratelimit_app.service.conf_rules).
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
+import redis
 from django.conf import settings as django_settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
@@ -38,6 +46,7 @@ from redis.cluster import RedisCluster
 
 from .core.exceptions import REDIS_CLIENT_ERRORS
 from .service.conf import in_test_run, ratelimit_settings, read_settings
+from .service.redisurl import CLUSTER_SCHEME, host_ports
 
 #: The oldest Redis server the decision script runs on (SET ... KEEPTTL and PXAT came in 6.2).
 MIN_REDIS_VERSION = (6, 2)
@@ -65,16 +74,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [*messages, checks.Error(str(exc), hint="Set RATELIMIT['REDIS_URL'].", id="ratelimit.E002")]
     except REDIS_CLIENT_ERRORS as exc:
         # building a cluster client already talks to a node, so it can fail here as well as the PING
-        messages.append(checks.Warning(
-            f"Redis for rate limiting does not answer: {exc}",
-            hint=f"Requests follow RATELIMIT['FAIL_MODE'] = {ratelimit_settings.FAIL_MODE!r} until it does, and "
-                 "edits of tiers, keys and rules reach other app servers within RATELIMIT['CACHE_TTL'] "
-                 f"({ratelimit_settings.CACHE_TTL:g} s) instead of about a second.",
-            id="ratelimit.W001",
-        ))
-    else:
-        messages.extend(_version_errors(client))
-    return messages
+        return [*messages, *_unanswered(exc)]
+    return [*messages, *_topology_errors(client), *_version_errors(client)]
 
 
 def _test_setting_messages(values: dict[str, Any]) -> list[checks.CheckMessage]:
@@ -105,6 +106,68 @@ def _web_concurrency() -> int:
         return int(os.environ.get("WEB_CONCURRENCY", "1"))
     except ValueError:
         return 1
+
+
+def _fail_mode_hint(what: str) -> str:
+    return f"{what}; until then requests follow RATELIMIT['FAIL_MODE'] = {ratelimit_settings.FAIL_MODE!r}."
+
+
+def _unanswered(exc: Exception) -> list[checks.CheckMessage]:
+    """Why a Redis that could not be used did not answer: refused (E020), not the topology configured
+    (E021), or down (W001, which the fail mode covers at run time)."""
+    if isinstance(exc, (redis.ResponseError, redis.AuthenticationError)):
+        return [checks.Error(f"Redis for rate limiting refused the connection: {exc}", id="ratelimit.E020",
+                             hint=_fail_mode_hint("Fix the database or the credentials of RATELIMIT['REDIS_URL']"))]
+    if _configured_cluster() and _standalone_answers():
+        return [checks.Error(
+            "RATELIMIT['CLUSTER'] is True or RATELIMIT['REDIS_URL'] is a redis+cluster:// URL, but the server it "
+            "names is not a cluster node: every decision would fail", id="ratelimit.E021",
+            hint=_fail_mode_hint("Use a redis:// URL and CLUSTER False for a single server"))]
+    return [checks.Warning(
+        f"Redis for rate limiting does not answer: {exc}", id="ratelimit.W001",
+        hint=f"Requests follow RATELIMIT['FAIL_MODE'] = {ratelimit_settings.FAIL_MODE!r} until it does, and "
+             "edits of tiers, keys and rules reach other app servers within RATELIMIT['CACHE_TTL'] "
+             f"({ratelimit_settings.CACHE_TTL:g} s) instead of about a second.")]
+
+
+def _configured_cluster() -> bool:
+    url = ratelimit_settings.REDIS_URL
+    scheme = urlsplit(url).scheme if url else ""
+    return scheme == CLUSTER_SCHEME or (bool(ratelimit_settings.CLUSTER) and scheme in ("redis", "rediss"))
+
+
+def _standalone_answers() -> bool:
+    """True when the first node of the configured cluster URL answers as a single server."""
+    from .service.connection import socket_timeouts
+
+    parts = urlsplit(ratelimit_settings.REDIS_URL)
+    host, port = (host_ports(parts.netloc) or [("", 0)])[0] if parts.scheme == CLUSTER_SCHEME else \
+        (parts.hostname or "localhost", parts.port or 6379)
+    connect, read = socket_timeouts()
+    try:
+        with redis.Redis(host=host, port=port, username=unquote(parts.username) if parts.username else None,
+                         password=unquote(parts.password) if parts.password else None,
+                         ssl=parts.scheme == "rediss", socket_connect_timeout=connect, socket_timeout=read) as node:
+            return int(node.info("cluster").get("cluster_enabled", 0)) == 0
+    except REDIS_CLIENT_ERRORS:
+        return False
+
+
+def _topology_errors(client: Any) -> list[checks.CheckMessage]:
+    """E021 when a client built for a single server reaches a cluster node (keys of other shards would
+    answer MOVED); nothing when INFO is not allowed."""
+    if isinstance(client, RedisCluster):
+        return []
+    try:
+        enabled = int(client.info("cluster").get("cluster_enabled", 0))
+    except REDIS_CLIENT_ERRORS:
+        return []
+    if not enabled:
+        return []
+    return [checks.Error(
+        "RATELIMIT['REDIS_URL'] names a Redis Cluster node as a single server: decisions whose keys live on "
+        "another shard would fail", id="ratelimit.E021",
+        hint=_fail_mode_hint("Use a redis+cluster:// URL (or RATELIMIT['CLUSTER'] = True)"))]
 
 
 def _version_errors(client: Any) -> list[checks.CheckMessage]:

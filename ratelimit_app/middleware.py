@@ -35,7 +35,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
-from django.conf import settings as django_settings
 from django.http import HttpRequest, HttpResponseBase
 
 from .apply import shedding
@@ -47,17 +46,8 @@ from .apply.concurrency import (
     release_pending_with,
 )
 from .apply.identity import request_ip_identity
-from .apply.limiting import (
-    ALLOWED,
-    SHED,
-    LimitCheck,
-    LimitOutcome,
-    alimit_request,
-    asafely,
-    limit_config,
-    limit_request,
-    safely,
-)
+from .apply.limiting import ALLOWED, SHED, LimitCheck, LimitOutcome, alimit_request, asafely, limit_request, safely
+from .apply.planning import path_scope
 from .apply.responses import REQUEST_ATTRIBUTE, add_headers, overloaded, refusal
 from .apply.routes import (
     DEFERRED_ATTRIBUTE,
@@ -68,7 +58,7 @@ from .apply.routes import (
     view_limit_of,
 )
 from .service import events
-from .service.conf import DEFAULTS
+from .service.conf import InvalidSetting
 
 #: Request attribute: the requests in flight in this process when this one arrived (process shedder).
 IN_FLIGHT_ATTRIBUTE = "_ratelimit_in_flight"
@@ -257,9 +247,12 @@ def _count_in_flight(request: HttpRequest) -> shedding.Departure | None:
     """Count `request` in this process' requests in flight when the process shedder is on; the
     Departure takes it out again."""
     try:
-        if shedding.shed_config().process_limit is None:
-            return None
-    except Exception:  # invalid settings: `check` reports them, the request follows the fail mode
+        process_limit = shedding.shed_config().process_limit
+    except InvalidSetting:
+        # a shedding setting with no reading: no shedder runs (the requests the middleware limits, whose
+        # decision reads the same settings, follow the fail mode)
+        return None
+    if process_limit is None:
         return None
     setattr(request, IN_FLIGHT_ATTRIBUTE, shedding.in_flight.enter())
     return shedding.Departure()
@@ -290,27 +283,5 @@ def _process_shed(request: HttpRequest, declared: Any) -> HttpResponseBase | Non
 
 
 def _applies(request: HttpRequest) -> bool:
-    """True when the middleware limits this request's path.
-
-    With invalid settings met at run time (`check` reports them before that), the path prefixes are
-    read from the raw setting when they can be, else the defaults: those requests then follow the fail
-    mode (`safely`), and every other page keeps working.
-    """
-    try:
-        config = limit_config()
-    except Exception:
-        raw = getattr(django_settings, "RATELIMIT", None)
-        raw = raw if isinstance(raw, dict) else {}
-        prefixes, exempt = raw.get("PATH_PREFIXES", DEFAULTS["PATH_PREFIXES"]), raw.get(
-            "EXEMPT_PATHS", DEFAULTS["EXEMPT_PATHS"])
-        if not _is_path_list(prefixes):
-            prefixes = DEFAULTS["PATH_PREFIXES"]
-        if not _is_path_list(exempt):
-            exempt = DEFAULTS["EXEMPT_PATHS"]
-        path = request.path_info
-        return path.startswith(tuple(prefixes)) and not path.startswith(tuple(exempt))
-    return config.applies(request.path_info)
-
-
-def _is_path_list(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)
+    """True when the middleware limits this request's path (see `planning.path_scope`)."""
+    return path_scope().applies(request.path_info)

@@ -40,6 +40,7 @@ from .apply.joint import throttle_policy
 from .apply.limitcheck import LimitCheck
 from .apply.responses import REQUEST_ATTRIBUTE, add_headers
 from .core.policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
+from .service.conf import read_settings
 
 
 @checks.register("ratelimit")
@@ -120,10 +121,9 @@ def _override_warnings(used_throttles: set[type]) -> list[checks.CheckMessage]:
 
 def _proxy_warning() -> list[checks.CheckMessage]:
     """ratelimit.W011 when neither DRF's NUM_PROXIES nor RATELIMIT['TRUSTED_PROXIES'] is set."""
-    try:
-        config = identity_config()
-    except ImproperlyConfigured:
+    if read_settings()[1]:
         return []  # invalid RATELIMIT settings: ratelimit.E001 says which
+    config = identity_config()
     if api_settings.NUM_PROXIES is not None or config.trusted_hops or config.trusted_networks:
         return []
     return [checks.Warning(

@@ -188,3 +188,19 @@ def test_the_admin_shows_a_stored_limit_that_is_not_enforced(admin_client: Any) 
     ApiKeyLimit.objects.filter(api_key=api_key).update(limit=MAX_LIMIT, period=MAX_PERIOD_SECONDS)
     page = admin_client.get(reverse("admin:ratelimit_app_apikey_change", args=[api_key.pk])).content.decode()
     assert page.count("not enforced") == 1  # the override, in its inline row
+
+
+@pytest.mark.parametrize(("name", "value", "shown"), [
+    ("IP_RATE", "lots", "rl-effective-limits"),
+    ("CACHE_TTL", 0, "RATELIMIT[&#x27;CACHE_TTL&#x27;] is invalid"),
+])
+def test_an_invalid_ratelimit_never_breaks_the_api_key_pages(admin_client: Any, settings: Any, name: str,
+                                                             value: Any, shown: str) -> None:
+    seed_tiers()
+    make_key("free", name="acme")
+    api_key = ApiKey.objects.get(name="acme")
+    settings.RATELIMIT = {**settings.RATELIMIT, name: value}
+    for url in (reverse("admin:ratelimit_app_apikey_changelist"), reverse("admin:ratelimit_app_tier_changelist")):
+        assert admin_client.get(url).status_code == 200, url
+    change = admin_client.get(reverse("admin:ratelimit_app_apikey_change", args=[api_key.pk]))
+    assert change.status_code == 200 and shown in change.content.decode()

@@ -32,7 +32,6 @@ def ratelimit_messages(databases: list[str] | None = None) -> list[checks.CheckM
         ("DEFAULT_USER_TIER", 7, "slug of a tier"),
         ("ENABLED", "False", "True or False"),
         ("PATH_PREFIXES", ["api/"], "starting with '/'"),
-        ("REDIS_URL", "http://127.0.0.1:6379", "redis+sentinel"),
         ("BREAKER_MAX_COOLDOWN", 0.5, "RATELIMIT['BREAKER_COOLDOWN']"),
     ],
 )
@@ -195,3 +194,90 @@ def test_the_memory_backend_asks_no_redis_and_is_a_warning_where_each_process_co
     assert "with DEBUG off outside a test run" in ratelimit_messages()[0].msg
     settings.DEBUG = True
     assert ratelimit_messages() == []
+
+
+# -- settings that pass their type but disable or weaken limiting ----------------------------------
+
+@pytest.mark.parametrize(
+    ("name", "value", "consequence"),
+    [
+        ("BUDGET_MS", 0.05, "milliseconds"),
+        ("EXEMPT_PATHS", ["/"], "exempts every path under RATELIMIT['PATH_PREFIXES'] entry '/api/'"),
+        ("EXEMPT_PATHS", ["/health", "/api"], "exempts every path under RATELIMIT['PATH_PREFIXES'] entry '/api/'"),
+        ("TRUSTED_PROXIES", ["0.0.0.0/0"], "clients could choose their IP"),
+        ("TRUSTED_PROXIES", ["10.0.0.0/8", "::/0"], "clients could choose their IP"),
+        ("METRICS_ALLOWED_IPS", ["0.0.0.0/0", "::/0"], "open GET /metrics"),
+        ("CACHE_TTL", 1e9, "a revoked key"),
+        ("IPV6_PREFIX", 1, "whole providers"),
+        ("API_KEY_HEADER", "Authorization", "Bearer"),
+        ("API_KEY_HEADER", "cookie", "reserved"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/0?socket_timeout=x", "query parameter 'socket_timeout'"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/0?db=abc", "query parameter 'db'"),
+        ("REDIS_URL", "rediss://127.0.0.1:6379/0?ssl_cert_reqs=bogus", "query parameter 'ssl_cert_reqs'"),
+        ("REDIS_URL", "redis://127.0.0.1:63x9/0", "port"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/abc", "database"),
+    ],
+)
+def test_settings_that_would_silently_disable_or_weaken_limiting_are_errors(
+    settings: Any, name: str, value: Any, consequence: str
+) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, name: value}
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.E001"]
+    assert f"RATELIMIT['{name}']" in messages[0].msg and consequence in messages[0].msg
+    with pytest.raises(SystemCheckError, match=r"ratelimit\.E001"):
+        call_command("check")
+
+
+def test_a_redis_database_the_server_refuses_is_an_error_not_an_outage(settings: Any, redis_url: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(redis_url)
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": parts._replace(path="/99").geturl()}
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.E020"]
+    assert "refused" in messages[0].msg and "DB index is out of range" in messages[0].msg
+
+
+@pytest.mark.parametrize("how", ["setting", "scheme"])
+def test_cluster_mode_against_a_standalone_server_is_an_error(settings: Any, redis_url: str, how: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(redis_url)
+    extra = {"CLUSTER": True} if how == "setting" else {"REDIS_URL": parts._replace(scheme="redis+cluster",
+                                                                                     path="").geturl()}
+    settings.RATELIMIT = {**settings.RATELIMIT, **extra}
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.E021"]
+    assert "not a cluster node" in messages[0].msg
+
+
+# -- secrets: no value that can hold one is ever printed -----------------------------------------
+
+SECRET = "hunter2hunter2"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("METRICS_TOKEN", f"has a space {SECRET}"),
+        ("METRICS_TOKEN", SECRET[:10]),
+        ("REDIS_URL", f"htp://:{SECRET}@127.0.0.1:6379/0"),
+        ("REDIS_URL", f"redis//:{SECRET}@127.0.0.1:6379/0"),
+        ("REDIS_URL", f"redis://:{SECRET}@127.0.0.1:6379/0?socket_timeout=x"),
+        ("REDIS_URL", f"redis+cluster://:{SECRET}@127.0.0.1"),
+        ("REDIS_URL", f"redis+sentinel://:{SECRET}@127.0.0.1/mymaster"),
+    ],
+)
+def test_check_never_prints_a_secret(settings: Any, name: str, value: str) -> None:
+    from io import StringIO
+
+    settings.RATELIMIT = {**settings.RATELIMIT, name: value}
+    messages = ratelimit_messages()
+    assert messages and all(f"RATELIMIT['{name}']" in m.msg for m in messages)
+    out, err = StringIO(), StringIO()
+    with pytest.raises(SystemCheckError) as excinfo:
+        call_command("check", stdout=out, stderr=err)
+    shown = str(excinfo.value) + out.getvalue() + err.getvalue() + " ".join(f"{m.msg} {m.hint}" for m in messages)
+    secret = SECRET[:10] if value == SECRET[:10] else SECRET
+    assert secret not in shown

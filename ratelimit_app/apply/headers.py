@@ -78,15 +78,9 @@ def ratelimit_field(results: Sequence[PolicyResult]) -> str:
 IETF_DRAFTS = {"draft-11": (policy_field, ratelimit_field)}
 
 
-def _draft() -> str:
-    try:
-        return str(ratelimit_settings.HEADER_DRAFT)
-    except Exception:  # invalid settings met at run time: the default revision
-        return "draft-11"
-
-
-#: The formatters of RATELIMIT['HEADER_DRAFT'], looked up once per settings change.
-_formatters = SettingsCached(lambda: IETF_DRAFTS.get(_draft(), IETF_DRAFTS["draft-11"]))
+#: The formatters of RATELIMIT['HEADER_DRAFT'] (always readable: an invalid one reads as the one revision
+#: there is), looked up once per settings change.
+_formatters = SettingsCached(lambda: IETF_DRAFTS[ratelimit_settings.HEADER_DRAFT])
 
 
 def apply_headers(response: HttpResponseBase, decision: Decision, policies: tuple[Policy, ...],

@@ -28,7 +28,6 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
-from django.conf import settings as django_settings
 from django.http import HttpRequest
 
 from ..core.decision import Decision
@@ -36,8 +35,8 @@ from ..core.engine import new_lease_token
 from ..core.policies import Policy
 from ..plans.clientrules import ALLOW
 from ..service import events
-from ..service.conf import DEFAULTS, IP_POLICY_NAME, ratelimit_settings
-from ..service.guard import FAIL_MODES, without_limits
+from ..service.conf import IP_POLICY_NAME, InvalidSetting, ratelimit_settings
+from ..service.guard import without_limits
 from ..service.limiter import get_limiter
 from ..service.limiter_async import get_async_limiter
 from ..service.logs import logger
@@ -270,7 +269,7 @@ def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "")
     `limit` is not called, nothing is planned, looked up or sent to Redis, and the request is
     NOT_LIMITED (no headers)."""
     try:
-        if not limit_config().enabled:
+        if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
             return NOT_LIMITED
         return limit()
     except Exception as exc:
@@ -281,7 +280,7 @@ async def asafely(limit: Callable[[], Awaitable[LimitOutcome]], *, where: str, i
     """`safely` for async code: `await limit()` (not when RATELIMIT['ENABLED'] is False), or the answer
     of the fail mode if it raises."""
     try:
-        if not limit_config().enabled:
+        if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
             return NOT_LIMITED
         return await limit()
     except Exception as exc:
@@ -289,32 +288,26 @@ async def asafely(limit: Callable[[], Awaitable[LimitOutcome]], *, where: str, i
 
 
 def _failed(exc: Exception, where: str, identity: str) -> LimitOutcome:
-    """The fail mode's outcome when the limiter itself raised `exc` (logged once per cause)."""
-    _log_once(exc, where)
-    decision = without_limits(fail_mode())
+    """The fail mode's outcome when the limiter itself raised `exc` (logged once per cause). The mode is
+    RATELIMIT['FAIL_MODE'] as read (an invalid one in its cautious reading): see `without_limits`."""
+    mode = ratelimit_settings.FAIL_MODE
+    _log_once(exc, where, mode)
+    decision = without_limits(mode)
     with contextlib.suppress(Exception):
         events.record_decision(allowed=decision.allowed, tier="error", policy=None if decision.allowed else "error",
                                degraded=True, identity=identity or "unknown")
     return LimitOutcome(ALLOWED if decision.allowed else UNAVAILABLE, decision, (), None, identity)
 
 
-def fail_mode() -> str:
-    """RATELIMIT['FAIL_MODE'], read even when other settings are invalid."""
-    try:
-        return str(ratelimit_settings.FAIL_MODE)
-    except Exception:
-        raw = getattr(django_settings, "RATELIMIT", None)
-        mode = raw.get("FAIL_MODE") if isinstance(raw, dict) else None
-        return mode if mode in FAIL_MODES else str(DEFAULTS["FAIL_MODE"])
-
-
-def _log_once(exc: Exception, where: str) -> None:
+def _log_once(exc: Exception, where: str, mode: str) -> None:
+    """ERROR with the traceback for the first request of each cause, DEBUG for the others. An invalid
+    setting is only ever DEBUG here: the settings' own log line already said it, once per process."""
     cause = (type(exc).__qualname__, str(exc)[:200])
     with _logged_lock:
-        first = cause not in _logged_causes
+        first = cause not in _logged_causes and not isinstance(exc, InvalidSetting)
         if first and len(_logged_causes) < MAX_LOGGED_CAUSES:
             _logged_causes.add(cause)
     level = logging.ERROR if first else logging.DEBUG
     logger.log(level, "rate limiter failed in %s (%s: %s); the request follows the fail mode %r",
-               where, type(exc).__name__, exc, fail_mode(), exc_info=exc if first else None,
+               where, type(exc).__name__, exc, mode, exc_info=exc if first else None,
                extra={"ratelimit_event": "ratelimit.internal_error"})

@@ -40,7 +40,7 @@ from ..plans.compile import TierInfo
 from ..plans.localcache import MISS
 from ..plans.lookups import Lookups, NeedsIO, get_lookups, local_only, require_io
 from ..service import events
-from ..service.conf import SettingsCached, ratelimit_settings
+from ..service.conf import InvalidSetting, SettingsCached, ratelimit_settings
 from ..service.limiter import get_limiter
 from . import shedding
 from .identity import (
@@ -57,21 +57,50 @@ from .routes import resolve_view, route_for_view
 
 
 @dataclass(frozen=True, slots=True)
-class LimitConfig:
-    """The settings request handling needs, read and validated once per settings change."""
+class PathScope:
+    """Which paths the middleware limits: ENABLED, PATH_PREFIXES and EXEMPT_PATHS, parsed once per
+    settings change."""
 
     enabled: bool
     path_prefixes: tuple[str, ...]
     exempt_paths: tuple[str, ...]
+
+    def applies(self, path: str) -> bool:
+        """True when the middleware limits `path` (on, under a prefix and not exempt)."""
+        return self.enabled and path.startswith(self.path_prefixes) and not path.startswith(self.exempt_paths)
+
+
+def _read_path_scope() -> PathScope:
+    # ENABLED and EXEMPT_PATHS always have a reading (conf). PATH_PREFIXES that is no list of paths at all
+    # has none: every path is then the middleware's, and the limiter, which cannot plan without it
+    # (`limit_config` raises), answers each with the fail mode.
+    try:
+        prefixes = tuple(ratelimit_settings.PATH_PREFIXES)
+    except InvalidSetting:
+        prefixes = ("/",)
+    return PathScope(bool(ratelimit_settings.ENABLED), prefixes, tuple(ratelimit_settings.EXEMPT_PATHS))
+
+
+_path_scope = SettingsCached(_read_path_scope)
+
+
+def path_scope() -> PathScope:
+    """The paths the middleware limits (parsed on first use and after every settings change)."""
+    return _path_scope.get()
+
+
+@dataclass(frozen=True, slots=True)
+class LimitConfig:
+    """The settings request handling needs, read and validated once per settings change. Reading it
+    raises InvalidSetting when one of them is invalid with no cautious reading; `path_prefixes` is among
+    them (`path_scope` is what matches paths) so that a PATH_PREFIXES with none stops planning too."""
+
+    path_prefixes: tuple[str, ...]
     ip_policies: tuple[Policy, ...]
     anonymous_tier: str | None
     default_user_tier: str | None
     headers: str
     fail_mode: str
-
-    def applies(self, path: str) -> bool:
-        """True when the middleware limits `path` (under a prefix and not exempt)."""
-        return path.startswith(self.path_prefixes) and not path.startswith(self.exempt_paths)
 
 
 def _read_limit_config() -> LimitConfig:
@@ -82,9 +111,7 @@ def _read_limit_config() -> LimitConfig:
         parsed = Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM)
         ip_policies = (dataclasses.replace(parsed, shadow=bool(ratelimit_settings.IP_SHADOW)),)
     return LimitConfig(
-        enabled=bool(ratelimit_settings.ENABLED),
         path_prefixes=tuple(ratelimit_settings.PATH_PREFIXES),
-        exempt_paths=tuple(ratelimit_settings.EXEMPT_PATHS),
         ip_policies=ip_policies,
         anonymous_tier=ratelimit_settings.ANONYMOUS_TIER,
         default_user_tier=ratelimit_settings.DEFAULT_USER_TIER,

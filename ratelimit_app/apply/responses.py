@@ -54,10 +54,7 @@ _STATUS_TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
 
 
 def _problem_format() -> bool:
-    try:
-        return bool(ratelimit_settings.ERROR_FORMAT == "problem")
-    except Exception:  # invalid settings met at run time: answer in the default format
-        return False
+    return bool(ratelimit_settings.ERROR_FORMAT == "problem")  # always readable (an invalid one: "json")
 
 
 def _answer(status: int, body: dict[str, Any], *, problem_type: str = "about:blank",

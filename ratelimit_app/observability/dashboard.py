@@ -37,7 +37,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from redis.exceptions import RedisError
 
-from ..service.conf import ratelimit_settings
+from ..service.conf import InvalidSetting, ratelimit_settings
 from .queries import MAX_RANGE_HOURS, BlockedIdentity, HourMetrics, days_of, recent_metrics
 from .snapshot import process_metrics
 
@@ -237,29 +237,36 @@ def _hours_from(request: HttpRequest) -> int | None:
     return hours if 1 <= hours <= _max_hours() else None
 
 
+def _page_context(request: HttpRequest) -> dict[str, Any]:
+    """What every rendering of the page shows (Redis health, this process), settings aside."""
+    site: AdminSite = admin.site
+    return {**site.each_context(request), "title": "Rate limiting dashboard", "health": redis_health(),
+            "process": process_metrics(), "hours": DEFAULT_HOURS, "hour_choices": [], "flush_interval": None,
+            "metrics_enabled": True, "error": ""}
+
+
 def _render(request: HttpRequest) -> HttpResponse:
-    hours = _hours_from(request)
+    context = _page_context(request)
+    try:
+        hours = _hours_from(request)
+        context.update(hour_choices=[h for h in (6, 12, 24, 48) if h <= _max_hours()],
+                       flush_interval=ratelimit_settings.METRICS_FLUSH_INTERVAL,
+                       metrics_enabled=ratelimit_settings.METRICS_ENABLED)
+    except InvalidSetting as exc:  # the page still shows Redis and this process, and what to fix
+        context["error"] = f"Metrics are unavailable: {exc}."
+        return TemplateResponse(request, "ratelimit_app/dashboard.html", context)
     if hours is None:
         return HttpResponseBadRequest(
             f"hours must be a whole number from 1 to {_max_hours()} (RATELIMIT['METRICS_TTL_HOURS'])",
             content_type="text/plain",
         )
-    site: AdminSite = admin.site
-    context: dict[str, Any] = {
-        **site.each_context(request),
-        "title": "Rate limiting dashboard",
-        "hours": hours,
-        "hour_choices": [h for h in (6, 12, 24, 48) if h <= _max_hours()],
-        "health": redis_health(),
-        "process": process_metrics(),
-        "flush_interval": ratelimit_settings.METRICS_FLUSH_INTERVAL,
-        "metrics_enabled": ratelimit_settings.METRICS_ENABLED,
-        "error": "",
-    }
+    context["hours"] = hours
     try:
         summary = recent_metrics(hours)
     except (RedisError, OSError) as exc:
         context["error"] = f"Metrics are unavailable: Redis did not answer ({type(exc).__name__}: {exc})."
+    except InvalidSetting as exc:
+        context["error"] = f"Metrics are unavailable: {exc}."
     else:
         context.update(
             summary=summary,

@@ -8,8 +8,9 @@ when the "open" fail mode stops enforcing limits. The view answers only to
 - a client IP in RATELIMIT['METRICS_ALLOWED_IPS'] (CIDRs; the client IP as the limiter sees it, through
   trusted proxies only: see ratelimit_app.apply.identity.client_ip).
 
-Anyone else gets 403 with a JSON body that says how access is granted. With neither setting
-configured only staff sessions may read it, and `manage.py check` warns (ratelimit.W002). This module
+Anyone else gets 403 with a JSON body that says how access is granted (503 while METRICS_TOKEN is
+invalid: no token is accepted then, and the body says so). With neither setting configured only staff
+sessions may read it, and `manage.py check` warns (ratelimit.W002). This module
 imports without prometheus-client: the view answers 501 then, and `check` reports ratelimit.E004 when
 the URLconf routes it.
 """
@@ -26,7 +27,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from ..apply.identity import IPNetwork, address_in, client_ip, parse_networks
-from ..service.conf import SettingsCached, ratelimit_settings
+from ..service.conf import InvalidSetting, SettingsCached, ratelimit_settings
 
 PROMETHEUS_MODULE = "ratelimit_app.observability.prometheus"
 
@@ -37,6 +38,9 @@ class MetricsAccess:
 
     token_digest: bytes | None  # SHA-256 of RATELIMIT['METRICS_TOKEN']
     networks: tuple[IPNetwork, ...]
+    #: Why no bearer token is accepted although one is set ("RATELIMIT['METRICS_TOKEN'] is invalid ..."),
+    #: or "" (a refused reader is then told so in a 503, never shown the token)
+    token_problem: str = ""
 
     @property
     def configured(self) -> bool:
@@ -45,9 +49,12 @@ class MetricsAccess:
 
 
 def _parse_access() -> MetricsAccess:
-    token = ratelimit_settings.METRICS_TOKEN
-    digest = hashlib.sha256(token.encode()).digest() if token is not None else None
-    return MetricsAccess(digest, parse_networks(ratelimit_settings.METRICS_ALLOWED_IPS))
+    networks = parse_networks(ratelimit_settings.METRICS_ALLOWED_IPS)  # always readable: its valid CIDRs
+    try:
+        token = ratelimit_settings.METRICS_TOKEN
+    except InvalidSetting as exc:  # no token opens the endpoint until it is fixed
+        return MetricsAccess(None, networks, str(exc))
+    return MetricsAccess(hashlib.sha256(token.encode()).digest() if token is not None else None, networks)
 
 
 _access = SettingsCached(_parse_access)
@@ -76,6 +83,12 @@ def may_read_metrics(request: HttpRequest) -> bool:
 
 
 def _forbidden(access: MetricsAccess) -> JsonResponse:
+    if access.token_problem:
+        response = JsonResponse({"error": "unavailable", "detail": f"{access.token_problem}: GET /metrics answers "
+                                 "only to staff sessions and RATELIMIT['METRICS_ALLOWED_IPS'] until it is fixed"},
+                                status=503)
+        response["Cache-Control"] = "no-store"
+        return response
     how = ("GET /metrics answers only to staff sessions, to Authorization: Bearer <RATELIMIT['METRICS_TOKEN']> "
            "and to client IPs in RATELIMIT['METRICS_ALLOWED_IPS']")
     if not access.configured:

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..service.breaker import CLOSED, HALF_OPEN, OPEN
-from ..service.conf import on_reload, ratelimit_settings
-from ..service.logs import log_breaker_change, log_config_error, log_denial, log_event, logger
+from ..service.conf import InvalidSetting, on_reload, ratelimit_settings
+from ..service.logs import log_breaker_change, log_denial, log_event, logger
 from .pending import PendingCounts, add_identity, write_batches
 from .schema import HOUR, top_candidates
 
@@ -168,8 +168,7 @@ class ProcessRecorder:
     def _load_target(self) -> _Target:
         try:
             target = _Target(ratelimit_settings.KEY_PREFIX, bool(ratelimit_settings.METRICS_ENABLED))
-        except Exception as exc:  # an invalid RATELIMIT must not break requests; it is logged instead
-            log_config_error(exc, where="metrics")
+        except InvalidSetting:  # nothing is counted until it is fixed (the settings' log line says which)
             target = _Target("", False)
         self.target = target
         return target

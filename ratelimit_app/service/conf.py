@@ -1,30 +1,38 @@
 """Settings: one RATELIMIT dict in the Django settings, read lazily and validated on first use.
 
 Every key has a default here and an entry in docs/settings.md. Every value is validated here, and only
-here (`setting_errors`): an invalid one raises ImproperlyConfigured naming the setting and the accepted
-values, and `manage.py check` reports each one (ratelimit.E001). Unknown keys are refused too, so a typo
-is never silently ignored. Changing RATELIMIT in tests
+here (`setting_errors`, by the rules of conf_rules.py): `manage.py check` reports each invalid one
+(ratelimit.E001) naming the setting, what is wrong, what it would do and what is accepted, and unknown
+keys are refused too, so a typo is never silently ignored. No message shows the value of a setting that
+can hold a secret (`conf_rules.SECRET_SETTINGS`).
+
+At run time (a server started without `check`) an invalid setting never makes a request fail and never
+falls back to its default: it is read the most cautious way what was written allows
+(`conf_rules.READINGS`: FAIL_MODE "Closed" is "closed", anything it cannot spell is "closed"; a list
+keeps its valid items when dropping the others limits more), and a setting with no such reading raises
+`InvalidSetting` when it is read, so the part that needs it does not run (the middleware's limits then
+follow the fail mode). One log line per process says which settings are invalid and how each is read
+(`runtime_values`; docs/settings.md, "Invalid settings at run time"). Changing RATELIMIT in tests
 (override_settings) takes effect immediately: the cache is dropped on `setting_changed`.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import re
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
-from urllib.parse import urlsplit
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from ..core.engine import CONNECTION_MODES
-from ..core.keys import PREFIX_PATTERN
-from ..core.policies import ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS, InvalidPolicy, Policy, parse_rate
+from ..core.policies import ALGORITHMS, InvalidPolicy, Policy, parse_rate
+from .conf_rules import READINGS, RULES, SECRET_SETTINGS, UNREADABLE, exempting_everything, number, shown
+from .logs import log_once
+from .redisurl import SCHEMES, url_problem
 
 DEFAULTS: dict[str, Any] = {
     # Where decisions are made
@@ -89,13 +97,10 @@ DEFAULTS: dict[str, Any] = {
 #: never share a Redis key (ratelimit_app.models.TierLimit refuses it, down to a database constraint).
 IP_POLICY_NAME = "ip"
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "redis+sentinel")
-#: The values of RATELIMIT['BACKEND'] (docs/testing.md tells when "memory" fits).
-BACKENDS = ("redis", "memory")
-_TIER_SLUG = re.compile(r"^[-a-zA-Z0-9_]+$")  # what Tier.slug (a SlugField) accepts
-_HEADER_NAME = re.compile(r"^[A-Za-z0-9-]{1,100}$")
-_TOKEN = re.compile(r"^[\x21-\x7e]{16,}$")  # printable ASCII, no spaces: it travels in a header
 _RATE_EXAMPLES = "a rate 'LIMIT/PERIOD' with LIMIT >= 1, such as '100/m', '10/30s', '5000/h' or '1000/d'"
+
+#: How the error for a RATELIMIT that is not a dict begins (every setting is then invalid).
+NOT_A_DICT = "RATELIMIT must be a dict"
 
 
 @dataclass(frozen=True)
@@ -107,108 +112,13 @@ class SettingError:
     message: str
 
 
-def _integer(value: Any, low: int, high: int | None = None) -> bool:
-    return (isinstance(value, int) and not isinstance(value, bool) and value >= low
-            and (high is None or value <= high))
+class InvalidSetting(ImproperlyConfigured):
+    """An invalid setting with no cautious reading was read at run time: the part that needs it cannot
+    run. The message names the setting, never its value."""
 
-
-def _positive_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-
-
-def _path_prefixes(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and all(isinstance(item, str) and item.startswith("/") for item in value)
-
-
-def _redis_url(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and urlsplit(value).scheme in _REDIS_SCHEMES)
-
-
-def _cidr(text: Any) -> bool:
-    try:
-        ipaddress.ip_network(text.strip(), strict=False)
-    except (AttributeError, TypeError, ValueError):
-        return False
-    return True
-
-
-def _cidr_list(value: Any) -> bool:
-    return isinstance(value, (list, tuple)) and all(_cidr(item) for item in value)
-
-
-_NUMBER = (_positive_number, "a number of seconds > 0")
-_COUNT = (lambda value: _integer(value, 1), "an integer >= 1")
-_BOOLEAN = (lambda value: isinstance(value, bool), "True or False")
-_TIER = (lambda value: value is None or (isinstance(value, str) and bool(_TIER_SLUG.match(value))),
-         "None or the slug of a tier (letters, digits, '-' or '_'), such as 'free'")
-
-_OPTIONAL_LIMIT = (lambda value: value is None or _integer(value, 1, MAX_LIMIT),
-                   f"None or an integer from 1 to {MAX_LIMIT}")
-_FRACTION = (lambda value: isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1,
-             "a fraction of SHED_CAPACITY above 0 and at most 1")
-_PRIORITIES = ("critical", "normal", "low")
-
-#: For each setting except IP_RATE (see `_ip_rate_error`): a test of the value, and the accepted values.
-_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "BACKEND": (lambda value: value in BACKENDS, f"one of {', '.join(map(repr, BACKENDS))}"),
-    "REDIS_URL": (_redis_url, f"None or a URL with scheme {', '.join(_REDIS_SCHEMES)}"),
-    "CACHE_ALIAS": (lambda value: isinstance(value, str) and bool(value), "the name of a cache in settings.CACHES"),
-    "KEY_PREFIX": (lambda value: isinstance(value, str) and bool(PREFIX_PATTERN.match(value)),
-                   "1 to 64 letters, digits, '_', '.', ':' or '-'"),
-    "SOCKET_CONNECT_TIMEOUT": _NUMBER,
-    "SOCKET_TIMEOUT": _NUMBER,
-    "CLUSTER": _BOOLEAN,
-    "SENTINEL_SERVICE": (lambda value: isinstance(value, str) and bool(value.strip()),
-                         "the name of a Sentinel master, such as 'mymaster'"),
-    "CONNECTIONS": (lambda value: value in CONNECTION_MODES, f"one of {', '.join(map(repr, CONNECTION_MODES))}"),
-    "ENABLED": _BOOLEAN,
-    "PATH_PREFIXES": (_path_prefixes, "a list of path prefixes, each starting with '/', such as ['/api/']"),
-    "EXEMPT_PATHS": (_path_prefixes, "a list of path prefixes, each starting with '/', such as ['/health']"),
-    "IP_ALGORITHM": (lambda value: value in ALGORITHMS, f"one of {', '.join(map(repr, ALGORITHMS))}"),
-    "IP_SHADOW": _BOOLEAN,
-    "DEFAULT_USER_TIER": _TIER,
-    "ANONYMOUS_TIER": _TIER,
-    "HEADERS": (lambda value: value in ("legacy", "ietf", "both"), "one of 'legacy', 'ietf', 'both'"),
-    "HEADER_DRAFT": (lambda value: value in ("draft-11",), "'draft-11' (the only revision supported)"),
-    "ERROR_FORMAT": (lambda value: value in ("json", "problem"), "one of 'json', 'problem'"),
-    "NINJA_ERROR_FORMAT": (lambda value: value in ("ninja", "ratelimit"), "one of 'ninja', 'ratelimit'"),
-    "TRUSTED_PROXIES": (lambda value: _integer(value, 0) or _cidr_list(value),
-                        "a hop count >= 0 or a list of proxy CIDRs such as ['10.0.0.0/8', '2001:db8::/32']"),
-    "IPV6_PREFIX": (lambda value: _integer(value, 1, 128), "an integer from 1 to 128"),
-    "API_KEY_HEADER": (lambda value: isinstance(value, str) and bool(_HEADER_NAME.match(value)),
-                       "an HTTP header name of letters, digits and '-', such as 'X-API-Key'"),
-    "CACHE_TTL": _NUMBER,
-    "LOCAL_CACHE_SIZE": _COUNT,
-    "NEGATIVE_CACHE_SIZE": _COUNT,
-    "FAIL_MODE": (lambda value: value in ("open", "closed", "local"), "one of 'open', 'closed', 'local'"),
-    "BUDGET_MS": (_positive_number, "a number of milliseconds > 0"),
-    "APP_SERVERS": _COUNT,
-    "BREAKER_FAILURES": _COUNT,
-    "BREAKER_COOLDOWN": _NUMBER,
-    "BREAKER_MAX_COOLDOWN": _NUMBER,
-    "DENY_CACHE_SIZE": _COUNT,
-    "METRICS_ENABLED": _BOOLEAN,
-    "METRICS_FLUSH_INTERVAL": _NUMBER,
-    "METRICS_TTL_HOURS": _COUNT,
-    "TOP_BLOCKED": _COUNT,
-    "METRICS_TOKEN": (lambda value: value is None or (isinstance(value, str) and bool(_TOKEN.match(value))),
-                      "None or a secret of at least 16 characters without spaces, such as the output of "
-                      "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"),
-    "METRICS_ALLOWED_IPS": (_cidr_list, "a list of CIDRs or addresses, such as ['10.0.0.0/8', '127.0.0.1']"),
-    "SHED_CAPACITY": _OPTIONAL_LIMIT,
-    "SHED_LOW_AT": _FRACTION,
-    "SHED_NORMAL_AT": _FRACTION,
-    "SHED_LEASE": (lambda value: (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                  and 0.001 <= value <= MAX_PERIOD_SECONDS),
-                   f"seconds from 0.001 to {MAX_PERIOD_SECONDS}"),
-    "SHED_PRIORITIES": (lambda value: isinstance(value, dict) and all(
-                            isinstance(prefix, str) and prefix.startswith("/") and priority in _PRIORITIES
-                            for prefix, priority in value.items()),
-                        "a dict of path prefixes ('/api/reports/') to 'critical', 'normal' or 'low'"),
-    "SHED_PROCESS_LIMIT": _OPTIONAL_LIMIT,
-    "SHED_RETRY_AFTER": (lambda value: _integer(value, 1, 86400), "whole seconds from 1 to 86400"),
-    "CLOCK_SHIFT": _BOOLEAN,
-}
+    def __init__(self, setting: str) -> None:
+        super().__init__(f"RATELIMIT['{setting}'] is invalid and cannot be read: `manage.py check` says why")
+        self.setting = setting
 
 
 def _ip_rate_error(values: dict[str, Any]) -> str | None:
@@ -235,13 +145,17 @@ def setting_errors(values: dict[str, Any]) -> list[SettingError]:
 
     The one place settings are validated: what passes here, the request path can use as it is.
     """
-    errors = [
-        SettingError(name, f"RATELIMIT['{name}'] is {values[name]!r}; expected {expected}")
-        for name, (valid, expected) in _RULES.items() if not valid(values[name])
-    ]
-    ip_rate = _ip_rate_error(values)
-    if ip_rate is not None:
-        errors.append(SettingError("IP_RATE", ip_rate))
+    errors = [SettingError(name, f"{shown(name, values[name])}; expected {expected}")
+              for name, (valid, expected) in RULES.items() if not valid(values[name])]
+    url = values["REDIS_URL"]
+    if isinstance(url, str) and url_problem(url) is not None:
+        errors = [SettingError("REDIS_URL", f"RATELIMIT['REDIS_URL'] is invalid: {url_problem(url)} (the URL is not "
+                               "shown: it can hold a password); expected a URL such as redis://host:6379/0 with "
+                               f"scheme {', '.join(SCHEMES)}")
+                  if error.setting == "REDIS_URL" else error for error in errors]
+    for name, problem in (("IP_RATE", _ip_rate_error(values)), ("EXEMPT_PATHS", exempting_everything(values))):
+        if problem is not None:
+            errors.append(SettingError(name, problem))
     alias = values["CACHE_ALIAS"]
     if values["REDIS_URL"] is None and isinstance(alias, str) and alias not in getattr(django_settings, "CACHES", {}):
         # with a REDIS_URL, an alias that is not a cache only means "no shared lookup cache" (see lookups)
@@ -249,12 +163,12 @@ def setting_errors(values: dict[str, Any]) -> list[SettingError]:
             f"RATELIMIT['CACHE_ALIAS'] is {alias!r}, which is not in settings.CACHES; expected the name of a "
             "django-redis cache in settings.CACHES (RATELIMIT['REDIS_URL'] is None), or set REDIS_URL")))
     cooldown, longest = values["BREAKER_COOLDOWN"], values["BREAKER_MAX_COOLDOWN"]
-    if _positive_number(cooldown) and _positive_number(longest) and longest < cooldown:
+    if number(cooldown) and number(longest) and longest < cooldown:
         errors.append(SettingError("BREAKER_MAX_COOLDOWN", (
             f"RATELIMIT['BREAKER_MAX_COOLDOWN'] is {longest!r}; expected a number of seconds >= "
             f"RATELIMIT['BREAKER_COOLDOWN'] ({cooldown!r})")))
     low, normal = values["SHED_LOW_AT"], values["SHED_NORMAL_AT"]
-    if _RULES["SHED_LOW_AT"][0](low) and _RULES["SHED_NORMAL_AT"][0](normal) and low > normal:
+    if RULES["SHED_LOW_AT"][0](low) and RULES["SHED_NORMAL_AT"][0](normal) and low > normal:
         errors.append(SettingError("SHED_LOW_AT", (
             f"RATELIMIT['SHED_LOW_AT'] is {low!r}, above RATELIMIT['SHED_NORMAL_AT'] ({normal!r}); expected a "
             "fraction <= SHED_NORMAL_AT: low-priority requests must be shed first")))
@@ -266,8 +180,8 @@ def read_settings() -> tuple[dict[str, Any], list[SettingError]]:
     """settings.RATELIMIT merged over DEFAULTS (and the test kit's overlay over both: `set_overlay`), and
     every problem with it (an empty list when valid)."""
     user = getattr(django_settings, "RATELIMIT", {}) or {}
-    if not isinstance(user, dict):
-        return dict(DEFAULTS), [SettingError("RATELIMIT", f"RATELIMIT must be a dict, got {type(user).__name__}")]
+    if not isinstance(user, dict):  # nothing in it can be read: each setting is read as if written None
+        return dict.fromkeys(DEFAULTS), [SettingError("RATELIMIT", f"{NOT_A_DICT}, got {type(user).__name__}")]
     unknown = sorted(set(user) - set(DEFAULTS))
     values = {**DEFAULTS, **{name: value for name, value in user.items() if name in DEFAULTS}, **_overlay}
     errors = setting_errors(values)
@@ -293,30 +207,55 @@ def clock_shift_allowed(values: dict[str, Any]) -> bool:
     return values.get("CLOCK_SHIFT") is True and (bool(getattr(django_settings, "DEBUG", False)) or in_test_run())
 
 
+def runtime_values(values: dict[str, Any], errors: list[SettingError]) -> dict[str, Any]:
+    """`values` with each invalid setting replaced by its cautious reading (conf_rules.READINGS) or, when
+    it has none, UNREADABLE; said in one log line per process (ERROR, "ratelimit.invalid_settings"):
+    which settings are invalid, how each is read, which cannot be read. Never a secret's value."""
+    invalid = {error.setting for error in errors}
+    if any(error.message.startswith(NOT_A_DICT) for error in errors):
+        invalid = set(DEFAULTS)
+    read = dict(values)
+    for name, value in values.items():  # in DEFAULTS order: a reading sees the readings before it
+        if name in invalid:
+            read[name] = READINGS.get(name, _no_reading)(value, read)
+    named = [name for name in DEFAULTS if name in invalid]
+    log_once("ratelimit.invalid_settings", logging.ERROR,
+             invalid=" ".join(sorted(invalid)),
+             read_as=", ".join(f"{name}={read[name]!r}" for name in named
+                               if read[name] is not UNREADABLE and name not in SECRET_SETTINGS),
+             unreadable=" ".join(name for name in named if read[name] is UNREADABLE),
+             consequence=f"what needs an unreadable setting does not run, and the requests the middleware "
+                         f"limits follow the fail mode {read['FAIL_MODE']!r}; manage.py check says why")
+    return read
+
+
+def _no_reading(value: Any, values: dict[str, Any]) -> Any:
+    return UNREADABLE
+
+
 class RateLimitSettings:
-    """Attribute access to the merged RATELIMIT settings: `ratelimit_settings.FAIL_MODE`."""
+    """Attribute access to the merged RATELIMIT settings: `ratelimit_settings.FAIL_MODE`.
+
+    An invalid setting reads as its cautious reading (`runtime_values`); one with none raises
+    InvalidSetting (an ImproperlyConfigured) naming it.
+    """
 
     def __init__(self) -> None:
         self._values: dict[str, Any] | None = None
 
     def _load(self) -> dict[str, Any]:
         values, errors = read_settings()
-        if errors:
-            raise ImproperlyConfigured("\n".join(error.message for error in errors))
-        return values
+        return runtime_values(values, errors) if errors else values
 
     def __getattr__(self, name: str) -> Any:
         if name not in DEFAULTS:
             raise AttributeError(f"no RATELIMIT setting named {name!r}")
         if self._values is None:
             self._values = self._load()
-        return self._values[name]
-
-    def as_dict(self) -> dict[str, Any]:
-        """All settings with defaults applied (validated)."""
-        if self._values is None:
-            self._values = self._load()
-        return dict(self._values)
+        value = self._values[name]
+        if value is UNREADABLE:
+            raise InvalidSetting(name) from None
+        return value
 
     def reload(self) -> None:
         """Drop the cached values; the next access reads and validates settings.RATELIMIT again."""

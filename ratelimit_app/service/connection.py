@@ -35,10 +35,8 @@ from ..core.budget import (
 from ..core.engine_async import AsyncRedisClient
 from ..core.engine_sync import RedisClient, resolve_connections
 from .conf import SettingsCached, ratelimit_settings
+from .redisurl import CLUSTER_SCHEME, SENTINEL_SCHEME
 from .sentinel import async_sentinel_master, host_ports, sentinel_master
-
-CLUSTER_SCHEME = "redis+cluster"
-SENTINEL_SCHEME = "redis+sentinel"
 
 #: Connections of the limiter's pool on the "pool" path when REDIS_URL names no `max_connections`.
 POOL_MAX_CONNECTIONS = 50

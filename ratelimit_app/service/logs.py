@@ -7,7 +7,8 @@ and `record.ratelimit`, a dict) for structured handlers such as `JsonFormatter`.
 key never reaches a log: callers pass labels ("key:<prefix>", "ip:203.0.113.7", "user:5").
 
 Levels: denials DEBUG (they can be many), breaker state changes WARNING (open) / INFO (closed,
-half_open), configuration errors ERROR, metrics flush failures WARNING (once per outage).
+half_open), invalid settings and plan rows that cannot be enforced ERROR (once per process, `log_once`),
+metrics flush failures WARNING (once per outage).
 """
 
 from __future__ import annotations
@@ -96,11 +97,6 @@ def log_breaker_change(*, previous: str, state: str) -> None:
     """The circuit breaker in front of Redis changed state (WARNING when it opens, else INFO)."""
     level = logging.WARNING if state == "open" else logging.INFO
     log_event("ratelimit.breaker", level, previous=previous, state=state)
-
-
-def log_config_error(error: Exception, *, where: str) -> None:
-    """A configuration error met at run time (ERROR); `where` names what could not proceed."""
-    log_event("ratelimit.config_error", logging.ERROR, where=where, error=str(error))
 
 
 class JsonFormatter(logging.Formatter):

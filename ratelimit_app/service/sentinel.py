@@ -12,6 +12,7 @@ from redis.connection import ConnectionPool
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from ..core.budget import BudgetConnection, BudgetMixin
+from . import redisurl
 from .conf import ratelimit_settings
 
 
@@ -21,13 +22,11 @@ class BudgetSentinelConnection(BudgetMixin, SentinelManagedConnection):
 
 def host_ports(netloc: str, what: str, example: str) -> list[tuple[str, int]]:
     """(host, port) of every "host:port" in the comma-separated network location of a URL (a cluster's
-    nodes, a sentinel's addresses); a malformed item is an ImproperlyConfigured naming REDIS_URL."""
-    found = []
-    for item in netloc.rpartition("@")[2].split(","):
-        host, _, port = item.rpartition(":")
-        if not host or not port.isdigit():
-            raise ImproperlyConfigured(f"RATELIMIT['REDIS_URL']: {what} {item!r} must be host:port ({example})")
-        found.append((host.strip("[]"), int(port)))
+    nodes, a sentinel's addresses); a malformed item is an ImproperlyConfigured naming REDIS_URL (and
+    never quoting it: the URL may hold a password)."""
+    found = redisurl.host_ports(netloc)
+    if found is None:
+        raise ImproperlyConfigured(f"RATELIMIT['REDIS_URL']: each {what} must be host:port ({example})")
     return found
 
 

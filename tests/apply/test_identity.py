@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory
 
 from ratelimit_app.apply.identity import (
@@ -76,10 +75,14 @@ def test_cidr_list_skips_trusted_hops_from_the_right(settings: Any) -> None:
     assert client_ip(request("10.0.0.2", xff="1.2.3.4, junk, 10.0.0.3")) == "10.0.0.3"
 
 
-def test_invalid_cidr_names_the_setting(settings: Any) -> None:
-    use(settings, TRUSTED_PROXIES=["10.0.0.0/33"])
-    with pytest.raises(ImproperlyConfigured, match="TRUSTED_PROXIES"):
-        client_ip(request())
+def test_an_invalid_proxy_network_is_an_error_and_trusts_nothing_at_run_time(settings: Any) -> None:
+    from ratelimit_app.service.conf import read_settings
+
+    use(settings, TRUSTED_PROXIES=["10.0.0.0/33", "192.0.2.0/24"])
+    assert [error.setting for error in read_settings()[1]] == ["TRUSTED_PROXIES"]
+    # the valid network is trusted, the invalid one is not (trusting fewer proxies limits more)
+    assert client_ip(request("192.0.2.1", xff="198.51.100.9")) == "198.51.100.9"
+    assert client_ip(request("10.0.0.2", xff="198.51.100.9")) == "10.0.0.2"
 
 
 def test_ipv6_clients_are_grouped_by_prefix(settings: Any) -> None:

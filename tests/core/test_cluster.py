@@ -224,6 +224,14 @@ def test_the_cluster_setting_turns_a_plain_url_into_a_cluster_client(cluster: Cl
     assert len(client.get_primaries()) == 3
 
 
+def test_check_refuses_a_cluster_node_named_as_a_single_server(cluster: ClusterTopology, settings: Any) -> None:
+    from ratelimit_app.checks import check_settings
+
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{cluster.nodes[1].port}/0"}
+    messages = check_settings()
+    assert [m.id for m in messages] == ["ratelimit.E021"] and "names a Redis Cluster node" in messages[0].msg
+
+
 def test_concurrency_slots_on_a_cluster(cluster_limiter: RateLimiter, cluster_client: RedisCluster) -> None:
     """A slot is taken with the rate limits on the identity's shard and given back by ZREM there."""
     from ratelimit_app.core.engine import new_lease_token

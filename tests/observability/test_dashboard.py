@@ -178,3 +178,21 @@ def test_without_chromium_the_browser_test_is_skipped_with_its_reason_unless_req
     assert outcome in done.stdout
     assert "no Chromium at /nonexistent/chromium" in done.stdout
     assert done.returncode == (1 if required else 0)
+
+
+@pytest.mark.parametrize(("name", "value", "shown"), [
+    ("IP_RATE", "lots", None),
+    ("METRICS_TTL_HOURS", 0, "RATELIMIT['METRICS_TTL_HOURS'] is invalid"),
+    ("KEY_PREFIX", "", "RATELIMIT['KEY_PREFIX'] is invalid"),
+    ("METRICS_FLUSH_INTERVAL", -1, "RATELIMIT['METRICS_FLUSH_INTERVAL'] is invalid"),
+])
+def test_an_invalid_ratelimit_is_shown_on_the_dashboard_not_raised(staff_client: Client, settings: Any, name: str,
+                                                                   value: Any, shown: str | None) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, name: value}
+    response = staff_client.get(URL)
+    assert response.status_code == 200
+    html = response.content.decode()
+    if shown is None:
+        assert 'id="rl-summary"' in html and 'id="rl-error"' not in html
+    else:
+        assert 'id="rl-error"' in html and shown.replace("'", "&#x27;") in html and "manage.py check" in html

@@ -112,3 +112,25 @@ def test_without_prometheus_client_the_urls_import_and_check_reports_it(client: 
     assert response.status_code == 501
     assert "pip install" in response.json()["detail"]
     assert client.get("/metrics").status_code == 403  # and it says nothing more to others
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("name", "value"), [("IP_RATE", "lots"), ("KEY_PREFIX", ""), ("METRICS_TTL_HOURS", 0)])
+def test_an_invalid_setting_elsewhere_in_ratelimit_does_not_break_metrics(client: Client, settings: Any,
+                                                                          name: str, value: Any) -> None:
+    use(settings, METRICS_TOKEN=TOKEN, **{name: value})
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200 and b"ratelimit_breaker_state" in response.content
+
+
+@pytest.mark.django_db
+def test_an_invalid_token_setting_is_a_clear_503_for_bearers_while_staff_and_allowed_ips_still_read(
+        client: Client, settings: Any, django_user_model: Any) -> None:
+    use(settings, METRICS_TOKEN="short", METRICS_ALLOWED_IPS=["192.0.2.0/24"])
+    refused = client.get("/metrics", HTTP_AUTHORIZATION="Bearer short", REMOTE_ADDR="198.51.100.1")
+    assert refused.status_code == 503 and refused["Content-Type"] == "application/json"
+    detail = refused.json()["detail"]
+    assert "RATELIMIT['METRICS_TOKEN'] is invalid" in detail and "short" not in detail
+    assert client.get("/metrics", REMOTE_ADDR="192.0.2.9").status_code == 200
+    client.force_login(django_user_model.objects.create_user(username="ops", password="pw-ops-123", is_staff=True))
+    assert client.get("/metrics", REMOTE_ADDR="198.51.100.1").status_code == 200

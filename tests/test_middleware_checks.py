@@ -1,0 +1,31 @@
+"""ratelimit_app.middleware_checks: RateLimitMiddleware listed once (ratelimit.E022), and PATH_PREFIXES
+matching URLs of the site (ratelimit.W021), through `manage.py check` on the demo's URLconf."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.test_checks import ratelimit_messages
+
+
+@pytest.mark.parametrize("prefixes", [[], ["/API/"], ["/api/", "/nowhere/"]])
+def test_path_prefixes_that_limit_no_url_of_the_site_are_a_warning(settings: Any, prefixes: list[str]) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "PATH_PREFIXES": prefixes}
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.W021"]
+    assert "RATELIMIT['PATH_PREFIXES']" in messages[0].msg
+    assert ("limits no path" if not prefixes else f"{prefixes[-1]!r} matches no URL") in messages[0].msg
+
+
+def test_path_prefixes_under_a_route_with_converters_or_regexes_are_recognised(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "PATH_PREFIXES": ["/api/", "/drf/items/", "/public/quote"]}
+    assert ratelimit_messages() == []
+
+
+def test_the_middleware_listed_twice_is_an_error(settings: Any) -> None:
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "ratelimit_app.middleware.RateLimitMiddleware"]
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.E022"]
+    assert "charged twice" in messages[0].msg
