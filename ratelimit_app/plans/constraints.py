@@ -33,7 +33,8 @@ def only_safe_characters(field: str, *, blank: bool = False) -> models.Q:
 def limit_constraints(model: str) -> list[models.CheckConstraint]:
     """What the database refuses in a limit row (`model`: tierlimit, apikeylimit, usertierlimit): the
     values its validation refuses, for writes that skip it (`QuerySet.update`, raw SQL, a data migration).
-    Only a policy too large to count exactly is left to `clean()` (and to `manage.py check`)."""
+    What only the policy can tell (one too large to count exactly, a calendar quota of a tier whose time
+    zone is unknown) is left to `clean()`, `manage.py check` and the compiler, which skips such a row."""
     burst_algorithms = sorted(BURST_ALGORITHMS)
     rules = [
         ("algorithm", models.Q(algorithm__in=ALL_ALGORITHMS), f"The algorithm is one of {', '.join(ALL_ALGORITHMS)}."),
