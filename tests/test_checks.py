@@ -239,6 +239,17 @@ def test_a_redis_database_the_server_refuses_is_an_error_not_an_outage(settings:
     assert "refused" in messages[0].msg and "DB index is out of range" in messages[0].msg
 
 
+def test_credentials_the_server_refuses_are_an_error_that_never_shows_them(settings: Any, server: Any) -> None:
+    import redis
+
+    with redis.Redis(port=server.port) as own:  # the test's own server, never the shared one
+        own.config_set("requirepass", "the-right-password-0123")
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://:{SECRET}@127.0.0.1:{server.port}/0"}
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.E020"]
+    assert "refused" in messages[0].msg and SECRET not in f"{messages[0].msg} {messages[0].hint}"
+
+
 @pytest.mark.parametrize("how", ["setting", "scheme"])
 def test_cluster_mode_against_a_standalone_server_is_an_error(settings: Any, redis_url: str, how: str) -> None:
     from urllib.parse import urlsplit
