@@ -1,8 +1,8 @@
 """ratelimit_app.apply.limiting: `limit_request` / `alimit_request` (plan, then one call with the extra
-checks), `decide` (report-only calls, what the outcome shows and counts), and `safely` / `asafely` /
-`fail_mode` (the limiter's own failures follow the fail mode, logged once per cause), and
-RATELIMIT['ENABLED'] = False at that one door of every entry point's decisions (nothing is sent to
-Redis), against the real Redis and database."""
+checks), `decide` (report-only calls, what the outcome shows and counts), and `safely` / `asafely` (the
+limiter's own failures follow the fail mode as read, logged once per cause), and RATELIMIT['ENABLED'] =
+False at that one door of every entry point's decisions (nothing is sent to Redis), against the real
+Redis and database."""
 
 from __future__ import annotations
 
@@ -31,7 +31,6 @@ from ratelimit_app.apply.limiting import (
     LimitOutcome,
     alimit_request,
     asafely,
-    fail_mode,
     limit_request,
     safely,
 )
@@ -223,12 +222,19 @@ def test_asafely_is_safely_for_coroutines(settings: Any) -> None:
     assert asyncio.run(asafely(broken, where="the test")).status == UNAVAILABLE
 
 
-def test_the_fail_mode_is_read_even_when_other_settings_are_invalid(settings: Any) -> None:
-    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed", "IP_RATE": "lots"}
-    assert fail_mode() == "closed"
-    assert safely(Failing(RuntimeError(cause())), where="the test").status == UNAVAILABLE
-    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "ajar", "IP_RATE": "lots"}
-    assert fail_mode() == "open"  # itself invalid: the default
+@pytest.mark.parametrize(("mode", "status"), [("closed", UNAVAILABLE), ("Closed", UNAVAILABLE), ("ajar", UNAVAILABLE),
+                                            (" open", ALLOWED)])
+def test_the_fail_mode_is_read_cautiously_even_when_other_settings_are_invalid(
+        settings: Any, caplog: pytest.LogCaptureFixture, mode: str, status: str) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": mode, "IP_RATE": "lots"}
+    caplog.set_level(logging.DEBUG, logger="ratelimit_app")
+    from ratelimit_app.service.conf import InvalidSetting
+
+    assert safely(Failing(RuntimeError(cause())), where="the test").status == status  # "ajar": never the default
+    assert safely(Failing(InvalidSetting("IP_RATE")), where="the test").status == status
+    internal = [r for r in caplog.records if getattr(r, "ratelimit_event", "") == "ratelimit.internal_error"
+                and "InvalidSetting" in r.getMessage()]
+    assert [(r.levelname, r.exc_info) for r in internal] == [("DEBUG", None)]  # the settings' own line said it
 
 
 # -- RATELIMIT["ENABLED"] = False ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""ratelimit_app.apply.planning: `limit_config` and `LimitConfig.applies`, and `plan_request` (who the
+"""ratelimit_app.apply.planning: `limit_config`, `path_scope` and `PathScope.applies`, and `plan_request` (who the
 client is and which checks apply: keys, users, the anonymous tier, refusals, allow and deny rules, the
 per-IP peek before an unseen key's lookup, the load shedder's fleet check) with `RequestPlan.plus`, and
 `aplan_request` on a warm cache; against the real database and Redis."""
@@ -18,7 +18,7 @@ from django.utils import timezone
 from ratelimit_app import Policy
 from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.outcome import DENIED, FORBIDDEN, LimitOutcome
-from ratelimit_app.apply.planning import RequestPlan, aplan_request, limit_config, plan_request
+from ratelimit_app.apply.planning import RequestPlan, aplan_request, limit_config, path_scope, plan_request
 from ratelimit_app.apply.shedding import FLEET_IDENTITY
 from ratelimit_app.models import ApiKey, ClientRule, Tier, UserTier
 from ratelimit_app.service.limiter import get_limiter
@@ -59,9 +59,10 @@ def tier() -> Tier:
 def test_limit_config_follows_the_settings(settings: Any) -> None:
     use(settings, PATH_PREFIXES=["/api/", "/v2/"], EXEMPT_PATHS=["/api/health"], IP_RATE="7/s",
         IP_ALGORITHM="gcra", IP_SHADOW=True, FAIL_MODE="local")
+    scope = path_scope()
+    assert scope.applies("/api/users") and scope.applies("/v2/x")
+    assert not scope.applies("/api/health") and not scope.applies("/api/healthz") and not scope.applies("/admin/")
     config = limit_config()
-    assert config.applies("/api/users") and config.applies("/v2/x")
-    assert not config.applies("/api/health") and not config.applies("/api/healthz") and not config.applies("/admin/")
     [ip] = config.ip_policies
     assert (ip.name, ip.algorithm, ip.limit, ip.period, ip.shadow) == ("ip", "gcra", 7, 1, True)
     assert config.fail_mode == "local"

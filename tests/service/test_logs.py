@@ -12,9 +12,9 @@ import pytest
 from ratelimit_app.service.logs import (
     JsonFormatter,
     log_breaker_change,
-    log_config_error,
     log_denial,
     log_event,
+    log_once,
     mask_key,
     safe_identity,
 )
@@ -85,14 +85,12 @@ def test_the_helpers_log_at_their_documented_levels(caplog: pytest.LogCaptureFix
     log_breaker_change(previous="closed", state="open")
     log_breaker_change(previous="open", state="half_open")
     log_breaker_change(previous="half_open", state="closed")
-    log_config_error(ValueError("IP_RATE: 'lots' is not a rate"), where="the middleware")
     seen = [(r.ratelimit_event, r.levelname, r.ratelimit) for r in records(caplog)]  # type: ignore[attr-defined]
     assert seen == [
         ("ratelimit.denied", "DEBUG", {"tier": "free", "policy": "", "identity": "key:AbCd1234", "degraded": True}),
         ("ratelimit.breaker", "WARNING", {"previous": "closed", "state": "open"}),
         ("ratelimit.breaker", "INFO", {"previous": "open", "state": "half_open"}),
         ("ratelimit.breaker", "INFO", {"previous": "half_open", "state": "closed"}),
-        ("ratelimit.config_error", "ERROR", {"where": "the middleware", "error": "IP_RATE: 'lots' is not a rate"}),
     ]
 
 
@@ -114,3 +112,12 @@ def test_json_formatter_writes_one_object_per_line_whose_fields_never_replace_it
     other = json.loads(failure)
     assert other["event"] is None and other["message"] == "failed"
     assert "RuntimeError: boom" in other["exception"]
+
+
+def test_log_once_logs_the_same_event_and_fields_once_per_process(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="ratelimit_app")
+    assert log_once("ratelimit.sample", logging.ERROR, tier="free", limit="day") is True
+    assert log_once("ratelimit.sample", logging.ERROR, limit="day", tier="free") is False  # the same, any order
+    assert log_once("ratelimit.sample", logging.ERROR, tier="free", limit="month") is True
+    assert [(r.levelname, r.ratelimit) for r in records(caplog)] == [  # type: ignore[attr-defined]
+        ("ERROR", {"tier": "free", "limit": "day"}), ("ERROR", {"tier": "free", "limit": "month"})]
