@@ -61,7 +61,7 @@ class _ShowsLimitsNotEnforced(admin.ModelAdmin):
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> Any:
         obj = self.get_object(request, object_id) if request.method == "GET" else None
-        rows = obj.limits.all() if obj is not None else ()  # type: ignore[attr-defined]  # Tier, ApiKey, UserTier
+        rows = obj.limits.all() if obj is not None else ()  # Tier, ApiKey and UserTier each have .limits
         for row in rows:
             problem = _enforcement(row)
             if problem:
