@@ -27,7 +27,7 @@ from .core.policies import (
 )
 from .plans import apikeys
 from .plans.clientrules import ALLOW, DENY, parse_network
-from .plans.constraints import check_constraint, limit_constraints, only_safe_characters
+from .plans.constraints import check_constraint, limit_constraints, only_safe_characters, override_constraints
 from .service.conf import IP_POLICY_NAME
 
 FAIL_MODE_CHOICES = [
@@ -321,10 +321,7 @@ class ApiKeyLimit(OverrideLimit):
 
     class Meta(OverrideLimit.Meta):
         verbose_name = "API key limit override"
-        constraints = [
-            models.UniqueConstraint(fields=["api_key", "scope", "name"], name="ratelimit_unique_key_limit_name"),
-            *limit_constraints("apikeylimit"),
-        ]
+        constraints = override_constraints("api_key", "ratelimit_unique_key_limit_name", "apikeylimit")
 
 
 class UserTierLimit(OverrideLimit):
@@ -334,10 +331,7 @@ class UserTierLimit(OverrideLimit):
 
     class Meta(OverrideLimit.Meta):
         verbose_name = "user limit override"
-        constraints = [
-            models.UniqueConstraint(fields=["user_tier", "scope", "name"], name="ratelimit_unique_user_limit_name"),
-            *limit_constraints("usertierlimit"),
-        ]
+        constraints = override_constraints("user_tier", "ratelimit_unique_user_limit_name", "usertierlimit")
 
 
 class ClientRule(models.Model):

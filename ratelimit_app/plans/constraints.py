@@ -30,6 +30,12 @@ def only_safe_characters(field: str, *, blank: bool = False) -> models.Q:
     return safe if blank else ~models.Q(**{field: ""}) & safe
 
 
+def override_constraints(owner: str, unique_name: str, model: str) -> list[models.BaseConstraint]:
+    """The constraints of a per-client override row (ApiKeyLimit, UserTierLimit): one limit per name and
+    scope of its `owner` (the foreign key's field), and `limit_constraints(model)`."""
+    return [models.UniqueConstraint(fields=[owner, "scope", "name"], name=unique_name), *limit_constraints(model)]
+
+
 def limit_constraints(model: str) -> list[models.CheckConstraint]:
     """What the database refuses in a limit row (`model`: tierlimit, apikeylimit, usertierlimit): the
     values its validation refuses, for writes that skip it (`QuerySet.update`, raw SQL, a data migration).
