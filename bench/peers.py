@@ -409,7 +409,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("ours.service.tier", "ratelimit_app", "ours: free tier via service.get_limiter()",
             "token_bucket+sliding_window+fixed_window", 3, True, "ratelimit_app", "ours", _service_tier,
             state_per_unit=True,
-            note="the service adds the fail modes and (issue 4) the local deny cache"),
+            note="the service adds the fail modes and the local deny cache"),
     *(Variant(f"ours.{alg}", "ratelimit_app", f"ours: {alg}", alg, 1, alg != "sliding_window_counter",
               "ratelimit_app", "ours", _ours(alg), state_per_unit=alg == "sliding_window")
       for alg in ("fixed_window", "sliding_window", "sliding_window_counter", "token_bucket", "gcra")),

@@ -1,6 +1,6 @@
 """Turns one run's results into docs/benchmarks.md and docs/img/benchmarks.png.
 
-The targets of issue 6 (and issue 2's engine target, issue 11's async ones) are judged here from the
+The project's speed targets (engine, HTTP, ASGI, memory, Redis time) are judged here from the
 measured numbers, with the rule for each written next to it; a miss is reported as a miss.
 """
 
@@ -22,10 +22,10 @@ IMAGE = Path("img") / "benchmarks.png"
 ENGINE_TARGET = 0.9
 DENY_TARGET = 10.0
 HTTP_TARGET = 0.9
-LOG_BYTES_PER_UNIT = 8.5  # issue 14: the exact sliding log at 2,000/min
-O1_BYTES = 100  # issue 14: O(1) algorithms per identity and policy, key included
-TIER_REDIS_TIME = 2.5  # issue 14: usec_per_call of the 3-policy tier / the bare INCR script
-SINGLE_REDIS_TIME = 1.3  # issue 14: the same for one policy
+LOG_BYTES_PER_UNIT = 8.5  # the exact sliding log at 2,000/min
+O1_BYTES = 100  # O(1) algorithms per identity and policy, key included
+TIER_REDIS_TIME = 2.5  # usec_per_call of the 3-policy tier / the bare INCR script
+SINGLE_REDIS_TIME = 1.3  # the same for one policy
 
 
 @dataclass(frozen=True)
@@ -224,7 +224,7 @@ def asgi_http_targets(section: AsgiSection) -> list[Target]:
 
 
 def _issue14_targets(results: Results) -> list[Target]:
-    """Redis memory and Redis time per decision (issue 14)."""
+    """Redis memory and Redis time per decision."""
     targets = []
     logs = [m for m in results.memory if m.variant == "ours.sliding_window" and m.rate.limit == 2000]
     for m in logs:
