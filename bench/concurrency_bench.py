@@ -41,44 +41,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.http_bench import KEY_COUNT, SEEDED_TIER, HttpResult, Server, _env, load_generator  # noqa: E402
+from bench.http_bench import SEEDED_TIER, HttpResult, Server, load_generator, prepare_with_slot  # noqa: E402
 from devtools.embedded import start_redis  # noqa: E402
-
-#: The slot tier: the seeded SEEDED_TIER's limits plus a concurrency limit no run reaches (as staff add one).
-SLOTS = ("concurrency", "concurrency", 1_000_000, 60, None)
-
-_PREPARE = """
-import json, sys
-import django
-django.setup()
-from django.core.management import call_command
-from ratelimit_app.models import ApiKey, Tier, TierLimit
-call_command("migrate", interactive=False, verbosity=0)
-seeded = Tier.objects.get(slug=%r)
-slot_tier, _ = Tier.objects.update_or_create(slug=seeded.slug + "-slot", defaults={"name": seeded.name + " + slot"})
-for row in seeded.limits.all():
-    TierLimit.objects.update_or_create(tier=slot_tier, scope=row.scope, name=row.name, defaults={
-        "algorithm": row.algorithm, "limit": row.limit, "period": row.period, "burst": row.burst, "enabled": True})
-name, algorithm, limit, period, burst = %r
-TierLimit.objects.update_or_create(tier=slot_tier, scope="", name=name, defaults={
-    "algorithm": algorithm, "limit": limit, "period": period, "burst": burst, "enabled": True})
-keys = {tier.slug: [ApiKey.objects.create_key(name=f"bench {n}", tier=tier)[1] for n in range(%d)]
-        for tier in (seeded, slot_tier)}
-sys.stdout.write(json.dumps(keys) + "\\n")
-"""
 
 VARIANTS = (("rate limits", SEEDED_TIER), ("rate limits + slot", f"{SEEDED_TIER}-slot"))
 
 
 def prepare(redis_url: str, db_path: Path) -> dict[str, list[str]]:
-    import json
-
-    done = subprocess.run([sys.executable, "-c", _PREPARE % (SEEDED_TIER, SLOTS, KEY_COUNT)],
-                          env=_env(redis_url, db_path, "ours"), cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(f"preparing the database failed:\n{done.stdout}\n{done.stderr}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return prepare_with_slot(redis_url, db_path, "ours")
 
 
 def _redis_cpu(admin: redis.Redis) -> float:

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -41,29 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.http_bench import KEY_COUNT, SEEDED_TIER, HttpResult, Server, _env, load_generator  # noqa: E402
+from bench.http_bench import SEEDED_TIER, HttpResult, Server, load_generator, prepare_with_slot  # noqa: E402
 from bench.httpapp.variants import GATEWAY_VARIANT  # noqa: E402
 from devtools.embedded import free_port, start_redis  # noqa: E402
 from tests.support.gateways import doc_block, missing_gateways, start_nginx, with_ports  # noqa: E402
-
-_PREPARE = """
-import json, sys
-import django
-django.setup()
-from django.core.management import call_command
-from ratelimit_app.models import ApiKey, Tier, TierLimit
-call_command("migrate", interactive=False, verbosity=0)
-seeded = Tier.objects.get(slug=%r)
-slot_tier, _ = Tier.objects.update_or_create(slug=seeded.slug + "-slot", defaults={"name": seeded.name + " + slot"})
-for row in seeded.limits.all():
-    TierLimit.objects.update_or_create(tier=slot_tier, scope=row.scope, name=row.name, defaults={
-        "algorithm": row.algorithm, "limit": row.limit, "period": row.period, "burst": row.burst, "enabled": True})
-TierLimit.objects.update_or_create(tier=slot_tier, scope="", name="concurrency", defaults={
-    "algorithm": "concurrency", "limit": 1_000_000, "period": 60, "burst": None, "enabled": True})
-keys = {tier.slug: [ApiKey.objects.create_key(name=f"bench {n}", tier=tier)[1] for n in range(%d)]
-        for tier in (seeded, slot_tier)}
-sys.stdout.write(json.dumps(keys) + "\\n")
-"""
 
 #: A service that costs next to nothing, and the two nginx servers the endpoint is compared with.
 _SERVICE = "server {{ listen 127.0.0.1:{service}; location / {{ return 200 \"ok\\n\"; }} }}\n"
@@ -95,12 +75,7 @@ class Row:
 
 
 def prepare(redis_url: str, db_path: Path) -> dict[str, list[str]]:
-    done = subprocess.run([sys.executable, "-c", _PREPARE % (SEEDED_TIER, KEY_COUNT)],
-                          env=_env(redis_url, db_path, GATEWAY_VARIANT), cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(f"preparing the database failed:\n{done.stdout}\n{done.stderr}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return prepare_with_slot(redis_url, db_path, GATEWAY_VARIANT)
 
 
 def nginx_servers(rows: list[Row], django: int, service: int) -> str:

@@ -106,6 +106,37 @@ def prepare_database(redis_url: str, db_path: Path) -> list[str]:
     return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+_PREPARE_WITH_SLOT = """
+import json, sys
+import django
+django.setup()
+from django.core.management import call_command
+from ratelimit_app.models import ApiKey, Tier, TierLimit
+call_command("migrate", interactive=False, verbosity=0)
+seeded = Tier.objects.get(slug=%r)
+slot_tier, _ = Tier.objects.update_or_create(slug=seeded.slug + "-slot", defaults={"name": seeded.name + " + slot"})
+for row in seeded.limits.all():
+    TierLimit.objects.update_or_create(tier=slot_tier, scope=row.scope, name=row.name, defaults={
+        "algorithm": row.algorithm, "limit": row.limit, "period": row.period, "burst": row.burst, "enabled": True})
+TierLimit.objects.update_or_create(tier=slot_tier, scope="", name="concurrency", defaults={
+    "algorithm": "concurrency", "limit": 1_000_000, "period": 60, "burst": None, "enabled": True})
+keys = {tier.slug: [ApiKey.objects.create_key(name=f"bench {n}", tier=tier)[1] for n in range(%d)]
+        for tier in (seeded, slot_tier)}
+sys.stdout.write(json.dumps(keys) + "\\n")
+"""
+
+
+def prepare_with_slot(redis_url: str, db_path: Path, variant: str) -> dict[str, list[str]]:
+    """Migrate the bench database and return KEY_COUNT keys of the seeded SEEDED_TIER and of
+    "<SEEDED_TIER>-slot": a copy of it plus a concurrency limit no run reaches (as staff add one), by slug."""
+    done = subprocess.run([sys.executable, "-c", _PREPARE_WITH_SLOT % (SEEDED_TIER, KEY_COUNT)],
+                          env=_env(redis_url, db_path, variant), cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"preparing the database failed:\n{done.stdout}\n{done.stderr}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 #: The servers a variant can run under: gunicorn (WSGI) or uvicorn (ASGI).
 SERVERS = ("gunicorn", "uvicorn")
 
