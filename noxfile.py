@@ -84,10 +84,10 @@ MATRIX: dict[str, Combination] = {
                                     "redis[hiredis]==8.1.0", "django-redis==7.0.0", ninja="django-ninja==1.7.1"),
 }
 
-#: Tests that run on the main combination only: the browser tests need Playwright and Chromium, and the
-#: benchmark smoke test measures the machine, not compatibility.
-MAIN_ONLY = ["tests/observability/test_dashboard_browser.py", "tests/test_plans_browser.py",
-             "tests/test_bench_smoke.py"]
+#: Tests that run on the main combination only: the browser tests (every `tests/**/test_*_browser.py`) need
+#: Playwright and Chromium, and the benchmark smoke test measures the machine, not compatibility.
+MAIN_ONLY = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*_browser.py")) + [
+    "tests/test_bench_smoke.py"]
 
 _add_pyenv_interpreters(sorted({c.python for c in MATRIX.values()}))
 
