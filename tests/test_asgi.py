@@ -31,7 +31,7 @@ from devtools.embedded import RedisProcess
 from ratelimit_app.apply import planning
 from ratelimit_app.middleware import RateLimitMiddleware
 from ratelimit_app.service.limiter_async import get_async_limiter
-from tests.service.test_limiter_async import ticker
+from tests.service.test_limiter_async import assert_answered_within_the_budget, ticker
 from tests.support.limits_support import make_key, parse_ietf, seed_tiers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -190,8 +190,8 @@ def test_a_hung_redis_under_asgi_is_answered_within_the_budget_and_the_loop_keep
         settings: Any, server: RedisProcess, free_key: str, mode: str, status: int,
         caplog: pytest.LogCaptureFixture) -> None:
     """SIGSTOP the limiter's Redis: 8 concurrent requests each answer as the fail mode says within the
-    budget + 100 ms, and a ticker coroutine keeps waking up meanwhile (a blocking call would hold the
-    loop for a whole budget).
+    budget (see assert_answered_within_the_budget), and a ticker coroutine keeps waking up meanwhile (a
+    blocking call would hold the loop for a whole budget).
 
     Django logs every 5xx response on "django.request" at ERROR, where its default AdminEmailHandler
     builds a full error report even with no ADMINS (Django 4.2: tens of milliseconds of CPU per 503,
@@ -222,7 +222,5 @@ def test_a_hung_redis_under_asgi_is_answered_within_the_budget_and_the_loop_keep
 
     results, lags = run(scenario)
     assert [answered for answered, _ in results] == [status] * 8
-    slowest = max(duration for _, duration in results)
-    assert slowest <= (budget_ms + 100) / 1000, f"a request took {slowest * 1000:.0f} ms, over the budget + 100 ms"
+    assert_answered_within_the_budget([duration for _, duration in results], lags, budget_ms)
     assert min(duration for _, duration in results) >= budget_ms / 1000 * 0.9  # they did wait on Redis
-    assert max(lags) < budget_ms / 1000 / 2, f"the event loop was held for {max(lags) * 1000:.0f} ms"

@@ -49,9 +49,9 @@ class BreakerState:
 class CircuitBreaker:
     """Thread-safe circuit breaker; see the module docstring for the states.
 
-    `clock` returns seconds (monotonic). `on_change(state, detail)` is called after each state change
-    (`detail`: the previous state, and the failure count, error and cool-down where they apply); it
-    must not raise. The closed-state fast paths take no lock.
+    `clock` returns seconds (monotonic); it stays a public attribute, so a test can move time by hand.
+    `on_change(state, detail)` is called after each state change (`detail`: the previous state, and the
+    failure count, error and cool-down where they apply); it must not raise. The closed-state fast paths take no lock.
     """
 
     def __init__(self, failures: int, cooldown: float, max_cooldown: float, *,
@@ -64,7 +64,7 @@ class CircuitBreaker:
         self.failures = failures
         self.base_cooldown = float(cooldown)
         self.max_cooldown = float(max_cooldown)
-        self._clock = clock
+        self.clock = clock
         self._on_change = on_change
         self._lock = threading.Lock()
         self.state = CLOSED
@@ -79,7 +79,7 @@ class CircuitBreaker:
         """CALL, PROBE or SKIP: whether this caller may use Redis now."""
         if self.state is CLOSED:
             return CALL
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             if self.state is CLOSED:
                 return CALL
@@ -108,7 +108,7 @@ class CircuitBreaker:
             self._consecutive = 0
             if self.state is CLOSED:
                 return
-            outage = self._clock() - self._opened_at
+            outage = self.clock() - self._opened_at
             previous = self.state
             self.state = CLOSED
             self._cooldown = self.base_cooldown
@@ -116,7 +116,7 @@ class CircuitBreaker:
 
     def record_failure(self, error: object = None, probe: bool = False) -> None:
         """Redis failed or timed out: count it; open (or re-open after a failed probe) when due."""
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             if self.state is CLOSED:
                 self._consecutive += 1
@@ -145,13 +145,13 @@ class CircuitBreaker:
         with self._lock:
             if self.state is HALF_OPEN:
                 self.state = OPEN
-                self._open_until = self._clock()
+                self._open_until = self.clock()
 
     def retry_in(self) -> float:
         """Seconds until the breaker lets a probe through (0 when closed or half-open)."""
         if self.state is not OPEN:
             return 0.0
-        return max(self._open_until - self._clock(), 0.0)
+        return max(self._open_until - self.clock(), 0.0)
 
     def snapshot(self) -> BreakerState:
         """The current state, for stats."""

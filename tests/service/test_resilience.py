@@ -261,7 +261,10 @@ def test_replies_lost_after_sending_never_charge_twice(settings: Any, server: Re
 
 def test_redis_restarted_empty_is_recovered_silently_and_charges_once(settings: Any,
                                                                       server: RedisProcess) -> None:
-    service = configure(settings, server.url, FAIL_MODE="closed")
+    # a budget no busy machine spends: what is under test is the recovery (reconnect, NOSCRIPT, SCRIPT LOAD,
+    # the call once more) and the single charge, not how fast they are
+    service = configure(settings, server.url, FAIL_MODE="closed", BUDGET_MS=5000, SOCKET_TIMEOUT=5.0,
+                        SOCKET_CONNECT_TIMEOUT=2.0)
     prefix = settings.RATELIMIT["KEY_PREFIX"]
     for _ in range(3):
         service.hit("k", DAY)
@@ -289,12 +292,17 @@ def test_breaker_opens_skips_redis_probes_once_and_closes(settings: Any, server:
     caplog.set_level(logging.INFO, logger="ratelimit_app")
     service = configure(settings, proxy.url, FAIL_MODE="closed")
     warm(service, server.port)
+    # the breaker's time moves only when the test says so: however slow the machine, the cool-downs
+    # below end exactly where the test ends them
+    now = [time.monotonic()]
+    breaker = service.guard.breaker
+    breaker.clock = lambda: now[0]
     assert not service.hit("k", DAY).degraded
     caplog.clear()
     proxy.mode = "black_hole"
     for _ in range(3):
         assert service.hit("k", DAY).degraded
-    assert service.guard.breaker.state == "open"
+    assert breaker.state == "open"
     sent = proxy.commands_seen("EVALSHA")
     connections = proxy.connections
     # open: 500 decisions without a byte to Redis
@@ -304,23 +312,23 @@ def test_breaker_opens_skips_redis_probes_once_and_closes(settings: Any, server:
     assert (proxy.commands_seen("EVALSHA"), proxy.connections) == (sent, connections)
     assert service.stats().breaker.cooldown == 0.2
     # half-open: once the cool-down the breaker reports has passed, 16 concurrent requests send one probe
-    time.sleep(service.guard.breaker.retry_in())
+    now[0] += breaker.retry_in()
     probes = run_threads(16, lambda _: service.hit("k", DAY))
     assert all(follows("closed", d) for d in probes)
     assert proxy.commands_seen("EVALSHA") == sent + 1
     assert service.stats().breaker.cooldown == 0.4  # the probe failed: the cool-down doubles ...
-    time.sleep(service.guard.breaker.retry_in())
+    now[0] += breaker.retry_in()
     service.hit("k", DAY)
     assert service.stats().breaker.cooldown == 0.8
-    time.sleep(service.guard.breaker.retry_in())
+    now[0] += breaker.retry_in()
     service.hit("k", DAY)
     assert service.stats().breaker.cooldown == 1.0  # ... up to BREAKER_MAX_COOLDOWN
     # Redis answers again: the next probe closes the breaker and limiting is normal at once
     proxy.mode = "forward"
-    time.sleep(service.guard.breaker.retry_in())
+    now[0] += breaker.retry_in()
     decision = service.hit("k", DAY)
     assert decision.allowed and not decision.degraded and decision.remaining == 8
-    assert service.guard.breaker.state == "closed"
+    assert breaker.state == "closed"
     assert not service.hit("k", DAY).degraded
     # each state change logged once, however many requests passed through each state
     assert breaker_events(caplog) == ["open", "half_open", "open", "half_open", "open", "half_open", "open",
