@@ -46,7 +46,7 @@ def test_the_demo_stops_its_redis_and_removes_its_directory_on_a_signal(tmp_path
            "DJANGO_SETTINGS_MODULE": "project.settings", "PYTHONUNBUFFERED": "1"}
     with output.open("wb") as out:
         demo = subprocess.Popen([sys.executable, "manage.py", "rundemo", f"127.0.0.1:{port}"], cwd=ROOT, env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+                                stdout=out, stderr=subprocess.STDOUT, preexec_fn=default_signal_actions)
     try:
         wait_for(lambda: http_get(port, "/health") == 200, timeout=120, what="the demo to serve")
         redis_url = re.search(r"^Redis: (\S+) \(a private redis-server", output.read_text(), re.MULTILINE)
@@ -67,6 +67,14 @@ def test_the_demo_stops_its_redis_and_removes_its_directory_on_a_signal(tmp_path
     shutil.rmtree(directory, ignore_errors=True)
     assert not outlived, "the demo's redis-server outlived it"
     assert not left, "the demo's Redis directory was left behind"
+
+
+def default_signal_actions() -> None:
+    """In the demo's process, before it starts: the signals under test take their default action, as in a
+    terminal. A suite started in the background (`cmd &` ignores SIGINT, `nohup` SIGHUP) would otherwise
+    hand its ignored signals down, and the demo, rightly, would not stop on them."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def pid_exists(pid: int) -> bool:
