@@ -37,16 +37,15 @@ from typing import Any, NamedTuple
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponseBase
 
-from .apply import shedding
+from .apply import concurrency_async, limiting_async, shedding
 from .apply.concurrency import (
-    arelease_pending_now,
     hold,
     release_pending_later,
     release_pending_now,
     release_pending_with,
 )
 from .apply.identity import request_ip_identity
-from .apply.limiting import ALLOWED, SHED, LimitCheck, LimitOutcome, alimit_request, asafely, limit_request, safely
+from .apply.limiting import ALLOWED, SHED, LimitCheck, LimitOutcome, limit_request, safely
 from .apply.planning import path_scope
 from .apply.responses import REQUEST_ATTRIBUTE, add_headers, overloaded, refusal
 from .apply.routes import (
@@ -69,7 +68,7 @@ class RateLimitMiddleware:
 
     Sync and async capable: under WSGI it runs as a sync middleware; under ASGI it is a coroutine,
     and its `process_view` is one too, so Django runs both on the event loop and the decision is
-    awaited there (`limiting.alimit_request`), with no thread hop for a warm request.
+    awaited there (`limiting_async.limit_request`), with no thread hop for a warm request.
     """
 
     sync_capable = True
@@ -107,13 +106,13 @@ class RateLimitMiddleware:
             await _after_the_work(request, departure)  # the client went away: see _after_the_work
             raise
         except BaseException:
-            await arelease_pending_now(request)
+            await concurrency_async.release_pending_now(request)
             if departure is not None:
                 departure()
             raise
         late = _late_charge(request)
-        outcome = None if late is None else await asafely(
-            lambda: alimit_request(request, cost=late[0], scope=late[1]), where="middleware")
+        outcome = None if late is None else await limiting_async.safely(
+            lambda: limiting_async.limit_request(request, cost=late[0], scope=late[1]), where="middleware")
         return _finish(request, response, outcome, departure)
 
     def process_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
@@ -131,8 +130,9 @@ class RateLimitMiddleware:
         limits = _view_limits(request, view_func)
         if not isinstance(limits, _ViewLimits):
             return limits
-        outcome = await asafely(lambda: alimit_request(request, cost=limits.cost, scope=limits.scope,
-                                                       extra=lambda: limits.checks_for(request)), where="middleware")
+        outcome = await limiting_async.safely(
+            lambda: limiting_async.limit_request(request, cost=limits.cost, scope=limits.scope,
+                                                 extra=lambda: limits.checks_for(request)), where="middleware")
         return _admit(request, outcome, limits.cost)
 
 
@@ -228,7 +228,7 @@ async def _after_the_work(request: HttpRequest, departure: shedding.Departure | 
     except asyncio.CancelledError:
         ended.add_done_callback(lambda _: _leave(request, departure))
         raise
-    await arelease_pending_now(request)
+    await concurrency_async.release_pending_now(request)
     if departure is not None:
         departure()
 

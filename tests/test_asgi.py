@@ -82,16 +82,16 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> list[Callable[..., Any]]:
 
 @pytest.fixture
 def planned_in(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The threads in which requests were planned (`planning._plan`, which `plan_request`, called by
-    the sync path of ratelimit_app.apply.limiting, and `aplan_request` both call)."""
+    """The threads in which requests were planned (`planning.plan_with_key`, which `plan_request`, called by
+    the sync path of ratelimit_app.apply.limiting, and its async twin both call)."""
     threads: list[int] = []
-    original = planning._plan
+    original = planning.plan_with_key
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.get_ident())
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(planning, "_plan", recording)
+    monkeypatch.setattr(planning, "plan_with_key", recording)
     return threads
 
 

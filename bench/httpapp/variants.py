@@ -49,7 +49,7 @@ ASGI_VARIANTS: dict[str, tuple[str, str]] = {
                       "loop, with the client IP as key"),
     "async-ours": ("ratelimit_app middleware, async",
                    _OURS.format(ip=IP_ALGORITHM) + "; under ASGI the middleware and its process_view are "
-                   "coroutines deciding on the event loop (limiting.alimit_request, get_async_limiter())"),
+                   "coroutines deciding on the event loop (limiting_async.limit_request, get_async_limiter())"),
     "sync-ours": ("ratelimit_app middleware, sync under ASGI (today's path)",
                   "the same limits through a subclass of RateLimitMiddleware with async_capable = False "
                   "(bench.httpapp.middleware): Django runs it in a thread (sync_to_async) with the sync engine, "

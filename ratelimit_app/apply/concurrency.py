@@ -184,14 +184,6 @@ def release_after(request: HttpRequest, result: Any, slots: HeldSlots | None) ->
         slots.release()
 
 
-async def arelease_after(request: HttpRequest, result: Any, slots: HeldSlots | None) -> None:
-    """`release_after` on the event loop."""
-    if slots is not None and not isinstance(result, HttpResponseBase) and not middleware_installed():
-        await slots.arelease()
-    else:
-        release_after(request, result, slots)
-
-
 def release_pending_with(request: HttpRequest, response: HttpResponseBase) -> None:
     """Tie every slot `request` holds to `response` (see `release_with`)."""
     for slots in request.__dict__.pop(PENDING_ATTRIBUTE, ()):
@@ -212,9 +204,3 @@ def release_pending_later(request: HttpRequest) -> None:
         _releaser.start()
     for slots in pending:
         _releaser.queue.put(slots)
-
-
-async def arelease_pending_now(request: HttpRequest) -> None:
-    """`release_pending_now` on the event loop."""
-    for slots in request.__dict__.pop(PENDING_ATTRIBUTE, ()):
-        await slots.arelease()

@@ -14,10 +14,10 @@ Whatever goes wrong inside the limiter at request time (a bug, a setting changed
 deleted while a setting names it) never fails the request: `safely` answers with the fail mode and
 logs the error, with its traceback, once per cause.
 
-Async code (the middleware under ASGI, `@ratelimit` on `async def` views) uses the awaitable
-counterparts `alimit_request`, `adecide` and `asafely`: the same plan and the same reading of
-Redis' reply (`_call_for` before the call, `_conclude` after it), with the call made through the
-async service on the event loop. A warm request does no blocking work and no thread hop.
+Async code (the middleware under ASGI, `@ratelimit` on `async def` views) uses the twin module
+ratelimit_app.apply.limiting_async: the same names (`limit_request`, `decide`, `safely`), awaitable,
+over the same plan and the same reading of Redis' reply (`planned_call` before the call, `conclude`
+after it), with the call made through the async service on the event loop.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from django.http import HttpRequest
@@ -38,7 +38,6 @@ from ..service import events
 from ..service.conf import IP_POLICY_NAME, InvalidSetting, ratelimit_settings
 from ..service.guard import without_limits
 from ..service.limiter import get_limiter
-from ..service.limiter_async import get_async_limiter
 from ..service.logs import logger
 from . import shedding
 from .concurrency import HeldSlots, needs_lease, slots_taken
@@ -51,12 +50,12 @@ from .outcome import SHED as SHED
 from .outcome import UNAUTHORIZED as UNAUTHORIZED
 from .outcome import UNAVAILABLE as UNAVAILABLE
 from .outcome import LimitOutcome as LimitOutcome
-from .planning import FROM_REQUEST, RequestPlan, aplan_request, plan_request
+from .planning import FROM_REQUEST, RequestPlan, plan_request
 from .planning import limit_config as limit_config
 
 
 # a NamedTuple: one is made for every request, in a fraction of a frozen dataclass's time
-class _PlannedCall(NamedTuple):
+class PlannedCall(NamedTuple):
     """The Redis call one plan needs, before it is made: each check's (identity, policies), the cost
     (0: a report that charges nothing) and the lease under which concurrency slots are taken."""
 
@@ -66,7 +65,7 @@ class _PlannedCall(NamedTuple):
     lease: str | None
 
 
-def _call_for(plan: RequestPlan, cost: int) -> _PlannedCall | LimitOutcome:
+def planned_call(plan: RequestPlan, cost: int) -> PlannedCall | LimitOutcome:
     """The call `decide` makes for `plan`, or the outcome when no call is needed (no checks)."""
     if not plan.checks:  # nothing to charge: no per-IP limit and no usable key, or an allow-listed client
         status = UNAUTHORIZED if plan.refusal else ALLOWED
@@ -79,59 +78,36 @@ def _call_for(plan: RequestPlan, cost: int) -> _PlannedCall | LimitOutcome:
     pairs = [(check.identity, check.policies) for check in plan.checks]
     # a concurrency limit among them: the request's slot is taken in this same call, under a token
     taking = cost > 0 and any(needs_lease(check.policies) for check in plan.checks)
-    return _PlannedCall(plan, pairs, cost, new_lease_token() if taking else None)
+    return PlannedCall(plan, pairs, cost, new_lease_token() if taking else None)
 
 
 def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
     """Charge `cost` to every check of `plan` in one all-or-nothing call, and count the request in the
     metrics once. Cost 0 (a report of where the client stands) charges one unit of the per-IP limit
-    alone, refused there like any request, and reads the other checks without charging them.
-    `adecide` is the same, awaited."""
-    call = _call_for(plan, cost)
+    alone, refused there like any request, and reads the other checks without charging them."""
+    call = planned_call(plan, cost)
     if isinstance(call, LimitOutcome):
         return call
     service = get_limiter()
     if call.cost == 0:
         decisions = []
-        if _reports_ip(plan):  # one unit of the per-IP limit, like any request (the deny cache answers)
+        if reports_ip(plan):  # one unit of the per-IP limit, like any request (the deny cache answers)
             identity, policies = call.pairs[0]
             decisions = [service.hit(identity, policies, 1, fail_mode=plan.tier_fail_mode)]
-        if not _over_ip_limit(plan, decisions):
+        if not over_ip_limit(plan, decisions):
             # one peek per other identity (the service applies the fail mode); fresh: a report shows
             # the counts of now, not those a cached denial remembers
             decisions += [service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
                           for identity, policies in call.pairs[len(decisions):]]
     else:
         decisions = service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
-    outcome, unwanted = _conclude(call, decisions)
+    outcome, unwanted = conclude(call, decisions)
     if unwanted is not None:
         unwanted.release()
     return outcome
 
 
-async def adecide(plan: RequestPlan, cost: int) -> LimitOutcome:
-    """`decide` on the event loop: the same call through the async service (`get_async_limiter`)."""
-    call = _call_for(plan, cost)
-    if isinstance(call, LimitOutcome):
-        return call
-    service = get_async_limiter()
-    if call.cost == 0:
-        decisions = []
-        if _reports_ip(plan):
-            identity, policies = call.pairs[0]
-            decisions = [await service.hit(identity, policies, 1, fail_mode=plan.tier_fail_mode)]
-        if not _over_ip_limit(plan, decisions):
-            decisions += [await service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
-                          for identity, policies in call.pairs[len(decisions):]]
-    else:
-        decisions = await service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
-    outcome, unwanted = _conclude(call, decisions)
-    if unwanted is not None:
-        await unwanted.arelease()
-    return outcome
-
-
-def _reports_ip(plan: RequestPlan) -> bool:
+def reports_ip(plan: RequestPlan) -> bool:
     """True when `plan` starts with the per-IP limit, which a report (cost 0) charges one unit: a
     status call counts like any request there, so a flood of them is limited (and answered from the
     deny cache) instead of making fresh Redis reads."""
@@ -140,13 +116,13 @@ def _reports_ip(plan: RequestPlan) -> bool:
         and checks[0].policies[0].name == IP_POLICY_NAME
 
 
-def _over_ip_limit(plan: RequestPlan, decisions: Sequence[Decision]) -> bool:
+def over_ip_limit(plan: RequestPlan, decisions: Sequence[Decision]) -> bool:
     """True when a report's charge of the per-IP limit was refused (not for an outage: a report is
     answered, degraded, when the limiter cannot decide)."""
-    return bool(decisions) and not decisions[0].allowed and not decisions[0].degraded and _reports_ip(plan)
+    return bool(decisions) and not decisions[0].allowed and not decisions[0].degraded and reports_ip(plan)
 
 
-def _conclude(call: _PlannedCall, decisions: list[Decision]) -> tuple[LimitOutcome, HeldSlots | None]:
+def conclude(call: PlannedCall, decisions: list[Decision]) -> tuple[LimitOutcome, HeldSlots | None]:
     """The outcome of `call` from Redis' `decisions`, counted in the metrics; and the slots to give
     back at once (taken by a request that was refused after all), or None."""
     plan, cost, checks, pairs = call.plan, call.cost, call.plan.checks, call.pairs
@@ -163,7 +139,7 @@ def _conclude(call: _PlannedCall, decisions: list[Decision]) -> tuple[LimitOutco
                                                 summarize(decisions, len(kept)), summary, cost)
     if shed_priority is not None:
         status = SHED
-    elif summary.allowed or (cost == 0 and not _over_ip_limit(plan, decisions)):
+    elif summary.allowed or (cost == 0 and not over_ip_limit(plan, decisions)):
         # a report-only request is refused only by its charge of the per-IP limit
         status = UNAUTHORIZED if plan.refusal else ALLOWED
     else:
@@ -237,20 +213,6 @@ def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user:
     return decide(planned if planned.refusal else planned.plus(extra), cost)
 
 
-async def alimit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
-                         extra: Sequence[LimitCheck] | Callable[[], Sequence[LimitCheck]] = (),
-                         path: str | None = None) -> LimitOutcome:
-    """`limit_request` on the event loop: `aplan_request` then `adecide`. `extra` may be a callable
-    that gives the extra checks, called once the request's user is known (a key function may read
-    `request.user`)."""
-    planned = await aplan_request(request, cost=cost, scope=scope, user=user, path=path)
-    if isinstance(planned, LimitOutcome):
-        return planned
-    if planned.refusal:
-        return await adecide(planned, cost)
-    return await adecide(planned.plus(extra() if callable(extra) else extra), cost)
-
-
 # -- when the limiter itself fails ------------------------------------------------------------------
 
 #: Causes already logged with their traceback (bounded: a long-lived process logs each cause once).
@@ -265,29 +227,18 @@ def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "")
     on "ratelimit_app" at ERROR with its traceback once per cause, then at DEBUG.
 
     Every entry point (the middleware, the throttles, the decorators) asks for its decisions through
-    here (or `asafely`), so this is where RATELIMIT['ENABLED'] = False turns every limit of ours off:
-    `limit` is not called, nothing is planned, looked up or sent to Redis, and the request is
-    NOT_LIMITED (no headers)."""
+    here (or its async twin, `limiting_async.safely`), so this is where RATELIMIT['ENABLED'] = False
+    turns every limit of ours off: `limit` is not called, nothing is planned, looked up or sent to
+    Redis, and the request is NOT_LIMITED (no headers)."""
     try:
         if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
             return NOT_LIMITED
         return limit()
     except Exception as exc:
-        return _failed(exc, where, identity)
+        return failure_outcome(exc, where, identity)
 
 
-async def asafely(limit: Callable[[], Awaitable[LimitOutcome]], *, where: str, identity: str = "") -> LimitOutcome:
-    """`safely` for async code: `await limit()` (not when RATELIMIT['ENABLED'] is False), or the answer
-    of the fail mode if it raises."""
-    try:
-        if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
-            return NOT_LIMITED
-        return await limit()
-    except Exception as exc:
-        return _failed(exc, where, identity)
-
-
-def _failed(exc: Exception, where: str, identity: str) -> LimitOutcome:
+def failure_outcome(exc: Exception, where: str, identity: str) -> LimitOutcome:
     """The fail mode's outcome when the limiter itself raised `exc` (logged once per cause). The mode is
     RATELIMIT['FAIL_MODE'] as read (an invalid one in its cautious reading): see `without_limits`."""
     mode = ratelimit_settings.FAIL_MODE

@@ -1,5 +1,5 @@
-"""Who is the client of a request, and which limits apply: `plan_request` (and `aplan_request` on an
-event loop) turn a request into a `RequestPlan`, every check ratelimit_app.apply.limiting then decides in
+"""Who is the client of a request, and which limits apply: `plan_request` (and its async twin in
+ratelimit_app.apply.planning_async) turn a request into a `RequestPlan`, every check ratelimit_app.apply.limiting then decides in
 one Redis call.
 
 `plan_request` checks, in order:
@@ -14,8 +14,8 @@ limit (counted before authentication), so floods of invalid keys are limited. A 
 this process is looked up only after a `peek` at the per-IP limit allows it, so an IP over its limit
 causes no database query at all.
 
-On an event loop, `aplan_request` plans from this process' lookup cache without I/O; a cold cache
-is read in one `sync_to_async` call (see `aplan_request`).
+On an event loop, the async twin ratelimit_app.apply.planning_async plans from this process' lookup
+cache without I/O; a cold cache is read in one `sync_to_async` call.
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
-from django.utils.functional import SimpleLazyObject, empty
 
 from ..core.exceptions import BACKEND_ERRORS
 from ..core.policies import Policy
@@ -38,7 +36,7 @@ from ..plans.apikeys import key_matches, parse_key
 from ..plans.clientrules import ALLOW, DENY, ClientRules
 from ..plans.compile import TierInfo
 from ..plans.localcache import MISS
-from ..plans.lookups import Lookups, NeedsIO, get_lookups, local_only, require_io
+from ..plans.lookups import Lookups, get_lookups, require_io
 from ..service import events
 from ..service.conf import InvalidSetting, SettingsCached, ratelimit_settings
 from ..service.limiter import get_limiter
@@ -173,10 +171,10 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: 
     still read from `request` (its API key header, its address through TRUSTED_PROXIES, its user).
     Raises ImproperlyConfigured when a tier named in the settings or by a key does not exist.
     """
-    return _plan(request, api_key_from_request(request), cost, scope, user, path)
+    return plan_with_key(request, api_key_from_request(request), cost, scope, user, path)
 
 
-def _plan(request: HttpRequest, raw_key: str | None, cost: int, scope: str, user: Any,
+def plan_with_key(request: HttpRequest, raw_key: str | None, cost: int, scope: str, user: Any,
           path: str | None) -> RequestPlan | LimitOutcome:
     """`plan_request` for the API key `raw_key` the request carries (None: none), read once by the caller."""
     config = limit_config()
@@ -281,45 +279,6 @@ def _user_client(request: HttpRequest, known: _Known, user: Any) -> _Client | Re
         where = f"RATELIMIT['{setting}']" if setting else f"the user tier of user {user.pk}"
         raise ImproperlyConfigured(f"{where} names tier {slug!r}, which does not exist")
     return lookups.with_overrides(identity, tier, overrides), identity, known.listed
-
-
-async def aplan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
-                        path: str | None = None) -> RequestPlan | LimitOutcome:
-    """`plan_request` on the event loop, without blocking it.
-
-    With this process' lookup cache warm (the tier, the key, the allow/deny rules), planning does no
-    I/O and runs right here. When it would need the shared cache or the database (a cold cache, or a
-    key this process has not seen, whose per-IP peek comes first), the whole plan is made in one
-    `sync_to_async` call instead. A session user is read with Django's `request.auser()` (5.0+).
-    """
-    raw_key = api_key_from_request(request)
-    if user is FROM_REQUEST and raw_key is None:
-        user = await request_user(request)
-    try:
-        with local_only():
-            return _plan(request, raw_key, cost, scope, user, path)
-    except NeedsIO:
-        return await sync_to_async(_plan)(request, raw_key, cost, scope, user, path)
-
-
-async def request_user(request: HttpRequest) -> Any:
-    """The authenticated user of `request` (None when anonymous), read without blocking the loop.
-
-    AuthenticationMiddleware leaves `request.user` lazy; reading it loads the session, which is I/O
-    when the request carries a session cookie. That read is made with `request.auser()` (Django 5.0+)
-    or one `sync_to_async` call, and `request.user` is set to the user found, so key functions and
-    the view read it without I/O.
-    """
-    lazy = request.__dict__.get("user")
-    if isinstance(lazy, SimpleLazyObject) and lazy._wrapped is empty:
-        session = getattr(request, "session", None)
-        if getattr(session, "session_key", None) is not None:
-            auser = getattr(request, "auser", None)
-            if auser is not None:
-                request.user = await auser()
-            else:  # Django 4.2
-                await sync_to_async(authenticated_user)(request)
-    return authenticated_user(request)
 
 
 def _denied_by_list(identity: str, what: str) -> LimitOutcome:

@@ -18,13 +18,14 @@ from ..core.policies import Policy
 from ..service import events
 from ..service.limiter import get_limiter
 from ..service.limiter_async import get_async_limiter
-from .concurrency import arelease_after, release_after
+from . import concurrency_async, limiting_async, planning_async
+from .concurrency import release_after
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
 from .limitcheck import LimitCheck
-from .limiting import adecide, asafely, decide, limit_config, safely
+from .limiting import decide, limit_config, safely
 from .outcome import ALLOWED, DENIED, NOT_LIMITED, UNAVAILABLE, LimitOutcome
-from .planning import RequestPlan, request_user
+from .planning import RequestPlan
 from .responses import REQUEST_ATTRIBUTE, limiter_unavailable, too_many_requests
 from .routes import VIEW_LIMIT_ATTRIBUTE, ViewT
 
@@ -116,9 +117,9 @@ class DecoratorLimit:
 
     async def adecide_alone(self, request: HttpRequest) -> LimitOutcome:
         """`decide_alone` on the event loop (the session user read without blocking it)."""
-        await request_user(request)
+        await planning_async.request_user(request)
         plan = self._plan_alone(request)
-        return NOT_LIMITED if plan is None else await adecide(plan, self.cost)
+        return NOT_LIMITED if plan is None else await limiting_async.decide(plan, self.cost)
 
     def _counted_check(self, request: HttpRequest) -> tuple[LimitCheck, str] | None:
         """Counted by outcome: this request's check and its label, or None when it is not limited."""
@@ -184,19 +185,19 @@ class DecoratorLimit:
     async def aanswer_counted(self, request: HttpRequest, view: Callable[..., Any], args: Any,
                               kwargs: Any) -> Any:
         """`answer_counted` for an `async def` view."""
-        await request_user(request)
+        await planning_async.request_user(request)
         counted = self._counted_check(request)
         if counted is None:
             return await view(request, *args, **kwargs)
         check, label = counted
-        before = await asafely(lambda: self.acheck_before(check, label), where=self.where)
+        before = await limiting_async.safely(lambda: self.acheck_before(check, label), where=self.where)
         decision = before.decision
         request.limited = not before.allowed  # type: ignore[attr-defined]
         if not (before.allowed or not self.block):
             return self._refused(decision)
         response = await view(request, *args, **kwargs)
         matched = self._matches(response)
-        after = await asafely(lambda: self.acharge_after(check, label, matched), where=self.where)
+        after = await limiting_async.safely(lambda: self.acharge_after(check, label, matched), where=self.where)
         return self._with_headers(response, after.decision or decision)
 
     def _matches(self, response: Any) -> bool:
@@ -243,7 +244,7 @@ class DecoratorLimit:
         joined, decision = self._joint_decision(request)
         slots = None
         if not joined:
-            alone = await asafely(lambda: self.adecide_alone(request), where=self.where)
+            alone = await limiting_async.safely(lambda: self.adecide_alone(request), where=self.where)
             decision, slots = alone.decision, alone.slots
         if not self._runs(request, decision):
             return self._refused(decision)
@@ -253,7 +254,7 @@ class DecoratorLimit:
             if slots is not None:
                 await slots.arelease()  # no response will be closed
             raise
-        await arelease_after(request, response, slots)
+        await concurrency_async.release_after(request, response, slots)
         return self._with_headers(response, decision)
 
     def _refused(self, decision: Decision | None) -> HttpResponseBase:

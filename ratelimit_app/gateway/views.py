@@ -11,9 +11,9 @@ endpoint never answers 500 for it.
 `release` gives back the concurrency slots named by an `X-RateLimit-Lease` value (one Redis round
 trip); it answers 204 whatever Redis does (a slot not given back frees itself with its lease).
 
-Each view has an async twin (`aauthorize`, `aauth_request`, `arelease`, served by
+Each view has an async twin of the same name in ratelimit_app.gateway.views_async (served by
 `ratelimit_app.gateway.async_urls` for a project under ASGI): the same description and answers, the
-decision awaited on the event loop (`alimit_request`), as the middleware does under ASGI.
+decision awaited on the event loop (`limiting_async.limit_request`), as the middleware does under ASGI.
 
 The views are exempt from CSRF (gateways send whatever method the client used, with no token) and are
 not limited themselves: keep their path out of RATELIMIT['PATH_PREFIXES'] (check: ratelimit.W003).
@@ -29,7 +29,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from ..apply.concurrency import HeldSlots
 from ..apply.identity import client_ip
-from ..apply.limiting import alimit_request, asafely, limit_request, safely
+from ..apply.limiting import limit_request, safely
 from ..apply.responses import bad_request
 from ..service.logs import log_event
 from .answers import answer, under_contract
@@ -39,76 +39,46 @@ from .lease import LEASE_HEADER, BadLease, slots_of
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
 
 
-def _csrf_exempt(view: ViewT) -> ViewT:
+def csrf_exempt_view(view: ViewT) -> ViewT:
     """Exempt `view` from CSRF (what CsrfViewMiddleware reads), keeping an `async def` view a coroutine
     function (Django 4.2's `csrf_exempt` wraps it in a sync function)."""
     view.csrf_exempt = True  # type: ignore[attr-defined]
     return view
 
 
-@_csrf_exempt
+@csrf_exempt_view
 def authorize(request: HttpRequest, forwarded: str | None = None) -> HttpResponseBase:
     """Decide the request described by X-Forwarded-Method / X-Forwarded-Uri (Caddy, Traefik), or by the
     path after /authorize and the method (Envoy); answer with its real status."""
     return _decide(request, AUTHORIZE, forwarded)
 
 
-@_csrf_exempt
+@csrf_exempt_view
 def auth_request(request: HttpRequest) -> HttpResponseBase:
     """Decide the request described by X-Original-Method / X-Original-URI (nginx auth_request); every
     answer but 200 is a 403 that carries the real one (ratelimit_app.gateway.answers)."""
     return _decide(request, AUTH_REQUEST, None)
 
 
-@_csrf_exempt
+@csrf_exempt_view
 def release(request: HttpRequest) -> HttpResponseBase:
     """Give back the slots of the request whose lease `X-RateLimit-Lease` names (none: nothing to do)."""
-    slots = _slots(request)
+    slots = slots_named(request)
     if isinstance(slots, HeldSlots):
         slots.release()  # never raises
     return slots if isinstance(slots, HttpResponseBase) else HttpResponse(status=204)
 
 
-@_csrf_exempt
-async def aauthorize(request: HttpRequest, forwarded: str | None = None) -> HttpResponseBase:
-    """`authorize`, the decision awaited on the event loop."""
-    return await _adecide(request, AUTHORIZE, forwarded)
-
-
-@_csrf_exempt
-async def aauth_request(request: HttpRequest) -> HttpResponseBase:
-    """`auth_request`, the decision awaited on the event loop."""
-    return await _adecide(request, AUTH_REQUEST, None)
-
-
-@_csrf_exempt
-async def arelease(request: HttpRequest) -> HttpResponseBase:
-    """`release` through the async service."""
-    slots = _slots(request)
-    if isinstance(slots, HeldSlots):
-        await slots.arelease()  # never raises
-    return slots if isinstance(slots, HttpResponseBase) else HttpResponse(status=204)
-
-
 def _decide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpResponseBase:
-    described = _described(request, contract, forwarded)
-    if not isinstance(described, GatewayRequest):
-        return described
-    outcome = safely(lambda: limit_request(request, cost=described.cost, scope=described.service,
-                                           path=described.path), where="gateway")
-    return under_contract(answer(outcome, described.cost), contract)
+    gateway_request = described(request, contract, forwarded)
+    if not isinstance(gateway_request, GatewayRequest):
+        return gateway_request
+    outcome = safely(lambda: limit_request(request, cost=gateway_request.cost, scope=gateway_request.service,
+                                           path=gateway_request.path), where="gateway")
+    return under_contract(answer(outcome, gateway_request.cost), contract)
 
 
-async def _adecide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpResponseBase:
-    described = _described(request, contract, forwarded)
-    if not isinstance(described, GatewayRequest):
-        return described
-    outcome = await asafely(lambda: alimit_request(request, cost=described.cost, scope=described.service,
-                                                   path=described.path), where="gateway")
-    return under_contract(answer(outcome, described.cost), contract)
-
-
-def _described(request: HttpRequest, contract: str, forwarded: str | None) -> GatewayRequest | HttpResponseBase:
+def described(request: HttpRequest, contract: str, forwarded: str | None) -> GatewayRequest | HttpResponseBase:
     """The request the gateway describes, or the 400 (as its contract carries it) when it cannot be read."""
     _warn_if_untrusted(request)
     try:
@@ -117,7 +87,7 @@ def _described(request: HttpRequest, contract: str, forwarded: str | None) -> Ga
         return under_contract(bad_request(str(exc)), contract)
 
 
-def _slots(request: HttpRequest) -> HeldSlots | HttpResponseBase | None:
+def slots_named(request: HttpRequest) -> HeldSlots | HttpResponseBase | None:
     """The slots `X-RateLimit-Lease` names; None without one; the 400 for a value not signed here."""
     value = request.headers.get(LEASE_HEADER, "")
     if not value:

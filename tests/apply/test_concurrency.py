@@ -1,6 +1,6 @@
 """ratelimit_app.apply.concurrency: `HeldSlots` (given back once, never raising), `slots_taken` (which
 decisions took slots), `needs_lease`, and how a request's slots are tied to its response or given back
-at once (`hold`, `release_with`, `release_pending_with`, `release_pending_now` and its async twin),
+at once (`hold`, `release_with`, `release_pending_with`, `release_pending_now`),
 against the real Redis through the process' limiter service."""
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from ratelimit_app import Decision, Policy, PolicyResult, new_lease_token
 from ratelimit_app.apply.concurrency import (
     PENDING_ATTRIBUTE,
     HeldSlots,
-    arelease_pending_now,
     hold,
     needs_lease,
     release_pending_now,
@@ -130,9 +129,6 @@ def test_a_request_whose_view_raised_gives_its_slots_back_at_once() -> None:
     release_pending_now(request)
     assert free("a") == 1 and PENDING_ATTRIBUTE not in request.__dict__
     release_pending_now(request)  # nothing held any more: nothing to do
-    hold(request, take("b"))
-    asyncio.run(arelease_pending_now(request))
-    assert free("b") == 1
 
 
 @pytest.mark.parametrize("awaited", [False, True])

@@ -1,5 +1,5 @@
-"""ratelimit_app.apply.limiting: `limit_request` / `alimit_request` (plan, then one call with the extra
-checks), `decide` (report-only calls, what the outcome shows and counts), and `safely` / `asafely` (the
+"""ratelimit_app.apply.limiting: `limit_request` (plan, then one call with the extra
+checks), `decide` (report-only calls, what the outcome shows and counts), and `safely` (the
 limiter's own failures follow the fail mode as read, logged once per cause), and RATELIMIT['ENABLED'] =
 False at that one door of every entry point's decisions (nothing is sent to Redis), against the real
 Redis and database."""
@@ -29,8 +29,6 @@ from ratelimit_app.apply.limiting import (
     UNAUTHORIZED,
     UNAVAILABLE,
     LimitOutcome,
-    alimit_request,
-    asafely,
     limit_request,
     safely,
 )
@@ -159,21 +157,6 @@ def test_an_allow_listed_client_is_decided_without_checks_and_counted_when_charg
     assert ip_remaining() == 100 and get_limiter().peek("throttle:tight", (TIGHT,)).remaining == 1
 
 
-def test_on_an_event_loop_the_extra_checks_are_asked_for_once_the_user_is_known() -> None:
-    key = make_key(make_tier("asyncextras", [("minute", "fixed_window", 10, 60, None, "")]))
-    assert limit_request(request(key)).allowed  # the key is in this process' lookup cache now: no I/O below
-    asked: list[int] = []
-
-    def extra() -> list[LimitCheck]:
-        asked.append(1)
-        return [LimitCheck("throttle:tight", (TIGHT,), "mine")]
-
-    first = asyncio.run(alimit_request(request(key), extra=extra))
-    second = asyncio.run(alimit_request(request(key), extra=extra))
-    assert (first.status, second.status, len(asked)) == (ALLOWED, DENIED, 2)
-    assert second.decision is not None and second.decision.policy == "tight"
-
-
 def cause() -> str:
     """An error message no other test raises (each cause is logged with its traceback once per process)."""
     return f"broken setting {uuid.uuid4().hex}"
@@ -207,19 +190,6 @@ def test_a_failure_of_the_limiter_follows_the_fail_mode_and_is_logged_once_per_c
     settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed"}
     refused = safely(failing, where="the test")
     assert refused.status == UNAVAILABLE and refused.decision is not None and not refused.decision.allowed
-
-
-def test_asafely_is_safely_for_coroutines(settings: Any) -> None:
-    async def broken() -> LimitOutcome:
-        raise RuntimeError(cause())
-
-    async def fine() -> LimitOutcome:
-        return LimitOutcome(DENIED, None, (), None, "ip:1")
-
-    assert asyncio.run(asafely(broken, where="the test")).status == ALLOWED
-    assert asyncio.run(asafely(fine, where="the test")).status == DENIED
-    settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed"}
-    assert asyncio.run(asafely(broken, where="the test")).status == UNAVAILABLE
 
 
 @pytest.mark.parametrize(("mode", "status"), [("closed", UNAVAILABLE), ("Closed", UNAVAILABLE), ("ajar", UNAVAILABLE),

@@ -1,11 +1,10 @@
 """ratelimit_app.apply.planning: `limit_config`, `path_scope` and `PathScope.applies`, and `plan_request` (who the
 client is and which checks apply: keys, users, the anonymous tier, refusals, allow and deny rules, the
-per-IP peek before an unseen key's lookup, the load shedder's fleet check) with `RequestPlan.plus`, and
-`aplan_request` on a warm cache; against the real database and Redis."""
+per-IP peek before an unseen key's lookup, the load shedder's fleet check) with `RequestPlan.plus`; against
+the real database and Redis."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from datetime import timedelta
 from typing import Any
@@ -18,7 +17,7 @@ from django.utils import timezone
 from ratelimit_app import Policy
 from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.outcome import DENIED, FORBIDDEN, LimitOutcome
-from ratelimit_app.apply.planning import RequestPlan, aplan_request, limit_config, path_scope, plan_request
+from ratelimit_app.apply.planning import RequestPlan, limit_config, path_scope, plan_request
 from ratelimit_app.apply.shedding import FLEET_IDENTITY
 from ratelimit_app.models import ApiKey, ClientRule, Tier, UserTier
 from ratelimit_app.service.limiter import get_limiter
@@ -182,9 +181,3 @@ def test_the_fleet_check_comes_last_when_the_shedder_is_on(tier: Tier, settings:
     # a gateway's request describes another one: its path picks the priority, the client is still this one's
     described = plan(request(key, path="/gateway/authorize"), path="/reports/2027")
     assert described.checks[-1].owner == "shed.low" and described.identity == planned.identity
-
-
-def test_on_an_event_loop_a_warm_plan_is_the_same_plan(tier: Tier) -> None:
-    key = make_key(tier)
-    planned = plan(request(key))  # warms this process' lookup cache
-    assert asyncio.run(aplan_request(request(key))) == planned

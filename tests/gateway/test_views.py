@@ -2,31 +2,23 @@
 gateway sends them: Caddy and Traefik (GET, X-Forwarded-Method / -Uri / -For), Envoy ext_authz (the
 original method, the original path after the endpoint's own, only its allowed headers) and nginx's
 auth_request (X-Original-Method / -URI; every answer but 200 is a 403 carrying the real one). The async
-twins (ratelimit_app.gateway.async_urls) run under Django's ASGI handler (AsyncClient)."""
+twins have tests/gateway/test_views_async.py."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import threading
 from typing import Any
 
 import pytest
 import redis
-from django.test import AsyncClient, Client
-from django.urls import include, path
+from django.test import Client
 
 from devtools.embedded import free_port, start_redis
-from project.urls import urlpatterns as demo_urlpatterns
-from ratelimit_app.apply import planning, shedding
+from ratelimit_app.apply import shedding
 from ratelimit_app.gateway import views
 from ratelimit_app.models import ClientRule
 from tests.support.limits_support import add_slots, check_free_burst, make_key, make_tier, parse_ietf, seed_tiers
-from tests.test_asgi import run
-
-#: For the async twins (@pytest.mark.urls(__name__)): they serve /ratelimit/ before the demo's sync views.
-urlpatterns = [path("ratelimit/", include("ratelimit_app.gateway.async_urls")), *demo_urlpatterns]
 
 pytestmark = pytest.mark.django_db
 
@@ -288,44 +280,3 @@ def test_an_untrusted_gateway_is_reported_once(client: Client, settings: Any, ca
             assert forward_auth(client, key).headers["X-RateLimit-Tier"] == "free"
     warnings = [r for r in caplog.records if getattr(r, "ratelimit_event", "") == "ratelimit.gateway_untrusted"]
     assert len(warnings) == 1 and warnings[0].ratelimit["gateway"] == "127.0.0.1"
-
-
-@pytest.mark.urls(__name__)
-@pytest.mark.django_db(transaction=True)
-def test_under_asgi_the_async_twins_decide_on_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    seed_tiers()  # transactional tests flush tables: restore what the data migration seeds
-    key = make_key("free")
-    planned_in: list[int] = []
-    original = planning._plan
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        planned_in.append(threading.get_ident())
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(planning, "_plan", recording)
-
-    async def scenario() -> tuple[list[Answer], Answer, Answer]:
-        client = AsyncClient()
-        sent = {"X-API-Key": key, "X-Forwarded-For": CLIENT}
-        answers = []
-        for _ in range(11):
-            answer = Answer(await client.get("/ratelimit/authorize", headers={
-                **sent, "X-Forwarded-Method": "GET", "X-Forwarded-Uri": "/orders/7"}))
-            answers.append(answer)
-            if answer.status_code == 200:  # the slot of the free tier goes back through the async service
-                lease = {"X-RateLimit-Lease": answer.headers["X-RateLimit-Lease"]}
-                assert (await client.post("/ratelimit/release", headers=lease)).status_code == 204
-        nginx = Answer(await client.get("/ratelimit/auth-request", headers={
-            **sent, "X-Original-Method": "GET", "X-Original-URI": "/orders/7"}))
-        envoy = Answer(await client.post("/ratelimit/authorize/orders/7", headers=sent))  # no CSRF token
-        return answers, nginx, envoy
-
-    answers, nginx, envoy = run(scenario)
-    check_free_burst(answers)
-    assert (nginx.status_code, nginx.headers["X-RateLimit-Status"]) == (403, "429")
-    assert envoy.status_code == 429 and envoy.json()["policy"] == "burst"
-    assert all(asyncio.iscoroutinefunction(view) for view in (views.aauthorize, views.aauth_request, views.arelease))
-    # the first request's plan needed the database: it was made again in a thread (sync_to_async); the
-    # 12 later requests were planned on the event loop, in the thread asyncio.run runs it in
-    loop_thread = threading.get_ident()
-    assert planned_in[1] != loop_thread and planned_in[2:] == [loop_thread] * 12

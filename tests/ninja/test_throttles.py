@@ -316,13 +316,13 @@ def test_tier_throttle_on_an_async_operation_under_asgi(committed_key: str, monk
     process has not looked up yet is read in a thread of its own; once cached, the request is planned
     and decided on the loop's thread."""
     planned_in: list[int] = []
-    plan = planning._plan
+    plan = planning.plan_with_key
 
     def recording(*args: Any) -> Any:
         planned_in.append(threading.get_ident())
         return plan(*args)
 
-    monkeypatch.setattr(planning, "_plan", recording)
+    monkeypatch.setattr(planning, "plan_with_key", recording)
 
     async def scenario() -> list[int]:
         client = AsyncClient()

@@ -1,0 +1,55 @@
+"""The async twin of ratelimit_app.apply.planning: `plan_request`, the same name, on the event loop without
+blocking it, and `request_user`, the user of a request read without blocking it either."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest
+from django.utils.functional import SimpleLazyObject, empty
+
+from ..plans.lookups import NeedsIO, local_only
+from . import planning
+from .identity import api_key_from_request, authenticated_user
+from .outcome import LimitOutcome
+from .planning import FROM_REQUEST, RequestPlan
+
+
+async def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
+                       path: str | None = None) -> RequestPlan | LimitOutcome:
+    """`planning.plan_request` on the event loop, without blocking it.
+
+    With this process' lookup cache warm (the tier, the key, the allow/deny rules), planning does no
+    I/O and runs right here. When it would need the shared cache or the database (a cold cache, or a
+    key this process has not seen, whose per-IP peek comes first), the whole plan is made in one
+    `sync_to_async` call instead. A session user is read with Django's `request.auser()` (5.0+).
+    """
+    raw_key = api_key_from_request(request)
+    if user is FROM_REQUEST and raw_key is None:
+        user = await request_user(request)
+    try:
+        with local_only():
+            return planning.plan_with_key(request, raw_key, cost, scope, user, path)
+    except NeedsIO:
+        return await sync_to_async(planning.plan_with_key)(request, raw_key, cost, scope, user, path)
+
+
+async def request_user(request: HttpRequest) -> Any:
+    """The authenticated user of `request` (None when anonymous), read without blocking the loop.
+
+    AuthenticationMiddleware leaves `request.user` lazy; reading it loads the session, which is I/O
+    when the request carries a session cookie. That read is made with `request.auser()` (Django 5.0+)
+    or one `sync_to_async` call, and `request.user` is set to the user found, so key functions and
+    the view read it without I/O.
+    """
+    lazy = request.__dict__.get("user")
+    if isinstance(lazy, SimpleLazyObject) and lazy._wrapped is empty:
+        session = getattr(request, "session", None)
+        if getattr(session, "session_key", None) is not None:
+            auser = getattr(request, "auser", None)
+            if auser is not None:
+                request.user = await auser()
+            else:  # Django 4.2
+                await sync_to_async(authenticated_user)(request)
+    return authenticated_user(request)

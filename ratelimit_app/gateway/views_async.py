@@ -1,0 +1,44 @@
+"""The async twins of the gateway endpoint's views (ratelimit_app.gateway.views), the same names, served by
+`ratelimit_app.gateway.async_urls` for a project under ASGI: the same description and answers, the decision
+awaited on the event loop (`limiting_async.limit_request`) and slots given back through the async service."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+
+from ..apply import limiting_async
+from ..apply.concurrency import HeldSlots
+from .answers import answer, under_contract
+from .describe import AUTH_REQUEST, AUTHORIZE, GatewayRequest
+from .views import csrf_exempt_view, described, slots_named
+
+
+@csrf_exempt_view
+async def authorize(request: HttpRequest, forwarded: str | None = None) -> HttpResponseBase:
+    """`views.authorize`, the decision awaited on the event loop."""
+    return await _decide(request, AUTHORIZE, forwarded)
+
+
+@csrf_exempt_view
+async def auth_request(request: HttpRequest) -> HttpResponseBase:
+    """`views.auth_request`, the decision awaited on the event loop."""
+    return await _decide(request, AUTH_REQUEST, None)
+
+
+@csrf_exempt_view
+async def release(request: HttpRequest) -> HttpResponseBase:
+    """`views.release` through the async service."""
+    slots = slots_named(request)
+    if isinstance(slots, HeldSlots):
+        await slots.arelease()  # never raises
+    return slots if isinstance(slots, HttpResponseBase) else HttpResponse(status=204)
+
+
+async def _decide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpResponseBase:
+    gateway_request = described(request, contract, forwarded)
+    if not isinstance(gateway_request, GatewayRequest):
+        return gateway_request
+    outcome = await limiting_async.safely(
+        lambda: limiting_async.limit_request(request, cost=gateway_request.cost, scope=gateway_request.service,
+                                             path=gateway_request.path), where="gateway")
+    return under_contract(answer(outcome, gateway_request.cost), contract)
