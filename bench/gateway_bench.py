@@ -1,7 +1,7 @@
 """Gateway mode's cost: requests per second through nginx with and without the gateway endpoint, side by side.
 
     python3 bench/gateway_bench.py [--duration 5] [--warmup 1] [--rounds 5] [--connections 8]
-                                   [--workers 2] [--threads 4] [--json results.json]
+                                   [--workers 2] [--threads 4] [--json results.json] [--write]
 
 One nginx (one worker) runs four server blocks in front of one protected service (an nginx server block
 answering `200 ok`, so the service costs next to nothing), and one gunicorn (gthread) serves the Django
@@ -20,15 +20,18 @@ side (bench.httpapp, variant "gateway") against a private redis-server:
 The four run in interleaved rounds (their order alternates each round); each row is its median round.
 Also measured: the gunicorn workers' and Redis' CPU per request, and Redis commands per request (INFO
 commandstats). Every limit is far above what a run sends; the table says how many answers were not 200.
-Results go to stdout as a Markdown table (and with --json, to a file); docs/benchmarks.md is not touched.
+Results go to stdout as a Markdown table (and with --json, to a file); --write also puts them into
+docs/benchmarks.md as its section 8 (marked, so `bench/run.py` keeps it when it writes the rest).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -160,7 +163,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to this file")
+    parser.add_argument("--write", action="store_true", help="put the results into docs/benchmarks.md")
     args = parser.parse_args(argv)
+    load_at_start = os.getloadavg()[0]
     missing = missing_gateways()
     if missing is not None:
         raise SystemExit(f"gateway_bench: {missing}")
@@ -186,7 +191,33 @@ def main(argv: list[str]) -> int:
     if args.json:
         args.json.write_text(json.dumps([{"label": row.label, "results": [asdict(r) for r in row.results],
                                           "commands": row.commands, "cpu": row.cpu} for row in rows], indent=2))
+    if args.write:
+        _write_section(lines, load_at_start, os.getloadavg()[0])
     return 0
+
+
+def _write_section(lines: list[str], load_at_start: float, load_at_end: float) -> None:
+    from bench.report import replace_section
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    section = "\n".join([
+        "## 8. Gateway mode through nginx",
+        "",
+        "Written by `python3 bench/gateway_bench.py --write` (not by `bench/run.py`, which keeps this section).",
+        "One nginx (1 worker) in front of a protected service that answers `200 ok`; one gunicorn serves the",
+        "Django side against a private redis-server. \"gateway endpoint\" is the first nginx block of",
+        "docs/gateway.md (ports changed) with keys of the seeded enterprise tier as `migrate` makes it;",
+        "\"+ slot\" uses a copy of that tier plus a concurrency limit, given back by nginx's `post_action` (a",
+        "second call to Django, one ZREM). The floor is a bare auth_request to a view making one EVALSHA.",
+        "",
+        f"This run: {when}, commit {commit.stdout.strip() or '?'}, load average (1 min) at start / end "
+        f"{load_at_start:.2f} / {load_at_end:.2f}.",
+        "",
+        *lines,
+    ])
+    path = ROOT / "docs" / "benchmarks.md"
+    path.write_text(replace_section(path.read_text(encoding="utf-8"), "gateway", section), encoding="utf-8")
 
 
 if __name__ == "__main__":
