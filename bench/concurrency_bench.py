@@ -27,10 +27,8 @@ section "concurrency" (kept there when bench/run.py writes the rest of the file 
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -142,27 +140,15 @@ def main(argv: list[str]) -> int:
 
 
 def _write_section(lines: list[str], load_at_start: float, load_at_end: float) -> None:
-    from bench.report import replace_section
+    from bench.report import write_script_section
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    section = "\n".join([
-        "## 7. Concurrency slots over HTTP",
-        "",
-        "Written by `python3 bench/concurrency_bench.py --write` (not by `bench/run.py`, which keeps this",
-        "section). One gunicorn serves the trivial view behind RateLimitMiddleware; two API keys take turns",
+    write_script_section("concurrency", "## 7. Concurrency slots over HTTP", "bench/concurrency_bench.py", [
+        "One gunicorn serves the trivial view behind RateLimitMiddleware; two API keys take turns",
         "in every round: keys of the seeded enterprise tier (3 rate limits), and keys of a copy of it",
         "plus a concurrency limit (huge slots, 60 s leases). The slot is taken in the request's one",
         "EVALSHA and given back by one ZREM when the response is closed: two round trips instead of one.",
         "Target: the pair keeps >= 0.8x the requests per second of the rate-limited request.",
-        "",
-        f"This run: {when}, commit {commit.stdout.strip() or '?'}, load average (1 min) at start / end "
-        f"{load_at_start:.2f} / {load_at_end:.2f}.",
-        "",
-        *lines,
-    ])
-    path = ROOT / "docs" / "benchmarks.md"
-    path.write_text(replace_section(path.read_text(encoding="utf-8"), "concurrency", section), encoding="utf-8")
+    ], lines, load_at_start, load_at_end)
 
 
 if __name__ == "__main__":

@@ -27,11 +27,9 @@ docs/benchmarks.md as its section 8 (marked, so `bench/run.py` keeps it when it 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -197,27 +195,15 @@ def main(argv: list[str]) -> int:
 
 
 def _write_section(lines: list[str], load_at_start: float, load_at_end: float) -> None:
-    from bench.report import replace_section
+    from bench.report import write_script_section
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    section = "\n".join([
-        "## 8. Gateway mode through nginx",
-        "",
-        "Written by `python3 bench/gateway_bench.py --write` (not by `bench/run.py`, which keeps this section).",
+    write_script_section("gateway", "## 8. Gateway mode through nginx", "bench/gateway_bench.py", [
         "One nginx (1 worker) in front of a protected service that answers `200 ok`; one gunicorn serves the",
         "Django side against a private redis-server. \"gateway endpoint\" is the first nginx block of",
         "docs/gateway.md (ports changed) with keys of the seeded enterprise tier as `migrate` makes it;",
         "\"+ slot\" uses a copy of that tier plus a concurrency limit, given back by nginx's `post_action` (a",
         "second call to Django, one ZREM). The floor is a bare auth_request to a view making one EVALSHA.",
-        "",
-        f"This run: {when}, commit {commit.stdout.strip() or '?'}, load average (1 min) at start / end "
-        f"{load_at_start:.2f} / {load_at_end:.2f}.",
-        "",
-        *lines,
-    ])
-    path = ROOT / "docs" / "benchmarks.md"
-    path.write_text(replace_section(path.read_text(encoding="utf-8"), "gateway", section), encoding="utf-8")
+    ], lines, load_at_start, load_at_end)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ measured numbers, with the rule for each written next to it; a miss is reported 
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -812,8 +814,11 @@ def chart(results: Results, path: Path) -> str | None:
     return None
 
 
-#: Sections of benchmarks.md written by other benchmark scripts (bench/concurrency_bench.py --write),
-#: each between its markers: kept when this report is written again.
+#: The repository root (the scripts' sections go into its docs/benchmarks.md).
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Sections of benchmarks.md written by other benchmark scripts (bench/concurrency_bench.py --write,
+#: bench/gateway_bench.py --write), each between its markers: kept when this report is written again.
 KEPT_START = "<!-- section: "
 KEPT_END = "<!-- end of section -->"
 
@@ -843,6 +848,26 @@ def replace_section(text: str, name: str, section: str) -> str:
         _, _, after = rest.partition(KEPT_END + "\n")
         return before + block + after
     return text.rstrip("\n") + "\n\n" + block if text.strip() else block
+
+
+def write_script_section(name: str, title: str, script: str, intro: list[str], lines: list[str],
+                         load_at_start: float, load_at_end: float) -> None:
+    """Put the results `lines` of another benchmark script (`script`, run with --write) into
+    docs/benchmarks.md as the marked section `name` under `title`, after `intro`, with when, at which
+    commit and at which load it ran (`write` keeps the section when it writes the rest)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    section = "\n".join([
+        title, "",
+        f"Written by `python3 {script} --write` (not by `bench/run.py`, which keeps this section).",
+        *intro, "",
+        f"This run: {when}, commit {commit.stdout.strip() or '?'}, load average (1 min) at start / end "
+        f"{load_at_start:.2f} / {load_at_end:.2f}.",
+        "",
+        *lines,
+    ])
+    path = ROOT / "docs" / "benchmarks.md"
+    path.write_text(replace_section(path.read_text(encoding="utf-8"), name, section), encoding="utf-8")
 
 
 def write(results: Results, output: Path) -> None:

@@ -1,6 +1,6 @@
 """Who is the client of a request, and which limits apply: `plan_request` (and its async twin in
-ratelimit_app.apply.planning_async) turn a request into a `RequestPlan`, every check ratelimit_app.apply.limiting then decides in
-one Redis call.
+ratelimit_app.apply.planning_async) turn a request into a `RequestPlan`, every check of which
+ratelimit_app.apply.limiting then decides in one Redis call.
 
 `plan_request` checks, in order:
 
