@@ -2,8 +2,10 @@
 
 - ratelimit.E022: RateLimitMiddleware (or a subclass) is listed more than once (every request would be
   charged twice);
-- ratelimit.W021: with the middleware installed, RATELIMIT['PATH_PREFIXES'] is empty, or an entry matches
-  no URL of the URLconf (paths are case-sensitive): the middleware limits nothing there.
+- ratelimit.W021: with the middleware installed, RATELIMIT['PATH_PREFIXES'] is empty, or an entry the
+  project wrote matches no URL of the URLconf (paths are case-sensitive): the middleware limits nothing
+  there. The default (['/api/']) is not checked against the URLs: a project may add its API later, and a
+  request under /api/ is charged even before its view exists.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def check_middleware(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         return [checks.Warning("RATELIMIT['PATH_PREFIXES'] is []: the middleware limits no path",
                                hint="List the prefixes of your API, such as ['/api/'] (or remove the middleware "
                                     "if only decorators and throttles limit).", id="ratelimit.W021")]
+    if "PATH_PREFIXES" not in (getattr(django_settings, "RATELIMIT", None) or {}):
+        return []  # the default: see the module docstring
     try:
         routes = list(_route_prefixes(get_resolver().url_patterns, "/"))
     except Exception:  # a URLconf that does not import: Django's own URL checks report it

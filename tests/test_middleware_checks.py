@@ -19,6 +19,17 @@ def test_path_prefixes_that_limit_no_url_of_the_site_are_a_warning(settings: Any
     assert ("limits no path" if not prefixes else f"{prefixes[-1]!r} matches no URL") in messages[0].msg
 
 
+@pytest.mark.urls("tests.support.no_api_urls")
+def test_the_default_prefix_on_a_site_without_an_api_yet_is_no_warning(settings: Any) -> None:
+    """The README's quick start on a fresh `startproject`: PATH_PREFIXES left at its default ['/api/'] while
+    no view is there yet (a request there is still charged: a 404 is a request). Only prefixes the project
+    wrote itself are checked against its URLs."""
+    settings.RATELIMIT = {key: value for key, value in settings.RATELIMIT.items() if key != "PATH_PREFIXES"}
+    assert ratelimit_messages() == []
+    settings.RATELIMIT = {**settings.RATELIMIT, "PATH_PREFIXES": ["/api/"]}  # written: a prefix that limits no view
+    assert [m.id for m in ratelimit_messages()] == ["ratelimit.W021"]
+
+
 def test_path_prefixes_under_a_route_with_converters_or_regexes_are_recognised(settings: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "PATH_PREFIXES": ["/api/", "/drf/items/", "/public/quote"]}
     assert ratelimit_messages() == []
