@@ -31,8 +31,7 @@ RATE = 200
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ours: the Redis call (engine, redis-py)", ("ratelimit_app/core/engine",)),
     ("ours: who the client is and its plan (key, tier, policies)",
-     ("ratelimit_app/apply/planning.py", "ratelimit_app/plans.py", "ratelimit_app/lookups.py",
-      "ratelimit_app/apply/identity.py", "ratelimit_app/apikeys.py")),
+     ("ratelimit_app/apply/planning", "ratelimit_app/apply/identity.py", "ratelimit_app/plans/")),
     ("ours: the rest (middleware, decision, headers, metrics)", ("ratelimit_app/",)),
     ("the floor's EVALSHA (redis.asyncio client)", ("aping_evalsha (",)),
     ("uvicorn (HTTP protocol)", ("uvicorn/protocols/", "uvicorn/middleware/")),

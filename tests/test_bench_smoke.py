@@ -84,3 +84,17 @@ def test_gateway_bench_measures_every_row_without_refusals(tmp_path: Path) -> No
                                               "gateway endpoint + slot"]
     assert all(r["requests"] > 0 and r["errors"] == 0 for row in rows for r in row["results"]), rows
     assert "| gateway endpoint + slot |" in done.stdout
+
+
+def test_every_part_of_the_asgi_profile_names_files_that_exist() -> None:
+    """A marker of bench/asgi_profile.PARTS that names no file of the package any more (a module moved)
+    would send its samples to another part without a word."""
+    from bench.asgi_profile import PARTS, part_of
+
+    files = [str(path.relative_to(ROOT)) for path in (ROOT / "ratelimit_app").rglob("*.py")]
+    stale = [marker for _, markers in PARTS for marker in markers
+             if marker.startswith("ratelimit_app/") and not any(marker in name for name in files)]
+    assert stale == []
+    plan_part = PARTS[1][0]
+    for module in ("plans/lookups.py", "plans/apikeys.py", "apply/planning.py", "apply/planning_async.py"):
+        assert part_of([f"{ROOT}/ratelimit_app/{module}:10 (f)"]) == plan_part, module
