@@ -28,11 +28,10 @@ from django.db import connections
 from django.test import AsyncClient
 
 from devtools.embedded import RedisProcess
-from ratelimit_app.apply import planning
 from ratelimit_app.middleware import RateLimitMiddleware
 from ratelimit_app.service.limiter_async import get_async_limiter
 from tests.service.test_limiter_async import assert_answered_within_the_budget, ticker
-from tests.support.limits_support import make_key, parse_ietf, seed_tiers
+from tests.support.limits_support import make_key, parse_ietf, record_planning_threads, seed_tiers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,17 +81,8 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> list[Callable[..., Any]]:
 
 @pytest.fixture
 def planned_in(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The threads in which requests were planned (`planning.plan_with_key`, which `plan_request`, called by
-    the sync path of ratelimit_app.apply.limiting, and its async twin both call)."""
-    threads: list[int] = []
-    original = planning.plan_with_key
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        threads.append(threading.get_ident())
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(planning, "plan_with_key", recording)
-    return threads
+    """The threads in which requests were planned (see `record_planning_threads`)."""
+    return record_planning_threads(monkeypatch)
 
 
 def test_an_async_view_under_asgi_admits_ten_then_answers_429_with_headers(free_key: str) -> None:

@@ -13,11 +13,11 @@ from django.contrib.auth import get_user, get_user_model
 from django.contrib.sessions.backends.db import SessionStore
 from django.utils.functional import SimpleLazyObject
 
-from ratelimit_app.apply import planning, planning_async
+from ratelimit_app.apply import planning_async
 from ratelimit_app.models import Tier
 from ratelimit_app.plans.lookups import get_lookups
 from tests.apply.test_planning import plan, request
-from tests.support.limits_support import make_key, make_tier
+from tests.support.limits_support import make_key, make_tier, record_planning_threads
 from tests.test_asgi import run
 
 pytestmark = pytest.mark.django_db
@@ -61,16 +61,3 @@ def test_request_user_reads_the_session_user_and_leaves_it_on_the_request() -> N
     assert found == user and made.user == user
     assert isinstance(made.__dict__["user"], type(user))  # no longer lazy: the view reads it without I/O
     assert run(lambda: planning_async.request_user(request())) is None  # no user: anonymous
-
-
-def record_planning_threads(monkeypatch: Any) -> list[int]:
-    """The threads in which `planning.plan_with_key`, which both twins call, runs from now on."""
-    threads: list[int] = []
-    original = planning.plan_with_key
-
-    def recording(*args: Any) -> Any:
-        threads.append(threading.get_ident())
-        return original(*args)
-
-    monkeypatch.setattr(planning, "plan_with_key", recording)
-    return threads

@@ -13,10 +13,9 @@ from django.test import AsyncClient
 from django.urls import include, path
 
 from project.urls import urlpatterns as demo_urlpatterns
-from ratelimit_app.apply import planning
 from ratelimit_app.gateway import views_async
 from tests.gateway.test_views import CLIENT, Answer
-from tests.support.limits_support import check_free_burst, make_key, seed_tiers
+from tests.support.limits_support import check_free_burst, make_key, record_planning_threads, seed_tiers
 from tests.test_asgi import run
 
 #: The async twins serve /ratelimit/ before the demo's sync views (@pytest.mark.urls(__name__)).
@@ -33,14 +32,7 @@ def _behind_one_gateway(settings: Any) -> None:
 def test_under_asgi_the_async_twins_decide_on_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     seed_tiers()  # transactional tests flush tables: restore what the data migration seeds
     key = make_key("free")
-    planned_in: list[int] = []
-    original = planning.plan_with_key
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        planned_in.append(threading.get_ident())
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(planning, "plan_with_key", recording)
+    planned_in = record_planning_threads(monkeypatch)
 
     async def scenario() -> tuple[list[Answer], Answer, Answer]:
         client = AsyncClient()

@@ -21,11 +21,10 @@ from django.urls import path
 from ninja import NinjaAPI, Router
 from ninja.security import APIKeyHeader, django_auth
 
-from ratelimit_app.apply import planning
 from ratelimit_app.ninja import AnonRateThrottle, AuthRateThrottle, TierRateThrottle, UserRateThrottle
 from ratelimit_app.service.limiter_async import get_async_limiter
 
-from ..support.limits_support import make_key, make_tier, parse_ietf
+from ..support.limits_support import make_key, make_tier, parse_ietf, record_planning_threads
 
 pytestmark = pytest.mark.urls(__name__)
 T = TypeVar("T")
@@ -315,14 +314,7 @@ def test_tier_throttle_on_an_async_operation_under_asgi(committed_key: str, monk
     """Ninja asks throttles synchronously, on the event loop for an `async def` operation: a key this
     process has not looked up yet is read in a thread of its own; once cached, the request is planned
     and decided on the loop's thread."""
-    planned_in: list[int] = []
-    plan = planning.plan_with_key
-
-    def recording(*args: Any) -> Any:
-        planned_in.append(threading.get_ident())
-        return plan(*args)
-
-    monkeypatch.setattr(planning, "plan_with_key", recording)
+    planned_in = record_planning_threads(monkeypatch)
 
     async def scenario() -> list[int]:
         client = AsyncClient()

@@ -74,6 +74,22 @@ def make_tier(slug: str, limits: list[LimitSpec], *, fail_mode: str = "") -> Tie
     return tier
 
 
+def record_planning_threads(monkeypatch: Any) -> list[int]:
+    """The threads in which requests are planned from now on: `planning.plan_with_key`, which the sync
+    `plan_request` and its async twin (ratelimit_app.apply.planning_async) both call, appends its thread."""
+    from ratelimit_app.apply import planning
+
+    threads: list[int] = []
+    original = planning.plan_with_key
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.get_ident())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(planning, "plan_with_key", recording)
+    return threads
+
+
 def make_key(tier: Tier | str, name: str = "test key", **kwargs: Any) -> str:
     """Create an API key for `tier` (an object or a slug); return the full key."""
     if isinstance(tier, str):
