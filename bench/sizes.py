@@ -32,10 +32,10 @@ class Sizes:
     redis_time_calls: int = 2_000  # decisions per case and round
 
 
-FULL = Sizes("full", processes=4, engine_duration=0.5, engine_rounds=3, probe_decisions=50, paired_rounds=7,
+FULL = Sizes("full", processes=4, engine_duration=0.5, engine_rounds=3, probe_decisions=50, paired_rounds=9,
              paired_duration=0.7, accuracy_clients=32, accuracy_hits=10, accuracy_runs=3,
              memory_identities=10_000, memory_hit_budget=20_000, memory_unit_budget=1_000_000,
-             http_duration=2.0, http_warmup=1.0, http_rounds=5, http_connections=8, http_workers=2, http_threads=4)
+             http_duration=2.0, http_warmup=1.0, http_rounds=9, http_connections=8, http_workers=2, http_threads=4)
 QUICK = Sizes("quick", processes=4, engine_duration=0.4, engine_rounds=1, probe_decisions=20, paired_rounds=3,
               paired_duration=0.5, accuracy_clients=32, accuracy_hits=10, accuracy_runs=3,
               memory_identities=2_000, memory_hit_budget=5_000, memory_unit_budget=200_000,
