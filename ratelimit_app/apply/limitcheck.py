@@ -7,7 +7,7 @@ own limits (ratelimit_app.apply.routes), the load shedder (ratelimit_app.apply.s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..core.policies import Policy
 
@@ -15,8 +15,8 @@ from ..core.policies import Policy
 REQUEST_LIMITS = ""
 
 
-@dataclass(frozen=True, slots=True)
-class LimitCheck:
+# a NamedTuple: two are made for every request, in a fraction of a frozen dataclass's time
+class LimitCheck(NamedTuple):
     """One identity's policies in a request's decision, and who asked for them.
 
     `owner` is REQUEST_LIMITS for the per-IP limit and the tier, else the label of the throttle or
