@@ -30,7 +30,6 @@ import queue
 import threading
 import weakref
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any, cast
 
 from django.conf import settings as django_settings
@@ -109,13 +108,11 @@ def slots_taken(checks: Sequence[tuple[str, Sequence[Policy]]], decisions: Seque
 
 def needs_lease(policies: Sequence[Policy]) -> bool:
     """True when a decision over `policies` takes a concurrency slot."""
-    return _has_concurrency(policies if type(policies) is tuple else tuple(policies))
-
-
-@lru_cache(maxsize=1024)
-def _has_concurrency(policies: tuple[Policy, ...]) -> bool:
-    # once per distinct policy set: the same few sets come back with every request
-    return any(policy.algorithm == CONCURRENCY for policy in policies)
+    # a plain loop: cheaper than a cache, whose key would hash every policy of the set
+    for policy in policies:
+        if policy.algorithm == CONCURRENCY:
+            return True
+    return False
 
 
 def hold(request: HttpRequest, slots: HeldSlots | None) -> None:
