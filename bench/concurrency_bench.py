@@ -79,7 +79,8 @@ def main(argv: list[str]) -> int:
     results: dict[str, list[HttpResult]] = {label: [] for label, _ in VARIANTS}
     trips: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in VARIANTS}
     cpu: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in VARIANTS}
-    with Server(redis_server.url, work_dir / "db.sqlite3", "ours", args.workers, args.threads) as server:
+    with Server(redis_server.url, work_dir / "db.sqlite3", "ours", args.workers, args.threads,
+                connections=args.connections) as server:
         for label, slug in VARIANTS:
             status, _ = server.wait_ready({"X-API-Key": keys[slug][0]})
             if status != 200:

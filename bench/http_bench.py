@@ -141,16 +141,21 @@ def prepare_with_slot(redis_url: str, db_path: Path, variant: str) -> dict[str, 
 SERVERS = ("gunicorn", "uvicorn")
 
 
-def server_command(server: str, port: int, workers: int, threads: int) -> list[str]:
+def server_command(server: str, port: int, workers: int, threads: int, connections: int | None = None) -> list[str]:
     """The command line of `server` serving the bench app on 127.0.0.1:`port`, without access log.
 
     gunicorn: `workers` gthread workers of `threads` threads, which keep connections alive as a real
-    deployment behind a proxy would. uvicorn: one process (`workers` and `threads` do not apply), its
-    default event loop and HTTP parser (uvloop and httptools when installed).
+    deployment behind a proxy would. With `connections` (those the load generator keeps open, straight
+    to gunicorn), each worker holds at most its share of them: without that bound, the worker that wakes
+    first accepts every connection opened at once, and a round then measures one worker out of two
+    (seen: rounds at half the rate of the others, the other worker with no CPU time at all). uvicorn: one
+    process (`workers` and `threads` do not apply), its default event loop and HTTP parser (uvloop and
+    httptools when installed).
     """
     if server == "gunicorn":
+        share = [] if connections is None else ["--worker-connections", str(-(-connections // workers))]
         return [sys.executable, "-m", "gunicorn", "bench.httpapp.wsgi:application", "--bind", f"127.0.0.1:{port}",
-                "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads),
+                "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads), *share,
                 "--log-level", "warning"]
     if server == "uvicorn":
         return [sys.executable, "-m", "uvicorn", "bench.httpapp.asgi:application", "--host", "127.0.0.1",
@@ -162,10 +167,10 @@ class Server:
     """gunicorn or uvicorn serving one variant on a free loopback port (a context manager that stops it)."""
 
     def __init__(self, redis_url: str, db_path: Path, variant: str, workers: int, threads: int,
-                 server: str = "gunicorn") -> None:
+                 server: str = "gunicorn", connections: int | None = None) -> None:
         self.port = free_port()
         self.server = server
-        self.process = subprocess.Popen(server_command(server, self.port, workers, threads),
+        self.process = subprocess.Popen(server_command(server, self.port, workers, threads, connections),
                                         env=_env(redis_url, db_path, variant), cwd=ROOT,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.url = f"http://127.0.0.1:{self.port}{PATH}"
@@ -358,7 +363,8 @@ def run_http(redis_url: str, admin: redis.Redis, work_dir: Path, variants: list[
     ours_headers: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
         progress(f"http: starting {len(variants)} {server} servers")
-        servers = {variant: stack.enter_context(Server(redis_url, db_path, variant, workers, threads, server))
+        servers = {variant: stack.enter_context(Server(redis_url, db_path, variant, workers, threads, server,
+                                                                  connections))
                    for variant in variants}
         for variant, serving in servers.items():
             status, first_headers = serving.wait_ready(headers)
