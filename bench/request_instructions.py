@@ -1,0 +1,147 @@
+"""App-process CPU instructions of one HTTP request, counted by callgrind: a view of section 4 of
+docs/benchmarks.md that machine load cannot skew.
+
+    .bench-venv/bin/python bench/request_instructions.py [--requests N] [--variants none evalsha ours ...]
+
+Each variant of bench/httpapp (the same view and settings as the HTTP benchmark: the seeded enterprise
+tier as `migrate` makes it, KEY_COUNT of its API keys sent in turn, the per-IP limit, headers and
+metrics) is served in process through Django's WSGI handler, without an HTTP server: what is counted is
+the work of Django, the view and what stands in front of it, which is what the variants differ by.
+Each variant runs under `valgrind --tool=callgrind` twice, N and then 2N requests after the same
+warm-up; (instructions of the 2N run - those of the N run) / N is one request's work, start-up and
+warm-up excluded. Redis runs outside valgrind, on a redis-server of this script's own (what Redis does
+for a decision is bench/script_instructions.py's part), and is flushed before each run.
+
+The process's periodic work (the metrics flusher, the lookup cache's expiry, the reader of plan edits)
+is given intervals longer than a run: under valgrind a run lasts minutes, and each of their rounds would
+be counted in. Needs valgrind and redis-server on PATH and the benchmark's environment (.bench-venv,
+which has the peers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+#: Requests served before the counted ones (the first requests fill caches and open connections).
+WARMUP = 300
+#: What the periodic work waits between rounds during a run (seconds): longer than any run.
+QUIET_INTERVAL = 3600
+
+
+def _child(variant: str, requests: int, keys_file: str) -> None:
+    """Serve `WARMUP` then `requests` requests of `variant` in this process (run under valgrind)."""
+    import django
+    from django.conf import settings
+
+    django.setup()
+    settings.RATELIMIT = {**settings.RATELIMIT, "CACHE_TTL": QUIET_INTERVAL, "METRICS_FLUSH_INTERVAL": QUIET_INTERVAL}
+    from django.core.wsgi import get_wsgi_application
+
+    import ratelimit_app.plans.edits as edits
+    from bench.http_bench import PATH
+
+    edits.EDITS_CHECK_INTERVAL = float(QUIET_INTERVAL)
+    keys = json.loads(Path(keys_file).read_text())
+    application = get_wsgi_application()
+    statuses: list[str] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: object = None) -> None:
+        statuses.append(status)
+
+    def serve(count: int, offset: int) -> None:
+        for i in range(offset, offset + count):
+            environ = {"REQUEST_METHOD": "GET", "PATH_INFO": PATH, "QUERY_STRING": "", "SERVER_NAME": "127.0.0.1",
+                       "SERVER_PORT": "8000", "SERVER_PROTOCOL": "HTTP/1.1", "REMOTE_ADDR": "127.0.0.1",
+                       "HTTP_HOST": "127.0.0.1", "HTTP_X_API_KEY": keys[i % len(keys)], "wsgi.input": io.BytesIO(),
+                       "wsgi.url_scheme": "http", "wsgi.errors": sys.stderr}
+            body = application(environ, start_response)
+            b"".join(body)
+            body.close()
+
+    serve(WARMUP, 0)
+    serve(requests, WARMUP)
+    refused = [status for status in statuses if not status.startswith("200")]
+    if refused:
+        raise SystemExit(f"{variant}: {len(refused)} answers were not 200 (first: {refused[0]})")
+
+
+def _instructions(variant: str, requests: int, env: dict[str, str], keys_file: Path, out: Path) -> int:
+    """Instructions of one whole run of `variant` under callgrind."""
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
+                    "--child", variant, str(requests), str(keys_file)],
+                   env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=3600)
+    summary = subprocess.run(["callgrind_annotate", str(out)], capture_output=True, text=True, check=True).stdout
+    total = re.search(r"([\d,]+)\s+(?:\(100\.0%\)\s+)?PROGRAM TOTALS", summary)
+    if not total:
+        raise SystemExit("callgrind_annotate printed no total")
+    return int(total.group(1).replace(",", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=1000, help="requests in the shorter run (default 1000)")
+    parser.add_argument("--variants", nargs="*", default=["none", "evalsha", "ours", "django-ratelimit"],
+                        help="bench/httpapp variants to count (default: none evalsha ours django-ratelimit)")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        variant, requests, keys_file = args.child
+        _child(variant, int(requests), keys_file)
+        return
+    for tool in ("valgrind", "callgrind_annotate", "redis-server"):
+        if not shutil.which(tool):
+            raise SystemExit(f"{tool} is not on PATH")
+    import redis
+
+    from bench import http_bench
+    from devtools.embedded import free_port
+
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        admin = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                admin.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        print(f"instructions per request of the app process (callgrind), {args.requests} vs {2 * args.requests} "
+              f"requests after {WARMUP}, GET {http_bench.PATH} in process")
+        print("| variant | instructions per request |")
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            db_path = work / "bench.sqlite3"
+            keys_file = work / "keys.json"
+            keys_file.write_text(json.dumps(http_bench.prepare_database(url, db_path)))
+            for variant in args.variants:
+                env = {**http_bench._env(url, db_path, variant), "PYTHONHASHSEED": "0"}
+                counts = []
+                for requests in (args.requests, 2 * args.requests):
+                    admin.flushall()
+                    counts.append(_instructions(variant, requests, env, keys_file, work / f"{variant}.{requests}.out"))
+                print(f"| {variant} | {(counts[1] - counts[0]) // args.requests:,} |", flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
