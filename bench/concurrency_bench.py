@@ -107,7 +107,8 @@ def main(argv: list[str]) -> int:
     lines: list[str] = []
     out = lines.append
 
-    out(f"gunicorn gthread, {args.workers} workers x {args.threads} threads; load: {generator_name}, "
+    out(f"gunicorn gthread, {args.workers} workers x {args.threads} threads, each worker holding at most "
+          f"{-(-args.connections // args.workers)} of the connections; load: {generator_name}, "
           f"{args.connections} connections, {args.rounds} rounds of {args.duration:g} s (median round); "
           f"{os.cpu_count()} cores")
     out("")
