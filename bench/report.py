@@ -499,7 +499,7 @@ def _http_section(results: Results) -> list[str]:
     lines += [
         f"`GET /api/ping` returns a small JSON body. gunicorn: {http.workers} workers x {http.threads} threads "
         f"(gthread, keep-alive, each worker holding at most its share of the load's connections, so that every worker "
-        "serves in every round), no access log; load: {http.generator}, {http.connections} keep-alive connections "
+        f"serves in every round), no access log; load: {http.generator}, {http.connections} keep-alive connections "
         f"from 127.0.0.1 for {http.duration:g} s after a 1 s warm-up, {results.sizes.http_rounds} round(s) "
         "interleaved over the variants (every variant's gunicorn is started first and stays up; each row is the "
         f"variant's median round). Nothing is denied (non-200 must be 0): peers limit at {HUGE_RATE} per client IP; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ def test_smoke_run_writes_the_report_and_chart_without_touching_docs(tmp_path: P
     assert "| baseline: bare EVALSHA of INCR (client.evalsha) |" in report
     assert "| **ratelimit_app middleware** |" in report
     assert "| **ratelimit_app middleware, async** |" in report
+    # every value is filled in: a line of the report's text that lost its f-prefix shows its placeholders
+    assert not re.findall(r"\{[a-z_.]+\}", report), re.findall(r".{60}\{[a-z_.]+\}.{20}", report)
     target_rows = report.split("## Targets")[1].split("## Machine")[0].splitlines()[4:]
     assert [row for row in target_rows if row.startswith("| 3-policy tier >= 0.9x")]
     verdicts = [row.rstrip(" |").rsplit("|", 1)[1].split(" (noisy")[0].strip()
