@@ -39,7 +39,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.http_bench import SEEDED_TIER, HttpResult, Server, load_generator, prepare_with_slot  # noqa: E402
+from bench.http_bench import (  # noqa: E402
+    SEEDED_TIER,
+    HttpResult,
+    Server,
+    connections_per_worker,
+    load_generator,
+    prepare_with_slot,
+)
 from devtools.embedded import start_redis  # noqa: E402
 
 VARIANTS = (("rate limits", SEEDED_TIER), ("rate limits + slot", f"{SEEDED_TIER}-slot"))
@@ -108,7 +115,7 @@ def main(argv: list[str]) -> int:
     out = lines.append
 
     out(f"gunicorn gthread, {args.workers} workers x {args.threads} threads, each worker holding at most "
-          f"{-(-args.connections // args.workers)} of the connections; load: {generator_name}, "
+          f"{connections_per_worker(args.connections, args.workers)} of the connections; load: {generator_name}, "
           f"{args.connections} connections, {args.rounds} rounds of {args.duration:g} s (median round); "
           f"{os.cpu_count()} cores")
     out("")

@@ -141,6 +141,11 @@ def prepare_with_slot(redis_url: str, db_path: Path, variant: str) -> dict[str, 
 SERVERS = ("gunicorn", "uvicorn")
 
 
+def connections_per_worker(connections: int, workers: int) -> int:
+    """The most of `connections` one gunicorn worker holds at once (see `server_command`)."""
+    return -(-connections // workers)
+
+
 def server_command(server: str, port: int, workers: int, threads: int, connections: int | None = None) -> list[str]:
     """The command line of `server` serving the bench app on 127.0.0.1:`port`, without access log.
 
@@ -153,7 +158,8 @@ def server_command(server: str, port: int, workers: int, threads: int, connectio
     httptools when installed).
     """
     if server == "gunicorn":
-        share = [] if connections is None else ["--worker-connections", str(-(-connections // workers))]
+        share = [] if connections is None else \
+            ["--worker-connections", str(connections_per_worker(connections, workers))]
         return [sys.executable, "-m", "gunicorn", "bench.httpapp.wsgi:application", "--bind", f"127.0.0.1:{port}",
                 "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads), *share,
                 "--log-level", "warning"]

@@ -14,7 +14,7 @@ for a decision is bench/script_instructions.py's part), and is flushed before ea
 
 The process's periodic work (the metrics flusher, the lookup cache's expiry, the reader of plan edits)
 is given intervals longer than a run: under valgrind a run lasts minutes, and each of their rounds would
-be counted in. Needs valgrind and redis-server on PATH and the benchmark's environment (.bench-venv,
+be counted in. Needs valgrind on PATH and the benchmark's environment (.bench-venv,
 which has the peers).
 """
 
@@ -28,7 +28,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,29 +99,18 @@ def main() -> None:
         variant, requests, keys_file = args.child
         _child(variant, int(requests), keys_file)
         return
-    for tool in ("valgrind", "callgrind_annotate", "redis-server"):
+    for tool in ("valgrind", "callgrind_annotate"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is not on PATH")
     import redis
 
     from bench import http_bench
-    from devtools.embedded import free_port
+    from devtools.embedded import start_redis
 
-    port = free_port()
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                               "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    server = start_redis()
     try:
-        url = f"redis://127.0.0.1:{port}/0"
+        url = server.url
         admin = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                admin.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
         print(f"instructions per request of the app process (callgrind), {args.requests} vs {2 * args.requests} "
               f"requests after {WARMUP}, GET {http_bench.PATH} in process")
         print("| variant | instructions per request |")
@@ -139,8 +127,7 @@ def main() -> None:
                     counts.append(_instructions(variant, requests, env, keys_file, work / f"{variant}.{requests}.out"))
                 print(f"| {variant} | {(counts[1] - counts[0]) // args.requests:,} |", flush=True)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop()
 
 
 if __name__ == "__main__":
