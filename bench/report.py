@@ -734,7 +734,7 @@ def render(results: Results, targets: list[Target]) -> str:
         "",
         "```bash",
         "apt-get install -y wrk        # optional: without wrk a bounded Python client generates the HTTP load",
-        "python3 bench/run.py          # creates .bench-venv/ with the peers, then runs everything (< 10 min)",
+        "python3 bench/run.py          # creates .bench-venv/ with the peers, then runs everything (about 12 min)",
         "```",
         "",
         f"This run: `{results.command}` ({s.name} sizes), finished {results.finished}, took "
