@@ -64,7 +64,7 @@ class HttpResult:
     app_cpu: float = math.nan  # CPU seconds of the serving processes per request (from /proc)
 
 
-def _env(redis_url: str, db_path: Path, variant: str) -> dict[str, str]:
+def server_env(redis_url: str, db_path: Path, variant: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "BENCH_REDIS_URL": redis_url,
@@ -99,7 +99,7 @@ def prepare_database(redis_url: str, db_path: Path) -> list[str]:
     """Migrate the bench database (which seeds the tiers) and return KEY_COUNT new API keys of the
     seeded SEEDED_TIER. One process, to start Django once."""
     done = subprocess.run([sys.executable, "-c", _PREPARE % (SEEDED_TIER, KEY_COUNT)],
-                          env=_env(redis_url, db_path, "ours"), cwd=ROOT, capture_output=True, text=True,
+                          env=server_env(redis_url, db_path, "ours"), cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"preparing the HTTP database failed:\n{done.stdout}\n{done.stderr}")
@@ -130,7 +130,7 @@ def prepare_with_slot(redis_url: str, db_path: Path, variant: str) -> dict[str, 
     """Migrate the bench database and return KEY_COUNT keys of the seeded SEEDED_TIER and of
     "<SEEDED_TIER>-slot": a copy of it plus a concurrency limit no run reaches (as staff add one), by slug."""
     done = subprocess.run([sys.executable, "-c", _PREPARE_WITH_SLOT % (SEEDED_TIER, KEY_COUNT)],
-                          env=_env(redis_url, db_path, variant), cwd=ROOT, capture_output=True, text=True,
+                          env=server_env(redis_url, db_path, variant), cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"preparing the database failed:\n{done.stdout}\n{done.stderr}")
@@ -177,7 +177,7 @@ class Server:
         self.port = free_port()
         self.server = server
         self.process = subprocess.Popen(server_command(server, self.port, workers, threads, connections),
-                                        env=_env(redis_url, db_path, variant), cwd=ROOT,
+                                        env=server_env(redis_url, db_path, variant), cwd=ROOT,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.url = f"http://127.0.0.1:{self.port}{PATH}"
 

@@ -120,7 +120,7 @@ def main() -> None:
             keys_file = work / "keys.json"
             keys_file.write_text(json.dumps(http_bench.prepare_database(url, db_path)))
             for variant in args.variants:
-                env = {**http_bench._env(url, db_path, variant), "PYTHONHASHSEED": "0"}
+                env = {**http_bench.server_env(url, db_path, variant), "PYTHONHASHSEED": "0"}
                 counts = []
                 for requests in (args.requests, 2 * args.requests):
                     admin.flushall()
