@@ -16,6 +16,11 @@ The process's periodic work (the metrics flusher, the lookup cache's expiry, the
 is given intervals longer than a run: under valgrind a run lasts minutes, and each of their rounds would
 be counted in. Needs valgrind on PATH and the benchmark's environment (.bench-venv,
 which has the peers).
+
+What one part of our request costs is the difference between two counts of `ours`, one of them with
+settings of RATELIMIT changed by --ratelimit (a JSON object merged into the variant's RATELIMIT):
+
+    .bench-venv/bin/python bench/request_instructions.py --variants ours --ratelimit '{"HEADERS": "legacy"}'
 """
 
 from __future__ import annotations
@@ -39,13 +44,15 @@ WARMUP = 300
 QUIET_INTERVAL = 3600
 
 
-def _child(variant: str, requests: int, keys_file: str) -> None:
-    """Serve `WARMUP` then `requests` requests of `variant` in this process (run under valgrind)."""
+def _child(variant: str, requests: int, keys_file: str, ratelimit: str) -> None:
+    """Serve `WARMUP` then `requests` requests of `variant` in this process (run under valgrind), with
+    the RATELIMIT settings of the JSON object `ratelimit` on top of the variant's."""
     import django
     from django.conf import settings
 
     django.setup()
-    settings.RATELIMIT = {**settings.RATELIMIT, "CACHE_TTL": QUIET_INTERVAL, "METRICS_FLUSH_INTERVAL": QUIET_INTERVAL}
+    settings.RATELIMIT = {**settings.RATELIMIT, **json.loads(ratelimit), "CACHE_TTL": QUIET_INTERVAL,
+                          "METRICS_FLUSH_INTERVAL": QUIET_INTERVAL}
     from django.core.wsgi import get_wsgi_application
 
     import ratelimit_app.plans.edits as edits
@@ -76,10 +83,11 @@ def _child(variant: str, requests: int, keys_file: str) -> None:
         raise SystemExit(f"{variant}: {len(refused)} answers were not 200 (first: {refused[0]})")
 
 
-def _instructions(variant: str, requests: int, env: dict[str, str], keys_file: Path, out: Path) -> int:
+def _instructions(variant: str, requests: int, env: dict[str, str], keys_file: Path, ratelimit: str,
+                  out: Path) -> int:
     """Instructions of one whole run of `variant` under callgrind."""
     subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
-                    "--child", variant, str(requests), str(keys_file)],
+                    "--child", variant, str(requests), str(keys_file), ratelimit],
                    env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=3600)
     summary = subprocess.run(["callgrind_annotate", str(out)], capture_output=True, text=True, check=True).stdout
     total = re.search(r"([\d,]+)\s+(?:\(100\.0%\)\s+)?PROGRAM TOTALS", summary)
@@ -93,12 +101,21 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1000, help="requests in the shorter run (default 1000)")
     parser.add_argument("--variants", nargs="*", default=["none", "evalsha", "ours", "django-ratelimit"],
                         help="bench/httpapp variants to count (default: none evalsha ours django-ratelimit)")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--ratelimit", default="{}",
+                        help="a JSON object of RATELIMIT settings set on top of each variant's, e.g. "
+                             "'{\"IP_RATE\": null}' (default: none)")
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        variant, requests, keys_file = args.child
-        _child(variant, int(requests), keys_file)
+        variant, requests, keys_file, ratelimit = args.child
+        _child(variant, int(requests), keys_file, ratelimit)
         return
+    try:
+        changed = json.loads(args.ratelimit)
+    except ValueError as exc:
+        raise SystemExit(f"--ratelimit: not JSON ({exc})") from None
+    if not isinstance(changed, dict):
+        raise SystemExit("--ratelimit: expected a JSON object of RATELIMIT settings, e.g. '{\"HEADERS\": \"legacy\"}'")
     for tool in ("valgrind", "callgrind_annotate"):
         if not shutil.which(tool):
             raise SystemExit(f"{tool} is not on PATH")
@@ -112,7 +129,8 @@ def main() -> None:
         url = server.url
         admin = redis.Redis.from_url(url)
         print(f"instructions per request of the app process (callgrind), {args.requests} vs {2 * args.requests} "
-              f"requests after {WARMUP}, GET {http_bench.PATH} in process")
+              f"requests after {WARMUP}, GET {http_bench.PATH} in process"
+              + (f", RATELIMIT changed by {args.ratelimit}" if changed else ""))
         print("| variant | instructions per request |")
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
@@ -124,7 +142,8 @@ def main() -> None:
                 counts = []
                 for requests in (args.requests, 2 * args.requests):
                     admin.flushall()
-                    counts.append(_instructions(variant, requests, env, keys_file, work / f"{variant}.{requests}.out"))
+                    counts.append(_instructions(variant, requests, env, keys_file, args.ratelimit,
+                                                work / f"{variant}.{requests}.out"))
                 print(f"| {variant} | {(counts[1] - counts[0]) // args.requests:,} |", flush=True)
     finally:
         server.stop()
