@@ -3,7 +3,6 @@ middleware, the DRF throttles and `@ratelimit` turn into HTTP (200, 401, 403, 42
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -110,4 +109,4 @@ def summarize(decisions: Sequence[Decision], expected: int) -> Decision:
     worst = max(denied, key=lambda d: d.retry_after if d.retry_after is not None else 0.0) if denied else None
     if worst is None:
         return Decision(False, 0, 0, 0.0, None, "", results, degraded, shadow)
-    return dataclasses.replace(worst, allowed=False, results=results, degraded=degraded, shadow=shadow)
+    return worst._replace(allowed=False, results=results, degraded=degraded, shadow=shadow)

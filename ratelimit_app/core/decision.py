@@ -1,12 +1,17 @@
-"""The answer to one rate-limit question: allowed or not, and where the caller stands."""
+"""The answer to one rate-limit question: allowed or not, and where the caller stands.
+
+Both values are `NamedTuple`s: immutable, compared, hashed and pickled by value, `_replace` makes a
+changed copy. A request makes several of them (one `PolicyResult` per policy, one `Decision` per
+identity and one over all of them), and a NamedTuple is built in about a third of the instructions of a
+frozen dataclass, whose `__init__` sets every field through `object.__setattr__`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyResult:
+class PolicyResult(NamedTuple):
     """Where one policy stands after a decision.
 
     `limit` is the most units the policy can grant at once: its limit, or for token_bucket and gcra
@@ -24,8 +29,7 @@ class PolicyResult:
     retry_after: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """The outcome of `RateLimiter.hit` or `peek` over several policies.
 
     The scalar fields describe the policy that matters most: when denied, the one that denied with

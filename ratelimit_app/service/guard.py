@@ -24,7 +24,6 @@ or `abandoned`. Only the I/O is the service's: `LimiterService` (sync) and `Asyn
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -216,7 +215,7 @@ class RedisGuard:
             allowed = bool(decisions) and decisions[-1].allowed
             self._count("local_allowed" if allowed else "local_denied")
             if allowed:
-                return [dataclasses.replace(d, degraded=True) for d in decisions]
+                return [d._replace(degraded=True) for d in decisions]
             return decisions
         # bad input is refused the same way with or without Redis
         prepare_call("rl", checks, cost, charge=charge, lease=lease)

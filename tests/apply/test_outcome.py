@@ -4,8 +4,6 @@ decisions a real RateLimiter made."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import redis
 
@@ -66,7 +64,7 @@ def test_a_part_redis_cluster_never_decided_reads_as_the_whole_outcome() -> None
 def test_summarize_hands_back_one_plain_decision_as_it_is(engine: RateLimiter) -> None:
     decision = engine.hit("k", TIER)
     assert summarize([decision], 1) is decision
-    degraded = dataclasses.replace(decision, degraded=True)
+    degraded = decision._replace(degraded=True)
     assert summarize([degraded], 1) == degraded and summarize([degraded], 1) is not degraded
 
 

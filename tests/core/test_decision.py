@@ -1,8 +1,7 @@
-"""Decisions are frozen values: compared, hashed, pickled and copied like any dataclass."""
+"""Decisions are immutable values: compared, hashed, pickled and copied by value."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import pickle
 
@@ -12,17 +11,26 @@ from ratelimit_app import Decision
 from ratelimit_app.core.decision import PolicyResult
 
 
-def test_decisions_and_results_are_frozen_values() -> None:
+def test_decisions_and_results_are_immutable_values() -> None:
     values = ("minute", False, 20, 0, 12.5, math.inf)
     result = PolicyResult(*values)
     assert result == PolicyResult(*values) and hash(result) == hash(PolicyResult(*values))
     decision = Decision(False, 20, 0, 12.5, math.inf, "minute", (result,), True)
     for obj, name in ((result, "allowed"), (decision, "remaining")):
-        with pytest.raises(dataclasses.FrozenInstanceError):
+        with pytest.raises(AttributeError):
             setattr(obj, name, 1)
     assert pickle.loads(pickle.dumps(decision)) == decision  # noqa: S301 (our own bytes)
-    assert dataclasses.replace(decision, degraded=False).degraded is False
+    changed = decision._replace(degraded=False)
+    assert changed.degraded is False and decision.degraded is True
     assert Decision(True, 1, 1, 1.0, None, "p", ()).degraded is False  # the class default
+    assert Decision(True, 1, 1, 1.0, None, "p", ()).shadow == ()
+
+
+def test_refused_keeps_where_the_caller_stands_and_only_turns_the_answer() -> None:
+    result = PolicyResult("minute", True, 20, 7, 30.0, None)
+    allowed = Decision.from_results((result,))
+    refused = allowed.refused()
+    assert not refused.allowed and refused._replace(allowed=True) == allowed
 
 
 def test_from_results_reports_the_longest_wait_when_denied_and_the_tightest_limit_when_allowed() -> None:
