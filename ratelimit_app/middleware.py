@@ -136,7 +136,6 @@ class RateLimitMiddleware:
         return _admit(request, outcome, limits.cost)
 
 
-# a NamedTuple: one is made for every request, in a fraction of a frozen dataclass's time
 class _ViewLimits(NamedTuple):
     """What the middleware charges a request once its view is known: the route's cost and scope, and
     the view's own limit (`@ratelimit`, `@limit_concurrency`) when it is decided in the same call."""

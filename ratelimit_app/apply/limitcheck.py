@@ -15,7 +15,6 @@ from ..core.policies import Policy
 REQUEST_LIMITS = ""
 
 
-# a NamedTuple: two are made for every request, in a fraction of a frozen dataclass's time
 class LimitCheck(NamedTuple):
     """One identity's policies in a request's decision, and who asked for them.
 

@@ -54,7 +54,6 @@ from .planning import FROM_REQUEST, RequestPlan, plan_request
 from .planning import limit_config as limit_config
 
 
-# a NamedTuple: one is made for every request, in a fraction of a frozen dataclass's time
 class PlannedCall(NamedTuple):
     """The Redis call one plan needs, before it is made: each check's (identity, policies), the cost
     (0: a report that charges nothing) and the lease under which concurrency slots are taken."""

@@ -23,7 +23,6 @@ SHED = "shed"  # 503: refused by the load shedder (too many requests in flight)
 IP_ONLY_TIER = "ip"
 
 
-# a NamedTuple: one is made for every request, in a fraction of a frozen dataclass's time
 class LimitOutcome(NamedTuple):
     """What limiting decided for one request.
 

@@ -126,7 +126,6 @@ def limit_config() -> LimitConfig:
     return _config.get()
 
 
-# a NamedTuple: one is made for every request, in a fraction of a frozen dataclass's time
 class RequestPlan(NamedTuple):
     """Who the client is and which limits apply: everything known before Redis is asked.
 
@@ -202,7 +201,6 @@ def plan_with_key(request: HttpRequest, raw_key: str | None, cost: int, scope: s
     return RequestPlan(checks, tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug)
 
 
-# a NamedTuple: one is made for every request, in a fraction of a frozen dataclass's time
 class _Known(NamedTuple):
     """What `plan_request` knows before it looks at the key or the user."""
 
