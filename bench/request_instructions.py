@@ -9,8 +9,10 @@ metrics) is served in process through Django's WSGI handler, without an HTTP ser
 the work of Django, the view and what stands in front of it, which is what the variants differ by.
 Each variant runs under `valgrind --tool=callgrind` twice, N and then 2N requests after the same
 warm-up; (instructions of the 2N run - those of the N run) / N is one request's work, start-up and
-warm-up excluded. Redis runs outside valgrind, on a redis-server of this script's own (what Redis does
-for a decision is bench/script_instructions.py's part), and is flushed before each run.
+warm-up excluded. The objects alive after the warm-up are frozen (gc.freeze), so the garbage
+collector's full walks over them are not counted: where they fall differs from run to run. Redis runs
+outside valgrind, on a redis-server of this script's own (what Redis does for a decision is
+bench/script_instructions.py's part), and is flushed before each run.
 
 The process's periodic work (the metrics flusher, the lookup cache's expiry, the reader of plan edits)
 is given intervals longer than a run: under valgrind a run lasts minutes, and each of their rounds would
@@ -26,6 +28,7 @@ settings of RATELIMIT changed by --ratelimit (a JSON object merged into the vari
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import re
@@ -77,6 +80,11 @@ def _child(variant: str, requests: int, keys_file: str, ratelimit: str) -> None:
             body.close()
 
     serve(WARMUP, 0)
+    # the objects alive after the warm-up (Django's, the view's, the caches') are left out of the
+    # collector's full walks: when such a walk falls differs run to run, by tens of thousands of
+    # instructions per request in the difference of two runs
+    gc.collect()
+    gc.freeze()
     serve(requests, WARMUP)
     refused = [status for status in statuses if not status.startswith("200")]
     if refused:
