@@ -56,6 +56,12 @@ def _child(variant: str, requests: int, keys_file: str, ratelimit: str) -> None:
     django.setup()
     settings.RATELIMIT = {**settings.RATELIMIT, **json.loads(ratelimit), "CACHE_TTL": QUIET_INTERVAL,
                           "METRICS_FLUSH_INTERVAL": QUIET_INTERVAL}
+    from ratelimit_app.service.conf import read_settings
+
+    # an invalid or misspelt setting would not fail a request (the fail mode answers), only the count
+    errors = read_settings()[1]
+    if errors:
+        raise SystemExit("--ratelimit: " + "; ".join(error.message for error in errors))
     from django.core.wsgi import get_wsgi_application
 
     import ratelimit_app.plans.edits as edits
@@ -94,9 +100,12 @@ def _child(variant: str, requests: int, keys_file: str, ratelimit: str) -> None:
 def _instructions(variant: str, requests: int, env: dict[str, str], keys_file: Path, ratelimit: str,
                   out: Path) -> int:
     """Instructions of one whole run of `variant` under callgrind."""
-    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
-                    "--child", variant, str(requests), str(keys_file), ratelimit],
-                   env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=3600)
+    run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__,
+                          "--child", variant, str(requests), str(keys_file), ratelimit],
+                         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=3600)
+    if run.returncode != 0:  # the child's own message is the last line valgrind did not write
+        said = [line for line in run.stderr.splitlines() if line and not line.startswith("==")]
+        raise SystemExit(f"{variant}: the counted run failed: {said[-1] if said else run.returncode}")
     summary = subprocess.run(["callgrind_annotate", str(out)], capture_output=True, text=True, check=True).stdout
     total = re.search(r"([\d,]+)\s+(?:\(100\.0%\)\s+)?PROGRAM TOTALS", summary)
     if not total:
