@@ -1,17 +1,20 @@
-"""Counts recorded in this process and not yet in Redis, and how a batch of them is written.
+"""Counts recorded in this process and not yet in Redis, and how a batch of them is applied, once.
 
-The recorder keeps one `PendingCounts` per key prefix and hands them to `write_batches` on each flush;
-when Redis cannot take them, it merges them back (`merge`), dropping what Redis would have expired.
+The recorder keeps one open `PendingCounts` per key prefix. A flush seals them into `SealedBatch`es, each
+numbered by its writer (one id per process), and sends them with `apply_batch`. A sealed batch never
+changes: when Redis does not answer, the same batch under the same number is sent again, and counts
+recorded meanwhile wait in the open batch. The script that applies a batch records the writer's last
+applied number in the same atomic step as the increments, so a copy that Redis runs again (a retry
+after a timeout, the copies a paused Redis queued) adds nothing. The reasoning: docs/observability.md.
 At most MAX_PENDING_IDENTITIES distinct identities are kept per batch (memory bound while Redis is down).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..service.logs import safe_identity
-from .schema import day_key, decision_fields, hour_key, shadow_day_key, shadow_field
+from .schema import applied_key, day_key, decision_fields, hour_key, shadow_day_key, shadow_field
 
 #: Distinct blocked identities kept per unflushed batch (memory bound while Redis is down).
 MAX_PENDING_IDENTITIES = 10_000
@@ -22,6 +25,36 @@ _CountKey = tuple[int, str, str, str, bool]
 _IdentityKey = tuple[int, str]
 # (hour, tier, policy) -> requests a shadow limit would have refused
 _ShadowKey = tuple[int, str, str]
+
+# KEYS[1]: the writer's applied marker; KEYS[2..]: the hour hashes ('h') and day sets ('z') to add to.
+# ARGV: the batch's number, the marker's TTL, the counters' TTL, how many members a day set keeps, then
+# per counter key its kind, its number of (member, amount) pairs and the pairs.
+APPLY_SCRIPT = """
+local number = tonumber(ARGV[1])
+if (tonumber(redis.call('GET', KEYS[1])) or 0) >= number then
+  return 0
+end
+local keep = tonumber(ARGV[4])
+local at = 5
+for index = 2, #KEYS do
+  local key, kind, count = KEYS[index], ARGV[at], tonumber(ARGV[at + 1])
+  at = at + 2
+  for _ = 1, count do
+    if kind == 'h' then
+      redis.call('HINCRBY', key, ARGV[at], ARGV[at + 1])
+    else
+      redis.call('ZINCRBY', key, ARGV[at + 1], ARGV[at])
+    end
+    at = at + 2
+  end
+  if kind == 'z' then
+    redis.call('ZREMRANGEBYRANK', key, 0, -(keep + 1))
+  end
+  redis.call('EXPIRE', key, ARGV[3])
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
 
 
 def add_identity(counts: dict[_IdentityKey, int], key: _IdentityKey, count: int = 1) -> bool:
@@ -52,41 +85,28 @@ class PendingCounts:
         """Decisions counted in this batch."""
         return sum(self.counts.values())
 
-    def merge(self, old: PendingCounts, oldest_hour: int) -> int:
-        """Add the counts of `old`, a batch Redis could not take, except hours before `oldest_hour`;
-        returns how many decisions were dropped (expired hours, or identities over the bound)."""
+    def empty(self) -> bool:
+        """Nothing to write: no decision, no blocked identity, no shadow refusal."""
+        return not (self.counts or self.blocked or self.shadow or self.shadow_identities)
+
+    def prune(self, oldest_hour: int) -> int:
+        """Drop the hours before `oldest_hour` (Redis would have expired them already); returns the
+        decisions dropped. Only for an open batch: a sealed one never changes."""
         dropped = 0
-        for count_key, count in old.counts.items():
-            if count_key[0] < oldest_hour:
-                dropped += count  # would have expired in Redis already
-            else:
-                self.counts[count_key] = self.counts.get(count_key, 0) + count
-        for blocked_key, count in old.blocked.items():
-            if not add_identity(self.blocked, blocked_key, count):
-                dropped += count
-        for shadow_key, count in old.shadow.items():
-            if shadow_key[0] >= oldest_hour:
-                self.shadow[shadow_key] = self.shadow.get(shadow_key, 0) + count
-        for identity_key, count in old.shadow_identities.items():
-            add_identity(self.shadow_identities, identity_key, count)
+        for count_key in [key for key in self.counts if key[0] < oldest_hour]:
+            dropped += self.counts.pop(count_key)
+        for shadow_key in [key for key in self.shadow if key[0] < oldest_hour]:
+            del self.shadow[shadow_key]
         return dropped
 
 
-def _add_daily_top(pipe: Any, counts: dict[_IdentityKey, int], key_of: Callable[[str, int], str], prefix: str,
-                   keep: int, ttl: int) -> None:
-    """Add per-day identity counts to each day's top set (identity labels made safe), keeping its `keep`
-    highest and its TTL: the top blocked and the top would-be-blocked identities alike."""
-    days: dict[int, dict[str, int]] = {}
-    for (day, identity), count in counts.items():
-        members = days.setdefault(day, {})
-        label = safe_identity(identity)
-        members[label] = members.get(label, 0) + count
-    for day, members in days.items():
-        key = key_of(prefix, day)
-        for label, count in members.items():
-            pipe.zincrby(key, count, label)
-        pipe.zremrangebyrank(key, 0, -(keep + 1))
-        pipe.expire(key, ttl)
+class SealedBatch(NamedTuple):
+    """Counts sent (or about to be sent) under one number: applied once, however often they are sent."""
+
+    counts: PendingCounts
+    writer: str  # this process's id (made at start and in a forked child)
+    number: int  # increasing per writer; sealed only once the batch before it was applied
+    sealed_at: float  # time.time() when sealed: a batch is sent again for a bounded time only
 
 
 def _hour_fields(batch: PendingCounts) -> dict[int, dict[str, int]]:
@@ -103,20 +123,41 @@ def _hour_fields(batch: PendingCounts) -> dict[int, dict[str, int]]:
     return hours
 
 
-def write_batches(client: Any, batches: dict[str, PendingCounts], *, ttl: int, keep: int) -> None:
-    """Add `batches` to Redis in one pipeline: hour hashes and daily top sets, each key with `ttl` seconds
-    to live, each top set cut to its `keep` highest. Raises what the client raises."""
-    from redis.cluster import RedisCluster
+def _day_members(counts: dict[_IdentityKey, int]) -> dict[int, dict[str, int]]:
+    """day -> identity label (made safe: never a key's secret) -> blocked decisions."""
+    days: dict[int, dict[str, int]] = {}
+    for (day, identity), count in counts.items():
+        members = days.setdefault(day, {})
+        label = safe_identity(identity)
+        members[label] = members.get(label, 0) + count
+    return days
 
-    # One MULTI/EXEC on a single Redis: a batch lands whole or not at all. Every metrics key shares
-    # the {metrics} hash tag, yet cluster pipelines are sent without a transaction.
-    pipe = client.pipeline(transaction=not isinstance(client, RedisCluster))
-    for batch in batches.values():
-        for hour, fields in _hour_fields(batch).items():
-            key = hour_key(batch.prefix, hour)
-            for name, count in fields.items():
-                pipe.hincrby(key, name, count)
-            pipe.expire(key, ttl)
-        _add_daily_top(pipe, batch.blocked, day_key, batch.prefix, keep, ttl)
-        _add_daily_top(pipe, batch.shadow_identities, shadow_day_key, batch.prefix, keep, ttl)
-    pipe.execute()
+
+def _script_input(batch: PendingCounts) -> tuple[list[str], list[Any]]:
+    """The counter keys of `batch` and, per key, its kind, its number of pairs and the pairs."""
+    keys: list[str] = []
+    args: list[Any] = []
+    targets = [(hour_key(batch.prefix, hour), "h", fields) for hour, fields in _hour_fields(batch).items()]
+    targets += [(day_key(batch.prefix, day), "z", members) for day, members in _day_members(batch.blocked).items()]
+    targets += [(shadow_day_key(batch.prefix, day), "z", members)
+                for day, members in _day_members(batch.shadow_identities).items()]
+    for key, kind, amounts in targets:
+        keys.append(key)
+        args += [kind, len(amounts)]
+        for member, amount in amounts.items():
+            args += [member, amount]
+    return keys, args
+
+
+def apply_batch(client: Any, batch: SealedBatch, *, ttl: int, keep: int) -> bool:
+    """Add `batch` to Redis in one script call: hour hashes and daily top sets, each key with `ttl` seconds
+    to live, each top set cut to its `keep` highest; True when it was applied now, False when this writer
+    had applied this number already. The writer's marker lives 2 x `ttl` (a batch is sent again for at
+    most `ttl`, see recorder). Raises what the client raises.
+
+    Every key shares the {metrics} hash tag: on a Redis Cluster the script runs on one slot, atomically.
+    """
+    keys, args = _script_input(batch.counts)
+    marker = applied_key(batch.counts.prefix, batch.writer)
+    script = client.register_script(APPLY_SCRIPT)
+    return bool(script(keys=[marker, *keys], args=[batch.number, 2 * ttl, ttl, keep, *args]))

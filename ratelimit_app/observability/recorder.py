@@ -8,10 +8,13 @@ A forked worker (gunicorn, multiprocessing) starts with empty counters of its ow
 flusher, so counts the parent had not flushed yet are flushed once, by the parent.
 
 Accuracy: stored counts equal recorded counts once `flush()` has returned True (the flusher does
-that within one interval; a reader may miss at most the last interval). If Redis is down, counts stay
-in memory and are retried every interval: hours older than the TTL are dropped and at most 10,000
-distinct blocked identities are kept per batch (`ProcessMetrics.dropped` counts what was lost). If
-the connection breaks while Redis executes a batch, that one batch may be counted twice.
+that within one interval; a reader may miss at most the last interval), and a batch is applied once
+however often it is sent: a flush seals the open counts into a numbered batch that never changes, and
+sends that same batch until Redis answers; counts recorded meanwhile wait in the next open batch
+(observability.pending says how the applying script skips a copy it has seen). If Redis is down, a
+sealed batch is sent again every interval for at most METRICS_TTL_HOURS, then dropped; hours older than
+the TTL are dropped from the open batch and at most 10,000 distinct blocked identities are kept per
+batch (`ProcessMetrics.dropped` counts what was lost).
 Hours are bucketed by this server's clock (UTC); counting needs no shared clock. With
 RATELIMIT['BACKEND'] = "memory" there is no Redis: the counts stay in this process (its totals).
 
@@ -30,6 +33,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +41,7 @@ from typing import Any
 from ..service.breaker import CLOSED, HALF_OPEN, OPEN
 from ..service.conf import InvalidSetting, on_reload, ratelimit_settings
 from ..service.logs import log_breaker_change, log_denial, log_event, logger
-from .pending import PendingCounts, add_identity, write_batches
+from .pending import PendingCounts, SealedBatch, add_identity, apply_batch
 from .schema import HOUR, top_candidates
 
 #: Label of decisions that name no policy (allowed requests).
@@ -81,7 +85,10 @@ class ProcessRecorder:
         self.thread_lock = threading.Lock()
         self.target: _Target | None = None
         self.labels: dict[str, str] = {}
-        self.batches: dict[str, PendingCounts] = {}
+        self.batches: dict[str, PendingCounts] = {}  # open: counts are added here
+        self.sealed: list[SealedBatch] = []  # sent or about to be: never changed, sent until applied
+        self.writer = uuid.uuid4().hex  # a forked child is a writer of its own
+        self.number = 0  # of the last sealed batch
         self.totals: dict[tuple[str, str, str, bool], int] = {}
         self.shadow_totals: dict[tuple[str, str], int] = {}
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
@@ -218,20 +225,17 @@ class ProcessRecorder:
     def flush(self) -> bool:
         self.check_fork()
         with self.flush_lock:
-            with self.lock:
-                batches, self.batches = self.batches, {}
-            if not batches:
+            outstanding = bool(self.sealed)  # sent before and not known applied: it goes first, unchanged
+            if not outstanding:
+                self._seal()
+            if not self.sealed:
                 return True
-            try:
-                self._write(batches)
-            except Exception as exc:  # Redis down, slow or misconfigured: keep the counts, retry later
-                self._restore(batches)
-                self.flush_errors += 1
-                if not self.failing:
-                    self.failing = True
-                    log_event("ratelimit.metrics_flush_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}",
-                              pending=sum(batch.size() for batch in batches.values()))
+            if not self._send():
                 return False
+            if outstanding:  # what was counted before this call is still open: send it too
+                self._seal()
+                if not self._send():
+                    return False
             self.flushes += 1
             self.last_flush = time.time()
             if self.failing:
@@ -239,24 +243,52 @@ class ProcessRecorder:
                 log_event("ratelimit.metrics_flush_recovered", logging.INFO)
             return True
 
+    def _seal(self) -> None:
+        """Turn the open counts into numbered batches (call with `flush_lock` held), without the hours
+        Redis would have expired already."""
+        oldest_hour = int(time.time()) // HOUR - _ttl_hours()
+        with self.lock:
+            batches, self.batches = self.batches, {}
+            for counts in batches.values():
+                self.dropped += counts.prune(oldest_hour)
+                if not counts.empty():
+                    self.number += 1
+                    self.sealed.append(SealedBatch(counts, self.writer, self.number, time.time()))
+
+    def _send(self) -> bool:
+        """Apply the sealed batches in order (call with `flush_lock` held); False when Redis did not answer:
+        the batch that failed and those after it stay sealed, to be sent again as they are."""
+        while self.sealed:
+            batch = self.sealed[0]
+            if time.time() - batch.sealed_at > _ttl_hours() * HOUR:  # the applied marker may expire: give up
+                with self.lock:
+                    self.dropped += batch.counts.size()
+            else:
+                try:
+                    self._write(batch)
+                except Exception as exc:  # Redis down, slow or misconfigured: keep the batch, retry later
+                    self.flush_errors += 1
+                    if not self.failing:
+                        self.failing = True
+                        log_event("ratelimit.metrics_flush_failed", logging.WARNING,
+                                  error=f"{type(exc).__name__}: {exc}", pending=self.pending())
+                    return False
+            self.sealed.pop(0)
+        return True
+
+    def pending(self) -> int:
+        """Decisions counted and not yet known to be in Redis (open and sealed)."""
+        return sum(batch.size() for batch in list(self.batches.values())) + \
+            sum(batch.counts.size() for batch in list(self.sealed))
+
     @staticmethod
-    def _write(batches: dict[str, PendingCounts]) -> None:
+    def _write(batch: SealedBatch) -> None:
         if ratelimit_settings.BACKEND == "memory":
             return  # no Redis: the counts stay in this process' totals (GET /metrics), not in the dashboard
         from ..service.connection import get_redis
 
-        write_batches(get_redis(), batches, ttl=int(ratelimit_settings.METRICS_TTL_HOURS) * HOUR,
-                      keep=top_candidates(int(ratelimit_settings.TOP_BLOCKED)))
-
-    def _restore(self, batches: dict[str, PendingCounts]) -> None:
-        try:
-            ttl_hours = int(ratelimit_settings.METRICS_TTL_HOURS)
-        except Exception:
-            ttl_hours = 48
-        oldest_hour = int(time.time()) // HOUR - ttl_hours
-        with self.lock:
-            for prefix, old in batches.items():
-                self.dropped += self._batch(prefix).merge(old, oldest_hour)
+        apply_batch(get_redis(), batch, ttl=_ttl_hours() * HOUR,
+                    keep=top_candidates(int(ratelimit_settings.TOP_BLOCKED)))
 
     def shutdown(self) -> None:
         """Stop the flusher and flush what is left (atexit)."""
@@ -279,6 +311,13 @@ class ProcessRecorder:
     def count_transition(self, state: str) -> None:
         with self.lock:
             self.transitions[state] = self.transitions.get(state, 0) + 1
+
+
+def _ttl_hours() -> int:
+    try:
+        return int(ratelimit_settings.METRICS_TTL_HOURS)
+    except Exception:
+        return 48
 
 
 process_recorder = ProcessRecorder()

@@ -1,6 +1,6 @@
 """The Redis keys and hash fields of the decision metrics: what the recorder writes and the queries read.
 
-What Redis holds (`<KEY_PREFIX>` is RATELIMIT['KEY_PREFIX']; every key lives METRICS_TTL_HOURS
+What Redis holds (`<KEY_PREFIX>` is RATELIMIT['KEY_PREFIX']; every counter key lives METRICS_TTL_HOURS
 hours after its last write, default 48):
 - `<KEY_PREFIX>:{metrics}:h:<YYYYMMDDHH>` (UTC hour), a hash of counters: `allowed`, `blocked`,
   `unauthorized` (401s), `degraded`, `degraded_blocked`, `tier:<tier>:allowed`, `tier:<tier>:blocked`,
@@ -12,6 +12,9 @@ hours after its last write, default 48):
   `max(50 x TOP_BLOCKED, 1000)` most blocked identities of the day; queries return TOP_BLOCKED.
 - `<KEY_PREFIX>:{metrics}:shadow:<YYYYMMDD>` (UTC day), the same for identities a shadow limit would
   have blocked.
+- `<KEY_PREFIX>:{metrics}:applied:<writer>`, the number of the last batch a process (a writer) applied:
+  a copy of a batch sent again is not added twice (observability.pending). It lives twice
+  METRICS_TTL_HOURS after its last write.
 
 Every key shares the `{metrics}` hash tag, so one batch lands in one Redis Cluster slot.
 """
@@ -42,6 +45,11 @@ def day_key(prefix: str, day: int) -> str:
 def shadow_day_key(prefix: str, day: int) -> str:
     """Redis key of the identities shadow limits would have blocked on `day` (days since the epoch, UTC)."""
     return f"{prefix}:{{metrics}}:shadow:{time.strftime('%Y%m%d', time.gmtime(day * _DAY))}"
+
+
+def applied_key(prefix: str, writer: str) -> str:
+    """Redis key of the number of the last batch `writer` (one process) applied."""
+    return f"{prefix}:{{metrics}}:applied:{writer}"
 
 
 def decision_fields(tier: str, policy: str, outcome: str, degraded: bool) -> list[str]:

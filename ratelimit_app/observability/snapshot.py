@@ -88,7 +88,7 @@ def process_metrics() -> ProcessMetrics:
             breaker_transitions=tuple(sorted(recorder.transitions.items())),
             flushes=recorder.flushes,
             flush_errors=recorder.flush_errors,
-            pending=sum(batch.size() for batch in recorder.batches.values()),
+            pending=recorder.pending(),
             dropped=recorder.dropped,
             last_flush=recorder.last_flush,
             shadow_blocked=tuple(ShadowCount(tier, policy, count)

@@ -1,6 +1,6 @@
 """The limiter on a real 3-master Redis Cluster (started by a fixture): the engine's exactness tests,
-no CROSSSLOT, identities spread over every shard, the service configured by a cluster URL, and the
-asyncio engine over redis.asyncio's cluster client."""
+no CROSSSLOT, identities spread over every shard, the service configured by a cluster URL, the
+asyncio engine over redis.asyncio's cluster client, and the decision metrics' batches."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ from ratelimit_app import AsyncRateLimiter, Policy, RateLimiter
 from ratelimit_app.core.budget import BudgetConnection
 from ratelimit_app.core.engine_async import close_client
 from ratelimit_app.core.policies import ALGORITHMS
+from ratelimit_app.observability.pending import PendingCounts, SealedBatch, apply_batch
+from ratelimit_app.observability.queries import recent_metrics
+from ratelimit_app.observability.recorder import flush, record_decision
 from ratelimit_app.service.connection import get_redis
 from ratelimit_app.service.limiter import get_limiter
 from tests.core.test_engine import wait_out_fixed_window
@@ -323,3 +326,21 @@ def test_the_async_service_runs_on_a_cluster_url_with_exactness(cluster: Cluster
         await service.aclose()
 
     asyncio.run(scenario())
+
+
+def test_decision_metrics_land_once_on_one_slot_of_a_cluster(cluster: ClusterTopology, cluster_client: RedisCluster,
+                                                             settings: Any, key_prefix: str) -> None:
+    """The metrics script's keys share the {metrics} hash tag: one EVALSHA on one node, and a batch sent
+    again adds nothing there either."""
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": cluster.url, "METRICS_FLUSH_INTERVAL": 3600.0}
+    counts = PendingCounts(key_prefix)
+    counts.counts = {(int(time.time()) // 3600, "free", "minute", "blocked", False): 4}
+    counts.blocked = {(int(time.time()) // 86400, "ip:192.0.2.1"): 4}
+    batch = SealedBatch(counts, "cluster-writer", 1, time.time())
+    assert apply_batch(cluster_client, batch, ttl=600, keep=10)
+    assert not apply_batch(cluster_client, batch, ttl=600, keep=10)
+    record_decision(allowed=True, tier="free", policy=None, degraded=False, identity="ip:192.0.2.1")
+    assert flush()
+    stored = recent_metrics(hours=2)
+    assert (stored.allowed, stored.blocked) == (1, 4)
+    assert [(t.identity, t.blocked) for t in stored.top_blocked] == [("ip:192.0.2.1", 4)]

@@ -12,6 +12,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -19,13 +20,14 @@ import redis
 from devtools.embedded import free_port, start_redis
 from ratelimit_app.observability import pending
 from ratelimit_app.observability.queries import MetricsRange, get_metrics, get_metrics_range, recent_metrics
-from ratelimit_app.observability.recorder import flush, record_breaker_change, record_decision
+from ratelimit_app.observability.recorder import flush, process_recorder, record_breaker_change, record_decision
 from ratelimit_app.observability.schema import hour_key
 from ratelimit_app.observability.snapshot import breaker_state, process_metrics
 from ratelimit_app.service.breaker import PROBE
 from ratelimit_app.service.limiter import get_limiter
 from ratelimit_app.service.logs import JsonFormatter, mask_key, safe_identity
 from tests.support.gunicorn_server import http_get, start_gunicorn
+from tests.support.tcp_proxy import tcp_proxy
 
 UTC = timezone.utc
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,15 +115,17 @@ def test_hour_and_day_keys_carry_the_configured_ttl(settings: Any, redis_client:
     send_load(allowed={"free": 1}, blocked={("free", "minute", "ip:192.0.2.50"): 1})
     assert flush()
     keys = sorted(k.decode() for k in redis_client.scan_iter(match=f"{key_prefix}:*"))
-    assert [k.split(":")[2] for k in keys] == ["blocked", "h"]
+    assert [k.split(":")[2] for k in keys] == ["applied", "blocked", "h"]
     for key in keys:
-        assert 7000 < redis_client.ttl(key) <= 7200, key
+        # the counters live the TTL; this process's applied marker twice that (it outlives any resend)
+        lifetime = 2 * 7200 if ":applied:" in key else 7200
+        assert lifetime - 200 < redis_client.ttl(key) <= lifetime, key
 
 
 def test_default_ttl_is_48_hours(redis_client: redis.Redis, key_prefix: str) -> None:
     send_load(allowed={"free": 1}, blocked={})
     assert flush()
-    [key] = redis_client.scan_iter(match=f"{key_prefix}:*")
+    [key] = redis_client.scan_iter(match=f"{key_prefix}:*:h:*")
     assert 47 * 3600 < redis_client.ttl(key) <= 48 * 3600
 
 
@@ -216,6 +220,42 @@ def test_memory_is_bounded_while_redis_is_down(settings: Any, monkeypatch: Any) 
     # totals stay exact; only the per-identity detail beyond the bound is lost
     assert hour.blocked == 20
     assert len(stored().top_blocked) == 5
+
+
+def test_a_batch_whose_reply_was_lost_is_sent_again_unchanged_and_counted_once(settings: Any, redis_url: str) -> None:
+    target = urlsplit(redis_url)
+    with tcp_proxy(target.hostname or "127.0.0.1", target.port or 6379) as proxy:
+        settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": proxy.url, "METRICS_FLUSH_INTERVAL": 3600.0,
+                              "SOCKET_TIMEOUT": 0.3}
+        send_load(allowed={"free": 1}, blocked={})
+        assert flush()  # loads the script through the proxy
+        send_load(allowed={"free": 10}, blocked={("free", "minute", "ip:192.0.2.7"): 3})
+        proxy.mode = "drop_replies"  # Redis applies the batch; its reply is lost
+        assert flush() is False
+        send_load(allowed={"free": 5}, blocked={})  # recorded while the batch is unanswered
+        assert flush() is False  # the same batch again (applied again by Redis, adding nothing)
+        proxy.mode = "forward"
+        assert flush() is True  # the same batch once more, then the 5 recorded since
+        hour = stored()
+        assert (hour.allowed, hour.blocked) == (16, 3)
+        assert [(t.identity, t.blocked) for t in hour.top_blocked] == [("ip:192.0.2.7", 3)]
+        assert proxy.commands_seen("EVALSHA") >= 5
+
+
+def test_a_batch_redis_never_took_is_given_up_after_the_ttl(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+                          "METRICS_FLUSH_INTERVAL": 3600.0}
+    send_load(allowed={"free": 4}, blocked={})
+    assert flush() is False
+    dropped = process_metrics().dropped
+    [batch] = process_recorder.sealed
+    # sealed longer ago than the TTL: its applied marker may have expired, so it is never sent again
+    process_recorder.sealed[0] = batch._replace(sealed_at=batch.sealed_at - 48 * 3600 - 1)
+    send_load(allowed={"free": 2}, blocked={})
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": settings.REDIS_URL}
+    assert flush()
+    assert stored().allowed == 2
+    assert process_metrics().dropped - dropped == 4 and process_metrics().pending == 0
 
 
 def test_exit_flushes_in_the_parent_and_in_a_forked_worker(redis_url: str, key_prefix: str) -> None:
