@@ -2,7 +2,7 @@
 
 The request path calls `record_decision` once per limited request: one or two dict increments
 under a lock, no Redis round trip, no database write. A daemon thread ("ratelimit-metrics-flusher")
-sends the counts to Redis in one pipeline (MULTI/EXEC on a single Redis) every
+sends the counts to Redis in one atomic script call (observability.pending.apply_batch) every
 RATELIMIT['METRICS_FLUSH_INTERVAL'] seconds (default 1), and once more at interpreter exit (atexit).
 A forked worker (gunicorn, multiprocessing) starts with empty counters of its own and its own
 flusher, so counts the parent had not flushed yet are flushed once, by the parent.
