@@ -25,6 +25,7 @@ Ids are stable (docs/settings.md, "What `check` validates", lists them all):
   be movable in production; it is not moved there either way);
 - ratelimit.W040: BACKEND is "memory" outside DEBUG and tests, or with more than one process (APP_SERVERS
   or WEB_CONCURRENCY above 1): each process would count alone. With this backend no Redis is checked.
+- ratelimit.W041: ENABLED is False with DEBUG off outside a test run: no limit of ours applies.
 
 RateLimitMiddleware's own checks (E022, W021) are in ratelimit_app.middleware_checks. No message shows the
 value of a setting that can hold a secret (ratelimit_app.service.conf_rules).
@@ -62,7 +63,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     values, errors = read_settings()
     if errors:
         return [checks.Error(error.message, hint=_SETTINGS_HINT, id="ratelimit.E001") for error in errors]
-    messages = _test_setting_messages(values)
+    messages = _debug_only_messages(values)
     if values["BACKEND"] == "memory":
         return messages  # decisions are made in process: no Redis to ask
     from .service.connection import get_redis
@@ -78,8 +79,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return [*messages, *_topology_errors(client), *_version_errors(client)]
 
 
-def _test_setting_messages(values: dict[str, Any]) -> list[checks.CheckMessage]:
-    """ratelimit.E040 (the clock shift outside tests) and W040 (the memory backend where it counts alone)."""
+def _debug_only_messages(values: dict[str, Any]) -> list[checks.CheckMessage]:
+    """ratelimit.E040 (the clock shift outside tests), W040 (the memory backend where it counts alone) and
+    W041 (the limits switched off outside DEBUG and tests)."""
     messages: list[checks.CheckMessage] = []
     debug_or_tests = bool(django_settings.DEBUG) or in_test_run()
     if values["CLOCK_SHIFT"] and not debug_or_tests:
@@ -97,6 +99,13 @@ def _test_setting_messages(values: dict[str, Any]) -> list[checks.CheckMessage]:
                 "the limits hold per process, not for the site.",
                 hint="Use BACKEND 'redis' (the default) wherever more than one process serves requests; "
                      "'memory' is for test suites without Redis.", id="ratelimit.W040"))
+    if not values["ENABLED"] and not debug_or_tests:
+        messages.append(checks.Warning(
+            "RATELIMIT['ENABLED'] is False with DEBUG off outside a test run: no limit of ours applies (the "
+            "middleware, the DRF throttles, the decorators, concurrency limits and load shedding let every "
+            "request through).",
+            hint="Remove ENABLED (it defaults to True); if this site runs without limits on purpose, add "
+                 "'ratelimit.W041' to SILENCED_SYSTEM_CHECKS.", id="ratelimit.W041"))
     return messages
 
 

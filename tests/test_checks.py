@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from io import StringIO
 from typing import Any
 
 import pytest
@@ -193,6 +194,25 @@ def test_the_memory_backend_asks_no_redis_and_is_a_warning_where_each_process_co
     monkeypatch.setattr("ratelimit_app.checks.in_test_run", lambda: False)
     assert "with DEBUG off outside a test run" in ratelimit_messages()[0].msg
     settings.DEBUG = True
+    assert ratelimit_messages() == []
+
+
+def test_limits_switched_off_outside_debug_and_tests_are_a_warning_of_check_deploy(
+        settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "ENABLED": False}
+    assert ratelimit_messages() == []  # a test run: turning the limits off is the test kit's own switch
+    monkeypatch.setattr("ratelimit_app.checks.in_test_run", lambda: False)
+    settings.DEBUG = True
+    assert ratelimit_messages() == []  # a developer's machine
+    settings.DEBUG = False
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.W041"]
+    assert "RATELIMIT['ENABLED'] is False with DEBUG off outside a test run: no limit of ours applies" in \
+        messages[0].msg
+    out = StringIO()
+    call_command("check", "--deploy", stdout=out, stderr=out)
+    assert "(ratelimit.W041) RATELIMIT['ENABLED'] is False" in out.getvalue()
+    settings.RATELIMIT = {**settings.RATELIMIT, "ENABLED": True}
     assert ratelimit_messages() == []
 
 
