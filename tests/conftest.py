@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 from django.conf import settings as django_settings
+from redis.commands.core import ManagementCommands, ScriptCommands
 
 from devtools.embedded import RedisProcess, redis_source, start_redis
 from ratelimit_app import RateLimiter
@@ -68,6 +70,47 @@ def server() -> Iterator[RedisProcess]:
 def redis_url() -> str:
     """The Redis the suite runs against: the one the demo settings resolved."""
     return str(django_settings.RATELIMIT["REDIS_URL"])
+
+
+#: Commands that empty a whole Redis server (every app's keys or loaded scripts): never on the suite's Redis.
+DESTRUCTIVE_COMMANDS = ((ManagementCommands, "flushall"), (ManagementCommands, "flushdb"),
+                        (ScriptCommands, "script_flush"))
+
+
+def server_address(connection_kwargs: dict[str, Any]) -> tuple[str, Any]:
+    """Where a client's connections go: ("unix", path) or (IP address, port)."""
+    if connection_kwargs.get("path"):
+        return ("unix", connection_kwargs["path"])
+    host = str(connection_kwargs.get("host") or "localhost")
+    try:
+        host = socket.gethostbyname(host)
+    except OSError:
+        pass
+    return (host, int(connection_kwargs.get("port") or 6379))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _never_flush_the_suites_redis(redis_url: str) -> Iterator[None]:
+    """The suite never runs FLUSHALL, FLUSHDB or SCRIPT FLUSH on the Redis it is given (REDIS_URL may be a
+    developer's own, shared with other apps): a test that needs one uses a Redis of its own (the `server`
+    fixture, or a cluster it starts). Here, in the test process, a client of that Redis refuses them."""
+    suites = server_address(redis.ConnectionPool.from_url(redis_url).connection_kwargs)
+    originals = [(owner, name, getattr(owner, name)) for owner, name in DESTRUCTIVE_COMMANDS]
+
+    def refusing(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def command(self: Any, *args: Any, **kwargs: Any) -> Any:
+            pool = getattr(self, "connection_pool", None)
+            if pool is not None and server_address(pool.connection_kwargs) == suites:
+                raise AssertionError(f"{name} on the Redis the suite was given ({redacted_url(redis_url)}): "
+                                     "use a Redis of the test's own (the `server` fixture)")
+            return original(self, *args, **kwargs)
+        return command
+
+    for owner, name, original in originals:
+        setattr(owner, name, refusing(name, original))
+    yield
+    for owner, name, original in originals:
+        setattr(owner, name, original)
 
 
 @pytest.fixture(scope="session")

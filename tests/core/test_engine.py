@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 
+from devtools.embedded import RedisProcess
 from ratelimit_app import Decision, Policy, RateLimiter
 from ratelimit_app.core.algorithms import BY_NAME
 from ratelimit_app.core.engine import (
@@ -261,13 +262,17 @@ def test_one_identity_twice_in_a_call_keeps_both_checks(limiter: RateLimiter) ->
     assert limiter.peek("k", ip).remaining == 0 and limiter.peek("k", tier).remaining == 2
 
 
-def test_script_flush_is_recovered_and_charges_once(limiter: RateLimiter, redis_client: redis.Redis) -> None:
+def test_script_flush_is_recovered_and_charges_once(server: RedisProcess, key_prefix: str, connections: str) -> None:
+    """On a Redis of the test's own: SCRIPT FLUSH empties the script cache of every app using a server."""
+    client: redis.Redis = redis.Redis.from_url(server.url, socket_timeout=10)
+    limiter = RateLimiter(client, prefix=key_prefix, connections=connections)
     policies = [small_policy("sliding_window", limit=10, period=60), Policy("day", "gcra", limit=10, period=86400)]
     assert limiter.hit("k", policies).remaining == 9
-    redis_client.script_flush()
+    client.script_flush()
     decision = limiter.hit("k", policies)
     assert decision.allowed
     assert [r.remaining for r in limiter.peek("k", policies).results] == [8, 8]
+    client.close()
 
 
 def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str, connections: str) -> None:

@@ -17,7 +17,7 @@ import pytest
 import redis
 import redis.asyncio
 
-from devtools.embedded import free_port
+from devtools.embedded import RedisProcess, free_port
 from ratelimit_app import AsyncRateLimiter, BackendError, Policy, RateLimiter
 from ratelimit_app.core.budget import reply_wait, within_budget
 from ratelimit_app.core.engine_async import close_client
@@ -178,18 +178,21 @@ def test_reset_forgets_the_identity(redis_url: str, redis_client: redis.Redis, k
     run_with(redis_url, scenario)
 
 
-def test_script_flush_is_recovered_and_charges_once(redis_url: str, redis_client: redis.Redis,
-                                                     key_prefix: str, async_connections: str) -> None:
+def test_script_flush_is_recovered_and_charges_once(server: RedisProcess, key_prefix: str,
+                                                     async_connections: str) -> None:
+    """On a Redis of the test's own: SCRIPT FLUSH empties the script cache of every app using a server."""
     policies = [Policy("p", "sliding_window", limit=10, period=60), Policy("day", "gcra", limit=10, period=86400)]
+    admin: redis.Redis = redis.Redis.from_url(server.url, socket_timeout=10)
 
     async def scenario(client: redis.asyncio.Redis) -> None:
         limiter = AsyncRateLimiter(client, prefix=key_prefix, connections=async_connections)
         assert (await limiter.hit("k", policies)).remaining == 9
-        redis_client.script_flush()
+        admin.script_flush()
         assert (await limiter.hit("k", policies)).allowed
         assert [r.remaining for r in (await limiter.peek("k", policies)).results] == [8, 8]
 
-    run_with(redis_url, scenario)
+    run_with(server.url, scenario)
+    admin.close()
 
 
 def test_client_retries_never_replay_a_decision(redis_url: str, key_prefix: str, async_connections: str) -> None:
