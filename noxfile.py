@@ -11,6 +11,8 @@ on PATH and, failing that, under pyenv's versions directory ($PYENV_ROOT, else ~
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import secrets
@@ -22,9 +24,10 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -201,7 +204,8 @@ def _follow_the_readme(session: nox.Session, site: Path, section: str) -> None:
     prefix = f"wheelcheck-{secrets.token_hex(6)}"
     settings_py = site / "mysite" / "settings.py"
     settings_py.write_text(settings_py.read_text() + "\n" + settings_block
-                           + f'\nRATELIMIT.update(REDIS_URL={resolve_redis_url()!r}, KEY_PREFIX={prefix!r})\n')
+                           + f'\nRATELIMIT.update(REDIS_URL={resolve_redis_url()!r}, KEY_PREFIX={prefix!r})\n'
+                           + OPT_IN_SWITCH)
     # urls.py: the README's dashboard include, placed where it says (before the admin's own URLs)
     include_line = next(line.strip() for line in _code_blocks(section, "python")[1].splitlines()
                         if "ratelimit_app.observability.dashboard" in line)
@@ -211,33 +215,99 @@ def _follow_the_readme(session: nox.Session, site: Path, section: str) -> None:
         session.error(f"the README's urls.py block no longer says {import_line!r}")
     urls_py = site / "mysite" / "urls.py"
     urls = urls_py.read_text().replace("from django.urls import path", import_line)
-    urls_py.write_text(urls.replace("urlpatterns = [\n", f"urlpatterns = [\n    {include_line}\n", 1))
+    urls_py.write_text(urls.replace("urlpatterns = [\n", f"urlpatterns = [\n    {include_line}\n", 1)
+                       + TEAM_API)
 
     session.run("python", "manage.py", "check", "--fail-level", "WARNING")
     session.run("python", "manage.py", "migrate", "--no-input")
     created = session.run("python", "manage.py", "create_api_key", "Wheel check", "--tier", "free", silent=True)
     key = str(created).strip().splitlines()[-1]
 
+    try:
+        with _served(session, site) as base:
+            statuses = [_status(base + "/api/users", {"X-API-Key": key}) for _ in range(11)]
+            session.log(f"statuses of 11 requests with a free key: {statuses}")
+            if statuses[:10] == [404] * 10 and statuses[10] == 429:
+                session.log("the 11th request of a free key is 429")
+            else:
+                session.error(f"expected ten 404s (no such view, but allowed) then one 429, got {statuses}")
+            dashboard = _status(base + "/admin/ratelimit_app/dashboard/", {})
+            if dashboard != 302:  # anonymous: sent to the admin login, so the URL is wired
+                session.error(f"GET /admin/ratelimit_app/dashboard/ answered {dashboard}, expected 302 to the login")
+            _check_team_api(session, base, require_api_key=False)
+        with _served(session, site, {"WHEELCHECK_REQUIRE_API_KEY": "1"}) as base:
+            _check_team_api(session, base, require_api_key=True)
+    finally:
+        session.chdir(ROOT)
+
+
+#: Appended to the project's settings after the README's block: RATELIMIT["REQUIRE_API_KEY"] = True when the
+#: server is started with WHEELCHECK_REQUIRE_API_KEY set (README's settings are checked without it).
+OPT_IN_SWITCH = """
+import os
+if os.environ.get("WHEELCHECK_REQUIRE_API_KEY"):
+    RATELIMIT["REQUIRE_API_KEY"] = True
+"""
+
+#: Appended to the project's urls.py: an API the team had before it adopted the app, under /api/, which
+#: answers with the scheme of the credential it was called with (its own JWT, DRF token, or none).
+TEAM_API = """
+
+from django.http import JsonResponse
+
+
+def whoami(request):
+    return JsonResponse({"scheme": request.headers.get("Authorization", "none").split(" ")[0]})
+
+
+urlpatterns.append(path("api/whoami", whoami))
+"""
+
+#: The team's callers: a JWT of its own, a DRF token, no credentials; and what REQUIRE_API_KEY answers them.
+TEAM_CALLERS = [
+    ({"Authorization": "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJl"}, "Bearer", "malformed API key"),
+    ({"Authorization": "Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b"}, "Token", "API key required"),
+    ({}, "none", "API key required"),
+]
+
+
+def _check_team_api(session: nox.Session, base: str, *, require_api_key: bool) -> None:
+    """Without REQUIRE_API_KEY the team's callers reach its view, with our rate limit headers; with it, each
+    gets our 401."""
+    for headers, scheme, refusal in TEAM_CALLERS:
+        status, answer, body = _answer(base + "/api/whoami", headers)
+        expected = (401, {"error": refusal}) if require_api_key else (200, {"scheme": scheme})
+        if (status, json.loads(body)) != expected or "X-RateLimit-Limit" not in answer:
+            session.error(f"GET /api/whoami as a {scheme} caller (REQUIRE_API_KEY {require_api_key}) answered "
+                          f"{status} {body!r} with headers {dict(answer)}, expected {expected} with X-RateLimit-Limit")
+    session.log(f"the team's own callers (JWT, DRF token, none) with REQUIRE_API_KEY {require_api_key}: "
+                + ("401 from us" if require_api_key else "served by its view, with rate limit headers"))
+
+
+@contextlib.contextmanager
+def _served(session: nox.Session, site: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """The project served by `runserver` on a free port while the block runs; yields its base URL."""
     port = free_port()
     python = Path(session.bin) / "python"
     server = subprocess.Popen([str(python), "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-                              cwd=site)
+                              cwd=site, env={**os.environ, **(env or {})})
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_for(base + "/admin/login/")
-        statuses = [_status(base + "/api/users", {"X-API-Key": key}) for _ in range(11)]
-        session.log(f"statuses of 11 requests with a free key: {statuses}")
-        if statuses[:10] == [404] * 10 and statuses[10] == 429:
-            session.log("the 11th request of a free key is 429")
-        else:
-            session.error(f"expected ten 404s (no such view, but allowed) then one 429, got {statuses}")
-        dashboard = _status(base + "/admin/ratelimit_app/dashboard/", {})
-        if dashboard != 302:  # anonymous: sent to the admin login, so the URL is wired
-            session.error(f"GET /admin/ratelimit_app/dashboard/ answered {dashboard}, expected 302 to the login")
+        yield base
     finally:
         server.terminate()
         server.wait(timeout=10)
-        session.chdir(ROOT)
+
+
+def _answer(url: str, headers: dict[str, str]) -> tuple[int, Any, str]:
+    """The status, headers and body of a GET of `url`."""
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 (a local http:// URL)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            return int(response.status), response.headers, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.headers, error.read().decode()
 
 
 def _status(url: str, headers: dict[str, str]) -> int:

@@ -76,6 +76,9 @@ CACHES = {
 
 RATELIMIT = {
     "REDIS_URL": REDIS_URL,
+    # The demo's API is for its API keys only: a request with neither a key nor a signed-in user gets 401
+    # (without this line it would be limited per client IP and served).
+    "REQUIRE_API_KEY": True,
     "METRICS_ALLOWED_IPS": ["127.0.0.1", "::1"],  # GET /metrics for a Prometheus on this machine
 }
 

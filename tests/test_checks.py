@@ -32,6 +32,7 @@ def ratelimit_messages(databases: list[str] | None = None) -> list[checks.CheckM
         ("ANONYMOUS_TIER", "", "slug of a tier"),
         ("DEFAULT_USER_TIER", 7, "slug of a tier"),
         ("ENABLED", "False", "True or False"),
+        ("REQUIRE_API_KEY", "yes", "True (a request with neither a key of ours"),
         ("PATH_PREFIXES", ["api/"], "starting with '/'"),
         ("BREAKER_MAX_COOLDOWN", 0.5, "RATELIMIT['BREAKER_COOLDOWN']"),
     ],
@@ -74,6 +75,16 @@ def test_the_default_and_demo_settings_pass(settings: Any) -> None:
     assert ratelimit_messages() == []
 
 
+def test_require_api_key_beside_an_anonymous_tier_is_an_error(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "REQUIRE_API_KEY": True, "ANONYMOUS_TIER": "free"}
+    messages = ratelimit_messages()
+    assert [m.id for m in messages] == ["ratelimit.E001"]
+    assert "RATELIMIT['REQUIRE_API_KEY'] is True while RATELIMIT['ANONYMOUS_TIER'] is 'free'" in messages[0].msg
+    assert "that tier would never apply" in messages[0].msg
+    settings.RATELIMIT = {**settings.RATELIMIT, "REQUIRE_API_KEY": False}
+    assert ratelimit_messages() == []
+
+
 @pytest.mark.parametrize("value", ["5/10m", "1000/d", None])
 def test_valid_ip_rates_pass(settings: Any, value: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "IP_RATE": value, "IP_ALGORITHM": "gcra"}
@@ -83,7 +94,7 @@ def test_valid_ip_rates_pass(settings: Any, value: Any) -> None:
 @pytest.mark.django_db
 @pytest.mark.parametrize("name", ["ANONYMOUS_TIER", "DEFAULT_USER_TIER"])
 def test_a_tier_setting_naming_no_tier_fails_the_database_check(settings: Any, name: str) -> None:
-    settings.RATELIMIT = {**settings.RATELIMIT, name: "gold"}
+    settings.RATELIMIT = {**settings.RATELIMIT, "REQUIRE_API_KEY": False, name: "gold"}
     assert ratelimit_messages() == []  # without --database, no query
     messages = ratelimit_messages(databases=["default"])
     assert [m.id for m in messages] == ["ratelimit.E003"]
@@ -95,7 +106,8 @@ def test_a_tier_setting_naming_no_tier_fails_the_database_check(settings: Any, n
 
 @pytest.mark.django_db
 def test_existing_tiers_pass_the_database_check(settings: Any) -> None:
-    settings.RATELIMIT = {**settings.RATELIMIT, "ANONYMOUS_TIER": "free", "DEFAULT_USER_TIER": "pro"}
+    settings.RATELIMIT = {**settings.RATELIMIT, "REQUIRE_API_KEY": False, "ANONYMOUS_TIER": "free",
+                          "DEFAULT_USER_TIER": "pro"}
     assert ratelimit_messages(databases=["default"]) == []
 
 

@@ -205,7 +205,8 @@ def test_status_endpoint_reports_and_charges_the_per_ip_limit_alone(client: Any)
 @pytest.mark.parametrize("key_kind", ["key", "anonymous"])
 def test_status_calls_are_refused_over_the_per_ip_limit_from_the_deny_cache(client: Any, settings: Any,
                                                                           key_kind: str) -> None:
-    use(settings, IP_RATE="5/m", ANONYMOUS_TIER="free" if key_kind == "anonymous" else None)
+    use(settings, IP_RATE="5/m", ANONYMOUS_TIER="free" if key_kind == "anonymous" else None,
+        REQUIRE_API_KEY=key_kind == "key")
     seed_tiers()
     key = make_key("free") if key_kind == "key" else None
     statuses = [get(client, "/api/rate-limit/status", key=key).status_code for _ in range(5)]
@@ -281,20 +282,22 @@ def test_session_users_get_their_tier(client: Any, django_user_model: Any) -> No
 
 def test_anonymous_clients_get_the_anonymous_tier_per_ip(client: Any, settings: Any) -> None:
     make_tier("anonymous", [("minute", "sliding_window", 2, 60, None, "")])
-    use(settings, ANONYMOUS_TIER="anonymous")
+    use(settings, ANONYMOUS_TIER="anonymous", REQUIRE_API_KEY=False)
     assert [get(client).status_code for _ in range(2)] == [200, 200]
     denied = get(client)
     assert denied.status_code == 429 and denied.json()["tier"] == "anonymous"
     other_ip = get(client, REMOTE_ADDR="198.51.100.20")
     assert other_ip.status_code == 200
-    # A presented key that is not valid is refused, not downgraded to the anonymous tier.
-    assert get(client, key="nope", REMOTE_ADDR="198.51.100.21").status_code == 401
+    # A presented key of ours that is not valid is refused, not downgraded to the anonymous tier; a value
+    # that is not one of ours (a key of the project's own) is not ours to refuse.
+    assert get(client, key=generate_key()[1], REMOTE_ADDR="198.51.100.21").status_code == 401
+    assert get(client, key="nope", REMOTE_ADDR="198.51.100.22")["X-RateLimit-Tier"] == "anonymous"
 
 
 @pytest.mark.parametrize(("mode", "status"), [("open", 200), ("closed", 503)])
 def test_a_missing_tier_named_in_settings_follows_the_fail_mode_and_is_logged_once(
         client: Any, settings: Any, caplog: Any, mode: str, status: int) -> None:
-    use(settings, ANONYMOUS_TIER="missing", FAIL_MODE=mode)
+    use(settings, ANONYMOUS_TIER="missing", FAIL_MODE=mode, REQUIRE_API_KEY=False)
     limiting._logged_causes.clear()
     with caplog.at_level(logging.DEBUG, logger="ratelimit_app"):
         assert [get(client).status_code for _ in range(3)] == [status] * 3

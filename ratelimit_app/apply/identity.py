@@ -1,5 +1,5 @@
-"""Who is calling: the API key a request carries, the client IP (behind trusted proxies only), and the
-identity strings limits are counted under.
+"""Who is calling: the API key of ours a request carries (a credential of another format is not ours), the
+client IP (behind trusted proxies only), and the identity strings limits are counted under.
 
 Identity strings: `key:<api key prefix>`, `user:<user pk>`, `ip:<address>` for IPv4 and
 `ip:<network>/<len>` for IPv6 (grouped by RATELIMIT['IPV6_PREFIX'], default /64, because one IPv6
@@ -13,10 +13,11 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from django.http import HttpRequest
 
+from ..plans.apikeys import parse_key
 from ..plans.clientrules import IPAddress, IPNetwork, parse_network
 from ..service.conf import SettingsCached, ratelimit_settings
 
@@ -62,19 +63,45 @@ def identity_config() -> IdentityConfig:
     return _config.get()
 
 
-def api_key_from_request(request: HttpRequest) -> str | None:
-    """The raw API key the request carries (the API key header, else `Authorization: Bearer`), or None.
+class PresentedKey(NamedTuple):
+    """One of our API keys as a request presents it: its prefix, and the whole key (unverified until it is
+    compared with the stored hash)."""
 
-    The value is untrusted and unbounded: check it with `apikeys.parse_key` before any other use.
+    prefix: str
+    key: str
+
+
+def api_key_from_request(request: HttpRequest) -> PresentedKey | None:
+    """The API key of ours the request carries, or None.
+
+    Read from the API key header (RATELIMIT['API_KEY_HEADER']), else from `Authorization: Bearer`. A
+    value is ours when it has the shape of our keys (`apikeys.parse_key`: `<8 letters or digits>.<secret>`,
+    at most 128 characters, checked before anything else); any other value (a JWT, an OAuth token, a key
+    of the project's own in X-API-Key) is not ours: it is left untouched to the project's authentication,
+    and the request is one without a key of ours.
     """
     meta = request.META
-    key = meta.get(identity_config().api_key_meta)
-    if key is not None:
-        return str(key)
+    value = meta.get(identity_config().api_key_meta)
+    if value is not None:
+        prefix = parse_key(value)
+        if prefix is not None:
+            return PresentedKey(prefix, value)
     authorization = meta.get("HTTP_AUTHORIZATION")
     if authorization and authorization[:7].lower() == "bearer ":
-        return str(authorization[7:].strip())
+        value = authorization[7:].strip()
+        prefix = parse_key(value)
+        if prefix is not None:
+            return PresentedKey(prefix, value)
     return None
+
+
+def offers_credential(request: HttpRequest) -> bool:
+    """True when the request carries a value in the API key header or an `Authorization: Bearer` credential,
+    ours or not: where RATELIMIT['REQUIRE_API_KEY'] refuses a request without a key of ours, this tells a
+    malformed key from a missing one."""
+    meta = request.META
+    authorization = meta.get("HTTP_AUTHORIZATION")
+    return identity_config().api_key_meta in meta or bool(authorization and authorization[:7].lower() == "bearer ")
 
 
 def _parse_ip(text: str) -> IPAddress | None:

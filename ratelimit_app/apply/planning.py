@@ -6,13 +6,15 @@ ratelimit_app.apply.limiting then decides in one Redis call.
 
 1. the client IP (trusted proxies only) -> identity `ip:<addr or IPv6 network>`; an allow or deny
    rule (ClientRule) on its network;
-2. an API key (X-API-Key / Authorization: Bearer), whose shape is checked before any lookup; else the
-   authenticated user; else the anonymous tier (RATELIMIT['ANONYMOUS_TIER']) or 401.
+2. an API key of ours (X-API-Key / Authorization: Bearer, a value of our keys' shape: see
+   `identity.api_key_from_request`; a credential of any other format is the project's, not ours); else
+   the authenticated user; else, with RATELIMIT['REQUIRE_API_KEY'], 401; else the anonymous tier
+   (RATELIMIT['ANONYMOUS_TIER']) per IP; else the per-IP limit alone.
 
-A request whose key is missing, malformed, unknown, revoked or expired is still charged to the per-IP
-limit (counted before authentication), so floods of invalid keys are limited. A key not yet cached in
-this process is looked up only after a `peek` at the per-IP limit allows it, so an IP over its limit
-causes no database query at all.
+A request whose key of ours is unknown, revoked or expired (or, under REQUIRE_API_KEY, missing or
+malformed) is still charged to the per-IP limit (counted before authentication), so floods of invalid
+keys are limited. A key not yet cached in this process is looked up only after a `peek` at the per-IP
+limit allows it, so an IP over its limit causes no database query at all.
 
 On an event loop, the async twin ratelimit_app.apply.planning_async plans from this process' lookup
 cache without I/O; a cold cache is read in one `sync_to_async` call.
@@ -32,7 +34,7 @@ from django.http import HttpRequest
 from ..core.exceptions import BACKEND_ERRORS
 from ..core.policies import Policy
 from ..models import IP_POLICY_NAME
-from ..plans.apikeys import key_matches, parse_key
+from ..plans.apikeys import key_matches
 from ..plans.clientrules import ALLOW, DENY, ClientRules
 from ..plans.compile import TierInfo
 from ..plans.localcache import MISS
@@ -42,10 +44,12 @@ from ..service.conf import InvalidSetting, SettingsCached, ratelimit_settings
 from ..service.limiter import get_limiter
 from . import shedding
 from .identity import (
+    PresentedKey,
     api_key_from_request,
     authenticated_user,
     client_ip,
     key_identity,
+    offers_credential,
     request_ip_identity,
     user_identity,
 )
@@ -95,6 +99,7 @@ class LimitConfig:
 
     path_prefixes: tuple[str, ...]
     ip_policies: tuple[Policy, ...]
+    require_api_key: bool
     anonymous_tier: str | None
     default_user_tier: str | None
     headers: str
@@ -111,6 +116,7 @@ def _read_limit_config() -> LimitConfig:
     return LimitConfig(
         path_prefixes=tuple(ratelimit_settings.PATH_PREFIXES),
         ip_policies=ip_policies,
+        require_api_key=ratelimit_settings.REQUIRE_API_KEY,
         anonymous_tier=ratelimit_settings.ANONYMOUS_TIER,
         default_user_tier=ratelimit_settings.DEFAULT_USER_TIER,
         headers=ratelimit_settings.HEADERS,
@@ -132,10 +138,11 @@ class RequestPlan(NamedTuple):
     `checks` are the per-IP limit first, then the tier's (or, for a plan without a tier, what the
     throttles and decorator add). `refusal` is not "" when the request has no usable key or tier:
     it is then charged to the per-IP limit alone and answered 401 with that message if the IP may
-    send. `tier_fail_mode` is the tier's own fail mode (None: RATELIMIT['FAIL_MODE']), `fail_mode` the
-    one that applies. `label` names the decision in the metrics (the tier slug, "ip", "decorator"...).
-    `listed` is "allow" when an allow rule (ClientRule) matched: the plan then has no checks, and
-    none are added to it.
+    send. A plan without a tier and without a refusal is that of a client with neither a key of ours
+    nor a user nor an anonymous tier: the per-IP limit alone. `tier_fail_mode` is the tier's own fail
+    mode (None: RATELIMIT['FAIL_MODE']), `fail_mode` the one that applies. `label` names the decision
+    in the metrics (the tier slug, "ip", "decorator"...). `listed` is "allow" when an allow rule
+    (ClientRule) matched: the plan then has no checks, and none are added to it.
     """
 
     checks: tuple[LimitCheck, ...]
@@ -173,9 +180,9 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: 
     return plan_with_key(request, api_key_from_request(request), cost, scope, user, path)
 
 
-def plan_with_key(request: HttpRequest, raw_key: str | None, cost: int, scope: str, user: Any,
-          path: str | None) -> RequestPlan | LimitOutcome:
-    """`plan_request` for the API key `raw_key` the request carries (None: none), read once by the caller."""
+def plan_with_key(request: HttpRequest, key: PresentedKey | None, cost: int, scope: str, user: Any,
+                  path: str | None) -> RequestPlan | LimitOutcome:
+    """`plan_request` for the API key of ours `key` the request carries (None: none), read once by the caller."""
     config = limit_config()
     ip_id = request_ip_identity(request)
     lookups = get_lookups()
@@ -187,18 +194,18 @@ def plan_with_key(request: HttpRequest, raw_key: str | None, cost: int, scope: s
             return _denied_by_list(ip_id, "client network")
     ip_checks = (LimitCheck(ip_id, config.ip_policies),) if config.ip_policies and not listed else ()
     known = _Known(config, lookups, rules, ip_id, ip_checks, listed)
-    client = _key_client(known, raw_key, cost) if raw_key is not None else _user_client(request, known, user)
+    client = _key_client(known, key, cost) if key is not None else _user_client(request, known, user)
     if isinstance(client, (RequestPlan, LimitOutcome)):
         return client
     tier, identity, listed = client
+    tier_mode, label = (tier.fail_mode, tier.slug) if tier is not None else (None, IP_ONLY_TIER)
     if listed:
-        return RequestPlan((), tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug,
-                           listed=ALLOW)
-    checks = (*ip_checks, LimitCheck(identity, tier.policies_for(scope)))
+        return RequestPlan((), tier, identity, tier_mode or config.fail_mode, tier_mode, label=label, listed=ALLOW)
+    checks = ip_checks if tier is None else (*ip_checks, LimitCheck(identity, tier.policies_for(scope)))
     fleet = shedding.fleet_check(request, _declared_priority, path)
     if fleet is not None:
         checks = (*checks, fleet)
-    return RequestPlan(checks, tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug)
+    return RequestPlan(checks, tier, identity, tier_mode or config.fail_mode, tier_mode, label=label)
 
 
 class _Known(NamedTuple):
@@ -217,17 +224,15 @@ class _Known(NamedTuple):
                            listed=self.listed if listed else "")
 
 
-#: A client `plan_request` identified: its tier (overrides applied), its identity, and "allow" when an
-#: allow rule matched it ("" otherwise).
-_Client = tuple[TierInfo, str, str]
+#: A client `plan_request` identified: its tier (overrides applied; None: the per-IP limit alone), its
+#: identity, and "allow" when an allow rule matched it ("" otherwise).
+_Client = tuple[TierInfo | None, str, str]
 
 
-def _key_client(known: _Known, raw_key: str, cost: int) -> _Client | RequestPlan | LimitOutcome:
-    """The client of an API key, or the plan (a 401) or outcome (a 403, or a per-IP 429) refusing it."""
+def _key_client(known: _Known, key: PresentedKey, cost: int) -> _Client | RequestPlan | LimitOutcome:
+    """The client of an API key of ours, or the plan (a 401) or outcome (a 403, or a per-IP 429) refusing it."""
     lookups, rules = known.lookups, known.rules
-    prefix = parse_key(raw_key)
-    if prefix is None:
-        return known.refused("malformed API key")
+    prefix = key.prefix
     if prefix in rules.deny_keys:
         return _denied_by_list(key_identity(prefix), "API key")
     info = lookups.cached_key(prefix)
@@ -240,7 +245,7 @@ def _key_client(known: _Known, raw_key: str, cost: int) -> _Client | RequestPlan
             if early is not None:
                 return early
         info = lookups.key(prefix)
-    if info is None or not key_matches(raw_key, info.hashed_key):
+    if info is None or not key_matches(key.key, info.hashed_key):
         return known.refused("unknown API key")
     refusal = info.refusal(time.time())
     if refusal is not None:
@@ -255,8 +260,9 @@ def _key_client(known: _Known, raw_key: str, cost: int) -> _Client | RequestPlan
 
 
 def _user_client(request: HttpRequest, known: _Known, user: Any) -> _Client | RequestPlan:
-    """The client of a request without a key: the user's tier (else DEFAULT_USER_TIER), else the
-    anonymous tier per IP; else the plan refusing it (401, API key required)."""
+    """The client of a request without a key of ours: the user's tier (else DEFAULT_USER_TIER); else, under
+    REQUIRE_API_KEY, the plan refusing it (401: a malformed key when it offered a credential not ours, else a
+    key required); else the anonymous tier per IP; else the per-IP limit alone."""
     config, lookups = known.config, known.lookups
     if user is FROM_REQUEST:
         user = authenticated_user(request)
@@ -268,10 +274,12 @@ def _user_client(request: HttpRequest, known: _Known, user: Any) -> _Client | Re
             slug, setting = config.default_user_tier, "DEFAULT_USER_TIER"
     if slug is not None:
         identity = user_identity(user.pk)
+    elif config.require_api_key:
+        return known.refused("malformed API key" if offers_credential(request) else "API key required", listed=False)
     elif config.anonymous_tier is not None:
         slug, setting, identity = config.anonymous_tier, "ANONYMOUS_TIER", known.ip_id
     else:
-        return known.refused("API key required", listed=False)
+        return None, known.ip_id, known.listed
     tier = lookups.tier(slug)
     if tier is None:
         where = f"RATELIMIT['{setting}']" if setting else f"the user tier of user {user.pk}"

@@ -25,14 +25,14 @@ async def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", 
     key this process has not seen, whose per-IP peek comes first), the whole plan is made in one
     `sync_to_async` call instead. A session user is read with Django's `request.auser()` (5.0+).
     """
-    raw_key = api_key_from_request(request)
-    if user is FROM_REQUEST and raw_key is None:
+    key = api_key_from_request(request)
+    if user is FROM_REQUEST and key is None:
         user = await request_user(request)
     try:
         with local_only():
-            return planning.plan_with_key(request, raw_key, cost, scope, user, path)
+            return planning.plan_with_key(request, key, cost, scope, user, path)
     except NeedsIO:
-        return await sync_to_async(planning.plan_with_key)(request, raw_key, cost, scope, user, path)
+        return await sync_to_async(planning.plan_with_key)(request, key, cost, scope, user, path)
 
 
 async def request_user(request: HttpRequest) -> Any:

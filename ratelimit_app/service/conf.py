@@ -54,7 +54,8 @@ DEFAULTS: dict[str, Any] = {
     "IP_ALGORITHM": "sliding_window_counter",  # O(1) per address: an abuse guard, approximate is enough
     "IP_SHADOW": False,  # True: the per-IP limit is a dry run (counted, never refuses; see docs/plans.md)
     "DEFAULT_USER_TIER": "free",  # tier of an authenticated user without an API key or own tier
-    "ANONYMOUS_TIER": None,  # tier for clients with no key and no user; None: a key is required (401)
+    "REQUIRE_API_KEY": False,  # True: a request with neither a key of ours nor a user is refused (401)
+    "ANONYMOUS_TIER": None,  # tier for clients with no key and no user, per IP; None: the per-IP limit alone
     "HEADERS": "both",  # "legacy" (X-RateLimit-*), "ietf" (RateLimit, RateLimit-Policy) or "both"
     "HEADER_DRAFT": "draft-11",  # the draft-ietf-httpapi-ratelimit-headers revision the IETF fields follow
     "ERROR_FORMAT": "json",  # body of 429/503/401/403: "json" or "problem" (RFC 9457 problem+json)
@@ -156,6 +157,12 @@ def setting_errors(values: dict[str, Any]) -> list[SettingError]:
     for name, problem in (("IP_RATE", _ip_rate_error(values)), ("EXEMPT_PATHS", exempting_everything(values))):
         if problem is not None:
             errors.append(SettingError(name, problem))
+    tier = values["ANONYMOUS_TIER"]
+    if values["REQUIRE_API_KEY"] is True and tier is not None and RULES["ANONYMOUS_TIER"][0](tier):
+        errors.append(SettingError("REQUIRE_API_KEY", (
+            f"RATELIMIT['REQUIRE_API_KEY'] is True while RATELIMIT['ANONYMOUS_TIER'] is {tier!r}: "
+            "clients with neither key nor user are refused, so that tier would never apply; expected "
+            "REQUIRE_API_KEY False (they are served under ANONYMOUS_TIER) or ANONYMOUS_TIER None (they are refused)")))
     alias = values["CACHE_ALIAS"]
     if values["REDIS_URL"] is None and isinstance(alias, str) and alias not in getattr(django_settings, "CACHES", {}):
         # with a REDIS_URL, an alias that is not a cache only means "no shared lookup cache" (see lookups)

@@ -104,6 +104,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "IP_ALGORITHM": (lambda value: value in ALGORITHMS, f"one of {', '.join(map(repr, ALGORITHMS))}"),
     "IP_SHADOW": _BOOLEAN,
     "DEFAULT_USER_TIER": _TIER,
+    "REQUIRE_API_KEY": (lambda value: isinstance(value, bool),
+                        "True (a request with neither a key of ours nor a signed-in user is refused 401) or "
+                        "False (it is limited per client IP, or by ANONYMOUS_TIER)"),
     "ANONYMOUS_TIER": _TIER,
     "HEADERS": (lambda value: value in ("legacy", "ietf", "both"), "one of 'legacy', 'ietf', 'both'"),
     "HEADER_DRAFT": (lambda value: value in ("draft-11",), "'draft-11' (the only revision supported)"),
@@ -227,6 +230,16 @@ def _read_proxies(value: Any, values: dict[str, Any]) -> Any:
     return UNREADABLE if _items(value) is None else _read_networks(value, values)
 
 
+def _read_switch(value: Any, values: dict[str, Any]) -> Any:
+    """A boolean as written (True beside an ANONYMOUS_TIER: the requests it would serve are refused, as
+    written), or as the string or number spells it ('true', 'False', 1, 0: an environment variable read
+    as is); anything else has no reading."""
+    if isinstance(value, bool):
+        return value
+    spelled = value.strip().lower() if isinstance(value, str) else value if value in (0, 1) else None
+    return {"true": True, "1": True, 1: True, "false": False, "0": False, 0: False}.get(spelled, UNREADABLE)
+
+
 def _clamp(bound: str, side: Callable[[Any, Any], Any]) -> Callable[[Any, dict[str, Any]], Any]:
     """Read a number on the wrong side of the setting `bound` as that setting's value (`side`: max or min)."""
     def read(value: Any, values: dict[str, Any]) -> Any:
@@ -245,6 +258,7 @@ READINGS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "EXEMPT_PATHS": _read_exempt,
     "IP_ALGORITHM": _choice(ALGORITHMS),
     "IP_SHADOW": lambda value, values: False,  # the per-IP limit stays enforced
+    "REQUIRE_API_KEY": _read_switch,
     "HEADERS": _choice(("legacy", "ietf", "both"), "both"),
     "HEADER_DRAFT": _choice(("draft-11",), "draft-11"),
     "ERROR_FORMAT": _choice(("json", "problem"), "json"),  # a refusal must be answered in some format

@@ -8,10 +8,12 @@ import pytest
 from django.test import RequestFactory
 
 from ratelimit_app.apply.identity import (
+    PresentedKey,
     api_key_from_request,
     client_ip,
     ip_identity,
     key_identity,
+    offers_credential,
     request_ip_identity,
     user_identity,
 )
@@ -30,20 +32,52 @@ def use(settings: Any, **values: Any) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, **values}
 
 
+ONE = "AbCd1234." + "a" * 43  # the shape of our keys: an 8-character prefix, a dot, the secret
+TWO = "EfGh5678." + "b" * 43
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"
+
+
 def test_api_key_from_x_api_key_or_bearer() -> None:
-    assert api_key_from_request(request(HTTP_X_API_KEY="abc")) == "abc"
-    assert api_key_from_request(request(HTTP_AUTHORIZATION="Bearer abc.def")) == "abc.def"
-    assert api_key_from_request(request(HTTP_AUTHORIZATION="bearer   abc.def ")) == "abc.def"
-    assert api_key_from_request(request(HTTP_AUTHORIZATION="Basic dXNlcjpwdw==")) is None
+    assert api_key_from_request(request(HTTP_X_API_KEY=ONE)) == PresentedKey("AbCd1234", ONE)
+    assert api_key_from_request(request(HTTP_AUTHORIZATION=f"Bearer {ONE}")) == PresentedKey("AbCd1234", ONE)
+    assert api_key_from_request(request(HTTP_AUTHORIZATION=f"bearer   {ONE} ")) == PresentedKey("AbCd1234", ONE)
     assert api_key_from_request(request()) is None
-    # X-API-Key wins over Authorization when both are sent.
-    assert api_key_from_request(request(HTTP_X_API_KEY="one", HTTP_AUTHORIZATION="Bearer two")) == "one"
+    # X-API-Key wins over Authorization when both carry one of ours.
+    assert api_key_from_request(request(HTTP_X_API_KEY=ONE, HTTP_AUTHORIZATION=f"Bearer {TWO}")) == \
+        PresentedKey("AbCd1234", ONE)
+
+
+@pytest.mark.parametrize("credentials", [
+    {"HTTP_AUTHORIZATION": f"Bearer {JWT}"},  # a JWT
+    {"HTTP_AUTHORIZATION": "Bearer ya29.a0AfH6SMBx"},  # an OAuth access token
+    {"HTTP_AUTHORIZATION": "Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b"},  # DRF's TokenAuthentication
+    {"HTTP_AUTHORIZATION": "Basic dXNlcjpwdw=="},
+    {"HTTP_AUTHORIZATION": f"Token {ONE}"},  # our key's shape, under another scheme: not sent to us
+    {"HTTP_X_API_KEY": "team-key-4d2c91"},  # a key of the project's own in X-API-Key
+    {"HTTP_X_API_KEY": "AbCd1234.x"},  # a prefix and a secret too short to be ours
+    {"HTTP_X_API_KEY": ONE + "a" * 100},  # longer than any key of ours
+])
+def test_a_credential_of_another_format_is_not_ours(credentials: dict[str, str]) -> None:
+    assert api_key_from_request(request(**credentials)) is None
+
+
+def test_a_key_of_ours_in_bearer_is_read_beside_a_value_not_ours_in_x_api_key() -> None:
+    assert api_key_from_request(request(HTTP_X_API_KEY="team-key", HTTP_AUTHORIZATION=f"Bearer {ONE}")) == \
+        PresentedKey("AbCd1234", ONE)
+
+
+def test_what_offers_a_credential() -> None:
+    assert offers_credential(request(HTTP_X_API_KEY="team-key"))
+    assert offers_credential(request(HTTP_AUTHORIZATION=f"Bearer {JWT}"))
+    assert not offers_credential(request(HTTP_AUTHORIZATION="Token abc"))
+    assert not offers_credential(request())
 
 
 def test_api_key_header_is_configurable(settings: Any) -> None:
     use(settings, API_KEY_HEADER="X-Client-Token")
-    assert api_key_from_request(request(HTTP_X_CLIENT_TOKEN="abc")) == "abc"
-    assert api_key_from_request(request(HTTP_X_API_KEY="abc")) is None
+    assert api_key_from_request(request(HTTP_X_CLIENT_TOKEN=ONE)) == PresentedKey("AbCd1234", ONE)
+    assert api_key_from_request(request(HTTP_X_API_KEY=ONE)) is None
+    assert offers_credential(request(HTTP_X_CLIENT_TOKEN="x")) and not offers_credential(request(HTTP_X_API_KEY="x"))
 
 
 def test_without_trusted_proxies_forwarded_for_is_ignored() -> None:

@@ -132,8 +132,36 @@ def test_a_user_gets_their_tier_else_the_default_user_tier(tier: Tier, settings:
     assert plan(request(user=bob)).refusal == "API key required"
 
 
+def test_without_require_api_key_a_client_without_key_user_or_anonymous_tier_has_the_per_ip_limit_alone(
+    tier: Tier, settings: Any, django_user_model: Any
+) -> None:
+    use(settings, REQUIRE_API_KEY=False, DEFAULT_USER_TIER=None)
+    bob = django_user_model.objects.create_user("bob", password="pw-bob-123")
+    jwt = factory.get("/api/things", REMOTE_ADDR=IP, HTTP_AUTHORIZATION="Bearer eyJhbGciOiJIUzI1NiJ9.e30.c2ln")
+    for planned in (plan(request()), plan(request(user=bob)), plan(request("team-key")), plan(jwt)):
+        assert [c.identity for c in planned.checks] == [f"ip:{IP}"] and planned.refusal == ""
+        assert (planned.tier, planned.identity, planned.label, planned.fail_mode) == (None, f"ip:{IP}", "ip", "open")
+    use(settings, IP_RATE=None)
+    assert plan(request()).checks == ()  # nothing of ours limits it: no Redis call, no headers
+    # a value in our key format is ours, and verified, whatever REQUIRE_API_KEY says
+    assert plan(request("Zz9Zz9Zz." + "a" * 43)).refusal == "unknown API key"
+
+
+def test_with_require_api_key_a_credential_not_ours_is_a_malformed_key_and_none_a_required_one(
+    tier: Tier, settings: Any, django_user_model: Any
+) -> None:
+    use(settings, REQUIRE_API_KEY=True)
+    jwt = factory.get("/api/things", REMOTE_ADDR=IP, HTTP_AUTHORIZATION="Bearer eyJhbGciOiJIUzI1NiJ9.e30.c2ln")
+    token = factory.get("/api/things", REMOTE_ADDR=IP, HTTP_AUTHORIZATION="Token 9944b09199c62bcf9418ad846dd0e4")
+    assert [plan(r).refusal for r in (jwt, request("team-key"), token, request())] == \
+        ["malformed API key", "malformed API key", "API key required", "API key required"]
+    bob = django_user_model.objects.create_user("bob", password="pw-bob-123")
+    jwt.user = bob  # a signed-in user is served under their tier, whatever else the request carries
+    assert plan(jwt).identity == f"user:{bob.pk}" and plan(jwt).refusal == ""
+
+
 def test_without_a_user_the_anonymous_tier_counts_per_ip(tier: Tier, settings: Any) -> None:
-    use(settings, ANONYMOUS_TIER="planned")
+    use(settings, ANONYMOUS_TIER="planned", REQUIRE_API_KEY=False)
     planned = plan(request())
     assert [c.identity for c in planned.checks] == [f"ip:{IP}", f"ip:{IP}"] and planned.label == "planned"
 
@@ -142,7 +170,7 @@ def test_without_a_user_the_anonymous_tier_counts_per_ip(tier: Tier, settings: A
                                                 ("DEFAULT_USER_TIER", "RATELIMIT['DEFAULT_USER_TIER']")])
 def test_a_setting_naming_a_missing_tier_is_improperly_configured(settings: Any, django_user_model: Any,
                                                                   setting: str, where: str) -> None:
-    use(settings, **{setting: "nosuchtier"})
+    use(settings, **{setting: "nosuchtier"}, REQUIRE_API_KEY=False)
     user = django_user_model.objects.create_user("carol", password="pw-carol-123")
     with pytest.raises(ImproperlyConfigured, match=rf"{where.replace('[', '.').replace(']', '.')} names tier "
                                                    r"'nosuchtier', which does not exist"):

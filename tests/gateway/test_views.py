@@ -134,6 +134,17 @@ def test_a_bad_key_is_401_and_no_key_is_401(client: Client) -> None:
     assert forward_auth(client, None).json() == {"error": "API key required"}
 
 
+def test_without_require_api_key_a_credential_not_ours_and_none_are_limited_per_ip(client: Client,
+                                                                                  settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "REQUIRE_API_KEY": False}
+    seed_tiers()
+    jwt = forward_auth(client, None, Authorization="Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln")
+    bare = forward_auth(client, None)
+    for answer in (jwt, bare):
+        assert answer.status_code == 200 and answer.headers["X-RateLimit-Limit"] == "100"  # the per-IP limit
+    assert forward_auth(client, make_key("free")[:-4] + "AAAA").json() == {"error": "unknown API key"}
+
+
 def test_a_service_scope_adds_its_limits_to_the_tiers_global_ones(client: Client) -> None:
     tier = make_tier("services", [("minute", "fixed_window", 5, 60, None, ""),
                                   ("minute", "fixed_window", 2, 60, None, "orders")])

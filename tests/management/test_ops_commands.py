@@ -107,7 +107,7 @@ def test_status_of_an_address_shows_the_per_ip_limit(db: Any, settings: Any) -> 
 
 
 def test_status_of_an_address_includes_the_anonymous_tier(db: Any, settings: Any) -> None:
-    settings.RATELIMIT = {**settings.RATELIMIT, "ANONYMOUS_TIER": "free"}
+    settings.RATELIMIT = {**settings.RATELIMIT, "ANONYMOUS_TIER": "free", "REQUIRE_API_KEY": False}
     out, _ = run("ratelimit_status", "ip:198.51.100.20")
     assert "Tier:      free" in out
     assert set(rows(out)) == {"ip", "burst", "minute", "day"}

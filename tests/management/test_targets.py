@@ -67,7 +67,7 @@ def test_a_user_is_limited_by_their_tier_with_their_own_limits_else_the_default(
 
 def test_an_address_or_network_is_limited_by_the_per_ip_limit_and_the_anonymous_tier(settings: Any) -> None:
     make_tier("anon", LIMITS)
-    use(settings, IPV6_PREFIX=48, ANONYMOUS_TIER="anon")
+    use(settings, IPV6_PREFIX=48, ANONYMOUS_TIER="anon", REQUIRE_API_KEY=False)
     target = resolve("ip:2001:db8:1:2::7")
     assert target.description == "client address ip:2001:db8:1::/48"
     assert [(c.identity, c.label) for c in target.checks] == [

@@ -111,7 +111,7 @@ def test_an_unusable_key_is_a_401(client: Any) -> None:
 
 @pytest.mark.django_db
 def test_a_deny_rule_is_a_403(client: Any, settings: Any) -> None:
-    settings.RATELIMIT = {**settings.RATELIMIT, "ANONYMOUS_TIER": "free"}
+    settings.RATELIMIT = {**settings.RATELIMIT, "ANONYMOUS_TIER": "free", "REQUIRE_API_KEY": False}
     ClientRule.objects.create(network="127.0.0.0/8", action="deny", note="test")
     refused = client.get("/ninja/tier")
     assert refused.status_code == 403 and "access rule" in refused.json()["error"]

@@ -63,6 +63,8 @@ def read(name: str, value: Any, **others: Any) -> Any:
     ("EXEMPT_PATHS", None, []), ("TRUSTED_PROXIES", -1, UNREADABLE),
     ("TRUSTED_PROXIES", "10.1.0.0/16", ["10.1.0.0/16"]),
     ("METRICS_ALLOWED_IPS", 3, []), ("CACHE_TTL", 0, UNREADABLE), ("CACHE_TTL", 7200.5, 3600),
+    ("REQUIRE_API_KEY", " False ", False), ("REQUIRE_API_KEY", "true", True), ("REQUIRE_API_KEY", 0, False),
+    ("REQUIRE_API_KEY", "yes", UNREADABLE), ("REQUIRE_API_KEY", None, UNREADABLE),
 ])
 def test_the_cautious_reading_of_an_invalid_value(name: str, written: Any, reading: Any) -> None:
     assert read(name, written) == reading if reading is not UNREADABLE else read(name, written) is UNREADABLE
@@ -75,3 +77,5 @@ def test_readings_that_depend_on_another_setting() -> None:
     assert read("BREAKER_MAX_COOLDOWN", 0.5, BREAKER_COOLDOWN=2.0) == 2.0
     assert read("BREAKER_MAX_COOLDOWN", 0.5, BREAKER_COOLDOWN="x") is UNREADABLE
     assert read("SHED_LOW_AT", 0.99, SHED_NORMAL_AT=0.9) == 0.9
+    # True beside an ANONYMOUS_TIER (an error): the clients that tier would serve are refused, as written
+    assert read("REQUIRE_API_KEY", True, ANONYMOUS_TIER="free") is True

@@ -13,6 +13,6 @@ globals().update({name: value for name, value in vars(demo).items() if name.isup
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ.get("RATELIMIT_TEST_DB", "")}}
 
 #: Shared with the test, whose `ratelimit_reset` must clear the same policies.
-LIMITS: dict[str, object] = {"IP_RATE": "3/m", "ANONYMOUS_TIER": "free"}
+LIMITS: dict[str, object] = {"IP_RATE": "3/m", "ANONYMOUS_TIER": "free", "REQUIRE_API_KEY": False}
 
 RATELIMIT: dict[str, object] = {**demo.RATELIMIT, "KEY_PREFIX": os.environ.get("RATELIMIT_TEST_PREFIX", "rl"), **LIMITS}
