@@ -85,13 +85,14 @@ def describe(request: HttpRequest, contract: str, forwarded_path: str | None = N
 
 
 def _path_of(uri: str, header: str) -> str:
-    """The decoded path of a request URI: origin-form ("/orders?page=2") or absolute-form."""
+    """The path of a request URI, decoded once: origin-form ("/orders?page=2"; one that starts with "//"
+    is a path, as a server reads it, not a host) or absolute-form ("http://shop.example/orders")."""
     if len(uri) > MAX_URI:
         raise BadDescription(f"{header} is longer than {MAX_URI} characters")
-    parts = urlsplit(uri)
-    if not parts.path.startswith("/") and uri != "*":
+    path = uri.partition("?")[0].partition("#")[0] if uri.startswith("/") else urlsplit(uri).path
+    if not path.startswith("/") and uri != "*":
         raise BadDescription(f"{header} is not a request URI (a path such as /orders?page=2): {uri!r:.80}")
-    return unquote(parts.path) or "/"
+    return unquote(path) or "/"
 
 
 def _service(request: HttpRequest) -> str:
