@@ -13,7 +13,9 @@ from django.conf import settings as django_settings
 from django.core import checks
 from django.urls import NoReverseMatch, reverse
 
+from ..apply.planning import PathScope
 from ..service.conf import read_settings
+from ..service.paths import PathPrefixes
 
 MIDDLEWARE = "ratelimit_app.middleware.RateLimitMiddleware"
 _URL_NAMES = ("ratelimit-gateway-authorize", "ratelimit-gateway-auth-request", "ratelimit-gateway-release")
@@ -38,8 +40,8 @@ def check_gateway_paths(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     values, errors = read_settings()
     if errors or MIDDLEWARE not in getattr(django_settings, "MIDDLEWARE", ()) or not values["ENABLED"]:
         return []
-    prefixes, exempt = tuple(values["PATH_PREFIXES"]), tuple(values["EXEMPT_PATHS"])
-    limited = [path for path in routed_paths() if path.startswith(prefixes) and not path.startswith(exempt)]
+    scope = PathScope(True, PathPrefixes.of(values["PATH_PREFIXES"]), PathPrefixes.of(values["EXEMPT_PATHS"]))
+    limited = [path for path in routed_paths() if scope.applies(path)]
     if not limited:
         return []
     return [checks.Warning(
