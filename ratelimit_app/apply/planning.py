@@ -40,7 +40,7 @@ from ..plans.lookups import Lookups, get_lookups, require_io
 from ..service import events
 from ..service.conf import InvalidSetting, SettingsCached, ratelimit_settings
 from ..service.limiter import get_limiter
-from ..service.paths import PathPrefixes, readings
+from ..service.paths import PathPrefixes, limited
 from . import shedding
 from .identity import (
     api_key_from_request,
@@ -67,11 +67,7 @@ class PathScope:
     def applies(self, path: str) -> bool:
         """True when the middleware limits `path` (`request.path_info`): on, and under a prefix and not
         exempt as sent or normalised (ratelimit_app.service.paths: no reading escapes a limit)."""
-        if self.enabled:
-            for reading in readings(path):
-                if self.path_prefixes.match(reading) and not self.exempt_paths.match(reading):
-                    return True
-        return False
+        return self.enabled and limited(path, self.path_prefixes, self.exempt_paths)
 
 
 def _read_path_scope() -> PathScope:

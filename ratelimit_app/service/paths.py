@@ -1,12 +1,13 @@
 """Request paths as RATELIMIT's path settings (PATH_PREFIXES, EXEMPT_PATHS, SHED_PRIORITIES) describe them.
 
 A path (decoded once, as Django's `request.path_info`) is read two ways: as sent, and normalised
-(`normalize`: repeated slashes merged, dot segments resolved) as nginx, Caddy and most servers route it.
-The service behind may route either reading, so each setting applies the stricter of the two
-(`readings`): a path is limited when either reading is limited, and gets the lower of their shedding
-priorities. A prefix matches by segment (`PathPrefixes`): "/api/health" matches "/api/health" and
-"/api/health/db", never "/api/healthcare"; a trailing slash changes nothing ("/api/" matches "/api"
-and "/api/users", never "/apis").
+(`normalize`: repeated slashes merged, dot segments resolved) as nginx and Caddy route it. The service
+behind may route either reading, so each setting applies the stricter of the two (`readings`): a path
+is limited when either reading is (`limited`), and gets the lower of their shedding priorities.
+
+A prefix matches by segment (`PathPrefixes`): "/api/health" matches "/api/health" and "/api/health/db",
+never "/api/healthcare"; a trailing slash changes nothing ("/api/" matches "/api" and "/api/users",
+never "/apis").
 
 `typo` says why a prefix as written looks like a mistake (`manage.py check`: ratelimit.W022).
 """
@@ -73,6 +74,20 @@ class PathPrefixes(NamedTuple):
             if bounded.startswith(form):
                 return entry
         return None
+
+
+def limited(path: str, prefixes: PathPrefixes, exempt: PathPrefixes) -> bool:
+    """True when a reading of `path` lies under one of `prefixes` and under none of `exempt`: no
+    reading escapes a limit. (The two readings of `readings`, unrolled: this runs for every request.)"""
+    inside, outside = prefixes.forms, exempt.forms
+    bounded = path + "/"
+    if bounded.startswith(inside) and not bounded.startswith(outside):
+        return True
+    normal = normalize(path)
+    if normal == path:
+        return False
+    bounded = normal + "/"
+    return bounded.startswith(inside) and not bounded.startswith(outside)
 
 
 _WHITESPACE = re.compile(r"\s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ratelimit_app.service.paths import PathPrefixes, normalize, prefix_form, readings, typo
+from ratelimit_app.service.paths import PathPrefixes, limited, normalize, prefix_form, readings, typo
 
 
 @pytest.mark.parametrize(("path", "normal"), [
@@ -45,6 +45,16 @@ def test_prefixes_match_by_segment_and_a_trailing_slash_changes_nothing() -> Non
     everything = PathPrefixes.of(["/"])
     assert everything.match("/") and everything.match("/anything/at/all")
     assert not PathPrefixes.of([]).match("/api")
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("/api/users", True), ("/api/health", False), ("/api/health/db", False), ("/api/healthcare", True),
+    ("/api/health/../users", True), ("/api/users/../health", True),  # limited as sent
+    ("/health/../api/users", True), ("//api/users", True),  # limited normalised
+    ("/health/x", False), ("/apis", False), ("/api//health", True),  # as sent, "/api//health" is not exempt
+])
+def test_a_path_is_limited_when_either_reading_is(path: str, expected: bool) -> None:
+    assert limited(path, PathPrefixes.of(["/api/"]), PathPrefixes.of(["/api/health", "/health"])) is expected
 
 
 def test_the_longest_prefix_is_found_whatever_the_order_written() -> None:
