@@ -1,11 +1,15 @@
-"""`manage.py check` for RateLimitMiddleware: listed once in MIDDLEWARE, limiting paths the site has.
+"""`manage.py check` for RateLimitMiddleware and the path settings: listed once in MIDDLEWARE, limiting
+paths the site has, with prefixes written as paths are matched (ratelimit_app.service.paths).
 
 - ratelimit.E022: RateLimitMiddleware (or a subclass) is listed more than once (every request would be
   charged twice);
 - ratelimit.W021: with the middleware installed, RATELIMIT['PATH_PREFIXES'] is empty, or an entry the
   project wrote matches no URL of the URLconf (paths are case-sensitive): the middleware limits nothing
   there. The default (['/api/']) is not checked against the URLs: a project may add its API later, and a
-  request under /api/ is charged even before its view exists.
+  request under /api/ is charged even before its view exists;
+- ratelimit.W022: a prefix of PATH_PREFIXES, EXEMPT_PATHS or SHED_PRIORITIES (which the gateway endpoint
+  reads too) looks like a typo (a query string, whitespace, a percent-escape, '//', '.' or '..'), or
+  SHED_PRIORITIES gives one prefix ('/api' and '/api/') two priorities.
 """
 
 from __future__ import annotations
@@ -20,8 +24,13 @@ from django.urls.resolvers import RegexPattern, RoutePattern
 from django.utils.module_loading import import_string
 
 from .service.conf import read_settings
+from .service.paths import PathPrefixes, prefix_form, typo
 
 _MIDDLEWARE = "ratelimit_app.middleware.RateLimitMiddleware"
+_PATH_SETTINGS = ("PATH_PREFIXES", "EXEMPT_PATHS", "SHED_PRIORITIES")
+_PATH_HINT = ("Write each prefix as request.path_info shows paths: decoded, starting with '/', without a query "
+              "string, whitespace, '//', '.' or '..' segments; it matches that path and the paths below it, by "
+              "segment (docs/settings.md).")
 
 
 @checks.register("ratelimit", checks.Tags.urls)
@@ -50,7 +59,8 @@ def check_middleware(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         return []
     return [checks.Warning(
         f"RATELIMIT['PATH_PREFIXES'] entry {prefix!r} matches no URL of the URLconf: the middleware limits "
-        "nothing there", hint="Paths are case-sensitive and start with '/' (request.path_info).",
+        "nothing there", hint="Paths are case-sensitive, start with '/' (request.path_info) and match by segment "
+                              "('/api/user' is not '/api/users').",
         id="ratelimit.W021")
         for prefix in prefixes if not any(_matches(prefix, literal, open_end) for literal, open_end in routes)]
 
@@ -97,5 +107,27 @@ def _route_prefixes(patterns: Any, base: str) -> Any:
 
 
 def _matches(prefix: str, literal: str, open_end: bool) -> bool:
-    """True when a URL routed by a pattern starting with `literal` can start with `prefix`."""
-    return literal.startswith(prefix) or (open_end and prefix.startswith(literal))
+    """True when a URL routed by a pattern starting with `literal` can lie under `prefix` (by segment,
+    as the middleware matches: ratelimit_app.service.paths)."""
+    return PathPrefixes.of([prefix]).match(literal) or (open_end and prefix_form(prefix).startswith(literal))
+
+
+@checks.register("ratelimit")
+def check_path_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """ratelimit.W022 for each prefix of PATH_PREFIXES, EXEMPT_PATHS or SHED_PRIORITIES that looks like a
+    typo, and for SHED_PRIORITIES entries that are one prefix written twice with two priorities."""
+    values, errors = read_settings()
+    if errors:
+        return []  # check_settings reports them
+    messages: list[checks.CheckMessage] = [
+        checks.Warning(f"RATELIMIT[{name!r}] entry {prefix!r} looks like a typo: {why}.", hint=_PATH_HINT,
+                       id="ratelimit.W022")
+        for name in _PATH_SETTINGS for prefix in values[name] if (why := typo(prefix)) is not None]
+    written: dict[str, str] = {}
+    for prefix, priority in values["SHED_PRIORITIES"].items():
+        other = written.setdefault(prefix_form(prefix), prefix)
+        if other != prefix and values["SHED_PRIORITIES"][other] != priority:
+            messages.append(checks.Warning(
+                f"RATELIMIT['SHED_PRIORITIES'] entries {other!r} and {prefix!r} are one prefix (a trailing slash "
+                "changes nothing) with two priorities: the lower one applies.", hint=_PATH_HINT, id="ratelimit.W022"))
+    return messages

@@ -99,6 +99,26 @@ def test_only_configured_paths_are_limited(client: Any, settings: Any) -> None:
     assert get(client).status_code == 200
 
 
+@pytest.mark.parametrize(("exempt", "prefixes", "limited", "unlimited"), [
+    (["/api/health"], ["/api/"], ["/api/healthcare/records", "/api/healthz"], ["/api/health", "/api/health/db"]),
+    (["/api/health/"], ["/api/"], ["/api/healthcare"], ["/api/health", "/api/health/db"]),  # the same prefix
+    ([], ["/api/users"], ["/api/users", "/api/users/7"], ["/api/users-export", "/api/usersx/1"]),
+    ([], ["/api/"], ["/api", "/api/users"], ["/apis/users", "/apix"]),  # "/api/" is "/api" and below
+    (["/api/health"], ["/api/"], [  # no reading of the path escapes a limit
+        "/api/health/../users", "/api/health/%2e%2e/users", "/api/health%2F..%2Fusers", "/api/health/./../users",
+        "/api//health/../users", "/api/health//../users", "/api/users/../health/x"], []),
+    (["/health"], ["/api/"], ["/health/../api/users", "/health/%2E%2E/api/users", "/health//../api/x"], ["/health/x"]),
+])
+def test_paths_match_by_segment_after_normalisation(client: Any, settings: Any, exempt: list[str],
+                                                    prefixes: list[str], limited: list[str],
+                                                    unlimited: list[str]) -> None:
+    seed_tiers()
+    key = make_key("free")
+    use(settings, EXEMPT_PATHS=exempt, PATH_PREFIXES=prefixes)
+    assert [path for path in limited if "X-RateLimit-Limit" not in get(client, path, key)] == []
+    assert [path for path in unlimited if "X-RateLimit-Limit" in get(client, path, key)] == []
+
+
 @pytest.mark.parametrize(("make", "message"), [
     (lambda: None, "API key required"),
     (lambda: "not-a-key", "malformed API key"),

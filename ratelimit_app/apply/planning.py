@@ -42,6 +42,7 @@ from ..plans.lookups import Lookups, get_lookups, require_io
 from ..service import events
 from ..service.conf import InvalidSetting, SettingsCached, ratelimit_settings
 from ..service.limiter import get_limiter
+from ..service.paths import PathPrefixes, limited
 from . import shedding
 from .identity import (
     PresentedKey,
@@ -64,12 +65,13 @@ class PathScope:
     settings change."""
 
     enabled: bool
-    path_prefixes: tuple[str, ...]
-    exempt_paths: tuple[str, ...]
+    path_prefixes: PathPrefixes
+    exempt_paths: PathPrefixes
 
     def applies(self, path: str) -> bool:
-        """True when the middleware limits `path` (on, under a prefix and not exempt)."""
-        return self.enabled and path.startswith(self.path_prefixes) and not path.startswith(self.exempt_paths)
+        """True when the middleware limits `path` (`request.path_info`): on, and under a prefix and not
+        exempt as sent or normalised (ratelimit_app.service.paths: no reading escapes a limit)."""
+        return self.enabled and limited(path, self.path_prefixes, self.exempt_paths)
 
 
 def _read_path_scope() -> PathScope:
@@ -80,7 +82,8 @@ def _read_path_scope() -> PathScope:
         prefixes = tuple(ratelimit_settings.PATH_PREFIXES)
     except InvalidSetting:
         prefixes = ("/",)
-    return PathScope(bool(ratelimit_settings.ENABLED), prefixes, tuple(ratelimit_settings.EXEMPT_PATHS))
+    return PathScope(bool(ratelimit_settings.ENABLED), PathPrefixes.of(prefixes),
+                     PathPrefixes.of(ratelimit_settings.EXEMPT_PATHS))
 
 
 _path_scope = SettingsCached(_read_path_scope)

@@ -2,7 +2,8 @@
 
 Every route has a priority: "critical", "normal" (the default) or "low", declared with
 `@limit_cost(priority="low")` on the view, else by path prefix in RATELIMIT['SHED_PRIORITIES']
-(the longest matching prefix wins).
+(the longest matching prefix wins, matched by segment; a path read as sent and normalised gets the
+lower of the two priorities: ratelimit_app.service.paths).
 
 Fleet shedder (RATELIMIT['SHED_CAPACITY'] set): each request the middleware limits also holds a slot
 of one fleet-wide concurrency count in Redis (a lease of RATELIMIT['SHED_LEASE'] seconds, like a
@@ -41,6 +42,7 @@ from django.http import HttpRequest
 from ..core.policies import CONCURRENCY, MAX_LIMIT, Policy
 from ..service.conf import SettingsCached, ratelimit_settings
 from ..service.logs import log_event
+from ..service.paths import PathPrefixes, prefix_form, readings
 from .limitcheck import LimitCheck
 
 CRITICAL = "critical"
@@ -70,25 +72,25 @@ class ShedConfig:
 
     capacity: int | None
     thresholds: dict[str, Policy]  # priority -> the fleet count's policy at that priority's threshold
-    prefixes: tuple[tuple[str, str], ...]  # (path prefix, priority), longest first
+    prefixes: PathPrefixes  # SHED_PRIORITIES' prefixes
+    priorities: dict[str, str]  # prefix (its prefix_form) -> priority
     process_limit: int | None
     retry_after: float
 
     def priority_for(self, path: str, declared: str | None) -> str:
-        """The priority of a request to `path`: its view's declaration, else its path prefix, else normal."""
+        """The priority of a request to `path`: its view's declaration, else that of its longest path
+        prefix (normal under none); when `path` read as sent and normalised differ, the lower of theirs."""
         if declared is not None:
             return declared
-        for prefix, priority in self.prefixes:
-            if path.startswith(prefix):
-                return priority
-        return NORMAL
+        found = [self.priorities.get(self.prefixes.longest(reading) or "", NORMAL) for reading in readings(path)]
+        return max(found, key=PRIORITIES.index)
 
 
 def _parse() -> ShedConfig:
     """The shedding settings; with RATELIMIT['ENABLED'] False, neither shedder sheds (nor counts)."""
     settings = ratelimit_settings
     if not settings.ENABLED:
-        return ShedConfig(None, {}, (), None, float(settings.SHED_RETRY_AFTER))
+        return ShedConfig(None, {}, PathPrefixes.of(()), {}, None, float(settings.SHED_RETRY_AFTER))
     capacity = settings.SHED_CAPACITY
     lease = settings.SHED_LEASE
     thresholds: dict[str, Policy] = {}
@@ -100,8 +102,12 @@ def _parse() -> ShedConfig:
                            period=lease),
             CRITICAL: Policy(FLEET_POLICY, CONCURRENCY, limit=MAX_LIMIT, period=lease),  # counted, never refused
         }
-    prefixes = tuple(sorted(settings.SHED_PRIORITIES.items(), key=lambda item: -len(item[0])))
-    return ShedConfig(capacity, thresholds, prefixes, settings.SHED_PROCESS_LIMIT, float(settings.SHED_RETRY_AFTER))
+    priorities: dict[str, str] = {}
+    for prefix, priority in settings.SHED_PRIORITIES.items():  # "/api" and "/api/" are one prefix: the lower wins
+        form = prefix_form(prefix)
+        priorities[form] = max(priority, priorities.get(form, CRITICAL), key=PRIORITIES.index)
+    return ShedConfig(capacity, thresholds, PathPrefixes.of(priorities), priorities, settings.SHED_PROCESS_LIMIT,
+                      float(settings.SHED_RETRY_AFTER))
 
 
 _config = SettingsCached(_parse)

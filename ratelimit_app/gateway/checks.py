@@ -14,6 +14,7 @@ from django.core import checks
 from django.urls import NoReverseMatch, reverse
 
 from ..service.conf import read_settings
+from ..service.paths import PathPrefixes, limited
 
 MIDDLEWARE = "ratelimit_app.middleware.RateLimitMiddleware"
 _URL_NAMES = ("ratelimit-gateway-authorize", "ratelimit-gateway-auth-request", "ratelimit-gateway-release")
@@ -38,12 +39,12 @@ def check_gateway_paths(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     values, errors = read_settings()
     if errors or MIDDLEWARE not in getattr(django_settings, "MIDDLEWARE", ()) or not values["ENABLED"]:
         return []
-    prefixes, exempt = tuple(values["PATH_PREFIXES"]), tuple(values["EXEMPT_PATHS"])
-    limited = [path for path in routed_paths() if path.startswith(prefixes) and not path.startswith(exempt)]
-    if not limited:
+    prefixes, exempt = PathPrefixes.of(values["PATH_PREFIXES"]), PathPrefixes.of(values["EXEMPT_PATHS"])
+    charged = [path for path in routed_paths() if limited(path, prefixes, exempt)]
+    if not charged:
         return []
     return [checks.Warning(
-        f"RateLimitMiddleware limits the gateway endpoint itself ({', '.join(limited)} under "
+        f"RateLimitMiddleware limits the gateway endpoint itself ({', '.join(charged)} under "
         f"RATELIMIT['PATH_PREFIXES']): each authorization request would be charged as a request of the gateway's own.",
         hint="Include ratelimit_app.gateway outside RATELIMIT['PATH_PREFIXES'], or add its path to "
              "RATELIMIT['EXEMPT_PATHS'].",

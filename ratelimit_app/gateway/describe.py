@@ -6,7 +6,10 @@ own; the request to decide is described in it:
 - the original method and URI: nginx's `X-Original-Method` / `X-Original-URI` (set by its
   configuration; the `auth-request` contract), Caddy's and Traefik's `X-Forwarded-Method` /
   `X-Forwarded-Uri` (which they set themselves), or Envoy ext_authz's forwarded path: Envoy appends the
-  original path to its `path_prefix` and keeps the original method (the `authorize` contract);
+  original path to its `path_prefix` and keeps the original method (the `authorize` contract). The
+  path is decoded once, as Django's `path_info` is; the shedder reads it as sent and normalised, the
+  lower priority winning (ratelimit_app.service.paths), so no dot segment, encoded dot or slash, or
+  repeated slash gains a priority the gateway's own routing would not give;
 - the service: `X-RateLimit-Service`, set by the gateway for the routes of one service; it selects the
   tier limits of that scope (a tier's unscoped limits apply to every service, its limits with scope
   "orders" to the service "orders" only);
@@ -85,13 +88,14 @@ def describe(request: HttpRequest, contract: str, forwarded_path: str | None = N
 
 
 def _path_of(uri: str, header: str) -> str:
-    """The decoded path of a request URI: origin-form ("/orders?page=2") or absolute-form."""
+    """The path of a request URI, decoded once: origin-form ("/orders?page=2"; one that starts with "//"
+    is a path, as a server reads it, not a host) or absolute-form ("http://shop.example/orders")."""
     if len(uri) > MAX_URI:
         raise BadDescription(f"{header} is longer than {MAX_URI} characters")
-    parts = urlsplit(uri)
-    if not parts.path.startswith("/") and uri != "*":
+    path = uri.partition("?")[0].partition("#")[0] if uri.startswith("/") else urlsplit(uri).path
+    if not path.startswith("/") and uri != "*":
         raise BadDescription(f"{header} is not a request URI (a path such as /orders?page=2): {uri!r:.80}")
-    return unquote(parts.path) or "/"
+    return unquote(path) or "/"
 
 
 def _service(request: HttpRequest) -> str:

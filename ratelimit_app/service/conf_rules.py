@@ -14,6 +14,7 @@ from typing import Any
 from ..core.engine import CONNECTION_MODES
 from ..core.keys import PREFIX_PATTERN
 from ..core.policies import ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS
+from .paths import PathPrefixes, prefix_form
 from .redisurl import SCHEMES, url_problem
 
 #: The values of RATELIMIT['BACKEND'] (docs/testing.md tells when "memory" fits).
@@ -171,7 +172,7 @@ def exempting_everything(values: dict[str, Any]) -> str | None:
         return None
     for prefix in values["PATH_PREFIXES"]:
         for exempt in values["EXEMPT_PATHS"]:
-            if prefix.startswith(exempt):
+            if PathPrefixes.of([exempt]).match(prefix_form(prefix)):
                 return (f"RATELIMIT['EXEMPT_PATHS'] entry {exempt!r} exempts every path under "
                         f"RATELIMIT['PATH_PREFIXES'] entry {prefix!r}: the middleware would limit nothing there; "
                         "expected paths inside the limited ones, such as ['/api/health']")
@@ -214,7 +215,7 @@ def _read_exempt(value: Any, values: dict[str, Any]) -> list[str]:
     """The EXEMPT_PATHS entries that are paths and exempt part of a limited prefix, not all of it."""
     prefixes = values["PATH_PREFIXES"] if values["PATH_PREFIXES"] is not UNREADABLE else ["/"]
     return [item for item in _items(value) or () if isinstance(item, str) and item.startswith("/")
-            and not any(prefix.startswith(item) for prefix in prefixes)]
+            and not any(PathPrefixes.of([item]).match(prefix_form(prefix)) for prefix in prefixes)]
 
 
 def _read_networks(value: Any, values: dict[str, Any]) -> list[str]:

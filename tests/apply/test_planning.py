@@ -59,7 +59,8 @@ def test_limit_config_follows_the_settings(settings: Any) -> None:
         IP_ALGORITHM="gcra", IP_SHADOW=True, FAIL_MODE="local")
     scope = path_scope()
     assert scope.applies("/api/users") and scope.applies("/v2/x")
-    assert not scope.applies("/api/health") and not scope.applies("/api/healthz") and not scope.applies("/admin/")
+    assert not scope.applies("/api/health") and not scope.applies("/api/health/db") and not scope.applies("/admin/")
+    assert scope.applies("/api/healthz") and scope.applies("/api/health/../users")  # by segment, every reading
     config = limit_config()
     [ip] = config.ip_policies
     assert (ip.name, ip.algorithm, ip.limit, ip.period, ip.shadow) == ("ip", "gcra", 7, 1, True)

@@ -230,6 +230,26 @@ def test_the_fleet_sheds_low_then_normal_never_critical(client: Any, settings: A
     assert policies["shed.low"] == 2 and policies["shed.normal"] == 1
 
 
+@pytest.mark.parametrize("sent", [
+    "/api/checkout/../streaming",           # the path a client sends, resolved as a server resolves it
+    "/api/checkout/%2e%2e/streaming",       # percent-encoded dots
+    "/api/checkout%2F..%2Fstreaming",       # percent-encoded slashes
+    "/api/checkout//../streaming",          # a repeated slash
+    "/api/streaming/../checkout/x",         # read as sent it is under /api/streaming: no priority gained
+])
+def test_a_path_gets_no_priority_from_dot_segments_or_encodings(client: Any, settings: Any, sent: str) -> None:
+    use(settings, SHED_CAPACITY=10, SHED_LOW_AT=0.1,
+        SHED_PRIORITIES={"/api/checkout": "critical", "/api/streaming": "low"})
+    key = make_key(make_tier("roomy", [("minute", "sliding_window", 1000, 60, None, "")]))
+    held = get(client, "/api/low", key)  # the low threshold (1) is reached
+    assert held.status_code == 200 and fleet_in_flight() == 1
+    assert get(client, "/api/streaming", key).status_code == 503
+    assert get(client, "/api/checkout/x", key).status_code == 404  # critical: admitted (no view there)
+    shed = get(client, sent, key)
+    assert shed.status_code == 503 and shed.json()["priority"] == "low"
+    held.close()
+
+
 def test_with_redis_down_the_fleet_shedder_follows_the_fail_mode(client: Any, settings: Any) -> None:
     from devtools.embedded import free_port
 

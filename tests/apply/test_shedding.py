@@ -54,6 +54,18 @@ def test_a_declared_priority_wins_then_the_longest_prefix_then_normal(settings: 
     assert priority("/api/users", CRITICAL) == CRITICAL
 
 
+def test_a_prefix_matches_by_segment_and_a_path_read_two_ways_gets_the_lower_priority(settings: Any) -> None:
+    use(settings, SHED_PRIORITIES={"/checkout": "critical", "/export/": "low", "/search": "normal",
+                                   "/search/": "low"})  # one prefix written twice: the lower wins
+    priority = shed_config().priority_for
+    assert priority("/checkout", None) == priority("/checkout/pay", None) == CRITICAL
+    assert priority("/checkoutx", None) == NORMAL and priority("/export", None) == LOW
+    assert priority("/checkout/../export/x", None) == priority("/export/x", None) == LOW
+    assert priority("/export/../checkout/x", None) == LOW  # as sent, it is under /export
+    assert priority("/checkout//x", None) == CRITICAL and priority("/search/x", None) == LOW
+    assert priority("/export/../checkout/x", CRITICAL) == CRITICAL  # the resolved view's declaration wins
+
+
 def test_thresholds_are_shares_of_the_capacity_and_critical_is_never_refused(settings: Any) -> None:
     use(settings, SHED_CAPACITY=10, SHED_LOW_AT=0.55, SHED_NORMAL_AT=0.99, SHED_LEASE=45)
     thresholds = shed_config().thresholds

@@ -26,3 +26,11 @@ def test_an_endpoint_under_the_limited_paths_is_a_warning(settings: Any) -> None
     assert check_gateway_paths() == []
     settings.RATELIMIT = {**settings.RATELIMIT, "EXEMPT_PATHS": ["/health"], "ENABLED": False}
     assert check_gateway_paths() == []
+
+
+@pytest.mark.urls(__name__)
+def test_the_endpoints_path_is_matched_by_segment(settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "PATH_PREFIXES": ["/api/gate"], "EXEMPT_PATHS": []}
+    assert check_gateway_paths() == []  # "/api/gate" is not "/api/gateway"
+    settings.RATELIMIT = {**settings.RATELIMIT, "PATH_PREFIXES": ["/api/"], "EXEMPT_PATHS": ["/api/gate"]}
+    assert [warning.id for warning in check_gateway_paths()] == ["ratelimit.W003"]

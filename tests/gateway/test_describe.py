@@ -61,3 +61,14 @@ def test_service_and_cost_are_optional_and_read_when_sent() -> None:
     described = describe(factory.get("/", headers={**base, "X-RateLimit-Service": "search_v2",
                                                    "X-RateLimit-Cost": "1000000000"}), AUTHORIZE)
     assert (described.service, described.cost) == ("search_v2", 10**9)
+
+
+@pytest.mark.parametrize(("uri", "path"), [
+    ("//shop.example/orders?x=1", "//shop.example/orders"),  # a path that starts with "//", not a host
+    ("/checkout/%2e%2e%2Fexport/x?y", "/checkout/../export/x"),  # decoded once, normalised by the shedder
+    ("/a%252e/b#top", "/a%2e/b"),  # once: "%252e" is the text "%2e", as a server routes it
+    ("https://shop.example//a/../b", "//a/../b"),
+])
+def test_the_described_path_is_the_uris_path_decoded_once(uri: str, path: str) -> None:
+    request = factory.get("/", headers={"X-Forwarded-Method": "GET", "X-Forwarded-Uri": uri})
+    assert describe(request, AUTHORIZE).path == path

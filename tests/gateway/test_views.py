@@ -202,6 +202,40 @@ def test_envoy_ext_authz_sends_the_original_method_and_path(client: Client, sett
     assert ext_authz(client, key, path="/reports/2027").status_code == 200
 
 
+@pytest.mark.parametrize("sent", [
+    "/checkout/../export/x",            # read as the gateway routes it: /export/x
+    "/checkout/%2e%2e/export/x",        # percent-encoded dots
+    "/checkout/%2E%2E%2Fexport/x",      # and slashes
+    "/checkout%2F..%2Fexport/x",
+    "/checkout//../export/x",           # a repeated slash (nginx merges them)
+    "//checkout/../export/x?a=1",       # a path that starts with "//" is a path, not a host
+    "//export/checkout/x",
+    "/export/../checkout/x",            # read as sent it is under /export: no priority gained
+    "/export/%2e%2e/checkout/x",
+])
+@pytest.mark.parametrize("contract", ["authorize", "auth-request", "envoy"])
+def test_a_described_path_gets_no_priority_from_dot_segments_or_encodings(
+        client: Client, settings: Any, monkeypatch: pytest.MonkeyPatch, sent: str, contract: str) -> None:
+    for name in ("active", "shed", "last_shed"):  # the shedding episode this test starts ends with it
+        monkeypatch.setattr(shedding.fleet_episode, name, getattr(shedding.fleet_episode, name))
+    use(settings, SHED_CAPACITY=10, SHED_LOW_AT=0.1, SHED_PRIORITIES={"/checkout": "critical", "/export": "low"})
+    seed_tiers()
+    key = make_key("pro")
+
+    def ask(uri: str) -> int:
+        if contract == "authorize":
+            return forward_auth(client, key, uri=uri).status_code
+        if contract == "envoy":
+            return ext_authz(client, key, path=uri).status_code
+        answer = auth_request(client, key, uri=uri)
+        return int(answer.headers.get("X-RateLimit-Status", answer.status_code))
+
+    held = forward_auth(client, key, uri="/export/report")  # holds the one low-priority slot
+    assert held.status_code == 200
+    assert ask("/export/x") == 503 and ask("/checkout/x") == 200  # critical: counted, never shed
+    assert ask(sent) == 503
+
+
 def test_nginx_gets_every_refusal_as_a_403_carrying_it(client: Client) -> None:
     seed_tiers()
     key = make_key("free")

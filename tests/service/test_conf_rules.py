@@ -45,6 +45,8 @@ def test_no_trusted_proxy_or_metrics_network_is_wider_than_8_or_16(networks: Any
 @pytest.mark.parametrize(("prefixes", "exempt", "entry"), [
     (["/api/"], ["/"], "'/'"), (["/api/"], ["/api"], "'/api'"), (["/api/", "/v2/"], ["/v2/"], "'/v2/'"),
     (["/api/"], ["/api/health"], None), (["/api/"], [], None), ("/api/", ["/"], None),  # (an invalid list aside)
+    (["/api"], ["/api/"], "'/api/'"), (["/api/v1/"], ["/api"], "'/api'"), (["/api/"], ["/api/./"], "'/api/./'"),
+    (["/api/"], ["/ap"], None), (["/apiv2/"], ["/api"], None),  # by segment: "/ap" is not "/api"
 ])
 def test_an_exempt_path_covering_a_whole_limited_prefix(prefixes: Any, exempt: list[str], entry: str | None) -> None:
     problem = exempting_everything({"PATH_PREFIXES": prefixes, "EXEMPT_PATHS": exempt})
@@ -72,6 +74,7 @@ def test_the_cautious_reading_of_an_invalid_value(name: str, written: Any, readi
 
 def test_readings_that_depend_on_another_setting() -> None:
     assert read("EXEMPT_PATHS", ["/api", "/api/health"], PATH_PREFIXES=["/api/"]) == ["/api/health"]
+    assert read("EXEMPT_PATHS", ["/api/", "/ap", 3], PATH_PREFIXES=["/api/v1"]) == ["/ap"]  # by segment
     # an unreadable PATH_PREFIXES limits every path: only what exempts all of "/" is dropped
     assert read("EXEMPT_PATHS", ["/", "/health"], PATH_PREFIXES=UNREADABLE) == ["/health"]
     assert read("BREAKER_MAX_COOLDOWN", 0.5, BREAKER_COOLDOWN=2.0) == 2.0
