@@ -9,9 +9,9 @@ import re
 import secrets
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.core.management.commands.runserver import naiveip_re
 from django.db import transaction
@@ -25,7 +25,7 @@ from ratelimit_app.service.connection import redacted_url
 DEMO_KEY_PREFIX = "demo key for "
 ADMIN_USERNAME = "admin"
 #: Addresses that mean "every interface": the links name the loopback address of their family instead.
-WILDCARDS = {"0": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]", "[::0]": "[::1]"}
+WILDCARDS = {"0": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]", "[::0]": "[::1]"}  # noqa: S104 (read, not bound)
 
 
 def base_url(addrport: str) -> tuple[str, bool]:
