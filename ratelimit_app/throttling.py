@@ -33,7 +33,7 @@ from rest_framework.settings import api_settings
 from .apply.concurrency import release_pending_with
 from .apply.drf import JointThrottle, django_request_of
 from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity, throttle_ident
-from .apply.joint import throttle_policy
+from .apply.joint import throttle_label, throttle_policy
 from .apply.limitcheck import LimitCheck
 from .apply.responses import REQUEST_ATTRIBUTE, add_headers
 from .core.policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
@@ -146,10 +146,14 @@ class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
         self.history: list[float] = []
         if key is None:
             return []
-        policy = _policy(str(self.scope or "throttle"), rate, self.algorithm)
+        scope = str(self.scope or "throttle")
+        policy = _policy(scope, rate, self.algorithm)
         if policy is None:
             return None
-        return [LimitCheck(f"throttle:{key}", (policy,), self.owner)]
+        user = authenticated_user(request)
+        label = throttle_label(scope, key, self.cache_format, None if user is None else user.pk,
+                               lambda: self.get_ident(request))
+        return [LimitCheck(f"throttle:{key}", (policy,), self.owner, label)]
 
     def metrics_label(self) -> str:
         return f"throttle.{self.scope or 'throttle'}"
@@ -232,7 +236,7 @@ class ConcurrencyThrottle(JointThrottle):
             if address == UNKNOWN_IP:
                 return []
             ident = ip_identity(address, identity_config().ipv6_prefix)
-        return [LimitCheck(f"throttle:{self.scope}:{ident}", (self.policy,), self.owner)]
+        return [LimitCheck(f"throttle:{self.scope}:{ident}", (self.policy,), self.owner, ident)]
 
     def metrics_label(self) -> str:
         return f"throttle.{self.scope}"
