@@ -5,6 +5,7 @@ free tier (values that depend on the time of day are checked to be those of one 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ratelimit_app.service.logs import JsonFormatter, log_event, logger
 from tests.support.limits_support import make_key, parse_ietf, seed_tiers
 
 pytestmark = pytest.mark.django_db
@@ -80,3 +82,25 @@ def test_the_problem_details_of_plans_md_are_what_a_refusal_gets(client: Any, se
     assert 0 < shown_body["retry_after"] <= 3 and 0 < sent_body["retry_after"] <= 3
     assert int(headers["Retry-After"]) == math.ceil(shown_body["retry_after"])
     assert int(refused["Retry-After"]) == math.ceil(sent_body["retry_after"])
+
+
+def test_the_logging_example_of_observability_md_shows_what_its_settings_let_through() -> None:
+    config: dict[str, Any] = {}
+    exec(code_block("observability.md", "JsonFormatter"), config)  # noqa: S102 (our own docs)
+    level = logging.getLevelName(config["LOGGING"]["loggers"]["ratelimit_app"]["level"])
+    shown = json.loads(code_block("observability.md", '"event": "ratelimit.redis_unavailable"'))
+    assert logging.getLevelName(shown["level"]) >= level  # the settings above let the sample line through
+    # the line is what JsonFormatter writes for that event (all but the time)
+    handler = logging.Handler()
+    lines: list[str] = []
+    handler.emit = lambda record: lines.append(JsonFormatter().format(record))  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        fields = {name: shown[name] for name in ("redis", "error", "fail_mode", "requests")}
+        log_event(shown["event"], logging.getLevelName(shown["level"]), **fields)
+    finally:
+        logger.removeHandler(handler)
+    [line] = lines
+    assert {**json.loads(line), "time": shown["time"]} == shown
+    denied = json.loads(code_block("observability.md", '"event": "ratelimit.denied"'))
+    assert denied["level"] == "DEBUG"  # shown only once the level is DEBUG, as the docs say there
