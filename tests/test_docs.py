@@ -9,9 +9,13 @@ import logging
 import math
 import re
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+from django.http import HttpResponse
+from django.test import Client
+from django.urls import path
 
 from ratelimit_app.service.logs import JsonFormatter, log_event, logger
 from tests.support.limits_support import make_key, parse_ietf, seed_tiers
@@ -104,3 +108,30 @@ def test_the_logging_example_of_observability_md_shows_what_its_settings_let_thr
     assert {**json.loads(line), "time": shown["time"]} == shown
     denied = json.loads(code_block("observability.md", '"event": "ratelimit.denied"'))
     assert denied["level"] == "DEBUG"  # shown only once the level is DEBUG, as the docs say there
+
+
+def test_the_cost_example_of_usage_md_charges_a_post_with_an_api_key_5(settings: Any) -> None:
+    block = code_block("usage.md", '@limit_cost(5, methods=["POST"])')
+    example = block[:block.index("def upload(request): ...")] + "def upload(request): return HttpResponse('ok')\n"
+    namespace: dict[str, Any] = {"HttpResponse": HttpResponse, "__name__": "usage_md_example"}
+    exec(example, namespace)  # noqa: S102 (our own docs)
+    urls = ModuleType("usage_md_upload_urls")
+    urls.urlpatterns = [path("api/upload", namespace["upload"])]  # type: ignore[attr-defined]
+    settings.ROOT_URLCONF = urls
+    seed_tiers()
+    client = Client(enforce_csrf_checks=True)  # as Django's CsrfViewMiddleware treats a client without a cookie
+    response = client.post("/api/upload", {"file": "x"}, HTTP_X_API_KEY=make_key("free"))
+    assert response.status_code == 200, response.content[:200]
+    assert response["X-RateLimit-Remaining"] == "5"  # the free burst of 10, less 5
+
+
+def test_the_docs_say_when_edits_apply_as_the_code_does() -> None:
+    from ratelimit_app.plans.edits import EDITS_CHECK_INTERVAL
+    from ratelimit_app.service.conf import DEFAULTS
+
+    assert EDITS_CHECK_INTERVAL == 1.0 and DEFAULTS["CACHE_TTL"] == 5
+    readme = re.sub(r"\s+", " ", (DOCS.parent / "README.md").read_text(encoding="utf-8"))
+    gateway = re.sub(r"\s+", " ", (DOCS / "gateway.md").read_text(encoding="utf-8"))
+    assert "about a second after they are saved" in readme and "`CACHE_TTL`, 5 s" in readme
+    assert "about a second after it is saved" in gateway and "`RATELIMIT['CACHE_TTL']`, 5 s by default" in gateway
+    assert "within `RATELIMIT['CACHE_TTL']` seconds" not in gateway
