@@ -135,3 +135,15 @@ def test_the_docs_say_when_edits_apply_as_the_code_does() -> None:
     assert "about a second after they are saved" in readme and "`CACHE_TTL`, 5 s" in readme
     assert "about a second after it is saved" in gateway and "`RATELIMIT['CACHE_TTL']`, 5 s by default" in gateway
     assert "within `RATELIMIT['CACHE_TTL']` seconds" not in gateway
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/usage.md", "docs/testing.md", "docs/gateway.md",
+                                      "docs/operations.md", "docs/observability.md", "docs/settings.md"])
+def test_every_file_and_link_a_doc_names_exists(document: str) -> None:
+    root = DOCS.parent
+    text = (root / document).read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:ratelimit_app|tests|bench|project|devtools|scripts|docs)/[\w./-]+)`", text))
+    linked = {str((root / document).parent.relative_to(root) / target) for target in
+              re.findall(r"\]\((?!https?:|#|mailto:)([^)#\s]+)", text)}
+    missing = sorted(path for path in named | linked if not (root / path).exists())
+    assert missing == []
