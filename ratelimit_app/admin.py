@@ -138,7 +138,7 @@ class TierAdmin(_ShowsLimitsNotEnforced):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(_ShowsLimitsNotEnforced):
-    list_display = ("name", "prefix", "tier", "owner", "created", "expires", "revoked")
+    list_display = ("name", "prefix", "tier", "owner", "created", "expires", "status")
     list_filter = ("tier", "revoked")
     search_fields = ("name", "prefix")
     raw_id_fields = ("owner",)
@@ -157,6 +157,13 @@ class ApiKeyAdmin(_ShowsLimitsNotEnforced):
 
     def get_inlines(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
         return [ApiKeyLimitInline] if obj is not None else []  # overrides once the key exists
+
+    @admin.display(description="status", ordering="revoked")
+    def status(self, obj: ApiKey) -> str:
+        """Whether the key is accepted: Active, Revoked (for good) or Expired."""
+        if obj.revoked:
+            return "Revoked"
+        return "Expired" if obj.is_expired else "Active"
 
     @admin.display(description="effective limits")
     def effective_limits(self, obj: ApiKey) -> str:

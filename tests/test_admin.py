@@ -4,11 +4,13 @@ revoked keys are refused, a new key is shown exactly once, revocation cannot be 
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.urls import reverse
+from django.utils import timezone
 
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 from ratelimit_app.plans.apikeys import hash_key
@@ -204,3 +206,21 @@ def test_an_invalid_ratelimit_never_breaks_the_api_key_pages(admin_client: Any, 
         assert admin_client.get(url).status_code == 200, url
     change = admin_client.get(reverse("admin:ratelimit_app_apikey_change", args=[api_key.pk]))
     assert change.status_code == 200 and shown in change.content.decode()
+
+
+def test_the_key_list_says_whether_each_key_is_active_revoked_or_expired(admin_client: Any) -> None:
+    seed_tiers()
+    free = Tier.objects.get(slug="free")
+    ApiKey.objects.create_key(name="live", tier=free)
+    revoked, _ = ApiKey.objects.create_key(name="gone", tier=free)
+    revoked.revoked = True
+    revoked.save(update_fields=["revoked"])
+    ApiKey.objects.create_key(name="old", tier=free, expires=timezone.now() - timedelta(days=1))
+    page = admin_client.get(reverse("admin:ratelimit_app_apikey_changelist"))
+    html = page.content.decode()
+    columns = re.findall(r'<th scope="col" class="[^"]*column-(\w+)', html)
+    assert "status" in columns and "revoked" not in columns and ">Status</a>" in html
+    rows = {name: status for name, status in
+            re.findall(r'<a href="[^"]+/change/">([^<]+)</a></th>.*?<td class="field-status">([^<]+)</td>', html)}
+    assert rows == {"live": "Active", "gone": "Revoked", "old": "Expired"}
+    assert "icon-no.svg" not in html  # no red cross beside an active key

@@ -5,13 +5,19 @@ free tier (values that depend on the time of day are checked to be those of one 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+from django.http import HttpResponse
+from django.test import Client
+from django.urls import path
 
+from ratelimit_app.service.logs import JsonFormatter, log_event, logger
 from tests.support.limits_support import make_key, parse_ietf, seed_tiers
 
 pytestmark = pytest.mark.django_db
@@ -80,3 +86,64 @@ def test_the_problem_details_of_plans_md_are_what_a_refusal_gets(client: Any, se
     assert 0 < shown_body["retry_after"] <= 3 and 0 < sent_body["retry_after"] <= 3
     assert int(headers["Retry-After"]) == math.ceil(shown_body["retry_after"])
     assert int(refused["Retry-After"]) == math.ceil(sent_body["retry_after"])
+
+
+def test_the_logging_example_of_observability_md_shows_what_its_settings_let_through() -> None:
+    config: dict[str, Any] = {}
+    exec(code_block("observability.md", "JsonFormatter"), config)  # noqa: S102 (our own docs)
+    level = logging.getLevelName(config["LOGGING"]["loggers"]["ratelimit_app"]["level"])
+    shown = json.loads(code_block("observability.md", '"event": "ratelimit.redis_unavailable"'))
+    assert logging.getLevelName(shown["level"]) >= level  # the settings above let the sample line through
+    # the line is what JsonFormatter writes for that event (all but the time)
+    handler = logging.Handler()
+    lines: list[str] = []
+    handler.emit = lambda record: lines.append(JsonFormatter().format(record))  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        fields = {name: shown[name] for name in ("redis", "error", "fail_mode", "requests")}
+        log_event(shown["event"], logging.getLevelName(shown["level"]), **fields)
+    finally:
+        logger.removeHandler(handler)
+    [line] = lines
+    assert {**json.loads(line), "time": shown["time"]} == shown
+    denied = json.loads(code_block("observability.md", '"event": "ratelimit.denied"'))
+    assert denied["level"] == "DEBUG"  # shown only once the level is DEBUG, as the docs say there
+
+
+def test_the_cost_example_of_usage_md_charges_a_post_with_an_api_key_5(settings: Any) -> None:
+    block = code_block("usage.md", '@limit_cost(5, methods=["POST"])')
+    example = block[:block.index("def upload(request): ...")] + "def upload(request): return HttpResponse('ok')\n"
+    namespace: dict[str, Any] = {"HttpResponse": HttpResponse, "__name__": "usage_md_example"}
+    exec(example, namespace)  # noqa: S102 (our own docs)
+    urls = ModuleType("usage_md_upload_urls")
+    urls.urlpatterns = [path("api/upload", namespace["upload"])]  # type: ignore[attr-defined]
+    settings.ROOT_URLCONF = urls
+    seed_tiers()
+    client = Client(enforce_csrf_checks=True)  # as Django's CsrfViewMiddleware treats a client without a cookie
+    response = client.post("/api/upload", {"file": "x"}, HTTP_X_API_KEY=make_key("free"))
+    assert response.status_code == 200, response.content[:200]
+    assert response["X-RateLimit-Remaining"] == "5"  # the free burst of 10, less 5
+
+
+def test_the_docs_say_when_edits_apply_as_the_code_does() -> None:
+    from ratelimit_app.plans.edits import EDITS_CHECK_INTERVAL
+    from ratelimit_app.service.conf import DEFAULTS
+
+    assert EDITS_CHECK_INTERVAL == 1.0 and DEFAULTS["CACHE_TTL"] == 5
+    readme = re.sub(r"\s+", " ", (DOCS.parent / "README.md").read_text(encoding="utf-8"))
+    gateway = re.sub(r"\s+", " ", (DOCS / "gateway.md").read_text(encoding="utf-8"))
+    assert "about a second after they are saved" in readme and "`CACHE_TTL`, 5 s" in readme
+    assert "about a second after it is saved" in gateway and "`RATELIMIT['CACHE_TTL']`, 5 s by default" in gateway
+    assert "within `RATELIMIT['CACHE_TTL']` seconds" not in gateway
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/usage.md", "docs/testing.md", "docs/gateway.md",
+                                      "docs/operations.md", "docs/observability.md", "docs/settings.md"])
+def test_every_file_and_link_a_doc_names_exists(document: str) -> None:
+    root = DOCS.parent
+    text = (root / document).read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:ratelimit_app|tests|bench|project|devtools|scripts|docs)/[\w./-]+)`", text))
+    linked = {str((root / document).parent.relative_to(root) / target) for target in
+              re.findall(r"\]\((?!https?:|#|mailto:)([^)#\s]+)", text)}
+    missing = sorted(path for path in named | linked if not (root / path).exists())
+    assert missing == []

@@ -24,8 +24,8 @@ from ratelimit_app.throttling import (
     ScopedRateThrottle,
     TierRateThrottle,
     UserRateThrottle,
-    check_throttle_settings,
 )
+from ratelimit_app.throttling_checks import check_throttle_settings
 from tests.support.limits_support import make_key, make_tier
 
 pytestmark = pytest.mark.urls(__name__)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -14,14 +15,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from devtools.embedded import free_port
+from ratelimit_app.service import events
 from ratelimit_app.throttling import (
     AnonRateThrottle,
     RateLimitHeadersMixin,
     ScopedRateThrottle,
     TierRateThrottle,
     UserRateThrottle,
-    check_throttle_settings,
 )
+from ratelimit_app.throttling_checks import check_throttle_settings
 from tests.support.limits_support import make_key, make_tier, parse_ietf
 
 pytestmark = pytest.mark.urls(__name__)
@@ -68,6 +70,17 @@ class NoScope(Ok):
     throttle_classes = [ScopedRateThrottle]
 
 
+class ByEmailThrottle(AnonRateThrottle):
+    scope = "by-email"
+
+    def get_cache_key(self, request: Any, view: Any) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": request.query_params.get("email", "")}
+
+
+class ByEmail(Ok):
+    throttle_classes = [ByEmailThrottle]
+
+
 class UnknownScope(Ok):
     throttle_classes = [ScopedRateThrottle]
     throttle_scope = "nowhere"
@@ -84,6 +97,7 @@ urlpatterns = [
     path("t/b", ScopeB.as_view()),
     path("t/none", NoScope.as_view()),
     path("t/unknown", UnknownScope.as_view()),
+    path("t/by-email", ByEmail.as_view()),
 ]
 
 
@@ -214,3 +228,42 @@ def test_throttles_follow_the_fail_mode_when_redis_is_down(client: Any, settings
     assert response.status_code == status
     if status == 503:
         assert int(response["Retry-After"]) >= 1
+
+
+class RefusedIdentities:
+    """An events recorder keeping the identity label of each refused decision (what the dashboard and
+    ratelimit_metrics list as top blocked)."""
+
+    def __init__(self) -> None:
+        self.identities: list[str] = []
+
+    def record_decision(self, *, allowed: bool, identity: str, **kwargs: Any) -> None:
+        if not allowed:
+            self.identities.append(identity)
+
+    def record_shadow_blocked(self, **kwargs: Any) -> None: ...
+
+    def observe_latency(self, seconds: float) -> None: ...
+
+    def record_breaker_change(self, **kwargs: Any) -> None: ...
+
+
+@pytest.mark.django_db
+def test_operators_read_whom_a_drop_in_refused(client: Any, settings: Any, django_user_model: Any) -> None:
+    rates(settings, user="1/m", anon="1/m", **{"by-email": "1/m"})
+    alice = django_user_model.objects.create_user("alice", password="pw")
+    refused = RefusedIdentities()
+    installed = events._recorder
+    events.install(refused)
+    try:
+        client.force_login(alice)
+        assert [client.get("/t/user").status_code for _ in range(2)] == [200, 429]
+        client.logout()
+        assert [client.get("/t/anon").status_code for _ in range(2)] == [200, 429]
+        assert [client.get("/t/by-email?email=bob@example.com").status_code for _ in range(2)] == [200, 429]
+    finally:
+        events.install(installed)
+    user, address, custom = refused.identities
+    assert (user, address) == (f"user:{alice.pk}", "ip:127.0.0.1")
+    # a cache key of the project's own may hold anything: named by its scope, shown as a digest
+    assert re.fullmatch(r"throttle\.by-email:#[0-9a-f]{12}", custom) and "bob" not in custom

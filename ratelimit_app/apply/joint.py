@@ -29,7 +29,7 @@ from ..core.decision import Decision
 from ..core.policies import Policy
 from ..plans.lookups import NeedsIO, local_only
 from .concurrency import hold
-from .limitcheck import REQUEST_LIMITS, LimitCheck
+from .limitcheck import REQUEST_LIMITS, LimitCheck, identity_digest
 from .limiting import decide, limit_config, safely
 from .outcome import ALLOWED, DENIED, LimitOutcome
 from .planning import RequestPlan, plan_request
@@ -183,9 +183,26 @@ def throttle_policy(scope: str, requests: int, seconds: float, algorithm: str) -
 
 
 def display_identity(check: LimitCheck) -> str:
-    """A metrics label for a throttle's identity: cache keys hold a user pk or an address, but an
-    overridden get_cache_key may hold anything, so those are shown as a digest."""
-    return "hash:" + hashlib.blake2b(check.identity.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+    """What operators read for the identity of a throttle's check: the label its throttle set (see
+    `throttle_label`), else "throttle:#<digest>" (a throttle of the project's own, whose identity may hold
+    anything)."""
+    return check.label or f"throttle:#{identity_digest(check.identity)}"
+
+
+def throttle_label(scope: str, key: str, cache_format: str, user_pk: Any, address: Callable[[], str | None]) -> str:
+    """The label of a DRF or Ninja throttle's identity: "user:<pk>" or "ip:<address>" when `key` is the
+    framework's own cache key of the request (`cache_format` over the user's pk or the client's address,
+    `address()`), else "throttle.<scope>:#<digest>": a get_cache_key of the project's may hold anything
+    (an e-mail address), so it is shown as a digest of the key, named by the throttle's scope."""
+    own = cache_format % {"scope": scope, "ident": ""}
+    if key.startswith(own):
+        ident = key[len(own):]
+        if user_pk is not None and ident == str(user_pk):
+            return f"user:{user_pk}"
+        client = address()
+        if client is not None and ident == client:
+            return f"ip:{client}"
+    return f"throttle.{scope}:#{identity_digest(key)}"
 
 
 def in_sync_code(decide_now: Callable[[], T]) -> T:

@@ -6,7 +6,6 @@ which check a request makes (its key function), and how the view answers the dec
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -22,7 +21,7 @@ from . import concurrency_async, limiting_async, planning_async
 from .concurrency import release_after
 from .headers import apply_headers
 from .identity import authenticated_user, request_ip_identity, user_identity
-from .limitcheck import LimitCheck
+from .limitcheck import LimitCheck, identity_digest
 from .limiting import decide, limit_config, safely
 from .outcome import ALLOWED, DENIED, NOT_LIMITED, UNAVAILABLE, LimitOutcome
 from .planning import RequestPlan
@@ -69,7 +68,11 @@ def plain_label(client: str) -> str:
 
 
 def digest_label(client: str) -> str:
-    return "hash:" + hashlib.blake2b(client.encode("utf-8", "surrogatepass"), digest_size=6).hexdigest()
+    """The label of an identity that may hold user data: what it is and a digest of it,
+    "header:<name>:#<digest>", "post:<field>:#<digest>", or "custom:#<digest>" (a key function's)."""
+    scheme, _, rest = client.partition(":")
+    what = f"{scheme}:{rest.partition(':')[0]}" if scheme in ("header", "post") else "custom"
+    return f"{what}:#{identity_digest(client)}"
 
 
 class DecoratorLimit:

@@ -26,8 +26,16 @@ from ninja.throttling import AuthRateThrottle as NinjaAuthRateThrottle
 from ninja.throttling import BaseThrottle, SimpleRateThrottle
 from ninja.throttling import UserRateThrottle as NinjaUserRateThrottle
 
-from ..apply.identity import throttle_ident
-from ..apply.joint import Joint, JointCall, ThrottleHooks, decide_jointly, in_sync_code, throttle_policy
+from ..apply.identity import authenticated_user, throttle_ident
+from ..apply.joint import (
+    Joint,
+    JointCall,
+    ThrottleHooks,
+    decide_jointly,
+    in_sync_code,
+    throttle_label,
+    throttle_policy,
+)
 from ..apply.limitcheck import LimitCheck
 from ..apply.outcome import ALLOWED, DENIED, SHED, UNAVAILABLE, LimitOutcome
 from ..apply.planning import FROM_REQUEST
@@ -219,10 +227,14 @@ class AtomicRateThrottle(JointThrottle, SimpleRateThrottle):
         key = self.get_cache_key(request)
         if key is None or self.rate is None or self.num_requests is None or self.duration is None:
             return []
-        policy = throttle_policy(str(self.scope or "throttle"), self.num_requests, self.duration, self.algorithm)
+        scope = str(self.scope or "throttle")
+        policy = throttle_policy(scope, self.num_requests, self.duration, self.algorithm)
         if policy is None:
             return None
-        return [LimitCheck(f"throttle:{key}|{self.num_requests}/{self.duration}", (policy,), self.owner)]
+        user = authenticated_user(request)
+        label = throttle_label(scope, key, self.cache_format, None if user is None else user.pk,
+                               lambda: self.get_ident(request))
+        return [LimitCheck(f"throttle:{key}|{self.num_requests}/{self.duration}", (policy,), self.owner, label)]
 
     def metrics_label(self) -> str:
         return f"throttle.{self.scope or 'throttle'}"

@@ -138,7 +138,8 @@ class CircuitBreaker:
                 return
             cooldown, consecutive = self._cooldown, self._consecutive
         self._changed(OPEN, {"previous": HALF_OPEN if reopened else CLOSED, "failures": consecutive,
-                             "error": str(error)[:200], "next_probe_seconds": cooldown})
+                             "error": str(error)[:200], "error_class": _error_class(error),
+                             "next_probe_seconds": cooldown})
 
     def abandon_probe(self) -> None:
         """The probe ended without asking Redis (bad input): let the next caller probe at once."""
@@ -163,3 +164,10 @@ class CircuitBreaker:
             self._on_change(state, detail)
         else:
             log_event("ratelimit.breaker", logging.WARNING if state == OPEN else logging.INFO, state=state, **detail)
+
+
+def _error_class(error: object) -> str:
+    """The class name of the exception behind `error` (the Redis error a BackendError chains), "" for none."""
+    if error is None:
+        return ""
+    return type(getattr(error, "__cause__", None) or error).__name__

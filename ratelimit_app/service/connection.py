@@ -218,6 +218,29 @@ def redacted_url(url: str) -> str:
     return url
 
 
+def redis_location() -> str:
+    """Where the limiter's Redis is, for a log line: "host:port" (every node of a cluster or sentinel URL,
+    comma-separated; a socket's path), from RATELIMIT['REDIS_URL'] or else the LOCATION of the cache
+    RATELIMIT['CACHE_ALIAS']. Never a user name or password."""
+    from django.conf import settings
+
+    url = ratelimit_settings.REDIS_URL
+    if not url:
+        location = settings.CACHES.get(ratelimit_settings.CACHE_ALIAS, {}).get("LOCATION") or ""
+        urls = [location] if isinstance(location, str) else list(location)
+        return ",".join(redis_location_of(str(each)) for each in urls) or f"cache {ratelimit_settings.CACHE_ALIAS!r}"
+    return redis_location_of(url)
+
+
+def redis_location_of(url: str) -> str:
+    """The "host:port" part of one Redis URL (its path for a unix socket), without user info."""
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    if not hosts:
+        return parts.path or url.partition("?")[0].rpartition("@")[2]
+    return hosts if "," in hosts or parts.port else f"{hosts}:6379"
+
+
 def _client_from_settings() -> RedisClient:
     url = ratelimit_settings.REDIS_URL
     return build_client(url) if url else _client_from_cache_alias(ratelimit_settings.CACHE_ALIAS)

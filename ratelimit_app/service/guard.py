@@ -38,7 +38,9 @@ from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import CONCURRENCY, Policy
 from . import clock, events
 from .breaker import CLOSED, PROBE, SKIP, CircuitBreaker
+from .breaker import OPEN as BREAKER_OPEN
 from .conf import ratelimit_settings
+from .connection import redis_location
 from .denycache import DenyCache, ResetWatch
 from .fallback import LocalLimiter
 from .logs import log_event
@@ -47,6 +49,9 @@ from .servicecall import ServiceCall, ServiceStats, request_key
 
 OPEN, CLOSED_MODE, LOCAL = "open", "closed", "local"
 FAIL_MODES = (OPEN, CLOSED_MODE, LOCAL)
+#: What requests get in each fail mode while Redis does not answer (the log line of an outage says it).
+FAIL_MODE_EFFECTS = {OPEN: "admitted without limits", CLOSED_MODE: "refused with 503",
+                     LOCAL: "limited by each process alone"}
 
 #: The answer of the "open" fail mode: allowed, made without Redis, nothing known about the limits.
 OPEN_DECISION = degraded_decision(True)
@@ -307,6 +312,13 @@ class RedisGuard:
         # from this breaker by whoever shows it (observability.snapshot)
         events.record_breaker_change(previous=detail["previous"], state=state)
         log_event("ratelimit.breaker_detail", logging.DEBUG, state=state, **detail)
+        if state == BREAKER_OPEN and detail["previous"] == CLOSED:  # (a failed probe: still down, said once)
+            log_event("ratelimit.redis_unavailable", logging.WARNING, redis=redis_location(),
+                      error=detail.get("error_class", ""), fail_mode=self.fail_mode,
+                      requests=f"{FAIL_MODE_EFFECTS[self.fail_mode]} until Redis answers")
+        elif state == CLOSED:
+            log_event("ratelimit.redis_available", logging.INFO, redis=redis_location(),
+                      outage_seconds=detail.get("outage_seconds", 0))
         if state == CLOSED:
             # Redis is back: the next outage starts from a clean local state (and frees the memory)
             self.fallback.clear()

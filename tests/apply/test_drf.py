@@ -160,7 +160,7 @@ def test_wait_is_the_refusing_limits_retry_rounded_up_to_a_second_and_none_other
     assert throttle.wait() is None
 
 
-def test_the_metrics_name_a_throttles_identity_by_a_digest_never_as_it_is() -> None:
+def test_the_metrics_name_the_identity_of_a_throttle_of_the_projects_by_a_digest_never_as_it_is() -> None:
     seen: list[dict[str, Any]] = []
 
     class Recorder:
@@ -180,7 +180,7 @@ def test_the_metrics_name_a_throttles_identity_by_a_digest_never_as_it_is() -> N
     finally:
         events.install(installed)
     [decision] = seen
-    assert decision["identity"].startswith("hash:") and "account" not in decision["identity"]
+    assert decision["identity"].startswith("throttle:#") and "account" not in decision["identity"]
     assert decision["tier"] == "throttle"
 
 

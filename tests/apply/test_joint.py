@@ -23,6 +23,7 @@ from ratelimit_app.apply.joint import (
     decide_jointly,
     display_identity,
     in_sync_code,
+    throttle_label,
     throttle_policy,
 )
 from ratelimit_app.apply.limitcheck import LimitCheck
@@ -160,11 +161,24 @@ def test_throttle_policy_names_each_scope_safely_and_apart() -> None:
     assert throttle_policy("uploads", 5, 60, "gcra") is throttle_policy("uploads", 5, 60, "gcra")
 
 
-def test_display_identity_is_a_short_digest_never_the_identity() -> None:
+def test_display_identity_is_the_throttles_label_else_a_short_digest_never_the_identity() -> None:
+    assert display_identity(LimitCheck("throttle:throttle_anon_192.0.2.1", (), "o", "ip:192.0.2.1")) == "ip:192.0.2.1"
     label = display_identity(LimitCheck("throttle:account-secret-42", ()))
-    assert label.startswith("hash:") and len(label) == len("hash:") + 12 and "secret" not in label
+    assert label.startswith("throttle:#") and len(label) == len("throttle:#") + 12 and "secret" not in label
     assert label == display_identity(LimitCheck("throttle:account-secret-42", ()))
     assert label != display_identity(LimitCheck("throttle:account-secret-43", ()))
+
+
+def test_throttle_label_names_a_user_or_an_address_else_the_scope_and_a_digest() -> None:
+    drf = "throttle_%(scope)s_%(ident)s"
+    assert throttle_label("user", "throttle_user_7", drf, 7, lambda: "192.0.2.1") == "user:7"
+    assert throttle_label("user", "throttle_user_192.0.2.1", drf, None, lambda: "192.0.2.1") == "ip:192.0.2.1"
+    assert throttle_label("anon", "throttle_anon_2001:db8::/64", drf, None, lambda: "2001:db8::/64") == \
+        "ip:2001:db8::/64"
+    custom = throttle_label("login", "throttle_login_alice@example.com", drf, None, lambda: "192.0.2.1")
+    assert custom.startswith("throttle.login:#") and len(custom) == len("throttle.login:#") + 12
+    assert "alice" not in custom
+    assert throttle_label("login", "other-format-7", drf, 7, lambda: None).startswith("throttle.login:#")
 
 
 def test_in_sync_code_runs_in_place_unless_it_needs_io_on_an_event_loop() -> None:

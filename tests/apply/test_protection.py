@@ -330,7 +330,7 @@ def test_the_outcome_names_the_slots_it_holds(client: Any, two_slot_key: str) ->
 
 
 def test_check_warns_when_nothing_gives_a_throttles_slots_back(settings: Any) -> None:
-    from ratelimit_app.throttling import check_throttle_settings
+    from ratelimit_app.throttling_checks import check_throttle_settings
 
     assert not [m for m in check_throttle_settings() if m.id == "ratelimit.W012"]  # the middleware does
     settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]

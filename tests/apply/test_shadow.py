@@ -105,7 +105,7 @@ def test_shadow_walk_through_from_the_admin_to_enforcement(admin_client: Client,
     lines = report.getvalue().splitlines()
     assert lines[lines.index("Shadow limits would have blocked:") + 2].split() == ["free", "minute-5", "3"]
     assert lines[lines.index("Top would-be-blocked (UTC days of the range):") + 2].split() == [
-        f"key:{heavy_prefix}", "3"]
+        f"key:{heavy_prefix}", "(heavy", "user)", "3"]  # the key's name beside its prefix
     dashboard = admin_client.get(reverse("ratelimit_dashboard"), {"hours": 6}).content.decode()
     shadow_panel = dashboard.split('id="rl-shadow"')[1].split("</table>")[0]
     assert "minute-5" in shadow_panel and ">3<" in shadow_panel

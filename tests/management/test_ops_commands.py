@@ -180,6 +180,7 @@ def test_reset_of_an_address_clears_the_per_ip_limit(db: Any) -> None:
 
 # -- ratelimit_metrics -----------------------------------------------------------------------------
 
+@pytest.mark.django_db  # the names of API keys are read from the database
 def test_metrics_table_shows_the_stored_counts() -> None:
     for _ in range(9):
         record_decision(allowed=True, tier="pro", policy=None, degraded=False, identity="key:proKey01")

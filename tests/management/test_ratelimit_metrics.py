@@ -16,7 +16,7 @@ from django.core.management.base import CommandError, OutputWrapper
 
 from devtools.embedded import free_port
 from ratelimit_app.management.commands.ratelimit_metrics import rate, section, table
-from ratelimit_app.observability.schema import HOUR, hour_key, shadow_day_key
+from ratelimit_app.observability.schema import HOUR, day_key, hour_key, shadow_day_key
 
 
 def metrics(*args: str) -> str:
@@ -54,6 +54,7 @@ def test_nothing_stored_reads_as_no_traffic() -> None:
     assert "Degraded" not in out and "Shadow" not in out and "Allow/deny" not in out
 
 
+@pytest.mark.django_db  # the names of API keys are read from the database
 def test_shadow_limits_and_allow_deny_rules_get_their_own_lines(redis_client: redis.Redis, key_prefix: str) -> None:
     now = int(datetime.now(timezone.utc).timestamp()) // HOUR
     redis_client.hset(hour_key(key_prefix, now), mapping={
@@ -83,3 +84,20 @@ def test_a_redis_that_does_not_answer_is_a_clear_error(settings: Any) -> None:
         metrics("--hours", "1")
     with pytest.raises(CommandError, match="Redis did not answer"):
         metrics("--json")
+
+
+@pytest.mark.django_db
+def test_a_blocked_api_key_is_shown_with_its_name(redis_client: redis.Redis, key_prefix: str) -> None:
+    from ratelimit_app.models import ApiKey, Tier
+    from tests.support.limits_support import seed_tiers
+
+    seed_tiers()
+    api_key, _ = ApiKey.objects.create_key(name="billing export", tier=Tier.objects.get(slug="free"))
+    now = int(datetime.now(timezone.utc).timestamp()) // HOUR
+    redis_client.hset(hour_key(key_prefix, now), mapping={"blocked": 7, "tier:free:blocked": 7})
+    redis_client.zadd(day_key(key_prefix, now // 24),
+                      {f"key:{api_key.prefix}": 5, "key:gone1234": 1, "ip:192.0.2.7": 1})
+    out = metrics("--hours", "1")
+    assert re.search(rf"^\s+key:{api_key.prefix} \(billing export\)\s+5$", out, re.M)
+    assert re.search(r"^\s+key:gone1234\s+1$", out, re.M)  # a key deleted since: its prefix alone
+    assert re.search(r"^\s+ip:192\.0\.2\.7\s+1$", out, re.M)

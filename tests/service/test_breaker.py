@@ -51,9 +51,15 @@ def test_it_opens_after_exactly_the_consecutive_failures_and_a_success_starts_th
     cb.record_failure("e3")
     cb.record_failure("e4")
     assert cb.state == CLOSED and cb.before_call() == CALL and changes == []
-    cb.record_failure("e5")
+    try:
+        raise ConnectionRefusedError("e5")
+    except ConnectionRefusedError as cause:
+        error = RuntimeError("Redis did not answer")
+        error.__cause__ = cause
+    cb.record_failure(error)
     assert cb.state == OPEN and cb.before_call() == SKIP
-    assert changes == [(OPEN, {"previous": CLOSED, "failures": 3, "error": "e5", "next_probe_seconds": 1.0})]
+    assert changes == [(OPEN, {"previous": CLOSED, "failures": 3, "error": "Redis did not answer",
+                               "error_class": "ConnectionRefusedError", "next_probe_seconds": 1.0})]
 
 
 def test_open_it_skips_until_the_cooldown_has_passed_then_lets_one_probe_through() -> None:

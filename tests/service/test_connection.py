@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import Any
 
 import redis
 
@@ -133,3 +134,16 @@ def test_auto_takes_the_own_path_unless_threads_are_green(server: RedisProcess) 
     # this test process has no gevent or eventlet monkey-patching
     assert not green_threads()
     assert RateLimiter(redis.Redis(port=server.port), prefix="t").connections == "own"
+
+
+def test_redis_location_names_hosts_and_ports_never_credentials(settings: Any) -> None:
+    from ratelimit_app.service.connection import redis_location, redis_location_of
+
+    assert redis_location_of("redis://:s3cret@10.0.0.5:6380/2") == "10.0.0.5:6380"
+    assert redis_location_of("rediss://user:pw@cache.internal/0?password=x") == "cache.internal:6379"
+    assert redis_location_of("redis+cluster://:pw@10.0.0.1:7000,10.0.0.2:7000") == "10.0.0.1:7000,10.0.0.2:7000"
+    assert redis_location_of("unix:///run/redis.sock?db=1") == "/run/redis.sock"
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": None, "CACHE_ALIAS": "limits"}
+    settings.CACHES = {**settings.CACHES, "limits": {"BACKEND": "django_redis.cache.RedisCache",
+                                                     "LOCATION": "redis://:pw@10.0.0.9:6379/1"}}
+    assert redis_location() == "10.0.0.9:6379"

@@ -8,6 +8,7 @@ calls with a tolerance for a loaded CI box: p99 <= BUDGET_MS + 100 ms, and no ca
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import statistics
@@ -520,3 +521,37 @@ def test_the_cache_alias_client_on_the_pool_path_is_bounded(settings: Any) -> No
     pool = cast(redis.Redis, get_redis()).connection_pool
     assert isinstance(pool, BudgetBlockingConnectionPool) and pool.max_connections == POOL_MAX_CONNECTIONS
     assert not get_limiter().hit("k", DAY).degraded
+
+
+def redis_events(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
+    return [(record.levelname, record.getMessage()) for record in caplog.records
+            if getattr(record, "ratelimit_event", "").startswith("ratelimit.redis_")]
+
+
+@pytest.mark.parametrize(("mode", "requests"), [("open", "admitted without limits"),
+                                                ("closed", "refused with 503"),
+                                                ("local", "limited by each process alone")])
+def test_the_log_says_when_redis_stops_answering_where_why_what_requests_get_and_when_it_is_back(
+        settings: Any, server: RedisProcess, proxy: TcpProxy, caplog: pytest.LogCaptureFixture,
+        mode: str, requests: str) -> None:
+    caplog.set_level(logging.INFO, logger="ratelimit_app")
+    service = configure(settings, proxy.url, FAIL_MODE=mode)
+    warm(service, server.port)
+    now = [0.0]
+    breaker = service.guard.breaker
+    breaker.clock = lambda: now[0]
+    caplog.clear()
+    proxy.mode = "black_hole"
+    for _ in range(3):
+        assert service.hit("k", DAY).degraded
+    now[0] += breaker.retry_in()
+    service.hit("k", DAY)  # a probe that fails: still down, nothing more to say
+    proxy.mode = "forward"
+    now[0] += breaker.retry_in() + 12.5
+    assert not service.hit("k", DAY).degraded
+    where = f"127.0.0.1:{proxy.port}"
+    assert redis_events(caplog) == [
+        ("WARNING", f"ratelimit.redis_unavailable redis={where} error=TimeoutError fail_mode={mode} "
+                    f"requests={json.dumps(requests + ' until Redis answers')}"),
+        ("INFO", f"ratelimit.redis_available redis={where} outage_seconds={round(now[0], 3)}"),
+    ]

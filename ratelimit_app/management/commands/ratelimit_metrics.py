@@ -12,9 +12,11 @@ from dataclasses import asdict
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 from redis.exceptions import RedisError
 
-from ratelimit_app.observability.queries import MAX_RANGE_HOURS, MetricsRange, recent_metrics
+from ratelimit_app.models import ApiKey
+from ratelimit_app.observability.queries import MAX_RANGE_HOURS, BlockedIdentity, MetricsRange, recent_metrics
 from ratelimit_app.service.conf import ratelimit_settings
 
 
@@ -23,6 +25,17 @@ def table(rows: list[tuple[str, ...]], numeric_from: int = 1) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.rjust(w) if i >= numeric_from else cell.ljust(w)
                       for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in rows]
+
+
+def identity_rows(top: tuple[BlockedIdentity, ...]) -> list[tuple[str, ...]]:
+    """(identity, count) rows; an API key ("key:<prefix>") that still exists is followed by its name."""
+    prefixes = [item.identity[4:] for item in top if item.identity.startswith("key:")]
+    try:
+        names = dict(ApiKey.objects.filter(prefix__in=prefixes).values_list("prefix", "name")) if prefixes else {}
+    except DatabaseError:
+        names = {}  # no database to ask (not migrated yet): the prefixes alone
+    return [(f"{item.identity} ({names[item.identity[4:]]})" if item.identity[4:] in names
+             and item.identity.startswith("key:") else item.identity, f"{item.blocked:,}") for item in top]
 
 
 def section(out: Any, title: str, empty_title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
@@ -79,7 +92,7 @@ class Command(BaseCommand):
         section(out, "Blocked by policy:", "Blocked by policy: nothing blocked", ("policy", "blocked"),
                 [(p.policy, f"{p.blocked:,}") for p in summary.policies])
         section(out, "Top blocked (UTC days of the range):", "Top blocked: nothing blocked", ("identity", "blocked"),
-                [(b.identity, f"{b.blocked:,}") for b in summary.top_blocked])
+                identity_rows(summary.top_blocked))
         if summary.degraded:
             out.write(f"Degraded decisions (made without Redis): {summary.degraded:,}, "
                       f"of which refused: {summary.degraded_blocked:,}")
@@ -90,7 +103,7 @@ class Command(BaseCommand):
             for line in table(shadow, numeric_from=2):
                 out.write("  " + line)
             would: list[tuple[str, ...]] = [("identity", "requests")]
-            would += [(b.identity, f"{b.blocked:,}") for b in summary.top_shadow_blocked]
+            would += identity_rows(summary.top_shadow_blocked)
             out.write("Top would-be-blocked (UTC days of the range):")
             for line in table(would):
                 out.write("  " + line)

@@ -1,15 +1,19 @@
 """`manage.py rundemo`: migrate (which seeds the tiers), create one demo API key per tier and print them,
-create an admin login, say which Redis the limiter uses (password masked), then serve the demo on
-127.0.0.1:8000 in this one process."""
+create an admin login, say which Redis the limiter uses (password masked), then serve the demo in this one
+process: on 127.0.0.1:8000, or at `[address:]port` as runserver takes it (`8101`, `0.0.0.0:8101`,
+`[::1]:8101`). The links it prints name an address a browser on this machine reaches."""
 
 from __future__ import annotations
 
+import re
 import secrets
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.commands.runserver import naiveip_re
 from django.db import transaction
 from django.db.models import Min
 
@@ -20,20 +24,36 @@ from ratelimit_app.service.connection import redacted_url
 
 DEMO_KEY_PREFIX = "demo key for "
 ADMIN_USERNAME = "admin"
+#: Addresses that mean "every interface": the links name the loopback address of their family instead.
+WILDCARDS = {"0": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]", "[::0]": "[::1]"}  # noqa: S104 (read, not bound)
+
+
+def base_url(addrport: str) -> tuple[str, bool]:
+    """The http:// address of the demo served at `addrport` (runserver's `[address:]port`) that a browser on
+    this machine reaches, and whether it listens on every interface. CommandError when runserver would
+    refuse `addrport` too."""
+    match = re.match(naiveip_re, addrport)
+    if match is None:
+        raise CommandError(f"{addrport!r} is not a port number or an address:port pair (8101, 0.0.0.0:8101, "
+                           "[::1]:8101).")
+    address, port = match.group("addr"), match.group("port")
+    host = WILDCARDS.get(address or "", address or "127.0.0.1")
+    return f"http://{host}:{port}", address in WILDCARDS
 
 
 class Command(BaseCommand):
     help = "Prepare and serve the demo site (migrate, demo keys, admin login, then runserver without reloader)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
+        parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000",
+                            help="[address:]port to serve on, as runserver takes it (default 127.0.0.1:8000).")
         parser.add_argument("--no-serve", action="store_true", help="Prepare and print the keys, do not serve.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        base, everywhere = base_url(options["addrport"])
         call_command("migrate", interactive=False, verbosity=0)
         keys = self.create_demo_keys()
         password = self.reset_admin_password()
-        base = f"http://{options['addrport']}"
         self.stdout.write(f"Redis: {self.redis_description()}")
         self.stdout.write("\nDemo API keys (new on every start; the previous ones are revoked):")
         for slug, key in keys:
@@ -49,8 +69,13 @@ class Command(BaseCommand):
             f"  curl -i {base}/public/quote\n"
             f"  curl -i {base}/health\n"
         )
+        if everywhere:
+            self.stdout.write(f"Listening on every address ({options['addrport']}): other machines reach the "
+                              f"demo by this machine's address or name, with the same paths.\n")
         if options["no_serve"]:
             return
+        if everywhere:  # other machines name this one by an address or a name the settings cannot know
+            settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "*"]
         # --noreload: one process, so an embedded Redis started by the settings is the one served;
         # insecure_serving: the admin's static files without collectstatic (DEBUG is off).
         call_command("runserver", options["addrport"], use_reloader=False, insecure_serving=True)
