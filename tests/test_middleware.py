@@ -23,7 +23,7 @@ from ratelimit_app.models import ApiKey, Tier, UserTier
 from ratelimit_app.observability.queries import recent_metrics
 from ratelimit_app.observability.recorder import flush
 from ratelimit_app.plans.apikeys import generate_key
-from tests.support.limits_support import make_key, make_tier, parse_ietf, seed_tiers
+from tests.support.limits_support import make_key, make_tier, parse_ietf, seed_tiers, set_ip_rate
 
 pytestmark = pytest.mark.django_db
 
@@ -205,8 +205,9 @@ def test_status_endpoint_reports_and_charges_the_per_ip_limit_alone(client: Any)
 @pytest.mark.parametrize("key_kind", ["key", "anonymous"])
 def test_status_calls_are_refused_over_the_per_ip_limit_from_the_deny_cache(client: Any, settings: Any,
                                                                           key_kind: str) -> None:
-    use(settings, IP_RATE="5/m", ANONYMOUS_TIER="free" if key_kind == "anonymous" else None)
+    use(settings, ANONYMOUS_TIER="free" if key_kind == "anonymous" else None)
     seed_tiers()
+    set_ip_rate("free", "5/m")
     key = make_key("free") if key_kind == "key" else None
     statuses = [get(client, "/api/rate-limit/status", key=key).status_code for _ in range(5)]
     assert statuses == [200] * 5

@@ -9,10 +9,12 @@ ratelimit_app.apply.limiting then decides in one Redis call.
 2. an API key (X-API-Key / Authorization: Bearer), whose shape is checked before any lookup; else the
    authenticated user; else the anonymous tier (RATELIMIT['ANONYMOUS_TIER']) or 401.
 
-A request whose key is missing, malformed, unknown, revoked or expired is still charged to the per-IP
-limit (counted before authentication), so floods of invalid keys are limited. A key not yet cached in
-this process is looked up only after a `peek` at the per-IP limit allows it, so an IP over its limit
-causes no database query at all.
+The per-IP limit of a request is its tier's own (Tier.ip_rate), counted per address and tier, or the
+default (RATELIMIT['IP_RATE']), counted per address, for a tier that sets none and for a request
+without a usable key: one whose key is missing, malformed, unknown, revoked or expired is still
+charged to it, so floods of invalid keys are limited. A key not yet cached in this process is looked
+up only after a `peek` at the default per-IP limit allows it, so an IP over it causes no database
+query at all.
 
 On an event loop, the async twin ratelimit_app.apply.planning_async plans from this process' lookup
 cache without I/O; a cold cache is read in one `sync_to_async` call.
@@ -20,7 +22,6 @@ cache without I/O; a cold cache is read in one `sync_to_async` call.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,14 +32,13 @@ from django.http import HttpRequest
 
 from ..core.exceptions import BACKEND_ERRORS
 from ..core.policies import Policy
-from ..models import IP_POLICY_NAME
 from ..plans.apikeys import key_matches, parse_key
 from ..plans.clientrules import ALLOW, DENY, ClientRules
 from ..plans.compile import TierInfo
 from ..plans.localcache import MISS
 from ..plans.lookups import Lookups, get_lookups, require_io
 from ..service import events
-from ..service.conf import InvalidSetting, SettingsCached, ratelimit_settings
+from ..service.conf import InvalidSetting, SettingsCached, ip_policy, ratelimit_settings
 from ..service.limiter import get_limiter
 from . import shedding
 from .identity import (
@@ -104,10 +104,7 @@ class LimitConfig:
 def _read_limit_config() -> LimitConfig:
     # RATELIMIT is validated as a whole when it is read (conf.setting_errors), IP_RATE included.
     ip_rate = ratelimit_settings.IP_RATE
-    ip_policies: tuple[Policy, ...] = ()
-    if ip_rate is not None:
-        parsed = Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM)
-        ip_policies = (dataclasses.replace(parsed, shadow=bool(ratelimit_settings.IP_SHADOW)),)
+    ip_policies = (ip_policy(ip_rate),) if ip_rate is not None else ()
     return LimitConfig(
         path_prefixes=tuple(ratelimit_settings.PATH_PREFIXES),
         ip_policies=ip_policies,
@@ -194,7 +191,7 @@ def plan_with_key(request: HttpRequest, raw_key: str | None, cost: int, scope: s
     if listed:
         return RequestPlan((), tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug,
                            listed=ALLOW)
-    checks = (*ip_checks, LimitCheck(identity, tier.policies_for(scope)))
+    checks = (*_ip_checks_of(tier, known), LimitCheck(identity, tier.policies_for(scope)))
     fleet = shedding.fleet_check(request, _declared_priority, path)
     if fleet is not None:
         checks = (*checks, fleet)
@@ -277,6 +274,17 @@ def _user_client(request: HttpRequest, known: _Known, user: Any) -> _Client | Re
         where = f"RATELIMIT['{setting}']" if setting else f"the user tier of user {user.pk}"
         raise ImproperlyConfigured(f"{where} names tier {slug!r}, which does not exist")
     return lookups.with_overrides(identity, tier, overrides), identity, known.listed
+
+
+def _ip_checks_of(tier: TierInfo, known: _Known) -> tuple[LimitCheck, ...]:
+    """The per-IP limit of a request planned under `tier`: the tier's own, counted per address and
+    tier (`ip:<address>@<tier>`: the tier's keys and users from one address share it, apart from other
+    tiers'); else, when it sets none, the default (RATELIMIT['IP_RATE']), counted per address with the
+    requests without a usable key; none for a client whose overrides are its cap (TierInfo.ip_policies)."""
+    own = tier.ip_policies
+    if own is None:
+        return known.ip_checks
+    return (LimitCheck(f"{known.ip_id}@{tier.slug}", own),) if own else ()
 
 
 def _denied_by_list(identity: str, what: str) -> LimitOutcome:

@@ -108,7 +108,7 @@ def test_an_override_that_replaces_or_removes_a_tier_limit_frees_the_client_from
     for key in (raised, removed):
         assert [c.identity for c in plan(request(key)).checks] == [f"key:{key.partition('.')[0]}"]
     for key in (restricted, plain):  # a limit added on top gives nothing more: the per-IP limit stays
-        assert [c.identity for c in plan(request(key)).checks][0] == f"ip:{IP}"
+        assert plan(request(key)).checks[0].identity == f"ip:{IP}"
 
 
 @pytest.mark.parametrize(("change", "message"), [
