@@ -4,9 +4,10 @@ The admin validates every row it saves, and the database refuses what the models
 CheckConstraints). These checks find what is left of rows written around the admin (a data migration,
 `QuerySet.update`, raw SQL): each row gets every field's validation (`clean_fields`) and the model's
 own (`clean`), as the admin's form would. Ids: ratelimit.E030 a tier (an unknown time zone, a blank
-name), ratelimit.E031 a tier limit or a limit override that cannot become a policy (it is skipped alone
-at run time: ratelimit_app.plans.compile), ratelimit.E032 an allow/deny rule that names no valid network
-or key (it is ignored).
+name, a per-IP rate that cannot be counted: the default per-IP limit then applies), ratelimit.E031 a
+tier limit or a limit override that cannot become a policy (it is skipped alone at run time:
+ratelimit_app.plans.compile), ratelimit.E032 an allow/deny rule that names no valid network or key (it
+is ignored).
 """
 
 from __future__ import annotations
@@ -56,8 +57,16 @@ def check_stored_plans(app_configs: Any = None, databases: Any = None, **kwargs:
 def _tier_messages() -> list[checks.CheckMessage]:
     from ..models import Tier
 
-    return [checks.Error(f"tier {tier.slug!r}: {problem}", id="ratelimit.E030", hint="Fix the tier in the admin.")
+    return [checks.Error(f"tier {tier.slug!r}: {problem}", id="ratelimit.E030", hint=_tier_hint(problem))
             for tier in Tier.objects.all() if (problem := row_problem(tier)) is not None]
+
+
+def _tier_hint(problem: str) -> str:
+    """What to do about a tier's `problem`, and what requests get until then."""
+    if "ip_rate:" in problem:
+        return ("Fix the tier in the admin; until then its requests are held to the default per-IP limit "
+                "(RATELIMIT['IP_RATE']) instead of its own.")
+    return "Fix the tier in the admin."
 
 
 def _limit_messages() -> list[checks.CheckMessage]:
