@@ -205,7 +205,8 @@ def test_status_endpoint_reports_and_charges_the_per_ip_limit_alone(client: Any)
 @pytest.mark.parametrize("key_kind", ["key", "anonymous"])
 def test_status_calls_are_refused_over_the_per_ip_limit_from_the_deny_cache(client: Any, settings: Any,
                                                                           key_kind: str) -> None:
-    use(settings, ANONYMOUS_TIER="free" if key_kind == "anonymous" else None)
+    # a key is held to its tier's own per-IP rate, an anonymous client to IP_RATE
+    use(settings, IP_RATE="5/m", ANONYMOUS_TIER="free" if key_kind == "anonymous" else None)
     seed_tiers()
     set_ip_rate("free", "5/m")
     key = make_key("free") if key_kind == "key" else None

@@ -9,12 +9,12 @@ ratelimit_app.apply.limiting then decides in one Redis call.
 2. an API key (X-API-Key / Authorization: Bearer), whose shape is checked before any lookup; else the
    authenticated user; else the anonymous tier (RATELIMIT['ANONYMOUS_TIER']) or 401.
 
-The per-IP limit of a request is its tier's own (Tier.ip_rate), counted per address and tier, or the
-default (RATELIMIT['IP_RATE']), counted per address, for a tier that sets none and for a request
-without a usable key: one whose key is missing, malformed, unknown, revoked or expired is still
-charged to it, so floods of invalid keys are limited. A key not yet cached in this process is looked
-up only after a `peek` at the default per-IP limit allows it, so an IP over it causes no database
-query at all.
+The per-IP limit of a key's or user's request is its tier's own (Tier.ip_rate), counted per address
+and tier, or the default (RATELIMIT['IP_RATE']), counted per address, for a tier that sets none, for
+the anonymous tier and for a request without a usable key: one whose key is missing, malformed,
+unknown, revoked or expired is still charged to it, so floods of invalid keys are limited. A key not
+yet cached in this process is looked up only after a `peek` at the default per-IP limit allows it, so
+an IP over it causes no database query at all.
 
 On an event loop, the async twin ratelimit_app.apply.planning_async plans from this process' lookup
 cache without I/O; a cold cache is read in one `sync_to_async` call.
@@ -191,7 +191,7 @@ def plan_with_key(request: HttpRequest, raw_key: str | None, cost: int, scope: s
     if listed:
         return RequestPlan((), tier, identity, tier.fail_mode or config.fail_mode, tier.fail_mode, label=tier.slug,
                            listed=ALLOW)
-    checks = (*_ip_checks_of(tier, known), LimitCheck(identity, tier.policies_for(scope)))
+    checks = (*_ip_checks_of(tier, identity, known), LimitCheck(identity, tier.policies_for(scope)))
     fleet = shedding.fleet_check(request, _declared_priority, path)
     if fleet is not None:
         checks = (*checks, fleet)
@@ -276,15 +276,22 @@ def _user_client(request: HttpRequest, known: _Known, user: Any) -> _Client | Re
     return lookups.with_overrides(identity, tier, overrides), identity, known.listed
 
 
-def _ip_checks_of(tier: TierInfo, known: _Known) -> tuple[LimitCheck, ...]:
-    """The per-IP limit of a request planned under `tier`: the tier's own, counted per address and
-    tier (`ip:<address>@<tier>`: the tier's keys and users from one address share it, apart from other
-    tiers'); else, when it sets none, the default (RATELIMIT['IP_RATE']), counted per address with the
-    requests without a usable key; none for a client whose overrides are its cap (TierInfo.ip_policies)."""
+def _ip_checks_of(tier: TierInfo, identity: str, known: _Known) -> tuple[LimitCheck, ...]:
+    """The per-IP limit of the client `identity` planned under `tier`: the tier's own, counted per
+    address and tier (`ip:<address>@<tier>`: the tier's keys and users from one address share it, apart
+    from other tiers'); the default (RATELIMIT['IP_RATE']), counted per address with every request
+    without a usable key, for a tier that sets none and for the anonymous tier (a client known by its
+    address alone); none for a client whose overrides are its cap (TierInfo.ip_policies)."""
     own = tier.ip_policies
-    if own is None:
+    if own is None or identity == known.ip_id:
         return known.ip_checks
-    return (LimitCheck(f"{known.ip_id}@{tier.slug}", own),) if own else ()
+    return (LimitCheck(tier_ip_identity(known.ip_id, tier.slug), own),) if own else ()
+
+
+def tier_ip_identity(ip_id: str, slug: str) -> str:
+    """The identity a tier's own per-IP limit counts the client address `ip_id` ("ip:203.0.113.7") under,
+    for the tier `slug`: "ip:203.0.113.7@pro"."""
+    return f"{ip_id}@{slug}"
 
 
 def _denied_by_list(identity: str, what: str) -> LimitOutcome:

@@ -91,8 +91,12 @@ def test_a_tier_with_its_own_per_ip_limit_is_counted_per_address_and_tier(tier: 
     assert [c.identity for c in planned.checks] == [f"ip:{IP}@planned", f"key:{key.partition('.')[0]}"]
     [ip] = planned.checks[0].policies
     assert (ip.name, ip.algorithm, ip.limit, ip.period, ip.shadow) == ("ip", "gcra", 500, 60, True)
-    # a request without a usable key is still counted on the address' default per-IP limit
+    # a request without a usable key, and one of the anonymous tier, are counted on the address' default
     assert [c.identity for c in plan(request("AbCd1234.x")).checks] == [f"ip:{IP}"]
+    use(settings, ANONYMOUS_TIER="planned")
+    anonymous = plan(request())
+    assert [c.identity for c in anonymous.checks] == [f"ip:{IP}", f"ip:{IP}"] and anonymous.label == "planned"
+    assert anonymous.checks[0].policies == limit_config().ip_policies
 
 
 def test_an_override_that_replaces_or_removes_a_tier_limit_frees_the_client_from_the_per_ip_limit(
