@@ -139,3 +139,17 @@ def test_the_seeded_per_ip_rates_pass() -> None:
     assert dict(Tier.objects.filter(slug__in=["free", "pro", "enterprise"]).values_list("slug", "ip_rate")) == \
         {"free": "100/m", "pro": "1000/m", "enterprise": "10000/m"}
     assert plan_messages() == []
+
+
+def test_a_tier_whose_per_ip_limit_caps_its_own_limits_is_warned_about(settings: Any) -> None:
+    gold = make_tier("gold", [("minute", "sliding_window", 500, 60, None, "")])
+    [warning] = [m for m in run_checks(databases=["default"]) if m.id == "ratelimit.W030"]
+    assert warning.msg.startswith("tier 'gold': its per-IP limit (RATELIMIT['IP_RATE'] 100/m) refuses one client "
+                                  "address before its limit 'minute' (500/m) does")
+    gold.ip_rate = "1000/m"
+    gold.save()
+    assert [m for m in run_checks(databases=["default"]) if m.id == "ratelimit.W030"] == []  # seeded tiers too
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_SHADOW": True}
+    gold.ip_rate = "10/m"
+    gold.save()
+    assert [m for m in run_checks(databases=["default"]) if m.id == "ratelimit.W030"] == []  # a dry run refuses none
