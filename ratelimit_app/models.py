@@ -28,7 +28,7 @@ from .core.policies import (
 from .plans import apikeys
 from .plans.clientrules import ALLOW, DENY, parse_network
 from .plans.constraints import check_constraint, limit_constraints, only_safe_characters, override_constraints
-from .service.conf import DEFAULTS, IP_POLICY_NAME, InvalidSetting, ip_rate_problem, ratelimit_settings
+from .service.conf import IP_POLICY_NAME, ip_rate_problem
 
 FAIL_MODE_CHOICES = [
     ("", "Default (RATELIMIT['FAIL_MODE'])"),
@@ -90,19 +90,11 @@ class Tier(models.Model):
         errors: dict[str, str] = {}
         if not is_valid_time_zone(self.time_zone):
             errors["time_zone"] = "Not a known IANA time zone (for example UTC or Europe/Paris)."
-        problem = ip_rate_problem(self.ip_rate, _ip_algorithm()) if self.ip_rate else None
+        problem = ip_rate_problem(self.ip_rate) if self.ip_rate else None
         if problem is not None:
             errors["ip_rate"] = f"{problem.removeprefix('rate: ')}; expected a rate such as 1000/m, or empty."
         if errors:
             raise ValidationError(errors)
-
-
-def _ip_algorithm() -> str:
-    """The algorithm per-IP limits are counted with (RATELIMIT['IP_ALGORITHM']; its default when unreadable)."""
-    try:
-        return str(ratelimit_settings.IP_ALGORITHM)
-    except InvalidSetting:
-        return str(DEFAULTS["IP_ALGORITHM"])
 
 
 class LimitShape(models.Model):

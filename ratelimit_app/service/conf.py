@@ -122,10 +122,16 @@ class InvalidSetting(ImproperlyConfigured):
         self.setting = setting
 
 
-def ip_rate_problem(rate: str, algorithm: str) -> str | None:
+def ip_rate_problem(rate: str, algorithm: str | None = None) -> str | None:
     """What keeps `rate` from being a per-IP limit counted under `algorithm` ("rate: 'ten/m' is not a
     rate ..."), or None. RATELIMIT['IP_RATE'] and a tier's own per-IP rate (Tier.ip_rate) are checked
-    by it, exactly as `ip_policy` parses them."""
+    by it, exactly as `ip_policy` parses them. `algorithm` None: RATELIMIT['IP_ALGORITHM'] (its
+    default when it cannot be read)."""
+    if algorithm is None:
+        try:
+            algorithm = str(ratelimit_settings.IP_ALGORITHM)
+        except InvalidSetting:
+            algorithm = str(DEFAULTS["IP_ALGORITHM"])
     try:
         # a limit of 0 is refused even where rates may deny everything (DRF's "0/day"): per IP, it would
         # lock every client out, the admin included if its paths are limited
