@@ -17,13 +17,14 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
+from .apply.planning import limit_config
 from .core.policies import CONCURRENCY, Policy
 from .models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
 from .plans import apikeys
 from .plans.checks import row_problem
-from .plans.compile import OVERRIDE_FIELDS, apply_overrides
+from .plans.compile import OVERRIDE_FIELDS, TierInfo, apply_overrides
 from .plans.lookups import get_lookups
-from .service.conf import InvalidSetting
+from .service.conf import IP_POLICY_NAME, InvalidSetting
 
 _LIMIT_FIELDS = ("name", "algorithm", "limit", "period", "burst", "calendar", "scope", "enabled", "shadow")
 
@@ -97,27 +98,40 @@ def _describe(policy: Policy, source: str) -> tuple[str, str, str, str, str]:
             source)
 
 
-def effective_limits_table(tier_slug: str, overrides: QuerySet[Any]) -> str:
-    """An HTML table of the limits a client gets: its tier's, with its overrides applied (or why it
-    cannot be shown: the page never depends on RATELIMIT being valid)."""
+def effective_limits_table(tier_slug: str, overrides: QuerySet[Any] | None = None) -> str:
+    """An HTML table of the limits a client gets: its tier's, with its overrides applied, and the per-IP
+    limit its requests are counted on (or why it cannot be shown: the page never depends on RATELIMIT
+    being valid). Without `overrides`, the tier's own."""
     try:
         tier = get_lookups().tier(tier_slug)
+        default_ip = limit_config().ip_policies
     except InvalidSetting as exc:
         return f"(unavailable: {exc})"
     if tier is None:
         return "(the tier does not exist)"
-    rows = tuple(overrides.order_by("scope", "period", "id").values_list(*OVERRIDE_FIELDS))
+    rows = tuple(overrides.order_by("scope", "period", "id").values_list(*OVERRIDE_FIELDS)) if overrides else ()
     merged = apply_overrides(tier, rows)
     own = {f"{row[5]}.{row[0]}" if row[5] else row[0] for row in rows if row[6]}
     seen = {policy.name: policy for policy in merged.every_policy()}
-    if not seen:
-        return "unlimited"
-    body = format_html_join(
-        "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-        (_describe(p, "override" if p.name in own else f"tier {tier.slug}") for p in seen.values()),
-    )
-    return format_html('<table class="rl-effective-limits"><thead><tr><th>policy</th><th>rate</th>'
-                       "<th>algorithm</th><th>mode</th><th>from</th></tr></thead><tbody>{}</tbody></table>", body)
+    described = [_describe(p, "override" if p.name in own else f"tier {tier.slug}") for p in seen.values()]
+    described.append(_per_ip_row(merged, default_ip))
+    body = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", described)
+    unlimited = format_html("<p>{}</p>", "unlimited: no limit of its own") if not seen else ""
+    return format_html('{}<table class="rl-effective-limits"><thead><tr><th>policy</th><th>rate</th>'
+                       "<th>algorithm</th><th>mode</th><th>from</th></tr></thead><tbody>{}</tbody></table>",
+                       unlimited, body)
+
+
+def _per_ip_row(tier: TierInfo, default: tuple[Policy, ...]) -> tuple[str, str, str, str, str]:
+    """The row of the per-IP limit a client of `tier` (its overrides applied) is counted on."""
+    if tier.ip_policies == ():
+        return (IP_POLICY_NAME, "none", "-", "-", "override: its own limits replace its tier's, no per-IP limit")
+    if tier.ip_policies is not None:
+        return _describe(tier.ip_policies[0], f"tier {tier.slug}: per client address, its keys and users together")
+    if default:
+        return _describe(default[0], "RATELIMIT['IP_RATE']: per client address, with requests without a key "
+                                     "and the other tiers that set no per-IP rate")
+    return (IP_POLICY_NAME, "none", "-", "-", "RATELIMIT['IP_RATE'] is None and the tier sets no per-IP rate")
 
 
 @admin.register(Tier)
@@ -126,6 +140,14 @@ class TierAdmin(_ShowsLimitsNotEnforced):
     search_fields = ("slug", "name")
     prepopulated_fields = {"slug": ("name",)}
     inlines = [TierLimitInline]
+    readonly_fields = ("effective_limits",)
+
+    @admin.display(description="effective limits")
+    def effective_limits(self, obj: Tier) -> str:
+        """The limits a key or user of this tier gets (as saved), the per-IP limit included."""
+        if obj.pk is None:
+            return "-"
+        return effective_limits_table(obj.slug)
 
     @admin.display(description="limits")
     def limits_summary(self, obj: Tier) -> str:

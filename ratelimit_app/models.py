@@ -28,7 +28,7 @@ from .core.policies import (
 from .plans import apikeys
 from .plans.clientrules import ALLOW, DENY, parse_network
 from .plans.constraints import check_constraint, limit_constraints, only_safe_characters, override_constraints
-from .service.conf import IP_POLICY_NAME
+from .service.conf import IP_POLICY_NAME, ip_rate_problem
 
 FAIL_MODE_CHOICES = [
     ("", "Default (RATELIMIT['FAIL_MODE'])"),
@@ -63,6 +63,11 @@ class Tier(models.Model):
         max_length=64, default="UTC",
         help_text="IANA time zone of this tier's calendar quotas (Europe/Paris): where a day, week or month starts.",
     )
+    ip_rate = models.CharField(
+        "per-IP rate", max_length=20, blank=True, default="",
+        help_text="What one client address may send under this tier, its keys and users together, such as "
+                  "1000/m (docs/plans.md). Empty: RATELIMIT['IP_RATE'], counted with requests without a key.",
+    )
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
@@ -80,10 +85,16 @@ class Tier(models.Model):
         return self.name or self.slug
 
     def clean(self) -> None:
-        """Refuse an unknown time zone."""
+        """Refuse an unknown time zone, and a per-IP rate the per-IP limit cannot count."""
         super().clean()
+        errors: dict[str, str] = {}
         if not is_valid_time_zone(self.time_zone):
-            raise ValidationError({"time_zone": "Not a known IANA time zone (for example UTC or Europe/Paris)."})
+            errors["time_zone"] = "Not a known IANA time zone (for example UTC or Europe/Paris)."
+        problem = ip_rate_problem(self.ip_rate) if self.ip_rate else None
+        if problem is not None:
+            errors["ip_rate"] = f"{problem.removeprefix('rate: ')}; expected a rate such as 1000/m, or empty."
+        if errors:
+            raise ValidationError(errors)
 
 
 class LimitShape(models.Model):

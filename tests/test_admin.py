@@ -12,7 +12,7 @@ from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 from django.utils import timezone
 
-from ratelimit_app.models import ApiKey, Tier, TierLimit
+from ratelimit_app.models import ApiKey, ApiKeyLimit, Tier, TierLimit
 from ratelimit_app.plans.apikeys import hash_key
 from ratelimit_app.plans.lookups import build_lookups
 from tests.support.limits_support import make_key, poll, seed_tiers
@@ -224,3 +224,43 @@ def test_the_key_list_says_whether_each_key_is_active_revoked_or_expired(admin_c
             re.findall(r'<a href="[^"]+/change/">([^<]+)</a></th>.*?<td class="field-status">([^<]+)</td>', html)}
     assert rows == {"live": "Active", "gone": "Revoked", "old": "Expired"}
     assert "icon-no.svg" not in html  # no red cross beside an active key
+
+
+def effective_rows(page: Any) -> list[list[str]]:
+    """The rows of the "effective limits" table of an admin page, each a list of its cells' text."""
+    table = page.content.decode().split('class="rl-effective-limits"')[1].split("</tbody>")[0]
+    return [re.findall(r"<td>(.*?)</td>", row) for row in table.split("<tr>")[2:]]
+
+
+def test_the_effective_limits_of_a_tier_and_a_key_show_the_per_ip_limit(admin_client: Any) -> None:
+    seed_tiers()
+    enterprise = Tier.objects.get(slug="enterprise")
+    page = admin_client.get(reverse("admin:ratelimit_app_tier_change", args=[enterprise.pk]))
+    rows = {row[0]: row for row in effective_rows(page)}
+    assert rows["minute"][1:3] == ["2000/m", "sliding_window"]
+    assert rows["ip"][1] == "10000/m" and rows["ip"][4].startswith("tier enterprise: per client address")
+
+    plain = Tier.objects.create(slug="plain", name="Plain")
+    TierLimit.objects.create(tier=plain, name="minute", algorithm="fixed_window", limit=50, period=60)
+    key = ApiKey.objects.get(prefix=make_key(plain).partition(".")[0])
+    page = admin_client.get(reverse("admin:ratelimit_app_apikey_change", args=[key.pk]))
+    [ip] = [row for row in effective_rows(page) if row[0] == "ip"]
+    assert ip[1] == "100/m" and ip[4].startswith("RATELIMIT[&#x27;IP_RATE&#x27;]: per client address")
+
+    ApiKeyLimit.objects.create(api_key=key, name="minute", algorithm="fixed_window", limit=500, period=60)
+    page = admin_client.get(reverse("admin:ratelimit_app_apikey_change", args=[key.pk]))
+    [ip] = [row for row in effective_rows(page) if row[0] == "ip"]
+    assert ip[1] == "none" and "its own limits replace its tier" in ip[4]
+
+
+def test_staff_set_a_tiers_per_ip_rate_in_the_admin(admin_client: Any, client: Any) -> None:
+    seed_tiers()
+    pro = Tier.objects.get(slug="pro")
+    url = reverse("admin:ratelimit_app_tier_change", args=[pro.pk])
+    data = form_data(admin_client.get(url))
+    refused = admin_client.post(url, {**data, "ip_rate": "lots/m"})
+    assert refused.status_code == 200 and "ip_rate" in refused.context["adminform"].form.errors
+    assert admin_client.post(url, {**data, "ip_rate": "3/m"}).status_code == 302
+    key = make_key("pro")
+    assert [api(client, key).status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert api(client, key).json()["policy"] == "ip"

@@ -31,7 +31,7 @@ from devtools.embedded import RedisProcess
 from ratelimit_app.middleware import RateLimitMiddleware
 from ratelimit_app.service.limiter_async import get_async_limiter
 from tests.service.test_limiter_async import assert_answered_within_the_budget, ticker
-from tests.support.limits_support import make_key, parse_ietf, record_planning_threads, seed_tiers
+from tests.support.limits_support import make_key, parse_ietf, record_planning_threads, seed_tiers, set_ip_rate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -103,7 +103,7 @@ def test_an_async_view_under_asgi_admits_ten_then_answers_429_with_headers(free_
 
 
 def test_status_calls_under_asgi_count_against_the_per_ip_limit(settings: Any, free_key: str) -> None:
-    settings.RATELIMIT = {**settings.RATELIMIT, "IP_RATE": "3/m"}
+    set_ip_rate("free", "3/m")
 
     async def scenario() -> list[Any]:
         client = AsyncClient()

@@ -23,7 +23,7 @@ from ratelimit_app.models import ApiKey, Tier, UserTier
 from ratelimit_app.observability.queries import recent_metrics
 from ratelimit_app.observability.recorder import flush
 from ratelimit_app.plans.apikeys import generate_key
-from tests.support.limits_support import make_key, make_tier, parse_ietf, seed_tiers
+from tests.support.limits_support import make_key, make_tier, parse_ietf, seed_tiers, set_ip_rate
 
 pytestmark = pytest.mark.django_db
 
@@ -225,9 +225,11 @@ def test_status_endpoint_reports_and_charges_the_per_ip_limit_alone(client: Any)
 @pytest.mark.parametrize("key_kind", ["key", "anonymous"])
 def test_status_calls_are_refused_over_the_per_ip_limit_from_the_deny_cache(client: Any, settings: Any,
                                                                           key_kind: str) -> None:
+    # a key is held to its tier's own per-IP rate, an anonymous client to IP_RATE
     use(settings, IP_RATE="5/m", ANONYMOUS_TIER="free" if key_kind == "anonymous" else None,
         REQUIRE_API_KEY=key_kind == "key")
     seed_tiers()
+    set_ip_rate("free", "5/m")
     key = make_key("free") if key_kind == "key" else None
     statuses = [get(client, "/api/rate-limit/status", key=key).status_code for _ in range(5)]
     assert statuses == [200] * 5
@@ -345,11 +347,48 @@ def test_headers_setting(client: Any, settings: Any, mode: str, legacy: bool, ie
     assert ("RateLimit" in response) is ietf and ("RateLimit-Policy" in response) is ietf
 
 
-def test_ip_rate_none_disables_the_per_ip_limit(client: Any, settings: Any) -> None:
+def test_ip_rate_none_disables_the_default_per_ip_limit_and_leaves_a_tiers_own(client: Any, settings: Any) -> None:
     use(settings, IP_RATE=None)
     seed_tiers()
-    response = get(client, key=make_key("free"))
+    plain = make_tier("plain", [("minute", "fixed_window", 50, 60, None, "")])
+    response = get(client, key=make_key(plain))
     assert response.status_code == 200 and "ip" not in parse_ietf(response["RateLimit-Policy"])
+    assert get(client).status_code == 401
+    # the seeded tiers set their own per-IP limit, which the default does not switch off
+    response = get(client, key=make_key("free"))
+    assert response.status_code == 200 and parse_ietf(response["RateLimit-Policy"])["ip"]["q"] == 100
+
+
+def test_a_seeded_enterprise_key_sends_150_requests_from_one_address_none_refused(client: Any) -> None:
+    seed_tiers()
+    key = make_key("enterprise")
+    responses = [get(client, key=key) for _ in range(150)]
+    assert [r.status_code for r in responses] == [200] * 150
+    shown = parse_ietf(responses[-1]["RateLimit-Policy"])
+    assert shown["ip"]["q"] >= shown["minute"]["q"] == 2000
+
+
+def test_a_free_key_from_one_address_is_still_held_to_the_free_plan(client: Any) -> None:
+    seed_tiers()
+    key = make_key("free")
+    responses = [get(client, key=key) for _ in range(11)]
+    assert [r.status_code for r in responses] == [200] * 10 + [429]  # the free bucket holds 10
+    assert responses[-1].json()["policy"] == "burst"
+    assert parse_ietf(responses[0]["RateLimit-Policy"])["ip"]["q"] == 100
+
+
+def test_a_hundred_free_keys_from_one_address_share_the_free_per_ip_limit(client: Any, settings: Any) -> None:
+    use(settings, IP_ALGORITHM="sliding_window")  # exact, whenever the minute turns
+    seed_tiers()
+    keys = [make_key("free", name=f"free {n}") for n in range(100)]
+    first = [get(client, key=key).status_code for key in keys]
+    second = [get(client, key=key) for key in keys]
+    assert first == [200] * 100
+    assert [r.status_code for r in second] == [429] * 100
+    assert {r.json()["policy"] for r in second} == {"ip"}
+    # the free keys' counter is the free tier's alone: an enterprise key and a keyless request from the
+    # same address are counted apart
+    assert get(client, key=make_key("enterprise")).status_code == 200
     assert get(client).status_code == 401
 
 

@@ -1,9 +1,10 @@
 """A request of each seeded tier is one Redis round trip: one EVALSHA, and no other command.
 
-The demo project's settings (project/settings.py: the default RATELIMIT, so the per-IP limit and the
-metrics are on; only the key prefix, the timeouts and the budget are the test's own, see conftest), the
-tiers free, pro and enterprise as `migrate` seeds them, and keys of each, warmed by one request (the key
-and its tier are then cached in process, the Redis connection is open). Counted with MONITOR on the
+The demo project's settings (project/settings.py: the default RATELIMIT, so the per-IP limits (each
+seeded tier's own) and the metrics are on; only the key prefix, the timeouts and the budget are the
+test's own, see conftest), the tiers free, pro and enterprise as `migrate` seeds them, and keys of
+each, warmed by one request (the key and its tier are then cached in process, the Redis connection is
+open). Counted with MONITOR on the
 shared Redis: every command a client sent (not those the decision script ran itself) that names this
 test's key prefix, which every key the app writes for the test carries: the decision's keys, the
 lookups' shared cache, a slot's sorted set, the metrics.
@@ -27,7 +28,7 @@ from django.test import AsyncClient
 
 from ratelimit_app.core.scripts import decide_sha
 from ratelimit_app.service.limiter_async import get_async_limiter
-from tests.support.limits_support import add_slots, make_key, redis_commands, seed_tiers
+from tests.support.limits_support import add_slots, make_key, parse_ietf, redis_commands, seed_tiers
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the ASGI request reads the key in another thread
 
@@ -59,6 +60,8 @@ def test_a_request_of_each_seeded_tier_is_one_evalsha_under_wsgi(
         responses = [client.get("/api/users", HTTP_X_API_KEY=key) for key in seeded_keys.values() for _ in range(3)]
     assert [r.status_code for r in responses] == [200] * 9
     assert [r["X-RateLimit-Tier"] for r in responses] == [slug for slug in SEEDED for _ in range(3)]
+    # each tier's own per-IP limit is decided in the same call as its limits
+    assert [parse_ietf(r["RateLimit-Policy"])["ip"]["q"] for r in responses[::3]] == [100, 1000, 10000]
     commands = on_a_request_path(seen, key_prefix)
     assert names(commands) == ["EVALSHA"] * 9, commands
     assert all(decide_sha() in command for command in commands)

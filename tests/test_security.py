@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 from ratelimit_app.plans.apikeys import generate_key
 from ratelimit_app.plans.lookups import get_lookups
-from tests.support.limits_support import make_key, seed_tiers
+from tests.support.limits_support import make_key, seed_tiers, set_ip_rate
 
 ONE_MIB = 1 << 20
 
@@ -134,7 +134,7 @@ def test_client_input_never_becomes_a_redis_key_name(client: Any, redis_client: 
 @pytest.mark.django_db
 def test_keys_are_never_stored_echoed_or_logged(client: Any, caplog: Any, settings: Any) -> None:
     seed_tiers()
-    use(settings, IP_RATE="5/m")
+    set_ip_rate("free", "5/m")
     key = make_key("free")
     secret = key.split(".")[1]
     with caplog.at_level(logging.DEBUG):

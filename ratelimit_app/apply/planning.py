@@ -11,10 +11,12 @@ ratelimit_app.apply.limiting then decides in one Redis call.
    the authenticated user; else, with RATELIMIT['REQUIRE_API_KEY'], 401; else the anonymous tier
    (RATELIMIT['ANONYMOUS_TIER']) per IP; else the per-IP limit alone.
 
-A request whose key of ours is unknown, revoked or expired (or, under REQUIRE_API_KEY, missing or
-malformed) is still charged to the per-IP limit (counted before authentication), so floods of invalid
-keys are limited. A key not yet cached in this process is looked up only after a `peek` at the per-IP
-limit allows it, so an IP over its limit causes no database query at all.
+The per-IP limit of a key's or user's request is its tier's own (Tier.ip_rate), counted per address
+and tier, or the default (RATELIMIT['IP_RATE']), counted per address, for a tier that sets none, for
+the anonymous tier and for a request without a usable key: one whose key of ours is unknown, revoked
+or expired (or, under REQUIRE_API_KEY, missing or malformed) is still charged to it, so floods of
+invalid keys are limited. A key not yet cached in this process is looked up only after a `peek` at
+the default per-IP limit allows it, so an IP over it causes no database query at all.
 
 On an event loop, the async twin ratelimit_app.apply.planning_async plans from this process' lookup
 cache without I/O; a cold cache is read in one `sync_to_async` call.
@@ -22,7 +24,6 @@ cache without I/O; a cold cache is read in one `sync_to_async` call.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,14 +34,13 @@ from django.http import HttpRequest
 
 from ..core.exceptions import BACKEND_ERRORS
 from ..core.policies import Policy
-from ..models import IP_POLICY_NAME
 from ..plans.apikeys import key_matches
 from ..plans.clientrules import ALLOW, DENY, ClientRules
 from ..plans.compile import TierInfo
 from ..plans.localcache import MISS
 from ..plans.lookups import Lookups, get_lookups, require_io
 from ..service import events
-from ..service.conf import InvalidSetting, SettingsCached, ratelimit_settings
+from ..service.conf import InvalidSetting, SettingsCached, ip_policy, ratelimit_settings
 from ..service.limiter import get_limiter
 from ..service.paths import PathPrefixes, limited
 from . import shedding
@@ -112,10 +112,7 @@ class LimitConfig:
 def _read_limit_config() -> LimitConfig:
     # RATELIMIT is validated as a whole when it is read (conf.setting_errors), IP_RATE included.
     ip_rate = ratelimit_settings.IP_RATE
-    ip_policies: tuple[Policy, ...] = ()
-    if ip_rate is not None:
-        parsed = Policy.parse(ip_rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM)
-        ip_policies = (dataclasses.replace(parsed, shadow=bool(ratelimit_settings.IP_SHADOW)),)
+    ip_policies = (ip_policy(ip_rate),) if ip_rate is not None else ()
     return LimitConfig(
         path_prefixes=tuple(ratelimit_settings.PATH_PREFIXES),
         ip_policies=ip_policies,
@@ -204,7 +201,8 @@ def plan_with_key(request: HttpRequest, key: PresentedKey | None, cost: int, sco
     tier_mode, label = (tier.fail_mode, tier.slug) if tier is not None else (None, IP_ONLY_TIER)
     if listed:
         return RequestPlan((), tier, identity, tier_mode or config.fail_mode, tier_mode, label=label, listed=ALLOW)
-    checks = ip_checks if tier is None else (*ip_checks, LimitCheck(identity, tier.policies_for(scope)))
+    checks = ip_checks if tier is None else (
+        *_ip_checks_of(tier, identity, known), LimitCheck(identity, tier.policies_for(scope)))
     fleet = shedding.fleet_check(request, _declared_priority, path)
     if fleet is not None:
         checks = (*checks, fleet)
@@ -288,6 +286,24 @@ def _user_client(request: HttpRequest, known: _Known, user: Any) -> _Client | Re
         where = f"RATELIMIT['{setting}']" if setting else f"the user tier of user {user.pk}"
         raise ImproperlyConfigured(f"{where} names tier {slug!r}, which does not exist")
     return lookups.with_overrides(identity, tier, overrides), identity, known.listed
+
+
+def _ip_checks_of(tier: TierInfo, identity: str, known: _Known) -> tuple[LimitCheck, ...]:
+    """The per-IP limit of the client `identity` planned under `tier`: the tier's own, counted per
+    address and tier (`ip:<address>@<tier>`: the tier's keys and users from one address share it, apart
+    from other tiers'); the default (RATELIMIT['IP_RATE']), counted per address with every request
+    without a usable key, for a tier that sets none and for the anonymous tier (a client known by its
+    address alone); none for a client whose overrides are its cap (TierInfo.ip_policies)."""
+    own = tier.ip_policies
+    if own is None or identity == known.ip_id:
+        return known.ip_checks
+    return (LimitCheck(tier_ip_identity(known.ip_id, tier.slug), own),) if own else ()
+
+
+def tier_ip_identity(ip_id: str, slug: str) -> str:
+    """The identity a tier's own per-IP limit counts the client address `ip_id` ("ip:203.0.113.7") under,
+    for the tier `slug`: "ip:203.0.113.7@pro"."""
+    return f"{ip_id}@{slug}"
 
 
 def _denied_by_list(identity: str, what: str) -> LimitOutcome:

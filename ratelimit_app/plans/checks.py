@@ -4,9 +4,11 @@ The admin validates every row it saves, and the database refuses what the models
 CheckConstraints). These checks find what is left of rows written around the admin (a data migration,
 `QuerySet.update`, raw SQL): each row gets every field's validation (`clean_fields`) and the model's
 own (`clean`), as the admin's form would. Ids: ratelimit.E030 a tier (an unknown time zone, a blank
-name), ratelimit.E031 a tier limit or a limit override that cannot become a policy (it is skipped alone
-at run time: ratelimit_app.plans.compile), ratelimit.E032 an allow/deny rule that names no valid network
-or key (it is ignored).
+name, a per-IP rate that cannot be counted: the default per-IP limit then applies), ratelimit.E031 a
+tier limit or a limit override that cannot become a policy (it is skipped alone at run time:
+ratelimit_app.plans.compile), ratelimit.E032 an allow/deny rule that names no valid network or key (it
+is ignored). ratelimit.W030 warns of a tier whose per-IP limit refuses one client address, sending
+steadily, before one of the tier's own limits would: a key of it is capped below its plan.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from typing import Any
 from django.core import checks
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import DatabaseError, models
+
+from ..core.policies import CONCURRENCY, InvalidPolicy
+from ..service.conf import InvalidSetting, ip_policy, ratelimit_settings
 
 #: The foreign keys of each checked model: their rows exist (the database says so), and validating
 #: them would cost one query per row.
@@ -48,7 +53,7 @@ def check_stored_plans(app_configs: Any = None, databases: Any = None, **kwargs:
     if not databases:
         return []
     try:
-        return [*_tier_messages(), *_limit_messages(), *_rule_messages()]
+        return [*_tier_messages(), *_limit_messages(), *_rule_messages(), *_capped_tier_messages()]
     except DatabaseError:  # not migrated yet: `migrate` comes first
         return []
 
@@ -56,8 +61,16 @@ def check_stored_plans(app_configs: Any = None, databases: Any = None, **kwargs:
 def _tier_messages() -> list[checks.CheckMessage]:
     from ..models import Tier
 
-    return [checks.Error(f"tier {tier.slug!r}: {problem}", id="ratelimit.E030", hint="Fix the tier in the admin.")
+    return [checks.Error(f"tier {tier.slug!r}: {problem}", id="ratelimit.E030", hint=_tier_hint(problem))
             for tier in Tier.objects.all() if (problem := row_problem(tier)) is not None]
+
+
+def _tier_hint(problem: str) -> str:
+    """What to do about a tier's `problem`, and what requests get until then."""
+    if "ip_rate:" in problem:
+        return ("Fix the tier in the admin; until then its requests are held to the default per-IP limit "
+                "(RATELIMIT['IP_RATE']) instead of its own.")
+    return "Fix the tier in the admin."
 
 
 def _limit_messages() -> list[checks.CheckMessage]:
@@ -87,3 +100,36 @@ def _rule_messages() -> list[checks.CheckMessage]:
     return [checks.Error(f"client rule {rule.pk}: {problem}", id="ratelimit.E032",
                          hint="The rule is ignored until it is fixed in the admin.")
             for rule in ClientRule.objects.select_related("api_key") if (problem := row_problem(rule)) is not None]
+
+
+def _capped_tier_messages() -> list[checks.CheckMessage]:
+    """ratelimit.W030 for each tier whose per-IP limit (its own, else RATELIMIT['IP_RATE']) allows one
+    address a lower sustained rate (limit per second) than one of the tier's enforced limits."""
+    from ..models import Tier
+    from .compile import build_tier, load_tier_row
+
+    try:
+        rate = ratelimit_settings.IP_RATE
+        default = (ip_policy(rate),) if rate is not None else ()
+        tiers = [build_tier(row) for slug in Tier.objects.values_list("slug", flat=True)
+                 if (row := load_tier_row(slug)) is not None]
+    except (InvalidSetting, InvalidPolicy):
+        return []  # ratelimit.E001 says why
+    messages: list[checks.CheckMessage] = []
+    for tier in tiers:
+        own = tier.ip_policies is not None
+        applied = tier.ip_policies if tier.ip_policies is not None else default
+        if not applied or applied[0].shadow:
+            continue  # no per-IP limit, or one that never refuses
+        ip = applied[0]
+        source = f"the tier's per-IP rate {ip.rate}" if own else f"RATELIMIT['IP_RATE'] {ip.rate}"
+        capped = [p for p in tier.every_policy() if p.algorithm != CONCURRENCY and not p.shadow
+                  and p.limit / p.period > ip.limit / ip.period]
+        if capped:
+            messages.append(checks.Warning(
+                f"tier {tier.slug!r}: its per-IP limit ({source}) refuses one client address before its limit "
+                f"{capped[0].name!r} ({capped[0].rate}) does: a key of the tier is capped below its own limits",
+                id="ratelimit.W030",
+                hint="Give the tier a per-IP rate at least its own limits' in the admin (docs/plans.md, "
+                     "\"The per-IP limit\")."))
+    return messages

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..core.policies import InvalidPolicy, Policy
+from ..service.conf import IP_POLICY_NAME, ip_policy
 from ..service.logs import log_once
 
 if TYPE_CHECKING:
@@ -22,7 +23,10 @@ class TierInfo:
 
     `policies` are the limits without a scope; `scoped[scope]` are those plus the limits of `scope`.
     `fail_mode` is None when the tier follows RATELIMIT['FAIL_MODE']. `time_zone` is where the tier's
-    calendar quotas start their days, weeks and months.
+    calendar quotas start their days, weeks and months. `ip_policies` is the tier's own per-IP limit
+    (Tier.ip_rate), counted per client address and tier; None when the tier sets none (the default,
+    RATELIMIT['IP_RATE'], applies, counted per address with requests without a key); () for a client
+    whose overrides replace or remove a limit of its tier, which no per-IP limit caps.
     """
 
     slug: str
@@ -31,6 +35,7 @@ class TierInfo:
     policies: tuple[Policy, ...]
     scoped: dict[str, tuple[Policy, ...]] = field(default_factory=dict, hash=False, compare=False)
     time_zone: str = "UTC"
+    ip_policies: tuple[Policy, ...] | None = None
 
     def every_policy(self) -> tuple[Policy, ...]:
         """Every policy of the tier: the unscoped ones, then each scope's own, each once."""
@@ -78,7 +83,8 @@ class KeyInfo:
 def load_tier_row(slug: str) -> tuple[Any, ...] | None:
     from ..models import Tier, TierLimit
 
-    tier = Tier.objects.filter(slug=slug).values_list("id", "slug", "name", "fail_mode", "time_zone").first()
+    tier = (Tier.objects.filter(slug=slug)
+            .values_list("id", "slug", "name", "fail_mode", "time_zone", "ip_rate").first())
     if tier is None:
         return None
     limits = list(
@@ -86,7 +92,7 @@ def load_tier_row(slug: str) -> tuple[Any, ...] | None:
         .order_by("scope", "period", "id")
         .values_list("name", "algorithm", "limit", "period", "burst", "scope", "shadow", "calendar")
     )
-    return (*tier[1:4], limits, tier[4])
+    return (*tier[1:4], limits, *tier[4:])
 
 
 def _policy_or_skip(row: TierLimit, time_zone: str, tier: str, client: str = "") -> Policy | None:
@@ -107,6 +113,7 @@ def build_tier(row: tuple[Any, ...]) -> TierInfo:
 
     slug, name, fail_mode, limit_rows, *rest = row
     time_zone = rest[0] if rest else "UTC"
+    ip_rate = rest[1] if len(rest) > 1 else ""
     base: list[Policy] = []
     by_scope: dict[str, list[Policy]] = {}
     for limit_name, algorithm, limit, period, burst, scope, *extra in limit_rows:
@@ -118,7 +125,21 @@ def build_tier(row: tuple[Any, ...]) -> TierInfo:
             continue
         (by_scope.setdefault(scope, []) if scope else base).append(policy)
     scoped = {scope: (*base, *policies) for scope, policies in by_scope.items()}
-    return TierInfo(slug, name, fail_mode or None, tuple(base), scoped, time_zone)
+    return TierInfo(slug, name, fail_mode or None, tuple(base), scoped, time_zone, _ip_policies(ip_rate, slug))
+
+
+def _ip_policies(ip_rate: str, tier: str) -> tuple[Policy, ...] | None:
+    """The per-IP limit of a tier whose per-IP rate is `ip_rate`; None for none (""), and for one that
+    cannot become a policy (a row written around the admin), which is logged once at ERROR: the default
+    per-IP limit then applies."""
+    if not ip_rate:
+        return None
+    try:
+        return (ip_policy(ip_rate),)
+    except InvalidPolicy as exc:
+        log_once("ratelimit.limit_skipped", logging.ERROR, tier=tier, client="", limit=IP_POLICY_NAME,
+                 problem=str(exc))
+        return None
 
 
 #: The columns of an override limit (ApiKeyLimit, UserTierLimit), in the order `apply_overrides` reads.
@@ -129,11 +150,14 @@ def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...], clie
     """`tier` with one client's own limits: an override whose scope and name are those of a tier limit
     replaces it (or, when disabled, removes it); any other enabled override is added. An enabled
     override that cannot become a policy is skipped (the tier limit it would replace stays), logged
-    once as a limit of `client` ("key:ab12cd34", "user:5")."""
+    once as a limit of `client` ("key:ab12cd34", "user:5"). A client one of whose overrides replaces
+    or removes a tier limit is held to its own limits alone: no per-IP limit (`ip_policies` is ()),
+    which would otherwise cap what it was given; one whose overrides only add limits keeps its tier's."""
     from ..models import TierLimit
 
     base = list(tier.policies)
     own = {scope: list(policies[len(tier.policies):]) for scope, policies in tier.scoped.items()}
+    ip_policies = tier.ip_policies
     for name, algorithm, limit, period, burst, scope, enabled, shadow, *calendar in overrides:
         row = TierLimit(name=name, algorithm=algorithm, limit=limit, period=period, burst=burst, scope=scope,
                         shadow=shadow, calendar=calendar[0] if calendar else "")
@@ -142,13 +166,15 @@ def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...], clie
             continue
         target = own.setdefault(scope, []) if scope else base
         kept = [p for p in target if p.name != row.policy_name]
+        replaced = len(kept) != len(target)
+        if replaced:
+            ip_policies = ()  # a tier limit replaced or removed: the client's own limits are its cap
         if policy is not None:
-            replaced = len(kept) != len(target)
             index = next((i for i, p in enumerate(target) if p.name == row.policy_name), len(kept))
             kept.insert(index if replaced else len(kept), policy)
         target[:] = kept
     scoped = {scope: (*base, *policies) for scope, policies in own.items()}
-    return TierInfo(tier.slug, tier.name, tier.fail_mode, tuple(base), scoped, tier.time_zone)
+    return TierInfo(tier.slug, tier.name, tier.fail_mode, tuple(base), scoped, tier.time_zone, ip_policies)
 
 
 def load_key_row(prefix: str) -> tuple[Any, ...] | None:

@@ -18,6 +18,7 @@ follow the fail mode). One log line per process says which settings are invalid 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -122,12 +123,16 @@ class InvalidSetting(ImproperlyConfigured):
         self.setting = setting
 
 
-def _ip_rate_error(values: dict[str, Any]) -> str | None:
-    """What is wrong with IP_RATE, or None. Parsed exactly as the middleware parses it."""
-    rate = values["IP_RATE"]
-    if rate is None:
-        return None
-    algorithm = values["IP_ALGORITHM"] if values["IP_ALGORITHM"] in ALGORITHMS else "sliding_window"
+def ip_rate_problem(rate: str, algorithm: str | None = None) -> str | None:
+    """What keeps `rate` from being a per-IP limit counted under `algorithm` ("rate: 'ten/m' is not a
+    rate ..."), or None. RATELIMIT['IP_RATE'] and a tier's own per-IP rate (Tier.ip_rate) are checked
+    by it, exactly as `ip_policy` parses them. `algorithm` None: RATELIMIT['IP_ALGORITHM'] (its
+    default when it cannot be read)."""
+    if algorithm is None:
+        try:
+            algorithm = str(ratelimit_settings.IP_ALGORITHM)
+        except InvalidSetting:
+            algorithm = str(DEFAULTS["IP_ALGORITHM"])
     try:
         # a limit of 0 is refused even where rates may deny everything (DRF's "0/day"): per IP, it would
         # lock every client out, the admin included if its paths are limited
@@ -135,8 +140,29 @@ def _ip_rate_error(values: dict[str, Any]) -> str | None:
             raise InvalidPolicy("a per-IP limit of 0 would refuse every client")
         Policy.parse(rate, name=IP_POLICY_NAME, algorithm=algorithm)
     except InvalidPolicy as exc:
-        problem = str(exc)
-    else:
+        return str(exc)
+    return None
+
+
+def ip_policy(rate: str) -> Policy:
+    """The per-IP limit of `rate` ("100/m"), counted under RATELIMIT['IP_ALGORITHM'] and a dry run when
+    RATELIMIT['IP_SHADOW'] is True (raises InvalidPolicy for a rate `ip_rate_problem` refuses, and
+    InvalidSetting when IP_ALGORITHM cannot be read)."""
+    problem = ip_rate_problem(rate, ratelimit_settings.IP_ALGORITHM)
+    if problem is not None:
+        raise InvalidPolicy(problem)
+    parsed = Policy.parse(rate, name=IP_POLICY_NAME, algorithm=ratelimit_settings.IP_ALGORITHM)
+    return dataclasses.replace(parsed, shadow=bool(ratelimit_settings.IP_SHADOW))
+
+
+def _ip_rate_error(values: dict[str, Any]) -> str | None:
+    """What is wrong with IP_RATE, or None. Parsed exactly as the middleware parses it."""
+    rate = values["IP_RATE"]
+    if rate is None:
+        return None
+    algorithm = values["IP_ALGORITHM"] if values["IP_ALGORITHM"] in ALGORITHMS else "sliding_window"
+    problem = ip_rate_problem(rate, algorithm)
+    if problem is None:
         return None
     return f"RATELIMIT['IP_RATE'] is {rate!r} ({problem}); expected {_RATE_EXAMPLES}, or None to disable it"
 

@@ -18,7 +18,8 @@ from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.outcome import DENIED, FORBIDDEN, LimitOutcome
 from ratelimit_app.apply.planning import RequestPlan, limit_config, path_scope, plan_request
 from ratelimit_app.apply.shedding import FLEET_IDENTITY
-from ratelimit_app.models import ApiKey, ClientRule, Tier, UserTier
+from ratelimit_app.models import ApiKey, ApiKeyLimit, ClientRule, Tier, UserTier
+from ratelimit_app.plans.lookups import invalidate
 from ratelimit_app.service.limiter import get_limiter
 from tests.support.limits_support import make_key, make_tier
 
@@ -80,6 +81,39 @@ def test_a_key_is_planned_with_the_per_ip_limit_and_its_tiers_policies_for_the_s
     assert planned.tier is not None and planned.tier.slug == "planned" and planned.refusal == ""
     scoped = plan(request(key), scope="upload")
     assert [p.name for p in scoped.checks[1].policies] == ["minute", "upload.uploads"]
+
+
+def test_a_tier_with_its_own_per_ip_limit_is_counted_per_address_and_tier(tier: Tier, settings: Any) -> None:
+    use(settings, IP_ALGORITHM="gcra", IP_SHADOW=True)
+    Tier.objects.filter(pk=tier.pk).update(ip_rate="500/m")
+    invalidate()
+    key = make_key(tier)
+    planned = plan(request(key))
+    assert [c.identity for c in planned.checks] == [f"ip:{IP}@planned", f"key:{key.partition('.')[0]}"]
+    [ip] = planned.checks[0].policies
+    assert (ip.name, ip.algorithm, ip.limit, ip.period, ip.shadow) == ("ip", "gcra", 500, 60, True)
+    # a request without a usable key, and one of the anonymous tier, are counted on the address' default
+    assert [c.identity for c in plan(request("AbCd1234.x")).checks] == [f"ip:{IP}"]
+    use(settings, ANONYMOUS_TIER="planned", REQUIRE_API_KEY=False)
+    anonymous = plan(request())
+    assert [c.identity for c in anonymous.checks] == [f"ip:{IP}", f"ip:{IP}"] and anonymous.label == "planned"
+    assert anonymous.checks[0].policies == limit_config().ip_policies
+
+
+def test_an_override_that_replaces_or_removes_a_tier_limit_frees_the_client_from_the_per_ip_limit(
+        tier: Tier) -> None:
+    raised, restricted, plain = make_key(tier, name="raised"), make_key(tier, name="restricted"), make_key(tier)
+    api_key = ApiKey.objects.get(prefix=raised.partition(".")[0])
+    ApiKeyLimit.objects.create(api_key=api_key, name="minute", algorithm="fixed_window", limit=500, period=60)
+    removed = make_key(tier, name="removed")
+    ApiKeyLimit.objects.create(api_key=ApiKey.objects.get(prefix=removed.partition(".")[0]), name="minute",
+                               algorithm="fixed_window", limit=1, period=60, enabled=False)
+    ApiKeyLimit.objects.create(api_key=ApiKey.objects.get(prefix=restricted.partition(".")[0]), name="month",
+                               algorithm="fixed_window", limit=100, period=2_592_000)
+    for key in (raised, removed):
+        assert [c.identity for c in plan(request(key)).checks] == [f"key:{key.partition('.')[0]}"]
+    for key in (restricted, plain):  # a limit added on top gives nothing more: the per-IP limit stays
+        assert plan(request(key)).checks[0].identity == f"ip:{IP}"
 
 
 @pytest.mark.parametrize(("change", "message"), [

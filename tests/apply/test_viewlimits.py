@@ -21,7 +21,7 @@ from ratelimit_app.core.keys import state_entries
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.service.limiter import get_limiter
 from tests.observability.test_prometheus import scrape, value
-from tests.support.limits_support import make_key, parse_ietf, seed_tiers
+from tests.support.limits_support import make_key, parse_ietf, seed_tiers, set_ip_rate
 
 LIMIT = 5
 
@@ -112,8 +112,9 @@ def test_a_shadow_decorator_limit_never_refuses_and_counts_would_be_refusals(cli
 
 @pytest.mark.django_db
 def test_a_shadow_per_ip_limit_never_refuses(client: Client, settings: Any) -> None:
-    settings.RATELIMIT = {**settings.RATELIMIT, "IP_RATE": "2/m", "IP_SHADOW": True}
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_SHADOW": True}
     seed_tiers()
+    set_ip_rate("free", "2/m")
     key = make_key("free")
     before = scrape(client)
     responses = [client.get("/api/users", HTTP_X_API_KEY=key) for _ in range(5)]

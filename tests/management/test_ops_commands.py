@@ -45,7 +45,9 @@ def rows(output: str) -> dict[str, list[str]]:
     for line in output.splitlines():
         cells = re.split(r"\s{2,}", line.strip())
         if len(cells) >= 6 and cells[0] != "identity":
-            table[cells[1]] = cells
+            # a tier's own per-IP limit ("ip:<address>@<tier>") is keyed "ip@<tier>"
+            tier = cells[0].rpartition("@")[2] if "@" in cells[0] else ""
+            table[f"{cells[1]}@{tier}" if tier else cells[1]] = cells
     return table
 
 
@@ -110,7 +112,8 @@ def test_status_of_an_address_includes_the_anonymous_tier(db: Any, settings: Any
     settings.RATELIMIT = {**settings.RATELIMIT, "ANONYMOUS_TIER": "free", "REQUIRE_API_KEY": False}
     out, _ = run("ratelimit_status", "ip:198.51.100.20")
     assert "Tier:      free" in out
-    assert set(rows(out)) == {"ip", "burst", "minute", "day"}
+    # and each tier's own per-IP limit on the address (the seeded tiers set one)
+    assert set(rows(out)) == {"ip", "burst", "minute", "day", "ip@free", "ip@pro", "ip@enterprise"}
 
 
 def test_status_of_a_user_uses_the_default_tier(db: Any, django_user_model: Any) -> None:

@@ -10,7 +10,8 @@ import pytest
 from django.core.management.base import CommandError
 
 from ratelimit_app.management.commands._targets import resolve
-from ratelimit_app.models import ApiKey, ApiKeyLimit, UserTier, UserTierLimit
+from ratelimit_app.models import ApiKey, ApiKeyLimit, Tier, UserTier, UserTierLimit
+from ratelimit_app.plans.lookups import invalidate
 from tests.support.limits_support import LimitSpec, make_key, make_tier
 
 pytestmark = pytest.mark.django_db
@@ -71,9 +72,13 @@ def test_an_address_or_network_is_limited_by_the_per_ip_limit_and_the_anonymous_
     target = resolve("ip:2001:db8:1:2::7")
     assert target.description == "client address ip:2001:db8:1::/48"
     assert [(c.identity, c.label) for c in target.checks] == [
-        ("ip:2001:db8:1::/48", "per-IP limit (RATELIMIT['IP_RATE'])"), ("ip:2001:db8:1::/48", "anonymous tier anon")]
+        ("ip:2001:db8:1::/48", "per-IP limit (RATELIMIT['IP_RATE'])"),
+        *[(f"ip:2001:db8:1::/48@{slug}", f"per-IP limit of tier {slug}") for slug in ("enterprise", "free", "pro")],
+        ("ip:2001:db8:1::/48", "anonymous tier anon")]
     assert resolve("ip:192.0.2.77/24").checks[0].identity == "ip:192.0.2.0/24"  # a network, as the middleware has it
     use(settings, IP_RATE=None)
+    Tier.objects.update(ip_rate="")  # no tier sets its own per-IP rate
+    invalidate()
     assert [c.label for c in resolve("ip:192.0.2.7").checks] == ["anonymous tier anon"]
     use(settings, ANONYMOUS_TIER=None)
     with pytest.raises(CommandError, match=r"ip:192.0.2.7 is not limited: RATELIMIT\['IP_RATE'\] and "

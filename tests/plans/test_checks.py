@@ -15,7 +15,7 @@ from django.core.management.base import SystemCheckError
 from ratelimit_app.core.policies import MAX_LIMIT, MAX_PERIOD_SECONDS
 from ratelimit_app.models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
 from ratelimit_app.plans.checks import check_stored_plans
-from tests.support.limits_support import make_key, make_tier
+from tests.support.limits_support import make_key, make_tier, seed_tiers
 
 pytestmark = pytest.mark.django_db
 
@@ -121,3 +121,35 @@ def test_a_calendar_quota_whose_stored_period_disagrees_is_not_an_error() -> Non
     tier = make_tier("t", [("month", "fixed_window", 5, 60, None, "")])
     TierLimit.objects.filter(tier=tier).update(calendar="month", period=2_592_000)
     assert plan_messages() == []
+
+
+@pytest.mark.parametrize(("ip_rate", "problem"), [("ten/m", "is not a rate"), ("0/m", "would refuse every client")])
+def test_a_tier_per_ip_rate_written_around_the_admin_fails_manage_py_check(ip_rate: str, problem: str) -> None:
+    tier = make_tier("gold", [("minute", "sliding_window", 500, 60, None, "")])
+    Tier.objects.filter(pk=tier.pk).update(ip_rate=ip_rate)
+    [error] = plan_messages()
+    assert error.id == "ratelimit.E030" and error.msg.startswith("tier 'gold': ip_rate: ") and problem in error.msg
+    assert "RATELIMIT['IP_RATE']" in (error.hint or "")
+    with pytest.raises(SystemCheckError, match="ratelimit.E030"):
+        call_command("check", "--database", "default")
+
+
+def test_the_seeded_per_ip_rates_pass() -> None:
+    seed_tiers()
+    assert dict(Tier.objects.filter(slug__in=["free", "pro", "enterprise"]).values_list("slug", "ip_rate")) == \
+        {"free": "100/m", "pro": "1000/m", "enterprise": "10000/m"}
+    assert plan_messages() == []
+
+
+def test_a_tier_whose_per_ip_limit_caps_its_own_limits_is_warned_about(settings: Any) -> None:
+    gold = make_tier("gold", [("minute", "sliding_window", 500, 60, None, "")])
+    [warning] = [m for m in run_checks(databases=["default"]) if m.id == "ratelimit.W030"]
+    assert warning.msg.startswith("tier 'gold': its per-IP limit (RATELIMIT['IP_RATE'] 100/m) refuses one client "
+                                  "address before its limit 'minute' (500/m) does")
+    gold.ip_rate = "1000/m"
+    gold.save()
+    assert [m for m in run_checks(databases=["default"]) if m.id == "ratelimit.W030"] == []  # seeded tiers too
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_SHADOW": True}
+    gold.ip_rate = "10/m"
+    gold.save()
+    assert [m for m in run_checks(databases=["default"]) if m.id == "ratelimit.W030"] == []  # a dry run refuses none

@@ -16,7 +16,7 @@ from ratelimit_app.models import ApiKey, ClientRule
 from ratelimit_app.observability.queries import recent_metrics
 from ratelimit_app.observability.recorder import flush
 from ratelimit_app.plans.apikeys import generate_key
-from tests.support.limits_support import make_key, redis_commands, seed_tiers
+from tests.support.limits_support import make_key, redis_commands, seed_tiers, set_ip_rate
 
 pytestmark = pytest.mark.django_db
 
@@ -76,8 +76,8 @@ def test_a_deny_listed_api_key_is_refused_before_redis(admin_client: Client, cli
 
 def test_an_allow_listed_network_is_never_limited(admin_client: Client, client: Client, settings: Any,
                                                   redis_url: str, key_prefix: str) -> None:
-    use(settings, IP_RATE="2/m")
     seed_tiers()
+    set_ip_rate("free", "2/m")
     key = make_key("free")
     assert add_rule(admin_client, action="allow", network="10.20.0.0/16", note="monitoring").status_code == 302
     client.get("/api/users", HTTP_X_API_KEY=key, REMOTE_ADDR="10.20.3.4")

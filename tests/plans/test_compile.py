@@ -203,3 +203,17 @@ def test_requests_of_a_tier_with_one_bad_row_keep_every_other_limit(client: Clie
     assert [r.status_code for r in responses] == [200, 200, 200, 429]
     assert set(parse_ietf(responses[0]["RateLimit-Policy"])) == {"ip", "minute"}
     assert responses[3].json()["policy"] == "minute"
+
+
+def test_a_tiers_per_ip_rate_is_compiled_and_one_that_cannot_be_counted_falls_back_to_the_default(
+        caplog: Any) -> None:
+    own = build_tier(("t", "T", "", [], "UTC", "500/m"))
+    assert own.ip_policies is not None
+    [ip] = own.ip_policies
+    assert (ip.name, ip.limit, ip.period) == ("ip", 500, 60)
+    assert build_tier(("t", "T", "", [], "UTC", "")).ip_policies is None
+    with caplog.at_level(logging.ERROR, logger="ratelimit_app"):
+        assert build_tier(("broken-ip", "T", "", [], "UTC", "ten/m")).ip_policies is None
+    [record] = skipped_records(caplog)
+    assert record.levelno == logging.ERROR
+    assert (record.ratelimit["tier"], record.ratelimit["limit"]) == ("broken-ip", "ip")  # type: ignore[attr-defined]

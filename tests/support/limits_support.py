@@ -27,6 +27,16 @@ LimitSpec = tuple[str, str, int, int, "int | None", str]
 def seed_tiers() -> None:
     """Restore the tiers the data migration seeds (transactional tests flush the tables)."""
     importlib.import_module("ratelimit_app.migrations.0002_seed_tiers").seed_tiers(django_apps)
+    importlib.import_module("ratelimit_app.migrations.0003_tier_ip_rate").seed_ip_rates(django_apps)
+
+
+def set_ip_rate(tier: Tier | str, rate: str) -> None:
+    """Set the per-IP rate of `tier` (an object or a slug; "" for RATELIMIT['IP_RATE']), as staff would in
+    the admin (the save is announced: every process reloads the tier)."""
+    owner = Tier.objects.get(slug=tier) if isinstance(tier, str) else tier
+    owner.ip_rate = rate
+    owner.full_clean()
+    owner.save()
 
 
 def add_slots(tier: Tier | str, slots: int, lease: int = 60, name: str = "concurrency") -> TierLimit:

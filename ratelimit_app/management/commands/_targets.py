@@ -5,8 +5,9 @@ An argument names one of:
   is used or shown): the key's tier limits, identity `key:<prefix>`;
 - a user ("user:5"): the user's tier (or RATELIMIT['DEFAULT_USER_TIER']), identity `user:<pk>`;
 - a client address ("ip:203.0.113.7", "ip:2001:db8::1" grouped by IPV6_PREFIX, or a network
-  "ip:2001:db8::/64"): the per-IP limit (policy "ip", from IP_RATE / IP_ALGORITHM) and, when
-  RATELIMIT['ANONYMOUS_TIER'] is set, that tier's limits, identity `ip:<address or network>`.
+  "ip:2001:db8::/64"): the default per-IP limit (policy "ip", from IP_RATE / IP_ALGORITHM) and, when
+  RATELIMIT['ANONYMOUS_TIER'] is set, that tier's limits, identity `ip:<address or network>`; and the
+  per-IP limit of each tier that sets its own, identity `ip:<address or network>@<tier>`.
 
 A tier's limits are all of them: the unscoped ones and those of every scope, with the key's or user's
 own limits (overrides) applied: the effective set the middleware enforces.
@@ -22,6 +23,7 @@ from django.core.management.base import CommandError
 
 from ratelimit_app.apply.identity import ip_identity
 from ratelimit_app.apply.limiting import limit_config
+from ratelimit_app.apply.planning import tier_ip_identity
 from ratelimit_app.core.policies import Policy
 from ratelimit_app.plans.apikeys import PREFIX_LENGTH, parse_key
 from ratelimit_app.plans.compile import TierInfo
@@ -67,6 +69,7 @@ def _ip_target(text: str) -> Target:
     checks = []
     if config.ip_policies:
         checks.append(TargetLimits(identity, config.ip_policies, "per-IP limit (RATELIMIT['IP_RATE'])"))
+    checks += _tier_ip_limits(identity)
     tier = None
     if config.anonymous_tier is not None:
         tier = _tier(config.anonymous_tier, "RATELIMIT['ANONYMOUS_TIER']")
@@ -74,6 +77,19 @@ def _ip_target(text: str) -> Target:
     if not checks:
         raise CommandError(f"{identity} is not limited: RATELIMIT['IP_RATE'] and ['ANONYMOUS_TIER'] are None")
     return Target(f"client address {identity}", tier, tuple(checks))
+
+
+def _tier_ip_limits(identity: str) -> list[TargetLimits]:
+    """The per-IP limit of each tier that sets its own, on the client address `identity`."""
+    from ratelimit_app.models import Tier
+
+    found = []
+    for slug in Tier.objects.exclude(ip_rate="").order_by("slug").values_list("slug", flat=True):
+        tier = get_lookups().tier(slug)
+        if tier is not None and tier.ip_policies:
+            found.append(TargetLimits(tier_ip_identity(identity, slug), tier.ip_policies,
+                                      f"per-IP limit of tier {slug}"))
+    return found
 
 
 def _user_target(text: str) -> Target:
