@@ -77,6 +77,7 @@ CACHES = {
 RATELIMIT = {
     "REDIS_URL": REDIS_URL,
     "METRICS_ALLOWED_IPS": ["127.0.0.1", "::1"],  # GET /metrics for a Prometheus on this machine
+    "GATEWAY_NETWORKS": ["127.0.0.1", "::1"],  # the gateway endpoint for an nginx or Caddy on this machine
 }
 
 REST_FRAMEWORK: dict[str, object] = {
