@@ -86,8 +86,6 @@ _WIDEST = "none wider than /8 (IPv4) or /16 (IPv6)"
 _SECRET = (lambda value: value is None or (isinstance(value, str) and bool(_TOKEN.fullmatch(value))),
            "None or a secret of at least 16 characters without spaces, such as the output of "
            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
-#: The longest GATEWAY_FIRST_LEASE: it is what a client that goes away can strand.
-MAX_FIRST_LEASE = 60
 
 #: For each setting except IP_RATE (conf.py parses it as the middleware does): a test of the value, and
 #: what is accepted (and, where a value of the right type would still do harm, why).
@@ -147,9 +145,6 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "GATEWAY_NETWORKS": (_narrow_networks, f"a list of the gateways' CIDRs or addresses such as ['10.0.0.5', "
                                            f"'10.1.0.0/24'], {_WIDEST}: a wider one would let the internet "
                                            "describe requests to the gateway endpoint"),
-    "GATEWAY_FIRST_LEASE": (lambda value: number(value, 0.000999, MAX_FIRST_LEASE),
-                            f"seconds from 0.001 to {MAX_FIRST_LEASE}: how long a client that goes away "
-                            "behind Caddy, Traefik or Envoy can hold a slot"),
     "SHED_CAPACITY": _OPTIONAL_LIMIT,
     "SHED_LOW_AT": _FRACTION,
     "SHED_NORMAL_AT": _FRACTION,

@@ -220,7 +220,13 @@ def _abort(site: Site, key: str, path: str, after: float) -> None:
         time.sleep(after)
 
 
-def test_clients_that_go_away_at_any_moment_leave_no_slot_held(site: Site, django_app: DjangoApp) -> None:
+def test_clients_that_go_away_at_any_moment_leave_no_slot_held(site: Site, django_app: DjangoApp,
+                                                               request: Any) -> None:
+    if site.gateway.kind == "caddy":
+        # Caddy has no end-of-request hook: a client gone while Django decides leaves its slot to its lease
+        # (docs/protection.md, "Behind a gateway"); kept here, strict, so the day it holds this fails loudly
+        request.applymarker(pytest.mark.xfail(strict=True, reason="Caddy: an abort during the authorization "
+                                                                  "call holds its slot for its lease"))
     key = site.key("aborts")
     chance = random.Random(f"{site.gateway.kind}-aborts")
     # before or during the authorization call (the first milliseconds), while the service works (150 ms),
@@ -259,6 +265,8 @@ def test_a_direct_call_without_the_secret_is_refused_and_changes_nothing(site: S
     session = requests.Session()
     before = site.get(session, "/direct/1", key)
     assert before.status_code == 200
+    assert poll(lambda: django_app.slots_held(key)[0] == 0, 5)  # given back after the answer
+    fleet = django_app.slots_held(key)[1]
     django = f"http://127.0.0.1:{django_app.port}/ratelimit"
     describe = {"X-API-Key": key, "X-Forwarded-For": "198.51.100.7", "X-RateLimit-Cost": "5",
                 "X-Forwarded-Method": "GET", "X-Forwarded-Uri": "/checkout", "X-Original-Method": "GET",
@@ -274,7 +282,9 @@ def test_a_direct_call_without_the_secret_is_refused_and_changes_nothing(site: S
     after = site.get(session, "/direct/2", key)
     burst = [parse_ietf(answer.headers["RateLimit"])["burst"]["r"] for answer in (before, after)]
     assert burst[1] == burst[0] - 1  # the second request's own unit only
-    assert poll(lambda: django_app.slots_held(key) == (0, 0), 5)  # given back after the answer (post_action)
+    # no slot of its own once the answer is sent, no fleet slot more (others' may have come back meanwhile)
+    assert poll(lambda: django_app.slots_held(key)[0] == 0, 5)
+    assert django_app.slots_held(key)[1] <= fleet
 
 
 def test_a_client_sent_cost_service_or_secret_header_changes_nothing(site: Site) -> None:
@@ -287,10 +297,10 @@ def test_a_client_sent_cost_service_or_secret_header_changes_nothing(site: Site)
     # the tier's unscoped limit only (no "orders"), charged one unit (5 - 1), not three
     assert parse_ietf(first.headers["RateLimit-Policy"]).keys() == {"ip", "minute"}
     assert parse_ietf(first.headers["RateLimit"])["minute"]["r"] == 4
-    [received] = [headers for headers in site.service.headers if headers.get("X-API-Key") == key]
-    names = {name.lower() for name in received}
-    assert not names & {"x-ratelimit-cost", "x-ratelimit-service", "x-ratelimit-gateway-secret"}
-    assert received.get("X-RateLimit-Lease", "") != "forged"
+    [received] = [{name.lower(): value for name, value in headers.items()} for headers in site.service.headers
+                  if key in headers.values()]
+    assert not received.keys() & {"x-ratelimit-cost", "x-ratelimit-service", "x-ratelimit-gateway-secret"}
+    assert received.get("x-ratelimit-lease", "") != "forged"
 
 
 def _raw(site: Site, request: bytes) -> int:
@@ -300,14 +310,15 @@ def _raw(site: Site, request: bytes) -> int:
         return int(sock.makefile("rb").readline().split()[1])
 
 
-def test_a_header_set_django_refuses_is_a_400_never_a_500(site: Site) -> None:
+def test_a_header_set_django_refuses_is_refused_never_a_500(site: Site) -> None:
     key = site.key("refused").encode()
     before = site.service.total()
     control = (b"GET /refused/1 HTTP/1.1\r\nHost: x\r\nX-API-Key: " + key + b"\r\nX-Note: a\x01b\r\n"
                b"Connection: close\r\n\r\n")
     many = (b"GET /refused/2 HTTP/1.1\r\nHost: x\r\nX-API-Key: " + key + b"\r\n"
             + b"".join(b"X-Header-%d: %d\r\n" % (i, i) for i in range(101)) + b"Connection: close\r\n\r\n")
-    assert (_raw(site, control), _raw(site, many)) == (400, 400)
+    assert _raw(site, control) == 400
+    assert _raw(site, many) in (400, 431)  # nginx answers 400; Caddy passes on gunicorn's 431
     assert site.service.total() == before
 
 
