@@ -80,6 +80,7 @@ RATELIMIT = {
     # (without this line it would be limited per client IP and served).
     "REQUIRE_API_KEY": True,
     "METRICS_ALLOWED_IPS": ["127.0.0.1", "::1"],  # GET /metrics for a Prometheus on this machine
+    "GATEWAY_NETWORKS": ["127.0.0.1", "::1"],  # the gateway endpoint for an nginx or Caddy on this machine
 }
 
 REST_FRAMEWORK: dict[str, object] = {

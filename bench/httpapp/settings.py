@@ -56,6 +56,8 @@ RATELIMIT: dict[str, object] = {
     "SOCKET_TIMEOUT": 10.0,
     "BUDGET_MS": 10_000,
     "METRICS_ENABLED": True,
+    # the gateway benchmark runs docs/gateway.md's nginx block as written: it sends this placeholder secret
+    "GATEWAY_SECRET": "replace-with-your-RATELIMIT-GATEWAY_SECRET",
 }
 
 # django-ratelimit

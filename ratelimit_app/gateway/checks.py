@@ -3,6 +3,9 @@
 - ratelimit.W003: RateLimitMiddleware limits the endpoint's own path (it is under
   RATELIMIT['PATH_PREFIXES'] and not in EXEMPT_PATHS): every authorization request would be charged
   to the gateway's address as well as deciding the request it describes.
+- ratelimit.E006: the URLconf routes the endpoint, but neither RATELIMIT['GATEWAY_SECRET'] nor
+  RATELIMIT['GATEWAY_NETWORKS'] is set: it would answer no one (ratelimit_app.gateway.guard refuses every
+  call then, rather than answer anyone who can reach Django).
 """
 
 from __future__ import annotations
@@ -31,6 +34,25 @@ def routed_paths() -> list[str]:
         except Exception:  # a URLconf that does not import: Django's own URL checks report it
             return []
     return paths
+
+
+@checks.register("ratelimit", checks.Tags.urls, checks.Tags.security)
+def check_gateway_guard(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """ratelimit.E006 when the endpoint is routed with neither guard set (an invalid one is E001)."""
+    values, errors = read_settings()
+    if errors or values["GATEWAY_SECRET"] is not None or values["GATEWAY_NETWORKS"]:
+        return []
+    paths = routed_paths()
+    if not paths:
+        return []
+    return [checks.Error(
+        f"The URLconf routes the gateway endpoint ({', '.join(paths)}) but neither RATELIMIT['GATEWAY_SECRET'] nor "
+        "RATELIMIT['GATEWAY_NETWORKS'] is set: it refuses every call (403), since it cannot tell a gateway from "
+        "anyone else who reaches Django.",
+        hint="Set RATELIMIT['GATEWAY_SECRET'] (the gateways send it in X-RateLimit-Gateway-Secret) and/or "
+             "RATELIMIT['GATEWAY_NETWORKS'] (the gateways' addresses); docs/gateway.md shows both.",
+        id="ratelimit.E006",
+    )]
 
 
 @checks.register("ratelimit", checks.Tags.urls)

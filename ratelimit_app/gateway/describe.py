@@ -19,8 +19,9 @@ Who the client is comes from the authorization request itself, as for any reques
 API key header (the gateway passes the client's headers on), the client address through
 RATELIMIT['TRUSTED_PROXIES'] (the gateway is the proxy that adds it to X-Forwarded-For).
 
-A client that sends these headers itself, where a gateway passes them on, can only add to its own
-limits: a service scope adds that service's limits to the unscoped ones, and a cost is at least 1.
+The gateway must set or remove these headers: a client that sends them itself, where a gateway passes
+them on, chooses its own cost, charged to limits it shares with others too (the documented nginx and
+Caddy configurations remove them).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@
     /ratelimit/auth-request         nginx auth_request (X-Original-Method/-URI)
     /ratelimit/release              gives back the concurrency slots an X-RateLimit-Lease names
 
-Keep them out of RATELIMIT['PATH_PREFIXES'] (the endpoint is not limited itself) and reachable by the
-gateways only (docs/gateway.md).
+Keep them out of RATELIMIT['PATH_PREFIXES'] (the endpoint is not limited itself); every view answers
+only calls that pass RATELIMIT['GATEWAY_SECRET'] / RATELIMIT['GATEWAY_NETWORKS'] (ratelimit_app.gateway.guard).
 """
 
 from __future__ import annotations

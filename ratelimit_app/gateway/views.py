@@ -34,6 +34,7 @@ from ..apply.responses import bad_request
 from ..service.logs import log_event
 from .answers import answer, under_contract
 from .describe import AUTH_REQUEST, AUTHORIZE, BadDescription, GatewayRequest, describe
+from .guard import refused
 from .lease import LEASE_HEADER, BadLease, slots_of
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
@@ -63,6 +64,9 @@ def auth_request(request: HttpRequest) -> HttpResponseBase:
 @csrf_exempt_view
 def release(request: HttpRequest) -> HttpResponseBase:
     """Give back the slots of the request whose lease `X-RateLimit-Lease` names (none: nothing to do)."""
+    forbidden = refused(request)
+    if forbidden is not None:
+        return forbidden
     slots = slots_named(request)
     if isinstance(slots, HeldSlots):
         slots.release()  # never raises
@@ -79,7 +83,11 @@ def _decide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpR
 
 
 def described(request: HttpRequest, contract: str, forwarded: str | None) -> GatewayRequest | HttpResponseBase:
-    """The request the gateway describes, or the 400 (as its contract carries it) when it cannot be read."""
+    """The request the gateway describes; or the 403 of a caller that is not a gateway (ratelimit_app.gateway.guard),
+    or the 400 when it cannot be read, as its contract carries them."""
+    forbidden = refused(request)
+    if forbidden is not None:
+        return under_contract(forbidden, contract)
     _warn_if_untrusted(request)
     try:
         return describe(request, contract, forwarded)

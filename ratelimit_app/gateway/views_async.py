@@ -10,6 +10,7 @@ from ..apply import limiting_async
 from ..apply.concurrency import HeldSlots
 from .answers import answer, under_contract
 from .describe import AUTH_REQUEST, AUTHORIZE, GatewayRequest
+from .guard import refused
 from .views import csrf_exempt_view, described, slots_named
 
 
@@ -28,6 +29,9 @@ async def auth_request(request: HttpRequest) -> HttpResponseBase:
 @csrf_exempt_view
 async def release(request: HttpRequest) -> HttpResponseBase:
     """`views.release` through the async service."""
+    forbidden = refused(request)
+    if forbidden is not None:
+        return forbidden
     slots = slots_named(request)
     if isinstance(slots, HeldSlots):
         await slots.arelease()  # never raises

@@ -83,6 +83,9 @@ DEFAULTS: dict[str, Any] = {
     "TOP_BLOCKED": 20,  # identities kept in the daily top-blocked list shown to operators
     "METRICS_TOKEN": None,  # GET /metrics answers to "Authorization: Bearer <this>" (and to staff sessions)
     "METRICS_ALLOWED_IPS": [],  # ... and to client IPs in these CIDRs
+    # The gateway endpoint (docs/gateway.md): it answers only calls that pass every guard set here
+    "GATEWAY_SECRET": None,  # the secret a gateway sends in X-RateLimit-Gateway-Secret
+    "GATEWAY_NETWORKS": [],  # CIDRs the direct peer (REMOTE_ADDR, never a forwarded header) must be in
     # Load shedding (docs/protection.md)
     "SHED_CAPACITY": None,  # requests the fleet can hold in flight (counted in Redis); None: no fleet shedder
     "SHED_LOW_AT": 0.8,  # low-priority requests are shed from this fraction of SHED_CAPACITY in flight ...

@@ -20,9 +20,9 @@ from .redisurl import SCHEMES, url_problem
 #: The values of RATELIMIT['BACKEND'] (docs/testing.md tells when "memory" fits).
 BACKENDS = ("redis", "memory")
 
-#: Settings whose value can hold a secret (a password in REDIS_URL, the metrics token): no check
-#: message, log line or exception ever shows their value.
-SECRET_SETTINGS = frozenset({"REDIS_URL", "METRICS_TOKEN"})
+#: Settings whose value can hold a secret (a password in REDIS_URL, the metrics token, the gateways'
+#: secret): no check message, log line or exception ever shows their value.
+SECRET_SETTINGS = frozenset({"REDIS_URL", "METRICS_TOKEN", "GATEWAY_SECRET"})
 
 #: The longest CACHE_TTL: while the limiter's Redis does not answer, a change saved in the admin (a revoked
 #: key) reaches every app server within it.
@@ -84,6 +84,9 @@ _OPTIONAL_LIMIT = (lambda value: value is None or integer(value, 1, MAX_LIMIT),
 _FRACTION = (lambda value: number(value, 0, 1), "a fraction of SHED_CAPACITY above 0 and at most 1")
 _PRIORITIES = ("critical", "normal", "low")
 _WIDEST = "none wider than /8 (IPv4) or /16 (IPv6)"
+_SECRET = (lambda value: value is None or (isinstance(value, str) and bool(_TOKEN.fullmatch(value))),
+           "None or a secret of at least 16 characters without spaces, such as the output of "
+           "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
 
 #: For each setting except IP_RATE (conf.py parses it as the middleware does): a test of the value, and
 #: what is accepted (and, where a value of the right type would still do harm, why).
@@ -139,11 +142,13 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "METRICS_FLUSH_INTERVAL": _NUMBER,
     "METRICS_TTL_HOURS": _COUNT,
     "TOP_BLOCKED": _COUNT,
-    "METRICS_TOKEN": (lambda value: value is None or (isinstance(value, str) and bool(_TOKEN.fullmatch(value))),
-                      "None or a secret of at least 16 characters without spaces, such as the output of "
-                      "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"),
+    "METRICS_TOKEN": _SECRET,
     "METRICS_ALLOWED_IPS": (_narrow_networks, f"a list of CIDRs or addresses such as ['10.0.0.0/8', '127.0.0.1'], "
                                               f"{_WIDEST}: a wider one would open GET /metrics to the internet"),
+    "GATEWAY_SECRET": _SECRET,
+    "GATEWAY_NETWORKS": (_narrow_networks, f"a list of the gateways' CIDRs or addresses such as ['10.0.0.5', "
+                                           f"'10.1.0.0/24'], {_WIDEST}: a wider one would let the internet "
+                                           "describe requests to the gateway endpoint"),
     "SHED_CAPACITY": _OPTIONAL_LIMIT,
     "SHED_LOW_AT": _FRACTION,
     "SHED_NORMAL_AT": _FRACTION,
@@ -269,6 +274,7 @@ READINGS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "FAIL_MODE": _choice(("open", "closed", "local"), "closed"),
     "BREAKER_MAX_COOLDOWN": _clamp("BREAKER_COOLDOWN", max),
     "METRICS_ALLOWED_IPS": _read_networks,
+    "GATEWAY_NETWORKS": _read_networks,  # fewer networks: fewer callers of the gateway endpoint
     "SHED_LOW_AT": _clamp("SHED_NORMAL_AT", min),  # low-priority requests shed no later than normal ones
     "CLOCK_SHIFT": lambda value, values: False,  # the limiter's clock never moves
 }

@@ -22,7 +22,7 @@ from ratelimit_app.service.conf_rules import (
 def test_every_setting_has_a_rule_and_every_reading_a_setting() -> None:
     assert set(RULES) | {"IP_RATE"} == set(DEFAULTS)  # IP_RATE is parsed as the middleware parses it
     assert set(READINGS) <= set(DEFAULTS)
-    assert SECRET_SETTINGS == {"REDIS_URL", "METRICS_TOKEN"}
+    assert SECRET_SETTINGS == {"REDIS_URL", "METRICS_TOKEN", "GATEWAY_SECRET"}
 
 
 @pytest.mark.parametrize("name", sorted(SECRET_SETTINGS))

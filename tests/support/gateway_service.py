@@ -1,10 +1,13 @@
 """The protected service of the live gateway tests: a plain HTTP server (not Django) on a thread of the
 test, which counts every request it receives, so a test can tell that a refused request never reached it.
 
-With `release_url`, it reports the end of each request that carries an `X-RateLimit-Lease` (the
-concurrency slots the gateway endpoint took for it) to the endpoint's release URL before it answers,
+With `release_url` (and the gateways' `secret`), it reports the end of each request that carries an
+`X-RateLimit-Lease` (the concurrency slots the gateway endpoint took for it) to the endpoint's release URL
+before it answers,
 as a service behind a gateway with no end-of-request hook of its own does (Caddy: docs/gateway.md).
-`GET /slow?ms=N` answers after N milliseconds.
+`GET /slow?ms=N` answers after N milliseconds. `in_flight[key]` counts the requests of each API key
+(X-API-Key, which gateways pass on) the service is working on, `most_in_flight[key]` the most at once: a
+request counts from when it arrives until its work is done, before its end is reported.
 """
 
 from __future__ import annotations
@@ -25,24 +28,30 @@ class CountingService:
     are theirs; `released` counts the leases it reported (answered 204), `release_failures` holds the
     status of any other answer."""
 
-    def __init__(self, release_url: str | None = None) -> None:
+    def __init__(self, release_url: str | None = None, secret: str = "") -> None:
         self.received: Counter[str] = Counter()
         self.released = 0
         self.release_failures: list[int] = []
         self.headers: list[dict[str, str]] = []
+        self.in_flight: Counter[str] = Counter()
+        self.most_in_flight: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._release = urlsplit(release_url) if release_url else None
+        self._secret = secret  # sent in X-RateLimit-Gateway-Secret: the release endpoint answers gateways only
         service = self
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
             def _answer(self) -> None:
-                service._received(self)
+                key = self.headers.get("X-API-Key", "")
+                service._received(self, key)
                 parts = urlsplit(self.path)
                 delay = parse_qs(parts.query).get("ms")
                 if parts.path == "/slow" and delay:
                     time.sleep(int(delay[0]) / 1000)
+                with service._lock:
+                    service.in_flight[key] -= 1
                 service._report_end(self.headers.get(LEASE_HEADER, ""))
                 body = b"served\n"
                 self.send_response(200)
@@ -62,17 +71,20 @@ class CountingService:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
-    def _received(self, handler: BaseHTTPRequestHandler) -> None:
+    def _received(self, handler: BaseHTTPRequestHandler, key: str) -> None:
         with self._lock:
             self.received[urlsplit(handler.path).path] += 1
             self.headers.append(dict(handler.headers.items()))
+            self.in_flight[key] += 1
+            self.most_in_flight[key] = max(self.most_in_flight[key], self.in_flight[key])
 
     def _report_end(self, lease: str) -> None:
         if self._release is None or not lease:
             return
         connection = http.client.HTTPConnection(self._release.hostname or "", self._release.port, timeout=10)
         try:
-            connection.request("POST", self._release.path, headers={LEASE_HEADER: lease})
+            connection.request("POST", self._release.path,
+                               headers={LEASE_HEADER: lease, "X-RateLimit-Gateway-Secret": self._secret})
             status = connection.getresponse().status
         finally:
             connection.close()

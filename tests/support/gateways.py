@@ -21,6 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_DOC = ROOT / "docs" / "gateway.md"
 #: The addresses the documented configurations use: the Django app, the service, the gateway's port.
 DOC_DJANGO, DOC_SERVICE, DOC_PORT = "127.0.0.1:8000", "127.0.0.1:9000", 8080
+#: The placeholder the documented configurations send as RATELIMIT['GATEWAY_SECRET'] (the reader replaces
+#: it; the live tests' Django app is given it, so the blocks run as written).
+DOC_SECRET = "replace-with-your-RATELIMIT-GATEWAY_SECRET"
 
 
 def missing_gateways() -> str | None:
@@ -43,7 +46,7 @@ def with_ports(block: str, *, django: int, service: int, listen: int, listen_pat
     changes. `listen_pattern` is how the block writes its port (a format string of DOC_PORT)."""
     old_listen = listen_pattern.format(DOC_PORT)
     assert block.count(old_listen) == 1, f"the block does not listen with {old_listen!r}"
-    assert DOC_DJANGO in block and DOC_SERVICE in block
+    assert DOC_DJANGO in block and DOC_SERVICE in block and DOC_SECRET in block
     return (block.replace(DOC_DJANGO, f"127.0.0.1:{django}").replace(DOC_SERVICE, f"127.0.0.1:{service}")
             .replace(old_listen, listen_pattern.format(listen)))
 
