@@ -126,7 +126,6 @@ def test_every_endpoint_readme_lists_for_the_demo_answers(client: Client) -> Non
         assert response.status_code in (200, 201), (method, path, response.status_code)
         if response.streaming:
             b"".join(response.streaming_content)  # type: ignore[attr-defined]
-        response.close()
 
 
 @pytest.mark.slow
