@@ -200,7 +200,9 @@ def main(argv: list[str]) -> None:
             "\"new\": a new API key on every call; \"returning\": 256 API keys in turn, each with its state.",
             "usec_per_call from INFO commandstats, the two scripts in alternating batches (each round's ratio,",
             "median over the rounds); instructions inside EVALSHA counted by callgrind (2N calls less N, over N).",
-            "Target: decide.lua within 1.3x the minimal script in both.",
+            "Target: decide.lua within 1.3x the minimal script in both. On a machine shared with other work,",
+            "usec_per_call moves with the load (compare the rounds); the callgrind counts do not, and are the",
+            "column to read.",
         ], lines, load_at_start, os.getloadavg()[0])
 
 
