@@ -59,7 +59,7 @@ def _run(client: redis.Redis, prefix: str, ip: Policy, tier: Sequence[Policy], s
     # moving faster than it: a key then outlives its state, which both scripts must see through
     seconds, micros = client.time()
     now_us = seconds * 1_000_000 + micros
-    allowed, refusing = 0, set()
+    allowed, refusing = 0, set[int]()
     for step in range(steps):
         now_us += rng.randrange(max_step_ms * 1000)
         checks = ((f"ip:{rng.randrange(2)}", (ip,)), (f"key:{rng.randrange(keys)}", tuple(tier)))
