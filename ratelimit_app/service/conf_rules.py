@@ -278,6 +278,7 @@ READINGS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "BREAKER_MAX_COOLDOWN": _clamp("BREAKER_COOLDOWN", max),
     "METRICS_ALLOWED_IPS": _read_networks,
     "GATEWAY_NETWORKS": _read_networks,  # fewer networks: fewer callers of the gateway endpoint
+    "GATEWAY_FIRST_LEASE": lambda value, values: None,  # a gateway's request holds its slots their full lease
     "SHED_LOW_AT": _clamp("SHED_NORMAL_AT", min),  # low-priority requests shed no later than normal ones
     "CLOCK_SHIFT": lambda value, values: False,  # the limiter's clock never moves
 }

@@ -164,7 +164,8 @@ def test_a_free_keys_eleventh_request_is_429_and_never_reaches_the_service(site:
     assert [site.service.received[f"/burst/{i}"] for i in range(11)] == [1] * 10 + [0]
     # every admitted request gave its slot of the free tier back when it ended
     assert parse_ietf(responses[9].headers["RateLimit"])["concurrency"]["r"] == 1
-    if site.gateway.kind == "caddy":
+    if site.gateway.kind == "caddy":  # each confirmed when it arrived, and reported at its end
+        assert (site.service.confirmed, site.service.late) == (10, 0)
         assert (site.service.released, site.service.release_failures) == (10, [])
 
 
