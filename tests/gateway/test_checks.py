@@ -14,7 +14,8 @@ urlpatterns = [*demo_urlpatterns, path("api/gateway/", include("ratelimit_app.ga
 
 
 def test_the_demo_routes_the_endpoint_outside_the_limited_paths() -> None:
-    assert routed_paths() == ["/ratelimit/authorize", "/ratelimit/auth-request", "/ratelimit/release"]
+    assert routed_paths() == ["/ratelimit/authorize", "/ratelimit/auth-request", "/ratelimit/confirm",
+                             "/ratelimit/release"]
     assert check_gateway_paths() == []
 
 
