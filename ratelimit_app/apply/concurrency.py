@@ -18,6 +18,10 @@ same all-or-nothing call as the request's rate limits. `limiting.decide` returns
 - and in any case when the lease runs out (the slot's `period`): a worker killed by SIGKILL loses its
   slots for at most that long.
 
+A gateway's request (ratelimit_app.gateway) is held differently: its slots go to the gateway in a signed
+lease, held for a short first lease until the service confirms the request (`HeldSlots.renew`: each slot's
+end moved in Redis, lua/renew.lua), then given back by whoever sees its end.
+
 Giving back is one Redis round trip (a ZREM per slot, pipelined), made after the response is sent; it
 follows the circuit breaker and the time budget, and never fails a response.
 """

@@ -1,4 +1,4 @@
-"""The gateway endpoint's views: decide the request a gateway describes, and give back its slots.
+"""The gateway endpoint's views: decide the request a gateway describes, confirm and give back its slots.
 
 `authorize` (Caddy forward_auth, Traefik ForwardAuth, Envoy ext_authz) and `auth_request` (nginx) make
 one decision through the same code as RateLimitMiddleware (`ratelimit_app.apply.limiting`): the client
@@ -8,8 +8,15 @@ deny rules, shadow limits, the load shedder, fail modes and the time budget, one
 counted in the metrics. Whatever goes wrong inside the limiter follows the fail mode (`safely`): the
 endpoint never answers 500 for it.
 
-`release` gives back the concurrency slots named by an `X-RateLimit-Lease` value (one Redis round
-trip); it answers 204 whatever Redis does (a slot not given back frees itself with its lease).
+Under the `authorize` contract (Caddy, Traefik, Envoy: no end-of-request hook) the slots an admitted
+request took are held for the first lease only, RATELIMIT['GATEWAY_FIRST_LEASE'] (one more Redis call:
+HeldSlots.renew), so that a request whose client went away before it reached the service frees them
+soon; nginx's `auth-request` keeps their full lease (its post_action reports every end).
+`confirm` is the service's word that the request reached it: its slots are held their full lease from
+now (204), or, when a first lease had already ended, 409, and whatever is left of the lease is given
+back (the slot may be another request's by now: it is never taken again, and the service refuses the
+request). `release` gives back the concurrency slots named by an `X-RateLimit-Lease` value (one Redis
+round trip); it answers 204 whatever Redis does (a slot not given back frees itself with its lease).
 
 Each view has an async twin of the same name in ratelimit_app.gateway.views_async (served by
 `ratelimit_app.gateway.async_urls` for a project under ASGI): the same description and answers, the
