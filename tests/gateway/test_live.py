@@ -238,7 +238,7 @@ def test_clients_that_go_away_at_any_moment_leave_no_slot_held(site: Site, djang
     # of the last client going away (10 s on a loaded CI machine, still far below the 60 s lease a stranded
     # slot would be held for). Caddy drops the authorization call of a client gone meanwhile, and the
     # request never reaches the service: its slots were taken for the first lease only (GATEWAY_FIRST_LEASE,
-    # 1 s here), which no confirmation extended, so they are back within it and a second more
+    # 2 s here), which no confirmation extended, so they are back within it and a second more
     within = 10.0 if site.gateway.kind == "nginx" else FIRST_LEASE + 1
     assert poll(lambda: django_app.slots_held(key) == (0, 0), within), \
         f"held {django_app.slots_held(key)}; moments: {sorted(round(m, 3) for m in moments)}"
