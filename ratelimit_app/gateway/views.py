@@ -129,9 +129,10 @@ def confirmed(slots: HeldSlots, renewed: bool | None) -> HttpResponseBase:
 
 
 def lease_ended() -> HttpResponse:
-    response = JsonResponse({"error": "lease ended", "detail": "the request's first lease ran out before its "
-                             "service confirmed it (RATELIMIT['GATEWAY_FIRST_LEASE']): its slots are free, "
-                             "refuse the request"}, status=409)
+    """409: the slots of the lease are no longer held, and may be another request's by now."""
+    response = JsonResponse({"error": "lease ended", "detail": "the request's slots are no longer held (its first "
+                             "lease, RATELIMIT['GATEWAY_FIRST_LEASE'], ended before this confirmation, or they were "
+                             "given back) and may be another request's: refuse the request"}, status=409)
     response["Cache-Control"] = "no-store"
     return response
 
