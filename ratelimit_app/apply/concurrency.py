@@ -18,6 +18,10 @@ same all-or-nothing call as the request's rate limits. `limiting.decide` returns
 - and in any case when the lease runs out (the slot's `period`): a worker killed by SIGKILL loses its
   slots for at most that long.
 
+A gateway's request (ratelimit_app.gateway) is held differently: its slots go to the gateway in a signed
+lease, held for a short first lease until the service confirms the request (`HeldSlots.renew`: each slot's
+end moved in Redis, lua/renew.lua), then given back by whoever sees its end.
+
 Giving back is one Redis round trip (a ZREM per slot, pipelined), made after the response is sent; it
 follows the circuit breaker and the time budget, and never fails a response.
 """
@@ -82,9 +86,39 @@ class HeldSlots:
         with contextlib.suppress(Exception):
             await get_async_limiter().release(self.held, self.token, local=self.local)
 
+    def renew(self, seconds: float | None = None) -> bool | None:
+        """Make the slots end `seconds` from now (at most each one's lease period), or a full period from
+        now (None): True when every slot was still held, False when the lease of one had ended (given back
+        or run out: it is not taken again), None when Redis could not be asked (the slots keep the end they
+        had). Never raises."""
+        if self.released:
+            return False
+        from ..service.limiter import get_limiter
+
+        try:
+            return get_limiter().renew(self.held, self.token, lease_ms(seconds), local=self.local)
+        except Exception:
+            return None
+
+    async def arenew(self, seconds: float | None = None) -> bool | None:
+        """`renew` on the event loop, through the async service (never raises either)."""
+        if self.released:
+            return False
+        from ..service.limiter_async import get_async_limiter
+
+        try:
+            return await get_async_limiter().renew(self.held, self.token, lease_ms(seconds), local=self.local)
+        except Exception:
+            return None
+
     def __repr__(self) -> str:
         names = ", ".join(policy.name for _, policy in self.held)
         return f"HeldSlots({names}; {'released' if self.released else 'held'})"
+
+
+def lease_ms(seconds: float | None) -> int | None:
+    """`seconds` as whole milliseconds (at least 1) for a renewal; None stays None (a full period)."""
+    return None if seconds is None else max(1, round(seconds * 1000))
 
 
 def slots_taken(checks: Sequence[tuple[str, Sequence[Policy]]], decisions: Sequence[Any],

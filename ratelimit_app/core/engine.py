@@ -395,6 +395,6 @@ def load_failed(exc: BaseException) -> BackendError:
     return BackendError(f"could not load the decision script: {exc}", maybe_applied=False)
 
 
-def release_failed(lease: str, exc: BaseException, sent: bool = True) -> BackendError:
-    """Giving back the slots of `lease` failed (they free themselves when their lease runs out)."""
-    return BackendError(f"could not release slots of lease {lease!r}: {exc}", maybe_applied=sent)
+def release_failed(lease: str, exc: BaseException, sent: bool = True, doing: str = "release") -> BackendError:
+    """Giving back (or renewing: `doing`) the slots of `lease` failed (they free themselves with their lease)."""
+    return BackendError(f"could not {doing} slots of lease {lease!r}: {exc}", maybe_applied=sent)

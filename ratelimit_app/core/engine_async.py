@@ -18,7 +18,7 @@ from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import engine
+from . import engine, leases
 from .budget import reply_wait
 from .decision import Decision
 from .engine import LOAD_SCRIPT, NOSCRIPT, Check, PreparedCall, Steps
@@ -126,6 +126,11 @@ class AsyncRateLimiter:
         keys = engine.release_plan(self.prefix, held, lease)
         if keys:
             await self._release(keys, lease)
+
+    async def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None = None) -> int:
+        """Make the live slots of `held` under `lease` end `lease_ms` from now, or a full period from now
+        (see `RateLimiter.renew`); how many were live. Raises BackendError when Redis cannot be asked."""
+        return await leases.arenew(self.client, self.prefix, held, lease, lease_ms)
 
     async def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies (one call of the decision script: the

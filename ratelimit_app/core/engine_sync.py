@@ -33,13 +33,13 @@ from redis.client import NEVER_DECODE
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from . import engine
+from . import engine, leases
 from .decision import Decision
 from .engine import LOAD_SCRIPT, NOSCRIPT, Check, PreparedCall, Steps
 from .exceptions import REDIS_CLIENT_ERRORS
-from .keys import cancel_keys, check_prefix, state_keys
+from .keys import check_prefix, state_keys
 from .policies import Policy
-from .scripts import cancel_source, decide_source
+from .scripts import decide_source
 
 #: The values of RateLimiter's `connections` (and of RATELIMIT['CONNECTIONS']).
 
@@ -218,16 +218,16 @@ class RateLimiter:
 
     def cancel(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         """Make sure `lease` holds none of the slots of `held`, now or later: for a decision whose reply
-        was lost, which Redis may have run, or may run later still (lua/cancel.lua). A slot it took is
-        given back; a charge under this token that runs afterwards takes nothing. One EVAL per slot,
-        through the client (running one again changes nothing). Raises BackendError when Redis cannot
-        be asked."""
-        engine.check_lease(lease)
-        try:
-            for key, period_ms in cancel_keys(self.prefix, held):
-                self.client.eval(cancel_source(), 1, key, lease, period_ms)
-        except REDIS_CLIENT_ERRORS as exc:
-            raise engine.release_failed(lease, exc) from exc
+        was lost, which Redis may have run, or may run later still (lua/cancel.lua): a slot it took is
+        given back, a charge under this token that runs afterwards takes nothing. One EVAL per slot
+        (running one again changes nothing). Raises BackendError when Redis cannot be asked."""
+        leases.cancel(self.client, self.prefix, held, lease)
+
+    def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None = None) -> int:
+        """Make the live slots of `held` under `lease` end `lease_ms` from now (at most each policy's period;
+        None: a full period from now); how many were live (lua/renew.lua: a slot given back, cancelled or
+        run out stays so). One EVAL per identity. Raises BackendError when Redis cannot be asked."""
+        return leases.renew(self.client, self.prefix, held, lease, lease_ms)
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies (one call of the decision script: the

@@ -100,6 +100,19 @@ def cancel_keys(prefix: str, held: Sequence[tuple[str, Policy]]) -> list[tuple[s
     return list(zip(release_keys(prefix, held), (policy.period_ms for _, policy in held), strict=True))
 
 
+def renew_calls(prefix: str, held: Sequence[tuple[str, Policy]],
+                lease_ms: int | None) -> list[tuple[list[str], list[int]]]:
+    """What renewing the concurrency slots `held` ((identity, concurrency policy) pairs) sends: one call
+    of lua/renew.lua per identity (its keys share its hash tag), its keys and each one's new lease length
+    in ms: `lease_ms`, at most the policy's period, or the period itself when `lease_ms` is None."""
+    calls: dict[str, tuple[list[str], list[int]]] = {}
+    for identity, policy in held:
+        keys, lengths = calls.setdefault(identity, ([], []))
+        keys += state_keys(prefix, identity, (policy,))
+        lengths.append(policy.period_ms if lease_ms is None else min(lease_ms, policy.period_ms))
+    return list(calls.values())
+
+
 _ENTRY_HEAD = struct.Struct(">B")
 _ENTRY_TAIL = struct.Struct(">QI")  # expiry (6 bytes after a 2-byte pad), state length
 

@@ -14,6 +14,8 @@ ALGORITHM_FILES: tuple[str, ...] = tuple(algorithm.lua_file for algorithm in SCR
 ENTRY_FILE = "decide.lua"
 #: The script that cancels a lease token whose decision's reply was lost (run with EVAL: it is rare).
 CANCEL_FILE = "cancel.lua"
+#: The script that sets when a lease token's live slots end (run with EVAL: a gateway's request only).
+RENEW_FILE = "renew.lua"
 #: Locals every other file uses; it comes first.
 PRELUDE_FILE = "prelude.lua"
 #: The parameters of every algorithm function, in this order (see "The algorithms" in decide.lua).
@@ -85,3 +87,10 @@ def cancel_source() -> str:
     """The lease-cancelling script (lua/cancel.lua): KEYS[1] a concurrency policy's sorted set of leases,
     ARGV the token and the lease period in ms."""
     return read_lua(CANCEL_FILE)
+
+
+@cache
+def renew_source() -> str:
+    """The lease-renewing script (lua/renew.lua): KEYS one identity's sorted sets of leases, ARGV the
+    token and each key's new lease length in ms."""
+    return read_lua(RENEW_FILE)

@@ -9,8 +9,8 @@ service behind it, and passes or refuses it by the answer:
 - `describe`: the request a gateway describes (method, URI, service, cost), read from its headers;
 - `answers`: the 200 with the rate limit headers, the refusals, and nginx's 403 carrying them;
 - `lease`: concurrency slots handed to the gateway as one signed header value;
-- `views`: the endpoint (one decision through `ratelimit_app.apply.limiting`) and the release of slots,
-  each with its async twin;
+- `views`: the endpoint (one decision through `ratelimit_app.apply.limiting`), the confirmation and the
+  release of slots, each with its async twin;
 - `urls`, `async_urls`: the endpoint's URLs, with the sync views or their async twins;
 - `checks`: `manage.py check` warns when the middleware would limit the endpoint itself (ratelimit.W003),
   and reports an endpoint routed with no guard (ratelimit.E006).

@@ -14,5 +14,6 @@ urlpatterns = [
     path("authorize", views_async.authorize, name="ratelimit-gateway-authorize"),
     re_path(r"^authorize(?P<forwarded>/.*)$", views_async.authorize, name="ratelimit-gateway-authorize-path"),
     path("auth-request", views_async.auth_request, name="ratelimit-gateway-auth-request"),
+    path("confirm", views_async.confirm, name="ratelimit-gateway-confirm"),
     path("release", views_async.release, name="ratelimit-gateway-release"),
 ]

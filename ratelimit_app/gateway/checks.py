@@ -20,7 +20,8 @@ from ..service.conf import read_settings
 from ..service.paths import PathPrefixes, limited
 
 MIDDLEWARE = "ratelimit_app.middleware.RateLimitMiddleware"
-_URL_NAMES = ("ratelimit-gateway-authorize", "ratelimit-gateway-auth-request", "ratelimit-gateway-release")
+_URL_NAMES = ("ratelimit-gateway-authorize", "ratelimit-gateway-auth-request", "ratelimit-gateway-confirm",
+              "ratelimit-gateway-release")
 
 
 def routed_paths() -> list[str]:

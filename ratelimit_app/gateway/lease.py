@@ -2,9 +2,11 @@
 
 When a request's decision takes concurrency slots (a tier's concurrency limit, the load shedder's fleet
 count), the endpoint's 200 carries `X-RateLimit-Lease`: the slots and the token they are held under,
-signed with SECRET_KEY (django.core.signing), so that whoever sees the end of the request (nginx's
-post_action, or the service itself) gives them back with one call to the release endpoint. A slot
-nobody gives back frees itself when its lease runs out (the concurrency limit's period).
+signed with SECRET_KEY (django.core.signing), so that the service confirms the request with it (the
+confirm endpoint: its slots held their full lease, after the first lease of the `authorize` contract)
+and whoever sees the end of the request (nginx's post_action, or the service itself) gives them back
+with one call to the release endpoint. A slot nobody gives back frees itself when its lease runs out
+(the first lease, or the concurrency limit's period).
 
 The value names identity labels ("key:<prefix>", "ip:203.0.113.7"), never an API key; it is signed, not
 encrypted, and meant for the gateway and the service, not for clients.

@@ -3,6 +3,7 @@
     /ratelimit/authorize            Caddy forward_auth, Traefik ForwardAuth (X-Forwarded-Method/-Uri)
     /ratelimit/authorize/<path>     Envoy ext_authz (path_prefix "/ratelimit/authorize")
     /ratelimit/auth-request         nginx auth_request (X-Original-Method/-URI)
+    /ratelimit/confirm              the service has the request: its slots held their full lease
     /ratelimit/release              gives back the concurrency slots an X-RateLimit-Lease names
 
 Keep them out of RATELIMIT['PATH_PREFIXES'] (the endpoint is not limited itself); every view answers
@@ -19,5 +20,6 @@ urlpatterns = [
     path("authorize", views.authorize, name="ratelimit-gateway-authorize"),
     re_path(r"^authorize(?P<forwarded>/.*)$", views.authorize, name="ratelimit-gateway-authorize-path"),
     path("auth-request", views.auth_request, name="ratelimit-gateway-auth-request"),
+    path("confirm", views.confirm, name="ratelimit-gateway-confirm"),
     path("release", views.release, name="ratelimit-gateway-release"),
 ]

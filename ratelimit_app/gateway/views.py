@@ -1,4 +1,4 @@
-"""The gateway endpoint's views: decide the request a gateway describes, and give back its slots.
+"""The gateway endpoint's views: decide the request a gateway describes, confirm and give back its slots.
 
 `authorize` (Caddy forward_auth, Traefik ForwardAuth, Envoy ext_authz) and `auth_request` (nginx) make
 one decision through the same code as RateLimitMiddleware (`ratelimit_app.apply.limiting`): the client
@@ -8,8 +8,15 @@ deny rules, shadow limits, the load shedder, fail modes and the time budget, one
 counted in the metrics. Whatever goes wrong inside the limiter follows the fail mode (`safely`): the
 endpoint never answers 500 for it.
 
-`release` gives back the concurrency slots named by an `X-RateLimit-Lease` value (one Redis round
-trip); it answers 204 whatever Redis does (a slot not given back frees itself with its lease).
+Under the `authorize` contract (Caddy, Traefik, Envoy: no end-of-request hook) the slots an admitted
+request took are held for the first lease only, RATELIMIT['GATEWAY_FIRST_LEASE'] (one more Redis call:
+HeldSlots.renew), so that a request whose client went away before it reached the service frees them
+soon; nginx's `auth-request` keeps their full lease (its post_action reports every end).
+`confirm` is the service's word that the request reached it: its slots are held their full lease from
+now (204), or, when a first lease had already ended, 409, and whatever is left of the lease is given
+back (the slot may be another request's by now: it is never taken again, and the service refuses the
+request). `release` gives back the concurrency slots named by an `X-RateLimit-Lease` value (one Redis
+round trip); it answers 204 whatever Redis does (a slot not given back frees itself with its lease).
 
 Each view has an async twin of the same name in ratelimit_app.gateway.views_async (served by
 `ratelimit_app.gateway.async_urls` for a project under ASGI): the same description and answers, the
@@ -25,12 +32,14 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 
 from ..apply.concurrency import HeldSlots
 from ..apply.identity import client_ip
 from ..apply.limiting import limit_request, safely
+from ..apply.outcome import ALLOWED, LimitOutcome
 from ..apply.responses import bad_request
+from ..service.conf import ratelimit_settings
 from ..service.logs import log_event
 from .answers import answer, under_contract
 from .describe import AUTH_REQUEST, AUTHORIZE, BadDescription, GatewayRequest, describe
@@ -62,6 +71,19 @@ def auth_request(request: HttpRequest) -> HttpResponseBase:
 
 
 @csrf_exempt_view
+def confirm(request: HttpRequest) -> HttpResponseBase:
+    """The service has the request whose lease `X-RateLimit-Lease` names: hold its slots their full lease
+    (204); 409 when the first lease had already ended (its slots are given back, never taken again)."""
+    forbidden = refused(request)
+    if forbidden is not None:
+        return forbidden
+    slots = slots_named(request)
+    if not isinstance(slots, HeldSlots):
+        return slots if isinstance(slots, HttpResponseBase) else HttpResponse(status=204)
+    return confirmed(slots, slots.renew())
+
+
+@csrf_exempt_view
 def release(request: HttpRequest) -> HttpResponseBase:
     """Give back the slots of the request whose lease `X-RateLimit-Lease` names (none: nothing to do)."""
     forbidden = refused(request)
@@ -79,7 +101,40 @@ def _decide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpR
         return gateway_request
     outcome = safely(lambda: limit_request(request, cost=gateway_request.cost, scope=gateway_request.service,
                                            path=gateway_request.path), where="gateway")
+    first = first_lease(outcome, contract)
+    if first is not None and outcome.slots is not None:
+        outcome.slots.renew(first)  # never raises; Redis not asked: the slots keep their full lease
     return under_contract(answer(outcome, gateway_request.cost), contract)
+
+
+def first_lease(outcome: LimitOutcome, contract: str) -> float | None:
+    """The seconds an admitted request's slots are held until its service confirms it: under the
+    `authorize` contract (no gateway there reports an end by itself), RATELIMIT['GATEWAY_FIRST_LEASE'];
+    None (their full lease) when nginx's `auth-request` asks (its post_action gives them back), when the
+    setting is None, or when the request holds no slot."""
+    if contract != AUTHORIZE or outcome.status != ALLOWED or outcome.slots is None:
+        return None
+    seconds: float | None = ratelimit_settings.GATEWAY_FIRST_LEASE
+    return seconds
+
+
+def confirmed(slots: HeldSlots, renewed: bool | None) -> HttpResponseBase:
+    """The answer to a confirmation whose renewal of `slots` gave `renewed` (see HeldSlots.renew): 204,
+    or 409 when a lease had ended, after giving back whatever is left of it (the request lost its place,
+    which another may hold by now: the service refuses it, see docs/gateway.md)."""
+    if renewed is not False:
+        return HttpResponse(status=204)  # confirmed, or Redis not asked (the slots keep their first lease)
+    slots.release()
+    return lease_ended()
+
+
+def lease_ended() -> HttpResponse:
+    """409: the slots of the lease are no longer held, and may be another request's by now."""
+    response = JsonResponse({"error": "lease ended", "detail": "the request's slots are no longer held (its first "
+                             "lease, RATELIMIT['GATEWAY_FIRST_LEASE'], ended before this confirmation, or they were "
+                             "given back) and may be another request's: refuse the request"}, status=409)
+    response["Cache-Control"] = "no-store"
+    return response
 
 
 def described(request: HttpRequest, contract: str, forwarded: str | None) -> GatewayRequest | HttpResponseBase:

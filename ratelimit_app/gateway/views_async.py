@@ -11,7 +11,7 @@ from ..apply.concurrency import HeldSlots
 from .answers import answer, under_contract
 from .describe import AUTH_REQUEST, AUTHORIZE, GatewayRequest
 from .guard import refused
-from .views import csrf_exempt_view, described, slots_named
+from .views import confirmed, csrf_exempt_view, described, first_lease, slots_named
 
 
 @csrf_exempt_view
@@ -24,6 +24,21 @@ async def authorize(request: HttpRequest, forwarded: str | None = None) -> HttpR
 async def auth_request(request: HttpRequest) -> HttpResponseBase:
     """`views.auth_request`, the decision awaited on the event loop."""
     return await _decide(request, AUTH_REQUEST, None)
+
+
+@csrf_exempt_view
+async def confirm(request: HttpRequest) -> HttpResponseBase:
+    """`views.confirm` through the async service."""
+    forbidden = refused(request)
+    if forbidden is not None:
+        return forbidden
+    slots = slots_named(request)
+    if not isinstance(slots, HeldSlots):
+        return slots if isinstance(slots, HttpResponseBase) else HttpResponse(status=204)
+    renewed = await slots.arenew()
+    if renewed is False:
+        await slots.arelease()  # what is left of the lease (views.confirmed then answers 409)
+    return confirmed(slots, renewed)
 
 
 @csrf_exempt_view
@@ -45,4 +60,7 @@ async def _decide(request: HttpRequest, contract: str, forwarded: str | None) ->
     outcome = await limiting_async.safely(
         lambda: limiting_async.limit_request(request, cost=gateway_request.cost, scope=gateway_request.service,
                                              path=gateway_request.path), where="gateway")
+    first = first_lease(outcome, contract)
+    if first is not None and outcome.slots is not None:
+        await outcome.slots.arenew(first)  # never raises
     return under_contract(answer(outcome, gateway_request.cost), contract)

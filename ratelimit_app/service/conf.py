@@ -86,6 +86,8 @@ DEFAULTS: dict[str, Any] = {
     # The gateway endpoint (docs/gateway.md): it answers only calls that pass every guard set here
     "GATEWAY_SECRET": None,  # the secret a gateway sends in X-RateLimit-Gateway-Secret
     "GATEWAY_NETWORKS": [],  # CIDRs the direct peer (REMOTE_ADDR, never a forwarded header) must be in
+    # seconds /ratelimit/authorize holds a request's slots until the service confirms it (None: the full lease)
+    "GATEWAY_FIRST_LEASE": 5,
     # Load shedding (docs/protection.md)
     "SHED_CAPACITY": None,  # requests the fleet can hold in flight (counted in Redis); None: no fleet shedder
     "SHED_LOW_AT": 0.8,  # low-priority requests are shed from this fraction of SHED_CAPACITY in flight ...

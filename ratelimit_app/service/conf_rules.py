@@ -146,6 +146,9 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "METRICS_ALLOWED_IPS": (_narrow_networks, f"a list of CIDRs or addresses such as ['10.0.0.0/8', '127.0.0.1'], "
                                               f"{_WIDEST}: a wider one would open GET /metrics to the internet"),
     "GATEWAY_SECRET": _SECRET,
+    "GATEWAY_FIRST_LEASE": (lambda value: value is None or number(value, 0.0999, 3600),
+                            "None or seconds from 0.1 to 3600: how long a request's slots are held until the service "
+                            "confirms it has the request (an abort holds them that long)"),
     "GATEWAY_NETWORKS": (_narrow_networks, f"a list of the gateways' CIDRs or addresses such as ['10.0.0.5', "
                                            f"'10.1.0.0/24'], {_WIDEST}: a wider one would let the internet "
                                            "describe requests to the gateway endpoint"),
@@ -275,6 +278,7 @@ READINGS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "BREAKER_MAX_COOLDOWN": _clamp("BREAKER_COOLDOWN", max),
     "METRICS_ALLOWED_IPS": _read_networks,
     "GATEWAY_NETWORKS": _read_networks,  # fewer networks: fewer callers of the gateway endpoint
+    "GATEWAY_FIRST_LEASE": lambda value, values: None,  # a gateway's request holds its slots their full lease
     "SHED_LOW_AT": _clamp("SHED_NORMAL_AT", min),  # low-priority requests shed no later than normal ones
     "CLOCK_SHIFT": lambda value, values: False,  # the limiter's clock never moves
 }

@@ -111,6 +111,23 @@ class LocalLimiter:
                     else:
                         self._store.delete(key)
 
+    def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None = None) -> int:
+        """Make the live slots of `held` under `lease` end `lease_ms` from now (at most each policy's
+        period; None: a full period from now); how many were live (see RateLimiter.renew)."""
+        live = 0
+        with self._lock:
+            now_us = float(self.clock())
+            for identity, policy in held:
+                key = _state_key(identity_digest(identity), policy)
+                leases = self._store.get(key, now_us) or {}
+                if leases.get(lease, now_us) > now_us:
+                    kept = {token: expiry for token, expiry in leases.items() if expiry > now_us}
+                    length_ms = policy.period_ms if lease_ms is None else min(lease_ms, policy.period_ms)
+                    kept[lease] = now_us + length_ms * 1000
+                    self._store.set(key, kept, (max(kept.values()) - now_us) / 1000, now_us, len(kept))
+                    live += 1
+        return live
+
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies."""
         digest = identity_digest(identity)

@@ -115,6 +115,24 @@ class LimiterService:
         guard.release_failed(held, lease)
         return False
 
+    def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None = None, *,
+              local: bool = False) -> bool | None:
+        """Make the slots of `held` taken under `lease` end `lease_ms` from now (at most each policy's
+        period), or a full period from now (None): in Redis (within the time budget, through the breaker;
+        see RateLimiter.renew), or in the local fallback when `local`. True when every slot was still
+        held, False when the lease of one had ended (given back, cancelled or run out: it is not taken
+        again), None when Redis could not be asked (never raises for it: the slots keep the end they had).
+        Slots the "local" fail mode took live in the process that took them, which a renewal may not
+        reach: it is True for them."""
+        guard = self.guard
+        if local:
+            guard.fallback.renew(held, lease, lease_ms)
+            return True
+        live: list[int] = []
+        if guard.attempt(lambda: live.append(self.limiter().renew(held, lease, lease_ms))):
+            return live[0] == len(held)
+        return None
+
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
              fail_mode: str | None = None, fresh: bool = False) -> Decision:
         """Report what `hit` would decide, charging nothing (see RateLimiter.peek); the fail mode

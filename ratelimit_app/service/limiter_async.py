@@ -119,6 +119,29 @@ class AsyncLimiterService:
         guard.succeeded(step)
         return True
 
+    async def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None = None, *,
+                    local: bool = False) -> bool | None:
+        """Make the slots of `held` taken under `lease` end `lease_ms` from now, or a full period from now
+        (see LimiterService.renew): True, False (a lease had ended) or None (Redis not asked)."""
+        guard = self.guard
+        if local:
+            guard.fallback.renew(held, lease, lease_ms)
+            return True
+        step = guard.step()
+        if step is None:
+            return None
+        try:
+            async with _budget(guard.budget):
+                live = await self.limiter().renew(held, lease, lease_ms)
+        except _FAILURES as exc:
+            guard.count_failure(step, exc)
+            return None
+        except BaseException:
+            guard.abandoned(step)
+            raise
+        guard.succeeded(step)
+        return live == len(held)
+
     async def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
                    fail_mode: str | None = None, fresh: bool = False) -> Decision:
         """Report what `hit` would decide, charging nothing (see LimiterService.peek)."""

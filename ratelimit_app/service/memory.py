@@ -51,6 +51,9 @@ class AsyncMemoryLimiter:
     async def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         self.limiter.release(held, lease)
 
+    async def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None = None) -> int:
+        return self.limiter.renew(held, lease, lease_ms)
+
     async def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         self.limiter.reset(identity, policies)
 

@@ -91,6 +91,21 @@ def test_arelease_gives_the_slots_back_through_the_async_service_once() -> None:
     assert free() == 1
 
 
+def test_renew_and_arenew_say_whether_the_slots_were_held_and_never_raise(settings: Any) -> None:
+    slots = take()
+    assert slots.renew(0.0001) is True  # 1 ms at least: a first lease that runs out at once
+    while free() == 0:
+        pass  # Redis' clock, read until it has
+    assert asyncio.run(slots.arenew()) is False and slots.renew() is False  # ended: not taken again
+    assert free() == 1
+    held = take()
+    assert slots.renew() is False and held.renew(5) is True and asyncio.run(held.arenew()) is True
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    assert held.renew() is None and asyncio.run(held.arenew()) is None  # Redis not asked: never raises
+    held.release()
+    assert held.renew() is False and asyncio.run(held.arenew()) is False  # released here: nothing to renew
+
+
 def test_slots_taken_names_the_concurrency_policies_of_the_allowed_decisions_only() -> None:
     ok, no = PolicyResult("x", True, 1, 0, 0.0, None), PolicyResult("x", False, 1, 0, 1.0, 1.0)
     checks = [("ip:1", (MINUTE,)), ("key:a", (MINUTE, SLOT)), ("user:1", (SLOT,)), ("key:b", (SLOT,))]

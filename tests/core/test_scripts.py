@@ -12,9 +12,11 @@ from ratelimit_app.core.scripts import (
     ALGORITHM_PARAMETERS,
     CANCEL_FILE,
     ENTRY_FILE,
+    RENEW_FILE,
     decide_sha,
     decide_source,
     read_lua,
+    renew_source,
 )
 from ratelimit_app.service.fallback_models import MODELS
 
@@ -43,6 +45,9 @@ def test_every_script_documents_its_interface() -> None:
     header = read_lua(CANCEL_FILE).split("local time", 1)[0]
     for word in ("KEYS[1]", "ARGV[1]", "ARGV[2]", "Returns"):
         assert word in header, f"{CANCEL_FILE} header does not document {word}"
+    header = read_lua(RENEW_FILE).split("local time", 1)[0]
+    for word in ("KEYS", "hash tag", "ARGV[1]", "ARGV[1 + i]", "Returns", "TIME"):
+        assert word in header, f"{RENEW_FILE} header does not document {word}"
 
 
 def test_every_algorithm_file_ends_with_its_function() -> None:
@@ -54,9 +59,10 @@ def test_every_algorithm_file_ends_with_its_function() -> None:
 
 
 def test_scripts_read_time_only_from_redis() -> None:
-    code = "\n".join(line for line in decide_source().splitlines() if not line.lstrip().startswith("--"))
-    assert code.count("redis.call('TIME')") == 1
-    assert "os.time" not in code and "os.clock" not in code
+    for source in (decide_source(), renew_source()):
+        code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("--"))
+        assert code.count("redis.call('TIME')") == 1
+        assert "os.time" not in code and "os.clock" not in code
 
 
 def test_the_engine_and_the_script_agree_on_algorithm_codes() -> None:

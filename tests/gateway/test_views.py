@@ -16,7 +16,9 @@ from django.test import Client
 
 from devtools.embedded import free_port, start_redis
 from ratelimit_app.apply import shedding
+from ratelimit_app.core.keys import state_keys
 from ratelimit_app.gateway import views
+from ratelimit_app.gateway.lease import slots_of
 from ratelimit_app.models import ClientRule
 from tests.support.limits_support import add_slots, check_free_burst, make_key, make_tier, parse_ietf, seed_tiers
 
@@ -81,6 +83,13 @@ def release(client: Client, answer: Answer) -> int:
     lease = answer.headers.get("X-RateLimit-Lease")
     sent = {"X-RateLimit-Lease": lease} if lease else {}
     return int(client.post("/ratelimit/release", headers=sent).status_code)
+
+
+def confirm(client: Client, answer: Answer) -> int:
+    """Confirm an admitted request, as the service does when it arrives."""
+    lease = answer.headers.get("X-RateLimit-Lease")
+    sent = {"X-RateLimit-Lease": lease} if lease else {}
+    return int(client.post("/ratelimit/confirm", headers=sent).status_code)
 
 
 def test_a_free_keys_eleventh_request_is_429_like_the_middlewares(client: Client) -> None:
@@ -296,7 +305,13 @@ def test_one_redis_command_per_decision(client: Client, settings: Any) -> None:
         spy.ping()
         seen: list[str] = []
         with redis.Redis.from_url(server.url).monitor() as monitor:
+            nginx = auth_request(client, key)
+            spy.execute_command("ECHO", "between")
+            assert release(client, nginx) == 204
+            spy.execute_command("ECHO", "between")
             admitted = forward_auth(client, key)
+            spy.execute_command("ECHO", "between")
+            assert confirm(client, admitted) == 204
             spy.execute_command("ECHO", "between")
             assert release(client, admitted) == 204
             spy.execute_command("ECHO", "end-of-test")
@@ -305,9 +320,10 @@ def test_one_redis_command_per_decision(client: Client, settings: Any) -> None:
                     break
                 if event["client_type"] != "lua":
                     seen.append(event["command"].split()[0])
-        # one EVALSHA decided the per-IP limit and the four limits of the tier, its slot taken;
-        # the release gave the slot back in one more round trip
-        assert seen == ["EVALSHA", "ECHO", "ZREM"]
+        # one EVALSHA decided the per-IP limit and the four limits of the tier, its slot taken (nginx: for
+        # its full lease); the release gave the slot back in one more round trip. Under the authorize
+        # contract one EVAL more made its lease the first lease, and the confirmation one more
+        assert seen == ["EVALSHA", "ECHO", "ZREM", "ECHO", "EVALSHA", "EVAL", "ECHO", "EVAL", "ECHO", "ZREM"]
         assert parse_ietf(admitted.headers["RateLimit"]).keys() == {"ip", "burst", "minute", "concurrency", "day"}
         spy.close()
     finally:
@@ -325,3 +341,81 @@ def test_an_untrusted_gateway_is_reported_once(client: Client, settings: Any, ca
             assert forward_auth(client, key).headers["X-RateLimit-Tier"] == "free"
     warnings = [r for r in caplog.records if getattr(r, "ratelimit_event", "") == "ratelimit.gateway_untrusted"]
     assert len(warnings) == 1 and warnings[0].ratelimit["gateway"] == "127.0.0.1"
+
+
+# -- the first lease: a request behind a gateway with no end-of-request hook, until its service confirms it
+
+def lease_ends_in_ms(redis_client: redis.Redis, key_prefix: str, answer: Answer, policy: str = "concurrency") -> float:
+    """Milliseconds until the slot of `policy` that `answer`'s lease names ends, by Redis' clock (<= 0:
+    ended, or not held)."""
+    slots = slots_of(answer.headers["X-RateLimit-Lease"])
+    [(identity, held)] = [(identity, held) for identity, held in slots.held if held.name == policy]
+    [key] = state_keys(key_prefix, identity, (held,))
+    score = redis_client.zscore(key, slots.token)
+    seconds, micros = redis_client.time()
+    return -1.0 if score is None else (score - (seconds * 1_000_000 + micros)) / 1000
+
+
+def test_authorize_holds_the_slots_for_the_first_lease_until_the_service_confirms(
+        client: Client, settings: Any, redis_client: redis.Redis, key_prefix: str) -> None:
+    use(settings, GATEWAY_FIRST_LEASE=3)
+    seed_tiers()
+    add_slots("free", 2)
+    key = make_key("free")
+    caddy = forward_auth(client, key)
+    assert caddy.status_code == 200
+    assert 2000 < lease_ends_in_ms(redis_client, key_prefix, caddy) <= 3000
+    assert confirm(client, caddy) == 204  # the request reached the service: its full lease from now
+    assert 59_000 < lease_ends_in_ms(redis_client, key_prefix, caddy) <= 60_000
+    assert confirm(client, caddy) == 204  # a second confirmation only renews it again
+    # nginx reports every end itself (post_action): its requests hold their full lease from the start
+    nginx = auth_request(client, key)
+    assert nginx.status_code == 200 and 59_000 < lease_ends_in_ms(redis_client, key_prefix, nginx) <= 60_000
+    assert release(client, caddy) == 204 and release(client, nginx) == 204
+    # with no first lease, authorize holds the full lease too
+    use(settings, GATEWAY_FIRST_LEASE=None)
+    whole = forward_auth(client, key)
+    assert 59_000 < lease_ends_in_ms(redis_client, key_prefix, whole) <= 60_000
+    assert release(client, whole) == 204
+
+
+def test_a_confirmation_after_the_first_lease_ended_is_409_and_takes_no_slot_again(
+        client: Client, settings: Any, redis_client: redis.Redis, key_prefix: str) -> None:
+    use(settings, GATEWAY_FIRST_LEASE=0.1, SHED_CAPACITY=100)  # each request holds a fleet slot too
+    seed_tiers()
+    add_slots("free", 2)
+    key = make_key("free")
+    gone = forward_auth(client, key)  # its client went away: the service never gets it ...
+    assert gone.status_code == 200
+    assert lease_ends_in_ms(redis_client, key_prefix, gone, "shed") <= 100
+    while lease_ends_in_ms(redis_client, key_prefix, gone) > 0:
+        pass  # Redis' clock, read until its first lease has ended
+    use(settings, GATEWAY_FIRST_LEASE=5)
+    held = [forward_auth(client, key) for _ in range(2)]  # ... so both slots are free for others
+    assert [answer.status_code for answer in held] == [200, 200]
+    assert [confirm(client, answer) for answer in held] == [204, 204]
+    late = client.post("/ratelimit/confirm", headers={"X-RateLimit-Lease": gone.headers["X-RateLimit-Lease"]})
+    assert late.status_code == 409 and json.loads(late.content)["error"] == "lease ended"
+    assert lease_ends_in_ms(redis_client, key_prefix, gone, "shed") <= 0  # no slot of any kind taken again
+    refused = forward_auth(client, key)
+    assert refused.status_code == 429 and refused.json()["policy"] == "concurrency"
+    assert release(client, held[0]) == 204 and forward_auth(client, key).status_code == 200
+
+
+def test_a_confirmation_is_guarded_and_needs_a_lease_signed_here(client: Client) -> None:
+    assert client.post("/ratelimit/confirm").status_code == 204  # no lease: nothing to confirm
+    forged = client.post("/ratelimit/confirm", headers={"X-RateLimit-Lease": "eyJ0IjoiYSJ9:forged"})
+    assert forged.status_code == 400
+    outsider = client.post("/ratelimit/confirm", headers={"X-RateLimit-Lease": "x"}, REMOTE_ADDR="198.51.100.9")
+    assert outsider.status_code == 403 and json.loads(outsider.content)["error"] == "forbidden"
+
+
+def test_a_confirmation_redis_cannot_answer_is_204_and_the_slots_keep_their_first_lease(
+        client: Client, settings: Any, redis_client: redis.Redis, key_prefix: str) -> None:
+    use(settings, GATEWAY_FIRST_LEASE=5)
+    seed_tiers()
+    add_slots("free", 2)
+    answer = forward_auth(client, make_key("free"))
+    use(settings, REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", FAIL_MODE="open")
+    assert confirm(client, answer) == 204  # the service goes on; nothing to refuse it for
+    assert 0 < lease_ends_in_ms(redis_client, key_prefix, answer) <= 5000

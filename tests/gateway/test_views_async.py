@@ -14,8 +14,14 @@ from django.urls import include, path
 
 from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app.gateway import views_async
-from tests.gateway.test_views import CLIENT, Answer
-from tests.support.limits_support import check_free_burst, make_key, record_planning_threads, seed_tiers
+from tests.gateway.test_views import CLIENT, Answer, lease_ends_in_ms
+from tests.support.limits_support import (
+    add_slots,
+    check_free_burst,
+    make_key,
+    record_planning_threads,
+    seed_tiers,
+)
 from tests.test_asgi import run
 
 #: The async twins serve /ratelimit/ before the demo's sync views (@pytest.mark.urls(__name__)).
@@ -60,3 +66,35 @@ def test_under_asgi_the_async_twins_decide_on_the_event_loop(monkeypatch: pytest
     # 12 later requests were planned on the event loop, in the thread asyncio.run runs it in
     loop_thread = threading.get_ident()
     assert planned_in[1] != loop_thread and planned_in[2:] == [loop_thread] * 12
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_the_async_twins_hold_the_first_lease_and_confirm_it(settings: Any, redis_client: Any, key_prefix: str) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "GATEWAY_FIRST_LEASE": 0.1}
+    seed_tiers()
+    add_slots("free", 2)
+    key = make_key("free")
+    sent = {"X-API-Key": key, "X-Forwarded-For": CLIENT, "X-Forwarded-Method": "GET", "X-Forwarded-Uri": "/orders/7"}
+
+    async def scenario() -> tuple[list[Answer], float, int, int, int]:
+        client = AsyncClient()
+        gone = Answer(await client.get("/ratelimit/authorize", headers=sent))
+        while lease_ends_in_ms(redis_client, key_prefix, gone) > 0:
+            pass  # Redis' clock, read until its first lease of 0.1 s has ended
+        settings.RATELIMIT = {**settings.RATELIMIT, "GATEWAY_FIRST_LEASE": 5}
+        kept = Answer(await client.get("/ratelimit/authorize", headers=sent))
+        first = lease_ends_in_ms(redis_client, key_prefix, kept)
+        confirmed = (await client.post("/ratelimit/confirm", headers=_lease(kept))).status_code
+        late = (await client.post("/ratelimit/confirm", headers=_lease(gone))).status_code
+        released = (await client.post("/ratelimit/release", headers=_lease(kept))).status_code
+        return [gone, kept], first, confirmed, late, released
+
+    answers, first, confirmed, late, released = run(scenario)
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert 4000 < first <= 5000 and (confirmed, late, released) == (204, 409, 204)
+    assert asyncio.iscoroutinefunction(views_async.confirm)
+
+
+def _lease(answer: Answer) -> dict[str, str]:
+    return {"X-RateLimit-Lease": answer.headers["X-RateLimit-Lease"]}

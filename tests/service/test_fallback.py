@@ -192,3 +192,23 @@ def test_concurrent_threads_admit_exactly_the_limit() -> None:
         thread.join()
     assert sum(admitted) == 100
     assert [r.remaining for r in limiter.peek("hot", policies).results] == [0, 400]
+
+
+def test_renew_moves_the_end_of_live_slots_only(clock: FakeClock) -> None:
+    """The model of lua/renew.lua (tests/core/test_leases.py runs the script itself)."""
+    slots = Policy("slots", "concurrency", limit=1, period=60)
+    limiter = LocalLimiter(clock=clock)
+    assert limiter.hit("a", [slots], lease="first").allowed
+    assert limiter.renew([("a", slots)], "first", 2000) == 1  # the first lease: 2 s from now
+    clock.advance(1.5)
+    assert limiter.renew([("a", slots)], "first") == 1  # confirmed: 60 s from now
+    clock.advance(59)
+    assert not limiter.hit("a", [slots], lease="other").allowed  # still held
+    clock.advance(1)
+    assert limiter.renew([("a", slots)], "first") == 0  # ran out: never taken again
+    assert limiter.hit("a", [slots], lease="other").allowed
+    assert limiter.renew([("a", slots)], "other", 1000) == 1
+    clock.advance(1)
+    assert limiter.renew([("a", slots)], "other") == 0 and limiter.hit("a", [slots], lease="third").allowed
+    limiter.release([("a", slots)], "third")
+    assert limiter.renew([("a", slots)], "third") == 0

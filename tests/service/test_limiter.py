@@ -134,14 +134,39 @@ def test_release_gives_slots_back_and_says_false_when_redis_cannot_be_asked(
     assert down.release([("client", SLOT[0])], lease) is False and down.stats().redis_failures == failures
 
 
+def test_renew_says_whether_every_slot_was_held_and_none_when_redis_cannot_be_asked(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    service = LimiterService(RateLimiter(redis_client, prefix=key_prefix))
+    held = [("client", SLOT[0])]
+    lease = new_lease_token()
+    assert service.hit("client", SLOT, lease=lease).allowed
+    assert service.renew(held, lease, 1000) is True and service.renew(held, lease) is True
+    assert service.release(held, lease) is True
+    assert service.renew(held, lease) is False  # given back: not taken again
+    assert service.hit("client", SLOT, lease=new_lease_token()).allowed
+    down = LimiterService(unreachable(key_prefix))
+    assert down.renew(held, lease) is None and down.stats().redis_failures == 1
+    for _ in range(down.guard.breaker.failures):
+        down.renew(held, lease)
+    failures = down.stats().redis_failures
+    assert down.guard.breaker.state == "open"
+    assert down.renew(held, lease) is None and down.stats().redis_failures == failures  # Redis not asked
+    with pytest.raises(ValueError):
+        service.renew(held, "not a token")  # bad input raises, as a decision's does
+
+
 def test_slots_the_local_fail_mode_took_are_given_back_in_process(key_prefix: str) -> None:
     service = LimiterService(unreachable(key_prefix), fail_mode="local", fallback=LocalLimiter(app_servers=1))
     lease = new_lease_token()
     taken = service.hit("client", SLOT, lease=lease)
     assert taken.allowed and taken.degraded
     assert not service.hit("client", SLOT, lease=new_lease_token()).allowed
+    assert service.renew([("client", SLOT[0])], lease, 1000, local=True) is True
     assert service.release([("client", SLOT[0])], lease, local=True) is True
     assert service.hit("client", SLOT, lease=new_lease_token()).allowed
+    # they live in the process that took them, where a renewal may not arrive: it is never refused for it
+    assert service.renew([("client", SLOT[0])], "elsewhere", local=True) is True
 
 
 def test_reset_clears_redis_announces_itself_and_forgets_locally_even_when_redis_is_down(

@@ -265,6 +265,26 @@ def test_the_async_service_takes_and_releases_slots_and_never_caches_their_refus
         assert len(service.guard.deny_cache) == 0  # a slot may free at any moment: not cached
         assert await service.release([("k", slots[0])], first)
         assert (await service.hit_many([("k", slots)], lease=second))[0].allowed
+        assert await service.renew([("k", slots[0])], second, 1000) is True
+        assert await service.renew([("k", slots[0])], second) is True
         assert await service.release([("k", slots[0])], second)
+        assert await service.renew([("k", slots[0])], second) is False  # given back: not taken again
+        assert await service.renew([("k", slots[0])], second, local=True) is True
 
     run(service, scenario)
+
+
+def test_the_async_renew_is_none_when_redis_cannot_be_asked(settings: Any, server: RedisProcess) -> None:
+    service = configure(settings, server.url, BREAKER_FAILURES=2)
+    slot = Policy("concurrency", "concurrency", limit=1, period=60)
+
+    async def scenario() -> list[bool | None]:
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            settings.RATELIMIT = {**settings.RATELIMIT, "BUDGET_MS": 100}
+            return [await service.renew([("k", slot)], "token") for _ in range(3)]
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+
+    assert run(service, scenario) == [None, None, None]
+    assert service.stats().redis_failures == 2  # the open breaker skipped the third

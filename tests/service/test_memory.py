@@ -88,7 +88,10 @@ def test_the_service_decides_all_or_nothing_and_shares_its_store_with_the_async_
     slot = Policy("slot", CONCURRENCY, limit=1, period=60)
     assert service.hit("c", [slot], lease="first").allowed
     assert not service.hit("c", [slot], lease="second").allowed
+    assert service.renew([("c", slot)], "first", 1000) is True
+    assert asyncio.run(get_async_limiter().renew([("c", slot)], "first")) is True
     assert asyncio.run(get_async_limiter().release([("c", slot)], "first"))
+    assert service.renew([("c", slot)], "first") is False  # given back: not taken again
     assert service.hit("c", [slot], lease="second").allowed
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from project import settings as demo
-from tests.support.gateways import DOC_SECRET
+from tests.support.gateways import DOC_SECRET, FIRST_LEASE
 
 globals().update({name: value for name, value in vars(demo).items() if name.isupper()})
 
@@ -26,4 +26,5 @@ RATELIMIT: dict[str, object] = {
     "SOCKET_TIMEOUT": 5.0,
     "GATEWAY_SECRET": DOC_SECRET,
     "SHED_CAPACITY": 100000,
+    "GATEWAY_FIRST_LEASE": FIRST_LEASE,
 }

@@ -24,6 +24,9 @@ DOC_DJANGO, DOC_SERVICE, DOC_PORT = "127.0.0.1:8000", "127.0.0.1:9000", 8080
 #: The placeholder the documented configurations send as RATELIMIT['GATEWAY_SECRET'] (the reader replaces
 #: it; the live tests' Django app is given it, so the blocks run as written).
 DOC_SECRET = "replace-with-your-RATELIMIT-GATEWAY_SECRET"
+#: RATELIMIT["GATEWAY_FIRST_LEASE"] of the live tests' Django app: seconds a request's slots are held until the
+#: service confirms it (short, so that the abort test waits a bounded time)
+FIRST_LEASE = 2
 
 
 def missing_gateways() -> str | None:
