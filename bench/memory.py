@@ -4,8 +4,10 @@ For each limiter and rate (20/min and 2,000/min) the Redis is flushed, N identit
 to their limit (with the library's cost/weight argument where it has one, else by repeated hits),
 and two numbers are taken: the sum of `MEMORY USAGE key SAMPLES 0` over every key, and the growth
 of `INFO memory` used_memory (what the server really allocated, overheads included), each divided
-by the number of identities whose state is still live (a fixed window that ends during the run
-takes its keys with it; the table shows live / filled). N is 10,000 identities unless filling
+by the number of identities whose state is still live: the keys left divided by the keys one identity
+holds, counted on a probe identity filled alone first (a long exact sliding log of ours holds two, its
+identity's key and the log's own key; a fixed window that ends during the run takes its keys with it;
+the table shows live / filled). N is 10,000 identities unless filling
 them would take more than the work budget (limiters without a cost argument need a hit per unit;
 log-based state writes a member per unit); then N is smaller and the table says so. Each worker
 checks that the last identity it filled is denied right after filling it (the fill really reached
@@ -37,6 +39,11 @@ def fill_range(state: WorkerState, variant: str, rate: Rate, tag: str, start: in
     return not limiter.hit(f"{tag}:{stop - 1}")
 
 
+def fill_one(state: WorkerState, variant: str, rate: Rate, identity: str, worker: int) -> None:
+    """Fill the one identity `identity` to its limit (the probe that counts the keys an identity holds)."""
+    state.limiter(variant, rate).fill(identity)
+
+
 def warm(state: WorkerState, variant: str, rate: Rate, tag: str, worker: int) -> int:
     """Build the limiter and make one decision (loads scripts); its capacity."""
     limiter = state.limiter(variant, rate)
@@ -47,13 +54,15 @@ def warm(state: WorkerState, variant: str, rate: Rate, tag: str, worker: int) ->
 # -- coordinator side -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class MemoryResult:
-    """Bytes per live identity for one limiter at one rate; `identities` were filled to `filled_to` units."""
+    """Bytes per live identity for one limiter at one rate; `identities` were filled to `filled_to` units,
+    each holding `keys_per_identity` Redis keys."""
 
     variant: str
     rate: Rate
     identities: int
     live_identities: int
     filled_to: int
+    keys_per_identity: int
     memory_usage_per_identity: float
     used_memory_per_identity: float
     verified_full: bool
@@ -87,6 +96,10 @@ def run_memory(pool: WorkerPool, admin: redis.Redis, variant: str, rate: Rate, m
     capacity = pool.run_all("bench.memory:warm", {"variant": variant, "rate": rate, "tag": tag})[0]
     count = identities_for(variant, capacity, max_identities, hit_budget, unit_budget)
     admin.flushall()
+    pool.run({0: ("bench.memory:fill_one", {"variant": variant, "rate": rate, "identity": f"{tag}:probe",
+                                            "worker": 0})})
+    keys_per_identity = int(admin.dbsize())
+    admin.flushall()
     before = int(admin.info("memory")["used_memory"])
     chunk = -(-count // pool.size)
     verified = pool.run({
@@ -98,6 +111,7 @@ def run_memory(pool: WorkerPool, admin: redis.Redis, variant: str, rate: Rate, m
     keys, usage = _memory_usage(admin)
     after = int(admin.info("memory")["used_memory"])
     admin.flushall()
-    live = keys / BY_KEY[variant].keys_per_identity
-    return MemoryResult(variant, rate, count, round(live), capacity, usage / live if live else float("nan"),
-                        (after - before) / live if live else float("nan"), all(verified))
+    live = keys / keys_per_identity if keys_per_identity else 0.0
+    return MemoryResult(variant, rate, count, round(live), capacity, keys_per_identity,
+                        usage / live if live else float("nan"), (after - before) / live if live else float("nan"),
+                        all(verified))

@@ -84,8 +84,6 @@ class Variant:
     fill_by_hits: bool = False
     #: the state in Redis grows with every admitted unit (a log), so filling costs O(limit) work
     state_per_unit: bool = False
-    #: Redis keys one active identity holds
-    keys_per_identity: int = 1
 
 
 def _fill_by_hits(limiter: Limiter, identity: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from bench.accuracy import ACCURACY_RATE, TIER_ACCURACY_RATE
 from bench.asgi_profile import LOOP, PARTS, AsgiProfile
 from bench.engine_bench import TRANSPORTS, EngineResult, Run, Transports
+from bench.memory import MemoryResult
 from bench.peers import BY_KEY, VARIANTS
 from bench.runner import AsgiSection, Results
 
@@ -227,25 +228,7 @@ def asgi_http_targets(section: AsgiSection) -> list[Target]:
 
 def _issue14_targets(results: Results) -> list[Target]:
     """Redis memory and Redis time per decision."""
-    targets = []
-    logs = [m for m in results.memory if m.variant == "ours.sliding_window" and m.rate.limit == 2000]
-    for m in logs:
-        per_unit = m.memory_usage_per_identity / m.filled_to
-        targets.append(Target(
-            f"exact sliding log <= {LOG_BYTES_PER_UNIT:g} bytes per unit of limit at {m.rate}",
-            "MEMORY USAGE per identity filled to its limit / the limit",
-            f"{per_unit:.2f} bytes per unit ({_bytes(m.memory_usage_per_identity)} per identity)",
-            "pass" if per_unit <= LOG_BYTES_PER_UNIT else "miss"))
-    o1 = [m for m in results.memory if m.variant in {f"ours.{a}" for a in
-                                                      ("fixed_window", "sliding_window_counter", "token_bucket",
-                                                       "gcra")}]
-    if o1:
-        worst = max(o1, key=lambda m: m.memory_usage_per_identity)
-        targets.append(Target(
-            f"O(1) algorithms <= {O1_BYTES} bytes per identity and policy, key included",
-            "MEMORY USAGE per identity, every O(1) algorithm of ours at every rate of section 3",
-            f"worst: {BY_KEY[worst.variant].label} at {worst.rate}: {_bytes(worst.memory_usage_per_identity)}",
-            "pass" if worst.memory_usage_per_identity <= O1_BYTES else "miss"))
+    targets = memory_targets(results.memory)
     timing = results.redis_time
     if timing is not None:
         singles = [n for n in timing.ratio if n not in ("incr", "tier")]
@@ -258,6 +241,28 @@ def _issue14_targets(results: Results) -> list[Target]:
                 f"{_x(timing.ratio[name])}",
                 "pass" if timing.ratio[name] <= bound else "miss",
                 _spread(tuple(timing.usec[name]), tuple(timing.usec["incr"]))))
+    return targets
+
+
+def memory_targets(memory: list[MemoryResult]) -> list[Target]:
+    """Section 3's targets: the exact sliding log per unit of limit, the O(1) algorithms per identity."""
+    targets = []
+    for m in [m for m in memory if m.variant == "ours.sliding_window" and m.rate.limit == 2000]:
+        per_unit = m.memory_usage_per_identity / m.filled_to
+        targets.append(Target(
+            f"exact sliding log <= {LOG_BYTES_PER_UNIT:g} bytes per unit of limit at {m.rate}",
+            "MEMORY USAGE per identity filled to its limit / the limit",
+            f"{per_unit:.2f} bytes per unit ({_bytes(m.memory_usage_per_identity)} per identity)",
+            "pass" if per_unit <= LOG_BYTES_PER_UNIT else "miss"))
+    o1 = [m for m in memory if m.variant in {f"ours.{a}" for a in
+                                             ("fixed_window", "sliding_window_counter", "token_bucket", "gcra")}]
+    if o1:
+        worst = max(o1, key=lambda m: m.memory_usage_per_identity)
+        targets.append(Target(
+            f"O(1) algorithms <= {O1_BYTES} bytes per identity and policy, key included",
+            "MEMORY USAGE per identity, every O(1) algorithm of ours at every rate of section 3",
+            f"worst: {BY_KEY[worst.variant].label} at {worst.rate}: {_bytes(worst.memory_usage_per_identity)}",
+            "pass" if worst.memory_usage_per_identity <= O1_BYTES else "miss"))
     return targets
 
 
@@ -462,26 +467,36 @@ def _accuracy_notes(accuracy: list[Any]) -> list[str]:
     return notes
 
 
-def _memory_section(results: Results) -> list[str]:
-    lines = ["## 3. Redis memory per active identity", "",
-             "For each limiter and rate, the Redis is flushed and N identities are filled to their limit (with the "
+#: The marker name of section 3: a full run writes it in place, `bench/run.py --memory-only` replaces it.
+MEMORY_SECTION = "memory"
+
+
+def memory_section(memory: list[MemoryResult], provenance: str = "") -> list[str]:
+    """Section 3: Redis memory per active identity, for every limiter at each rate of bench/memory.py."""
+    lines = ["## 3. Redis memory per active identity", ""]
+    if provenance:
+        lines += [f"Measured on its own by {provenance}; the rest of this document comes from the run named at the "
+                  "top.", ""]
+    lines += ["For each limiter and rate, the Redis is flushed and N identities are filled to their limit (with the "
              "library's cost/weight argument where it has one, else hit by hit). *MEMORY USAGE* is the sum of "
              "`MEMORY USAGE key SAMPLES 0` over all keys, *used_memory* the growth of `INFO memory` (allocator "
-             "overheads included), both per live identity. N is 10,000 unless filling would exceed the run's work "
+             "overheads included), both per live identity, whatever number of keys it holds (*keys*, counted on "
+             "one identity filled alone first: a long exact sliding log of ours keeps its units in a key of its "
+             "own next to its identity's key). N is 10,000 unless filling would exceed the run's work "
              "budget (a hit per unit without a cost argument; a stored entry per unit for log-based state): then it "
              "is smaller, and used_memory is not reported below 100 identities (too small to measure). *Full* "
              "means the last identity each worker filled was denied right after its fill.", ""]
     rows = []
-    for result in results.memory:
+    for result in memory:
         variant = BY_KEY[result.variant]
         name = f"**{variant.label}**" if variant.family == "ours" else variant.label
         live = f"{result.identities:,}" + ("" if result.live_identities == result.identities
                                           else f" ({result.live_identities:,} live)")
         used = _bytes(result.used_memory_per_identity) if result.live_identities >= 100 else "—"
-        rows.append([name, str(result.rate), live, f"{result.filled_to:,}",
+        rows.append([name, str(result.rate), live, f"{result.filled_to:,}", str(result.keys_per_identity),
                      _bytes(result.memory_usage_per_identity), used, "yes" if result.verified_full else "no"])
-    lines += _table(["limiter", "rate", "identities", "filled to", "MEMORY USAGE bytes", "used_memory bytes",
-                     "full"], rows, "llrrrrl")
+    lines += _table(["limiter", "rate", "identities", "filled to", "keys", "MEMORY USAGE bytes", "used_memory bytes",
+                     "full"], rows, "llrrrrrl")
     return lines
 
 
@@ -753,7 +768,7 @@ def render(results: Results, targets: list[Target]) -> str:
                     + [[k, v] for k, v in results.versions.items()], "ll")
     lines += _engine_section(results)
     lines += _accuracy_section(results)
-    lines += _memory_section(results)
+    lines += [marked_section(MEMORY_SECTION, "\n".join(memory_section(results.memory)))]
     lines += _http_section(results)
     lines += _redis_time_section(results)
     if results.asgi is not None:
@@ -887,6 +902,19 @@ def write(results: Results, output: Path) -> None:
     previous = output / "benchmarks.md"
     kept = kept_sections(previous.read_text(encoding="utf-8"), text) if previous.exists() else ""
     (output / "benchmarks.md").write_text(text + "\n" + ("\n" + kept if kept else ""), encoding="utf-8")
+
+
+def write_memory(memory: list[MemoryResult], provenance: str, output: Path) -> None:
+    """Replace section 3 of `output`/benchmarks.md with `memory` (appended if absent; the file is created if
+    missing) and its targets' rows in the targets table, leaving everything else in it as it is."""
+    output.mkdir(parents=True, exist_ok=True)
+    path = output / "benchmarks.md"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    text = replace_section(text, MEMORY_SECTION, "\n".join(memory_section(memory, provenance)))
+    for target in memory_targets(memory):
+        row = _targets_table([target])[2]
+        text = "\n".join(row if line.startswith(f"| {target.promise} |") else line for line in text.split("\n"))
+    path.write_text(text, encoding="utf-8")
 
 
 def write_asgi(section: AsgiSection, output: Path) -> None:

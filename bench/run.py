@@ -16,7 +16,8 @@ then writes docs/benchmarks.md and docs/img/benchmarks.png (report). The HTTP lo
 when it is installed (`apt-get install -y wrk`), else from a bounded Python client. `--quick` is a shorter run
 for development; `--smoke` a tiny one that CI runs (with `--output` so it never touches docs/) in
 the current environment, where peers that are not installed are reported as not run. `--asgi-only`
-measures section 6 alone and replaces it in benchmarks.md, leaving the rest of the file as it is.
+measures section 6 alone and replaces it in benchmarks.md, leaving the rest of the file as it is;
+`--memory-only` does the same for section 3 (and its rows of the targets table).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parts.add_argument("--asgi-only", action="store_true",
                        help="measure only section 6 (HTTP under ASGI, with the async engine's rows) and replace it "
                             "in benchmarks.md, leaving the rest of the file as it is")
+    parts.add_argument("--memory-only", action="store_true",
+                       help="measure only section 3 (Redis memory per active identity) and replace it and its "
+                            "targets' rows in benchmarks.md, leaving the rest of the file as it is")
     parser.add_argument("--json", type=Path, help="also write the raw results as JSON to this file")
     parser.add_argument("--snapshot", action="store_true",
                         help="measure the committed HEAD (exported with git archive to a temporary directory), "
@@ -99,7 +103,7 @@ def main(argv: list[str]) -> int:
         return run_snapshot(argv, args)
 
     sys.path.insert(0, str(ROOT))
-    from bench.runner import run_asgi_only, run_benchmark
+    from bench.runner import run_asgi_only, run_benchmark, run_memory_only
     from bench.sizes import FULL, QUICK, SMOKE
 
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
@@ -109,6 +113,9 @@ def main(argv: list[str]) -> int:
         if args.asgi_only:
             run_asgi_only(sizes, Path(work_dir), args.output.resolve(), command, json_path=args.json,
                           started=started)
+        elif args.memory_only:
+            run_memory_only(sizes, Path(work_dir), args.output.resolve(), command, json_path=args.json,
+                            started=started)
         else:
             run_benchmark(sizes, Path(work_dir), args.output.resolve(), command, skip_http=args.skip_http,
                           json_path=args.json, started=started)

@@ -191,15 +191,7 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
                 progress(f"accuracy {i + 1}/{len(limiters)}: {BY_KEY[key].label}")
                 accuracy_results.append(accuracy.run_accuracy(pool, admin, key, sizes.accuracy_clients,
                                                               sizes.accuracy_hits, sizes.accuracy_runs, f"a{i}"))
-            memory_results = []
-            # the service keeps exactly the engine's state in Redis: measured once, as ours.tier
-            memory_keys = [key for key in limiters if key != "ours.service.tier"]
-            for i, key in enumerate(memory_keys):
-                for rate in memory.MEMORY_RATES:
-                    progress(f"memory {i + 1}/{len(memory_keys)} at {rate}: {BY_KEY[key].label}")
-                    memory_results.append(memory.run_memory(pool, admin, key, rate, sizes.memory_identities,
-                                                            sizes.memory_hit_budget, sizes.memory_unit_budget,
-                                                            f"m{i}"))
+            memory_results = _memory(pool, admin, sizes, limiters, progress)
         finally:
             pool.close()
         http_run, http_missing, http_note = _http(server.url, admin, work_dir, sizes, skip_http, progress)
@@ -228,6 +220,48 @@ def _engine(pool: WorkerPool, admin: redis.Redis, sizes: Sizes, available: list[
         paired.append(engine_bench.paired_rounds(pool, admin, headline, processes, sizes.paired_rounds,
                                                  sizes.paired_duration, f"p{processes}"))
     return results, paired
+
+
+def _memory(pool: WorkerPool, admin: redis.Redis, sizes: Sizes, limiters: list[str],
+            progress: Callable[[str], None]) -> list[memory.MemoryResult]:
+    results = []
+    # the service keeps exactly the engine's state in Redis: measured once, as ours.tier
+    memory_keys = [key for key in limiters if key != "ours.service.tier"]
+    for i, key in enumerate(memory_keys):
+        for rate in memory.MEMORY_RATES:
+            progress(f"memory {i + 1}/{len(memory_keys)} at {rate}: {BY_KEY[key].label}")
+            results.append(memory.run_memory(pool, admin, key, rate, sizes.memory_identities, sizes.memory_hit_budget,
+                                             sizes.memory_unit_budget, f"m{i}"))
+    return results
+
+
+def run_memory_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, json_path: Path | None,
+                    started: float) -> list[memory.MemoryResult]:
+    """Measure only section 3 (Redis memory per active identity) with `sizes` and replace it, and its rows of
+    the targets table, in `output`/benchmarks.md, leaving the rest of it as it is (memory does not depend
+    on the machine's load)."""
+    from bench import report
+
+    progress = _progress(started)
+    with private_redis(work_dir) as (server, admin):
+        missing = {key: why for key, why in availability().items() if why}
+        limiters = [v.key for v in VARIANTS if v.key not in missing and v.family != "baseline"]
+        pool = WorkerPool(sizes.processes, server.url)
+        try:
+            results = _memory(pool, admin, sizes, limiters, progress)
+        finally:
+            pool.close()
+        commit = machine_info(admin)["ratelimit_app commit"]
+    not_run = "".join(f"; not run: {BY_KEY[key].label} ({why})" for key, why in missing.items()
+                      if BY_KEY[key].family != "baseline")
+    provenance = (f"`{command}` ({sizes.name} sizes) at commit {commit}, finished "
+                  f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, took {time.monotonic() - started:.0f} s"
+                  f"{not_run}")
+    progress("writing the memory section")
+    report.write_memory(results, provenance, output)
+    if json_path is not None:
+        json_path.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1, default=str))
+    return results
 
 
 def _http(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, skip: bool,

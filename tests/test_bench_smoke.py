@@ -71,6 +71,38 @@ def test_asgi_only_smoke_run_measures_every_asgi_row_without_errors(tmp_path: Pa
 
 
 @pytest.mark.slow
+def test_memory_only_smoke_run_replaces_section_3_and_its_targets_alone(tmp_path: Path) -> None:
+    """`--memory-only` (section 3) on a copy of docs/benchmarks.md: section 3 and the memory targets' rows
+    are rewritten in place, every other line of the file stays as it was."""
+    before = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    (tmp_path / "benchmarks.md").write_text(before, encoding="utf-8")
+    done = subprocess.run([sys.executable, "bench/run.py", "--smoke", "--memory-only", "--output", str(tmp_path),
+                           "--json", str(tmp_path / "memory.json")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads((tmp_path / "memory.json").read_text(encoding="utf-8"))
+    log = next(r for r in rows if r["variant"] == "ours.sliding_window" and r["rate"]["limit"] == 2000)
+    assert (log["keys_per_identity"], log["live_identities"]) == (2, log["identities"])
+    after = (tmp_path / "benchmarks.md").read_text(encoding="utf-8")
+
+    def outside_memory(text: str) -> list[str]:
+        head, _, rest = text.partition("<!-- section: memory -->")
+        return [line for line in head.splitlines() if not line.startswith(("| exact sliding log", "| O(1) algo"))] \
+            + rest.partition("<!-- end of section -->")[2].splitlines()
+
+    assert outside_memory(after) == outside_memory(before)
+    assert after.count("## 3. Redis memory per active identity") == 1
+    section = after.partition("<!-- section: memory -->")[2].partition("<!-- end of section -->")[0]
+    assert "Measured on its own by `python bench/run.py --smoke --memory-only" in section
+    assert "| **ours: sliding_window** | 2000/m |" in section
+    target_rows = [line for line in after.split("## Targets")[1].split("## Machine")[0].splitlines()
+                   if line.startswith("| exact sliding log <= 8.5 bytes per unit of limit at 2000/m |")]
+    assert len(target_rows) == 1
+    assert f"| {log['memory_usage_per_identity'] / log['filled_to']:.2f} bytes per unit (" in target_rows[0]
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(missing_gateways() is not None and os.environ.get("RATELIMIT_REQUIRE_GATEWAYS") != "1",
                     reason=f"gateways: {missing_gateways()}")
 def test_gateway_bench_measures_every_row_without_refusals(tmp_path: Path) -> None:
