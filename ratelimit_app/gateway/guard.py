@@ -3,7 +3,7 @@
 The endpoint decides requests it is told about, and takes and gives back slots for them: a caller that
 is not a gateway could describe a critical path to hold fleet slots, or a victim's address and a large
 cost to drain the victim's allowance. So every view of the endpoint (`authorize`, `auth-request`,
-`release`) first checks the guards set in RATELIMIT, each of which must pass:
+`confirm`, `release`) first checks the guards set in RATELIMIT, each of which must pass:
 
 - `GATEWAY_SECRET`: the call carries it in `X-RateLimit-Gateway-Secret` (compared in constant time, as
   SHA-256 digests: the comparison does not even reveal its length);
