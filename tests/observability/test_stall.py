@@ -4,8 +4,8 @@ A Redis stopped with SIGSTOP (as a long fork, a VM pause or a network stall woul
 connections and queues what is written to them; when it resumes it runs every queued copy of a batch
 the flusher sent, timed out on and sent again. Stored counts must still equal what clients saw.
 
-The pause here is 3 s at a 0.1 s flush interval and a 0.2 s socket timeout: about ten copies of a
-batch queue up, as a dozen or more do for a 15 s pause at the default 1 s interval (run that with
+The pause here is 3 s at a 0.1 s flush interval and a 0.2 s socket timeout: several copies of a
+batch queue up (about ten on an idle machine, fewer on a loaded one), as a dozen or more do for a 15 s pause at the default 1 s interval (run that with
 RATELIMIT_TEST_PAUSE=15 RATELIMIT_TEST_FLUSH_INTERVAL=1). The test starts its own redis-server (the
 `server` fixture) to stop it.
 """
@@ -75,7 +75,8 @@ def test_counts_equal_what_clients_saw_through_a_redis_pause(client: Any, settin
         server.process.send_signal(signal.SIGCONT)
     served_until(client, keys, time.monotonic() + 1.0, statuses)
 
-    assert _flush_errors() > errors_before + 5, "the flusher did not time out and retry through the pause"
+    # two timeouts already mean three copies of one batch in the paused Redis's queue
+    assert _flush_errors() >= errors_before + 2, "the flusher did not time out and retry through the pause"
     settings.RATELIMIT = {**settings.RATELIMIT, "METRICS_FLUSH_INTERVAL": 3600.0}
     deadline = time.monotonic() + 10
     while not flush():
