@@ -5,8 +5,9 @@ connections and queues what is written to them; when it resumes it runs every qu
 the flusher sent, timed out on and sent again. Stored counts must still equal what clients saw.
 
 The pause here is 3 s at a 0.1 s flush interval and a 0.2 s socket timeout: several copies of a
-batch queue up (about ten on an idle machine, fewer on a loaded one), as a dozen or more do for a 15 s pause at the default 1 s interval (run that with
-RATELIMIT_TEST_PAUSE=15 RATELIMIT_TEST_FLUSH_INTERVAL=1). The test starts its own redis-server (the
+batch queue up (about ten on an idle machine, fewer on a loaded one), as a dozen or more do for a
+15 s pause at the default 1 s interval (run that with RATELIMIT_TEST_PAUSE=15
+RATELIMIT_TEST_FLUSH_INTERVAL=1). The test starts its own redis-server (the
 `server` fixture) to stop it.
 """
 
