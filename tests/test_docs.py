@@ -148,6 +148,16 @@ def test_every_file_and_link_a_doc_names_exists(document: str) -> None:
               re.findall(r"\]\((?!https?:|#|mailto:)([^)#\s]+)", text)}
     missing = sorted(path for path in named | linked if not (root / path).exists())
     assert missing == []
+    anchored = {(str((root / document).parent.relative_to(root) / target) if target else document, anchor)
+                for target, anchor in re.findall(r"\]\((?!https?:)([^)#\s]*)#([^)\s]+)\)", text)}
+    assert sorted((path, anchor) for path, anchor in anchored if anchor not in heading_anchors(root / path)) == []
+
+
+def heading_anchors(document: Path) -> set[str]:
+    """The anchors GitHub gives the headings of `document` (lower case, punctuation dropped, spaces as '-')."""
+    text = re.sub(r"```.*?```", "", document.read_text(encoding="utf-8"), flags=re.DOTALL)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+\s+(.*)$", text, re.MULTILINE)}
 
 
 #: The settings blocks of the docs a newcomer copies: (document, a line of the block). Each is run as
