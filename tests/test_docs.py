@@ -1,6 +1,7 @@
-"""The examples of responses in the docs are what the server sends: the rate limit headers of
+"""The examples in the docs are what the code does: the rate limit headers of
 docs/usage.md and the problem details of docs/plans.md, checked against real responses of the seeded
-free tier (values that depend on the time of day are checked to be those of one moment)."""
+free tier (values that depend on the time of day are checked to be those of one moment); every settings
+block a newcomer copies from README, usage.md, testing.md and operations.md passes the settings check."""
 
 from __future__ import annotations
 
@@ -147,3 +148,66 @@ def test_every_file_and_link_a_doc_names_exists(document: str) -> None:
               re.findall(r"\]\((?!https?:|#|mailto:)([^)#\s]+)", text)}
     missing = sorted(path for path in named | linked if not (root / path).exists())
     assert missing == []
+    anchored = {(str((root / document).parent.relative_to(root) / target) if target else document, anchor)
+                for target, anchor in re.findall(r"\]\((?!https?:)([^)#\s]*)#([^)\s]+)\)", text)}
+    assert sorted((path, anchor) for path, anchor in anchored if anchor not in heading_anchors(root / path)) == []
+
+
+def heading_anchors(document: Path) -> set[str]:
+    """The anchors GitHub gives the headings of `document` (lower case, punctuation dropped, spaces as '-')."""
+    text = re.sub(r"```.*?```", "", document.read_text(encoding="utf-8"), flags=re.DOTALL)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+\s+(.*)$", text, re.MULTILINE)}
+
+
+#: The settings blocks of the docs a newcomer copies: (document, a line of the block). Each is run as
+#: Python (the `...` a block elides is the project's own: dropped from a dict, Ellipsis in a list).
+SETTINGS_BLOCKS = [
+    ("../README.md", 'INSTALLED_APPS += ["ratelimit_app"]'),
+    ("../README.md", 'INSTALLED_APPS = [..., "ratelimit_app"]'),
+    ("usage.md", '"TRUSTED_PROXIES": 0,'),
+    ("usage.md", '"EXEMPT_PATHS": ["/health", "/api/docs", "/api/openapi.json"]'),
+    ("usage.md", "?max_connections=20"),
+    ("testing.md", '"BACKEND": "memory"'),
+    ("operations.md", "redis+cluster://"),
+    ("operations.md", "redis+sentinel://"),
+]
+
+
+def run_settings_block(document: str, containing: str) -> dict[str, Any]:
+    """The names a settings block of the docs sets, run over an empty project's lists."""
+    block = code_block(document, containing).replace("    ...,\n", "")
+    namespace: dict[str, Any] = {"INSTALLED_APPS": [], "MIDDLEWARE": [], "RATELIMIT": {}}
+    exec(block, namespace)  # noqa: S102 (our own docs)
+    return namespace
+
+
+@pytest.mark.parametrize(("document", "containing"), SETTINGS_BLOCKS)
+def test_every_settings_block_of_the_docs_passes_check(document: str, containing: str, settings: Any) -> None:
+    from ratelimit_app.service.conf import read_settings
+
+    settings.RATELIMIT = run_settings_block(document, containing)["RATELIMIT"]
+    _, errors = read_settings()
+    assert errors == []
+
+
+def test_the_settings_usage_md_marks_as_defaults_are_the_defaults() -> None:
+    from ratelimit_app.service.conf import DEFAULTS
+
+    block = code_block("usage.md", '"TRUSTED_PROXIES": 0,')
+    written = run_settings_block("usage.md", '"TRUSTED_PROXIES": 0,')["RATELIMIT"]
+    marked = re.findall(r'^\s+"(\w+)":.*\(default\)$', block, re.MULTILINE)
+    assert marked == ["PATH_PREFIXES", "EXEMPT_PATHS", "IP_RATE"]
+    assert {name: written[name] for name in marked} == {name: DEFAULTS[name] for name in marked}
+    assert written["TRUSTED_PROXIES"] == DEFAULTS["TRUSTED_PROXIES"]
+
+
+def test_the_drf_settings_of_usage_md_name_our_throttles_and_valid_rates() -> None:
+    from django.utils.module_loading import import_string
+
+    from ratelimit_app.throttling_checks import _rate_errors
+
+    framework = run_settings_block("usage.md", '"DEFAULT_THROTTLE_RATES"')["REST_FRAMEWORK"]
+    assert [import_string(name).__module__ for name in framework["DEFAULT_THROTTLE_CLASSES"]] == \
+        ["ratelimit_app.throttling"] * 2
+    assert _rate_errors(framework["DEFAULT_THROTTLE_RATES"]) == []

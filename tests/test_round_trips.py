@@ -95,3 +95,20 @@ def test_a_tier_given_a_concurrency_limit_pays_a_second_round_trip_to_give_its_s
         response = client.get("/api/users", HTTP_X_API_KEY=key)
     commands = on_a_request_path(seen, key_prefix)
     assert response.status_code == 200 and names(commands) == ["EVALSHA", "ZREM"], commands
+
+
+
+def test_a_key_this_process_has_not_looked_up_costs_a_peek_at_the_per_ip_limit_first(
+        client: Any, redis_url: str, key_prefix: str, seeded_keys: dict[str, str]) -> None:
+    """docs/operations.md: before the database is asked about a key never seen, the per-IP limit is
+    peeked at (a flood of made-up keys costs no more than its per-IP limit); once looked up, one EVALSHA."""
+    assert client.get("/api/users", HTTP_X_API_KEY=seeded_keys["pro"]).status_code == 200  # the script loaded
+    with redis_commands(redis_url, key_prefix) as cold:
+        first = client.get("/api/users", HTTP_X_API_KEY=seeded_keys["free"])
+    with redis_commands(redis_url, key_prefix) as warm:
+        second = client.get("/api/users", HTTP_X_API_KEY=seeded_keys["free"])
+    assert (first.status_code, second.status_code) == (200, 200)
+    decisions = [command for command in on_a_request_path(cold, key_prefix) if names([command]) == ["EVALSHA"]]
+    # the peek names the address's key alone; the decision then names the tier's keys too
+    assert [command.split()[2] for command in decisions] == ["1", "3"], decisions
+    assert names(on_a_request_path(warm, key_prefix)) == ["EVALSHA"]
