@@ -97,10 +97,19 @@ class RedisProcess:
     process: subprocess.Popen[bytes]
     directory: str
     extra_args: tuple[str, ...] = field(default=())
+    command: tuple[str, ...] = field(default=())
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Start the server again after it died or was killed: the same command, port and directory (a
+        cluster node keeps its nodes.conf, so its identity and slots); no keys (nothing is persisted)."""
+        if self.process.poll() is None:
+            raise RuntimeError(f"redis-server on port {self.port} is still running")
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_until_it_answers(self, timeout)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -124,15 +133,19 @@ def start_redis(port: int | None = None, extra_args: tuple[str, ...] = (), timeo
         "--appendonly", "no", "--dir", directory, *extra_args,
     ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = RedisProcess(port, process, directory, tuple(extra_args))
+    server = RedisProcess(port, process, directory, tuple(extra_args), tuple(command))
     atexit.register(server.stop)
-    deadline = time.monotonic() + timeout
-    while not answers("127.0.0.1", port):
-        if process.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"redis-server on port {port} did not start ({' '.join(command)})")
-        time.sleep(0.02)
+    _wait_until_it_answers(server, timeout)
     return server
+
+
+def _wait_until_it_answers(server: RedisProcess, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not answers("127.0.0.1", server.port):
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"redis-server on port {server.port} did not start ({' '.join(server.command)})")
+        time.sleep(0.02)
 
 
 _embedded: RedisProcess | None = None
