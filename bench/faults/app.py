@@ -14,7 +14,6 @@ import time
 from functools import cache
 
 import redis
-from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from django.views.decorators.http import require_GET
@@ -26,7 +25,7 @@ MAX_HOLD_MS = 20_000
 
 @cache
 def ledger() -> redis.Redis:
-    return redis.Redis.from_url(settings.FAULTS_LEDGER_URL, socket_timeout=5)
+    return redis.Redis.from_url(os.environ["FAULTS_LEDGER_URL"], socket_timeout=5)
 
 
 def charged_window(request: HttpRequest, now: float) -> tuple[str, int, bool]:

@@ -57,7 +57,8 @@ def _cells(row: RowResult) -> list[str]:
     return [row.mode, str(row.requests), str(row.served), f"{row.over_max} / {row.over_total}",
             str(row.refused_429), str(row.refused_503), str(row.errors_5xx), str(row.no_answer),
             f"{row.p50_ms:.0f} / {row.p99_ms:.0f}", exact,
-            f"{row.slots_held_after_fault} / {row.slots_held_at_end} → {row.slots_leaked}",
+            f"{row.slots_held_after_fault if row.fault == 'worker-killed' else 'n/a'} / {row.slots_held_at_end} → "
+            f"{row.slots_leaked}",
             metrics, _verdict(row)]
 
 

@@ -29,11 +29,14 @@ MAX_RECOVERY = 25.0
 
 
 def free_slots(port: int, key: str) -> int | None:
-    """Free slots of `key` as the status endpoint reports them (None: no answer)."""
+    """Free slots of `key` as the status endpoint reports them from the store (None: no answer, or one
+    made without the store: a breaker still open right after the fault)."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         connection.request("GET", "/api/rate-limit/status", headers={"X-API-Key": key})
         body = json.loads(connection.getresponse().read())
+        if body.get("degraded"):
+            return None
         return next(int(limit["remaining"]) for limit in body["limits"] if limit["name"] == "slots")
     except (OSError, ValueError, KeyError, TypeError, StopIteration, http.client.HTTPException):
         return None
@@ -41,8 +44,17 @@ def free_slots(port: int, key: str) -> int | None:
         connection.close()
 
 
-def held_slots(port: int, keys: list[str]) -> int:
-    return sum(SLOTS - (free if (free := free_slots(port, key)) is not None else 0) for key in keys)
+def held_slots(port: int, keys: list[str], patience: float = 10.0) -> int:
+    """Slots the keys hold, asked until the store answers (at most `patience` seconds; -1: it never did)."""
+    deadline = time.monotonic() + patience
+    held = 0
+    for key in keys:
+        while (free := free_slots(port, key)) is None:
+            if time.monotonic() > deadline:
+                return -1
+            time.sleep(0.2)
+        held += SLOTS - free
+    return held
 
 
 def _settled(keys: list[str], ledger: redis.Redis, load: Load, healed: float, fault: Fault) -> bool:
@@ -54,8 +66,12 @@ def _settled(keys: list[str], ledger: redis.Redis, load: Load, healed: float, fa
     last = math.floor(now / WINDOW) - 1
     with load._lock:
         records = list(load.records)
-    exact = _exact_windows(keys, parse_ledger(ledger.hgetall(LEDGER_KEY)), records, last, last)
+    exact = _exact_windows(keys, parse_ledger(_ledger(ledger)), records, last, last)
     return all(exact.values()) and last * WINDOW >= healed
+
+
+def _ledger(client: redis.Redis) -> dict[str, str]:
+    return {str(name): str(count) for name, count in client.hgetall(LEDGER_KEY).items()}
 
 
 def run_row(store: str, mode: str, fault: Fault, context: Context, ledger: redis.Redis) -> RowResult:
@@ -72,7 +88,7 @@ def run_row(store: str, mode: str, fault: Fault, context: Context, ledger: redis
     records = load.stop()
     times = Timeline(start, injected, healed, time.time())
     result = measure_row(store, mode, fault.name, context.keys[:LOADED], records,
-                         parse_ledger(ledger.hgetall(LEDGER_KEY)), times)
+                         parse_ledger(_ledger(ledger)), times)
     result.slots_held_after_fault = holder_slots
     result.slots_held_at_end = held_slots(dict(context.apps.urls)["gunicorn"], context.keys)
     result.metrics_lost_with = fault.loses
@@ -84,7 +100,7 @@ def _metric_counts(nodes: list[redis.Redis], prefix: str) -> dict[str, int]:
     for client in nodes:
         for key in client.scan_iter(match=f"{prefix}:{{metrics}}:h:*", count=1000):
             for name, value in client.hgetall(key).items():
-                counts[name] = counts.get(name, 0) + int(value)
+                counts[str(name)] = counts.get(str(name), 0) + int(value)
     return counts
 
 

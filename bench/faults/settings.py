@@ -19,7 +19,6 @@ globals().update({name: value for name, value in vars(demo).items() if name.isup
 ROOT_URLCONF = "bench.faults.app"
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["FAULTS_DB"]}}
 CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
-FAULTS_LEDGER_URL = os.environ["FAULTS_LEDGER_URL"]
 RATELIMIT: dict[str, object] = {
     "REDIS_URL": os.environ["REDIS_URL"],
     "KEY_PREFIX": os.environ["FAULTS_PREFIX"],
