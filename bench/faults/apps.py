@@ -50,7 +50,7 @@ def environment(work: Path, store_url: str, ledger_url: str, prefix: str, mode: 
 
 def make_keys(work: Path, ledger_url: str, rows: int) -> dict[int, list[str]]:
     """Migrate the harness's database and make each row's tier and keys; the keys by row."""
-    env = environment(work, "redis://127.0.0.1:1/0", ledger_url, "faults-setup", "open")
+    env = environment(work, ledger_url, ledger_url, "faults-setup", "open")
     made = prepare_database(env, SETUP.replace("{rows}", str(rows)))
     return {int(row): keys for row, keys in made.items()}
 

@@ -46,6 +46,7 @@ class RowResult:
     exact_after: float | None  # None: not exact again before the row ended
     view_minus_clients: int  # served at the view minus 200s the clients saw
     slots_held_after_fault: int = 0  # by the requests that hold slots on purpose (the worker kill's)
+    held_served: int = 0  # those requests served at the view (admitted: the metrics count them as allowed)
     slots_held_at_end: int = 0
     slots_leaked: int = 0  # still held after the lease (must be 0)
     metrics: dict[str, int] = field(default_factory=dict)  # allowed/blocked: counted minus seen by clients
@@ -72,7 +73,7 @@ def _percentile(values: list[float], share: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(share * 100) - 1]
 
 
-def _exact_windows(keys: list[str], ledger: Ledger, records: list[Sent], first: int, last: int) -> dict[int, bool]:
+def exact_windows(keys: list[str], ledger: Ledger, records: list[Sent], first: int, last: int) -> dict[int, bool]:
     unavailable = {(record.key, int(record.sent // WINDOW)) for record in records if record.status in (0, 503)}
     exact = {}
     for window in range(first, last + 1):
@@ -85,7 +86,7 @@ def _exact_windows(keys: list[str], ledger: Ledger, records: list[Sent], first: 
 def exact_after(keys: list[str], ledger: Ledger, records: list[Sent], times: Timeline) -> float | None:
     """Seconds from the heal to the first window from which all windows of the row are exact."""
     first, last = math.ceil(times.start / WINDOW) + 1, math.floor(times.end / WINDOW) - 1
-    exact = _exact_windows(keys, ledger, records, first, last)
+    exact = exact_windows(keys, ledger, records, first, last)
     if not exact or not exact[last]:
         return None
     window = last

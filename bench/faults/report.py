@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .faults import FAULTS
 from .measure import RowResult
-from .reliability_text import closing, explanations, heading
+from .reliability_text import closing, explanations, findings, heading
 
 WHAT = {fault.name: fault.what for fault in FAULTS}
 STORE_TITLES = {"redis": "Redis, one server", "valkey": "Valkey, one server", "sentinel": "Redis Sentinel",
@@ -80,13 +80,15 @@ def tables(rows: list[RowResult], facts: dict[str, dict[str, object]]) -> Iterab
                 yield f"| {WHAT[fault]} | " + " | ".join(_cells(row)) + " |"
 
 
-def _commit() -> str:
+def current_commit() -> str:
+    """The checkout's commit (with "+changes" when the working tree differs from it)."""
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    return (done.stdout.strip() or "unknown") + (" +changes" if dirty.stdout.strip() else "")
 
 
 def write_report(path: Path, rows: list[RowResult], facts: dict[str, dict[str, object]], elapsed: float, *,
-                 short: bool, machine: str) -> None:
-    parts = [heading(rows, facts, elapsed, short=short, machine=machine, commit=_commit()), *explanations(),
-             "\n## Results\n", *tables(rows, facts), closing(rows)]
+                 short: bool, machine: str, commit: str) -> None:
+    parts = [heading(rows, facts, elapsed, short=short, machine=machine, commit=commit), *explanations(),
+             "\n## Results\n", *tables(rows, facts), findings(rows, facts), closing(rows)]
     path.write_text("\n".join(parts).rstrip() + "\n", encoding="utf-8")

@@ -25,7 +25,7 @@ from devtools.embedded import start_redis
 from .apps import make_keys
 from .faults import faults_for
 from .measure import RowResult
-from .report import violations, write_report
+from .report import current_commit, violations, write_report
 from .session import run_session
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
         return render(args.render, args.output or ROOT / "docs" / "reliability.md")
     stores = (args.stores or ("redis" if args.short else ",".join(STORES))).split(",")
     output = args.output or (None if args.short else ROOT / "docs" / "reliability.md")
-    started = time.time()
+    started, commit = time.time(), current_commit()
     ledger = start_redis()
     rows: list[RowResult] = []
     facts: dict[str, dict[str, object]] = {}
@@ -69,9 +69,10 @@ def main(argv: list[str]) -> int:
     elapsed = time.time() - started
     if args.json:
         args.json.write_text(json.dumps({"rows": [asdict(row) for row in rows], "facts": facts, "elapsed": elapsed,
-                                         "short": args.short, "machine": platform.platform()}, indent=1))
+                                         "short": args.short, "machine": platform.platform(), "commit": commit},
+                                        indent=1))
     if output is not None:
-        write_report(output, rows, facts, elapsed, short=args.short, machine=platform.platform())
+        write_report(output, rows, facts, elapsed, short=args.short, machine=platform.platform(), commit=commit)
     broken = violations(rows, facts)
     for line in broken:
         print(f"faults: FAILED: {line}", flush=True)
@@ -82,7 +83,8 @@ def main(argv: list[str]) -> int:
 def render(source: Path, output: Path) -> int:
     run = json.loads(source.read_text())
     rows = [RowResult(**row) for row in run["rows"]]
-    write_report(output, rows, run["facts"], run["elapsed"], short=run["short"], machine=run["machine"])
+    write_report(output, rows, run["facts"], run["elapsed"], short=run["short"], machine=run["machine"],
+                 commit=run["commit"])
     return 0
 
 

@@ -20,12 +20,9 @@ import redis
 from .apps import LOADED, AppServers, environment
 from .faults import Context, Fault
 from .load import Load
-from .measure import RowResult, Timeline, _exact_windows, measure_row, parse_ledger
+from .measure import RowResult, Timeline, exact_windows, identity_of, measure_row, parse_ledger
 from .stores import start_store
-from .tiers import LEASE, LEDGER_KEY, SLOTS, WINDOW
-
-BASELINE = 2.0
-MAX_RECOVERY = 25.0
+from .tiers import BASELINE, LEASE, LEDGER_KEY, MAX_RECOVERY, SLOTS, WINDOW
 
 
 def free_slots(port: int, key: str) -> int | None:
@@ -66,7 +63,7 @@ def _settled(keys: list[str], ledger: redis.Redis, load: Load, healed: float, fa
     last = math.floor(now / WINDOW) - 1
     with load._lock:
         records = list(load.records)
-    exact = _exact_windows(keys, parse_ledger(_ledger(ledger)), records, last, last)
+    exact = exact_windows(keys, parse_ledger(_ledger(ledger)), records, last, last)
     return all(exact.values()) and last * WINDOW >= healed
 
 
@@ -90,6 +87,8 @@ def run_row(store: str, mode: str, fault: Fault, context: Context, ledger: redis
     result = measure_row(store, mode, fault.name, context.keys[:LOADED], records,
                          parse_ledger(_ledger(ledger)), times)
     result.slots_held_after_fault = holder_slots
+    held = parse_ledger(_ledger(ledger))[identity_of(context.keys[LOADED])]
+    result.held_served = sum(sum(counts) for counts in held.values())
     result.slots_held_at_end = held_slots(dict(context.apps.urls)["gunicorn"], context.keys)
     result.metrics_lost_with = fault.loses
     return result
@@ -131,7 +130,7 @@ def run_session(kind: str, mode: str, faults: list[Fault], keys: dict[int, list[
         apps.stop()
         counts = _metric_counts(store.nodes(), prefix)
         for index, row in enumerate(rows):
-            row.metrics = {"allowed": counts.get(f"tier:row{index}:allowed", 0) - row.served,
+            row.metrics = {"allowed": counts.get(f"tier:row{index}:allowed", 0) - row.served - row.held_served,
                            "blocked": counts.get(f"tier:row{index}:blocked", 0) - row.refused_429 - row.refused_503}
         facts = {"version": store.version, "keys_without_ttl": keys_without_ttl(store.nodes(), prefix)}
     finally:

@@ -25,4 +25,5 @@ RATELIMIT: dict[str, object] = {
     "IP_RATE": None,
     "FAIL_MODE": os.environ["FAULTS_FAIL_MODE"],
     "APP_SERVERS": int(os.environ["FAULTS_APP_SERVERS"]),
+    "METRICS_ALLOWED_IPS": ["127.0.0.1"],
 }
