@@ -70,7 +70,7 @@ def test_exact_again_counts_from_the_heal_to_the_first_window_that_stays_exact()
     assert exact_after(KEYS, ledger, [], times) is None
 
 
-def test_a_row_fails_on_a_5xx_a_leaked_slot_or_a_count_lost_or_counted_twice() -> None:
+def test_a_row_fails_on_a_5xx_a_leaked_slot_or_a_count_lost_or_duplicated() -> None:
     ledger = parse_ledger({})
     times = Timeline(0, 1, 2, 3)
     records = [Sent(0, "uvicorn", 1.0, 1.1, 500, False), Sent(0, "uvicorn", 1.0, 1.1, 503, True)]
@@ -78,10 +78,11 @@ def test_a_row_fails_on_a_5xx_a_leaked_slot_or_a_count_lost_or_counted_twice() -
     assert (row.errors_5xx, row.refused_503) == (1, 1)
     assert row_problems(row) == ["1 5xx"]
     row.errors_5xx, row.slots_leaked, row.metrics = 0, 2, {"allowed": 3, "blocked": -1}
-    assert row_problems(row) == ["2 slots held past their lease", "metrics: 3 allowed counted twice (duplicated)",
-                                 "metrics: 1 blocked lost"]
+    assert row_problems(row) == ["2 slots held past their lease",
+                                 "metrics: 3 allowed counted more than once (duplicated)", "metrics: 1 blocked lost"]
     # counts lost with the store's (or a killed worker's) memory are the fault's, not a failure; duplicates are
     row.slots_leaked, row.metrics_lost_with = 0, "store"
-    assert row_problems(row) == ["metrics: 3 allowed counted twice (duplicated)"]
+    assert row_problems(row) == ["metrics: 3 allowed counted more than once (duplicated)"]
     assert violations([row], {"redis/closed": {"keys_without_ttl": 2}}) == [
-        "redis closed resets: metrics: 3 allowed counted twice (duplicated)", "redis/closed: 2 keys without a TTL"]
+        "redis closed resets: metrics: 3 allowed counted more than once (duplicated)",
+        "redis/closed: 2 keys without a TTL"]

