@@ -13,6 +13,7 @@ from bench.faults.load import Sent
 from bench.faults.measure import Timeline, exact_after, identity_of, measure_row, parse_ledger
 from bench.faults.proxy import FaultProxy
 from bench.faults.report import row_problems, violations
+from bench.faults.stores import ClusterStore
 from bench.faults.tiers import LIMIT, WINDOW
 
 KEYS = ["aaaa1111.secret", "bbbb2222.secret"]
@@ -86,3 +87,22 @@ def test_a_row_fails_on_a_5xx_a_leaked_slot_or_a_count_lost_or_duplicated() -> N
     assert violations([row], {"redis/closed": {"keys_without_ttl": 2}}) == [
         "redis closed resets: metrics: 3 allowed counted more than once (duplicated)",
         "redis/closed: 2 keys without a TTL"]
+
+
+def test_resharding_moves_each_slot_of_the_run_once_keeping_values_and_ttls() -> None:
+    store = ClusterStore()
+    try:
+        client = store.topology.client()
+        keys = [f"run:{{identity{n}}}:k" for n in range(12)]
+        for value, key in enumerate(keys):
+            client.set(key, value, ex=100)
+        slots = [client.keyslot(key) for key in keys]
+        before = [client.nodes_manager.get_node_from_slot(slot).port for slot in slots]
+        assert store.reshard("run") == len(set(slots))
+        after_client = store.topology.client()
+        after = [after_client.nodes_manager.get_node_from_slot(slot).port for slot in slots]
+        assert all(old != new for old, new in zip(before, after, strict=True))  # each moved, none around the ring
+        assert [after_client.get(key) for key in keys] == [str(value).encode() for value in range(len(keys))]
+        assert all(0 < after_client.ttl(key) <= 100 for key in keys)
+    finally:
+        store.stop()

@@ -130,15 +130,12 @@ class ClusterStore:
         runs (SETSLOT IMPORTING / MIGRATING, MIGRATE, SETSLOT NODE); the number of slots moved."""
         clients = self.nodes()
         ids = [client.execute_command("CLUSTER MYID") for client in clients]
-        moved = 0
-        for source, client in enumerate(clients):
-            target = (source + 1) % len(clients)
-            slots = {int(client.execute_command("CLUSTER KEYSLOT", key)) for key in
-                     client.scan_iter(match=f"{prefix}:*", count=1000)}
-            for slot in sorted(slots):
-                self._move(clients, ids, slot, source, target)
-                moved += 1
-        return moved
+        plan = sorted({(int(client.execute_command("CLUSTER KEYSLOT", key)), source)
+                       for source, client in enumerate(clients) for key in client.scan_iter(match=f"{prefix}:*",
+                                                                                            count=1000)})
+        for slot, source in plan:  # planned first: a slot moves once, never on around the ring
+            self._move(clients, ids, slot, source, (source + 1) % len(clients))
+        return len(plan)
 
     def _move(self, clients: list[redis.Redis], ids: list[str], slot: int, source: int, target: int) -> None:
         port = self.topology.nodes[target].port
