@@ -1,6 +1,7 @@
 """The faults, one at a time: what each does to the store (or to an app server) and which stores have it.
 
-`inject(ctx)` blocks while the fault lasts and returns once it has healed (the store answers again, the
+`inject(ctx)` blocks while the fault lasts and returns once it has healed (with a note for the report,
+or None) (the store answers again, the
 failover or the resharding is done, gunicorn's workers are back); the harness keeps the load running
 throughout. The numbers (how long, how much) are the ones the report names.
 """
@@ -30,7 +31,7 @@ class Fault:
     name: str
     what: str  # the report's words
     stores: tuple[str, ...]
-    inject: Callable[[Context], None]
+    inject: Callable[[Context], object]  # what it returns, when not None, the report shows beside the fault
     #: seconds the load keeps running after the heal at least (a breaker's cooldown, a lease)
     settle: float = 2.0
     #: whose memory the fault loses, so metric counts kept there are lost with it: "store" (counts
@@ -80,7 +81,7 @@ FAULTS: list[Fault] = [
     Fault("master-killed", "Cluster: a master holding the keys SIGKILLed, restarted empty 1 s later", ("cluster",),
           lambda ctx: ctx.store.kill_master(ctx.prefix, 1.0), settle=4.0, loses="store"),
     Fault("reshard", "Cluster resharding: every slot holding the run's keys migrated to another master",
-          ("cluster",), lambda ctx: ctx.store.reshard(ctx.prefix)),
+          ("cluster",), lambda ctx: f"{ctx.store.reshard(ctx.prefix)} slots moved"),
 ]
 
 #: What CI's short run injects (Redis; the closed and local fail modes): about two minutes.

@@ -44,6 +44,7 @@ class RowResult:
     p50_ms: float
     p99_ms: float
     exact_after: float | None  # None: not exact again before the row ended
+    lasted: float  # seconds from the injection to the heal
     view_minus_clients: int  # served at the view minus 200s the clients saw
     slots_held_after_fault: int = 0  # by the requests that hold slots on purpose (the worker kill's)
     held_served: int = 0  # those requests served at the view (admitted: the metrics count them as allowed)
@@ -51,6 +52,7 @@ class RowResult:
     slots_leaked: int = 0  # still held after the lease (must be 0)
     metrics: dict[str, int] = field(default_factory=dict)  # allowed/blocked: counted minus seen by clients
     metrics_lost_with: str = ""  # the fault's `loses`
+    note: str = ""  # what the fault reported (slots moved)
 
 
 def parse_ledger(raw: dict[str, str]) -> Ledger:
@@ -111,6 +113,6 @@ def measure_row(store: str, mode: str, fault: str, keys: list[str], records: lis
         errors_5xx=sum(record.status >= 500 and not (record.status == 503 and record.ours) for record in records),
         no_answer=sum(record.status == 0 for record in records),
         p50_ms=1000 * _percentile(during, 0.5), p99_ms=1000 * _percentile(during, 0.99),
-        exact_after=exact_after(keys, ledger, records, times),
+        exact_after=exact_after(keys, ledger, records, times), lasted=times.healed - times.fault,
         view_minus_clients=served_at_view - served,
     )

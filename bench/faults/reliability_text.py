@@ -56,6 +56,8 @@ except `FAIL_MODE` and `APP_SERVERS` = {APP_PROCESSES} (gunicorn's two workers a
 fail mode gives each process a third of each limit). The lookups' cache is in-process, so what is measured
 is the limiter's store alone.
 
+- **lasted**: seconds from the injection to the heal (the store answers again, the replica is promoted,
+  the slots have moved, gunicorn's new workers are up).
 - **requests / served**: requests sent in the row, and the 200s the clients got.
 - **over limit**: requests the protected view served beyond {LIMIT} in one window of one key, counted at the
   view (it writes each request it serves to a ledger, under the window the limiter charged): the most in

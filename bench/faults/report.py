@@ -54,7 +54,7 @@ def _verdict(row: RowResult) -> str:
 def _cells(row: RowResult) -> list[str]:
     exact = "not within the row" if row.exact_after is None else f"{row.exact_after:.0f} s"
     metrics = " / ".join(f"{delta:+d}" for delta in (row.metrics.get("allowed", 0), row.metrics.get("blocked", 0)))
-    return [row.mode, str(row.requests), str(row.served), f"{row.over_max} / {row.over_total}",
+    return [row.mode, f"{row.lasted:.1f}", str(row.requests), str(row.served), f"{row.over_max} / {row.over_total}",
             str(row.refused_429), str(row.refused_503), str(row.errors_5xx), str(row.no_answer),
             f"{row.p50_ms:.0f} / {row.p99_ms:.0f}", exact,
             f"{row.slots_held_after_fault if row.fault == 'worker-killed' else 'n/a'} / {row.slots_held_at_end} → "
@@ -62,9 +62,10 @@ def _cells(row: RowResult) -> list[str]:
             metrics, _verdict(row)]
 
 
-HEADER = ("| fault | mode | requests | served | over limit: most in a window / all | 429 | 503 | other 5xx | "
-          "no answer | p50 / p99 ms | exact again | slots held: by the killed requests / at end → after lease | "
-          "metrics minus clients: allowed / blocked | verdict |\n|" + "---|" * 14)
+HEADER = ("| fault | mode | lasted s | requests | served | over limit: most in a window / all | 429 | 503 | "
+          "other 5xx | no answer | p50 / p99 ms | exact again | "
+          "slots held: by the killed requests / at end → after lease | metrics minus clients: allowed / blocked | "
+          "verdict |\n|" + "---|" * 15)
 
 
 def tables(rows: list[RowResult], facts: dict[str, dict[str, object]]) -> Iterable[str]:
@@ -77,7 +78,8 @@ def tables(rows: list[RowResult], facts: dict[str, dict[str, object]]) -> Iterab
         yield HEADER
         for fault in dict.fromkeys(row.fault for row in rows if row.store == store):
             for row in (r for r in rows if r.store == store and r.fault == fault):
-                yield f"| {WHAT[fault]} | " + " | ".join(_cells(row)) + " |"
+                what = WHAT[fault] + (f" ({row.note})" if row.note else "")
+                yield f"| {what} | " + " | ".join(_cells(row)) + " |"
 
 
 def current_commit() -> str:

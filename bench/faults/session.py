@@ -77,7 +77,7 @@ def run_row(store: str, mode: str, fault: Fault, context: Context, ledger: redis
     load.start()
     time.sleep(BASELINE)
     injected = time.time()
-    fault.inject(context)
+    note = fault.inject(context)
     healed = time.time()
     holder_slots = held_slots(dict(context.apps.urls)["gunicorn"], context.keys[LOADED:])
     while not _settled(context.keys[:LOADED], ledger, load, healed, fault):
@@ -87,6 +87,7 @@ def run_row(store: str, mode: str, fault: Fault, context: Context, ledger: redis
     result = measure_row(store, mode, fault.name, context.keys[:LOADED], records,
                          parse_ledger(_ledger(ledger)), times)
     result.slots_held_after_fault = holder_slots
+    result.note = "" if note is None else str(note)
     held = parse_ledger(_ledger(ledger))[identity_of(context.keys[LOADED])]
     result.held_served = sum(sum(counts) for counts in held.values())
     result.slots_held_at_end = held_slots(dict(context.apps.urls)["gunicorn"], context.keys)
