@@ -53,6 +53,7 @@ class RowResult:
     metrics: dict[str, int] = field(default_factory=dict)  # allowed/blocked: counted minus seen by clients
     metrics_lost_with: str = ""  # the fault's `loses`
     note: str = ""  # what the fault reported (slots moved)
+    p99_by_server: dict[str, float] = field(default_factory=dict)  # the p99 of the requests each server answered
 
 
 def parse_ledger(raw: dict[str, str]) -> Ledger:
@@ -100,9 +101,9 @@ def exact_after(keys: list[str], ledger: Ledger, records: list[Sent], times: Tim
 def measure_row(store: str, mode: str, fault: str, keys: list[str], records: list[Sent], ledger: Ledger,
                 times: Timeline) -> RowResult:
     excess = [max(0, sum(counts) - LIMIT) for key in keys for counts in ledger[identity_of(key)].values()]
-    during = [record.done - record.sent for record in records
-              if times.fault <= record.sent <= times.healed + 1.0 and record.status] or \
-             [record.done - record.sent for record in records if record.status]
+    during = [record for record in records if times.fault <= record.sent <= times.healed + 1.0 and record.status] \
+        or [record for record in records if record.status]
+    latency = {server: [r.done - r.sent for r in during if r.server == server] for server in ("gunicorn", "uvicorn")}
     served_at_view = sum(sum(counts) for key in keys for counts in ledger[identity_of(key)].values())
     served = sum(record.status == 200 for record in records)
     return RowResult(
@@ -112,7 +113,9 @@ def measure_row(store: str, mode: str, fault: str, keys: list[str], records: lis
         refused_503=sum(record.status == 503 and record.ours for record in records),
         errors_5xx=sum(record.status >= 500 and not (record.status == 503 and record.ours) for record in records),
         no_answer=sum(record.status == 0 for record in records),
-        p50_ms=1000 * _percentile(during, 0.5), p99_ms=1000 * _percentile(during, 0.99),
+        p50_ms=1000 * _percentile([r.done - r.sent for r in during], 0.5),
+        p99_ms=1000 * _percentile([r.done - r.sent for r in during], 0.99),
+        p99_by_server={server: 1000 * _percentile(values, 0.99) for server, values in latency.items()},
         exact_after=exact_after(keys, ledger, records, times), lasted=times.healed - times.fault,
         view_minus_clients=served_at_view - served,
     )

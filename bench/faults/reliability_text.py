@@ -68,7 +68,8 @@ is the limiter's store alone.
 - **other 5xx**: any other 5xx the clients got (an error of ours or of the server). Must be 0.
 - **no answer**: requests that got no HTTP answer at all (connections of a SIGKILLed worker).
 - **p50 / p99 ms**: the whole request as the client saw it (Django, the view and the ledger included),
-  for requests sent from the fault to one second after it healed.
+  for requests sent from the fault to one second after it healed; in brackets the p99 of the requests
+  gunicorn answered, then uvicorn.
 - **exact again**: seconds from the heal to the first window from which every window of the row served
   exactly {LIMIT} per key, all decided by the store and without a 503 (a multiple of the {WINDOW} s window).
 - **slots held**: concurrency slots still taken when the load stopped (every request had ended), then

@@ -51,19 +51,25 @@ def _verdict(row: RowResult) -> str:
     return "ok" + (f" ({'; '.join(notes)})" if notes else "")
 
 
+def _latency(row: RowResult) -> str:
+    servers = ", ".join(f"{row.p99_by_server[name]:.0f}" for name in ("gunicorn", "uvicorn")
+                        if name in row.p99_by_server)
+    return f"{row.p50_ms:.0f} / {row.p99_ms:.0f}" + (f" ({servers})" if servers else "")
+
+
 def _cells(row: RowResult) -> list[str]:
     exact = "not within the row" if row.exact_after is None else f"{row.exact_after:.0f} s"
     metrics = " / ".join(f"{delta:+d}" for delta in (row.metrics.get("allowed", 0), row.metrics.get("blocked", 0)))
     return [row.mode, f"{row.lasted:.1f}", str(row.requests), str(row.served), f"{row.over_max} / {row.over_total}",
             str(row.refused_429), str(row.refused_503), str(row.errors_5xx), str(row.no_answer),
-            f"{row.p50_ms:.0f} / {row.p99_ms:.0f}", exact,
+            _latency(row), exact,
             f"{row.slots_held_after_fault if row.fault == 'worker-killed' else 'n/a'} / {row.slots_held_at_end} → "
             f"{row.slots_leaked}",
             metrics, _verdict(row)]
 
 
 HEADER = ("| fault | mode | lasted s | requests | served | over limit: most in a window / all | 429 | 503 | "
-          "other 5xx | no answer | p50 / p99 ms | exact again | "
+          "other 5xx | no answer | p50 / p99 ms (p99: gunicorn, uvicorn) | exact again | "
           "slots held: by the killed requests / at end → after lease | metrics minus clients: allowed / blocked | "
           "verdict |\n|" + "---|" * 15)
 
