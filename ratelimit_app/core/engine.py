@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from .algorithms import BY_NAME, CALENDAR_WINDOW, REGISTRY
 from .decision import Decision, PolicyResult, all_or_nothing
-from .exceptions import BackendError
+from .exceptions import BackendError, scripts_refused
 from .keys import DIGEST_CHARS, digest, is_sent_its_key, release_keys, tag
 from .policies import CONCURRENCY, Policy
 from .scripts import decide_sha
@@ -391,8 +391,8 @@ def failed(exc: BaseException, sent: bool) -> BackendError:
 
 
 def load_failed(exc: BaseException) -> BackendError:
-    """SCRIPT LOAD failed (no decision was made)."""
-    return BackendError(f"could not load the decision script: {exc}", maybe_applied=False)
+    """SCRIPT LOAD failed (no decision was made): `ScriptsRefused` when the server cannot run Lua scripts."""
+    return scripts_refused(exc) or BackendError(f"could not load the decision script: {exc}", maybe_applied=False)
 
 
 def release_failed(lease: str, exc: BaseException, sent: bool = True, doing: str = "release") -> BackendError:

@@ -34,7 +34,7 @@ from ..core.budget import within_budget
 from ..core.decision import Decision, degraded_decision
 from ..core.engine import Check, prepare_call
 from ..core.engine_sync import RateLimiter
-from ..core.exceptions import BACKEND_ERRORS, BackendError
+from ..core.exceptions import BACKEND_ERRORS, BackendError, ScriptsRefused
 from ..core.policies import CONCURRENCY, Policy
 from . import clock, events
 from .breaker import CLOSED, PROBE, SKIP, CircuitBreaker
@@ -43,7 +43,7 @@ from .conf import ratelimit_settings
 from .connection import redis_location
 from .denycache import DenyCache, ResetWatch
 from .fallback import LocalLimiter
-from .logs import log_event
+from .logs import log_event, log_once
 from .lostleases import CANCEL, RETRY_INTERVAL, LostLease, LostLeases
 from .servicecall import ServiceCall, ServiceStats, request_key
 
@@ -181,6 +181,8 @@ class RedisGuard:
         A decision that may have run takes no slot for good: its lease is cancelled (`_lost`)."""
         events.observe_latency(time.monotonic() - call.started)
         self.count_failure(call.step, error)
+        if isinstance(error, ScriptsRefused):  # not an outage: the server as configured cannot decide
+            log_once("ratelimit.scripts_refused", logging.ERROR, error=str(error), fail_mode=call.mode)
         if not isinstance(error, BackendError) or error.maybe_applied:
             self._lost(call)
         return self.degraded(call.mode, call.checks, call.cost, call.charge, call.lease)
