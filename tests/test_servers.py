@@ -61,7 +61,7 @@ def test_requests_follow_the_fail_mode_and_the_log_names_the_cause(
         settings: Any, client: Any, lualess: RedisProcess, caplog: pytest.LogCaptureFixture,
         mode: str, status: int) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": lualess.url, "FAIL_MODE": mode,
-                          "ANONYMOUS_TIER": "free"}
+                          "ANONYMOUS_TIER": "free", "REQUIRE_API_KEY": False}
     caplog.set_level(logging.INFO, logger="ratelimit_app")
     statuses = [client.get("/api/users").status_code for _ in range(5)]
     assert statuses == [status] * 5

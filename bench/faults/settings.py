@@ -26,4 +26,5 @@ RATELIMIT: dict[str, object] = {
     "FAIL_MODE": os.environ["FAULTS_FAIL_MODE"],
     "APP_SERVERS": int(os.environ["FAULTS_APP_SERVERS"]),
     "METRICS_ALLOWED_IPS": ["127.0.0.1"],
+    "GATEWAY_NETWORKS": ["127.0.0.1"],  # the demo routes the gateway endpoint; check refuses it unguarded
 }
