@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -315,11 +316,18 @@ def test_one_redis_command_per_decision(client: Client, settings: Any) -> None:
             spy.execute_command("ECHO", "between")
             assert release(client, admitted) == 204
             spy.execute_command("ECHO", "end-of-test")
-            for event in monitor.listen():
-                if event["command"] == "ECHO end-of-test":
+            while True:
+                # MONITOR's lines read here, not by redis-py's parser, which returned an empty command for
+                # one of them under redis-py 5.0; a line is <time> [<db> <client>] "<command>" "<arg>"...
+                line = monitor.connection.read_response()
+                line = line.decode(errors="replace") if isinstance(line, bytes) else str(line)
+                matched = re.match(r'\S+ \[\d+ (\S+)\] "([^"]*)"', line)
+                assert matched is not None, line
+                caller, command = matched.groups()
+                if command == "ECHO" and '"end-of-test"' in line:
                     break
-                if event["client_type"] != "lua":
-                    seen.append(event["command"].split()[0])
+                if caller != "lua":
+                    seen.append(command)
         # one EVALSHA decided the per-IP limit and the four limits of the tier, its slot taken (nginx: for
         # its full lease); the release gave the slot back in one more round trip. Under the authorize
         # contract one EVAL more made its lease the first lease, and the confirmation one more
