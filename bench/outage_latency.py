@@ -31,8 +31,8 @@ import redis  # noqa: E402
 
 from devtools.embedded import start_redis  # noqa: E402
 from ratelimit_app import Policy, RateLimiter  # noqa: E402
+from ratelimit_app.conf.settings import ratelimit_settings  # noqa: E402
 from ratelimit_app.core.scripts import decide_source  # noqa: E402
-from ratelimit_app.service.conf import ratelimit_settings  # noqa: E402
 from ratelimit_app.service.connection import build_client  # noqa: E402
 from ratelimit_app.service.limiter import LimiterService  # noqa: E402
 from tests.support.tcp_proxy import TcpProxy  # noqa: E402

@@ -56,7 +56,7 @@ def _child(variant: str, requests: int, keys_file: str, ratelimit: str) -> None:
     django.setup()
     settings.RATELIMIT = {**settings.RATELIMIT, **json.loads(ratelimit), "CACHE_TTL": QUIET_INTERVAL,
                           "METRICS_FLUSH_INTERVAL": QUIET_INTERVAL}
-    from ratelimit_app.service.conf import read_settings
+    from ratelimit_app.conf.settings import read_settings
 
     # an invalid or misspelt setting would not fail a request (the fail mode answers), only the count
     errors = read_settings()[1]

@@ -31,7 +31,7 @@ Ids are stable (docs/settings.md, "What `check` validates", lists them all):
 - ratelimit.W041: ENABLED is False with DEBUG off outside a test run: no limit of ours applies.
 
 RateLimitMiddleware's own checks (E022, W021) are in ratelimit_app.middleware_checks. No message shows the
-value of a setting that can hold a secret (ratelimit_app.service.conf_rules).
+value of a setting that can hold a secret (ratelimit_app.conf.rules).
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from django.db import DatabaseError, router
 from django.urls import URLPattern, URLResolver, get_resolver
 from redis.cluster import RedisCluster
 
+from .conf.redisurl import CLUSTER_SCHEME, host_ports
+from .conf.settings import in_test_run, ratelimit_settings, read_settings
 from .core.exceptions import REDIS_CLIENT_ERRORS, refuses_scripts
 from .core.scripts import decide_source
-from .service.conf import in_test_run, ratelimit_settings, read_settings
-from .service.redisurl import CLUSTER_SCHEME, host_ports
 
 #: The oldest Redis server the decision script runs on (SET ... KEEPTTL and PXAT came in 6.2).
 MIN_REDIS_VERSION = (6, 2)

@@ -56,8 +56,8 @@ from .apply.routes import (
     route_for_view,
     view_limit_of,
 )
+from .conf.settings import InvalidSetting
 from .service import events
-from .service.conf import InvalidSetting
 
 #: Request attribute: the requests in flight in this process when this one arrived (process shedder).
 IN_FLIGHT_ATTRIBUTE = "_ratelimit_in_flight"

@@ -1,5 +1,5 @@
 """`manage.py check` for RateLimitMiddleware and the path settings: listed once in MIDDLEWARE, limiting
-paths the site has, with prefixes written as paths are matched (ratelimit_app.service.paths).
+paths the site has, with prefixes written as paths are matched (ratelimit_app.conf.paths).
 
 - ratelimit.E022: RateLimitMiddleware (or a subclass) is listed more than once (every request would be
   charged twice);
@@ -23,8 +23,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.resolvers import RegexPattern, RoutePattern
 from django.utils.module_loading import import_string
 
-from .service.conf import read_settings
-from .service.paths import PathPrefixes, prefix_form, typo
+from .conf.paths import PathPrefixes, prefix_form, typo
+from .conf.settings import read_settings
 
 _MIDDLEWARE = "ratelimit_app.middleware.RateLimitMiddleware"
 _PATH_SETTINGS = ("PATH_PREFIXES", "EXEMPT_PATHS", "SHED_PRIORITIES")
@@ -108,7 +108,7 @@ def _route_prefixes(patterns: Any, base: str) -> Any:
 
 def _matches(prefix: str, literal: str, open_end: bool) -> bool:
     """True when a URL routed by a pattern starting with `literal` can lie under `prefix` (by segment,
-    as the middleware matches: ratelimit_app.service.paths)."""
+    as the middleware matches: ratelimit_app.conf.paths)."""
     return PathPrefixes.of([prefix]).match(literal) or (open_end and prefix_form(prefix).startswith(literal))
 
 

@@ -15,6 +15,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
+from .conf.settings import IP_POLICY_NAME, ip_rate_problem
 from .core.calendars import CALENDAR_PERIODS, is_valid_time_zone
 from .core.policies import (
     ALL_ALGORITHMS,
@@ -28,7 +29,6 @@ from .core.policies import (
 from .plans import apikeys
 from .plans.clientrules import ALLOW, DENY, parse_network
 from .plans.constraints import check_constraint, limit_constraints, only_safe_characters, override_constraints
-from .service.conf import IP_POLICY_NAME, ip_rate_problem
 
 FAIL_MODE_CHOICES = [
     ("", "Default (RATELIMIT['FAIL_MODE'])"),

@@ -25,8 +25,8 @@ from rest_framework.settings import api_settings
 from .apply.concurrency import middleware_installed
 from .apply.drf import JointThrottle
 from .apply.identity import identity_config
+from .conf.settings import read_settings
 from .core.policies import InvalidPolicy
-from .service.conf import read_settings
 from .throttling import (
     AtomicRateThrottle,
     ConcurrencyThrottle,

@@ -152,7 +152,7 @@ def _isolated_ratelimit_settings(settings: Any, key_prefix: str) -> None:
 @pytest.fixture(autouse=True)
 def _fresh_log_once() -> None:
     """What `log_once` logged is per process: each test starts as a new process would."""
-    from ratelimit_app.service import logs
+    from ratelimit_app.core import logs
 
     logs._logged_once.clear()
 

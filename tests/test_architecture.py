@@ -11,7 +11,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "ratelimit_app"
 
 #: Lowest first. A module may import from its own layer and the layers below it, never above.
-LAYERS = ("core", "service", "plans", "apply", "entry")
+LAYERS = ("core", "conf", "service", "plans", "apply", "entry")
 #: Root modules that belong to a lower layer than the entry points around them (Django finds models.py there).
 ROOT_MODULES_IN_LAYERS = {"ratelimit_app": "core", "ratelimit_app.models": "plans"}
 
@@ -168,7 +168,7 @@ def test_modules_and_functions_stay_readable() -> None:
 def test_tests_mirror_the_package() -> None:
     """Each folder of the package has its folder of tests, and the suite's helpers live in tests/support."""
     tests = PACKAGE.parent / "tests"
-    for folder in ("core", "service", "plans", "apply", "observability", "gateway"):
+    for folder in ("core", "conf", "service", "plans", "apply", "observability", "gateway"):
         assert list((tests / folder).glob("test_*.py")), folder
     loose = [p.name for p in tests.glob("*.py") if not p.name.startswith(("test_", "conftest", "__init__"))]
     assert loose == []

@@ -174,7 +174,7 @@ def test_a_shared_cache_with_a_socket_timeout_or_no_socket_passes(settings: Any,
 
 
 def test_the_clock_shift_outside_debug_and_tests_is_an_error(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ratelimit_app.service import conf
+    from ratelimit_app.conf import settings as conf
 
     settings.RATELIMIT = {**settings.RATELIMIT, "CLOCK_SHIFT": True}
     assert ratelimit_messages() == []  # a test run: the test kit sets it

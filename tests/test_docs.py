@@ -18,7 +18,7 @@ from django.http import HttpResponse
 from django.test import Client
 from django.urls import path
 
-from ratelimit_app.service.logs import JsonFormatter, log_event, logger
+from ratelimit_app.core.logs import JsonFormatter, log_event, logger
 from tests.support.limits_support import make_key, parse_ietf, seed_tiers
 
 pytestmark = pytest.mark.django_db
@@ -127,8 +127,8 @@ def test_the_cost_example_of_usage_md_charges_a_post_with_an_api_key_5(settings:
 
 
 def test_the_docs_say_when_edits_apply_as_the_code_does() -> None:
+    from ratelimit_app.conf.settings import DEFAULTS
     from ratelimit_app.plans.edits import EDITS_CHECK_INTERVAL
-    from ratelimit_app.service.conf import DEFAULTS
 
     assert EDITS_CHECK_INTERVAL == 1.0 and DEFAULTS["CACHE_TTL"] == 5
     readme = re.sub(r"\s+", " ", (DOCS.parent / "README.md").read_text(encoding="utf-8"))
@@ -184,7 +184,7 @@ def run_settings_block(document: str, containing: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("document", "containing"), SETTINGS_BLOCKS)
 def test_every_settings_block_of_the_docs_passes_check(document: str, containing: str, settings: Any) -> None:
-    from ratelimit_app.service.conf import read_settings
+    from ratelimit_app.conf.settings import read_settings
 
     settings.RATELIMIT = run_settings_block(document, containing)["RATELIMIT"]
     _, errors = read_settings()
@@ -192,7 +192,7 @@ def test_every_settings_block_of_the_docs_passes_check(document: str, containing
 
 
 def test_the_settings_usage_md_marks_as_defaults_are_the_defaults() -> None:
-    from ratelimit_app.service.conf import DEFAULTS
+    from ratelimit_app.conf.settings import DEFAULTS
 
     block = code_block("usage.md", '"TRUSTED_PROXIES": 0,')
     written = run_settings_block("usage.md", '"TRUSTED_PROXIES": 0,')["RATELIMIT"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ratelimit_app.service.conf import DEFAULTS
+from ratelimit_app.conf.settings import DEFAULTS
 
 #: The limit each peer gets in the HTTP runs: far above what a run can send, so nothing is denied.
 HUGE_RATE = "1000000/m"

@@ -42,11 +42,11 @@ from rest_framework.response import Response
 
 from ratelimit_app.apply.limiting import limit_request
 from ratelimit_app.apply.outcome import LimitOutcome
+from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.core.exceptions import REDIS_CLIENT_ERRORS
 from ratelimit_app.core.policies import CONCURRENCY
 from ratelimit_app.decorators import limit_concurrency, limit_cost, ratelimit
 from ratelimit_app.middleware import REQUEST_ATTRIBUTE
-from ratelimit_app.service.conf import ratelimit_settings
 from ratelimit_app.service.connection import get_redis
 from ratelimit_app.throttling import ScopedRateThrottle, TierRateThrottle
 

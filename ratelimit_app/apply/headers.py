@@ -30,9 +30,9 @@ from functools import lru_cache
 
 from django.http import HttpResponseBase
 
+from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.decision import Decision, PolicyResult
 from ..core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
-from ..service.conf import SettingsCached, ratelimit_settings
 from .concurrency import needs_lease
 
 LEGACY = "legacy"

@@ -17,9 +17,9 @@ from typing import Any, NamedTuple, cast
 
 from django.http import HttpRequest
 
+from ..conf.settings import SettingsCached, ratelimit_settings
 from ..plans.apikeys import parse_key
 from ..plans.clientrules import IPAddress, IPNetwork, parse_network
-from ..service.conf import SettingsCached, ratelimit_settings
 
 #: Most X-Forwarded-For entries walked when trusted proxies are a CIDR list.
 MAX_FORWARDED_HOPS = 32
@@ -37,7 +37,7 @@ class IdentityConfig:
 
 
 def _read_identity_config() -> IdentityConfig:
-    # the values were validated with the other settings (ratelimit_app.service.conf): this only converts them
+    # the values were validated with the other settings (ratelimit_app.conf.settings): this only converts them
     meta = "HTTP_" + ratelimit_settings.API_KEY_HEADER.upper().replace("-", "_")
     proxies = ratelimit_settings.TRUSTED_PROXIES
     hops, networks = 0, cast(tuple[IPNetwork, ...], ())

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from ..service.conf import ratelimit_settings
+from ..conf.settings import ratelimit_settings
 from ..service.limiter_async import get_async_limiter
 from . import planning_async
 from .limitcheck import LimitCheck

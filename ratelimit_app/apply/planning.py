@@ -32,6 +32,8 @@ from typing import Any, NamedTuple
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
+from ..conf.paths import PathPrefixes, limited
+from ..conf.settings import InvalidSetting, SettingsCached, ip_policy, ratelimit_settings
 from ..core.exceptions import BACKEND_ERRORS
 from ..core.policies import Policy
 from ..plans.apikeys import key_matches
@@ -40,9 +42,7 @@ from ..plans.compile import TierInfo
 from ..plans.localcache import MISS
 from ..plans.lookups import Lookups, get_lookups, require_io
 from ..service import events
-from ..service.conf import InvalidSetting, SettingsCached, ip_policy, ratelimit_settings
 from ..service.limiter import get_limiter
-from ..service.paths import PathPrefixes, limited
 from . import shedding
 from .identity import (
     PresentedKey,
@@ -70,7 +70,7 @@ class PathScope:
 
     def applies(self, path: str) -> bool:
         """True when the middleware limits `path` (`request.path_info`): on, and under a prefix and not
-        exempt as sent or normalised (ratelimit_app.service.paths: no reading escapes a limit)."""
+        exempt as sent or normalised (ratelimit_app.conf.paths: no reading escapes a limit)."""
         return self.enabled and limited(path, self.path_prefixes, self.exempt_paths)
 
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from django.http import HttpResponseBase, JsonResponse
 
+from ..conf.settings import ratelimit_settings
 from ..core.decision import Decision
-from ..service.conf import ratelimit_settings
 from . import shedding
 from .headers import apply_headers, retry_after_seconds
 from .outcome import DENIED, FORBIDDEN, SHED, UNAUTHORIZED, LimitOutcome

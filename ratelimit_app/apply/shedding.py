@@ -3,7 +3,7 @@
 Every route has a priority: "critical", "normal" (the default) or "low", declared with
 `@limit_cost(priority="low")` on the view, else by path prefix in RATELIMIT['SHED_PRIORITIES']
 (the longest matching prefix wins, matched by segment; a path read as sent and normalised gets the
-lower of the two priorities: ratelimit_app.service.paths).
+lower of the two priorities: ratelimit_app.conf.paths).
 
 Fleet shedder (RATELIMIT['SHED_CAPACITY'] set): each request the middleware limits also holds a slot
 of one fleet-wide concurrency count in Redis (a lease of RATELIMIT['SHED_LEASE'] seconds, like a
@@ -39,10 +39,10 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from ..conf.paths import PathPrefixes, prefix_form, readings
+from ..conf.settings import SettingsCached, ratelimit_settings
+from ..core.logs import log_event
 from ..core.policies import CONCURRENCY, MAX_LIMIT, Policy
-from ..service.conf import SettingsCached, ratelimit_settings
-from ..service.logs import log_event
-from ..service.paths import PathPrefixes, prefix_form, readings
 from .limitcheck import LimitCheck
 
 CRITICAL = "critical"

@@ -16,8 +16,8 @@ from django.conf import settings as django_settings
 from django.core import checks
 from django.urls import NoReverseMatch, reverse
 
-from ..service.conf import read_settings
-from ..service.paths import PathPrefixes, limited
+from ..conf.paths import PathPrefixes, limited
+from ..conf.settings import read_settings
 
 MIDDLEWARE = "ratelimit_app.middleware.RateLimitMiddleware"
 _URL_NAMES = ("ratelimit-gateway-authorize", "ratelimit-gateway-auth-request", "ratelimit-gateway-confirm",

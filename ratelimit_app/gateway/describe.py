@@ -8,7 +8,7 @@ own; the request to decide is described in it:
   `X-Forwarded-Uri` (which they set themselves), or Envoy ext_authz's forwarded path: Envoy appends the
   original path to its `path_prefix` and keeps the original method (the `authorize` contract). The
   path is decoded once, as Django's `path_info` is; the shedder reads it as sent and normalised, the
-  lower priority winning (ratelimit_app.service.paths), so no dot segment, encoded dot or slash, or
+  lower priority winning (ratelimit_app.conf.paths), so no dot segment, encoded dot or slash, or
   repeated slash gains a priority the gateway's own routing would not give;
 - the service: `X-RateLimit-Service`, set by the gateway for the routes of one service; it selects the
   tier limits of that scope (a tier's unscoped limits apply to every service, its limits with scope

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from django.http import HttpRequest, JsonResponse
 
 from ..apply.identity import IPNetwork, address_in, parse_networks
-from ..service.conf import InvalidSetting, SettingsCached, ratelimit_settings
-from ..service.logs import log_once
+from ..conf.settings import InvalidSetting, SettingsCached, ratelimit_settings
+from ..core.logs import log_once
 
 SECRET_HEADER = "X-RateLimit-Gateway-Secret"  # noqa: S105  (a header name)
 _SECRET_META = "HTTP_X_RATELIMIT_GATEWAY_SECRET"  # noqa: S105

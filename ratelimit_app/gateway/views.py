@@ -39,8 +39,8 @@ from ..apply.identity import client_ip
 from ..apply.limiting import limit_request, safely
 from ..apply.outcome import ALLOWED, LimitOutcome
 from ..apply.responses import bad_request
-from ..service.conf import ratelimit_settings
-from ..service.logs import log_event
+from ..conf.settings import ratelimit_settings
+from ..core.logs import log_event
 from .answers import answer, under_contract
 from .describe import AUTH_REQUEST, AUTHORIZE, BadDescription, GatewayRequest, describe
 from .guard import refused

@@ -27,7 +27,7 @@ from ninja.errors import Throttled
 
 from ..apply.outcome import DENIED, LimitOutcome
 from ..apply.responses import add_headers, refusal
-from ..service.conf import ratelimit_settings
+from ..conf.settings import ratelimit_settings
 
 #: Request attribute: (the outcome, the request's cost) of a refusal by our throttles, for `answer`.
 REFUSAL_ATTRIBUTE = "_ratelimit_ninja_refusal"

@@ -10,5 +10,5 @@
 
 Importing this package imports nothing else: import each module where it is defined
 (`ratelimit_app.observability.recorder`, `.queries`, `.prometheus`, `.dashboard`, ...). Structured logs are
-`ratelimit_app.service.logs`, below the layers that write them.
+`ratelimit_app.core.logs`, below the layers that write them.
 """

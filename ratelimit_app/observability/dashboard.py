@@ -37,7 +37,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from redis.exceptions import RedisError
 
-from ..service.conf import InvalidSetting, ratelimit_settings
+from ..conf.settings import InvalidSetting, ratelimit_settings
 from .queries import MAX_RANGE_HOURS, BlockedIdentity, HourMetrics, days_of, recent_metrics
 from .snapshot import process_metrics
 

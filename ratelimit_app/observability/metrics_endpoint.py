@@ -27,7 +27,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from ..apply.identity import IPNetwork, address_in, client_ip, parse_networks
-from ..service.conf import InvalidSetting, SettingsCached, ratelimit_settings
+from ..conf.settings import InvalidSetting, SettingsCached, ratelimit_settings
 
 PROMETHEUS_MODULE = "ratelimit_app.observability.prometheus"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..service.logs import safe_identity
+from ..core.logs import safe_identity
 from .schema import applied_key, day_key, decision_fields, hour_key, shadow_day_key, shadow_field
 
 #: Distinct blocked identities kept per unflushed batch (memory bound while Redis is down).

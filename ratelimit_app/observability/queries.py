@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
-from ..service.conf import ratelimit_settings
+from ..conf.settings import ratelimit_settings
 from .schema import HOUR, day_key, hour_key, shadow_day_key
 
 #: The widest range `get_metrics_range` reads at once.

@@ -38,9 +38,9 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
+from ..conf.settings import InvalidSetting, on_reload, ratelimit_settings
+from ..core.logs import log_breaker_change, log_denial, log_event, logger
 from ..service.breaker import CLOSED, HALF_OPEN, OPEN
-from ..service.conf import InvalidSetting, on_reload, ratelimit_settings
-from ..service.logs import log_breaker_change, log_denial, log_event, logger
 from .pending import PendingCounts, SealedBatch, add_identity, apply_batch
 from .schema import HOUR, top_candidates
 

@@ -19,8 +19,8 @@ from django.core import checks
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import DatabaseError, models
 
+from ..conf.settings import InvalidSetting, ip_policy, ratelimit_settings
 from ..core.policies import CONCURRENCY, InvalidPolicy
-from ..service.conf import InvalidSetting, ip_policy, ratelimit_settings
 
 #: The foreign keys of each checked model: their rows exist (the database says so), and validating
 #: them would cost one query per row.

@@ -9,9 +9,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..conf.settings import IP_POLICY_NAME, ip_policy
+from ..core.logs import log_once
 from ..core.policies import InvalidPolicy, Policy
-from ..service.conf import IP_POLICY_NAME, ip_policy
-from ..service.logs import log_once
 
 if TYPE_CHECKING:
     from ..models import TierLimit

@@ -40,8 +40,8 @@ from django.core.cache.backends.locmem import LocMemCache
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.signals import post_delete, post_save
 
+from ..conf.settings import SettingsCached, ratelimit_settings
 from ..service.bounded import bounded_calls
-from ..service.conf import SettingsCached, ratelimit_settings
 from .clientrules import ClientRules
 from .compile import (
     KeyInfo,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .logs import log_event
+from ..core.logs import log_event
 
 CLOSED = "closed"
 OPEN = "open"

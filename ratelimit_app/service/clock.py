@@ -18,8 +18,8 @@ import threading
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ..conf.settings import clock_shift_allowed, on_reload, read_settings
 from ..core.engine import MAX_CLOCK_SHIFT_MS
-from .conf import clock_shift_allowed, on_reload, read_settings
 
 _lock = threading.Lock()
 _offset_ms = 0

@@ -25,6 +25,8 @@ from redis.connection import Connection, ConnectionPool
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
+from ..conf.redisurl import CLUSTER_SCHEME, SENTINEL_SCHEME
+from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.budget import (
     BudgetConnection,
     BudgetSSLConnection,
@@ -34,8 +36,6 @@ from ..core.budget import (
 )
 from ..core.engine_async import AsyncRedisClient
 from ..core.engine_sync import RedisClient, resolve_connections
-from .conf import SettingsCached, ratelimit_settings
-from .redisurl import CLUSTER_SCHEME, SENTINEL_SCHEME
 from .sentinel import async_sentinel_master, host_ports, sentinel_master
 
 #: Connections of the limiter's pool on the "pool" path when REDIS_URL names no `max_connections`.

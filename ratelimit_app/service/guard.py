@@ -30,20 +30,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..conf.settings import ratelimit_settings
 from ..core.budget import within_budget
 from ..core.decision import Decision, degraded_decision
 from ..core.engine import Check, prepare_call
 from ..core.engine_sync import RateLimiter
 from ..core.exceptions import BACKEND_ERRORS, BackendError, ScriptsRefused
+from ..core.logs import log_event, log_once
 from ..core.policies import CONCURRENCY, Policy
 from . import clock, events
 from .breaker import CLOSED, PROBE, SKIP, CircuitBreaker
 from .breaker import OPEN as BREAKER_OPEN
-from .conf import ratelimit_settings
 from .connection import redis_location
 from .denycache import DenyCache, ResetWatch
 from .fallback import LocalLimiter
-from .logs import log_event, log_once
 from .lostleases import CANCEL, RETRY_INTERVAL, LostLease, LostLeases
 from .servicecall import ServiceCall, ServiceStats, request_key
 

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.budget import within_budget
 from ..core.decision import Decision
 from ..core.engine import Check
@@ -27,7 +28,6 @@ from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import Policy
 from . import clock
 from .breaker import CLOSED
-from .conf import SettingsCached, ratelimit_settings
 from .connection import get_redis
 from .guard import RedisGuard
 from .memory import MemoryLimiter, memory_limiter

@@ -22,6 +22,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.budget import within_budget
 from ..core.decision import Decision
 from ..core.engine import Check
@@ -29,7 +30,6 @@ from ..core.engine_async import AsyncRateLimiter, close_client
 from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import Policy
 from . import clock
-from .conf import SettingsCached, ratelimit_settings
 from .connection import get_async_redis
 from .guard import RedisGuard
 from .limiter import get_limiter

@@ -33,8 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..core.exceptions import BACKEND_ERRORS
+from ..core.logs import log_event
 from ..core.policies import Policy
-from .logs import log_event
 
 #: Leases kept per process at most; beyond it the oldest are dropped (they free with their lease).
 MAX_PENDING = 10_000

@@ -11,9 +11,9 @@ from django.core.exceptions import ImproperlyConfigured
 from redis.connection import ConnectionPool
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
+from ..conf import redisurl
+from ..conf.settings import ratelimit_settings
 from ..core.budget import BudgetConnection, BudgetMixin
-from . import redisurl
-from .conf import ratelimit_settings
 
 
 class BudgetSentinelConnection(BudgetMixin, SentinelManagedConnection):

@@ -3,7 +3,7 @@ each test.
 
 While it runs, the limiter decides under a key prefix no other test, process, dev server or earlier run
 uses (a random one), with the permission to move its clock, laid over settings.RATELIMIT in this process
-(ratelimit_app.service.conf.set_overlay): however the test changes RATELIMIT (`override_settings`,
+(ratelimit_app.conf.settings.set_overlay): however the test changes RATELIMIT (`override_settings`,
 pytest-django's `settings`), its counters stay its own. When it stops, every key under that prefix is
 deleted from Redis (the metrics, once flushed, included), or the memory backend's store of it dropped;
 the clock is put back and the overlay removed. Under pytest-xdist each worker is a process of its own
@@ -17,10 +17,11 @@ import warnings
 from types import TracebackType
 from typing import Any
 
+from ..conf import settings as conf
+from ..conf.settings import ratelimit_settings
 from ..core.exceptions import REDIS_CLIENT_ERRORS
 from ..observability import recorder
-from ..service import clock, conf, memory
-from ..service.conf import ratelimit_settings
+from ..service import clock, memory
 from ..service.connection import get_redis
 from ..service.limiter import get_limiter
 

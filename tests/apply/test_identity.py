@@ -110,7 +110,7 @@ def test_cidr_list_skips_trusted_hops_from_the_right(settings: Any) -> None:
 
 
 def test_an_invalid_proxy_network_is_an_error_and_trusts_nothing_at_run_time(settings: Any) -> None:
-    from ratelimit_app.service.conf import read_settings
+    from ratelimit_app.conf.settings import read_settings
 
     use(settings, TRUSTED_PROXIES=["10.0.0.0/33", "192.0.2.0/24"])
     assert [error.setting for error in read_settings()[1]] == ["TRUSTED_PROXIES"]

@@ -198,7 +198,7 @@ def test_the_fail_mode_is_read_cautiously_even_when_other_settings_are_invalid(
         settings: Any, caplog: pytest.LogCaptureFixture, mode: str, status: str) -> None:
     settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": mode, "IP_RATE": "lots"}
     caplog.set_level(logging.DEBUG, logger="ratelimit_app")
-    from ratelimit_app.service.conf import InvalidSetting
+    from ratelimit_app.conf.settings import InvalidSetting
 
     assert safely(Failing(RuntimeError(cause())), where="the test").status == status  # "ajar": never the default
     assert safely(Failing(InvalidSetting("IP_RATE")), where="the test").status == status

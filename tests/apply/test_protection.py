@@ -305,7 +305,7 @@ def test_the_process_shedder_needs_no_redis(client: Any, settings: Any) -> None:
     ("SHED_RETRY_AFTER", 0.5, "SHED_RETRY_AFTER"),
 ])
 def test_every_shedding_setting_is_validated(settings: Any, name: str, value: Any, message: str) -> None:
-    from ratelimit_app.service.conf import read_settings
+    from ratelimit_app.conf.settings import read_settings
 
     use(settings, **{name: value})
     errors = read_settings()[1]

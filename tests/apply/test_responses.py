@@ -11,9 +11,9 @@ from django.urls import path
 
 from devtools.embedded import free_port
 from project.urls import urlpatterns as demo_urlpatterns
+from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.decorators import ratelimit
 from ratelimit_app.models import ClientRule
-from ratelimit_app.service.conf import ratelimit_settings
 from tests.support.limits_support import make_key, make_tier
 
 pytestmark = pytest.mark.django_db
@@ -107,7 +107,7 @@ def test_the_decorator_answers_in_the_chosen_format(client: Client, settings: An
 @pytest.mark.parametrize(("name", "value", "read"), [("ERROR_FORMAT", "xml", "json"),
                                                     ("HEADER_DRAFT", "draft-12", "draft-11")])
 def test_unknown_formats_are_refused_naming_the_setting(settings: Any, name: str, value: str, read: str) -> None:
-    from ratelimit_app.service.conf import read_settings
+    from ratelimit_app.conf.settings import read_settings
 
     use(settings, **{name: value})
     errors = read_settings()[1]

@@ -11,8 +11,8 @@ from django.core.management.base import SystemCheckError
 from django.urls import include, path
 
 from project.urls import urlpatterns as demo_urlpatterns
+from ratelimit_app.conf.settings import ratelimit_settings, read_settings
 from ratelimit_app.gateway.checks import check_gateway_paths, routed_paths
-from ratelimit_app.service.conf import ratelimit_settings, read_settings
 
 urlpatterns = [*demo_urlpatterns, path("api/gateway/", include("ratelimit_app.gateway.urls"))]
 

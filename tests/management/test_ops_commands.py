@@ -14,11 +14,11 @@ from django.core.management.base import CommandError
 from django.test import Client
 
 from devtools.embedded import free_port
+from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.core.policies import Policy
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 from ratelimit_app.observability.queries import recent_metrics
 from ratelimit_app.observability.recorder import flush, record_decision
-from ratelimit_app.service.conf import ratelimit_settings
 from ratelimit_app.service.limiter import get_limiter
 
 

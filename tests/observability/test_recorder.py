@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from devtools.embedded import free_port, start_redis
+from ratelimit_app.core.logs import JsonFormatter, mask_key, safe_identity
 from ratelimit_app.observability import pending
 from ratelimit_app.observability.queries import MetricsRange, get_metrics, get_metrics_range, recent_metrics
 from ratelimit_app.observability.recorder import flush, process_recorder, record_breaker_change, record_decision
@@ -25,7 +26,6 @@ from ratelimit_app.observability.schema import hour_key
 from ratelimit_app.observability.snapshot import breaker_state, process_metrics
 from ratelimit_app.service.breaker import PROBE
 from ratelimit_app.service.limiter import get_limiter
-from ratelimit_app.service.logs import JsonFormatter, mask_key, safe_identity
 from tests.support.gunicorn_server import http_get, start_gunicorn
 from tests.support.tcp_proxy import tcp_proxy
 

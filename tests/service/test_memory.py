@@ -13,10 +13,10 @@ from django.test import AsyncClient, Client
 from rest_framework.test import APIClient
 
 from ratelimit_app import Policy
+from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.core.policies import CONCURRENCY
 from ratelimit_app.observability import recorder
 from ratelimit_app.service import memory
-from ratelimit_app.service.conf import ratelimit_settings
 from ratelimit_app.service.limiter import get_limiter
 from ratelimit_app.service.limiter_async import get_async_limiter
 from tests.support.limits_support import add_slots, make_key

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ratelimit_app.service import clock, conf
-from ratelimit_app.service.conf import ratelimit_settings
+from ratelimit_app.conf import settings as conf
+from ratelimit_app.conf.settings import ratelimit_settings
+from ratelimit_app.service import clock
 from ratelimit_app.testing import IsolatedRateLimit, plugin
 
 ROOT = Path(__file__).resolve().parents[2]

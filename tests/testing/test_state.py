@@ -12,9 +12,10 @@ from django.core.cache import caches
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client, override_settings
 
+from ratelimit_app.conf import settings as conf
+from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.models import Tier, TierLimit
-from ratelimit_app.service import clock, conf
-from ratelimit_app.service.conf import ratelimit_settings
+from ratelimit_app.service import clock
 from ratelimit_app.service.limiter import get_limiter
 from ratelimit_app.testing import IsolatedRateLimit, assert_limited, assert_not_limited, make_api_key
 from tests.support.limits_support import LimitSpec, make_tier

@@ -9,8 +9,9 @@ import unittest
 import pytest
 from django.test import TestCase
 
-from ratelimit_app.service import clock, conf
-from ratelimit_app.service.conf import ratelimit_settings
+from ratelimit_app.conf import settings as conf
+from ratelimit_app.conf.settings import ratelimit_settings
+from ratelimit_app.service import clock
 from ratelimit_app.testing import IsolatedRateLimit, RateLimitTestMixin, assert_limited, assert_not_limited
 from tests.support.limits_support import make_key, make_tier
 

@@ -24,11 +24,11 @@ from django.core.management.base import CommandError
 from ratelimit_app.apply.identity import ip_identity
 from ratelimit_app.apply.limiting import limit_config
 from ratelimit_app.apply.planning import tier_ip_identity
+from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.core.policies import Policy
 from ratelimit_app.plans.apikeys import PREFIX_LENGTH, parse_key
 from ratelimit_app.plans.compile import TierInfo
 from ratelimit_app.plans.lookups import get_lookups
-from ratelimit_app.service.conf import ratelimit_settings
 
 
 @dataclass(frozen=True)

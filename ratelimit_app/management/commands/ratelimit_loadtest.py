@@ -20,8 +20,8 @@ from urllib.parse import SplitResult, urlsplit
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ratelimit_app.service.conf import ratelimit_settings
-from ratelimit_app.service.logs import mask_key
+from ratelimit_app.conf.settings import ratelimit_settings
+from ratelimit_app.core.logs import mask_key
 
 MAX_REQUESTS = 100_000
 MAX_CONCURRENCY = 256

@@ -15,9 +15,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 from redis.exceptions import RedisError
 
+from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.models import ApiKey
 from ratelimit_app.observability.queries import MAX_RANGE_HOURS, BlockedIdentity, MetricsRange, recent_metrics
-from ratelimit_app.service.conf import ratelimit_settings
 
 
 def table(rows: list[tuple[str, ...]], numeric_from: int = 1) -> list[str]:

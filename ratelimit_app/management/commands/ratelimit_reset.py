@@ -15,8 +15,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from ratelimit_app.core.exceptions import RateLimiterError
+from ratelimit_app.core.logs import log_event
 from ratelimit_app.service.limiter import get_limiter
-from ratelimit_app.service.logs import log_event
 
 from ._targets import resolve
 

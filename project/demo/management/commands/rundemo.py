@@ -18,8 +18,8 @@ from django.db import transaction
 from django.db.models import Min
 
 from devtools.embedded import redis_source
+from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.models import ApiKey, Tier
-from ratelimit_app.service.conf import ratelimit_settings
 from ratelimit_app.service.connection import redacted_url
 
 DEMO_KEY_PREFIX = "demo key for "

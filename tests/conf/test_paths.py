@@ -1,11 +1,11 @@
-"""ratelimit_app.service.paths: the one normalisation of a path, its readings, segment-by-segment prefix
+"""ratelimit_app.conf.paths: the one normalisation of a path, its readings, segment-by-segment prefix
 matching (a trailing slash changes nothing) and the prefixes that look like typos."""
 
 from __future__ import annotations
 
 import pytest
 
-from ratelimit_app.service.paths import PathPrefixes, limited, normalize, prefix_form, readings, typo
+from ratelimit_app.conf.paths import PathPrefixes, limited, normalize, prefix_form, readings, typo
 
 
 @pytest.mark.parametrize(("path", "normal"), [

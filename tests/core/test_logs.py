@@ -1,4 +1,4 @@
-"""ratelimit_app.service.logs: `log_event`'s record (message, level, fields on the record), the redaction
+"""ratelimit_app.core.logs: `log_event`'s record (message, level, fields on the record), the redaction
 of keys and identities, the helpers' levels and `JsonFormatter`'s one JSON object per line."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ratelimit_app.service.logs import (
+from ratelimit_app.core.logs import (
     JsonFormatter,
     log_breaker_change,
     log_denial,

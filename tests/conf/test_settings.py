@@ -13,7 +13,7 @@ from django.core.management.base import SystemCheckError
 
 from devtools.embedded import free_port
 from ratelimit_app.checks import check_settings
-from ratelimit_app.service.conf import DEFAULTS, ratelimit_settings, read_settings, set_overlay
+from ratelimit_app.conf.settings import DEFAULTS, ratelimit_settings, read_settings, set_overlay
 from ratelimit_app.service.connection import get_redis
 from tests.support.limits_support import attempts
 
@@ -206,7 +206,7 @@ def test_invalid_settings_with_a_cautious_reading_are_read_that_way(settings: An
 ])
 def test_invalid_settings_without_a_reading_raise_naming_the_setting_not_the_value(settings: Any, name: str,
                                                                                    written: Any) -> None:
-    from ratelimit_app.service.conf import InvalidSetting
+    from ratelimit_app.conf.settings import InvalidSetting
 
     use(settings, **{name: written})
     with pytest.raises(InvalidSetting, match=rf"RATELIMIT\['{name}'\] is invalid") as excinfo:

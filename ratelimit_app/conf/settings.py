@@ -30,10 +30,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from ..core.logs import log_once
 from ..core.policies import ALGORITHMS, InvalidPolicy, Policy, parse_rate
-from .conf_rules import READINGS, RULES, SECRET_SETTINGS, UNREADABLE, exempting_everything, number, shown
-from .logs import log_once
 from .redisurl import SCHEMES, url_problem
+from .rules import READINGS, RULES, SECRET_SETTINGS, UNREADABLE, exempting_everything, number, shown
 
 DEFAULTS: dict[str, Any] = {
     # Where decisions are made

@@ -1,4 +1,4 @@
-"""The rules ratelimit_app.service.conf validates and reads RATELIMIT by: for each setting, what is
+"""The rules ratelimit_app.conf.settings validates and reads RATELIMIT by: for each setting, what is
 accepted (`RULES`, with what a harmful value would do), and the cautious reading of an invalid value
 at run time (`READINGS`). conf.py applies them (`setting_errors`, `runtime_values`): the one place
 settings are validated and read.

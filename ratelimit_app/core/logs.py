@@ -102,7 +102,7 @@ def log_breaker_change(*, previous: str, state: str) -> None:
 class JsonFormatter(logging.Formatter):
     """Formats records as one JSON object per line: time, level, logger, event, message and fields.
 
-    Use it in LOGGING: `"formatters": {"json": {"()": "ratelimit_app.service.logs.JsonFormatter"}}`.
+    Use it in LOGGING: `"formatters": {"json": {"()": "ratelimit_app.core.logs.JsonFormatter"}}`.
     """
 
     def format(self, record: logging.LogRecord) -> str:

@@ -1,5 +1,5 @@
 """What a RATELIMIT['REDIS_URL'] may be: its scheme, address, database and query parameters, checked
-before any client is built (ratelimit_app.service.conf validates the setting with `url_problem`).
+before any client is built (ratelimit_app.conf.settings validates the setting with `url_problem`).
 
 A REDIS_URL can hold a password (in its user info or a `password=` parameter), so nothing here ever
 returns, prints or raises the URL or a part of it that could be one: problems name the part at fault

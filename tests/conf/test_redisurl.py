@@ -1,11 +1,11 @@
-"""ratelimit_app.service.redisurl: what a REDIS_URL may be, checked before a client is built, and what is
+"""ratelimit_app.conf.redisurl: what a REDIS_URL may be, checked before a client is built, and what is
 wrong with one, said without ever quoting it (it can hold a password)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ratelimit_app.service.redisurl import host_ports, url_problem
+from ratelimit_app.conf.redisurl import host_ports, url_problem
 
 PASSWORD = "hunter2hunter2"
 

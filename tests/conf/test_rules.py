@@ -1,4 +1,4 @@
-"""ratelimit_app.service.conf_rules: a rule for every setting, messages that never show a secret, the
+"""ratelimit_app.conf.rules: a rule for every setting, messages that never show a secret, the
 width of trusted and metrics networks, exempt paths that would exempt everything, and the cautious
 reading of each invalid setting that has one (what service/test_conf.py checks through the settings)."""
 
@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from ratelimit_app.service.conf import DEFAULTS
-from ratelimit_app.service.conf_rules import (
+from ratelimit_app.conf.rules import (
     READINGS,
     RULES,
     SECRET_SETTINGS,
@@ -17,6 +16,7 @@ from ratelimit_app.service.conf_rules import (
     exempting_everything,
     shown,
 )
+from ratelimit_app.conf.settings import DEFAULTS
 
 
 def test_every_setting_has_a_rule_and_every_reading_a_setting() -> None:

@@ -1,0 +1,1 @@
+"""Settings: RATELIMIT read, validated and snapshotted."""
