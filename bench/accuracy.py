@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import redis
 
-from bench.peers import BY_KEY, Rate
+from bench.limiters import Rate
+from bench.peers import BY_KEY
 from bench.workers import WorkerPool, WorkerState
 
 #: Limit of the accuracy runs for single-policy limiters.

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import http_bench
+from bench.loadgen import HttpResult, load_generator
 
 #: Samples per second py-spy takes.
 RATE = 200
@@ -79,7 +80,7 @@ def _samples(raw: Path) -> Counter[str]:
     return parts
 
 
-def _load_into(results: list[http_bench.HttpResult], generate: Callable[..., http_bench.HttpResult],
+def _load_into(results: list[HttpResult], generate: Callable[..., HttpResult],
                *args: object) -> None:
     results.append(generate(*args))
 
@@ -92,7 +93,7 @@ def profile_variants(redis_url: str, work_dir: Path, variants: list[str], second
         return AsgiProfile(seconds, RATE, {}, {}, "py-spy is not installed (it comes with bench/requirements.txt)")
     db_path = work_dir / "bench-http.sqlite3"
     keys = http_bench.prepare_database(redis_url, db_path)
-    _, generate = http_bench.load_generator()
+    _, generate = load_generator()
     per_request: dict[str, dict[str, float]] = {}
     cpu: dict[str, float] = {}
     for variant in variants:
@@ -102,7 +103,7 @@ def profile_variants(redis_url: str, work_dir: Path, variants: list[str], second
             server.wait_ready({"X-API-Key": keys[0]})
             generate(server.url, keys, connections, 1.0)  # warm up
             # the load runs 0.5 s longer on each side than py-spy, so every sample falls under load
-            loaded: list[http_bench.HttpResult] = []
+            loaded: list[HttpResult] = []
             load = threading.Thread(target=_load_into, args=(loaded, generate, server.url, keys, connections,
                                                              seconds + 1.0))
             load.start()

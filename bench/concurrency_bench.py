@@ -39,14 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.http_bench import (  # noqa: E402
-    SEEDED_TIER,
-    HttpResult,
-    Server,
-    connections_per_worker,
-    load_generator,
-    prepare_with_slot,
-)
+from bench.http_bench import SEEDED_TIER, Server, connections_per_worker, prepare_with_slot  # noqa: E402
+from bench.loadgen import HttpResult, load_generator  # noqa: E402
+from bench.redis_time import redis_cpu  # noqa: E402
 from devtools.embedded import start_redis  # noqa: E402
 
 VARIANTS = (("rate limits", SEEDED_TIER), ("rate limits + slot", f"{SEEDED_TIER}-slot"))
@@ -55,10 +50,6 @@ VARIANTS = (("rate limits", SEEDED_TIER), ("rate limits + slot", f"{SEEDED_TIER}
 def prepare(redis_url: str, db_path: Path) -> dict[str, list[str]]:
     return prepare_with_slot(redis_url, db_path, "ours")
 
-
-def _redis_cpu(admin: redis.Redis) -> float:
-    info = admin.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def _commands(admin: redis.Redis) -> dict[str, int]:
@@ -98,9 +89,9 @@ def main(argv: list[str]) -> int:
                 admin.flushdb()  # the private server's sliding logs stay small; the scripts stay loaded
                 generate(server.url, keys[slug], args.connections, args.warmup)
                 before = _commands(admin)
-                app_before, redis_before = server.worker_cpu(), _redis_cpu(admin)
+                app_before, redis_before = server.worker_cpu(), redis_cpu(admin)
                 result = generate(server.url, keys[slug], args.connections, args.duration)
-                app_after, redis_after = server.worker_cpu(), _redis_cpu(admin)
+                app_after, redis_after = server.worker_cpu(), redis_cpu(admin)
                 after = _commands(admin)
                 done = max(1, result.requests)
                 cpu[label].append(((app_after - app_before) / done, (redis_after - redis_before) / done))
@@ -132,10 +123,10 @@ def main(argv: list[str]) -> int:
         commands = statistics.median(t[2] for t in trips[label])
         rounds = ", ".join(f"{r.per_second:.0f}" for r in results[label])
         app_cpu = statistics.median(c[0] for c in cpu[label]) * 1000
-        redis_cpu = statistics.median(c[1] for c in cpu[label]) * 1_000_000
+        redis_us = statistics.median(c[1] for c in cpu[label]) * 1_000_000
         out(f"| {label} | {middle.per_second:.0f} | {rounds} | {middle.p50 * 1000:.2f} | {middle.p99 * 1000:.2f} | "
               f"{sum(r.errors for r in results[label])} | {evalsha:.3f} | {zrem:.3f} | {commands:.3f} | "
-              f"{app_cpu:.3f} | {redis_cpu:.1f} |")
+              f"{app_cpu:.3f} | {redis_us:.1f} |")
     ratio = medians["rate limits + slot"] / medians["rate limits"]
     paired = statistics.median(s.per_second / r.per_second
                                for r, s in zip(results["rate limits"], results["rate limits + slot"], strict=True))
@@ -149,7 +140,7 @@ def main(argv: list[str]) -> int:
 
 
 def _write_section(lines: list[str], load_at_start: float, load_at_end: float) -> None:
-    from bench.report import write_script_section
+    from bench.report_text import write_script_section
 
     write_script_section("concurrency", "## 7. Concurrency slots over HTTP", "bench/concurrency_bench.py", [
         "One gunicorn serves the trivial view behind RateLimitMiddleware; two API keys take turns",

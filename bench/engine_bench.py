@@ -22,7 +22,9 @@ from typing import Any
 
 import redis
 
-from bench.peers import BY_KEY, Rate
+from bench.limiters import Rate
+from bench.peers import BY_KEY
+from bench.redis_time import redis_cpu
 from bench.workers import WorkerPool, WorkerState
 
 #: The rate every engine measurement uses; the tier variants turn it into the free tier (see tier_policies).
@@ -136,10 +138,6 @@ def _percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def _redis_cpu(admin: redis.Redis) -> float:
-    cpu = admin.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
-
 
 def measure(pool: WorkerPool, admin: redis.Redis, variant: str, mode: str, processes: int, duration: float,
             tag: str, hot: str) -> Run:
@@ -147,9 +145,9 @@ def measure(pool: WorkerPool, admin: redis.Redis, variant: str, mode: str, proce
     start_at = time.monotonic() + 0.15
     kwargs = {"variant": variant, "rate": ENGINE_RATE, "mode": mode, "tag": tag, "hot": hot,
               "start_at": start_at, "duration": duration}
-    cpu_before = _redis_cpu(admin)
+    cpu_before = redis_cpu(admin)
     results = pool.run({i: ("bench.engine_bench:timed_hits", {**kwargs, "worker": i}) for i in range(processes)})
-    cpu = _redis_cpu(admin) - cpu_before
+    cpu = redis_cpu(admin) - cpu_before
     latencies: list[float] = []
     for result in results:
         latencies.extend(array("d", result["latencies"]))
@@ -237,172 +235,3 @@ def paired_rounds(pool: WorkerPool, admin: redis.Redis, variants: Sequence[str],
     admin.flushall()
     return Paired(processes, rounds, {v: statistics.median(s) for v, s in samples.items()},
                   {v: tuple(s) for v, s in samples.items()}, {v: statistics.median(c) for v, c in cpu.items()})
-
-
-
-
-# -- the engine's transports, side by side --------------------------------------------------------------
-#: Rows of the transport comparison: the sync engine on each path, the async engine, and a bare EVALSHA
-#: from the same client for each (the floor each is judged against).
-TRANSPORTS = {
-    "sync.evalsha": "sync: bare EVALSHA (client.evalsha)",
-    "sync.tier": "sync: RateLimiter.hit, 3-policy tier, per-thread connection (speed path)",
-    "sync.tier.pool": "sync: RateLimiter.hit, 3-policy tier, client's pool (reference path)",
-    "async.evalsha": "async: bare EVALSHA (await client.evalsha)",
-    "async.tier": "async: AsyncRateLimiter.hit, 3-policy tier, own connections (speed path)",
-    "async.tier.pool": "async: AsyncRateLimiter.hit, 3-policy tier, client's pool (reference path)",
-}
-_sync_transports: dict[str, Callable[[str], Any]] = {}
-
-
-def _sync_transport(state: WorkerState, variant: str) -> Callable[[str], Any]:
-    """The call one sync row makes per decision, built once per worker process."""
-    found = _sync_transports.get(variant)
-    if found is None:
-        from bench.peers import INCR_SCRIPT, tier_policies
-        from ratelimit_app import RateLimiter
-
-        client = state.ctx.client
-        if variant == "sync.evalsha":
-            sha = client.script_load(INCR_SCRIPT)
-            found = lambda identity: client.evalsha(sha, 1, "bl:" + identity)  # noqa: E731
-        else:
-            limiter = RateLimiter(client, prefix="tr", connections="pool" if variant == "sync.tier.pool"
-                                  else "own")
-            policies = tier_policies(ENGINE_RATE)
-            found = lambda identity: limiter.hit(identity, policies)  # noqa: E731
-        _sync_transports[variant] = found
-    return found
-
-
-def _async_transports(client: Any) -> dict[str, Callable[..., Any]]:
-    """The coroutine function each async row awaits per decision, all over one redis.asyncio client."""
-    from bench.peers import INCR_SCRIPT, tier_policies
-    from ratelimit_app import AsyncRateLimiter
-
-    policies = tier_policies(ENGINE_RATE)
-    own = AsyncRateLimiter(client, prefix="tr")
-    pooled = AsyncRateLimiter(client, prefix="tr", connections="pool")
-    shas: list[str] = []
-
-    async def evalsha(identity: str) -> Any:
-        return await client.evalsha(shas[0], 1, "bl:" + identity)
-
-    async def tier(identity: str) -> Any:
-        return await own.hit(identity, policies)
-
-    async def tier_pool(identity: str) -> Any:
-        return await pooled.hit(identity, policies)
-
-    async def load() -> None:
-        shas.append(await client.script_load(INCR_SCRIPT))
-
-    return {"async.evalsha": evalsha, "async.tier": tier, "async.tier.pool": tier_pool, "": load}
-
-
-def interleaved_transports(state: WorkerState, keys: list[str], duration: float, burst: int, slices: int,
-                           tag: str, worker: int) -> dict[str, Any]:
-    """Every row of `keys` ("<row>/<tasks>") in turn, `burst` decisions per task at a time, for `duration`
-    seconds; per row: decisions, wall time, this process' CPU and Redis' CPU, also per time slice.
-
-    Interleaving in short bursts (rather than rounds of a second) puts every row under the same load
-    from other work on the machine, which a shared machine changes from one second to the next.
-    """
-    import asyncio
-
-    import redis.asyncio
-
-    loop = asyncio.new_event_loop()
-    client = redis.asyncio.Redis.from_url(state.ctx.url, socket_timeout=10, socket_connect_timeout=5)
-    admin = state.ctx.client
-    try:
-        coroutines = _async_transports(client)
-        loop.run_until_complete(coroutines.pop("")())
-        totals: dict[str, dict[str, Any]] = {
-            key: {"count": 0, "wall": 0.0, "cpu": 0.0, "redis": 0.0, "slices": [[0, 0.0] for _ in range(slices)]}
-            for key in keys}
-
-        def run_burst(key: str, first: int) -> int:
-            row, n = key.rsplit("/", 1)
-            tasks = int(n)
-            if row.startswith("sync."):
-                decide = _sync_transport(state, row)
-                for i in range(burst):
-                    decide(f"{tag}:{key}:{first + i}")
-                return burst
-            decide_async = coroutines[row]
-
-            async def one(start: int) -> None:
-                for i in range(burst):
-                    await decide_async(f"{tag}:{key}:{start + i}")
-
-            async def all_tasks() -> None:
-                await asyncio.gather(*(one(first + t * burst) for t in range(tasks)))
-
-            loop.run_until_complete(all_tasks())
-            return burst * tasks
-
-        for key in keys:  # warm up: connections, scripts
-            run_burst(key, -10_000)
-        started = time.monotonic()
-        end = started + duration
-        counter = 0
-        while time.monotonic() < end:
-            admin.flushall()  # as the rounds of the main table do: every cycle starts from an empty Redis
-            for key in keys:
-                redis_before = _redis_cpu(admin)
-                cpu_before, wall_before = time.process_time(), time.perf_counter()
-                done = run_burst(key, counter)
-                wall = time.perf_counter() - wall_before
-                cpu = time.process_time() - cpu_before
-                total = totals[key]
-                total["redis"] += _redis_cpu(admin) - redis_before
-                total["count"] += done
-                total["wall"] += wall
-                total["cpu"] += cpu
-                part = total["slices"][min(slices - 1, int((time.monotonic() - started) / duration * slices))]
-                part[0] += done
-                part[1] += wall
-                counter += done
-        return totals
-    finally:
-        loop.run_until_complete(client.aclose())
-        loop.close()
-
-
-@dataclass(frozen=True)
-class Transports:
-    """Every transport row, interleaved in short bursts in one process for `duration` seconds.
-
-    Keys are "<row>/<tasks>": a sync row runs in 1 thread ("sync.tier/1"), an async row in each of
-    `tasks` concurrent tasks ("async.tier/16"). `per_second` is decisions over the row's own time;
-    `samples` the same in each of `rounds` equal slices of the run (how steady it was); `cpu` the
-    client's plus Redis' CPU per decision.
-    """
-
-    rounds: int
-    duration: float
-    tasks: tuple[int, ...]
-    per_second: dict[str, float]
-    samples: dict[str, tuple[float, ...]]
-    cpu: dict[str, float]
-
-    def ratio(self, row: str, floor: str) -> float:
-        """Median decisions/s of `row` over that of `floor` (keys as above)."""
-        return self.per_second[row] / self.per_second[floor]
-
-
-def transport_rounds(pool: WorkerPool, admin: redis.Redis, duration: float, tasks: Sequence[int] = (1, 16),
-                     burst: int = 20, slices: int = 5, rows: Sequence[str] = tuple(TRANSPORTS)) -> Transports:
-    """Measure `rows` of TRANSPORTS (default: all) in worker 0, interleaved in bursts for `duration` seconds."""
-    keys = [f"{row}/1" for row in rows if row.startswith("sync.")]
-    keys += [f"{row}/{n}" for n in tasks for row in rows if row.startswith("async.")]
-    admin.flushall()
-    [totals] = pool.run({0: ("bench.engine_bench:interleaved_transports",
-                             {"keys": keys, "duration": duration, "burst": burst, "slices": slices, "tag": "tr",
-                              "worker": 0})})
-    admin.flushall()
-    return Transports(slices, duration, tuple(tasks),
-                      {key: t["count"] / t["wall"] for key, t in totals.items()},
-                      {key: tuple(n / w for n, w in t["slices"] if w > 0) for key, t in totals.items()},
-                      {key: (t["cpu"] + t["redis"]) / max(t["count"], 1) for key, t in totals.items()})

@@ -41,8 +41,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.http_bench import SEEDED_TIER, HttpResult, Server, load_generator, prepare_with_slot  # noqa: E402
+from bench.http_bench import SEEDED_TIER, Server, prepare_with_slot  # noqa: E402
 from bench.httpapp.variants import GATEWAY_VARIANT  # noqa: E402
+from bench.loadgen import HttpResult, load_generator  # noqa: E402
+from bench.redis_time import redis_cpu  # noqa: E402
 from devtools.embedded import free_port, start_redis  # noqa: E402
 from tests.support.gateways import doc_block, missing_gateways, start_nginx, with_ports  # noqa: E402
 
@@ -94,10 +96,6 @@ def nginx_servers(rows: list[Row], django: int, service: int) -> str:
     return "\n".join(blocks)
 
 
-def _redis_cpu(admin: redis.Redis) -> float:
-    info = admin.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
 
 def _commands(admin: redis.Redis) -> dict[str, int]:
     return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in admin.info("commandstats").items()}
@@ -112,9 +110,9 @@ def measure(rows: list[Row], keys: dict[str, list[str]], server: Server, admin: 
             url, sent = f"http://127.0.0.1:{row.port}/ping", keys[row.tier] if row.tier else []
             admin.flushdb()  # the private server: counters start afresh, the scripts stay loaded
             generate(url, sent, args.connections, args.warmup)
-            before, app_before, redis_before = _commands(admin), server.worker_cpu(), _redis_cpu(admin)
+            before, app_before, redis_before = _commands(admin), server.worker_cpu(), redis_cpu(admin)
             result = generate(url, sent, args.connections, args.duration)
-            after, app_after, redis_after = _commands(admin), server.worker_cpu(), _redis_cpu(admin)
+            after, app_after, redis_after = _commands(admin), server.worker_cpu(), redis_cpu(admin)
             done = max(1, result.requests)
             row.results.append(result)
             row.cpu.append(((app_after - app_before) / done, (redis_after - redis_before) / done))
@@ -195,7 +193,7 @@ def main(argv: list[str]) -> int:
 
 
 def _write_section(lines: list[str], load_at_start: float, load_at_end: float) -> None:
-    from bench.report import write_script_section
+    from bench.report_text import write_script_section
 
     write_script_section("gateway", "## 8. Gateway mode through nginx", "bench/gateway_bench.py", [
         "One nginx (1 worker) in front of a protected service that answers `200 ok`; one gunicorn serves the",

@@ -20,24 +20,20 @@ import contextlib
 import dataclasses
 import http.client
 import importlib
-import itertools
 import json
-import math
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
+from bench.loadgen import HttpResult, load_generator
+from bench.redis_time import redis_cpu
 from devtools.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,21 +43,6 @@ PATH = "/api/ping"
 #: KEY_COUNT keys in turn, a round of a few thousand requests per second stays within every key's limits).
 SEEDED_TIER = "enterprise"
 KEY_COUNT = 64
-
-
-@dataclass(frozen=True)
-class HttpResult:
-    """One variant's run: requests per second, latency percentiles (seconds) and non-200 answers."""
-
-    variant: str
-    requests: int
-    per_second: float
-    p50: float
-    p99: float
-    errors: int
-    generator: str
-    server_cpu: float = math.nan  # Redis CPU seconds (user + sys) per request, from INFO cpu
-    app_cpu: float = math.nan  # CPU seconds of the serving processes per request (from /proc)
 
 
 def server_env(redis_url: str, db_path: Path, variant: str) -> dict[str, str]:
@@ -149,20 +130,20 @@ def connections_per_worker(connections: int, workers: int) -> int:
 def server_command(server: str, port: int, workers: int, threads: int, connections: int | None = None) -> list[str]:
     """The command line of `server` serving the bench app on 127.0.0.1:`port`, without access log.
 
-    gunicorn: `workers` gthread workers of `threads` threads, which keep connections alive as a real
-    deployment behind a proxy would. With `connections` (those the load generator keeps open, straight
-    to gunicorn), each worker holds at most its share of them: without that bound, the worker that wakes
-    first accepts every connection opened at once, and a round then measures one worker out of two
-    (seen: rounds at half the rate of the others, the other worker with no CPU time at all). uvicorn: one
-    process (`workers` and `threads` do not apply), its default event loop and HTTP parser (uvloop and
-    httptools when installed).
+    gunicorn: `workers` sync workers (gunicorn's default class: one request at a time, the connection
+    closed after each answer) when `threads` is 0, else gthread workers of `threads` threads, which keep
+    connections alive as a deployment behind a proxy would. With gthread and `connections` (those the
+    load generator keeps open, straight to gunicorn), each worker holds at most its share of them:
+    without that bound, the worker that wakes first accepts every connection opened at once, and a round
+    then measures one worker out of two. uvicorn: one process (`workers` and `threads` do not apply), its
+    default event loop and HTTP parser (uvloop and httptools when installed).
     """
     if server == "gunicorn":
-        share = [] if connections is None else \
+        kind = ["--worker-class", "sync"] if threads <= 0 else ["--worker-class", "gthread", "--threads", str(threads)]
+        share = [] if connections is None or threads <= 0 else \
             ["--worker-connections", str(connections_per_worker(connections, workers))]
         return [sys.executable, "-m", "gunicorn", "bench.httpapp.wsgi:application", "--bind", f"127.0.0.1:{port}",
-                "--workers", str(workers), "--worker-class", "gthread", "--threads", str(threads), *share,
-                "--log-level", "warning"]
+                "--workers", str(workers), *kind, *share, "--log-level", "warning"]
     if server == "uvicorn":
         return [sys.executable, "-m", "uvicorn", "bench.httpapp.asgi:application", "--host", "127.0.0.1",
                 "--port", str(port), "--no-access-log", "--log-level", "warning"]
@@ -227,108 +208,6 @@ class Server:
             self.process.wait()
 
 
-# -- load generators --------------------------------------------------------------------------------
-_WRK_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
-
-
-def _wrk_seconds(text: str) -> float:
-    match = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
-    if not match:
-        raise ValueError(f"unexpected wrk latency {text!r}")
-    return float(match.group(1)) * _WRK_UNITS[match.group(2)]
-
-
-_WRK_KEYS = """
-local keys = {%s}
-local next_key = 0
-request = function()
-  next_key = next_key %% #keys + 1
-  return wrk.format("GET", nil, {["X-API-Key"] = keys[next_key]})
-end
-"""
-
-
-def wrk_load(url: str, keys: Sequence[str], connections: int, duration: float) -> HttpResult:
-    """Run wrk (1 thread, `connections` keep-alive connections, `duration` seconds, --latency), each request
-    with the next of `keys` in X-API-Key (none when `keys` is empty)."""
-    command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(duration))}s", "--latency", "--timeout", "5s"]
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", prefix="ratelimit-wrk-") as script:
-        if keys:
-            script.write(_WRK_KEYS % ", ".join(f'"{key}"' for key in keys))
-            script.flush()
-            command += ["-s", script.name]
-        done = subprocess.run([*command, url], capture_output=True, text=True, timeout=duration + 60, check=True)
-    out = done.stdout
-    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
-    per_second = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
-    p50 = _wrk_seconds(re.search(r"\s50%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    p99 = _wrk_seconds(re.search(r"\s99%\s+(\S+)", out).group(1))  # type: ignore[union-attr]
-    non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
-    errors = int(non_2xx.group(1)) if non_2xx else 0
-    if socket_errors:
-        errors += sum(int(n) for n in socket_errors.groups())
-    return HttpResult("", requests, per_second, p50, p99, errors, "wrk")
-
-
-def python_load(url: str, keys: Sequence[str], connections: int, duration: float) -> HttpResult:
-    """A bounded Python client: `connections` threads, each one keep-alive connection, for `duration` s;
-    each request with the next of `keys` in X-API-Key (none when `keys` is empty)."""
-    match = re.match(r"http://([^:/]+):(\d+)(/.*)", url)
-    if not match:
-        raise ValueError(f"unexpected url {url!r}")
-    host, port, path = match.group(1), int(match.group(2)), match.group(3)
-    end = time.monotonic() + duration
-    latencies: list[list[float]] = [[] for _ in range(connections)]
-    errors = [0] * connections
-
-    turn = itertools.cycle([{"X-API-Key": key} for key in keys] or [{}])
-    turn_lock = threading.Lock()
-
-    def client(slot: int) -> None:
-        conn = http.client.HTTPConnection(host, port, timeout=5)
-        while True:
-            before = time.monotonic()
-            if before >= end:
-                break
-            with turn_lock:
-                headers = next(turn)
-            try:
-                conn.request("GET", path, headers=headers)
-                response = conn.getresponse()
-                response.read()
-                if response.status != 200:
-                    errors[slot] += 1
-            except (OSError, http.client.HTTPException):
-                errors[slot] += 1
-                conn.close()
-                conn = http.client.HTTPConnection(host, port, timeout=5)
-                continue
-            latencies[slot].append(time.monotonic() - before)
-        conn.close()
-
-    started = time.monotonic()
-    threads = [threading.Thread(target=client, args=(slot,)) for slot in range(connections)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = time.monotonic() - started
-    ordered = sorted(value for values in latencies for value in values)
-    count = len(ordered)
-    p50 = ordered[count // 2] if ordered else float("nan")
-    p99 = ordered[min(count - 1, int(0.99 * count))] if ordered else float("nan")
-    return HttpResult("", count, count / elapsed, p50, p99, sum(errors), "python")
-
-
-def load_generator() -> tuple[str, Callable[[str, Sequence[str], int, float], HttpResult]]:
-    """wrk when installed (it costs the server's CPU far less than Python), else the Python client;
-    BENCH_LOAD_GENERATOR=python forces the Python client."""
-    if shutil.which("wrk") and os.environ.get("BENCH_LOAD_GENERATOR") != "python":
-        return "wrk", wrk_load
-    return "python", python_load
-
-
 @dataclass(frozen=True)
 class HttpRun:
     """The HTTP section: per-variant results (the median round by requests/s; requests and errors
@@ -344,10 +223,6 @@ class HttpRun:
     duration: float
     server: str = "gunicorn"
 
-
-def _redis_cpu(admin: redis.Redis) -> float:
-    cpu = admin.info("cpu")
-    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def run_http(redis_url: str, admin: redis.Redis, work_dir: Path, variants: list[str], duration: float,
@@ -384,9 +259,9 @@ def run_http(redis_url: str, admin: redis.Redis, work_dir: Path, variants: list[
                 admin.flushall()
                 if warmup > 0:
                     generate(serving.url, keys, connections, warmup)
-                cpu_before, app_before = _redis_cpu(admin), serving.worker_cpu()
+                cpu_before, app_before = redis_cpu(admin), serving.worker_cpu()
                 result = generate(serving.url, keys, connections, duration)
-                cpu, app = _redis_cpu(admin) - cpu_before, serving.worker_cpu() - app_before
+                cpu, app = redis_cpu(admin) - cpu_before, serving.worker_cpu() - app_before
                 requests = max(1, result.requests)
                 runs[variant].append(HttpResult(variant, result.requests, result.per_second, result.p50,
                                                 result.p99, result.errors, result.generator, cpu / requests,

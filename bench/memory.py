@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import redis
 
-from bench.peers import BY_KEY, Rate
+from bench.limiters import Rate
+from bench.peers import BY_KEY
 from bench.workers import WorkerPool, WorkerState
 
 MEMORY_RATES = (Rate(20, 60), Rate(2000, 60))

@@ -1,4 +1,5 @@
-"""The limiters under test: ours, the one-EVALSHA baseline and the peers, behind one small interface.
+"""The limiters under test: ours, the one-EVALSHA baselines and the peers (their adapters here), each a
+`Variant` of the benchmark's table.
 
 Every variant is built per process by `build(key, rate, ctx)` and answers `hit(identity) -> bool`
 (True when admitted) through the library's own public decision call, configured the way its docs
@@ -18,52 +19,20 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
-import redis
-
-#: The trivial script of the baseline: the cost of one Redis round trip from Python.
-INCR_SCRIPT = "return redis.call('INCR', KEYS[1])"
-
-
-@dataclass(frozen=True)
-class Rate:
-    """`limit` units per `period` seconds (period is 1, 60, 3600 or 86400 so every library can express it)."""
-
-    limit: int
-    period: int
-
-    @property
-    def unit(self) -> str:
-        """The period as the one-letter unit DRF and django-ratelimit parse ("s", "m", "h", "d")."""
-        units = {1: "s", 60: "m", 3600: "h", 86400: "d"}
-        if self.period not in units:
-            raise ValueError(f"period: {self.period} is not one of {sorted(units)} seconds")
-        return units[self.period]
-
-    def __str__(self) -> str:
-        return f"{self.limit}/{self.unit}"
-
-
-class Limiter(Protocol):
-    """What the measurements need from a limiter under test."""
-
-    #: Most units one identity is admitted before it is denied (the tightest policy's capacity).
-    capacity: int
-
-    def hit(self, identity: str) -> bool:
-        """Decide one request of `identity`; True when admitted."""
-
-    def fill(self, identity: str) -> None:
-        """Charge `identity` up to its limit (used to measure memory per active identity)."""
-
-
-@dataclass(frozen=True)
-class Context:
-    """What a worker process hands every builder: the Redis URL and a shared redis-py client."""
-
-    url: str
-    client: redis.Redis
+from bench.limiters import (
+    Baseline,
+    ByHits,
+    Context,
+    Limiter,
+    Rate,
+    RawBaseline,
+    bound,
+    ours_single,
+    service_tier,
+    tier,
+)
 
 
 @dataclass(frozen=True)
@@ -86,105 +55,9 @@ class Variant:
     state_per_unit: bool = False
 
 
-def _fill_by_hits(limiter: Limiter, identity: str) -> None:
-    for _ in range(limiter.capacity + 1):
-        if not limiter.hit(identity):
-            return
-
-
-# -- baseline ---------------------------------------------------------------------------------------
-class Baseline:
-    """One EVALSHA of a trivial INCR script per decision, through `client.evalsha` (redis-py's public call)."""
-
-    def __init__(self, rate: Rate, ctx: Context) -> None:
-        self.capacity = rate.limit
-        self.client = ctx.client
-        self.sha = ctx.client.script_load(INCR_SCRIPT)
-
-    def hit(self, identity: str) -> bool:
-        return int(self.client.evalsha(self.sha, 1, "bl:" + identity)) <= self.capacity
-
-    def fill(self, identity: str) -> None:
-        _fill_by_hits(self, identity)
-
-
-class RawBaseline(Baseline):
-    """The same EVALSHA sent the way ratelimit_app's engine sends it: `send_command` / `read_response`
-    straight on a pooled connection, without redis-py's command wrapper."""
-
-    def hit(self, identity: str) -> bool:
-        pool = self.client.connection_pool
-        conn = pool.get_connection()
-        try:
-            conn.send_command("EVALSHA", self.sha, 1, "bl:" + identity)
-            reply = conn.read_response()
-        finally:
-            pool.release(conn)
-        return int(reply) <= self.capacity
-
-
-# -- ours -------------------------------------------------------------------------------------------
-def tier_policies(rate: Rate) -> list[Any]:
-    """A 3-policy tier shaped like the seeded free tier, scaled by `rate`.
-
-    rate 20/m gives exactly the free tier: token_bucket burst 10 refilling 20/min, sliding_window
-    20/min, fixed_window 1000/day. Its tightest capacity is the burst, rate.limit // 2.
-    """
-    from ratelimit_app import Policy
-
-    return [
-        Policy("burst", "token_bucket", limit=rate.limit, period=rate.period, burst=max(1, rate.limit // 2)),
-        Policy("minute", "sliding_window", limit=rate.limit, period=rate.period),
-        Policy("day", "fixed_window", limit=50 * rate.limit, period=86400),
-    ]
-
-
-class Ours:
-    """`RateLimiter.hit(identity, policies)` on the shared client."""
-
-    def __init__(self, policies: list[Any], ctx: Context, prefix: str = "rl") -> None:
-        from ratelimit_app import RateLimiter
-
-        self.limiter = RateLimiter(ctx.client, prefix=prefix)
-        self.policies = policies
-        self.capacity = min(p.capacity for p in policies)
-
-    def hit(self, identity: str) -> bool:
-        return self.limiter.hit(identity, self.policies).allowed
-
-    def fill(self, identity: str) -> None:
-        self.limiter.hit(identity, self.policies, cost=self.capacity)
-
-
-class OursService(Ours):
-    """`ratelimit_app.service.limiter.get_limiter().hit(...)`: what request handling calls (settings-built client)."""
-
-    def __init__(self, policies: list[Any], ctx: Context) -> None:
-        from ratelimit_app.service.limiter import get_limiter
-
-        self.service = get_limiter()
-        self.policies = policies
-        self.capacity = min(p.capacity for p in policies)
-
-    def hit(self, identity: str) -> bool:
-        return self.service.hit(identity, self.policies).allowed
-
-    def fill(self, identity: str) -> None:
-        self.service.hit(identity, self.policies, cost=self.capacity)
-
-
-def _ours(algorithm: str) -> Callable[[Rate, Context], Limiter]:
-    def build(rate: Rate, ctx: Context) -> Limiter:
-        from ratelimit_app import Policy
-
-        return Ours([Policy("limit", algorithm, limit=rate.limit, period=rate.period)], ctx)
-
-    build.__doc__ = Ours.__doc__
-    return build
-
 
 # -- DRF --------------------------------------------------------------------------------------------
-class DrfThrottle:
+class DrfThrottle(ByHits):
     """DRF `SimpleRateThrottle.allow_request` with the default (django-redis) cache; a new throttle per
     request, as DRF's APIView makes one."""
 
@@ -205,16 +78,13 @@ class DrfThrottle:
         request: Any = SimpleNamespace(ident=identity)  # all get_cache_key reads
         return bool(self.throttle_class().allow_request(request, cast(Any, None)))
 
-    def fill(self, identity: str) -> None:
-        _fill_by_hits(self, identity)
-
 
 # -- django-ratelimit -------------------------------------------------------------------------------
 def _request_ident(group: str, request: Any) -> str:
     return str(request.ident)
 
 
-class DjangoRatelimit:
+class DjangoRatelimit(ByHits):
     """django-ratelimit's `is_ratelimited(..., increment=True)` on the default (django-redis) cache."""
 
     def __init__(self, rate: Rate, ctx: Context) -> None:
@@ -227,9 +97,6 @@ class DjangoRatelimit:
     def hit(self, identity: str) -> bool:
         return not self.is_ratelimited(SimpleNamespace(ident=identity), group="bench", key=_request_ident,
                                        rate=self.rate, increment=True)
-
-    def fill(self, identity: str) -> None:
-        _fill_by_hits(self, identity)
 
 
 # -- limits -----------------------------------------------------------------------------------------
@@ -252,12 +119,6 @@ class Limits:
         self.strategy.hit(self.item, identity, cost=self.capacity)
 
 
-def _limits(strategy_name: str) -> Callable[[Rate, Context], Limiter]:
-    def build(rate: Rate, ctx: Context) -> Limiter:
-        return Limits(strategy_name, rate, ctx)
-
-    build.__doc__ = Limits.__doc__
-    return build
 
 
 # -- django-smart-ratelimit -------------------------------------------------------------------------
@@ -275,7 +136,7 @@ def _smart_backend(algorithm: str) -> Any:
     return _smart_backends[algorithm]
 
 
-class SmartWindow:
+class SmartWindow(ByHits):
     """django-smart-ratelimit's decorator path for window algorithms: `check_rate_limit(ctx, backend)`
     (a Lua increment, then the reset time the decorator puts in its headers)."""
 
@@ -292,9 +153,6 @@ class SmartWindow:
     def hit(self, identity: str) -> bool:
         ctx = self.context(request=None, key=identity, limit=self.rate.limit, period=self.rate.period)
         return bool(self.check(ctx, self.backend).allowed)
-
-    def fill(self, identity: str) -> None:
-        _fill_by_hits(self, identity)
 
 
 class SmartBucket:
@@ -319,15 +177,6 @@ class SmartBucket:
         self.algorithm.is_allowed(self.backend, identity, self.rate.limit, self.rate.period, **cost)
 
 
-def _smart(algorithm: str) -> Callable[[Rate, Context], Limiter]:
-    def build(rate: Rate, ctx: Context) -> Limiter:
-        if algorithm in ("token_bucket", "leaky_bucket"):
-            return SmartBucket(algorithm, rate, ctx)
-        return SmartWindow(algorithm, rate, ctx)
-
-    bucket = algorithm in ("token_bucket", "leaky_bucket")
-    build.__doc__ = (SmartBucket if bucket else SmartWindow).__doc__
-    return build
 
 
 # -- pyrate-limiter ---------------------------------------------------------------------------------
@@ -379,55 +228,41 @@ class Pyrate:
         self.limiter.try_acquire(identity, weight=self.capacity, blocking=False)
 
 
-def _pyrate(algorithm: str) -> Callable[[Rate, Context], Limiter]:
-    def build(rate: Rate, ctx: Context) -> Limiter:
-        return Pyrate(algorithm, rate, ctx)
 
-    build.__doc__ = Pyrate.__doc__
-    return build
-
-
-def _tier(rate: Rate, ctx: Context) -> Limiter:
-    """`RateLimiter.hit(identity, policies)` with the three policies of the tier, on the shared client."""
-    return Ours(tier_policies(rate), ctx)
-
-
-def _service_tier(rate: Rate, ctx: Context) -> Limiter:
-    """`ratelimit_app.service.limiter.get_limiter().hit(identity, policies)`: the call request-handling code makes."""
-    return OursService(tier_policies(rate), ctx)
 
 
 VARIANTS: tuple[Variant, ...] = (
     Variant("baseline", "redis-py", "baseline: bare EVALSHA of INCR (client.evalsha)", "INCR script", 1, False,
-            "redis", "baseline", Baseline, fill_by_hits=True),
+            "redis", "baseline", bound(Baseline), fill_by_hits=True),
     Variant("baseline.raw", "redis-py", "baseline: bare EVALSHA, raw pooled connection", "INCR script", 1, False,
-            "redis", "baseline", RawBaseline, fill_by_hits=True),
+            "redis", "baseline", bound(RawBaseline), fill_by_hits=True),
     Variant("ours.tier", "ratelimit_app", "ours: free tier (3 policies)", "token_bucket+sliding_window+fixed_window",
-            3, True, "ratelimit_app", "ours", _tier, state_per_unit=True),
+            3, True, "ratelimit_app", "ours", tier, state_per_unit=True),
     Variant("ours.service.tier", "ratelimit_app", "ours: free tier via service.get_limiter()",
-            "token_bucket+sliding_window+fixed_window", 3, True, "ratelimit_app", "ours", _service_tier,
+            "token_bucket+sliding_window+fixed_window", 3, True, "ratelimit_app", "ours", service_tier,
             state_per_unit=True,
             note="the service adds the fail modes and the local deny cache"),
     *(Variant(f"ours.{alg}", "ratelimit_app", f"ours: {alg}", alg, 1, alg != "sliding_window_counter",
-              "ratelimit_app", "ours", _ours(alg), state_per_unit=alg == "sliding_window")
+              "ratelimit_app", "ours", ours_single(alg), state_per_unit=alg == "sliding_window")
       for alg in ("fixed_window", "sliding_window", "sliding_window_counter", "token_bucket", "gcra")),
     Variant("drf", "djangorestframework", "DRF SimpleRateThrottle (django-redis)", "sliding log (pickled list)",
-            1, False, "rest_framework", "peer", DrfThrottle, fill_by_hits=True, state_per_unit=True,
+            1, False, "rest_framework", "peer", bound(DrfThrottle), fill_by_hits=True, state_per_unit=True,
             note="GET then SET of a pickled list of timestamps: not atomic"),
     Variant("django-ratelimit", "django-ratelimit", "django-ratelimit (django-redis)", "fixed_window", 1, True,
-            "django_ratelimit", "peer", DjangoRatelimit, fill_by_hits=True),
+            "django_ratelimit", "peer", bound(DjangoRatelimit), fill_by_hits=True),
     Variant("limits.fixed", "limits", "limits: fixed window", "fixed_window", 1, True, "limits", "peer",
-            _limits("FixedWindowRateLimiter")),
+            bound(Limits, "FixedWindowRateLimiter")),
     Variant("limits.moving", "limits", "limits: moving window", "sliding_window (log)", 1, True, "limits", "peer",
-            _limits("MovingWindowRateLimiter"), state_per_unit=True),
+            bound(Limits, "MovingWindowRateLimiter"), state_per_unit=True),
     Variant("limits.sliding_counter", "limits", "limits: sliding window counter", "sliding_window_counter", 1,
-            False, "limits", "peer", _limits("SlidingWindowCounterRateLimiter")),
+            False, "limits", "peer", bound(Limits, "SlidingWindowCounterRateLimiter")),
     *(Variant(f"smart.{alg}", "django-smart-ratelimit", f"django-smart-ratelimit: {alg}", alg, 1, True,
-              "django_smart_ratelimit", "peer", _smart(alg), fill_by_hits=alg.endswith("window"),
+              "django_smart_ratelimit", "peer",
+              bound(SmartBucket if alg.endswith("bucket") else SmartWindow, alg), fill_by_hits=alg.endswith("window"),
               state_per_unit=alg == "sliding_window")
       for alg in ("sliding_window", "fixed_window", "token_bucket", "leaky_bucket")),
     *(Variant(f"pyrate.{alg}", "pyrate-limiter", f"pyrate-limiter: {alg}", alg, 1, True, "pyrate_limiter",
-              "peer", _pyrate(alg), state_per_unit=alg in ("sliding_window_log", "fixed_window"))
+              "peer", bound(Pyrate, alg), state_per_unit=alg in ("sliding_window_log", "fixed_window"))
       for alg in ("sliding_window_log", "fixed_window", "gcra", "token_bucket")),
 )
 

@@ -84,7 +84,8 @@ def run_redis_time(admin: redis.Redis, rounds: int, calls: int, prefix: str = "r
     return RedisTime(rounds, calls, usec, ratio)
 
 
-def _redis_cpu(client: redis.Redis) -> float:
+def redis_cpu(client: redis.Redis) -> float:
+    """CPU seconds (user + system) the Redis server has used so far (INFO cpu)."""
     info = client.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
@@ -97,7 +98,7 @@ def cpu_per_decision(admin: redis.Redis, calls: int, batch: int = 100, prefix: s
     incr = client.script_load(INCR_SCRIPT)
     result = {}
     for name, policies in CASES.items():
-        before = _redis_cpu(client)
+        before = redis_cpu(client)
         for start in range(0, calls, batch):
             pipe = client.pipeline(transaction=False)
             for serial in range(start, min(calls, start + batch)):
@@ -107,7 +108,7 @@ def cpu_per_decision(admin: redis.Redis, calls: int, batch: int = 100, prefix: s
                     call = prepare_call(prefix, ((f"{name}:{serial}", policies),), 1, charge=True)
                     pipe.execute_command("EVALSHA", decide, len(call.keys), *call.keys, *call.args)
             pipe.execute()
-        result[name] = (_redis_cpu(client) - before) * 1e6 / calls
+        result[name] = (redis_cpu(client) - before) * 1e6 / calls
     return result
 
 

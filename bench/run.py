@@ -7,17 +7,20 @@ itself plus its peers), re-runs itself there, starts its own redis-server on a f
 1. decisions per second and latency, 1 and 4 processes, allowed and denied traffic (engine_bench);
 2. admissions when 32 concurrent clients race for one identity (accuracy);
 3. Redis memory per active identity (memory);
-4. requests per second of a trivial view under gunicorn, per limiter (http_bench);
+4. requests per second of a trivial view under gunicorn, per limiter, as a ratio to the lean reference
+   middleware (bench/httpapp/reference.py: what the features cost) (http_bench);
 5. Redis time per decision (redis_time);
-6. requests per second of an `async def` view under uvicorn: bare, the async floor, our middleware
-   async and sync (http_bench's ASGI variants), next to the async engine's rows;
+6. requests per second of an `async def` view under uvicorn: bare, the async floor, the async reference,
+   our middleware async and sync (http_bench's ASGI variants), next to the async engine's rows;
 
 then writes docs/benchmarks.md and docs/img/benchmarks.png (report). The HTTP load comes from wrk
 when it is installed (`apt-get install -y wrk`), else from a bounded Python client. `--quick` is a shorter run
 for development; `--smoke` a tiny one that CI runs (with `--output` so it never touches docs/) in
 the current environment, where peers that are not installed are reported as not run. `--asgi-only`
 measures section 6 alone and replaces it in benchmarks.md, leaving the rest of the file as it is;
-`--memory-only` does the same for section 3 (and its rows of the targets table).
+`--memory-only` does the same for section 3 (and its rows of the targets table), `--http-only` for
+sections 4 and 6 (the HTTP variants under gunicorn and uvicorn, each row as a ratio to the lean
+reference middleware, printed too) and the HTTP rows of the targets table.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parts.add_argument("--asgi-only", action="store_true",
                        help="measure only section 6 (HTTP under ASGI, with the async engine's rows) and replace it "
                             "in benchmarks.md, leaving the rest of the file as it is")
+    parts.add_argument("--http-only", action="store_true",
+                       help="measure only the HTTP variants under gunicorn and uvicorn, print each row as a ratio to "
+                            "the lean reference middleware, and replace sections 4 and 6 (and the HTTP targets) in "
+                            "benchmarks.md, leaving the rest of the file as it is")
     parts.add_argument("--memory-only", action="store_true",
                        help="measure only section 3 (Redis memory per active identity) and replace it and its "
                             "targets' rows in benchmarks.md, leaving the rest of the file as it is")
@@ -103,7 +110,7 @@ def main(argv: list[str]) -> int:
         return run_snapshot(argv, args)
 
     sys.path.insert(0, str(ROOT))
-    from bench.runner import run_asgi_only, run_benchmark, run_memory_only
+    from bench.runner import run_asgi_only, run_benchmark, run_http_only, run_memory_only
     from bench.sizes import FULL, QUICK, SMOKE
 
     sizes = SMOKE if args.smoke else QUICK if args.quick else FULL
@@ -112,6 +119,9 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="ratelimit-bench-") as work_dir:
         if args.asgi_only:
             run_asgi_only(sizes, Path(work_dir), args.output.resolve(), command, json_path=args.json,
+                          started=started)
+        elif args.http_only:
+            run_http_only(sizes, Path(work_dir), args.output.resolve(), command, json_path=args.json,
                           started=started)
         elif args.memory_only:
             run_memory_only(sizes, Path(work_dir), args.output.resolve(), command, json_path=args.json,

@@ -13,17 +13,18 @@ import platform
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 
 from bench import accuracy, engine_bench, memory
-from bench.asgi_profile import AsgiProfile, profile_variants
+from bench.asgi_profile import profile_variants
 from bench.peers import BY_KEY, VARIANTS, availability
 from bench.redis_time import RedisTime, run_redis_time
+from bench.results import AsgiSection, Results
 from bench.sizes import Sizes
+from bench.transports import Transports, transport_rounds
 from bench.workers import WorkerPool
 from devtools.embedded import RedisProcess, start_redis
 
@@ -31,47 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("django-ratelimit-app", "redis", "hiredis", "Django", "djangorestframework", "django-redis",
             "django-ratelimit", "limits", "django-smart-ratelimit", "pyrate-limiter", "gunicorn", "matplotlib")
 #: HTTP variant -> the module it needs (see bench/httpapp/variants.py).
-HTTP_REQUIRES = {"none": "django", "evalsha": "redis", "ours": "ratelimit_app.middleware",
-                 "drf-none": "rest_framework", "drf": "rest_framework", "django-ratelimit": "django_ratelimit",
-                 "smart": "django_smart_ratelimit"}
-
-
-@dataclass(frozen=True)
-class AsgiSection:
-    """The ASGI section: the ASGI variants under uvicorn and the async engine's rows, with what they ran on."""
-
-    http: Any  # http_bench.HttpRun | None
-    transports: engine_bench.Transports | None
-    note: str  # why http is None
-    server: str  # uvicorn's version, event loop and HTTP parser
-    load: str  # load average (1 min) at the start / end of the section's measurements
-    profile: AsgiProfile | None = None
-    redis_time: RedisTime | None = None  # the scripts' time in Redis, which the async engine's rows include
-    provenance: str = ""  # command, commit and time, when the section was measured on its own (--asgi-only)
-
-
-@dataclass(frozen=True)
-class Results:
-    """Everything one run measured, plus what it ran on."""
-
-    sizes: Sizes
-    command: str
-    machine: dict[str, str]
-    versions: dict[str, str]
-    unavailable: dict[str, str]
-    engine: list[engine_bench.EngineResult]
-    paired: list[engine_bench.Paired]
-    transports: engine_bench.Transports | None
-    accuracy: list[accuracy.AccuracyResult]
-    memory: list[memory.MemoryResult]
-    http: Any  # http_bench.HttpRun | None
-    http_unavailable: dict[str, str]
-    http_note: str
-    redis_time: Any = None  # redis_time.RedisTime | None
-    asgi: AsgiSection | None = None
-    duration: float = 0.0
-    finished: str = ""
-    notes: list[str] = field(default_factory=list)
+HTTP_REQUIRES = {"none": "django", "evalsha": "redis", "reference": "ratelimit_app.core",
+                 "ours": "ratelimit_app.middleware", "drf-none": "rest_framework", "drf": "rest_framework",
+                 "django-ratelimit": "django_ratelimit", "smart": "django_smart_ratelimit"}
 
 
 def _read(path: str) -> str:
@@ -184,7 +147,7 @@ def run_benchmark(sizes: Sizes, work_dir: Path, output: Path, command: str, *, s
             progress("Redis time per decision (usec_per_call)")
             redis_time = run_redis_time(admin, sizes.redis_time_rounds, sizes.redis_time_calls)
             progress("the engine's transports (sync paths, async), interleaved in 1 process")
-            transports = engine_bench.transport_rounds(pool, admin, 3 * sizes.paired_rounds * sizes.paired_duration)
+            transports = transport_rounds(pool, admin, 3 * sizes.paired_rounds * sizes.paired_duration)
             limiters = [key for key in available if BY_KEY[key].family != "baseline"]
             accuracy_results = []
             for i, key in enumerate(limiters):
@@ -296,8 +259,9 @@ def uvicorn_description() -> str:
             f"HTTP parser {'httptools' if has('httptools') else 'h11'}")
 
 
-def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports: engine_bench.Transports | None,
-          redis_time: RedisTime | None, skip: bool, progress: Callable[[str], None]) -> AsgiSection:
+def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports: Transports | None,
+          redis_time: RedisTime | None, skip: bool, progress: Callable[[str], None], *,
+          profile: bool = True) -> AsgiSection:
     server = uvicorn_description()
     if skip:
         return AsgiSection(None, transports, "left out of this run (--skip-http)", server, "", redis_time=redis_time)
@@ -311,9 +275,35 @@ def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports
     run = http_bench.run_http(url, admin, work_dir, list(ASGI_VARIANTS), sizes.http_duration, sizes.http_warmup,
                               sizes.http_rounds, sizes.http_connections, 1, 0, progress, server="uvicorn",
                               ours="async-ours")
-    profile = profile_variants(url, work_dir, list(ASGI_VARIANTS), 2 * sizes.http_duration, sizes.http_connections,
-                               progress)
-    return AsgiSection(run, transports, "", server, f"{load_before} / {load_average()}", profile, redis_time)
+    taken = profile_variants(url, work_dir, list(ASGI_VARIANTS), 2 * sizes.http_duration, sizes.http_connections,
+                             progress) if profile else None
+    return AsgiSection(run, transports, "", server, f"{load_before} / {load_average()}", taken, redis_time)
+
+
+def run_http_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, json_path: Path | None,
+                  started: float) -> tuple[Any, AsgiSection]:
+    """Measure only the HTTP variants, under gunicorn (section 4) then under uvicorn (section 6, without
+    the async engine's rows and the profile), print each row's ratio to the lean reference middleware, and
+    replace both sections and the HTTP rows of the targets table in `output`/benchmarks.md."""
+    from bench import report
+    from bench.report_http import summary
+
+    progress = _progress(started)
+    with private_redis(work_dir) as (server, admin):
+        load_before = load_average()
+        http_run, http_missing, http_note = _http(server.url, admin, work_dir, sizes, False, progress)
+        section = _asgi(server.url, admin, work_dir, sizes, None, None, False, progress, profile=False)
+        commit = machine_info(admin)["ratelimit_app commit"]
+    provenance = (f"`{command}` ({sizes.name} sizes) at commit {commit}, finished "
+                  f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, took {time.monotonic() - started:.0f} s, "
+                  f"load average (1 min) at start / end {load_before} / {load_average()}")
+    section = dataclasses.replace(section, provenance=provenance)
+    print("\n".join(summary(http_run, section.http)), flush=True)
+    report.write_http(http_run, http_note, http_missing, sizes.http_rounds, section, output)
+    if json_path is not None:
+        json_path.write_text(json.dumps({"gunicorn": dataclasses.asdict(http_run) if http_run else None,
+                                         "uvicorn": dataclasses.asdict(section)}, indent=1, default=str))
+    return http_run, section
 
 
 def run_asgi_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, json_path: Path | None,
@@ -329,7 +319,7 @@ def run_asgi_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, j
         progress("the async engine's rows (AsyncRateLimiter.hit and a bare async EVALSHA), interleaved in 1 process")
         pool = WorkerPool(1, server.url)
         try:
-            transports = engine_bench.transport_rounds(pool, admin, 3 * sizes.paired_rounds * sizes.paired_duration,
+            transports = transport_rounds(pool, admin, 3 * sizes.paired_rounds * sizes.paired_duration,
                                                        rows=ASGI_TRANSPORTS)
         finally:
             pool.close()

@@ -29,13 +29,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import redis
@@ -43,7 +40,8 @@ import redis
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from devtools.embedded import free_port, start_redis  # noqa: E402
+from bench.callgrind import inside, redis_under_callgrind, require  # noqa: E402
+from devtools.embedded import start_redis  # noqa: E402
 from ratelimit_app.core.engine import PreparedCall, prepare_call  # noqa: E402
 from ratelimit_app.core.policies import Policy  # noqa: E402
 from ratelimit_app.core.scripts import decide_source  # noqa: E402
@@ -112,35 +110,8 @@ def usec_per_call(rounds: int, calls: int) -> dict[tuple[str, str], list[float]]
 
 def instructions(script: str, case: str, calls: int, work: Path) -> int:
     """Instructions inside evalShaCommand over a whole run of `calls` calls (callgrind)."""
-    port = free_port()
-    out = work / f"callgrind.{port}.out"
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
-         "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--slowlog-log-slower-than", "-1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        client = redis.Redis(port=port, socket_timeout=600)
-        deadline = time.monotonic() + 300  # valgrind starts slowly on a busy machine
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        Caller(client, script, case).send(calls)
-        client.shutdown(nosave=True)
-    except redis.ConnectionError:
-        pass  # SHUTDOWN closes the connection
-    finally:
-        server.wait(timeout=300)
-    summary = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(out)], capture_output=True, text=True,
-                             check=True).stdout
-    inside = re.search(r"^\s*([\d,]+)\s+\([\d.]+%\)\s+\S*:evalShaCommand\b", summary, re.MULTILINE)
-    if not inside:
-        raise SystemExit("callgrind_annotate printed no evalShaCommand")
-    return int(inside.group(1).replace(",", ""))
+    summary = redis_under_callgrind(work, lambda client: Caller(client, script, case).send(calls))
+    return inside(summary, "evalShaCommand")
 
 
 def per_call(script: str, case: str, calls: int, work: Path) -> int:
@@ -173,9 +144,7 @@ def main(argv: list[str]) -> None:
     load_at_start = os.getloadavg()[0]
     counts: dict[tuple[str, str], int] = {}
     if args.callgrind_calls:
-        for tool in ("valgrind", "callgrind_annotate", "redis-server"):
-            if not shutil.which(tool):
-                raise SystemExit(f"{tool} is not on PATH")
+        require("valgrind", "callgrind_annotate", "redis-server")
         with tempfile.TemporaryDirectory() as tmp:
             for case in CASES:
                 for script in SCRIPTS:
@@ -188,7 +157,7 @@ def main(argv: list[str]) -> None:
              *_table(usec, counts)]
     print("\n".join(lines))
     if args.write:
-        from bench.report import write_script_section
+        from bench.report_text import write_script_section
 
         write_script_section("floor", "## 9. The decision script against a minimal script", "bench/script_floor.py", [
             "The benchmark's request (the per-IP limit, sliding_window_counter at 1,000,000/min, and an API key of",

@@ -14,12 +14,9 @@ virtualenv). The numbers in docs/algorithms.md come from this script.
 from __future__ import annotations
 
 import argparse
-import re
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis
 
-from devtools.embedded import free_port
+from bench.callgrind import inside, program_total, redis_under_callgrind, require
 from ratelimit_app.core.engine import prepare_call
 from ratelimit_app.core.policies import Policy
 from ratelimit_app.core.scripts import decide_source
@@ -110,26 +107,7 @@ CASES: dict[str, Sender] = {
 
 def _instructions(send: Sender, calls: int, work: Path) -> tuple[int, int]:
     """Instructions of the whole server run, and of those inside evalShaCommand."""
-    port = free_port()
-    out = work / f"callgrind.{port}.out"
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "redis-server", "--port", str(port),
-         "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         # the slow log copies a command that ran over 10 ms: under valgrind, on a busy machine, that
-         # depends on the load, and its work would be counted inside the script's calls
-         "--slowlog-log-slower-than", "-1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        client = redis.Redis(port=port)
-        deadline = time.monotonic() + 300  # valgrind starts slowly on a busy machine
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+    def run(client: redis.Redis) -> None:
         SHAS["decide"] = client.script_load(decide_source())
         SHAS["incr"] = client.script_load(INCR_SCRIPT)
         for label, script in SHAPE_SCRIPTS.items():
@@ -139,18 +117,9 @@ def _instructions(send: Sender, calls: int, work: Path) -> tuple[int, int]:
             for i in range(start, min(calls, start + 500)):
                 send(pipe, i)
             pipe.execute()
-        client.shutdown(nosave=True)
-    except redis.ConnectionError:
-        pass  # SHUTDOWN closes the connection
-    finally:
-        server.wait(timeout=120)
-    summary = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(out)], capture_output=True, text=True,
-                             check=True).stdout
-    total = re.search(r"([\d,]+)\s+\(100\.0%\)\s+PROGRAM TOTALS", summary)
-    inside = re.search(r"^\s*([\d,]+)\s+\([\d.]+%\)\s+\S*:evalShaCommand\b", summary, re.MULTILINE)
-    if not total or not inside:
-        raise SystemExit("callgrind_annotate printed no total or no evalShaCommand")
-    return int(total.group(1).replace(",", "")), int(inside.group(1).replace(",", ""))
+
+    summary = redis_under_callgrind(work, run)
+    return program_total(summary), inside(summary, "evalShaCommand")
 
 
 def main() -> None:
@@ -159,9 +128,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=[],
                         help="measure only the calls whose label contains one of these words (INCR, tier, gcra...)")
     args = parser.parse_args()
-    for tool in ("valgrind", "callgrind_annotate", "redis-server"):
-        if not shutil.which(tool):
-            raise SystemExit(f"{tool} is not on PATH")
+    require("valgrind", "callgrind_annotate", "redis-server")
     version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
     print(f"Redis {version.removeprefix('v=')}, instructions per call (callgrind), new identities, "
           f"{args.calls} vs {2 * args.calls} calls")

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 from typing import Any
 
-from bench.peers import Context, Limiter, Rate, build
+from bench.limiters import Context, Limiter, Rate
+from bench.peers import build
 
 SETTINGS_MODULE = "bench.httpapp.settings"
 _spawn = multiprocessing.get_context("spawn")

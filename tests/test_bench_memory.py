@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
+from bench.limiters import Rate
 from bench.memory import run_memory
-from bench.peers import Rate
 from bench.workers import WorkerPool
 from devtools.embedded import RedisProcess
 from ratelimit_app import Policy, RateLimiter

@@ -58,7 +58,7 @@ def test_asgi_only_smoke_run_measures_every_asgi_row_without_errors(tmp_path: Pa
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     section = json.loads((tmp_path / "asgi.json").read_text(encoding="utf-8"))
     rows = {row["variant"]: row for row in section["http"]["results"]}
-    assert list(rows) == ["async-none", "async-evalsha", "async-ours", "sync-ours"]
+    assert list(rows) == ["async-none", "async-evalsha", "async-reference", "async-ours", "sync-ours"]
     assert all(row["requests"] > 0 and row["errors"] == 0 for row in rows.values()), rows
     assert "ratelimit" in " ".join(section["http"]["ours_headers"]).lower()  # our middleware did decide
     assert set(section["transports"]["per_second"]) == {"async.evalsha/1", "async.tier/1", "async.evalsha/16",

@@ -1,7 +1,7 @@
 """A loopback TCP proxy in front of the store that adds the network's faults to its replies.
 
-It is tests/support/tcp_proxy.py's proxy (forward, drop_replies, black_hole) with three more modes, each
-acting on what the store sends back:
+It is tests/support/tcp_proxy.py's proxy (forward, drop_replies, black_hole), whose `_reply` it extends
+with three more modes, each acting on what the store sends back:
 - "delay": every reply waits `delay` seconds before it is passed on (latency above the budget);
 - "loss": each reply is held `loss_pause` seconds with probability `loss`, what a lost TCP segment
   costs on loopback (the retransmission after Linux's minimum retransmission timeout, 200 ms): TCP
@@ -13,7 +13,6 @@ acting on what the store sends back:
 from __future__ import annotations
 
 import random
-import select
 import socket
 import struct
 import time
@@ -27,6 +26,8 @@ LOSS_PAUSE = 0.2
 class FaultProxy(TcpProxy):
     """A TcpProxy with the modes "delay", "loss" and "reset" (see the module docstring)."""
 
+    keep_sent = False  # a fault run sends far too much to keep it all
+
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.delay = 0.0
         self.loss = 0.0
@@ -34,32 +35,6 @@ class FaultProxy(TcpProxy):
         self.resets = 1.0
         self._random = random.Random(20240601)  # the same losses for the same traffic
         super().__init__(upstream_host, upstream_port)
-
-    def _serve(self, client: socket.socket) -> None:
-        upstream: socket.socket | None = None
-        try:
-            while not self._closed.is_set():
-                if upstream is None and self.mode != "black_hole":
-                    upstream = socket.create_connection(self.upstream, timeout=5)
-                    self._track(upstream)
-                sockets = [client] if upstream is None else [client, upstream]
-                readable, _, _ = select.select(sockets, [], [], 0.05)
-                for sock in readable:
-                    data = sock.recv(65536)
-                    if not data:
-                        return
-                    if sock is client and upstream is not None and self.mode != "black_hole":
-                        upstream.sendall(data)
-                    elif sock is upstream and not self._reply(client, upstream, data):
-                        return
-        except OSError:
-            return
-        finally:
-            with self._lock:
-                self.open -= 1
-            client.close()
-            if upstream is not None:
-                upstream.close()
 
     def _reply(self, client: socket.socket, upstream: socket.socket, data: bytes) -> bool:
         """Pass a reply of the store on as the mode says; False when the connections were reset."""

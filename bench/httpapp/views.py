@@ -7,7 +7,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from bench.peers import INCR_SCRIPT
+from bench.limiters import INCR_SCRIPT
 
 BODY = {"ok": True}
 _sha: str | None = None
@@ -54,18 +54,22 @@ async def aping_evalsha(request: HttpRequest) -> HttpResponse:
 
 
 def drf_view(throttled: bool) -> Any:
-    """A DRF APIView returning the same body, with or without AnonRateThrottle."""
+    """A DRF APIView returning the same body, with or without a throttle per API key."""
     from rest_framework.response import Response
-    from rest_framework.throttling import AnonRateThrottle
+    from rest_framework.throttling import SimpleRateThrottle
     from rest_framework.views import APIView
 
-    from bench.httpapp.variants import HUGE_RATE
+    class ApiKeyRateThrottle(SimpleRateThrottle):
+        """DRF's documented way to throttle by something else than the user: its own cache key."""
 
-    class HugeAnonThrottle(AnonRateThrottle):
-        rate = HUGE_RATE
+        scope = "apikey"
+
+        def get_cache_key(self, request: Any, view: Any) -> str | None:
+            key = request.headers.get("X-API-Key")
+            return self.cache_format % {"scope": self.scope, "ident": key} if key else None
 
     class Ping(APIView):
-        throttle_classes = [HugeAnonThrottle] if throttled else []
+        throttle_classes = [ApiKeyRateThrottle] if throttled else []
 
         def get(self, request: Any) -> Response:
             return Response(BODY)
@@ -74,18 +78,18 @@ def drf_view(throttled: bool) -> Any:
 
 
 def django_ratelimit_view() -> Any:
-    """The plain view under django-ratelimit's decorator."""
+    """The plain view under django-ratelimit's decorator, per API key."""
     from django_ratelimit.decorators import ratelimit
 
-    from bench.httpapp.variants import HUGE_RATE
+    from bench.httpapp.variants import PEER_RATE
 
-    return ratelimit(key="ip", rate=HUGE_RATE, block=True)(ping)
+    return ratelimit(key="header:x-api-key", rate=PEER_RATE, block=True)(ping)
 
 
 def smart_view() -> Any:
-    """The plain view under django-smart-ratelimit's decorator."""
+    """The plain view under django-smart-ratelimit's decorator, per API key."""
     from django_smart_ratelimit import rate_limit
 
-    from bench.httpapp.variants import HUGE_RATE
+    from bench.httpapp.variants import PEER_RATE
 
-    return rate_limit(key="ip", rate=HUGE_RATE)(ping)
+    return rate_limit(key="header:X-API-Key", rate=PEER_RATE)(ping)

@@ -17,6 +17,9 @@ from contextlib import contextmanager
 
 
 class TcpProxy:
+    #: Keep every byte clients send in `from_clients` (a long-running user turns it off).
+    keep_sent = True
+
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.mode = "forward"
@@ -68,13 +71,13 @@ class TcpProxy:
                     data = sock.recv(65536)
                     if not data:
                         return
-                    if sock is client:
+                    if sock is client and self.keep_sent:
                         with self._lock:
                             self.from_clients += data
                     if sock is client and upstream is not None and self.mode != "black_hole":
                         upstream.sendall(data)
-                    elif sock is upstream and self.mode == "forward":
-                        client.sendall(data)
+                    elif sock is upstream and not self._reply(client, upstream, data):
+                        return
         except OSError:
             return
         finally:
@@ -83,6 +86,13 @@ class TcpProxy:
             client.close()
             if upstream is not None:
                 upstream.close()
+
+    def _reply(self, client: socket.socket, upstream: socket.socket, data: bytes) -> bool:
+        """Pass a reply of Redis on to the client as the mode says; False to end the connection
+        (bench/faults/proxy.py adds modes here)."""
+        if self.mode == "forward":
+            client.sendall(data)
+        return True
 
     def commands_seen(self, name: str) -> int:
         """How many times clients sent the command `name` (counted in the RESP bytes, any mode)."""
