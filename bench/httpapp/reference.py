@@ -4,8 +4,8 @@ For the HTTP benchmark's request it does exactly what RateLimitMiddleware does, 
 - who: the API key in X-API-Key (its hash checked against the stored one) -> its tier, read from the
   database the first time a key is seen and kept in a dict (ours caches its lookups too);
 - one Redis call: the EVALSHA of our decide.lua with the same KEYS and ARGV as ours (the per-IP limit and
-  the tier's limits, packed by `prepare_call` of the engine's core), sent with redis-py's own
-  `execute_command` on a client of its own;
+  the tier's limits, packed by `prepare_call` of the engine's core, as ours packs it), written on a
+  connection taken from a redis-py pool of its own and read back with redis-py's reply parser;
 - the six rate limit headers (X-RateLimit-Limit / -Remaining / -Reset / -Tier, RateLimit-Policy,
   RateLimit), read from the script's reply (three numbers per policy, see decide.lua's header);
 - a count per request (allowed / blocked, by tier and hour) kept in the process and added to Redis by a
@@ -26,11 +26,12 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import redis
 import redis.asyncio
-from asgiref.sync import sync_to_async
+from asgiref.sync import markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 
@@ -56,6 +57,11 @@ class Client:
     ip_policy: Policy
     ip_per_tier: bool
     policies: tuple[Policy, ...]
+
+    @property
+    def all_policies(self) -> tuple[Policy, ...]:
+        """The policies of the call, in its order: the per-IP limit, then the tier's."""
+        return (self.ip_policy, *self.policies)
 
 
 def _load_client(prefix: str, ip_rate: str, ip_algorithm: str) -> Client | None:
@@ -138,25 +144,31 @@ class Reference:
             address += "@" + client.tier
         return (address, (client.ip_policy,)), (f"key:{client.prefix}", client.policies)
 
-    def answer(self, policies: tuple[Policy, ...], reply: bytes) -> tuple[bool, dict[str, str]]:
+    def answer(self, client: Client, reply: bytes) -> tuple[bool, dict[str, str]]:
         """Whether the call allowed, and the headers: the legacy trio of the policy nearest to refusing
         (fewest remaining, then the latest reset; when refused, the longest retry), and one IETF entry
         per policy."""
-        results = [(policy, *numbers) for policy, numbers in zip(policies, REPLY.iter_unpack(reply), strict=True)]
-        refused = [r for r in results if r[3]]
-        if refused:
-            main = max(refused, key=lambda r: r[3])
-        else:
-            main = min(results, key=lambda r: (max(r[1], 0), -r[2]))
-        headers = {
-            "X-RateLimit-Limit": str(main[0].capacity),
-            "X-RateLimit-Remaining": str(max(main[1], 0)),
-            "X-RateLimit-Reset": str(max(0, math.ceil(main[2] / 1000))),
-            "RateLimit-Policy": ", ".join(f'"{p.name}";q={p.capacity};w={_window(p)}' for p in policies),
-            "RateLimit": ", ".join(f'"{p.name}";r={max(left, 0)};t={max(0, math.ceil(reset / 1000))}'
-                                   for p, left, reset, _ in results),
-        }
-        return not refused, headers
+        policies = client.all_policies
+        rows = [(policy, max(remaining, 0), reset_ms, retry_ms)
+                for policy, (remaining, reset_ms, retry_ms) in zip(policies, REPLY.iter_unpack(reply), strict=True)]
+        refused = [row for row in rows if row[3]]
+        main = max(refused, key=lambda row: row[3]) if refused else min(rows, key=lambda row: (row[1], -row[2]))
+        allowed = not refused
+        fields = [f'"{policy.name}";r={remaining};t={_seconds(reset_ms)}' for policy, remaining, reset_ms, _ in rows]
+        headers = {"X-RateLimit-Limit": str(main[0].capacity), "X-RateLimit-Remaining": str(main[1]),
+                   "X-RateLimit-Reset": str(_seconds(main[2])), "RateLimit-Policy": _policy_field(policies),
+                   "RateLimit": ", ".join(fields)}
+        return allowed, headers
+
+
+def _seconds(milliseconds: int) -> int:
+    return max(0, math.ceil(milliseconds / 1000))
+
+
+@lru_cache(maxsize=64)
+def _policy_field(policies: tuple[Policy, ...]) -> str:
+    """The RateLimit-Policy value of a set of policies (the same for every request of a tier)."""
+    return ", ".join(f'"{p.name}";q={p.capacity};w={_window(p)}' for p in policies)
 
 
 def _window(policy: Policy) -> int:
@@ -207,11 +219,17 @@ class ReferenceMiddleware:
             return _refusal(401, "unknown API key")
         checks = shared.checks(request, client)
         call = prepare_call(shared.prefix, checks, 1, charge=True)
+        pool = self.redis.connection_pool
+        connection = pool.get_connection()
         try:
-            reply = self.redis.execute_command(*call.command())
+            connection.send_packed_command((call.packed,))
+            reply = connection.read_response()
         except redis.RedisError:
+            connection.disconnect()
             return self.get_response(request)  # fail open
-        allowed, headers = shared.answer(checks[0][1] + checks[1][1], reply)
+        finally:
+            pool.release(connection)
+        allowed, headers = shared.answer(client, reply)
         shared.counts.add(client.tier, allowed)
         if not allowed:
             return _refusal(429, "rate limit exceeded", {**headers, "X-RateLimit-Tier": client.tier})
@@ -226,6 +244,7 @@ class AsyncReferenceMiddleware:
 
     def __init__(self, get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]]) -> None:
         self.get_response = get_response
+        markcoroutinefunction(self)  # Django calls it as the coroutine it is, on the event loop
         self.shared = Reference()
         self.redis = redis.asyncio.Redis.from_url(self.shared.url, **self.shared.timeouts)
         self.sha: str | None = None
@@ -246,13 +265,19 @@ class AsyncReferenceMiddleware:
             return _refusal(401, "unknown API key")
         checks = shared.checks(request, client)
         call = prepare_call(shared.prefix, checks, 1, charge=True)
+        if self.sha is None:
+            self.sha = str(await self.redis.script_load(decide_source()))
+        pool = self.redis.connection_pool
+        connection = await pool.get_connection()
         try:
-            if self.sha is None:
-                self.sha = str(await self.redis.script_load(decide_source()))
-            reply = await self.redis.execute_command(*call.command())
+            await connection.send_packed_command((call.packed,))
+            reply = await connection.read_response()
         except redis.RedisError:
+            await connection.disconnect()
             return await self.get_response(request)  # fail open
-        allowed, headers = shared.answer(checks[0][1] + checks[1][1], reply)
+        finally:
+            await pool.release(connection)
+        allowed, headers = shared.answer(client, reply)
         shared.counts.add(client.tier, allowed)
         if not allowed:
             return _refusal(429, "rate limit exceeded", {**headers, "X-RateLimit-Tier": client.tier})
