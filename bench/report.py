@@ -186,12 +186,12 @@ def write_asgi(section: AsgiSection, output: Path) -> None:
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     path.write_text(replace_section(text, ASGI_SECTION, "\n".join(asgi_section(section))), encoding="utf-8")
 
-def _replace_targets(text: str, targets: list[Target], prefix: str) -> str:
-    """`text` with the rows of the targets table whose promise starts with `prefix` replaced by `targets`
-    (put where the first of them was, or at the end of the table)."""
+def _replace_targets(text: str, targets: list[Target], prefixes: tuple[str, ...]) -> str:
+    """`text` with the rows of the targets table whose promise starts with one of `prefixes` replaced by
+    `targets` (put where the first of them was, or at the end of the table)."""
     lines = text.split("\n")
     rows = [row for target in targets for row in targets_table([target])[2:3]]
-    found = [i for i, line in enumerate(lines) if line.startswith(f"| {prefix}")]
+    found = [i for i, line in enumerate(lines) if line.startswith(tuple(f"| {prefix}" for prefix in prefixes))]
     if found:
         at = found[0]
         lines = [line for i, line in enumerate(lines) if i not in found]
@@ -212,5 +212,6 @@ def write_http(http: object, note: str, unavailable: dict[str, str], rounds: int
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     text = replace_section(text, HTTP_SECTION, "\n".join(http_section(http, note, unavailable, rounds)))
     text = replace_section(text, ASGI_SECTION, "\n".join(asgi_section(asgi)))
-    text = _replace_targets(text, reference_targets(http, "ours", "reference", "gunicorn", note), "HTTP")
+    targets = reference_targets(http, "ours", "reference", "gunicorn", note) + asgi_targets(asgi)
+    text = _replace_targets(text, targets, ("HTTP", "ASGI: our async"))
     path.write_text(text, encoding="utf-8")

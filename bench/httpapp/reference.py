@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import redis
@@ -57,11 +56,8 @@ class Client:
     ip_policy: Policy
     ip_per_tier: bool
     policies: tuple[Policy, ...]
-
-    @property
-    def all_policies(self) -> tuple[Policy, ...]:
-        """The policies of the call, in its order: the per-IP limit, then the tier's."""
-        return (self.ip_policy, *self.policies)
+    all_policies: tuple[Policy, ...]  # the call's, in its order: the per-IP limit, then the tier's
+    policy_header: str  # their RateLimit-Policy header, the same for every request
 
 
 def _load_client(prefix: str, ip_rate: str, ip_algorithm: str) -> Client | None:
@@ -73,7 +69,9 @@ def _load_client(prefix: str, ip_rate: str, ip_algorithm: str) -> Client | None:
     policies = tuple(Policy(row.name, row.algorithm, limit=row.limit, period=row.period, burst=row.burst)
                      for row in tier.limits.filter(enabled=True, shadow=False, scope="").order_by("pk"))
     ip_policy = Policy.parse(tier.ip_rate or ip_rate, name="ip", algorithm=ip_algorithm)
-    return Client(key.hashed_key, prefix, tier.slug, ip_policy, bool(tier.ip_rate), policies)
+    every = (ip_policy, *policies)
+    header = ", ".join(f'"{p.name}";q={p.capacity};w={_window(p)}' for p in every)
+    return Client(key.hashed_key, prefix, tier.slug, ip_policy, bool(tier.ip_rate), policies, every, header)
 
 
 def _prefix(raw: str | None) -> str | None:
@@ -148,27 +146,20 @@ class Reference:
         """Whether the call allowed, and the headers: the legacy trio of the policy nearest to refusing
         (fewest remaining, then the latest reset; when refused, the longest retry), and one IETF entry
         per policy."""
-        policies = client.all_policies
-        rows = [(policy, max(remaining, 0), reset_ms, retry_ms)
-                for policy, (remaining, reset_ms, retry_ms) in zip(policies, REPLY.iter_unpack(reply), strict=True)]
+        rows = [(policy, max(remaining, 0), reset_ms, retry_ms) for policy, (remaining, reset_ms, retry_ms)
+                in zip(client.all_policies, REPLY.iter_unpack(reply), strict=True)]
         refused = [row for row in rows if row[3]]
         main = max(refused, key=lambda row: row[3]) if refused else min(rows, key=lambda row: (row[1], -row[2]))
         allowed = not refused
         fields = [f'"{policy.name}";r={remaining};t={_seconds(reset_ms)}' for policy, remaining, reset_ms, _ in rows]
         headers = {"X-RateLimit-Limit": str(main[0].capacity), "X-RateLimit-Remaining": str(main[1]),
-                   "X-RateLimit-Reset": str(_seconds(main[2])), "RateLimit-Policy": _policy_field(policies),
+                   "X-RateLimit-Reset": str(_seconds(main[2])), "RateLimit-Policy": client.policy_header,
                    "RateLimit": ", ".join(fields)}
         return allowed, headers
 
 
 def _seconds(milliseconds: int) -> int:
     return max(0, math.ceil(milliseconds / 1000))
-
-
-@lru_cache(maxsize=64)
-def _policy_field(policies: tuple[Policy, ...]) -> str:
-    """The RateLimit-Policy value of a set of policies (the same for every request of a tier)."""
-    return ", ".join(f'"{p.name}";q={p.capacity};w={_window(p)}' for p in policies)
 
 
 def _window(policy: Policy) -> int:
