@@ -21,7 +21,7 @@ RATES = {"none": 3000.0, "evalsha": 2500.0, "reference": 2000.0, "ours": 1920.0,
 
 
 def _run(variants: list[str], server: str) -> HttpRun:
-    rounds = {v: (RATES[v], RATES[v] * 1.1, RATES[v] * 0.9) for v in variants}
+    rounds: dict[str, tuple[float, ...]] = {v: (RATES[v], RATES[v] * 1.1, RATES[v] * 0.9) for v in variants}
     results = tuple(HttpResult(v, 3000, RATES[v], 0.001, 0.004, 0, "wrk", 20e-6, 1 / RATES[v]) for v in variants)
     return HttpRun(results, rounds, {"X-RateLimit-Limit": "200"}, "wrk", 2, 0, 8, 2.0, server)
 
