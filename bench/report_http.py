@@ -70,20 +70,28 @@ def reference_targets(http: Any, ours: str, reference: str, where: str, why: str
     return targets
 
 
+def _cpu_ratio(http: Any, variant: str, to: str) -> float:
+    """`to`'s CPU per request (server + Redis) over `variant`'s: the ratio of requests/s the CPU allows."""
+    by = {r.variant: r for r in http.results}
+    if variant not in by or to not in by:
+        return math.nan
+    return (by[to].app_cpu + by[to].server_cpu) / (by[variant].app_cpu + by[variant].server_cpu)
+
+
 def http_table(http: Any, labels: dict[str, tuple[str, str]], reference: str, floor: str) -> list[str]:
-    """One row per variant: requests/s, as a ratio to the reference (median of the rounds' ratios) and to
-    the one-EVALSHA floor, latency, CPU per request, non-200 answers, every round."""
+    """One row per variant: requests/s, as a ratio to the reference (median of the rounds' ratios, and by
+    CPU per request) and to the one-EVALSHA floor, latency, CPU per request, non-200 answers, every round."""
     rows = []
     for result in http.results:
         label, what = labels[result.variant]
         name = f"**{label}**" if result.variant.endswith("ours") or result.variant.endswith("reference") else label
         rows.append([name, num(result.per_second), times(_paired(http, result.variant, reference)),
-                     times(_paired(http, result.variant, floor)), msec(result.p50), msec(result.p99),
-                     f"{usec(result.app_cpu)} / {usec(result.server_cpu)}", str(result.errors),
-                     " / ".join(num(v) for v in http.rounds.get(result.variant, ())), what])
-    lines = table(["variant", "requests/s", "vs reference", "vs floor", "p50 ms", "p99 ms",
+                     times(_cpu_ratio(http, result.variant, reference)), times(_paired(http, result.variant, floor)),
+                     msec(result.p50), msec(result.p99), f"{usec(result.app_cpu)} / {usec(result.server_cpu)}",
+                     str(result.errors), " / ".join(num(v) for v in http.rounds.get(result.variant, ())), what])
+    lines = table(["variant", "requests/s", "vs reference", "vs reference by CPU", "vs floor", "p50 ms", "p99 ms",
                    f"{http.server} / Redis CPU µs/request", "non-200", "each round /s", "configured"], rows,
-                  "lrrrrrrrrl")
+                  "lrrrrrrrrrl")
     noisy = sorted(v for v, r in http.rounds.items() if r and min(r) > 0 and max(r) / min(r) > NOISY_SPREAD)
     if noisy:
         lines += [f"**This run was noisy**: the rounds of {', '.join(noisy)} differ by more than {NOISY_SPREAD}x "
@@ -94,7 +102,9 @@ def http_table(http: Any, labels: dict[str, tuple[str, str]], reference: str, fl
 
 def _reference_note(server: str) -> list[str]:
     return [f"*vs reference* is each row's requests/s over the lean reference middleware's in the same round, the "
-            f"median over the rounds (*vs floor* the same against the one-EVALSHA view). The reference "
+            f"median over the rounds (*vs floor* the same against the one-EVALSHA view); *by CPU* is the reference's "
+            f"CPU per request ({server} and Redis) over the row's, the ratio of requests/s that CPU allows, which "
+            f"other work on the machine moves far less than requests/s. The reference "
             f"(bench/httpapp/reference.py) is what these features cost under {server}: plain code doing for this "
             "request exactly what ours does (the API key and its tier, the same EVALSHA with the same KEYS and ARGV, "
             "the same six headers, a count per request) and nothing else.", ""]
@@ -233,8 +243,10 @@ def summary(gunicorn: Any, uvicorn: Any) -> list[str]:
     for http, reference in ((gunicorn, "reference"), (uvicorn, "async-reference")):
         if http is None or reference not in http.rounds:
             continue
-        lines.append(f"{http.server} ({len(http.rounds[reference])} alternating rounds), requests/s as a ratio "
-                     "to the lean reference middleware (median of the rounds' ratios):")
+        lines.append(f"{http.server} ({len(http.rounds[reference])} alternating rounds): requests/s, its ratio to the "
+                     "lean reference middleware (median of the rounds' ratios), the same ratio by CPU per request "
+                     f"({http.server} + Redis), and that CPU:")
         lines += [f"  {r.variant:<18} {num(r.per_second):>7} req/s  {times(_paired(http, r.variant, reference)):>6}"
-                  + ("" if math.isnan(r.app_cpu) else f"  ({usec(r.app_cpu)} µs CPU/request)") for r in http.results]
+                  f"  by CPU {times(_cpu_ratio(http, r.variant, reference)):>6}  "
+                  f"({usec(r.app_cpu)} + {usec(r.server_cpu)} µs/request)" for r in http.results]
     return lines

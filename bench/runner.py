@@ -260,8 +260,7 @@ def uvicorn_description() -> str:
 
 
 def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports: Transports | None,
-          redis_time: RedisTime | None, skip: bool, progress: Callable[[str], None], *,
-          profile: bool = True) -> AsgiSection:
+          redis_time: RedisTime | None, skip: bool, progress: Callable[[str], None]) -> AsgiSection:
     server = uvicorn_description()
     if skip:
         return AsgiSection(None, transports, "left out of this run (--skip-http)", server, "", redis_time=redis_time)
@@ -275,64 +274,64 @@ def _asgi(url: str, admin: redis.Redis, work_dir: Path, sizes: Sizes, transports
     run = http_bench.run_http(url, admin, work_dir, list(ASGI_VARIANTS), sizes.http_duration, sizes.http_warmup,
                               sizes.http_rounds, sizes.http_connections, 1, 0, progress, server="uvicorn",
                               ours="async-ours")
-    taken = profile_variants(url, work_dir, list(ASGI_VARIANTS), 2 * sizes.http_duration, sizes.http_connections,
-                             progress) if profile else None
-    return AsgiSection(run, transports, "", server, f"{load_before} / {load_average()}", taken, redis_time)
+    profile = profile_variants(url, work_dir, list(ASGI_VARIANTS), 2 * sizes.http_duration, sizes.http_connections,
+                               progress)
+    return AsgiSection(run, transports, "", server, f"{load_before} / {load_average()}", profile, redis_time)
+
+
+def _asgi_alone(server: RedisProcess, admin: redis.Redis, work_dir: Path, sizes: Sizes, command: str,
+                started: float, progress: Callable[[str], None]) -> AsgiSection:
+    """Section 6 measured on its own: the async engine's rows and the scripts' Redis time, then the ASGI
+    variants under uvicorn, with the provenance of this run."""
+    load_before = load_average()
+    progress("the async engine's rows (AsyncRateLimiter.hit and a bare async EVALSHA), interleaved in 1 process")
+    pool = WorkerPool(1, server.url)
+    try:
+        transports = transport_rounds(pool, admin, 3 * sizes.paired_rounds * sizes.paired_duration,
+                                      rows=ASGI_TRANSPORTS)
+    finally:
+        pool.close()
+    progress("Redis time per decision (usec_per_call)")
+    redis_time = run_redis_time(admin, sizes.redis_time_rounds, sizes.redis_time_calls)
+    commit = machine_info(admin)["ratelimit_app commit"]
+    section = _asgi(server.url, admin, work_dir, sizes, transports, redis_time, False, progress)
+    return dataclasses.replace(
+        section, load=f"{load_before} / {load_average()}",
+        provenance=f"`{command}` ({sizes.name} sizes) at commit {commit}, finished "
+                   f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, took {time.monotonic() - started:.0f} s")
+
+
+def run_asgi_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, json_path: Path | None,
+                  started: float) -> AsgiSection:
+    """Measure only the ASGI section with `sizes` and replace that section of `output`/benchmarks.md,
+    leaving the rest of it as it is."""
+    from bench import report
+
+    progress = _progress(started)
+    with private_redis(work_dir) as (server, admin):
+        section = _asgi_alone(server, admin, work_dir, sizes, command, started, progress)
+    progress("writing the ASGI section")
+    report.write_asgi(section, output)
+    if json_path is not None:
+        json_path.write_text(json.dumps(dataclasses.asdict(section), indent=1, default=str))
+    return section
 
 
 def run_http_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, json_path: Path | None,
                   started: float) -> tuple[Any, AsgiSection]:
-    """Measure only the HTTP variants, under gunicorn (section 4) then under uvicorn (section 6, without
-    the async engine's rows and the profile), print each row's ratio to the lean reference middleware, and
-    replace both sections and the HTTP rows of the targets table in `output`/benchmarks.md."""
+    """Measure only the HTTP sections: the WSGI variants under gunicorn (section 4), then section 6 as
+    `run_asgi_only` does; print every row's ratio to the lean reference middleware, and replace both
+    sections and the HTTP rows of the targets table in `output`/benchmarks.md."""
     from bench import report
     from bench.report_http import summary
 
     progress = _progress(started)
     with private_redis(work_dir) as (server, admin):
-        load_before = load_average()
         http_run, http_missing, http_note = _http(server.url, admin, work_dir, sizes, False, progress)
-        section = _asgi(server.url, admin, work_dir, sizes, None, None, False, progress, profile=False)
-        commit = machine_info(admin)["ratelimit_app commit"]
-    provenance = (f"`{command}` ({sizes.name} sizes) at commit {commit}, finished "
-                  f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, took {time.monotonic() - started:.0f} s, "
-                  f"load average (1 min) at start / end {load_before} / {load_average()}")
-    section = dataclasses.replace(section, provenance=provenance)
+        section = _asgi_alone(server, admin, work_dir, sizes, command, started, progress)
     print("\n".join(summary(http_run, section.http)), flush=True)
     report.write_http(http_run, http_note, http_missing, sizes.http_rounds, section, output)
     if json_path is not None:
         json_path.write_text(json.dumps({"gunicorn": dataclasses.asdict(http_run) if http_run else None,
                                          "uvicorn": dataclasses.asdict(section)}, indent=1, default=str))
     return http_run, section
-
-
-def run_asgi_only(sizes: Sizes, work_dir: Path, output: Path, command: str, *, json_path: Path | None,
-                  started: float) -> AsgiSection:
-    """Measure only the ASGI section with `sizes` (the async engine's rows and the scripts' Redis time,
-    then the ASGI variants under uvicorn) and replace that section of `output`/benchmarks.md, leaving
-    the rest of it as it is."""
-    from bench import report
-
-    progress = _progress(started)
-    with private_redis(work_dir) as (server, admin):
-        load_before = load_average()
-        progress("the async engine's rows (AsyncRateLimiter.hit and a bare async EVALSHA), interleaved in 1 process")
-        pool = WorkerPool(1, server.url)
-        try:
-            transports = transport_rounds(pool, admin, 3 * sizes.paired_rounds * sizes.paired_duration,
-                                                       rows=ASGI_TRANSPORTS)
-        finally:
-            pool.close()
-        progress("Redis time per decision (usec_per_call)")
-        redis_time = run_redis_time(admin, sizes.redis_time_rounds, sizes.redis_time_calls)
-        commit = machine_info(admin)["ratelimit_app commit"]
-        section = _asgi(server.url, admin, work_dir, sizes, transports, redis_time, False, progress)
-    section = dataclasses.replace(
-        section, load=f"{load_before} / {load_average()}",
-        provenance=f"`{command}` ({sizes.name} sizes) at commit {commit}, finished "
-                   f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, took {time.monotonic() - started:.0f} s")
-    progress("writing the ASGI section")
-    report.write_asgi(section, output)
-    if json_path is not None:
-        json_path.write_text(json.dumps(dataclasses.asdict(section), indent=1, default=str))
-    return section

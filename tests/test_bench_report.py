@@ -38,8 +38,8 @@ def test_http_only_replaces_sections_4_and_6_and_the_http_targets(tmp_path: Path
     for title in ("## 4. HTTP: a trivial view under gunicorn", "## 6. HTTP under ASGI (uvicorn)"):
         assert after.count(title) == 1
     http = after.partition("<!-- section: http -->")[2].partition("<!-- end of section -->")[0]
-    assert "| **ratelimit_app middleware** | 1,920 | 0.96x |" in http
-    assert "| django-ratelimit | 1,700 | 0.85x |" in http
+    assert "| **ratelimit_app middleware** | 1,920 | 0.96x | 0.96x |" in http
+    assert "| django-ratelimit | 1,700 | 0.85x | 0.85x |" in http
     targets = [line for line in after.split("## Targets")[1].split("## Machine")[0].splitlines()
                if line.startswith(("| HTTP", "| ASGI"))]
     assert [t.split(" |")[0] for t in targets] == [
@@ -58,5 +58,5 @@ def test_http_only_replaces_sections_4_and_6_and_the_http_targets(tmp_path: Path
         return [line for line in head.splitlines() if not line.startswith(("| HTTP", "| ASGI"))] + kept
 
     assert outside(after) == outside(before)
-    assert summary(gunicorn, uvicorn)[3].split() == ["reference", "2,000", "req/s", "1.00x", "(500", "µs",
-                                                     "CPU/request)"]
+    assert summary(gunicorn, uvicorn)[3].split() == ["reference", "2,000", "req/s", "1.00x", "by", "CPU", "1.00x",
+                                                     "(500", "+", "20", "µs/request)"]
