@@ -5,7 +5,8 @@ For the HTTP benchmark's request it does exactly what RateLimitMiddleware does, 
   database the first time a key is seen and kept in a dict (ours caches its lookups too);
 - one Redis call: the EVALSHA of our decide.lua with the same KEYS and ARGV as ours (the per-IP limit and
   the tier's limits, packed by `prepare_call` of the engine's core, as ours packs it), written on a
-  connection taken from a redis-py pool of its own and read back with redis-py's reply parser;
+  redis-py connection of its own (one per thread; the async twin takes one from a redis-py pool, as
+  requests in flight on one event loop cannot share one) and read back with redis-py's reply parser;
 - the six rate limit headers (X-RateLimit-Limit / -Remaining / -Reset / -Tier, RateLimit-Policy,
   RateLimit), read from the script's reply (three numbers per policy, see decide.lua's header);
 - a count per request (allowed / blocked, by tier and hour) kept in the process and added to Redis by a
@@ -194,6 +195,15 @@ class ReferenceMiddleware:
         self.shared = Reference()
         self.redis = redis.Redis.from_url(self.shared.url, **self.shared.timeouts)
         self.sha = self.redis.script_load(decide_source())
+        self.local = threading.local()
+
+    def connection(self) -> Any:
+        """This thread's connection to Redis, made on its first request (redis-py connects it when used)."""
+        connection = getattr(self.local, "connection", None)
+        if connection is None:
+            pool = self.redis.connection_pool
+            connection = self.local.connection = pool.connection_class(**pool.connection_kwargs)
+        return connection
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase:
         shared = self.shared
@@ -210,16 +220,13 @@ class ReferenceMiddleware:
             return _refusal(401, "unknown API key")
         checks = shared.checks(request, client)
         call = prepare_call(shared.prefix, checks, 1, charge=True)
-        pool = self.redis.connection_pool
-        connection = pool.get_connection()
+        connection = self.connection()
         try:
             connection.send_packed_command((call.packed,))
             reply = connection.read_response()
         except redis.RedisError:
-            connection.disconnect()
+            connection.disconnect()  # connected again by the next request
             return self.get_response(request)  # fail open
-        finally:
-            pool.release(connection)
         allowed, headers = shared.answer(client, reply)
         shared.counts.add(client.tier, allowed)
         if not allowed:

@@ -29,7 +29,7 @@ _OURS = ("RateLimitMiddleware with the default settings: per-IP limit (IP_RATE, 
 #: What the reference variants run (bench/httpapp/reference.py).
 _REFERENCE = ("a plain hand-written middleware doing what ours does for this request and nothing else: the API key "
               "-> its tier (kept in a dict once read), the same EVALSHA of decide.lua (same KEYS and ARGV) on a "
-              "redis-py client of its own, the same six headers, a count per request added to Redis in batches")
+              "redis-py connection of its own, the same six headers, a count per request added to Redis in batches")
 
 #: variant -> (label, what is configured), in report order.
 VARIANTS: dict[str, tuple[str, str]] = {
