@@ -210,7 +210,8 @@ def write_http(http: object, note: str, unavailable: dict[str, str], rounds: int
     output.mkdir(parents=True, exist_ok=True)
     path = output / "benchmarks.md"
     text = path.read_text(encoding="utf-8") if path.exists() else ""
-    text = replace_section(text, HTTP_SECTION, "\n".join(http_section(http, note, unavailable, rounds)))
+    text = replace_section(text, HTTP_SECTION, "\n".join(http_section(http, note, unavailable, rounds,
+                                                                         asgi.provenance)))
     text = replace_section(text, ASGI_SECTION, "\n".join(asgi_section(asgi)))
     targets = reference_targets(http, "ours", "reference", "gunicorn", note) + asgi_targets(asgi)
     text = _replace_targets(text, targets, ("HTTP", "ASGI: our async"))

@@ -110,13 +110,16 @@ def _reference_note(server: str) -> list[str]:
             "the same six headers, a count per request) and nothing else.", ""]
 
 
-def http_section(http: Any, note: str, unavailable: dict[str, str], rounds: int) -> list[str]:
-    """Section 4: the WSGI variants under gunicorn."""
+def http_section(http: Any, note: str, unavailable: dict[str, str], rounds: int, provenance: str = "") -> list[str]:
+    """Section 4: the WSGI variants under gunicorn (`provenance`: how it was measured, when on its own)."""
     from bench.http_bench import KEY_COUNT, SEEDED_TIER, seeded_limits
     from bench.httpapp.variants import HUGE_RATE, IP_ALGORITHM, PEER_RATE
     from bench.httpapp.variants import VARIANTS as HTTP_VARIANTS
 
     lines = ["## 4. HTTP: a trivial view under gunicorn", ""]
+    if provenance:
+        lines += [f"Measured on its own, with section 6, by {provenance}; the rest of this document comes from the "
+                  "run named at the top.", ""]
     if http is None:
         return [*lines, f"Not measured: {note}.", ""]
     tier = ", ".join(f"{name} {algorithm} {limit:,}/{period}s" + (f" burst {burst:,}" if burst else "")

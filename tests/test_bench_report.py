@@ -38,6 +38,7 @@ def test_http_only_replaces_sections_4_and_6_and_the_http_targets(tmp_path: Path
     for title in ("## 4. HTTP: a trivial view under gunicorn", "## 6. HTTP under ASGI (uvicorn)"):
         assert after.count(title) == 1
     http = after.partition("<!-- section: http -->")[2].partition("<!-- end of section -->")[0]
+    assert "Measured on its own, with section 6, by `python bench/run.py --http-only`" in http
     assert "| **ratelimit_app middleware** | 1,920 | 0.96x | 0.96x |" in http
     assert "| django-ratelimit | 1,700 | 0.85x | 0.85x |" in http
     targets = [line for line in after.split("## Targets")[1].split("## Machine")[0].splitlines()
