@@ -31,12 +31,12 @@ from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
 from .apply.concurrency import release_pending_with
-from .apply.drf import JointThrottle, django_request_of
 from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity, throttle_ident
-from .apply.joint import throttle_label, throttle_policy
+from .apply.joint import rate_check
 from .apply.limitcheck import LimitCheck
 from .apply.responses import REQUEST_ATTRIBUTE, add_headers
 from .core.policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
+from .drf.joint import JointThrottle, django_request_of
 
 
 class TierRateThrottle(JointThrottle):
@@ -66,10 +66,8 @@ def parse_throttle_rate(rate: str) -> tuple[int, int | float]:
 
 
 @lru_cache(maxsize=1024)
-def _policy(scope: str, rate: str, algorithm: str) -> Policy | None:
-    """The policy of a throttle's scope and rate (None for a rate of 0: refuse every request)."""
-    requests, seconds = parse_throttle_rate(rate)
-    return throttle_policy(scope, requests, seconds, algorithm)
+def _parsed_rate(rate: str) -> tuple[int, int | float]:
+    return parse_throttle_rate(rate)
 
 
 class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
@@ -146,14 +144,8 @@ class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
         self.history: list[float] = []
         if key is None:
             return []
-        scope = str(self.scope or "throttle")
-        policy = _policy(scope, rate, self.algorithm)
-        if policy is None:
-            return None
-        user = authenticated_user(request)
-        label = throttle_label(scope, key, self.cache_format, None if user is None else user.pk,
-                               lambda: self.get_ident(request))
-        return [LimitCheck(f"throttle:{key}", (policy,), self.owner, label)]
+        requests, seconds = _parsed_rate(rate)
+        return rate_check(self, request, key, f"throttle:{key}", requests, seconds)
 
     def metrics_label(self) -> str:
         return f"throttle.{self.scope or 'throttle'}"

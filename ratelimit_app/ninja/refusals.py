@@ -25,22 +25,13 @@ from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import Throttled
 
-from ..apply.outcome import DENIED, LimitOutcome
+from ..apply.joint import joint_of
+from ..apply.outcome import DENIED
 from ..apply.responses import add_headers, refusal
 from ..conf.settings import ratelimit_settings
 
-#: Request attribute: (the outcome, the request's cost) of a refusal by our throttles, for `answer`.
-REFUSAL_ATTRIBUTE = "_ratelimit_ninja_refusal"
-
 _answering: weakref.WeakSet[NinjaAPI] = weakref.WeakSet()
 _lock = threading.Lock()
-
-
-def leave_refusal(request: HttpRequest, outcome: LimitOutcome, cost: int, api: NinjaAPI | None) -> None:
-    """Remember that our throttles refused `request` with `outcome`, and make sure `api` answers it."""
-    request.__dict__[REFUSAL_ATTRIBUTE] = (outcome, cost)
-    if api is not None:
-        answer_refusals(api)
 
 
 def answer_refusals(api: NinjaAPI) -> None:
@@ -59,15 +50,15 @@ def answer_refusals(api: NinjaAPI) -> None:
 def answer(previous: Any, request: HttpRequest, exc: Exception) -> HttpResponse:
     """The answer to Ninja's Throttled for `request` (see the module docstring); `previous` is the
     handler the API had, None when it had none (Ninja then raises the exception, as it would)."""
-    refused: tuple[LimitOutcome, int] | None = request.__dict__.get(REFUSAL_ATTRIBUTE)
-    if refused is None:
+    joint = joint_of(request)
+    if joint is None or not joint.refused:
         return _delegate(previous, request, exc)
-    outcome, cost = refused
+    outcome = joint.outcome
     if outcome.status == DENIED and (outcome.decision is None or not _our_format()):
         response = _delegate(previous, request, exc)
         add_headers(response, outcome)
         return response
-    return refusal(outcome, cost)  # type: ignore[return-value]  # a JsonResponse
+    return refusal(outcome, joint.cost)  # type: ignore[return-value]  # a JsonResponse
 
 
 def _delegate(previous: Any, request: HttpRequest, exc: Exception) -> HttpResponse:

@@ -1,13 +1,12 @@
 """ratelimit_app.apply.joint: the joint decision of our throttles whatever the framework. `JointCall`
 (its carrier, one call over every member's checks and the view's own, members refused outright),
 `Joint.verdict` (what each member answers for), `decide_jointly` (slots held, the outcome left for the
-headers, the fail mode when the limiter fails), `ThrottleHooks`, `throttle_policy`, `display_identity`
-and `in_sync_code`; against the real Redis and database."""
+headers, the fail mode when the limiter fails), `joint_of`, `request_charge`, `ThrottleHooks`,
+`throttle_policy`, `display_identity`; against the real Redis and database."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,21 +14,24 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory
 
-from ratelimit_app import Policy
+from ratelimit_app import Decision, Policy, PolicyResult
 from ratelimit_app.apply.concurrency import PENDING_ATTRIBUTE, release_pending_now
 from ratelimit_app.apply.joint import (
     JointCall,
     ThrottleHooks,
     decide_jointly,
     display_identity,
-    in_sync_code,
+    joint_of,
+    request_charge,
+    retry_wait,
     throttle_label,
     throttle_policy,
 )
 from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.outcome import ALLOWED, DENIED, UNAUTHORIZED
 from ratelimit_app.apply.responses import REQUEST_ATTRIBUTE
-from ratelimit_app.plans.lookups import require_io
+from ratelimit_app.apply.routes import DEFERRED_ATTRIBUTE
+from ratelimit_app.decorators import limit_cost
 from ratelimit_app.service.limiter import get_limiter
 from tests.support.limits_support import make_key, make_tier
 
@@ -85,6 +87,39 @@ def test_a_member_refused_outright_stops_the_call_and_one_that_does_not_limit_ha
     assert joint.verdict("zero") == (True, None) and joint.verdict("open") == (False, None)
     nothing = decide_jointly(call(Member("open", -1)), where="test")
     assert nothing.outcome.status == ALLOWED and nothing.verdict("open") == (False, None)
+
+
+def test_refused_says_whether_any_member_refuses_and_not_when_only_the_views_own_limit_did() -> None:
+    roomy, tight = Member("roomy", 5), Member("tight", 1)
+    assert not decide_jointly(call(roomy, tight), where="test").refused
+    assert decide_jointly(call(roomy, tight), where="test").refused
+    assert decide_jointly(call(Member("zero", None)), where="test").refused
+    own = LimitCheck("view:refused", (Policy("own", "fixed_window", limit=1, period=60),), "view")
+    assert not decide_jointly(call(Member("open", -1), extra=lambda: [own]), where="test").refused
+    by_the_view = decide_jointly(call(Member("open", -1), extra=lambda: [own]), where="test")
+    assert by_the_view.outcome.status == DENIED and not by_the_view.refused  # no throttle of ours refused
+
+
+def test_the_joint_is_kept_on_the_request_for_its_handler() -> None:
+    request = factory.get("/api/things", REMOTE_ADDR="192.0.2.47")
+    assert joint_of(request) is None
+    joint = decide_jointly(call(Member("roomy"), request=request), where="test")
+    assert joint_of(request) is joint and joint_of(request, "handler") is joint
+    assert joint_of(request, "another handler") is None  # dispatched again: decided again
+    assert (joint.cost, joint.owners, joint.carrier) == (1, ("roomy",), "roomy")
+
+
+def test_request_charge_is_what_the_middleware_left_else_the_declared_route() -> None:
+    @limit_cost(3, scope="search", methods=["POST"])
+    def view(request: Any) -> None: ...
+
+    assert request_charge(factory.post("/api/things"), view) == (3, "search", False)
+    assert request_charge(factory.get("/api/things"), view) == (1, "search", False)
+    assert request_charge(factory.get("/api/things"), None) == (1, "", False)
+    left = factory.get("/api/things")
+    left.__dict__[DEFERRED_ATTRIBUTE] = (5, "bulk")
+    assert request_charge(left, view) == (5, "bulk", True)
+    assert request_charge(left, view) == (1, "search", False)  # taken once
 
 
 def test_the_views_own_checks_are_asked_for_during_the_call_and_decided_with_it() -> None:
@@ -181,28 +216,9 @@ def test_throttle_label_names_a_user_or_an_address_else_the_scope_and_a_digest()
     assert throttle_label("login", "other-format-7", drf, 7, lambda: None).startswith("throttle.login:#")
 
 
-def test_in_sync_code_runs_in_place_unless_it_needs_io_on_an_event_loop() -> None:
-    def where() -> str:
-        return threading.current_thread().name
-
-    def needs_io() -> str:
-        require_io()  # what a cold lookup does under local_only()
-        return threading.current_thread().name
-
-    here = threading.current_thread().name
-    assert in_sync_code(where) == here and in_sync_code(needs_io) == here  # off a loop: as it is
-
-    async def on_a_loop() -> tuple[str, str]:
-        return in_sync_code(where), in_sync_code(needs_io)
-
-    assert asyncio.run(on_a_loop()) == (here, "ratelimit-sync-decision")
-
-    def fails() -> str:
-        require_io()
-        raise ValueError("raised in the thread")
-
-    async def failing() -> str:
-        return in_sync_code(fails)
-
-    with pytest.raises(ValueError, match="raised in the thread"):
-        asyncio.run(failing())
+def test_retry_wait_is_the_refusing_decisions_retry_time_at_least_the_floor() -> None:
+    refused = Decision.from_results((PolicyResult("tight", False, 1, 0, 0.2, 0.2),))
+    assert retry_wait(refused, 1.0) == 1.0 and retry_wait(refused, 0.001) == 0.2
+    assert retry_wait(Decision.from_results((PolicyResult("tight", False, 1, 0, 0.0, math.inf),)), 1.0) is None
+    assert retry_wait(Decision.from_results((PolicyResult("tight", True, 1, 0, 5.0, None),)), 1.0) is None
+    assert retry_wait(None, 1.0) is None

@@ -1,7 +1,6 @@
-"""ratelimit_app.apply.drf: `JointThrottle` (every throttle of ours on a view decided in one call, each
-answering for its own limits, DRF's hooks called as DRF calls them), the exceptions its carrier raises
-(401, 403, 503) and `wait`, with views dispatched directly (no middleware) against the real Redis and
-database."""
+"""ratelimit_app.drf.joint: `JointThrottle` (every throttle of ours on a view decided in one call, each
+answering for its own limits, DRF's hooks called as DRF calls them) and `wait`, with views dispatched
+directly (no middleware) against the real Redis and database."""
 
 from __future__ import annotations
 
@@ -17,24 +16,12 @@ from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
 from devtools.embedded import RedisProcess
-from ratelimit_app import Decision, Policy, PolicyResult, new_lease_token
-from ratelimit_app.apply import shedding
-from ratelimit_app.apply.drf import (
-    ClientRefused,
-    InvalidApiKey,
-    JointThrottle,
-    LimiterUnavailable,
-    Overloaded,
-    django_request_of,
-)
+from ratelimit_app import Decision, Policy, PolicyResult
 from ratelimit_app.apply.limitcheck import LimitCheck
-from ratelimit_app.apply.shedding import FLEET_IDENTITY, LOW, shed_config
 from ratelimit_app.decorators import limit_cost
-from ratelimit_app.models import ClientRule
+from ratelimit_app.drf.joint import JointThrottle, django_request_of
 from ratelimit_app.service import events
 from ratelimit_app.service.limiter import get_limiter
-from ratelimit_app.throttling import TierRateThrottle
-from tests.support.limits_support import make_key, make_tier
 from tests.support.topology import command_calls
 
 factory = APIRequestFactory()
@@ -198,49 +185,3 @@ def test_django_request_of_unwraps_a_drf_request() -> None:
     django_request = factory.get("/api/things")
     assert django_request_of(Request(django_request)) is django_request
     assert django_request_of(django_request) is django_request
-
-
-# -- what the carrier of the request's own limits raises --------------------------------------------
-
-@pytest.mark.django_db
-def test_an_unusable_key_is_a_401_with_a_bearer_challenge() -> None:
-    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY="not-a-key")
-    assert response.status_code == 401 and response["WWW-Authenticate"] == InvalidApiKey.auth_header
-    assert response.data == {"detail": "malformed API key"}
-    assert response.data["detail"].code == "invalid_api_key"
-
-
-@pytest.mark.django_db
-def test_a_deny_rule_is_a_403() -> None:
-    key = make_key(make_tier("drfdeny", [("minute", "fixed_window", 10, 60, None, "")]))
-    ClientRule.objects.create(action="deny", network="192.0.2.0/24")
-    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY=key)
-    assert response.status_code == 403 and response.data["detail"].code == ClientRefused.default_code
-
-
-@pytest.mark.django_db
-def test_a_limiter_that_cannot_decide_under_the_closed_fail_mode_is_a_503_with_retry_after(
-    settings: Any, server: RedisProcess
-) -> None:
-    key = make_key(make_tier("drfdown", [("minute", "fixed_window", 10, 60, None, "")]))
-    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url, "FAIL_MODE": "closed",
-                          "BREAKER_FAILURES": 1, "BREAKER_COOLDOWN": 7.0, "BREAKER_MAX_COOLDOWN": 7.0}
-    server.stop()
-    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY=key)
-    assert response.status_code == 503 and response.data["detail"].code == LimiterUnavailable.default_code
-    assert response["Retry-After"] == "7"  # when the breaker will try Redis again
-
-
-@pytest.mark.django_db
-def test_a_shed_request_is_a_503_overloaded_with_the_shedders_retry_after(settings: Any,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shedding, "fleet_episode", shedding._Episode("fleet"))  # this test's episode alone
-    key = make_key(make_tier("drfshed", [("minute", "fixed_window", 10, 60, None, "")]))
-    settings.RATELIMIT = {**settings.RATELIMIT, "SHED_CAPACITY": 2, "SHED_LOW_AT": 0.5, "SHED_RETRY_AFTER": 3,
-                          "SHED_PRIORITIES": {"/api/things": "low"}}
-    low = shed_config().thresholds[LOW]  # one low-priority request in flight fills it
-    assert get_limiter().hit(FLEET_IDENTITY, (low,), lease=new_lease_token()).allowed
-    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY=key)
-    assert response.status_code == 503 and response.data["detail"].code == Overloaded.default_code
-    assert str(response.data["detail"]) == "Service overloaded: low-priority request shed."
-    assert response["Retry-After"] == "3"
