@@ -20,18 +20,17 @@ from django.http import HttpRequest
 
 from ..core.decision import Decision
 from ..core.policies import Policy
-from .concurrency import hold
+from .admission import record, state_if_any, state_of
 from .identity import authenticated_user
 from .limitcheck import REQUEST_LIMITS, LimitCheck, identity_digest
-from .limiting import decide, limit_config, safely
+from .limiting import decide, limit_config, limit_request, safely
 from .outcome import ALLOWED, DENIED, LimitOutcome
-from .planning import RequestPlan, plan_request
-from .responses import REQUEST_ATTRIBUTE
-from .routes import DEFAULT_ROUTE, DEFERRED_ATTRIBUTE, route_for_view
+from .planning import RequestPlan
+from .routes import DEFAULT_ROUTE, route_for_view
 
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-#: Request attribute: the Joint of the handler whose throttles decided the request.
-_JOINT_ATTRIBUTE = "_ratelimit_joint"
+#: The entry of the request's state (`RequestState.entry`) holding the Joint of the throttles that decided it.
+_JOINT_ENTRY = "throttles"
 
 
 class ThrottleHooks:
@@ -149,10 +148,7 @@ limit; called during the decision, so it may read the request's user)."""
             return LimitOutcome(DENIED, None, (), None, "")
         extra.extend(self.extra())
         if self.with_request_limits:
-            planned = plan_request(self.request, cost=self.cost, scope=self.scope, user=self.user)
-            if isinstance(planned, LimitOutcome):
-                return planned
-            return decide(planned if planned.refusal else planned.plus(extra), self.cost)
+            return limit_request(self.request, cost=self.cost, scope=self.scope, user=self.user, extra=extra)
         if not extra:
             return LimitOutcome(ALLOWED, None, (), None, "")
         plan = RequestPlan(tuple(extra), None, display_identity(extra[0]), limit_config().fail_mode,
@@ -162,25 +158,28 @@ limit; called during the decision, so it may read the request's user)."""
 
 def decide_jointly(call: JointCall, *, where: str, run: Callable[[Callable[[], LimitOutcome]], LimitOutcome]
                    = lambda decide_now: decide_now()) -> Joint:
-    """Make `call` (following the fail mode if the limiter fails: `safely`), hold the concurrency slots
-    it took on the request (given back with the response: RateLimitMiddleware or the framework's
-    finisher), leave its outcome on the request for the headers and the Joint for `joint_of`. `run`
-    runs the decision (Ninja's runs it where it may be on an event loop)."""
+    """Make `call` (following the fail mode if the limiter fails: `safely`), and keep it on the request's
+    state (`joint_of`). When it decided limits, its outcome is the request's (`admission.record`: the
+    headers, the slots it took held until the request ends); `run` runs the decision (Ninja's runs it
+    where it may be on an event loop)."""
     denied: set[str] = set()
     outcome = safely(lambda: run(lambda: call.decide(denied)), where=where)
-    hold(call.request, outcome.slots)
+    state = state_of(call.request)
     if outcome.decision is not None and outcome.policies:
-        setattr(call.request, REQUEST_ATTRIBUTE, outcome)
+        # (the framework answers a refusal in its own way; when no limit was decided, a request whose own
+        # limits were left to the throttles is charged on the way out by RateLimitMiddleware)
+        record(call.request, outcome, call.cost)
     joint = Joint(call.handler, outcome, call.cost, tuple(m.owner for m in call.members), call.carrier.owner,
                   frozenset(denied))
-    call.request.__dict__[_JOINT_ATTRIBUTE] = joint
+    state.entry[_JOINT_ENTRY] = joint
     return joint
 
 
 def joint_of(request: HttpRequest, handler: Any = None) -> Joint | None:
     """The joint decision made for `request` (for `handler` when one is given: a request dispatched
     again to another handler is decided again), None when none was made."""
-    joint: Joint | None = request.__dict__.get(_JOINT_ATTRIBUTE)
+    state = state_if_any(request)
+    joint: Joint | None = state.entry.get(_JOINT_ENTRY) if state is not None else None
     if joint is None or (handler is not None and joint.handler is not handler):
         return None
     return joint
@@ -190,7 +189,8 @@ def request_charge(request: HttpRequest, declared: Any) -> tuple[int, str, bool]
     """(cost, scope, deferred) of `request` for the throttles of the handler `declared` (its function or
     class: see routes.route_for_view): those RateLimitMiddleware left to them when it deferred the
     request's own limits (`deferred` True), else the handler's declared route's."""
-    left = request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
+    state = state_if_any(request)
+    left = state.take_deferred() if state is not None else None
     if left is not None:
         return left[0], left[1], True
     route = route_for_view(declared) if declared is not None else DEFAULT_ROUTE

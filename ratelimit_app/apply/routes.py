@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 ATTRIBUTE = "ratelimit_route"
 #: Attribute of a view wrapped by `@ratelimit`: its ViewLimit.
 VIEW_LIMIT_ATTRIBUTE = "ratelimit_view_limit"
-#: Request attribute left by the middleware when our DRF throttles decide the request: (cost, scope).
-DEFERRED_ATTRIBUTE = "_ratelimit_deferred"
 #: Class attribute of the throttles that decide together with the request's own limits.
 JOINT_THROTTLE_ATTRIBUTE = "decides_with_request_limits"
 _SCOPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")

@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory
 
 from ratelimit_app import Decision, Policy, PolicyResult
-from ratelimit_app.apply.concurrency import PENDING_ATTRIBUTE, release_pending_now
+from ratelimit_app.apply.admission import end, state_of
 from ratelimit_app.apply.joint import (
     JointCall,
     ThrottleHooks,
@@ -29,8 +29,6 @@ from ratelimit_app.apply.joint import (
 )
 from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.outcome import ALLOWED, DENIED, UNAUTHORIZED
-from ratelimit_app.apply.responses import REQUEST_ATTRIBUTE
-from ratelimit_app.apply.routes import DEFERRED_ATTRIBUTE
 from ratelimit_app.decorators import limit_cost
 from ratelimit_app.service.limiter import get_limiter
 from tests.support.limits_support import make_key, make_tier
@@ -117,7 +115,7 @@ def test_request_charge_is_what_the_middleware_left_else_the_declared_route() ->
     assert request_charge(factory.get("/api/things"), view) == (1, "search", False)
     assert request_charge(factory.get("/api/things"), None) == (1, "", False)
     left = factory.get("/api/things")
-    left.__dict__[DEFERRED_ATTRIBUTE] = (5, "bulk")
+    state_of(left).deferred = (5, "bulk")
     assert request_charge(left, view) == (5, "bulk", True)
     assert request_charge(left, view) == (1, "search", False)  # taken once
 
@@ -158,10 +156,10 @@ def test_the_slots_taken_are_held_on_the_request_and_the_outcome_left_for_the_he
     joint = JointCall(request, "handler", (Member("slots"),),
                       lambda member: [LimitCheck("throttle:slots", (slot,), member.owner)], 1, "", None, False)
     outcome = decide_jointly(joint, where="test").outcome
-    assert outcome.allowed and getattr(request, REQUEST_ATTRIBUTE) is outcome
-    assert len(request.__dict__[PENDING_ATTRIBUTE]) == 1
+    assert outcome.allowed and state_of(request).outcome is outcome
+    assert len(state_of(request).slots) == 1
     assert get_limiter().peek("throttle:slots", (slot,)).remaining == 0
-    release_pending_now(request)
+    end(request)
     assert get_limiter().peek("throttle:slots", (slot,)).remaining == 1
 
 
