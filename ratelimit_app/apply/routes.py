@@ -7,10 +7,10 @@
     @limit_cost(priority="low")             # shed first when the fleet is overloaded (ratelimit_app.apply.shedding)
 
 Class-based views may set the same on the class (`@limit_cost(...)` on a View or APIView class); a DRF
-view's `throttle_scope` is used as the scope when nothing else is declared. A framework that routes
-several handlers through one Django view (Django Ninja: one view per path, one operation per method)
-registers a `ViewFinder`, so the declarations of the handler a request reaches are read
-(`resolve_view`).
+view's `throttle_scope` is used as the scope when nothing else is declared. A framework registers a
+`ViewFinder` to say which handler a request reaches (Django Ninja: one view per path, one operation per
+method), so its declarations are read, and whether its throttles of ours decide the request's own
+limits (`resolve_view`).
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 ATTRIBUTE = "ratelimit_route"
 #: Attribute of a view wrapped by `@ratelimit`: its ViewLimit.
 VIEW_LIMIT_ATTRIBUTE = "ratelimit_view_limit"
-#: Class attribute of the throttles that decide together with the request's own limits.
-JOINT_THROTTLE_ATTRIBUTE = "decides_with_request_limits"
 _SCOPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
@@ -123,14 +121,6 @@ def joined_checks(view_limit: ViewLimit | None, request: HttpRequest, cost: int)
     return [check] if check is not None else []
 
 
-def defers_to_throttles(view_func: Any) -> bool:
-    """True for a DRF view whose throttles include one of ours: they decide the request's limits
-    (after DRF's authentication) together with their own, in one call."""
-    view_class = getattr(view_func, "cls", None)
-    throttles = getattr(view_class, "throttle_classes", None) or ()
-    return any(getattr(throttle, JOINT_THROTTLE_ATTRIBUTE, False) for throttle in throttles)
-
-
 class ResolvedView(NamedTuple):
     """What a request reaches: `declared`, the function or class whose `@limit_cost`, `@ratelimit` and
     `@limit_concurrency` apply, and `deferred`, True when our throttles on it decide the request's own
@@ -147,7 +137,7 @@ _view_finders: list[ViewFinder] = []
 
 def register_view_finder(finder: ViewFinder) -> None:
     """Let `finder` say what a request to a view of its framework reaches (registered once; ratelimit_app
-    registers Django Ninja's when it is installed)."""
+    registers DRF's and Django Ninja's when their throttles of ours are imported)."""
     if finder not in _view_finders:
         _view_finders.append(finder)
 
@@ -159,4 +149,4 @@ def resolve_view(view_func: Any, request: HttpRequest) -> ResolvedView:
         found = finder(view_func, request)
         if found is not None:
             return found
-    return ResolvedView(view_func, defers_to_throttles(view_func))
+    return ResolvedView(view_func, False)

@@ -16,6 +16,7 @@ from ..apply.identity import authenticated_user
 from ..apply.joint import Joint, JointCall, ThrottleHooks, decide_jointly, joint_of, request_charge, retry_wait
 from ..apply.limitcheck import LimitCheck
 from ..apply.outcome import FORBIDDEN, SHED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
+from ..apply.routes import ResolvedView, register_view_finder
 from ..core.decision import Decision
 from .exceptions import ClientRefused, InvalidApiKey, LimiterUnavailable, Overloaded
 
@@ -32,8 +33,6 @@ class JointThrottle(ThrottleHooks, drf_throttling.BaseThrottle):
     request, or None when it refuses it outright (a rate of 0).
     """
 
-    #: Read by RateLimitMiddleware (routes.JOINT_THROTTLE_ATTRIBUTE) to leave a view's decision to us.
-    decides_with_request_limits: ClassVar[bool] = True
     #: True for the throttle that carries the request's own limits (per-IP and tier).
     carries_request_limits: ClassVar[bool] = False
     decision: Decision | None = None
@@ -103,3 +102,16 @@ def _our_throttles(view: Any, caller: JointThrottle) -> list[JointThrottle]:
     found = [t for t in get_throttles() if isinstance(t, JointThrottle)] if callable(get_throttles) else []
     throttles = [caller if type(t) is type(caller) else t for t in found]
     return throttles if caller in throttles else [caller]
+
+
+def _find_view(view_func: Any, request: HttpRequest) -> ResolvedView | None:
+    """The ViewFinder of DRF views: a view whose throttles include one of ours is deferred to them (they
+    decide the request's own limits after DRF's authentication, with theirs, in one call)."""
+    view_class = getattr(view_func, "cls", None)
+    throttles = getattr(view_class, "throttle_classes", None) or ()
+    if any(isinstance(t, type) and issubclass(t, JointThrottle) for t in throttles):
+        return ResolvedView(view_func, True)
+    return None  # not a DRF view, or one RateLimitMiddleware decides itself
+
+
+register_view_finder(_find_view)

@@ -39,10 +39,6 @@ except ImportError as exc:
         "with its [ninja] extra)"
     ) from exc
 
-from ..apply.routes import register_view_finder
-from .operations import find_view
 from .throttles import AnonRateThrottle, AtomicRateThrottle, AuthRateThrottle, TierRateThrottle, UserRateThrottle
-
-register_view_finder(find_view)
 
 __all__ = ["AnonRateThrottle", "AtomicRateThrottle", "AuthRateThrottle", "TierRateThrottle", "UserRateThrottle"]

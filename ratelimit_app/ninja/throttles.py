@@ -41,10 +41,10 @@ from ..apply.joint import (
 from ..apply.limitcheck import LimitCheck
 from ..apply.outcome import ALLOWED, DENIED, SHED, UNAVAILABLE, LimitOutcome
 from ..apply.planning import FROM_REQUEST
-from ..apply.routes import joined_checks, validate_scope, view_limit_of
+from ..apply.routes import ResolvedView, joined_checks, register_view_finder, validate_scope, view_limit_of
 from ..apply.shedding import shed_config
 from ..plans.lookups import NeedsIO, local_only
-from .operations import request_operation
+from .operations import operation_for, request_operation
 from .refusals import answer_refusals
 
 T = TypeVar("T")
@@ -66,8 +66,6 @@ class JointThrottle(ThrottleHooks, BaseThrottle):
     or None when it refuses it outright (a rate of 0).
     """
 
-    #: Read by RateLimitMiddleware (routes.JOINT_THROTTLE_ATTRIBUTE): it leaves the request's own limits to us.
-    decides_with_request_limits: ClassVar[bool] = True
     #: True for the throttle that carries the request's own limits (per-IP and tier).
     carries_request_limits: ClassVar[bool] = False
     #: The tier scope this throttle asks for (TierRateThrottle's), None: the operation's `@limit_cost` scope.
@@ -271,3 +269,19 @@ class AuthRateThrottle(AtomicRateThrottle, NinjaAuthRateThrottle):
 
 class UserRateThrottle(AtomicRateThrottle, NinjaUserRateThrottle):
     """Limits each user (`request.user`), anonymous clients by address (scope "user")."""
+
+
+def _find_view(view_func: Any, request: HttpRequest) -> ResolvedView | None:
+    """The ViewFinder of Ninja views (registered with ratelimit_app.apply.routes): the operation's
+    function, whose `@limit_cost`, `@ratelimit` and `@limit_concurrency` RateLimitMiddleware reads;
+    deferred when the operation has throttles of ours (they decide the request's own limits)."""
+    if getattr(view_func, "__module__", None) != "ninja.operation":
+        return None  # not a Ninja view: one attribute read on every request
+    operation = operation_for(view_func, request)
+    if operation is None:
+        return None
+    deferred = any(isinstance(t, JointThrottle) for t in operation.throttle_objects)
+    return ResolvedView(operation.view_func, deferred)
+
+
+register_view_finder(_find_view)

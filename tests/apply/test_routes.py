@@ -1,5 +1,5 @@
 """ratelimit_app.apply.routes: what a route declares (`RouteLimit` and `cost_for`), how the middleware finds
-it on a resolved view (`route_for_view`, `view_limit_of`, `defers_to_throttles`), and the checks of
+it on a resolved view (`route_for_view`, `view_limit_of`, `resolve_view`), and the checks of
 scopes and costs."""
 
 from __future__ import annotations
@@ -9,14 +9,12 @@ from typing import Any, TypeVar, cast
 import pytest
 from django.http import HttpRequest, HttpResponse
 from django.views import View
-from rest_framework import throttling as drf_throttling
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ratelimit_app.apply.routes import (
     DEFAULT_ROUTE,
     RouteLimit,
-    defers_to_throttles,
     route_for_view,
     validate_cost,
     validate_scope,
@@ -24,7 +22,6 @@ from ratelimit_app.apply.routes import (
     view_name,
 )
 from ratelimit_app.decorators import limit_cost, ratelimit
-from ratelimit_app.throttling import ConcurrencyThrottle, ScopedRateThrottle, TierRateThrottle
 
 
 def plain(request: HttpRequest) -> HttpResponse:
@@ -118,14 +115,3 @@ def test_view_limit_of_finds_what_ratelimit_leaves_on_a_view() -> None:
     assert limit is not None and limit.joins_request_limits and limit.cost == 1
     unblocked = view_limit_of(ratelimit("10/m", block=False)(plain))
     assert unblocked is not None and not unblocked.joins_request_limits  # its view runs anyway: decided alone
-
-
-@pytest.mark.parametrize(("throttles", "defers"), [
-    ((TierRateThrottle,), True), ((ScopedRateThrottle,), True), ((drf_throttling.AnonRateThrottle,), False),
-    ((drf_throttling.UserRateThrottle, ConcurrencyThrottle), True), ((), False),
-])
-def test_a_drf_view_defers_to_its_throttles_when_one_of_ours_is_among_them(throttles: tuple[type, ...],
-                                                                           defers: bool) -> None:
-    view = derived(Api, throttle_classes=throttles).as_view()
-    assert defers_to_throttles(view) is defers
-    assert not defers_to_throttles(plain) and not defers_to_throttles(Page.as_view())

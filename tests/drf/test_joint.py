@@ -10,6 +10,8 @@ from typing import Any, ClassVar
 
 import pytest
 import redis
+from django.views import View
+from rest_framework import throttling as drf_throttling
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
@@ -18,10 +20,12 @@ from rest_framework.views import APIView
 from devtools.embedded import RedisProcess
 from ratelimit_app import Decision, Policy, PolicyResult
 from ratelimit_app.apply.limitcheck import LimitCheck
+from ratelimit_app.apply.routes import ResolvedView, resolve_view
 from ratelimit_app.decorators import limit_cost
 from ratelimit_app.drf.joint import JointThrottle, django_request_of
 from ratelimit_app.service import events
 from ratelimit_app.service.limiter import get_limiter
+from ratelimit_app.throttling import ConcurrencyThrottle, ScopedRateThrottle, TierRateThrottle
 from tests.support.topology import command_calls
 
 factory = APIRequestFactory()
@@ -185,3 +189,23 @@ def test_django_request_of_unwraps_a_drf_request() -> None:
     django_request = factory.get("/api/things")
     assert django_request_of(Request(django_request)) is django_request
     assert django_request_of(django_request) is django_request
+
+
+@pytest.mark.parametrize(("throttles", "defers"), [
+    ((TierRateThrottle,), True), ((ScopedRateThrottle,), True), ((drf_throttling.AnonRateThrottle,), False),
+    ((drf_throttling.UserRateThrottle, ConcurrencyThrottle), True), ((Counted,), True), ((), False),
+])
+def test_a_drf_view_is_deferred_to_its_throttles_when_one_of_ours_is_among_them(throttles: tuple[type, ...],
+                                                                               defers: bool) -> None:
+    view = view_of(*throttles)
+    request = factory.get("/api/things")
+    assert resolve_view(view, request) == ResolvedView(view, defers)
+
+
+def test_other_views_are_not_deferred() -> None:
+    def plain(request: Any) -> None: ...
+
+    request = factory.get("/api/things")
+    assert resolve_view(plain, request) == ResolvedView(plain, False)
+    page = View.as_view()
+    assert resolve_view(page, request) == ResolvedView(page, False)

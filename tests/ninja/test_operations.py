@@ -14,9 +14,10 @@ from django.urls import path
 from ninja import NinjaAPI
 from ninja.security import APIKeyHeader
 
+from ratelimit_app.apply.routes import ResolvedView, resolve_view
 from ratelimit_app.decorators import limit_cost, ratelimit
 from ratelimit_app.ninja import AnonRateThrottle, TierRateThrottle
-from ratelimit_app.ninja.operations import find_view, operation_for
+from ratelimit_app.ninja.operations import operation_for
 
 from ..support.limits_support import make_key, make_tier, parse_ietf
 
@@ -147,8 +148,11 @@ def test_ninjas_docs_and_schema_left_unlimited_with_exempt_paths(client: Any, se
 
 def test_only_ninja_views_are_resolved() -> None:
     request = RequestFactory().get("/")
-    assert find_view(plain, request) is None and operation_for(plain, request) is None
+    assert resolve_view(plain, request) == ResolvedView(plain, False) and operation_for(plain, request) is None
     match = __import__("django.urls", fromlist=["resolve"]).resolve("/api/ninja/item")
+    assert resolve_view(match.func, request) == ResolvedView(read_item, False)
+    throttled_view = __import__("django.urls", fromlist=["resolve"]).resolve("/api/ninja/throttled").func
+    assert resolve_view(throttled_view, request) == ResolvedView(throttled, True)  # our throttles decide
     assert operation_for(match.func, request).view_func is read_item  # type: ignore[union-attr]
     assert operation_for(match.func, RequestFactory().post("/")).view_func is write_item  # type: ignore[union-attr]
     assert operation_for(match.func, RequestFactory().delete("/")) is None  # Ninja answers 405
