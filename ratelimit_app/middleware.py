@@ -38,14 +38,14 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.http import HttpRequest, HttpResponseBase
 
 from .apply import shedding
-from .apply.admission import admit, end, finish, state_if_any, state_of
+from .apply.admission import Extra, admit, end, finish, state_if_any, state_of
 from .apply.admission_async import aadmit, aend, afinish
 from .apply.concurrency import release_later
 from .apply.identity import request_ip_identity
 from .apply.outcome import SHED, LimitOutcome
 from .apply.planning import path_scope
 from .apply.responses import overloaded
-from .apply.routes import joined_checks, resolve_view, route_for_view, view_limit_of
+from .apply.routes import ViewRoute, joined_checks, route_of
 from .conf.settings import InvalidSetting
 from .service import events
 
@@ -122,9 +122,11 @@ class _ViewLimits(NamedTuple):
     scope: str
     view_limit: Any
 
-    def checks_for(self, request: HttpRequest) -> Callable[[], list[Any]]:
+    def checks_for(self, request: HttpRequest) -> Extra:
         """The view's own checks for `request`, given once the request's user is known (a key function
         may read it), when the view's limit joins the request's limits at this cost."""
+        if self.view_limit is None:
+            return ()
         return functools.partial(joined_checks, self.view_limit, request, self.cost)
 
 
@@ -132,22 +134,18 @@ def _view_limits(request: HttpRequest, view_func: Callable[..., Any]) -> _ViewLi
     """What to charge before the view runs; or the process shedder's 503; or None when the middleware
     decides nothing here (a path it does not limit, or a view whose throttles of ours decide). The
     declarations read are those of the handler the request reaches (`resolve_view`)."""
-    resolved = None
     state = state_if_any(request)
     if state is not None and state.in_flight is not None:  # the process shedder counts this request
-        resolved = resolve_view(view_func, request)
-        shed = _process_shed(request, resolved.declared, state.in_flight)
+        shed = _process_shed(request, route_of(view_func, request), state.in_flight)
         if shed is not None:
             return shed
     if not _applies(request):
         return None
-    resolved = resolved or resolve_view(view_func, request)
-    route = route_for_view(resolved.declared)
-    cost = route.cost_for(request.method)
-    if resolved.deferred:
-        state_of(request).deferred = (cost, route.scope)
+    found = route_of(view_func, request)
+    if found.deferred:
+        state_of(request).deferred = (found.cost, found.route.scope)
         return None
-    return _ViewLimits(cost, route.scope, view_limit_of(resolved.declared))
+    return _ViewLimits(found.cost, found.route.scope, found.view_limit)
 
 
 def _late_charge(request: HttpRequest) -> tuple[int, str] | None:
@@ -213,12 +211,12 @@ def _count_in_flight(request: HttpRequest) -> None:
     state.at_end(shedding.Departure())
 
 
-def _process_shed(request: HttpRequest, declared: Any, count: int) -> HttpResponseBase | None:
+def _process_shed(request: HttpRequest, found: ViewRoute, count: int) -> HttpResponseBase | None:
     """503 for a low-priority request while this process has more than SHED_PROCESS_LIMIT requests in
     flight (`count`, this one included; no Redis call), else None."""
     try:
         config = shedding.shed_config()
-        priority = config.priority_for(request.path_info, route_for_view(declared).priority)
+        priority = config.priority_for(request.path_info, found.route.priority)
         if not shedding.process_sheds(config, priority, count):
             if priority == shedding.LOW:
                 shedding.process_episode.record_admitted()

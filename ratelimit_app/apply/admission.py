@@ -98,16 +98,18 @@ def outcome_of(request: Any) -> LimitOutcome | None:
 
 
 def admit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra = (),
-          where: str = "middleware") -> HttpResponseBase | None:
+          path: str | None = None, where: str = "middleware") -> HttpResponseBase | None:
     """Plan and decide `request` at `cost` in `scope`, with the `extra` checks in the same call; hold
-    the slots it took and record the outcome on its state. The refusal to send (401, 403, 429, 503),
+    the slots it took and record the outcome on its state. `path`: the path planned for (a gateway's
+    described request; default the request's own). The refusal to send (401, 403, 429, 503),
     or None when admitted. Never raises because of the limiter: a failure follows the fail mode
     (logged as from `where`); RATELIMIT['ENABLED'] = False admits without deciding anything."""
     try:
         if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
             outcome = NOT_LIMITED
         else:
-            outcome = limit_request(request, cost=cost, scope=scope, extra=extra() if callable(extra) else extra)
+            outcome = limit_request(request, cost=cost, scope=scope, extra=extra() if callable(extra) else extra,
+                                    path=path)
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
     return record(request, outcome, cost)

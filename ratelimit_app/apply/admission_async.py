@@ -17,14 +17,15 @@ from .outcome import NOT_LIMITED
 
 
 async def aadmit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra = (),
-                 where: str = "middleware") -> HttpResponseBase | None:
+                 path: str | None = None, where: str = "middleware") -> HttpResponseBase | None:
     """`admission.admit` on the event loop (`extra`, when a callable, is called once the request's user
     is known)."""
     try:
         if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
             outcome = NOT_LIMITED
         else:
-            outcome = await limiting_async.limit_request(request, cost=cost, scope=scope, extra=extra)
+            outcome = await limiting_async.limit_request(request, cost=cost, scope=scope, extra=extra,
+                                                           path=path)
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
     return record(request, outcome, cost)

@@ -8,6 +8,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 from django.http import HttpRequest, HttpResponse
+from django.test import RequestFactory
 from django.views import View
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -16,6 +17,7 @@ from ratelimit_app.apply.routes import (
     DEFAULT_ROUTE,
     RouteLimit,
     route_for_view,
+    route_of,
     validate_cost,
     validate_scope,
     view_limit_of,
@@ -115,3 +117,17 @@ def test_view_limit_of_finds_what_ratelimit_leaves_on_a_view() -> None:
     assert limit is not None and limit.joins_request_limits and limit.cost == 1
     unblocked = view_limit_of(ratelimit("10/m", block=False)(plain))
     assert unblocked is not None and not unblocked.joins_request_limits  # its view runs anyway: decided alone
+
+
+def test_route_of_reads_a_views_declarations_once_per_method_until_settings_change(settings: Any) -> None:
+    @limit_cost(5, methods=["POST"], scope="upload")
+    def upload(request: HttpRequest) -> HttpResponse:
+        return HttpResponse("ok")
+
+    factory = RequestFactory()
+    posted = route_of(upload, factory.post("/api/upload"))
+    assert (posted.cost, posted.route.scope, posted.deferred, posted.view_limit) == (5, "upload", False, None)
+    assert route_of(upload, factory.post("/api/upload")) is posted  # remembered
+    assert route_of(upload, factory.get("/api/upload")).cost == 1  # per method
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_RATE": "7/m"}
+    assert route_of(upload, factory.post("/api/upload")) is not posted  # read again after a change
