@@ -32,7 +32,7 @@ from rest_framework.settings import api_settings
 
 from .apply.admission import finish
 from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity, throttle_ident
-from .apply.joint import rate_check
+from .apply.joint import rate_check, scope_rate
 from .apply.limitcheck import LimitCheck
 from .core.policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
 from .drf.joint import JointThrottle, django_request_of
@@ -92,21 +92,7 @@ class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
     def get_rate(self) -> str | None:
         """The rate of this throttle's scope: from a `THROTTLE_RATES` attribute of a subclass, else
         from DEFAULT_THROTTLE_RATES read now. ImproperlyConfigured when there is no scope or no rate."""
-        if not getattr(self, "scope", None):
-            raise ImproperlyConfigured(f"You must set either `.scope` or `.rate` for '{type(self).__name__}' throttle")
-        rates = self._throttle_rates()
-        try:
-            return rates[str(self.scope)]
-        except KeyError:
-            raise ImproperlyConfigured(f"No default throttle rate set for '{self.scope}' scope") from None
-
-    def _throttle_rates(self) -> dict[str, Any]:
-        for klass in type(self).__mro__:
-            if klass is AtomicRateThrottle:
-                break
-            if "THROTTLE_RATES" in klass.__dict__:
-                return dict(klass.__dict__["THROTTLE_RATES"])
-        return dict(api_settings.DEFAULT_THROTTLE_RATES or {})
+        return scope_rate(self, drf_throttling.SimpleRateThrottle, api_settings.DEFAULT_THROTTLE_RATES or {})
 
     def parse_rate(self, rate: str | None) -> tuple[int | None, int | float | None]:  # type: ignore[override]
         # (DRF's stubs say the period is an int; ours may be fractional: "3/500ms")

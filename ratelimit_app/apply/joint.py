@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
@@ -62,7 +62,7 @@ class ThrottleHooks:
         return False
 
 
-class Member(Protocol):
+class _Member(Protocol):
     """One of our throttles in a joint decision."""
 
     @property
@@ -119,7 +119,7 @@ limit; called during the decision, so it may read the request's user)."""
 
     request: HttpRequest
     handler: Any
-    members: Sequence[Member]
+    members: Sequence[_Member]
     checks_of: Callable[[Any], list[LimitCheck] | None]
     cost: int
     scope: str
@@ -128,7 +128,7 @@ limit; called during the decision, so it may read the request's user)."""
     extra: Callable[[], Sequence[LimitCheck]] = lambda: ()
 
     @property
-    def carrier(self) -> Member:
+    def carrier(self) -> _Member:
         """The member that answers for the request's own limits: a TierRateThrottle, else the first."""
         return next((m for m in self.members if m.carries_request_limits), self.members[0])
 
@@ -151,7 +151,7 @@ limit; called during the decision, so it may read the request's user)."""
             return limit_request(self.request, cost=self.cost, scope=self.scope, user=self.user, extra=extra)
         if not extra:
             return LimitOutcome(ALLOWED, None, (), None, "")
-        plan = RequestPlan(tuple(extra), None, display_identity(extra[0]), limit_config().fail_mode,
+        plan = RequestPlan(tuple(extra), None, _display_identity(extra[0]), limit_config().fail_mode,
                            label=leader.metrics_label())
         return decide(plan, self.cost)
 
@@ -198,7 +198,7 @@ def request_charge(request: HttpRequest, declared: Any) -> tuple[int, str, bool]
 
 
 @lru_cache(maxsize=1024)
-def throttle_policy(scope: str, requests: int, seconds: float, algorithm: str) -> Policy | None:
+def _throttle_policy(scope: str, requests: int, seconds: float, algorithm: str) -> Policy | None:
     """The policy of a throttle's scope and rate, named after the scope (made safe for a policy name);
     None for a rate of 0 (refuse every request). Raises InvalidPolicy for a rate the engine refuses."""
     if requests == 0:
@@ -209,9 +209,9 @@ def throttle_policy(scope: str, requests: int, seconds: float, algorithm: str) -
     return Policy(name, algorithm, limit=requests, period=seconds)
 
 
-def display_identity(check: LimitCheck) -> str:
+def _display_identity(check: LimitCheck) -> str:
     """What operators read for the identity of a throttle's check: the label its throttle set (see
-    `throttle_label`), else "throttle:#<digest>" (a throttle of the project's own, whose identity may hold
+    `_throttle_label`), else "throttle:#<digest>" (a throttle of the project's own, whose identity may hold
     anything)."""
     return check.label or f"throttle:#{identity_digest(check.identity)}"
 
@@ -224,7 +224,24 @@ def retry_wait(decision: Decision | None, floor: float) -> float | None:
     return max(float(decision.retry_after), floor)
 
 
-class RateThrottle(Protocol):
+def scope_rate(throttle: Any, framework_base: type, defaults: Mapping[str, Any]) -> Any:
+    """The rate of `throttle`'s scope (DRF's and Ninja's `get_rate`): from a `THROTTLE_RATES` attribute
+    of one of its classes other than `framework_base` (whose copy of the setting was taken at import),
+    else from the framework's setting `defaults`, read now. ImproperlyConfigured, in the frameworks' own
+    words, when there is no scope or no rate for it."""
+    scope = getattr(throttle, "scope", None)
+    if not scope:
+        raise ImproperlyConfigured(f"You must set either `.scope` or `.rate` for '{type(throttle).__name__}' throttle")
+    own = next((k.__dict__["THROTTLE_RATES"] for k in type(throttle).__mro__
+                if k is not framework_base and "THROTTLE_RATES" in k.__dict__), None)
+    rates = own if own is not None else defaults
+    try:
+        return rates[str(scope)]
+    except KeyError:
+        raise ImproperlyConfigured(f"No default throttle rate set for '{scope}' scope") from None
+
+
+class _RateThrottle(Protocol):
     """A throttle of the SimpleRateThrottle contract DRF and Ninja share: a `scope`, the `cache_format` of
     its cache keys, `get_ident(request)`, and ours adds the engine `algorithm` and the `owner` of its check."""
 
@@ -243,22 +260,22 @@ class RateThrottle(Protocol):
     def get_ident(self, request: Any) -> str | None: ...
 
 
-def rate_check(throttle: RateThrottle, request: Any, key: str, identity: str, requests: int,
+def rate_check(throttle: _RateThrottle, request: Any, key: str, identity: str, requests: int,
                seconds: float) -> list[LimitCheck] | None:
     """The check of `throttle`'s rate (`requests` per `seconds`) on `identity`, where `key` is its cache
-    key for `request` (what operators read for it: `throttle_label`); None for a rate of 0 (refuse
+    key for `request` (what operators read for it: `_throttle_label`); None for a rate of 0 (refuse
     every request)."""
     scope = str(throttle.scope or "throttle")
-    policy = throttle_policy(scope, requests, seconds, throttle.algorithm)
+    policy = _throttle_policy(scope, requests, seconds, throttle.algorithm)
     if policy is None:
         return None
     user = authenticated_user(request)
-    label = throttle_label(scope, key, throttle.cache_format, None if user is None else user.pk,
+    label = _throttle_label(scope, key, throttle.cache_format, None if user is None else user.pk,
                            lambda: throttle.get_ident(request))
     return [LimitCheck(identity, (policy,), throttle.owner, label)]
 
 
-def throttle_label(scope: str, key: str, cache_format: str, user_pk: Any, address: Callable[[], str | None]) -> str:
+def _throttle_label(scope: str, key: str, cache_format: str, user_pk: Any, address: Callable[[], str | None]) -> str:
     """The label of a DRF or Ninja throttle's identity: "user:<pk>" or "ip:<address>" when `key` is the
     framework's own cache key of the request (`cache_format` over the user's pk or the client's address,
     `address()`), else "throttle.<scope>:#<digest>": a get_cache_key of the project's may hold anything

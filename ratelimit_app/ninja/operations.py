@@ -9,7 +9,7 @@ from django.http import HttpRequest
 from ninja.operation import Operation, PathView
 
 
-def path_view_of(view_func: Any) -> PathView | None:
+def _path_view_of(view_func: Any) -> PathView | None:
     """The PathView behind a view Ninja put in the URLconf (a function closing over it), None for any
     other view."""
     for cell in getattr(view_func, "__closure__", None) or ():
@@ -25,7 +25,7 @@ def path_view_of(view_func: Any) -> PathView | None:
 def operation_for(view_func: Any, request: HttpRequest) -> Operation | None:
     """The operation of `request`'s method behind the Ninja view `view_func` (None: not a Ninja view, or
     no operation for this method: Ninja answers 405)."""
-    path_view = path_view_of(view_func)
+    path_view = _path_view_of(view_func)
     if path_view is None:
         return None
     return next((op for op in path_view.operations if request.method in op.methods), None)

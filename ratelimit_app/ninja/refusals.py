@@ -3,7 +3,7 @@
 Ninja asks each throttle `allow_request(request)`, then answers a refusal itself, through the API's
 handler of `ninja.errors.Throttled` (a 429 `{"detail": "Too many requests."}` by default, with
 `Retry-After` from the throttles' `wait()`). The first time one of our throttles refuses a request of an
-API, it registers `answer` as that API's handler of `Throttled`, around the handler the API had (its
+API, it registers `_answer` as that API's handler of `Throttled`, around the handler the API had (its
 own, if the project registered one), so:
 
 - a request refused over a rate gets the API's answer (Ninja's error format) with our rate limit
@@ -35,7 +35,7 @@ _lock = threading.Lock()
 
 
 def answer_refusals(api: NinjaAPI) -> None:
-    """Register `answer` as `api`'s handler of Throttled, around the one it had (once per API)."""
+    """Register `_answer` as `api`'s handler of Throttled, around the one it had (once per API)."""
     if api in _answering:
         return
     with _lock:
@@ -43,11 +43,11 @@ def answer_refusals(api: NinjaAPI) -> None:
             return
         # the handler Ninja would pick for Throttled now (by the exception's classes, as Ninja does)
         previous = api._lookup_exception_handler(Throttled(wait=None))
-        api.add_exception_handler(Throttled, functools.partial(answer, previous))
+        api.add_exception_handler(Throttled, functools.partial(_answer, previous))
         _answering.add(api)
 
 
-def answer(previous: Any, request: HttpRequest, exc: Exception) -> HttpResponse:
+def _answer(previous: Any, request: HttpRequest, exc: Exception) -> HttpResponse:
     """The answer to Ninja's Throttled for `request` (see the module docstring); `previous` is the
     handler the API had, None when it had none (Ninja then raises the exception, as it would)."""
     joint = joint_of(request)

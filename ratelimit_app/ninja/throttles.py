@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
-from django.core.exceptions import ImproperlyConfigured, SynchronousOnlyOperation
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connections
 from django.http import HttpRequest
 from ninja.conf import settings as ninja_settings
@@ -37,6 +37,7 @@ from ..apply.joint import (
     rate_check,
     request_charge,
     retry_wait,
+    scope_rate,
 )
 from ..apply.limitcheck import LimitCheck
 from ..apply.outcome import ALLOWED, DENIED, SHED, UNAVAILABLE, LimitOutcome
@@ -222,15 +223,7 @@ class AtomicRateThrottle(JointThrottle, SimpleRateThrottle):
     def get_rate(self) -> str | None:
         """The rate of this throttle's scope: from a `THROTTLE_RATES` attribute of a subclass, else from
         NINJA_DEFAULT_THROTTLE_RATES read now. ImproperlyConfigured when there is no scope or no rate."""
-        if not getattr(self, "scope", None):
-            raise ImproperlyConfigured(f"You must set either `.scope` or `.rate` for '{type(self).__name__}' throttle")
-        own = next((k.__dict__["THROTTLE_RATES"] for k in type(self).__mro__
-                    if k is not SimpleRateThrottle and "THROTTLE_RATES" in k.__dict__), None)
-        rates = own if own is not None else ninja_settings.DEFAULT_THROTTLE_RATES
-        try:
-            return rates[str(self.scope)]
-        except KeyError:
-            raise ImproperlyConfigured(f"No default throttle rate set for '{self.scope}' scope") from None
+        return scope_rate(self, SimpleRateThrottle, ninja_settings.DEFAULT_THROTTLE_RATES)
 
     def get_ident(self, request: HttpRequest) -> str | None:
         """The client address. With NINJA_NUM_PROXIES set (the project's statement of trust), Ninja's
