@@ -1,23 +1,9 @@
-"""DRF throttles backed by the limiter: the request's tier, and atomic drop-ins for DRF's own throttles.
-
-- `TierRateThrottle` enforces the request's tier exactly as RateLimitMiddleware does (per-IP limit,
-  then the key's, user's or anonymous tier; the view's `throttle_scope` selects scoped limits).
-- `AnonRateThrottle`, `UserRateThrottle`, `ScopedRateThrottle` replace DRF's classes of the same names
-  and are subclasses of them (and of `SimpleRateThrottle`): same settings (`DEFAULT_THROTTLE_RATES`,
-  `NUM_PROXIES`, a `THROTTLE_RATES` or `rate` class attribute, `throttle_scope`), same overridable
-  methods (`get_cache_key`, `get_ident`, `get_rate`, `parse_rate`, `throttle_success`,
-  `throttle_failure`, `wait`), but each decision is atomic in Redis (DRF's read-then-write cache
-  throttle over-admits under concurrency), and rates are read at request time, so
-  `override_settings` reaches them. docs/usage.md has the full compatibility table.
-
-All of our throttles on one view, and the middleware's per-IP and tier limits, are decided in ONE
-all-or-nothing Redis call when DRF asks the first of them: a request refused by any limit is charged
-to none, and each throttle's `allow_request` answers for its own limits. `wait()` returns the
-limiter's retry time, so DRF answers 429 with `Retry-After`.
-
-`allow_request` is sync, and stays so under ASGI: Django runs a sync DRF view in `sync_to_async`, and
-adrf (async DRF) runs a view's `initial()`, throttles included, in `sync_to_async` too, so the decision
-is made with the sync engine in that worker thread, never on the event loop (tests/test_adrf.py).
+"""The DRF throttles backed by the limiter (docs/usage.md, "Django REST framework", is their manual):
+`TierRateThrottle` (the request's tier, as RateLimitMiddleware enforces it), `AnonRateThrottle`,
+`UserRateThrottle` and `ScopedRateThrottle` (drop-ins for DRF's, each decision atomic in Redis, rates read
+at request time), `ConcurrencyThrottle`, and `RateLimitHeadersMixin` for views without the middleware.
+All of ours on one view are decided in one call (ratelimit_app.drf.joint); their `allow_request` stays
+sync, as DRF and adrf call it from a worker thread.
 """
 
 from __future__ import annotations
@@ -39,7 +25,8 @@ from .drf.joint import JointThrottle, django_request_of
 
 
 class TierRateThrottle(JointThrottle):
-    """Enforce the request's tier (see the module docstring); a view may set `throttle_scope`."""
+    """Enforce the request's tier as RateLimitMiddleware does (the per-IP limit, then the API key's,
+    user's or anonymous tier); a view's `throttle_scope` selects the tier's scoped limits."""
 
     carries_request_limits = True
 

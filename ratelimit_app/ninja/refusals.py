@@ -1,17 +1,8 @@
-"""How a NinjaAPI answers a request our throttles refused.
-
-Ninja asks each throttle `allow_request(request)`, then answers a refusal itself, through the API's
-handler of `ninja.errors.Throttled` (a 429 `{"detail": "Too many requests."}` by default, with
-`Retry-After` from the throttles' `wait()`). The first time one of our throttles refuses a request of an
-API, it registers `_answer` as that API's handler of `Throttled`, around the handler the API had (its
-own, if the project registered one), so:
-
-- a request refused over a rate gets the API's answer (Ninja's error format) with our rate limit
-  headers, or our 429 body when RATELIMIT['NINJA_ERROR_FORMAT'] is "ratelimit"
-  (RATELIMIT['ERROR_FORMAT'] then chooses JSON or problem details);
-- a request refused for another reason by the throttle that carries the request's own limits gets our
-  answer: 401 (no usable API key), 403 (a deny rule), 503 (the limiter unavailable, or the load shed);
-- a refusal by any other throttle (Ninja's own) gets the API's answer, untouched.
+"""How a NinjaAPI answers a request our throttles refused. Ninja answers a refusal through the API's
+handler of `ninja.errors.Throttled`; the first time one of our throttles refuses a request of an API,
+`answer_refusals` wraps that handler: a refusal over a rate keeps the API's answer (or gets ours with
+RATELIMIT['NINJA_ERROR_FORMAT'] = "ratelimit") with our headers; a 401, 403 or 503 of the request's own
+limits gets ours; a refusal by another throttle (Ninja's own) keeps the API's answer, untouched.
 """
 
 from __future__ import annotations

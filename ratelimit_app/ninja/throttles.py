@@ -1,11 +1,9 @@
-"""Our Django Ninja throttles (see ratelimit_app.ninja): subclasses of `ninja.throttling.BaseThrottle`
-that decide together, in one call, through ratelimit_app.apply.joint.
+"""Our Django Ninja throttles (`TierRateThrottle`, the drop-ins and their base `AtomicRateThrottle`) and
+their part of the joint decision (ratelimit_app.apply.joint).
 
-Ninja creates a throttle once (`NinjaAPI(throttle=AnonRateThrottle("10/m"))`) and asks it for every
-request, from any thread, so a throttle keeps no state of a request: the joint decision lives on the
-request, and the answer `wait()` gives back is this thread's (Ninja calls `wait()` right after
-`allow_request` returned False, in the same thread and with no await in between).
-
+Ninja makes a throttle once and asks it for every request, from any thread, so a throttle keeps no
+state of a request: the joint decision lives in the request's state, and the answer `wait()` gives back
+is this thread's (Ninja calls `wait()` right after `allow_request` returned False, in the same thread).
 Ninja asks throttles synchronously, for `async def` operations too, on the event loop: the decision is
 then made there without Django I/O, or in a thread of its own when it needs some (`_in_sync_code`).
 """
