@@ -8,15 +8,18 @@ sync, as DRF and adrf call it from a worker thread.
 
 from __future__ import annotations
 
+import asyncio
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
 from rest_framework import throttling as drf_throttling
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
-from .apply.admission import finish
+from .apply.admission import end, finish, state_if_any
+from .apply.concurrency import release_later
 from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity, throttle_ident
 from .apply.joint import rate_check, scope_rate
 from .apply.limitcheck import LimitCheck
@@ -208,7 +211,8 @@ class ConcurrencyThrottle(JointThrottle):
 
 class RateLimitHeadersMixin:
     """Add the rate limit headers of the throttles' decision to a DRF view's responses, and give back
-    the concurrency slots they took when the response is closed.
+    the concurrency slots they took when the response is closed, or at once when the view raises an
+    exception DRF does not answer.
 
     Not needed when RateLimitMiddleware is installed (it does both for throttled requests too).
     """
@@ -216,3 +220,21 @@ class RateLimitHeadersMixin:
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
         return finish(django_request_of(request), response)
+
+    def raise_uncaught_exception(self, exc: Exception) -> NoReturn:
+        _end(django_request_of(self.request))  # type: ignore[attr-defined]  # no response will carry the end
+        super().raise_uncaught_exception(exc)  # type: ignore[misc]
+        raise exc  # (DRF's own raises it: never reached)
+
+
+def _end(request: HttpRequest) -> None:
+    """Give back the slots of a request that ended without a response: at once, or from the releasing
+    thread when this runs on an event loop (adrf handles an async view's exception there)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        end(request)
+        return
+    state = state_if_any(request)
+    for slots in state.take_slots() if state is not None else ():
+        release_later(slots)
