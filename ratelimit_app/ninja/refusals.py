@@ -19,7 +19,7 @@ from ninja.errors import Throttled
 from ..apply.joint import joint_of
 from ..apply.outcome import DENIED
 from ..apply.responses import add_headers, refusal
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import request_settings
 
 _answering: weakref.WeakSet[NinjaAPI] = weakref.WeakSet()
 _lock = threading.Lock()
@@ -59,4 +59,5 @@ def _delegate(previous: Any, request: HttpRequest, exc: Exception) -> HttpRespon
 
 
 def _our_format() -> bool:
-    return bool(ratelimit_settings.NINJA_ERROR_FORMAT == "ratelimit")  # always readable (an invalid one: "ninja")
+    # always readable (an invalid one: "ninja")
+    return bool(request_settings().get("NINJA_ERROR_FORMAT") == "ratelimit")
