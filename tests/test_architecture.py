@@ -246,11 +246,21 @@ def test_the_shared_layer_imports_no_framework_but_django() -> None:
     frameworks = ("rest_framework", "ninja", "channels", "adrf")
     found = sorted(f"{name}: {imported}" for name, path in _modules().items() if name.startswith("ratelimit_app.apply.")
                    for imported in _imported_names(path) if imported.split(".")[0] in frameworks)
-    assert found == [name for name in found if name.startswith(_FRAMEWORK_CODE_NOT_MOVED_YET)]
+    assert found == []
 
 
-#: DRF's throttle base, in apply/ until it moves beside throttling.py (its own room).
-_FRAMEWORK_CODE_NOT_MOVED_YET = "ratelimit_app.apply.drf:"
+#: The rooms of DRF's and Django Ninja's code: no other module of ours imports them.
+_DRF_ROOM = ("ratelimit_app.throttling", "ratelimit_app.throttling_checks", "ratelimit_app.drf")
+_FRAMEWORK_ROOMS = {"rest_framework": _DRF_ROOM, "adrf": _DRF_ROOM, "ninja": ("ratelimit_app.ninja",)}
+
+
+def test_drf_and_ninja_code_stays_in_their_rooms() -> None:
+    outside = sorted(f"{name}: {imported}" for name, path in _modules().items() for imported in _imported_names(path)
+                     if imported.split(".")[0] in _FRAMEWORK_ROOMS
+                     and not any(name == room or name.startswith(f"{room}.")
+                                 for room in _FRAMEWORK_ROOMS[imported.split(".")[0]]))
+    assert outside == []
+    assert {"ratelimit_app.drf.joint", "ratelimit_app.ninja.throttles"} <= set(_modules())  # the rooms exist
 
 
 def test_one_request_attribute_of_ours() -> None:

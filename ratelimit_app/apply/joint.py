@@ -11,9 +11,8 @@ import hashlib
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
@@ -77,8 +76,7 @@ class _Member(Protocol):
         """The `tier` label of decisions this throttle leads in the metrics."""
 
 
-@dataclass(frozen=True)
-class Joint:
+class Joint(NamedTuple):
     """One handler's joint decision for one request: the `outcome`, the request's `cost`, the `owners`
     of the handler's throttles of ours, the `carrier` (the owner of the one that answers for the
     request's own limits, and for a 401, 403 or 503) and the owners refused outright (a rate of 0:
@@ -109,8 +107,7 @@ class Joint:
         return self.outcome.status not in (ALLOWED, DENIED) or any(self.verdict(o)[0] for o in self.owners)
 
 
-@dataclass(frozen=True)
-class JointCall:
+class JointCall(NamedTuple):
     """What one handler's throttles decide for one request: `members` in the framework's order,
     `checks_of(member)` (its checks, [] when it does not limit this request, None when it refuses it
     outright), the cost and tier scope of the request, the authenticated `user` (the framework's),
