@@ -10,6 +10,8 @@ from typing import Any, ClassVar
 
 import pytest
 import redis
+from django.test import Client
+from django.urls import path
 from django.views import View
 from rest_framework import throttling as drf_throttling
 from rest_framework.request import Request
@@ -25,7 +27,13 @@ from ratelimit_app.decorators import limit_cost
 from ratelimit_app.drf.joint import JointThrottle, django_request_of
 from ratelimit_app.service import events
 from ratelimit_app.service.limiter import get_limiter
-from ratelimit_app.throttling import ConcurrencyThrottle, ScopedRateThrottle, TierRateThrottle
+from ratelimit_app.throttling import (
+    AnonRateThrottle,
+    ConcurrencyThrottle,
+    ScopedRateThrottle,
+    TierRateThrottle,
+)
+from tests.support.limits_support import make_key, make_tier
 from tests.support.topology import command_calls
 
 factory = APIRequestFactory()
@@ -209,3 +217,40 @@ def test_other_views_are_not_deferred() -> None:
     assert resolve_view(plain, request) == ResolvedView(plain, False)
     page = View.as_view()
     assert resolve_view(page, request) == ResolvedView(page, False)
+
+
+class Anon(AnonRateThrottle):
+    THROTTLE_RATES = {"anon": "50/m"}
+
+
+class Scoped(ScopedRateThrottle):
+    THROTTLE_RATES = {"things": "50/m"}
+
+
+class Slots(ConcurrencyThrottle):
+    slots = 5
+    scope = "drf-joint-slots"
+
+
+class Everything(APIView):
+    throttle_classes = [TierRateThrottle, Anon, Scoped, Slots]
+    throttle_scope = "things"
+
+    def get(self, request: Any) -> Response:
+        return Response("ok")
+
+
+urlpatterns = [path("api/everything", Everything.as_view())]
+
+
+@pytest.mark.django_db
+@pytest.mark.urls(__name__)
+def test_under_the_middleware_the_tier_and_every_throttle_cost_one_call_per_request(private: redis.Redis) -> None:
+    key = make_key(make_tier("drfjoint", [("minute", "fixed_window", 50, 60, None, "")]))
+    client = Client()
+    assert client.get("/api/everything", HTTP_X_API_KEY=key).status_code == 200  # loads the script, connects
+    before = command_calls(private, "evalsha")
+    responses = [client.get("/api/everything", HTTP_X_API_KEY=key) for _ in range(3)]
+    assert [r.status_code for r in responses] == [200] * 3
+    assert command_calls(private, "evalsha") - before == 3  # one per request: per-IP, tier, 3 throttles
+    assert responses[-1]["X-RateLimit-Tier"] == "drfjoint"

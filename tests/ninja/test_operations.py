@@ -8,18 +8,21 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 from django.http import HttpRequest
 from django.test import RequestFactory
 from django.urls import path
 from ninja import NinjaAPI
 from ninja.security import APIKeyHeader
 
+from devtools.embedded import RedisProcess
 from ratelimit_app.apply.routes import ResolvedView, resolve_view
 from ratelimit_app.decorators import limit_cost, ratelimit
 from ratelimit_app.ninja import AnonRateThrottle, TierRateThrottle
 from ratelimit_app.ninja.operations import operation_for
 
 from ..support.limits_support import make_key, make_tier, parse_ietf
+from ..support.topology import command_calls
 
 pytestmark = pytest.mark.urls(__name__)
 
@@ -103,6 +106,20 @@ def test_a_throttled_operation_is_charged_once_with_the_middlewares_limits(clien
     assert [remaining(r)["ip"] for r in responses] == [99, 98, 98]
     assert [remaining(r)["minute"] for r in responses] == [19, 18, 18]
     assert responses[2].json() == {"detail": "Too many requests."}
+
+
+def test_the_tier_and_a_drop_in_under_the_middleware_cost_one_call_per_request(client: Any, key: str,
+                                                                                settings: Any,
+                                                                                server: RedisProcess) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url}
+    counter = redis.Redis(port=server.port)
+    try:
+        assert client.get("/api/ninja/tier", HTTP_X_API_KEY=key).status_code == 200  # loads the script
+        before = command_calls(counter, "evalsha")
+        assert client.get("/api/ninja/tier", HTTP_X_API_KEY=key).status_code == 200
+        assert command_calls(counter, "evalsha") - before == 1  # per-IP, tier and AnonRateThrottle: one call
+    finally:
+        counter.close()
 
 
 def test_the_request_limits_refusal_comes_from_the_throttles(client: Any, key: str) -> None:
