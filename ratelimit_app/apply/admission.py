@@ -140,7 +140,7 @@ def finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase
     if state is None:
         return response
     if state.outcome is not None:
-        add_headers(response, state.outcome, state.settings.headers if state.settings is not None else None)
+        add_headers(response, state.outcome, state.settings)
     if state.slots:
         for slots in state.take_slots():
             release_with(response, slots)
