@@ -44,12 +44,13 @@ class JointThrottle(ThrottleHooks, drf_throttling.BaseThrottle):
         return f"throttle:{type(self).__module__}.{type(self).__qualname__}"
 
     def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        """This throttle's checks for `request` ([]: it does not limit it; None: it refuses it outright)."""
         raise NotImplementedError(".limit_checks() must be overridden")
 
     def allow_request(self, request: Request, view: Any) -> bool:
         """Decide (once per request, for all our throttles on the view) and answer for this throttle's
-        limits. Raises InvalidApiKey (401) or LimiterUnavailable (503) from the throttle that carries the
-        request's own limits."""
+        limits. The throttle that carries the request's own limits raises the exception of a refusal other
+        than over a rate (ratelimit_app.drf.exceptions: 401, 403, 503)."""
         joint = _joint_decision(request, view, self)
         self.outcome = joint.outcome
         if joint.carrier == self.owner:

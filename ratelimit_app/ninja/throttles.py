@@ -76,6 +76,7 @@ class JointThrottle(ThrottleHooks, BaseThrottle):
         return f"ninja:{type(self).__module__}.{type(self).__qualname__}@{id(self):x}"
 
     def limit_checks(self, request: HttpRequest) -> list[LimitCheck] | None:
+        """This throttle's checks for `request` ([]: it does not limit it; None: it refuses it outright)."""
         raise NotImplementedError(".limit_checks() must be overridden")
 
     def allow_request(self, request: HttpRequest) -> bool:
