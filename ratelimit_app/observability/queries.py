@@ -1,9 +1,5 @@
-"""The stored decision metrics, read back: what the dashboard, `manage.py ratelimit_metrics` and users query.
-
-`get_metrics(hour)`, `get_metrics_range(start, end)` and `recent_metrics(hours)` read Redis (one round
-trip each; the keys: observability.schema) and answer frozen dataclasses. They cover every app server,
-up to one flush interval behind: counts still in some process's memory are not included (see flush).
-"""
+"""The stored decision metrics, read back in one Redis round trip (`get_metrics`, `get_metrics_range`,
+`recent_metrics`): every app server's counts, up to one flush interval behind."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from django.urls import reverse
 
 from devtools.embedded import free_port
 from ratelimit_app.models import ApiKey, Tier
-from ratelimit_app.observability.dashboard import build_chart
+from ratelimit_app.observability.dashboard import _build_chart
 from ratelimit_app.observability.queries import HourMetrics
 from ratelimit_app.observability.recorder import flush, record_decision
 
@@ -149,7 +149,7 @@ def hour(index: int, allowed: int, blocked: int) -> HourMetrics:
 
 
 def test_chart_bars_are_proportional_to_the_counts() -> None:
-    chart = build_chart([hour(0, 30, 10), hour(1, 0, 0), hour(2, 75, 0)])
+    chart = _build_chart([hour(0, 30, 10), hour(1, 0, 0), hour(2, 75, 0)])
     first, empty, third = chart.bars
     assert chart.max_value >= 75 and chart.y_ticks[0].text == "0" and chart.y_ticks[-1].text == f"{chart.max_value:,}"
     assert first.allowed_height == pytest.approx(3 * first.blocked_height, rel=0.01)
