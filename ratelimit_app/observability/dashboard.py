@@ -18,7 +18,7 @@ from django.urls import NoReverseMatch, path, reverse
 from redis.exceptions import RedisError
 
 from ..conf.settings import InvalidSetting, ratelimit_settings
-from .queries import MAX_RANGE_HOURS, BlockedIdentity, HourMetrics, days_of, recent_metrics
+from .queries import MAX_RANGE_HOURS, BlockedIdentity, HourMetrics, MetricsRange, recent_metrics
 from .snapshot import process_metrics
 
 #: Hours shown when the request names none.
@@ -45,14 +45,6 @@ class _ChartBar:
 
 
 @dataclass(frozen=True)
-class _ChartTick:
-    """An axis label at a position (`y` for the count axis, `x` for the time axis)."""
-
-    position: float
-    text: str
-
-
-@dataclass(frozen=True)
 class _Chart:
     """Geometry of the allowed-vs-blocked SVG chart, in SVG user units (the template draws it)."""
 
@@ -65,8 +57,8 @@ class _Chart:
     center_y: float
     max_value: int
     bars: tuple[_ChartBar, ...]
-    y_ticks: tuple[_ChartTick, ...]
-    x_ticks: tuple[_ChartTick, ...]
+    y_ticks: tuple[tuple[float, str], ...]  # (y, label) of the count axis
+    x_ticks: tuple[tuple[float, str], ...]  # (x, label) of the time axis
 
 
 def _axis_step(peak: int) -> int:
@@ -107,10 +99,8 @@ def _build_chart(hours: Sequence[HourMetrics], *, width: int = 960, height: int 
         ))
         if hour.hour.hour % 6 == 0:
             text = hour.hour.strftime("%b %d") if hour.hour.hour == 0 else hour.hour.strftime("%H:00")
-            x_ticks.append(_ChartTick(round(left + index * slot + slot / 2, 2), text))
-    y_ticks = tuple(
-        _ChartTick(round(bottom - value * scale, 2), f"{value:,}") for value in range(0, max_value + 1, step)
-    )
+            x_ticks.append((round(left + index * slot + slot / 2, 2), text))
+    y_ticks = tuple((round(bottom - value * scale, 2), f"{value:,}") for value in range(0, max_value + 1, step))
     return _Chart(width, height, left, left + plot_width, bottom, left + plot_width / 2, top + plot_height / 2,
                   max_value, tuple(bars), y_ticks, tuple(x_ticks))
 
@@ -191,6 +181,12 @@ def _blocked_rows(top: Sequence[BlockedIdentity], user: Any) -> tuple[_BlockedRo
     return tuple(rows)
 
 
+def _days(summary: MetricsRange) -> str:
+    """The UTC days the top lists of `summary` sum: "Jan 01", or "Jan 01 - Jan 03" (an en dash)."""
+    first, last = f"{summary.start:%b %d}", f"{summary.end:%b %d}"
+    return first if first == last else f"{first} \N{EN DASH} {last}"
+
+
 def _max_hours() -> int:
     return min(int(ratelimit_settings.METRICS_TTL_HOURS), MAX_RANGE_HOURS)
 
@@ -242,7 +238,7 @@ def _render(request: HttpRequest) -> HttpResponse:
             chart=_build_chart(summary.hours),
             blocked=_blocked_rows(summary.top_blocked, request.user),
             shadow_blocked=_blocked_rows(summary.top_shadow_blocked, request.user),
-            days=days_of(summary),
+            days=_days(summary),
         )
     return TemplateResponse(request, "ratelimit_app/dashboard.html", context)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..conf.settings import ratelimit_settings
@@ -258,8 +258,3 @@ def _read_range(first: int, last: int) -> MetricsRange:
     return _range_of(first, last, hours, _top(replies[count:count + len(days)], top),
                      _top(replies[count + len(days):], top))
 
-
-def days_of(metrics: MetricsRange) -> tuple[date, ...]:
-    """The UTC days whose top-blocked lists `metrics.top_blocked` sums."""
-    first, last = metrics.start.date(), metrics.end.date()
-    return tuple(first + timedelta(days=n) for n in range((last - first).days + 1))
