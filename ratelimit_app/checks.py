@@ -125,25 +125,24 @@ def _standalone_answers() -> bool:
     host, port = (host_ports(parts.netloc) or [("", 0)])[0] if parts.scheme == CLUSTER_SCHEME else \
         (parts.hostname or "localhost", parts.port or 6379)
     connect, read = socket_timeouts()
+    with redis.Redis(host=host, port=port, username=unquote(parts.username) if parts.username else None,
+                     password=unquote(parts.password) if parts.password else None,
+                     ssl=parts.scheme == "rediss", socket_connect_timeout=connect, socket_timeout=read) as node:
+        return _cluster_enabled(node) is False
+
+
+def _cluster_enabled(client: Any) -> bool | None:
+    """Whether the server `client` reaches is a cluster node; None when it does not say (down, INFO denied)."""
     try:
-        with redis.Redis(host=host, port=port, username=unquote(parts.username) if parts.username else None,
-                         password=unquote(parts.password) if parts.password else None,
-                         ssl=parts.scheme == "rediss", socket_connect_timeout=connect, socket_timeout=read) as node:
-            return int(node.info("cluster").get("cluster_enabled", 0)) == 0
+        return bool(int(client.info("cluster").get("cluster_enabled", 0)))
     except REDIS_CLIENT_ERRORS:
-        return False
+        return None
 
 
 def _topology_errors(client: Any) -> list[checks.CheckMessage]:
     """E021 when a client built for a single server reaches a cluster node (keys of other shards would
     answer MOVED); nothing when INFO is not allowed."""
-    if isinstance(client, RedisCluster):
-        return []
-    try:
-        enabled = int(client.info("cluster").get("cluster_enabled", 0))
-    except REDIS_CLIENT_ERRORS:
-        return []
-    if not enabled:
+    if isinstance(client, RedisCluster) or not _cluster_enabled(client):
         return []
     return [checks.Error(
         "RATELIMIT['REDIS_URL'] names a Redis Cluster node as a single server: decisions whose keys live on "
@@ -157,14 +156,12 @@ def _version_errors(client: Any) -> list[checks.CheckMessage]:
         too_old = _old_servers(_server_versions(_server_info(client)))
     except REDIS_CLIENT_ERRORS:
         return []  # INFO renamed or denied by an ACL: the version cannot be read, and is not guessed
-    if not too_old:
-        return []
     return [checks.Error(
         f"Redis for rate limiting is older than {'.'.join(map(str, _MIN_REDIS_VERSION))}: {', '.join(too_old)}",
         hint="Upgrade Redis: the decision script writes with SET ... KEEPTTL and PXAT (Redis 6.2+); "
              "until then every decision fails and follows RATELIMIT['FAIL_MODE'].",
         id="ratelimit.E005",
-    )]
+    )] if too_old else []
 
 
 def _scripting_errors(client: Any) -> list[checks.CheckMessage]:
