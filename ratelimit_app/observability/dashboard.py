@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin import AdminSite
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
@@ -151,21 +150,15 @@ class _BlockedRow:
 def _api_key_pages(identities: Sequence[str], user: Any) -> dict[str, tuple[str, str]]:
     """prefix -> (admin change URL, key name) for the "key:<prefix>" identities that exist, when `user`
     may view API keys in the admin."""
+    from ..models import ApiKey
+
     prefixes = [identity[4:] for identity in identities if identity.startswith("key:")]
-    if not prefixes:
-        return {}
-    try:
-        model = apps.get_model("ratelimit_app", "ApiKey")
-    except LookupError:
-        return {}  # the API key models are not installed: show the identities without links
-    opts = model._meta
-    if not (user.has_perm(f"{opts.app_label}.view_{opts.model_name}")
-            or user.has_perm(f"{opts.app_label}.change_{opts.model_name}")):
-        return {}  # the link would answer 403
+    if not prefixes or not (user.has_perm("ratelimit_app.view_apikey") or user.has_perm("ratelimit_app.change_apikey")):
+        return {}  # no key to link, or the link would answer 403
     pages = {}
-    for pk, prefix, name in model._default_manager.filter(prefix__in=prefixes).values_list("pk", "prefix", "name"):
+    for pk, prefix, name in ApiKey.objects.filter(prefix__in=prefixes).values_list("pk", "prefix", "name"):
         try:
-            pages[prefix] = (reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk]), name)
+            pages[prefix] = (reverse("admin:ratelimit_app_apikey_change", args=[pk]), name)
         except NoReverseMatch:
             continue  # ApiKey not registered with this admin site
     return pages
