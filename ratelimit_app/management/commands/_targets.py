@@ -10,8 +10,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
 from ratelimit_app.apply.identity import ip_identity
-from ratelimit_app.apply.limiting import limit_config
-from ratelimit_app.apply.planning import tier_ip_identity
+from ratelimit_app.apply.planning import limit_config, tier_ip_identity
 from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.core.policies import Policy
 from ratelimit_app.plans.apikeys import PREFIX_LENGTH, parse_key
