@@ -31,11 +31,11 @@ from typing import Any, NamedTuple
 from django.http import HttpRequest
 
 from ..conf.settings import IP_POLICY_NAME, InvalidSetting, ratelimit_settings
+from ..core.clientrules import ALLOW
 from ..core.decision import Decision
 from ..core.engine import new_lease_token
 from ..core.logs import logger
 from ..core.policies import Policy
-from ..plans.clientrules import ALLOW
 from ..service import events
 from ..service.guard import without_limits
 from ..service.limiter import get_limiter

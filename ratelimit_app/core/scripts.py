@@ -1,4 +1,5 @@
-"""The Lua sources shipped in ratelimit_app/core/lua, assembled once into the decision script."""
+"""The Lua scripts shipped in lua/: the decision script assembled from the registry of algorithms (each
+algorithm's function a branch of one `check`, which decide.lua calls), and the lease scripts."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from importlib import resources
 
 from .algorithms import SCRIPTED
 
-#: Algorithm files, each ending with the function of its algorithm (ratelimit_app.core.algorithms has each
-#: one's code, which decide.lua dispatches on).
+#: Algorithm files, each ending with the function of its algorithm.
 ALGORITHM_FILES: tuple[str, ...] = tuple(algorithm.lua_file for algorithm in SCRIPTED)
 ENTRY_FILE = "decide.lua"
 #: The script that cancels a lease token whose decision's reply was lost (run with EVAL: it is rare).

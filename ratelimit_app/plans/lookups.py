@@ -41,8 +41,8 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.signals import post_delete, post_save
 
 from ..conf.settings import SettingsCached, ratelimit_settings
+from ..core.clientrules import ClientRules
 from ..service.bounded import bounded_calls
-from .clientrules import ClientRules
 from .compile import (
     KeyInfo,
     TierInfo,

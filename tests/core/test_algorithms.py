@@ -4,13 +4,16 @@ accept, which algorithms take a burst, which keep their state in a key of their 
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import pytest
 import redis
+from django import forms
 
 from ratelimit_app import InvalidPolicy, Policy, RateLimiter, new_lease_token
 from ratelimit_app.core.algorithms import BY_NAME, CALENDAR_WINDOW, REGISTRY, SCRIPTED, Algorithm
-from ratelimit_app.models import ALGORITHM_CHOICES, TierLimit
+from ratelimit_app.core.policies import ALL_ALGORITHMS
+from ratelimit_app.models import AlgorithmField, TierLimit
 
 
 def test_by_name_indexes_exactly_the_registry_and_leaves_the_calendar_window_out() -> None:
@@ -21,7 +24,12 @@ def test_by_name_indexes_exactly_the_registry_and_leaves_the_calendar_window_out
 
 
 def test_policies_and_the_admin_offer_the_registry_in_its_order_and_nothing_else() -> None:
-    assert [name for name, _ in ALGORITHM_CHOICES] == [algorithm.name for algorithm in REGISTRY]
+    field = TierLimit._meta.get_field("algorithm")
+    assert isinstance(field, AlgorithmField)
+    assert [name for name, _ in field.choices or ()] == [algorithm.name for algorithm in REGISTRY]
+    select = field.formfield()
+    assert isinstance(select, forms.TypedChoiceField)  # the admin shows a select
+    assert [name for name, _ in cast(list, select.choices)[1:]] == [algorithm.name for algorithm in REGISTRY]
     for algorithm in REGISTRY:
         assert Policy("p", algorithm.name, limit=5, period=60).algorithm == algorithm.name
     with pytest.raises(InvalidPolicy, match="algorithm"):
@@ -38,6 +46,16 @@ def test_a_burst_is_accepted_exactly_where_the_registry_says(algorithm: Algorith
     row = TierLimit(name="p", algorithm=algorithm.name, limit=5, period=60, burst=20)
     errors = _clean_errors(row)
     assert ("burst" in errors) is not algorithm.takes_burst
+
+
+def test_a_new_algorithm_needs_no_migration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choices are read from the registry, never written into a migration."""
+    _, path, args, kwargs = AlgorithmField().deconstruct()
+    assert (path, args, kwargs) == ("ratelimit_app.models.AlgorithmField", [], {"max_length": 30})
+    monkeypatch.setattr("ratelimit_app.models.ALL_ALGORITHMS", (*ALL_ALGORITHMS, "leaky_bucket"))
+    field = AlgorithmField()
+    assert field.choices is not None and field.choices[-1] == ("leaky_bucket", "leaky bucket")
+    assert field.deconstruct()[1:] == (path, args, kwargs)
 
 
 def _clean_errors(row: TierLimit) -> dict[str, list[str]]:

@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 
 from devtools.embedded import RedisProcess
 from ratelimit_app import Policy
+from ratelimit_app.core.apikeys import generate_key
 from ratelimit_app.models import ApiKey, Tier, TierLimit, UserTier
-from ratelimit_app.plans.apikeys import generate_key
 from ratelimit_app.plans.lookups import KeyInfo, build_lookups, get_lookups, invalidate
 from ratelimit_app.service.bounded import bounded_calls
 from tests.support.limits_support import make_key, make_tier, poll, seed_tiers

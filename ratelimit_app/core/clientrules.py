@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..core.logs import log_once
+from .logs import log_once
 
 #: An address or network of either family (client addresses, allow/deny lists, trusted proxies).
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
