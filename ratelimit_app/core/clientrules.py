@@ -94,4 +94,3 @@ class ClientRules:
         return cls(tuple(networks[ALLOW]), tuple(networks[DENY]), frozenset(keys[ALLOW]), frozenset(keys[DENY]))
 
 
-NO_RULES = ClientRules()

@@ -151,7 +151,7 @@ NOSCRIPT = _NoScript()
 #: What the steps yield for "load the script", in place of a call to send.
 LOAD_SCRIPT = None
 #: The decision of an identity checked against no policy: allowed, nothing to report.
-NO_POLICY_DECISION = Decision(True, 0, 0, 0.0, None, "", ())
+_NO_POLICY_DECISION = Decision(True, 0, 0, 0.0, None, "", ())
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -244,7 +244,7 @@ def _one_by_one(calls: list[PreparedCall]) -> Steps[list[Decision]]:
 def _exchange(call: PreparedCall) -> Steps[list[Decision]]:
     """Send one call, recovering once from NOSCRIPT; its decisions."""
     if not call.plan.policy_count:
-        return [NO_POLICY_DECISION] * len(call.digests)
+        return [_NO_POLICY_DECISION] * len(call.digests)
     reply = yield call
     if reply is NOSCRIPT:
         # Redis lost its script cache (restart, failover, SCRIPT FLUSH). NOSCRIPT means nothing ran,

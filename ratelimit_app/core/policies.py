@@ -43,7 +43,7 @@ class InvalidPolicy(ValueError):
     """A policy or rate string that cannot be enforced; the message names the field at fault."""
 
 
-def parse_period(text: str) -> int | float:
+def _parse_period(text: str) -> int | float:
     """Return the seconds in a period such as "m", "10m", "1h", "30s", "day", "500ms" (an int when whole)."""
     match = re.fullmatch(r"\s*(\d*)\s*([a-z]+)\s*", text.lower())
     if not match:
@@ -70,7 +70,7 @@ def parse_rate(rate: str) -> tuple[int, int | float]:
     if not match:
         raise InvalidPolicy(f"rate: {rate!r} is not a rate such as '20/m', '5/10m' or '1000/d'")
     limit = int(match.group(1))
-    period = parse_period(f"{match.group(2)}{match.group(3)}")
+    period = _parse_period(f"{match.group(2)}{match.group(3)}")
     return limit, period
 
 

@@ -17,7 +17,7 @@ CANCEL_FILE = "cancel.lua"
 #: The script that sets when a lease token's live slots end (run with EVAL: a gateway's request only).
 RENEW_FILE = "renew.lua"
 #: Locals every other file uses; it comes first.
-PRELUDE_FILE = "prelude.lua"
+_PRELUDE_FILE = "prelude.lua"
 #: The parameters of every algorithm function, in this order (see "The algorithms" in decide.lua).
 ALGORITHM_PARAMETERS = "(stored, key, now_us, cost, limit, period, extra)"
 
@@ -73,7 +73,7 @@ def _slots_charge() -> str:
 def decide_source() -> str:
     """The complete decision script: the prelude, the kinds of policy, the algorithms as one function,
     then decide.lua."""
-    return "\n".join((read_lua(PRELUDE_FILE), _kinds(), _check_function(), _slots_charge(), read_lua(ENTRY_FILE)))
+    return "\n".join((read_lua(_PRELUDE_FILE), _kinds(), _check_function(), _slots_charge(), read_lua(ENTRY_FILE)))
 
 
 @cache
