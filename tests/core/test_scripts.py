@@ -100,8 +100,12 @@ def test_every_registered_algorithm_has_its_lua_function_and_its_fallback_model(
     """Adding an algorithm is one Lua file, one fallback model and one registry entry: this is what
     ties them together (and nothing is left over in the fallback)."""
     for algorithm in SCRIPTED:
-        assert re.search(rf"^local function {algorithm.name}\(", read_lua(algorithm.lua_file), re.M), algorithm.name
-    assert set(MODELS) == {algorithm.name for algorithm in SCRIPTED}
+        assert re.search(rf"^local function {algorithm.name}\(", read_lua(algorithm.lua_file), re.M), \
+            f"core/lua/{algorithm.lua_file} must end with local function {algorithm.name}{ALGORITHM_PARAMETERS}"
+        assert algorithm.name in MODELS, \
+            f"service/fallback_models.py has no model of {algorithm.name}: add one under @model({algorithm.name!r})"
+    assert set(MODELS) <= {algorithm.name for algorithm in SCRIPTED}, "a fallback model of no registered algorithm"
     codes = [algorithm.code for algorithm in SCRIPTED]
     letters = [algorithm.letter for algorithm in SCRIPTED]
-    assert len(set(codes)) == len(codes) and len(set(letters)) == len(letters)
+    assert len(set(codes)) == len(codes) and len(set(letters)) == len(letters), "codes and letters are unique"
+    assert all(0 < code < 64 for code in codes), "a code is below the shadow flag (64)"
