@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.core.cache import BaseCache, caches
@@ -98,15 +99,7 @@ class Lookups:
     # -- public ----------------------------------------------------------------------------------
     def tier(self, slug: str) -> TierInfo | None:
         """The tier named `slug`, or None when no such tier exists."""
-        self._fresh()
-        local_key = ("tier", slug)
-        value = self.local.get(local_key)
-        if value is MISS:
-            generation = self.local.generation
-            row = self._shared("tier", slug, load_tier_row)
-            value = build_tier(row) if row is not None else None
-            self.local.set(local_key, value, generation)
-        return value
+        return self._cached("tier", slug, load_tier_row, lambda row: build_tier(row) if row is not None else None)
 
     def cached_key(self, prefix: str) -> Any:
         """The key with `prefix` if this process has it cached (KeyInfo, or None for unknown), else MISS.
@@ -132,23 +125,10 @@ class Lookups:
             self.local.set(("key", prefix), value, generations[0])
         return value
 
-    def user_tier_slug(self, user_pk: Any) -> str | None:
-        """The slug of the tier assigned to user `user_pk` in the admin, or None when none is."""
-        return self.user_plan(user_pk)[0]
-
     def user_plan(self, user_pk: Any) -> tuple[str | None, tuple[tuple[Any, ...], ...]]:
         """The tier slug assigned to user `user_pk` (None when none is) and the user's own limits
         (UserTierLimit rows, as `KeyInfo.overrides`)."""
-        self._fresh()
-        local_key = ("user", str(user_pk))
-        value = self.local.get(local_key)
-        if value is MISS:
-            generation = self.local.generation
-            value = self._shared("userplan", str(user_pk), load_user_plan)
-            if value is None:
-                value = (None, ())
-            self.local.set(local_key, value, generation)
-        return value
+        return self._cached("userplan", str(user_pk), load_user_plan, lambda row: row or (None, ()))
 
     def with_overrides(self, owner: str, tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> TierInfo:
         """`tier` with the limits of `overrides` replacing or adding to its own (see `apply_overrides`),
@@ -165,14 +145,7 @@ class Lookups:
 
     def client_rules(self) -> ClientRules:
         """The enabled allow/deny rules (ClientRule), compiled."""
-        self._fresh()
-        value = self.local.get(("rules",))
-        if value is MISS:
-            generation = self.local.generation
-            rows = self._shared("rules", "all", load_client_rules)
-            value = ClientRules.build(rows or ())
-            self.local.set(("rules",), value, generation)
-        return value
+        return self._cached("rules", "all", load_client_rules, lambda rows: ClientRules.build(rows or ()))
 
     def clear_local(self) -> None:
         """Forget everything cached in this process."""
@@ -201,6 +174,16 @@ class Lookups:
         self.edits.announce()
 
     # -- internals -------------------------------------------------------------------------------
+    def _cached(self, kind: str, name: str, load: Callable[[str], Any], build: Callable[[Any], Any]) -> Any:
+        """`kind:name` from this process' cache, else `build` of its row (`_shared`), cached."""
+        self._fresh()
+        value = self.local.get((kind, name))
+        if value is MISS:
+            generation = self.local.generation
+            value = build(self._shared(kind, name, load))
+            self.local.set((kind, name), value, generation)
+        return value
+
     def _fresh(self) -> None:
         """Forget everything cached when the edit reader saw an edit announced since the last lookup. The
         first lookup of a process reads the edit epoch and starts that reader (see

@@ -152,9 +152,9 @@ def test_user_tier_assignment(django_user_model: Any) -> None:
     seed_tiers()
     user = django_user_model.objects.create_user("u", password="x")
     lookups = get_lookups()
-    assert lookups.user_tier_slug(user.pk) is None
+    assert lookups.user_plan(user.pk)[0] is None
     UserTier.objects.create(user=user, tier=Tier.objects.get(slug="pro"))
-    assert lookups.user_tier_slug(user.pk) == "pro"
+    assert lookups.user_plan(user.pk)[0] == "pro"
 
 
 def test_unknown_tier_is_none_and_cached() -> None:
