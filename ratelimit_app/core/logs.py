@@ -49,7 +49,8 @@ def _format_value(value: Any) -> str:
 
 
 def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
-    """Log `event` with `fields` on the "ratelimit_app" logger (see the module docstring for the format)."""
+    """Log `event` with `fields` on the "ratelimit_app" logger: the message reads `event key=value ...`, and
+    the record carries `ratelimit_event` and `ratelimit` (the fields) for structured handlers."""
     if not logger.isEnabledFor(level):
         return
     if "identity" in fields:
