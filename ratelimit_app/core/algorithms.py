@@ -6,7 +6,23 @@ entry here; docs/architecture.md says what each holds and what reads the registr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+
+def _units(capacity: int, limit: int, period_ms: int) -> int:
+    """A state of at most `capacity` units."""
+    return capacity
+
+
+def _tokens(capacity: int, limit: int, period_ms: int) -> int:
+    """A bucket's tokens, counted in period_ms parts of a unit."""
+    return capacity * period_ms
+
+
+def _arrival_time(capacity: int, limit: int, period_ms: int) -> int:
+    """A theoretical arrival time: now (about 2**51 us) plus up to `capacity` emission intervals."""
+    return 2**51 + capacity * -(-period_ms * 1000 // limit)
 
 
 @dataclass(frozen=True)
@@ -17,7 +33,8 @@ class Algorithm:
     may have a capacity above its limit. `concurrency`: it counts requests in flight (slots, in a key of
     their own, charged by its Lua `<name>_charge`) rather than requests over time. `text_state`: its
     state is bytes, never an integer. `long_state_from` (0: never): the limit from which a policy of it
-    keeps its state in a key of its own (a sliding log grows with its limit)."""
+    keeps its state in a key of its own (a sliding log grows with its limit). `largest_state(capacity,
+    limit, period_ms)`: the largest number its Lua state reaches, which must stay exact in a double."""
 
     name: str
     code: int
@@ -27,6 +44,7 @@ class Algorithm:
     concurrency: bool = False
     text_state: bool = False
     long_state_from: int = 0
+    largest_state: Callable[[int, int, int], int] = _units
 
     @property
     def lua_file(self) -> str:
@@ -40,8 +58,10 @@ REGISTRY: tuple[Algorithm, ...] = (
     Algorithm("sliding_window", 2, "s", "22ea529c731650fc5ba5714e5a1e9b48b96a1851", text_state=True,
               long_state_from=128),
     Algorithm("sliding_window_counter", 5, "c", "bbe4c13417adc85946c5222145e9a8316774ee32"),
-    Algorithm("token_bucket", 1, "t", "7418fa7aa6e5491bdde402ab10ca0c8021b96b4f", takes_burst=True),
-    Algorithm("gcra", 4, "g", "50e70a85a54a2beff63396750014399b7420ec0a", takes_burst=True),
+    Algorithm("token_bucket", 1, "t", "7418fa7aa6e5491bdde402ab10ca0c8021b96b4f", takes_burst=True,
+              largest_state=_tokens),
+    Algorithm("gcra", 4, "g", "50e70a85a54a2beff63396750014399b7420ec0a", takes_burst=True,
+              largest_state=_arrival_time),
     Algorithm("concurrency", 6, "q", "9b204623195707ab5e9ed7858263dbb642217bac", concurrency=True),
 )
 #: A calendar quota: a fixed_window policy whose windows are calendar days, weeks or months. Users do not

@@ -12,7 +12,7 @@ from django import forms
 
 from ratelimit_app import InvalidPolicy, Policy, RateLimiter, new_lease_token
 from ratelimit_app.core.algorithms import BY_NAME, CALENDAR_WINDOW, REGISTRY, SCRIPTED, Algorithm
-from ratelimit_app.core.policies import ALL_ALGORITHMS
+from ratelimit_app.core.policies import ALL_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS
 from ratelimit_app.models import AlgorithmField, TierLimit
 
 
@@ -56,6 +56,19 @@ def test_a_new_algorithm_needs_no_migration(monkeypatch: pytest.MonkeyPatch) -> 
     field = AlgorithmField()
     assert field.choices is not None and field.choices[-1] == ("leaky_bucket", "leaky bucket")
     assert field.deconstruct()[1:] == (path, args, kwargs)
+
+
+@pytest.mark.parametrize("algorithm", REGISTRY, ids=lambda a: a.name)
+def test_a_policy_is_refused_exactly_when_its_largest_state_would_not_be_exact_in_lua(algorithm: Algorithm) -> None:
+    refused = 0
+    for limit, period in ((MAX_LIMIT, MAX_PERIOD_SECONDS), (MAX_LIMIT, 1), (5, 60)):
+        if algorithm.largest_state(limit, limit, period * 1000) < 2**53:
+            assert Policy("p", algorithm.name, limit=limit, period=period).limit == limit
+        else:
+            refused += 1
+            with pytest.raises(InvalidPolicy, match="too large to count exactly"):
+                Policy("p", algorithm.name, limit=limit, period=period)
+    assert refused == (1 if algorithm.name == "token_bucket" else 0)  # tokens are counted in ms parts
 
 
 def _clean_errors(row: TierLimit) -> dict[str, list[str]]:
