@@ -15,9 +15,9 @@ from django.utils.html import format_html, format_html_join
 
 from .apply.planning import limit_config
 from .conf.settings import IP_POLICY_NAME, InvalidSetting
+from .core import apikeys
 from .core.policies import CONCURRENCY, Policy
 from .models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
-from .plans import apikeys
 from .plans.checks import row_problem
 from .plans.compile import OVERRIDE_FIELDS, TierInfo, apply_overrides
 from .plans.lookups import get_lookups

@@ -18,11 +18,11 @@ from rest_framework.views import APIView
 from devtools.embedded import free_port
 from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app.apply import limiting
+from ratelimit_app.core.apikeys import generate_key
 from ratelimit_app.decorators import limit_cost, ratelimit
 from ratelimit_app.models import ApiKey, Tier, UserTier
 from ratelimit_app.observability.queries import recent_metrics
 from ratelimit_app.observability.recorder import flush
-from ratelimit_app.plans.apikeys import generate_key
 from tests.support.limits_support import make_key, make_tier, parse_ietf, seed_tiers, set_ip_rate
 
 pytestmark = pytest.mark.django_db

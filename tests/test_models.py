@@ -13,9 +13,9 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ratelimit_app import Policy
+from ratelimit_app.core.apikeys import hash_key
 from ratelimit_app.core.calendars import CALENDAR_PERIODS
 from ratelimit_app.models import ApiKey, ApiKeyLimit, Tier, TierLimit
-from ratelimit_app.plans.apikeys import hash_key
 from ratelimit_app.plans.compile import apply_overrides
 from ratelimit_app.plans.lookups import get_lookups, invalidate
 from tests.support.limits_support import make_tier, seed_tiers

@@ -18,8 +18,8 @@ from typing import Any, NamedTuple, cast
 from django.http import HttpRequest
 
 from ..conf.snapshot import Snapshot, request_settings
-from ..plans.apikeys import parse_key
-from ..plans.clientrules import IPAddress, IPNetwork, parse_network
+from ..core.apikeys import parse_key
+from ..core.clientrules import IPAddress, IPNetwork, parse_network
 
 #: Most X-Forwarded-For entries walked when trusted proxies are a CIDR list.
 _MAX_FORWARDED_HOPS = 32

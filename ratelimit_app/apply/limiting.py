@@ -32,11 +32,11 @@ from django.http import HttpRequest
 
 from ..conf.settings import IP_POLICY_NAME, InvalidSetting
 from ..conf.snapshot import Snapshot, request_settings
+from ..core.clientrules import ALLOW
 from ..core.decision import Decision
 from ..core.engine import new_lease_token
 from ..core.logs import logger
 from ..core.policies import Policy
-from ..plans.clientrules import ALLOW
 from ..service import events
 from ..service.guard import without_limits
 from ..service.limiter import get_limiter

@@ -35,10 +35,10 @@ from django.http import HttpRequest
 from ..conf.paths import PathPrefixes, limited
 from ..conf.settings import InvalidSetting, ip_policy
 from ..conf.snapshot import Snapshot, request_settings
+from ..core.apikeys import key_matches
+from ..core.clientrules import ALLOW, DENY, ClientRules
 from ..core.exceptions import BACKEND_ERRORS
 from ..core.policies import Policy
-from ..plans.apikeys import key_matches
-from ..plans.clientrules import ALLOW, DENY, ClientRules
 from ..plans.compile import TierInfo
 from ..plans.localcache import MISS
 from ..plans.lookups import Lookups, get_lookups, require_io

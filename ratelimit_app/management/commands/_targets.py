@@ -12,8 +12,8 @@ from django.core.management.base import CommandError
 from ratelimit_app.apply.identity import ip_identity
 from ratelimit_app.apply.planning import limit_config, tier_ip_identity
 from ratelimit_app.conf.settings import ratelimit_settings
+from ratelimit_app.core.apikeys import PREFIX_LENGTH, parse_key
 from ratelimit_app.core.policies import Policy
-from ratelimit_app.plans.apikeys import PREFIX_LENGTH, parse_key
 from ratelimit_app.plans.compile import TierInfo
 from ratelimit_app.plans.lookups import get_lookups
 

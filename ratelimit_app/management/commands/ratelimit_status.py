@@ -10,9 +10,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from ratelimit_app.conf.settings import ratelimit_settings
+from ratelimit_app.core.clientrules import ALLOW
 from ratelimit_app.core.exceptions import RateLimiterError
 from ratelimit_app.core.policies import Policy
-from ratelimit_app.plans.clientrules import ALLOW
 from ratelimit_app.plans.lookups import get_lookups
 from ratelimit_app.service.limiter import get_limiter
 

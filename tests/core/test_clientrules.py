@@ -12,10 +12,10 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
+from ratelimit_app.core.apikeys import generate_key
 from ratelimit_app.models import ApiKey, ClientRule
 from ratelimit_app.observability.queries import recent_metrics
 from ratelimit_app.observability.recorder import flush
-from ratelimit_app.plans.apikeys import generate_key
 from tests.support.limits_support import make_key, redis_commands, seed_tiers, set_ip_rate
 
 pytestmark = pytest.mark.django_db
