@@ -1,0 +1,53 @@
+"""One connection's limits: its slot held past its lease while it lives (renewed), given back when it ends;
+messages charged to the message scope's own limits alone."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from channels.routing import URLRouter
+
+from project.routing import websocket_urlpatterns
+from ratelimit_app.channels.connection import own_policies
+from ratelimit_app.channels.middleware import RateLimitMiddlewareStack
+from ratelimit_app.plans.lookups import get_lookups
+from tests.channels.test_middleware import connect
+from tests.support.limits_support import make_key, make_tier, seed_tiers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _tiers() -> None:
+    seed_tiers()
+
+
+def test_own_policies_are_the_scopes_alone() -> None:
+    tier = get_lookups().tier("free")
+    assert [p.name for p in own_policies(tier, "websocket_message")] == ["websocket_message.messages"]
+    assert [p.name for p in own_policies(tier, "websocket")] == ["websocket.connections", "websocket.connects"]
+    assert own_policies(tier, "nothing") == () and own_policies(None, "websocket") == ()
+
+
+def test_a_connection_keeps_its_slot_past_the_lease_and_gives_it_back_when_it_closes(ratelimit: Any) -> None:
+    make_tier("brief", [("connections", "concurrency", 1, 1, None, "websocket")])  # a lease of 1 second
+    key = make_key("brief")
+    app = RateLimitMiddlewareStack(URLRouter(websocket_urlpatterns))
+
+    async def scenario() -> list[Any]:
+        first, ok, _ = await connect(f"/ws/echo/?key={key}", app)
+        lived = time.monotonic() + 2.5
+        while time.monotonic() < lived:  # outlive the lease twice over: the renewals keep the slot
+            await first.send_to(text_data="ping")
+            assert await first.receive_from() == "ping"
+            await asyncio.sleep(0.2)
+        _, second, code = await connect(f"/ws/echo/?key={key}", app)
+        await first.disconnect()
+        third, admitted, _ = await connect(f"/ws/echo/?key={key}", app)
+        await third.disconnect()
+        return [ok, second or code, admitted]
+
+    assert asyncio.run(scenario()) == [True, 4429, True]
