@@ -2,6 +2,9 @@
 minute and connections held at once, each connection's slot a lease renewed while it lives) and per
 message ("websocket_message" scope).
 
+Each stays under its tier's per-IP rate (0003), as `manage.py check` asks (W030). No unscoped limit changes:
+HTTP requests of a seeded tier still cost one Redis call, without a slot.
+
 `seed_websocket_limits` is idempotent (update_or_create) and leaves tiers that do not exist alone.
 """
 
@@ -21,12 +24,12 @@ WEBSOCKET_LIMITS: dict[str, list[tuple[str, str, str, int, int]]] = {
     "pro": [
         ("websocket", "connects", "sliding_window", 60, 60),
         ("websocket", "connections", "concurrency", 20, 15),
-        ("websocket_message", "messages", "sliding_window", 200, 10),
+        ("websocket_message", "messages", "sliding_window", 100, 10),
     ],
     "enterprise": [
         ("websocket", "connects", "sliding_window", 600, 60),
         ("websocket", "connections", "concurrency", 200, 15),
-        ("websocket_message", "messages", "sliding_window", 2_000, 10),
+        ("websocket_message", "messages", "sliding_window", 1_000, 10),
     ],
 }
 

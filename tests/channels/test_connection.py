@@ -51,3 +51,12 @@ def test_a_connection_keeps_its_slot_past_the_lease_and_gives_it_back_when_it_cl
         return [ok, second or code, admitted]
 
     assert asyncio.run(scenario()) == [True, 4429, True]
+
+
+def test_the_seeded_tiers_have_websocket_limits_under_their_per_ip_rates() -> None:
+    free = get_lookups().tier("free")
+    assert free is not None
+    shapes = [(p.name, p.algorithm, p.limit, p.period) for p in own_policies(free, "websocket")]
+    assert shapes == [("websocket.connections", "concurrency", 2, 15), ("websocket.connects", "sliding_window", 5, 60)]
+    assert [(p.limit, p.period) for p in own_policies(free, "websocket_message")] == [(10, 10)]
+    assert [p.name for p in free.policies] == ["burst", "minute", "day"]  # HTTP requests: no slot, one call
