@@ -25,8 +25,9 @@ pytestmark = pytest.mark.django_db
 
 def limits_of(slug: str) -> list[tuple[str, str, int, int, int | None, str, bool]]:
     """The HTTP limits of tier `slug` (its WebSocket scopes aside: tests/channels)."""
-    return list(TierLimit.objects.filter(tier__slug=slug).exclude(scope__startswith="websocket").order_by("period", "id").values_list(
-        "name", "algorithm", "limit", "period", "burst", "scope", "enabled"))
+    return list(TierLimit.objects.filter(tier__slug=slug).exclude(scope__startswith="websocket")
+                .order_by("period", "id")
+                .values_list("name", "algorithm", "limit", "period", "burst", "scope", "enabled"))
 
 
 def test_migration_seeds_free_pro_and_enterprise() -> None:

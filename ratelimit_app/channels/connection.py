@@ -1,13 +1,17 @@
-"""One WebSocket connection's limits, from its connect to its disconnect: `ConnectionLimits`.
+"""One WebSocket connection's limits, from its connect to its disconnect: `ConnectionLimits`, an adapter
+over the admission path (ratelimit_app.apply.admission_async).
 
-- The connect is admitted like a request to the connect scope (the tier's limits, the scope's own, such
-  as "5 connects per minute" and "2 connections at once", and the per-IP limit, in one Redis call).
+- The connect is admitted like a request to the connect scope (`aadmit`: the tier's limits, the scope's
+  own, such as "5 connects per minute" and "2 connections at once", and the per-IP limit, in one Redis
+  call); the disconnect ends it like a request without a response (`aend`).
 - A concurrency limit of that scope gives the connection a slot, held for its whole life: renewed every
   third of its lease while the connection lives, given back when it ends, and given back by its lease
   when the server dies.
-- Each received message is charged to the message scope's own limits (not the tier's HTTP limits), with
-  its cost, for the identity and tier found at connect: one Redis call, answered from the deny cache
-  while a refusal's retry time lasts.
+- Each received message is charged to the message scope's own limits, with its cost, for the identity and
+  tier its connect was admitted under: one decision (`limiting_async.decide`: the same call, deny cache,
+  fail mode and metrics as a request's), answered from the deny cache while a refusal's retry time lasts.
+  A message is not planned again: it is not charged the tier's HTTP limits nor the per-IP limit, which
+  its connect paid.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from typing import Any
 from django.http import HttpRequest, HttpResponseBase
 
 from ..apply import limiting_async
+from ..apply.admission import outcome_of, state_if_any
+from ..apply.admission_async import aadmit, aend
 from ..apply.concurrency import HeldSlots
 from ..apply.limitcheck import LimitCheck
 from ..apply.outcome import LimitOutcome
 from ..apply.planning import RequestPlan, limit_config
-from ..apply.responses import refusal
 from ..core.policies import CONCURRENCY, Policy
 from ..plans.compile import TierInfo
 
@@ -44,7 +49,6 @@ class ConnectionLimits:
         self.connect_scope = connect_scope
         self.message_scope = message_scope
         self.outcome: LimitOutcome | None = None
-        self.slots: HeldSlots | None = None
         self.refused = 0
         #: What a message costs, from its text and bytes (set by RateLimitedConsumerMixin); None: 1 each.
         self.cost_of: Callable[[str | None, bytes | None], int] | None = None
@@ -53,17 +57,14 @@ class ConnectionLimits:
 
     async def connect(self) -> HttpResponseBase | None:
         """Admit the connect: None when admitted (its slots held and renewed), else the refusal to answer."""
-        request, scope = self.request, self.connect_scope
-        outcome = await limiting_async.safely(lambda: limiting_async.limit_request(request, scope=scope),
-                                              where="websocket connect")
-        self.outcome = outcome
-        if not outcome.allowed:
-            if outcome.slots is not None:
-                await outcome.slots.arelease()
-            return refusal(outcome)
-        self.slots = outcome.slots
-        if self.slots is not None:
-            self._renewal = asyncio.create_task(_renew(self.slots))
+        refused = await aadmit(self.request, scope=self.connect_scope, where="websocket connect")
+        outcome = self.outcome = outcome_of(self.request)
+        if refused is not None or outcome is None:
+            await aend(self.request)
+            return refused
+        state = state_if_any(self.request)
+        if state is not None and state.slots:
+            self._renewal = asyncio.create_task(_renew(list(state.slots)))
         policies = own_policies(outcome.tier, self.message_scope)
         if policies and outcome.tier is not None:
             tier = outcome.tier
@@ -91,24 +92,27 @@ class ConnectionLimits:
         return outcome
 
     async def end(self) -> None:
-        """The connection ended: stop renewing and give its slots back (once; never raises)."""
+        """The connection ended: stop renewing and give its slots back (`aend`: once; never raises)."""
         if self._renewal is not None:
             self._renewal.cancel()
             with contextlib.suppress(BaseException):
                 await self._renewal
             self._renewal = None
-        if self.slots is not None:
-            await self.slots.arelease()
+        await aend(self.request)
 
 
-def _lease_seconds(slots: HeldSlots) -> float:
-    return min(policy.period for _, policy in slots.held if policy.algorithm == CONCURRENCY)
+def _lease_seconds(held: list[HeldSlots]) -> float:
+    return min(policy.period for slots in held for _, policy in slots.held if policy.algorithm == CONCURRENCY)
 
 
-async def _renew(slots: HeldSlots) -> Any:
-    """Keep `slots` held: a full lease again every third of the shortest one, until cancelled or lost."""
-    interval = max(_lease_seconds(slots) / 3, 0.05)
-    while not slots.released:
+async def _renew(held: list[HeldSlots]) -> Any:
+    """Keep the slots of `held` taken: a full lease again every third of the shortest one, until cancelled
+    or given back."""
+    interval = max(_lease_seconds(held) / 3, 0.05)
+    while True:
         await asyncio.sleep(interval)
-        if await slots.arenew() is False:  # the lease ran out (Redis lost it, or a long stall): nothing to keep
+        live = [slots for slots in held if not slots.released]
+        if not live:
             return
+        for slots in live:
+            await slots.arenew()  # False: its lease ran out (a long stall); None: Redis did not answer

@@ -139,11 +139,11 @@ def test_sixteen_concurrent_connections_admit_exactly_two(site: Site) -> None:
 
     def client() -> None:
         start.wait()
+        ws: ClientConnection | None = None
         try:
             ws = site.connect("race")
         except InvalidStatus as refused:
             result: Any = refused.response.status_code
-            ws = None
         else:
             result = echo(ws, "in")
         with lock:
