@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from channels.routing import URLRouter
 from channels.testing import WebsocketCommunicator
 
+from devtools.embedded import free_port
 from project.routing import websocket_urlpatterns
 from ratelimit_app.channels.middleware import RateLimitMiddlewareStack
 from ratelimit_app.channels.refusals import TOO_MANY_REFUSED
+from ratelimit_app.observability.queries import recent_metrics
+from ratelimit_app.observability.recorder import flush
 from ratelimit_app.testing import make_api_key
 from tests.support.limits_support import seed_tiers
 
@@ -127,3 +131,73 @@ def test_the_limits_are_off_when_disabled(ratelimit: Any) -> None:
         return connected
 
     assert run(scenario) is True
+
+
+@contextmanager
+def redis_down(settings: Any, mode: str) -> Iterator[None]:
+    """The limiter's Redis a closed port, under fail mode `mode`, while the block runs (then put back, so the
+    test's keys are deleted from the real one)."""
+    previous = settings.RATELIMIT
+    settings.RATELIMIT = {**previous, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0", "FAIL_MODE": mode,
+                          "SOCKET_CONNECT_TIMEOUT": 0.2, "SOCKET_TIMEOUT": 0.2, "BUDGET_MS": 500}
+    try:
+        yield
+    finally:
+        settings.RATELIMIT = previous
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("open", ["accepted", "hello"]), ("closed", [4503])])
+def test_redis_down_follows_the_fail_mode(ratelimit: Any, settings: Any, mode: str, expected: list[Any]) -> None:
+    key = make_api_key("free")
+
+    async def scenario() -> list[Any]:
+        ws, connected, code = await connect(f"/ws/echo/?key={key}")
+        if not connected:
+            return [code]
+        await ws.send_to(text_data="hello")
+        answer = await ws.receive_from()
+        await ws.disconnect()
+        return ["accepted", answer]
+
+    assert run(scenario)[0] == "accepted"  # the key and its tier cached while Redis is up
+    with redis_down(settings, mode):
+        assert run(scenario) == expected
+
+
+def test_a_message_refused_while_redis_is_down_is_answered_as_unavailable(ratelimit: Any, settings: Any) -> None:
+    key = make_api_key("free")
+
+    async def scenario() -> Any:
+        ws, connected, _ = await connect(f"/ws/echo/?key={key}")
+        assert connected
+        with redis_down(settings, "closed"):
+            await ws.send_to(text_data="hello")
+            answer = json.loads(await ws.receive_from())
+            await ws.disconnect()
+        return answer
+
+    answer = run(scenario)
+    assert answer["type"] == "ratelimit.refused" and answer["error"] == "rate limiter unavailable"
+
+
+def test_connects_messages_and_refusals_are_counted_in_the_metrics(ratelimit: Any) -> None:
+    key = make_api_key("free")
+    flush()
+    before = recent_metrics(hours=2)
+
+    async def scenario() -> None:
+        ws, _, _ = await connect(f"/ws/echo/?key={key}")
+        for number in range(11):  # 10 echoed, 1 refused
+            await ws.send_to(text_data=str(number))
+            await ws.receive_from()
+        await ws.disconnect()
+
+    run(scenario)
+    assert flush() is True
+    after = recent_metrics(hours=2)
+    counts = {t.tier: (t.allowed, t.blocked) for t in after.tiers}
+    old = {t.tier: (t.allowed, t.blocked) for t in before.tiers}.get("free", (0, 0))
+    assert (counts["free"][0] - old[0], counts["free"][1] - old[1]) == (11, 1)  # the connect and 10 messages
+    blocked = {p.policy: p.blocked for p in after.policies}
+    assert blocked["websocket_message.messages"] - {p.policy: p.blocked for p in before.policies}.get(
+        "websocket_message.messages", 0) == 1
