@@ -24,5 +24,6 @@ def test_the_websocket_bench_measures_both_consumers(tmp_path: Path) -> None:
     measured = json.loads(results.read_text())
     assert all(rate > 0 for rates in measured["rates"].values() for rate in rates)
     per_message = measured["evalsha_per_message"]
-    assert per_message["without the limiter"] == [0.0]
+    assert per_message["without the limiter"][0] < 0.05  # a metrics flush may run meanwhile
+    assert 0.99 <= per_message["one bare EVALSHA per message (the floor)"][0] <= 1.05
     assert 0.99 <= per_message["through the limiter"][0] <= 1.05  # the connect's own call aside
