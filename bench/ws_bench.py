@@ -196,7 +196,7 @@ def main(argv: list[str]) -> int:
 
         write_script_section("websockets", "## 10. WebSocket messages through the Channels middleware",
                              "bench/ws_bench.py", [
-                                 "One uvicorn (1 worker) serves the demo's echo consumer twice: behind Channels'",
+                                 "One uvicorn (1 worker) serves the demo's echo consumer three ways: behind Channels'",
                                  "AuthMiddlewareStack, and behind RateLimitMiddlewareStack (each message charged to",
                                  "its tier's message limit, a token bucket no run exhausts: one EVALSHA per message);",
                                  "the floor adds a middleware making one bare EVALSHA (an INCR script) per message.",
