@@ -201,3 +201,17 @@ def test_connects_messages_and_refusals_are_counted_in_the_metrics(ratelimit: An
     blocked = {p.policy: p.blocked for p in after.policies}
     assert blocked["websocket_message.messages"] - {p.policy: p.blocked for p in before.policies}.get(
         "websocket_message.messages", 0) == 1
+
+
+def test_the_key_is_taken_out_of_the_servers_own_scope(ratelimit: Any) -> None:
+    """The server logs a connection with its scope's query string: the key is gone from it too."""
+    key = make_api_key("free")
+
+    async def scenario() -> Any:
+        ws, connected, _ = await connect(f"/ws/echo/?room=7&key={key}")
+        assert connected
+        await ws.disconnect()
+        return ws.scope  # the dict the communicator (the server) passed to the application
+
+    scope = run(scenario)
+    assert scope["query_string"] == b"room=7" and key not in repr(scope)
