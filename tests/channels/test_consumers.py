@@ -82,3 +82,25 @@ def test_the_consumer_sets_what_a_message_costs(ratelimit: Any) -> None:
     answers = run(scenario)
     assert answers[:14] == ["free"] * 12 + ["paid"] * 2  # 10 per 10 s: two messages of 4
     assert json.loads(answers[14])["policy"] == "websocket_message.messages"
+
+
+def test_a_signed_in_user_without_a_key_gets_their_tier(ratelimit: Any) -> None:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from ratelimit_app.models import Tier, UserTier
+
+    user = get_user_model().objects.create_user("carol", password="secret-password")
+    UserTier.objects.create(user=user, tier=Tier.objects.get(slug="pro"))
+    browser = Client()
+    browser.force_login(user)
+    cookie = f"sessionid={browser.cookies['sessionid'].value}".encode()
+
+    async def scenario() -> tuple[Any, Any]:
+        ws, connected, _ = await connect("/ws/reader/", READER, headers=[(b"cookie", cookie)])
+        seen = json.loads(await ws.receive_from())
+        await ws.disconnect()
+        _, anonymous, code = await connect("/ws/reader/", READER)
+        return seen["tier"], anonymous or code
+
+    assert run(scenario) == ("pro", 4401)  # without a session or a key: the demo requires a key
