@@ -98,6 +98,7 @@ def test_a_signed_in_user_without_a_key_gets_their_tier(ratelimit: Any) -> None:
 
     async def scenario() -> tuple[Any, Any]:
         ws, connected, _ = await connect("/ws/reader/", READER, headers=[(b"cookie", cookie)])
+        assert connected
         seen = json.loads(await ws.receive_from())
         await ws.disconnect()
         _, anonymous, code = await connect("/ws/reader/", READER)
