@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponseBase
 
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import Snapshot, request_settings
 from .concurrency import HeldSlots, middleware_installed, release_with
 from .limitcheck import LimitCheck
 from .limiting import failure_outcome, limit_request
@@ -34,10 +34,11 @@ class RequestState:
     at; `slots` the concurrency slots it holds until it ends; `deferred` the (cost, scope) an entry point
     left to a framework's throttles to decide; `in_flight` this process' requests in flight when it
     arrived (the process shedder's count, None when that shedder is off); `entry` what an entry point
-    carries from admit to finish, by a name of its own.
+    carries from admit to finish, by a name of its own; `settings` the settings snapshot the request was
+    admitted under (None before `admit`).
     """
 
-    __slots__ = ("_closers", "cost", "deferred", "entry", "in_flight", "outcome", "slots")
+    __slots__ = ("_closers", "cost", "deferred", "entry", "in_flight", "outcome", "settings", "slots")
 
     def __init__(self) -> None:
         self.outcome: LimitOutcome | None = None
@@ -47,6 +48,7 @@ class RequestState:
         self.in_flight: int | None = None
         self.entry: dict[str, Any] = {}
         self._closers: list[Callable[[], None]] = []
+        self.settings: Snapshot | None = None
 
     def hold(self, slots: HeldSlots | None) -> None:
         """Hold `slots` until the request ends (`finish`, `end`)."""
@@ -104,12 +106,16 @@ def admit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra 
     described request; default the request's own). The refusal to send (401, 403, 429, 503),
     or None when admitted. Never raises because of the limiter: a failure follows the fail mode
     (logged as from `where`); RATELIMIT['ENABLED'] = False admits without deciding anything."""
+    state = state_of(request)
+    settings = state.settings
+    if settings is None:
+        state.settings = settings = request_settings()
     try:
-        if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
+        if not settings.enabled:  # always readable (an invalid one reads as True)
             outcome = NOT_LIMITED
         else:
             outcome = limit_request(request, cost=cost, scope=scope, extra=extra() if callable(extra) else extra,
-                                    path=path)
+                                    path=path, settings=settings)
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
     return record(request, outcome, cost)
@@ -134,7 +140,7 @@ def finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase
     if state is None:
         return response
     if state.outcome is not None:
-        add_headers(response, state.outcome)
+        add_headers(response, state.outcome, state.settings.headers if state.settings is not None else None)
     if state.slots:
         for slots in state.take_slots():
             release_with(response, slots)

@@ -8,9 +8,9 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
 
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import request_settings
 from . import limiting_async
-from .admission import Extra, finish, record, release_after, state_if_any
+from .admission import Extra, finish, record, release_after, state_if_any, state_of
 from .concurrency import HeldSlots, middleware_installed
 from .limiting import failure_outcome
 from .outcome import NOT_LIMITED
@@ -20,12 +20,16 @@ async def aadmit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra:
                  path: str | None = None, where: str = "middleware") -> HttpResponseBase | None:
     """`admission.admit` on the event loop (`extra`, when a callable, is called once the request's user
     is known)."""
+    state = state_of(request)
+    settings = state.settings
+    if settings is None:
+        state.settings = settings = request_settings()
     try:
-        if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
+        if not settings.enabled:  # always readable (an invalid one reads as True)
             outcome = NOT_LIMITED
         else:
             outcome = await limiting_async.limit_request(request, cost=cost, scope=scope, extra=extra,
-                                                           path=path)
+                                                           path=path, settings=settings)
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
     return record(request, outcome, cost)

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, cast
 
 from django.http import HttpRequest
 
-from ..conf.settings import SettingsCached, ratelimit_settings
+from ..conf.snapshot import Snapshot, request_settings
 from ..plans.apikeys import parse_key
 from ..plans.clientrules import IPAddress, IPNetwork, parse_network
 
@@ -36,16 +36,16 @@ class IdentityConfig:
     ipv6_prefix: int
 
 
-def _read_identity_config() -> IdentityConfig:
+def _read_identity_config(snapshot: Snapshot) -> IdentityConfig:
     # the values were validated with the other settings (ratelimit_app.conf.settings): this only converts them
-    meta = "HTTP_" + ratelimit_settings.API_KEY_HEADER.upper().replace("-", "_")
-    proxies = ratelimit_settings.TRUSTED_PROXIES
+    meta = "HTTP_" + snapshot.get("API_KEY_HEADER").upper().replace("-", "_")
+    proxies = snapshot.get("TRUSTED_PROXIES")
     hops, networks = 0, cast(tuple[IPNetwork, ...], ())
     if isinstance(proxies, int):
         hops = proxies
     else:
         networks = parse_networks(proxies)
-    return IdentityConfig(meta, hops, networks, ratelimit_settings.IPV6_PREFIX)
+    return IdentityConfig(meta, hops, networks, snapshot.get("IPV6_PREFIX"))
 
 
 def parse_networks(cidrs: Sequence[str]) -> tuple[IPNetwork, ...]:
@@ -55,12 +55,9 @@ def parse_networks(cidrs: Sequence[str]) -> tuple[IPNetwork, ...]:
     return tuple(parse_network(cidr) for cidr in cidrs)
 
 
-_config = SettingsCached(_read_identity_config)
-
-
-def identity_config() -> IdentityConfig:
-    """The parsed identity settings (parsed on first use and after every settings change)."""
-    return _config.get()
+def identity_config(snapshot: Snapshot | None = None) -> IdentityConfig:
+    """The parsed identity settings (parsed once per settings snapshot)."""
+    return (snapshot or request_settings()).derived(_read_identity_config)
 
 
 class PresentedKey(NamedTuple):

@@ -33,12 +33,11 @@ from typing import Any
 
 from django.http import HttpResponseBase, JsonResponse
 
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import request_settings
 from ..core.decision import Decision
 from . import shedding
 from .headers import apply_headers, retry_after_seconds
 from .outcome import DENIED, FORBIDDEN, SHED, UNAUTHORIZED, LimitOutcome
-from .planning import limit_config
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
@@ -51,7 +50,7 @@ _STATUS_TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
 
 
 def _problem_format() -> bool:
-    return bool(ratelimit_settings.ERROR_FORMAT == "problem")  # always readable (an invalid one: "json")
+    return request_settings().error_format == "problem"  # always readable (an invalid one: "json")
 
 
 def _answer(status: int, body: dict[str, Any], *, problem_type: str = "about:blank",
@@ -137,12 +136,15 @@ def overloaded(priority: str, retry_after: float) -> JsonResponse:
     return response
 
 
-def add_headers(response: HttpResponseBase, outcome: LimitOutcome) -> None:
-    """Add the rate limit headers chosen by RATELIMIT['HEADERS'] for this outcome (none for a request
-    the load shedder refused: it was refused for the fleet's load, not for the client's limits)."""
+def add_headers(response: HttpResponseBase, outcome: LimitOutcome, mode: str | None = None) -> None:
+    """Add the rate limit headers of `mode` (default: RATELIMIT['HEADERS'] as read; None when it has no
+    reading: none) for this outcome (none for a request the load shedder refused: it was refused for the
+    fleet's load, not for the client's limits)."""
     if outcome.decision is not None and outcome.policies and outcome.status != SHED:
-        with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
-            apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, limit_config().headers)
+        mode = mode or request_settings().headers
+        if mode is not None:
+            with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
+                apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, mode)
 
 
 def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
