@@ -18,10 +18,10 @@ from typing import Any
 
 from channels.auth import AuthMiddlewareStack
 
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import request_settings
 from .connection import ConnectionLimits
 from .refusals import TOO_MANY_REFUSED, deny, error_frame
-from .scope import TAKEN_KEY, request_for, take_key
+from .scope import TAKEN_KEY, ScopeRequest, take_key
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -59,14 +59,14 @@ class WebSocketRateLimitMiddleware:
             return
         scope = dict(scope)
         key = take_key(scope)
-        if not ratelimit_settings.ENABLED:
+        if not request_settings().enabled:
             await self.inner(scope, receive, send)
             return
         first = await receive()
         if first.get("type") != "websocket.connect":  # the client left before its handshake was read
             await self.inner(scope, _replay(first, receive), send)
             return
-        limits = ConnectionLimits(request_for(scope, key), connect_scope=self.connect_scope,
+        limits = ConnectionLimits(ScopeRequest(scope, key), connect_scope=self.connect_scope,
                                   message_scope=self.message_scope)
         refused = await limits.connect()
         if refused is not None:

@@ -63,29 +63,31 @@ def _without(name: bytes, value: bytes, offered: list[str]) -> tuple[bytes, byte
     return name, ", ".join(kept).encode("latin-1")
 
 
-def request_for(scope: dict[str, Any], key: str | None) -> HttpRequest:
-    """The request the limiter plans a connect of `scope` as: its path, its headers (as request.META), its
-    client address (REMOTE_ADDR), its user (scope["user"], set by Channels' AuthMiddlewareStack) and `key`
-    (from `take_key`) as the API key header, unless a header already carries a key of ours."""
-    request = HttpRequest()
-    path = str(scope.get("path") or "/")
-    request.path = request.path_info = path
-    request.method = "GET"
-    meta: dict[str, Any] = request.META
-    for name, value in scope.get("headers") or ():
-        header = "HTTP_" + _decoded(name).upper().replace("-", "_")
-        meta[header] = f"{meta[header]},{_decoded(value)}" if header in meta else _decoded(value)
-    meta["PATH_INFO"] = path
-    meta["QUERY_STRING"] = _decoded(scope.get("query_string") or b"")
-    client = scope.get("client")
-    meta["REMOTE_ADDR"] = str(client[0]) if client else ""
-    server = scope.get("server")
-    if server:
-        meta["SERVER_NAME"], meta["SERVER_PORT"] = str(server[0]), str(server[1])
-    header = identity_config().api_key_meta
-    if key is not None and parse_key(meta.get(header)) is None:
-        meta[header] = key
-    user = scope.get("user")
-    if user is not None:
-        request.user = user
-    return request
+class ScopeRequest(HttpRequest):
+    """The request the limiter plans a connect of a WebSocket `scope` as: its path, its headers (as
+    request.META), its client address (REMOTE_ADDR), its user (scope["user"], set by Channels'
+    AuthMiddlewareStack) and `key` (from `take_key`) as the API key header, unless a header already
+    carries a key of ours."""
+
+    def __init__(self, scope: dict[str, Any], key: str | None) -> None:
+        super().__init__()
+        path = str(scope.get("path") or "/")
+        self.path = self.path_info = path
+        self.method = "GET"
+        meta: dict[str, Any] = self.META
+        for name, value in scope.get("headers") or ():
+            header = "HTTP_" + _decoded(name).upper().replace("-", "_")
+            meta[header] = f"{meta[header]},{_decoded(value)}" if header in meta else _decoded(value)
+        meta["PATH_INFO"] = path
+        meta["QUERY_STRING"] = _decoded(scope.get("query_string") or b"")
+        client = scope.get("client")
+        meta["REMOTE_ADDR"] = str(client[0]) if client else ""
+        server = scope.get("server")
+        if server:
+            meta["SERVER_NAME"], meta["SERVER_PORT"] = str(server[0]), str(server[1])
+        header = identity_config().api_key_meta
+        if key is not None and parse_key(meta.get(header)) is None:
+            meta[header] = key
+        user = scope.get("user")
+        if user is not None:
+            self.user = user

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ratelimit_app.apply.identity import api_key_from_request, request_ip_identity
-from ratelimit_app.channels.scope import TAKEN_KEY, request_for, take_key
+from ratelimit_app.channels.scope import TAKEN_KEY, ScopeRequest, take_key
 
 KEY = "AbCd1234." + "s" * 43
 
@@ -43,7 +43,7 @@ def test_a_key_taken_by_an_outer_middleware_is_handed_over_once() -> None:
 
 def test_the_request_carries_the_key_the_address_and_the_headers() -> None:
     scope = scope_of(headers=[(b"user-agent", b"test"), (b"x-forwarded-for", b"198.51.100.1")])
-    request = request_for(scope, KEY)
+    request = ScopeRequest(scope, KEY)
     assert api_key_from_request(request) == (KEY[:8], KEY)
     assert request_ip_identity(request) == "ip:203.0.113.7"  # no trusted proxies: the header is not believed
     assert request.META["HTTP_USER_AGENT"] == "test" and request.path == "/ws/echo/"
@@ -52,6 +52,6 @@ def test_the_request_carries_the_key_the_address_and_the_headers() -> None:
 def test_a_header_key_of_ours_wins_and_a_user_is_read_from_the_scope() -> None:
     other = "ZyXw9876." + "t" * 43
     user = object()
-    request = request_for(scope_of(headers=[(b"x-api-key", other.encode())], user=user), KEY)
+    request = ScopeRequest(scope_of(headers=[(b"x-api-key", other.encode())], user=user), KEY)
     assert api_key_from_request(request) == (other[:8], other)
     assert request.user is user
