@@ -182,9 +182,9 @@ def _arrive(request: HttpRequest) -> None:
     """Give `request` its state, under the settings of now; count it in this process' requests in flight
     when the process shedder is on, until it ends."""
     state = state_of(request)
-    state.settings = settings = request_settings()
+    state.settings = request_settings()
     try:
-        process_limit = shedding.shed_config(settings).process_limit
+        process_limit = shedding.shed_config(state.settings).process_limit
     except InvalidSetting:
         # a shedding setting with no reading: no shedder runs (the requests the middleware limits, whose
         # decision reads the same settings, follow the fail mode)

@@ -106,19 +106,21 @@ def admit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra 
     described request; default the request's own). The refusal to send (401, 403, 429, 503),
     or None when admitted. Never raises because of the limiter: a failure follows the fail mode
     (logged as from `where`); RATELIMIT['ENABLED'] = False admits without deciding anything."""
-    state = state_of(request)
-    settings = state.settings
-    if settings is None:
-        state.settings = settings = request_settings()
-    try:
-        if not settings.enabled:  # always readable (an invalid one reads as True)
-            outcome = NOT_LIMITED
-        else:
-            outcome = limit_request(request, cost=cost, scope=scope, extra=extra() if callable(extra) else extra,
-                                    path=path, settings=settings)
+    settings = settings_of(request)
+    try:  # RATELIMIT['ENABLED'] always has a reading (an invalid one reads as True)
+        outcome = limit_request(request, cost=cost, scope=scope, extra=extra() if callable(extra) else extra,
+                                path=path, settings=settings) if settings.enabled else NOT_LIMITED
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
     return record(request, outcome, cost)
+
+
+def settings_of(request: HttpRequest) -> Snapshot:
+    """The settings snapshot `request` is limited under: the one of its arrival, taken on first use."""
+    state = state_of(request)
+    if state.settings is None:
+        state.settings = request_settings()
+    return state.settings
 
 
 def record(request: HttpRequest, outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase | None:
@@ -140,7 +142,7 @@ def finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase
     if state is None:
         return response
     if state.outcome is not None:
-        add_headers(response, state.outcome, state.settings.headers if state.settings is not None else None)
+        add_headers(response, state.outcome, state.settings)
     if state.slots:
         for slots in state.take_slots():
             release_with(response, slots)

@@ -8,9 +8,8 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
 
-from ..conf.snapshot import request_settings
 from . import limiting_async
-from .admission import Extra, finish, record, release_after, state_if_any, state_of
+from .admission import Extra, finish, record, release_after, settings_of, state_if_any
 from .concurrency import HeldSlots, middleware_installed
 from .limiting import failure_outcome
 from .outcome import NOT_LIMITED
@@ -20,16 +19,10 @@ async def aadmit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra:
                  path: str | None = None, where: str = "middleware") -> HttpResponseBase | None:
     """`admission.admit` on the event loop (`extra`, when a callable, is called once the request's user
     is known)."""
-    state = state_of(request)
-    settings = state.settings
-    if settings is None:
-        state.settings = settings = request_settings()
-    try:
-        if not settings.enabled:  # always readable (an invalid one reads as True)
-            outcome = NOT_LIMITED
-        else:
-            outcome = await limiting_async.limit_request(request, cost=cost, scope=scope, extra=extra,
-                                                           path=path, settings=settings)
+    settings = settings_of(request)
+    try:  # RATELIMIT['ENABLED'] always has a reading (an invalid one reads as True)
+        outcome = await limiting_async.limit_request(request, cost=cost, scope=scope, extra=extra, path=path,
+                                                     settings=settings) if settings.enabled else NOT_LIMITED
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
     return record(request, outcome, cost)

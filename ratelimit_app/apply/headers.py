@@ -81,11 +81,12 @@ IETF_DRAFTS = {"draft-11": (policy_field, ratelimit_field)}
 
 
 def apply_headers(response: HttpResponseBase, decision: Decision, policies: tuple[Policy, ...],
-                  tier: str | None, mode: str) -> None:
+                  tier: str | None, mode: str, draft: str | None = None) -> None:
     """Add the headers chosen by `mode` ("legacy", "ietf" or "both") describing `decision`.
 
     `decision.results` are the results of `policies`, in order. A degraded decision (made without
-    Redis) carries no real counts, so only the static fields (tier, policy) are sent for it.
+    Redis) carries no real counts, so only the static fields (tier, policy) are sent for it. `draft`:
+    the IETF draft the RateLimit fields follow (default: RATELIMIT['HEADER_DRAFT']).
     """
     headers = response.headers
     live = not decision.degraded and bool(decision.results)
@@ -104,7 +105,7 @@ def apply_headers(response: HttpResponseBase, decision: Decision, policies: tupl
         if tier:
             headers["X-RateLimit-Tier"] = tier
     if mode != LEGACY:
-        format_policies, format_state = IETF_DRAFTS[request_settings().header_draft]
+        format_policies, format_state = IETF_DRAFTS[draft or request_settings().header_draft]
         if policies:
             headers["RateLimit-Policy"] = format_policies(policies)
         if live:

@@ -219,7 +219,7 @@ def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user:
 #: Causes already logged with their traceback (bounded: a long-lived process logs each cause once).
 _logged_causes: set[tuple[str, str]] = set()
 _logged_lock = threading.Lock()
-MAX_LOGGED_CAUSES = 1000
+_MAX_LOGGED_CAUSES = 1000
 
 
 def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "") -> LimitOutcome:
@@ -257,7 +257,7 @@ def _log_once(exc: Exception, where: str, mode: str) -> None:
     cause = (type(exc).__qualname__, str(exc)[:200])
     with _logged_lock:
         first = cause not in _logged_causes and not isinstance(exc, InvalidSetting)
-        if first and len(_logged_causes) < MAX_LOGGED_CAUSES:
+        if first and len(_logged_causes) < _MAX_LOGGED_CAUSES:
             _logged_causes.add(cause)
     level = logging.ERROR if first else logging.DEBUG
     logger.log(level, "rate limiter failed in %s (%s: %s); the request follows the fail mode %r",

@@ -50,6 +50,7 @@ from .identity import (
     api_key_from_request,
     authenticated_user,
     client_ip,
+    identity_config,
     key_identity,
     offers_credential,
     request_ip_identity,
@@ -173,19 +174,21 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: 
     Raises ImproperlyConfigured when a tier named in the settings or by a key does not exist. `settings`:
     the snapshot the request is planned under (default: the current one).
     """
-    return plan_with_key(request, api_key_from_request(request), cost, scope, user, path, settings)
+    return plan_with_key(request, api_key_from_request(request, identity_config(settings)), cost, scope, user, path,
+                         settings)
 
 
 def plan_with_key(request: HttpRequest, key: PresentedKey | None, cost: int, scope: str, user: Any,
                   path: str | None, settings: Snapshot | None = None) -> RequestPlan | LimitOutcome:
     """`plan_request` for the API key of ours `key` the request carries (None: none), read once by the caller."""
     config = limit_config(settings)
-    ip_id = request_ip_identity(request)
+    identities = identity_config(settings)
+    ip_id = request_ip_identity(request, identities)
     lookups = get_lookups()
     rules = lookups.client_rules()
     listed = ""
     if not rules.empty and rules.has_networks:
-        listed = rules.for_address(client_ip(request)) or ""
+        listed = rules.for_address(client_ip(request, identities)) or ""
         if listed == DENY:
             return _denied_by_list(ip_id, "client network")
     ip_checks = (LimitCheck(ip_id, config.ip_policies),) if config.ip_policies and not listed else ()
@@ -199,7 +202,7 @@ def plan_with_key(request: HttpRequest, key: PresentedKey | None, cost: int, sco
         return RequestPlan((), tier, identity, tier_mode or config.fail_mode, tier_mode, label=label, listed=ALLOW)
     checks = ip_checks if tier is None else (
         *_ip_checks_of(tier, identity, known), LimitCheck(identity, tier.policies_for(scope)))
-    fleet = shedding.fleet_check(request, _declared_priority, path)
+    fleet = shedding.fleet_check(request, _declared_priority, path, shedding.shed_config(settings))
     if fleet is not None:
         checks = (*checks, fleet)
     return RequestPlan(checks, tier, identity, tier_mode or config.fail_mode, tier_mode, label=label)

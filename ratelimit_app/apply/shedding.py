@@ -116,12 +116,13 @@ def shed_config(snapshot: Snapshot | None = None) -> ShedConfig:
 
 
 def fleet_check(request: HttpRequest, declared: Callable[[HttpRequest], str | None],
-                path: str | None = None) -> LimitCheck | None:
+                path: str | None = None, config: ShedConfig | None = None) -> LimitCheck | None:
     """The fleet count's check for `request` at its priority (None when SHED_CAPACITY is None);
     `declared(request)` gives the priority the view declares, asked only when the shedder is on.
     `path` is the path of the request a gateway describes (its priority is that of its path prefix,
-    nothing is declared for it); None: the request's own path."""
-    config = shed_config()
+    nothing is declared for it); None: the request's own path. `config`: the shedding settings (default:
+    of now)."""
+    config = config or shed_config()
     if config.capacity is None:
         return None
     if path is None:

@@ -18,6 +18,7 @@ from .rules import UNREADABLE
 from .settings import InvalidSetting, SettingsCached, ratelimit_settings
 
 T = TypeVar("T")
+_MISSING: Any = object()
 #: RateLimitMiddleware's path in MIDDLEWARE.
 MIDDLEWARE_PATH = "ratelimit_app.middleware.RateLimitMiddleware"
 
@@ -48,10 +49,9 @@ class Snapshot:
 
     def derived(self, build: Callable[[Snapshot], T]) -> T:
         """`build(self)`, made once per snapshot (a build that raises is not kept: it raises each time)."""
-        try:
-            return self._derived[build]
-        except KeyError:
-            pass
+        value = self._derived.get(build, _MISSING)
+        if value is not _MISSING:
+            return value
         value = build(self)
         with self._lock:
             self._derived.setdefault(build, value)

@@ -129,10 +129,10 @@ def confirmed(slots: HeldSlots, renewed: bool | None) -> HttpResponseBase:
     if renewed is not False:
         return HttpResponse(status=204)  # confirmed, or Redis not asked (the slots keep their first lease)
     slots.release()
-    return lease_ended()
+    return _lease_ended()
 
 
-def lease_ended() -> HttpResponse:
+def _lease_ended() -> HttpResponse:
     """409: the slots of the lease are no longer held, and may be another request's by now."""
     response = JsonResponse({"error": "lease ended", "detail": "the request's slots are no longer held (its first "
                              "lease, RATELIMIT['GATEWAY_FIRST_LEASE'], ended before this confirmation, or they were "
