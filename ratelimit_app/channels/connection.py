@@ -11,7 +11,8 @@ over the admission path (ratelimit_app.apply.admission_async).
   tier its connect was admitted under: one decision (`limiting_async.decide`: the same call, deny cache,
   fail mode and metrics as a request's), answered from the deny cache while a refusal's retry time lasts.
   A message is not planned again: it is not charged the tier's HTTP limits nor the per-IP limit, which
-  its connect paid.
+  its connect paid. When staff edit a plan (announced to every process: ratelimit_app.plans.edits), the
+  next message plans the connection's client again, so edits reach open connections too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
 
-from ..apply import limiting_async
+from ..apply import limiting_async, planning_async
 from ..apply.admission import outcome_of, state_if_any
 from ..apply.admission_async import aadmit, aend
 from ..apply.concurrency import HeldSlots
@@ -32,6 +33,7 @@ from ..apply.outcome import LimitOutcome
 from ..apply.planning import RequestPlan, limit_config
 from ..core.policies import CONCURRENCY, Policy
 from ..plans.compile import TierInfo
+from ..plans.lookups import get_lookups
 
 
 def own_policies(tier: TierInfo | None, scope: str) -> tuple[Policy, ...]:
@@ -53,6 +55,7 @@ class ConnectionLimits:
         #: What a message costs, from its text and bytes (set by RateLimitedConsumerMixin); None: 1 each.
         self.cost_of: Callable[[str | None, bytes | None], int] | None = None
         self._message_plan: RequestPlan | None = None
+        self._plans_seen = (0, 0)
         self._renewal: asyncio.Task[None] | None = None
 
     async def connect(self) -> HttpResponseBase | None:
@@ -65,13 +68,30 @@ class ConnectionLimits:
         state = state_if_any(self.request)
         if state is not None and state.slots:
             self._renewal = asyncio.create_task(_renew(list(state.slots)))
-        policies = own_policies(outcome.tier, self.message_scope)
-        if policies and outcome.tier is not None:
-            tier = outcome.tier
-            mode = tier.fail_mode or limit_config().fail_mode
-            self._message_plan = RequestPlan((LimitCheck(outcome.identity, policies),), tier, outcome.identity,
-                                             mode, tier.fail_mode, label=tier.slug)
+        self._plan_messages(outcome.tier, outcome.identity)
         return None
+
+    def _plan_messages(self, tier: TierInfo | None, identity: str) -> None:
+        """The plan of this connection's messages: the message scope's own limits of `tier` for `identity`."""
+        self._plans_seen = _plans_version()
+        policies = own_policies(tier, self.message_scope)
+        if not policies or tier is None:
+            self._message_plan = None
+            return
+        mode = tier.fail_mode or limit_config().fail_mode
+        self._message_plan = RequestPlan((LimitCheck(identity, policies),), tier, identity, mode, tier.fail_mode,
+                                         label=tier.slug)
+
+    async def _replan(self) -> None:
+        """Plan the client again after an edit of the plans (its tier, its key's limits, its key revoked)."""
+        try:
+            planned = await planning_async.plan_request(self.request, scope=self.message_scope)
+        except Exception:  # the messages keep the plan they had; the next edit plans them again
+            planned = None
+        if isinstance(planned, RequestPlan) and not planned.refusal:
+            self._plan_messages(planned.tier, planned.identity)
+        else:  # refused (a key revoked since): the connection keeps the limits it has until it closes
+            self._plans_seen = _plans_version()
 
     def message_cost(self, event: dict[str, Any]) -> int:
         """The cost of the received message `event` (`cost_of`, else 1)."""
@@ -81,6 +101,8 @@ class ConnectionLimits:
     async def message(self, cost: int = 1) -> LimitOutcome | None:
         """Charge one received message `cost` units of the message scope: None when admitted (or when no
         limit applies), else the refused outcome (counted in `refused`)."""
+        if self._plans_seen != _plans_version() and self.outcome is not None and self.outcome.tier is not None:
+            await self._replan()
         plan = self._message_plan
         if plan is None or cost <= 0:
             return None
@@ -99,6 +121,12 @@ class ConnectionLimits:
                 await self._renewal
             self._renewal = None
         await aend(self.request)
+
+
+def _plans_version() -> tuple[int, int]:
+    """Changes when this process learns of an edit of the plans (announced by any process, or its own)."""
+    lookups = get_lookups()
+    return lookups.edits.changes, lookups.local.generation
 
 
 def _lease_seconds(held: list[HeldSlots]) -> float:

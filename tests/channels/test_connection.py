@@ -4,6 +4,7 @@ messages charged to the message scope's own limits alone."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -60,3 +61,31 @@ def test_the_seeded_tiers_have_websocket_limits_under_their_per_ip_rates() -> No
     assert shapes == [("websocket.connections", "concurrency", 2, 15), ("websocket.connects", "sliding_window", 5, 60)]
     assert [(p.limit, p.period) for p in own_policies(free, "websocket_message")] == [(10, 10)]
     assert [p.name for p in free.policies] == ["burst", "minute", "day"]  # HTTP requests: no slot, one call
+
+
+def test_an_edit_of_the_tier_reaches_an_open_connection(ratelimit: Any) -> None:
+    from asgiref.sync import sync_to_async
+
+    from ratelimit_app.models import TierLimit
+
+    key = make_key("free")
+
+    def lower_the_message_limit() -> None:
+        limit = TierLimit.objects.get(tier__slug="free", scope="websocket_message", name="messages")
+        limit.limit = 4
+        limit.save()  # announced like an edit in the admin: every process plans again
+
+    async def scenario() -> list[str]:
+        ws, _, _ = await connect(f"/ws/echo/?key={key}")
+        answers = []
+        for number in range(6):
+            if number == 3:
+                await sync_to_async(lower_the_message_limit)()
+            await ws.send_to(text_data=str(number))
+            answers.append(await ws.receive_from())
+        await ws.disconnect()
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert answers[:4] == ["0", "1", "2", "3"]  # 4 of the new 4 per 10 s
+    assert [json.loads(answer)["policy"] for answer in answers[4:]] == ["websocket_message.messages"] * 2
