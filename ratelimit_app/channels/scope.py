@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl, urlencode
 from django.http import HttpRequest
 
 from ..apply.identity import identity_config
-from ..plans.apikeys import parse_key
+from ..core.apikeys import parse_key
 
 #: The query string parameter a browser passes its API key in.
 QUERY_PARAMETER = "key"
