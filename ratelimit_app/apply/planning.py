@@ -108,7 +108,7 @@ class LimitConfig:
 
 
 def _read_limit_config(snapshot: Snapshot) -> LimitConfig:
-    # RATELIMIT is validated as a whole when it is read (conf.setting_errors), IP_RATE included.
+    # RATELIMIT is validated as a whole when it is read (conf.settings.setting_errors), IP_RATE included.
     ip_rate = snapshot.get("IP_RATE")
     ip_policies = (ip_policy(ip_rate),) if ip_rate is not None else ()
     return LimitConfig(
