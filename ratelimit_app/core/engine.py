@@ -6,13 +6,11 @@ command, packed), `parse_reply` turns the script's reply into decisions, and the
 each operation of the limiters (hit, peek, hit_many, reset) as the steps of an exchange with Redis
 (NOSCRIPT recovery, the never-resend rule, one call per slot on a cluster) that a transport carries out:
 `RateLimiter` (engine_sync.py) with plain calls, `AsyncRateLimiter` (engine_async.py) with awaits.
-Arguments are validated here, and the errors of Redis failures are worded here, so the two transports
-decide and fail alike.
+Arguments are validated and the errors of Redis failures worded here: the two transports decide and fail alike.
 
-Speed matters here: this runs on every request. The packed command of a policy set is built once and
-cached (`_plan`, beside `_Plan`, its plain construction); a call only splices in the identity's digest
-(cached too: `keys.digest`). `PreparedCall.keys` and `.args` are the same call unpacked, which the
-reference paths (a pool's connection, a cluster node) send through redis-py's own packing.
+Speed matters: this runs on every request. A policy set's packed command is built once and cached (`_plan`,
+beside `_Plan`); a call only splices in the identity's digest (cached too: `keys.digest`). `PreparedCall.keys`
+and `.args` are the call unpacked, which the reference paths (a pool's connection, a cluster node) send.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ from .policies import CONCURRENCY, Policy
 from .scripts import decide_sha
 
 Check = tuple[str, Sequence[Policy]]
+Usage = tuple[tuple[str, int], ...]  # (unit, estimate) pairs: what a usage limit of each unit reserves
 
 #: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
 #: would cost Redis a strtod each, and every argument is parsed and interned as a Lua string.
@@ -45,6 +44,8 @@ PEEK, HIT, RESET = 0, 1, 2
 ALGORITHM_CODES = {algorithm.name: algorithm.code for algorithm in REGISTRY}
 #: Added to the algorithm code of a shadow policy: decide.lua counts it but never lets it refuse.
 SHADOW_FLAG = 64
+#: The code of a policy charged apart from the call's cost adds this many times that cost (a usage limit's estimate).
+OWN_COST_STEP = 128
 #: The code of a calendar quota (a fixed window whose boundaries are calendar days, weeks or months):
 #: its period is `Policy.calendar_rule` and its extra number `Policy.clock_shift_ms`.
 CALENDAR_CODE = CALENDAR_WINDOW.code
@@ -54,14 +55,14 @@ _LEASE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 _REPLY_NUMBERS = struct.Struct(">qqq")  # remaining, reset in ms, retry in ms
 
 
-def _numbers(policy: Policy) -> tuple[int, int, int, int]:
-    """The code, limit, period and extra number of `policy` in ARGV[1] of decide.lua."""
+def _numbers(policy: Policy, own_cost: int) -> tuple[int, int, int, int]:
+    """The code, limit, period, extra of `policy` in ARGV[1] of decide.lua; `own_cost`: its own (0: the call's)."""
     if policy.calendar:
         code, period, extra = CALENDAR_CODE, policy.calendar_rule, policy.clock_shift_ms
     else:
         algorithm = BY_NAME[policy.algorithm]
         code, period, extra = algorithm.code, policy.period_ms, policy.capacity if algorithm.takes_burst else 0
-    return code + (SHADOW_FLAG if policy.shadow else 0), policy.limit, period, extra
+    return code + (SHADOW_FLAG if policy.shadow else 0) + OWN_COST_STEP * own_cost, policy.limit, period, extra
 
 
 def _bulk(value: bytes) -> bytes:
@@ -70,7 +71,7 @@ def _bulk(value: bytes) -> bytes:
 
 
 class _Plan:
-    """Everything about a call but its identities: the prefix, the policy sets, the cost, the mode, the shift.
+    """Everything about a call but its identities: the prefix, the policy sets, cost, mode, shift, usage.
 
     `pieces` is the packed EVALSHA command cut where each key's identity digest goes: the command is
     `pieces[0] + digest(owner 0) + pieces[1] + ... + pieces[-1]`, with `owners[i]` the index of the
@@ -81,8 +82,9 @@ class _Plan:
                  "policy_count", "prefix")
 
     def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int,
-                 shift: int) -> None:
+                 shift: int, usage: Usage = ()) -> None:
         self.prefix = prefix
+        estimates = dict(usage)
         # KEYS of decide.lua: the state key of each identity ("<prefix>:{<digest>}"), then the key of
         # its own of each policy that is sent one ("<prefix>:{<digest>}<tag>")
         layout: list[tuple[int, str]] = [(check, ":{%s}") for check in range(len(policy_sets))]
@@ -98,7 +100,10 @@ class _Plan:
                 name = tag(p)
                 if is_sent_its_key(p):
                     layout.append((check, ":{%s}" + name))
-                numbers.append(_POLICY_NUMBERS.pack(*_numbers(p), check + 1, len(name)) + name.encode())
+                if p.unit and p.unit not in estimates and mode == HIT:
+                    raise ValueError(f"policies: {p.name!r} counts {p.unit}, charged only by reserve(usage=...)")
+                numbers.append(_POLICY_NUMBERS.pack(*_numbers(p, estimates.get(p.unit, 0) if p.unit else 0),
+                                                    check + 1, len(name)) + name.encode())
         self.policy_count = sum(len(policies) for policies in policy_sets)
         self.key_layout = tuple(layout)
         self.named_capacities = tuple(tuple((p.name, p.capacity, p.shadow) for p in policies)
@@ -125,8 +130,9 @@ class _Plan:
 
 
 @lru_cache(maxsize=1024)
-def _plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int, shift: int) -> _Plan:
-    return _Plan(prefix, policy_sets, cost, mode, shift)
+def _plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int, shift: int,
+          usage: Usage = ()) -> _Plan:
+    return _Plan(prefix, policy_sets, cost, mode, shift, usage)
 
 
 class PreparedCall:
@@ -189,22 +195,23 @@ def new_lease_token() -> str:
 
 
 def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool,
-                 lease: str | None = None, reset: bool = False, shift: int = 0) -> PreparedCall:
+                 lease: str | None = None, reset: bool = False, shift: int = 0, usage: Usage = ()) -> PreparedCall:
     """Build the EVALSHA of decide.lua for these checks (see its header for KEYS and ARGV). A call that
     charges a concurrency policy needs `lease`, the token its slots are held under (ValueError without).
-    With `reset`, it forgets the checks' states (and reports, as peek does); `shift` ms are added to Redis' time."""
+    With `reset`, it forgets the checks' states (and reports, as peek does); `shift` ms are added to Redis' time.
+    `usage` (unit, estimate) pairs: what each usage limit of that unit reserves (see ratelimit_app.core.usage)."""
     if type(cost) is not int or cost < 1 or type(shift) is not int or abs(shift) > MAX_CLOCK_SHIFT_MS:
         raise ValueError(f"cost: {cost!r} must be an integer >= 1, and clock_shift_ms: {shift!r} an integer "
                          f"within +-{MAX_CLOCK_SHIFT_MS} (ms added to Redis' time, for tests)")
     mode = RESET if reset else HIT if charge else PEEK
     if len(checks) == 1:  # the usual case, kept short: it runs on every request
         identity, policies = checks[0]
-        plan = _plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, mode, shift)
+        plan = _plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, mode, shift, usage)
         hashed = digest(identity)
         call = PreparedCall(plan, [hashed], hashed.join(plan.pieces))
         return _with_lease(call, lease) if plan.leases else call
     policy_sets = tuple(policies if type(policies) is tuple else tuple(policies) for _, policies in checks)
-    plan = _plan(prefix, policy_sets, cost, mode, shift)
+    plan = _plan(prefix, policy_sets, cost, mode, shift, usage)
     digests = [digest(identity) for identity, _ in checks]
     pieces = plan.pieces
     parts = [pieces[0]]
@@ -242,21 +249,11 @@ def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
 
 
 # -- one exchange with Redis, written once for every transport ------------------------------------------
-# A transport carries out the steps of an operation like this (the sync one with plain calls, the asyncio
-# one with awaits), and returns what the steps return:
-#
-#     steps, reply = hit_steps(prefix, identity, policies, cost, lease), None
-#     try:
-#         while True:
-#             call = steps.send(reply)
-#             reply = load_script() if call is LOAD_SCRIPT else send(call)
-#     except StopIteration as done:
-#         return done.value
-#
-# `send(call)` writes the call's EVALSHA and returns Redis' reply, or NOSCRIPT when Redis answered
-# that it does not have the script; `load_script()` runs SCRIPT LOAD (on every master of a cluster).
-# Both raise BackendError when Redis cannot answer (the errors below), `maybe_applied` telling whether
-# the EVALSHA reached Redis before its reply was lost: such a call is never sent again.
+# A transport carries out an operation's steps (sync: plain calls; asyncio: awaits) and returns what they
+# return: `call = steps.send(reply)` until StopIteration, where reply is `load_script()` (SCRIPT LOAD, on
+# every master of a cluster) when the call is LOAD_SCRIPT, else `send(call)`: Redis' reply to the call's
+# EVALSHA, or NOSCRIPT. Both raise BackendError when Redis cannot answer (the errors below), `maybe_applied`
+# telling whether the EVALSHA reached Redis before its reply was lost: such a call is never sent again.
 
 
 class _NoScript:
@@ -315,9 +312,10 @@ def peek_steps(prefix: str, identity: str, policies: Sequence[Policy], cost: int
 
 
 def hit_many_steps(prefix: str, checks: Sequence[Check], cost: int, lease: str | None,
-                   cluster: bool, shift: int = 0) -> Steps[list[Decision]]:
+                   cluster: bool, shift: int = 0, usage: Usage = ()) -> Steps[list[Decision]]:
     """`hit_many`: several identities in one call, all-or-nothing; one call per identity on a `cluster`."""
-    return decision_steps(prefix, checks, cost, charge=True, one_slot_per_call=cluster, lease=lease, shift=shift)
+    return decision_steps(prefix, checks, cost, charge=True, one_slot_per_call=cluster, lease=lease, shift=shift,
+                          usage=usage)
 
 
 def reset_steps(prefix: str, identity: str, policies: Sequence[Policy]) -> Steps[None]:
@@ -338,7 +336,8 @@ def _first(steps: Steps[list[Decision]], keep: bool = True) -> Steps[Any]:
 
 
 def decision_steps(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool = False,
-                   lease: str | None = None, reset: bool = False, shift: int = 0) -> Steps[list[Decision]]:
+                   lease: str | None = None, reset: bool = False, shift: int = 0,
+                   usage: Usage = ()) -> Steps[list[Decision]]:
     """The steps of one decision over `checks`.
 
     Normally one call decides every check, all-or-nothing. With `one_slot_per_call` (Redis Cluster,
@@ -349,8 +348,9 @@ def decision_steps(prefix: str, checks: Sequence[Check], cost: int, *, charge: b
     """
     if one_slot_per_call and len(checks) > 1:
         return _one_by_one([prepare_call(prefix, (check,), cost, charge=charge, lease=lease, reset=reset,
-                                         shift=shift) for check in checks])
-    return _exchange(prepare_call(prefix, checks, cost, charge=charge, lease=lease, reset=reset, shift=shift))
+                                         shift=shift, usage=usage) for check in checks])
+    return _exchange(prepare_call(prefix, checks, cost, charge=charge, lease=lease, reset=reset, shift=shift,
+                                  usage=usage))
 
 
 def _one_by_one(calls: list[PreparedCall]) -> Steps[list[Decision]]:

@@ -13,19 +13,30 @@ from ratelimit_app.core.scripts import (
     CANCEL_FILE,
     ENTRY_FILE,
     RENEW_FILE,
+    SETTLE_FILE,
     decide_sha,
     decide_source,
     read_lua,
     renew_source,
+    settle_sha,
+    settle_source,
 )
 from ratelimit_app.service.fallback_models import MODELS
 
 # Update deliberately when a script changes (and say why in the commit).
-PINNED_DECIDE_SHA = "c1535061b6f36b0fd0138833d67930dd6cee34df"
+PINNED_DECIDE_SHA = "bf64ffd17a4156056535e2b7aef4312fea408233"
+PINNED_SETTLE_SHA = "aab7e44f09f01d981be5d5faca9685c5e2a38978"
 
 
 def test_decide_script_hash_is_pinned(redis_client: redis.Redis) -> None:
     assert redis_client.script_load(decide_source()) == decide_sha() == PINNED_DECIDE_SHA
+
+
+def test_settle_script_hash_is_pinned_and_documents_its_interface(redis_client: redis.Redis) -> None:
+    assert redis_client.script_load(settle_source()) == settle_sha() == PINNED_SETTLE_SHA
+    header = read_lua(SETTLE_FILE).split("local numbers", 1)[0]
+    for word in ("ARGV[1]", "'>i8i8i8i8i8i8i8Bc0'", "KEYS[1]", "KEYS[1 + i]", "Reply:", "calendar"):
+        assert word in header, f"{SETTLE_FILE} header does not document {word}"
 
 
 def test_every_script_documents_its_interface() -> None:
