@@ -46,9 +46,7 @@ CALENDAR_CHOICES = [
 
 
 _NAME_PATTERN = r"^[A-Za-z0-9_-]{1,30}$"
-_name_validator = RegexValidator(
-    _NAME_PATTERN, "Use 1-30 letters, digits, '_' or '-'.", code="invalid_name"
-)
+_name_validator = RegexValidator(_NAME_PATTERN, "Use 1-30 letters, digits, '_' or '-'.", code="invalid_name")
 class Tier(models.Model):
     """A plan such as free, pro or enterprise: a named set of limits, and what to do when Redis is down."""
 
@@ -111,6 +109,9 @@ class LimitShape(models.Model):
         max_length=30, blank=True, default="", validators=[_name_validator],
         help_text="Empty: every route. Otherwise only views that declare this scope.",
     )
+    unit = models.CharField(max_length=32, blank=True, default="", validators=[RegexValidator(
+        r"^[a-z][a-z0-9_]{0,31}$", "Use lowercase letters, digits or '_', such as tokens.", code="invalid_unit")],
+        help_text="Empty: requests. A unit of usage (tokens): charged only by what requests report using.")
 
     class Meta:
         abstract = True
@@ -155,7 +156,8 @@ class TierLimit(LimitShape):
             return f"{self.name}: {self.limit} per calendar {self.calendar}{scope}{shadow}"
         if self.algorithm == CONCURRENCY:  # requests in flight; the period is each slot's lease
             return f"{self.name}: {self.limit} at once, {self.period}s lease{scope}{shadow}"
-        return f"{self.name}: {self.limit}/{self.period}s {self.algorithm}{burst}{scope}{shadow}"
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{self.name}: {self.limit}{unit}/{self.period}s {self.algorithm}{burst}{scope}{shadow}"
 
     @property
     def policy_name(self) -> str:
@@ -168,12 +170,12 @@ class TierLimit(LimitShape):
         whose period is their calendar's, whatever the row stores."""
         if not self.calendar:
             return Policy(self.policy_name, self.algorithm, limit=self.limit, period=self.period, burst=self.burst,
-                          shadow=bool(self.shadow))
+                          shadow=bool(self.shadow), unit=self.unit)
         if time_zone is None:
             time_zone = self.tier.time_zone if self.tier_id is not None else "UTC"
         return Policy(self.policy_name, self.algorithm, limit=self.limit,
                       period=CALENDAR_PERIODS.get(self.calendar, self.period), burst=self.burst,
-                      shadow=bool(self.shadow), calendar=self.calendar, time_zone=time_zone)
+                      shadow=bool(self.shadow), calendar=self.calendar, time_zone=time_zone, unit=self.unit)
 
     def clean(self) -> None:
         """Refuse values the engine cannot enforce, naming the field at fault."""
@@ -200,7 +202,8 @@ class TierLimit(LimitShape):
             self.to_policy()
         except InvalidPolicy as exc:
             field, _, message = str(exc).partition(": ")
-            raise ValidationError({field if field in ("limit", "period", "burst") else "__all__": message}) from exc
+            raise ValidationError({field if field in ("limit", "period", "burst", "unit") else "__all__": message}) \
+                from exc
 
 
 class ApiKeyManager(models.Manager["ApiKey"]):
@@ -306,7 +309,7 @@ class OverrideLimit(LimitShape):
         """This override as an unsaved TierLimit (the same validation and policy)."""
         return TierLimit(name=self.name, algorithm=self.algorithm, limit=self.limit, period=self.period,
                          burst=self.burst, scope=self.scope, enabled=self.enabled, shadow=self.shadow,
-                         calendar=self.calendar)
+                         calendar=self.calendar, unit=self.unit)
 
     @property
     def policy_name(self) -> str:

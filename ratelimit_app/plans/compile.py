@@ -90,7 +90,7 @@ def load_tier_row(slug: str) -> tuple[Any, ...] | None:
     limits = list(
         TierLimit.objects.filter(tier_id=tier[0], enabled=True)
         .order_by("scope", "period", "id")
-        .values_list("name", "algorithm", "limit", "period", "burst", "scope", "shadow", "calendar")
+        .values_list("name", "algorithm", "limit", "period", "burst", "scope", "shadow", "calendar", "unit")
     )
     return (*tier[1:4], limits, *tier[4:])
 
@@ -117,9 +117,9 @@ def build_tier(row: tuple[Any, ...]) -> TierInfo:
     base: list[Policy] = []
     by_scope: dict[str, list[Policy]] = {}
     for limit_name, algorithm, limit, period, burst, scope, *extra in limit_rows:
-        shadow, calendar = (bool(extra[0]), extra[1]) if len(extra) == 2 else (False, "")
+        shadow, calendar, unit = (bool(extra[0]), extra[1], extra[2]) if len(extra) == 3 else (False, "", "")
         policy = _policy_or_skip(TierLimit(name=limit_name, algorithm=algorithm, limit=limit, period=period,
-                                           burst=burst, scope=scope, shadow=shadow, calendar=calendar),
+                                           burst=burst, scope=scope, shadow=shadow, calendar=calendar, unit=unit),
                                  time_zone, slug)
         if policy is None:
             continue
@@ -143,7 +143,8 @@ def _ip_policies(ip_rate: str, tier: str) -> tuple[Policy, ...] | None:
 
 
 #: The columns of an override limit (ApiKeyLimit, UserTierLimit), in the order `apply_overrides` reads.
-OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar")
+OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar",
+                   "unit")
 
 
 def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...], client: str = "") -> TierInfo:
@@ -158,9 +159,9 @@ def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...], clie
     base = list(tier.policies)
     own = {scope: list(policies[len(tier.policies):]) for scope, policies in tier.scoped.items()}
     ip_policies = tier.ip_policies
-    for name, algorithm, limit, period, burst, scope, enabled, shadow, *calendar in overrides:
+    for name, algorithm, limit, period, burst, scope, enabled, shadow, *rest in overrides:
         row = TierLimit(name=name, algorithm=algorithm, limit=limit, period=period, burst=burst, scope=scope,
-                        shadow=shadow, calendar=calendar[0] if calendar else "")
+                        shadow=shadow, calendar=rest[0] if rest else "", unit=rest[1] if len(rest) > 1 else "")
         policy = _policy_or_skip(row, tier.time_zone, tier.slug, client) if enabled else None
         if enabled and policy is None:
             continue

@@ -10,7 +10,7 @@ import django
 from django.db import models
 
 from ..core.calendars import CALENDARS
-from ..core.policies import ALL_ALGORITHMS, BURST_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS
+from ..core.policies import ALL_ALGORITHMS, BURST_ALGORITHMS, CONCURRENCY, MAX_LIMIT, MAX_PERIOD_SECONDS
 
 
 def check_constraint(condition: models.Q, *, name: str, message: str) -> models.CheckConstraint:
@@ -54,6 +54,8 @@ def limit_constraints(model: str) -> list[models.CheckConstraint]:
          f"A calendar quota ({', '.join(CALENDARS)}) uses fixed window."),
         ("name", only_safe_characters("name"), "A limit name is letters, digits, '_' or '-'."),
         ("scope", only_safe_characters("scope", blank=True), "A scope is letters, digits, '_' or '-'."),
+        ("unit", models.Q(unit="") | ~models.Q(algorithm=CONCURRENCY) & only_safe_characters("unit"),
+         "A unit (tokens) is letters, digits or '_', and requests in flight have none."),
     ]
     return [check_constraint(condition, name=f"ratelimit_{model}_{field}", message=message)
             for field, condition, message in rules]
