@@ -67,7 +67,8 @@ from typing import Any
 
 from .apply.routes import ATTRIBUTE, RouteLimit, ViewT, validate_cost, validate_scope, view_name
 from .apply.shedding import validate_priority
-from .apply.viewlimits import (
+from .core.policies import CONCURRENCY, InvalidPolicy, Policy
+from .viewlimits import (
     ConcurrencyLimit,
     CountIf,
     DecoratorLimit,
@@ -77,7 +78,6 @@ from .apply.viewlimits import (
     plain_label,
     wrap_view,
 )
-from .core.policies import CONCURRENCY, InvalidPolicy, Policy
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 

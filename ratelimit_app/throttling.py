@@ -30,12 +30,11 @@ from rest_framework import throttling as drf_throttling
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
-from .apply.concurrency import release_pending_with
+from .apply.admission import finish
 from .apply.drf import JointThrottle, django_request_of
 from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity, throttle_ident
 from .apply.joint import throttle_label, throttle_policy
 from .apply.limitcheck import LimitCheck
-from .apply.responses import REQUEST_ATTRIBUTE, add_headers
 from .core.policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
 
 
@@ -251,9 +250,4 @@ class RateLimitHeadersMixin:
 
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
-        django_request = django_request_of(request)
-        outcome = django_request.__dict__.get(REQUEST_ATTRIBUTE)
-        if outcome is not None:
-            add_headers(response, outcome)
-        release_pending_with(django_request, response)
-        return response
+        return finish(django_request_of(request), response)

@@ -442,5 +442,5 @@ def test_a_decorated_view_is_decided_with_the_tier_in_one_call(client: Any, smal
     assert responses[-1].json()["policy"] == "decorated"  # the decorator's limit refused ...
     assert responses[-1]["X-RateLimit-Limit"] == "2"  # ... and the headers describe it
     # ... and charged nothing: the tier's bucket of 3 still has 1 (2 served requests), the per-IP limit 98
-    results = {r.policy: r.remaining for r in responses[-1].wsgi_request.ratelimit.decision.results}
+    results = {r.policy: r.remaining for r in responses[-1].wsgi_request.ratelimit.outcome.decision.results}
     assert results["burst"] == 1 and results["ip"] == 98 and results["decorated"] == 0

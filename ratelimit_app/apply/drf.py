@@ -14,16 +14,17 @@ from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 
 from ..core.decision import Decision
+from .admission import state_of
 from .headers import retry_after_seconds
 from .identity import authenticated_user
 from .joint import Joint, JointCall, ThrottleHooks, decide_jointly
 from .limitcheck import LimitCheck
 from .outcome import FORBIDDEN, SHED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
-from .routes import DEFERRED_ATTRIBUTE, route_for_view
+from .routes import route_for_view
 from .shedding import shed_config
 
-#: Attribute of a DRF Request holding the joint decision of our throttles for that dispatch.
-_JOINT_ATTRIBUTE = "_ratelimit_throttles"
+#: The request state's entry holding the joint decision of our throttles for a dispatch.
+_JOINT_ENTRY = "drf.throttles"
 
 
 class InvalidApiKey(APIException):
@@ -131,12 +132,13 @@ def _raise_for(outcome: LimitOutcome) -> None:
 def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> Joint:
     """The decision over every throttle of ours on `view` and the request's own limits, made on the
     first call of a dispatch and reused by the others."""
-    joint: Joint | None = request.__dict__.get(_JOINT_ATTRIBUTE)
+    django_request = django_request_of(request)
+    state = state_of(django_request)
+    joint: Joint | None = state.entry.get(_JOINT_ENTRY)
     if joint is not None and joint.handler is view:
         return joint
     throttles = _our_throttles(view, caller)
-    django_request = django_request_of(request)
-    deferred = django_request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
+    deferred = state.take_deferred()
     route = route_for_view(type(view))
     if deferred is not None:
         cost, scope = deferred
@@ -148,7 +150,7 @@ def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> Joint
     call = JointCall(django_request, view, throttles, lambda throttle: throttle.limit_checks(request, view),
                      cost, scope if isinstance(scope, str) else "", authenticated_user(request), with_request_limits)
     joint = decide_jointly(call, where=f"throttles of {type(view).__qualname__}")
-    request.__dict__[_JOINT_ATTRIBUTE] = joint
+    state.entry[_JOINT_ENTRY] = joint
     return joint
 
 

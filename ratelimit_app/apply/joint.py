@@ -28,12 +28,11 @@ from django.http import HttpRequest
 from ..core.decision import Decision
 from ..core.policies import Policy
 from ..plans.lookups import NeedsIO, local_only
-from .concurrency import hold
+from .admission import state_of
 from .limitcheck import REQUEST_LIMITS, LimitCheck, identity_digest
 from .limiting import decide, limit_config, safely
 from .outcome import ALLOWED, DENIED, LimitOutcome
 from .planning import RequestPlan, plan_request
-from .responses import REQUEST_ATTRIBUTE
 
 T = TypeVar("T")
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -164,9 +163,10 @@ def decide_jointly(call: JointCall, *, where: str, run: Callable[[Callable[[], L
     (`in_sync_code` where it may be on an event loop)."""
     denied: set[str] = set()
     outcome = safely(lambda: run(lambda: call.decide(denied)), where=where)
-    hold(call.request, outcome.slots)
+    state = state_of(call.request)
+    state.hold(outcome.slots)
     if outcome.decision is not None and outcome.policies:
-        setattr(call.request, REQUEST_ATTRIBUTE, outcome)
+        state.outcome = outcome
     return Joint(call.handler, outcome, call.carrier.owner, frozenset(denied))
 
 

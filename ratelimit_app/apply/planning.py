@@ -56,7 +56,7 @@ from .identity import (
 )
 from .limitcheck import LimitCheck
 from .outcome import DENIED, FORBIDDEN, IP_ONLY_TIER, LimitOutcome
-from .routes import resolve_view, route_for_view
+from .routes import route_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +316,7 @@ def _denied_by_list(identity: str, what: str) -> LimitOutcome:
 def _declared_priority(request: HttpRequest) -> str | None:
     """The load-shedding priority the resolved view declares (`@limit_cost(priority=...)`), or None."""
     match = getattr(request, "resolver_match", None)
-    return route_for_view(resolve_view(match.func, request).declared).priority if match is not None else None
+    return route_of(match.func, request).route.priority if match is not None else None
 
 
 def _ip_precheck(config: LimitConfig, ip_id: str, cost: int) -> LimitOutcome | None:

@@ -40,9 +40,6 @@ from .headers import apply_headers, retry_after_seconds
 from .outcome import DENIED, FORBIDDEN, SHED, UNAUTHORIZED, LimitOutcome
 from .planning import limit_config
 
-#: The request attribute that holds the LimitOutcome (set by the middleware, the throttles and the decorator).
-REQUEST_ATTRIBUTE = "ratelimit"
-
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 TEMPORARY_REDUCED_CAPACITY = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from django.http import HttpRequest
 
+from ..conf.settings import on_reload
 from ..core.policies import MAX_LIMIT
 
 if TYPE_CHECKING:
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
 ATTRIBUTE = "ratelimit_route"
 #: Attribute of a view wrapped by `@ratelimit`: its ViewLimit.
 VIEW_LIMIT_ATTRIBUTE = "ratelimit_view_limit"
-#: Request attribute left by the middleware when our DRF throttles decide the request: (cost, scope).
-DEFERRED_ATTRIBUTE = "_ratelimit_deferred"
 #: Class attribute of the throttles that decide together with the request's own limits.
 JOINT_THROTTLE_ATTRIBUTE = "decides_with_request_limits"
 _SCOPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
@@ -152,6 +151,7 @@ def register_view_finder(finder: ViewFinder) -> None:
     registers Django Ninja's when it is installed)."""
     if finder not in _view_finders:
         _view_finders.append(finder)
+        _routes.clear()
 
 
 def resolve_view(view_func: Any, request: HttpRequest) -> ResolvedView:
@@ -162,3 +162,48 @@ def resolve_view(view_func: Any, request: HttpRequest) -> ResolvedView:
         if found is not None:
             return found
     return ResolvedView(view_func, defers_to_throttles(view_func))
+
+
+class ViewRoute(NamedTuple):
+    """What a request of one HTTP method reaches through one resolved view: the handler whose declarations
+    apply (`declared`), whether our throttles on it decide (`deferred`), its route and the cost of the
+    method, and the handler's own limit (`@ratelimit`, `@limit_concurrency`; None: none)."""
+
+    declared: Any
+    deferred: bool
+    route: RouteLimit
+    cost: int
+    view_limit: ViewLimit | None
+
+
+#: (view function, method) -> its ViewRoute: declarations are made when views are defined, so they are
+#: read once per view and method (and again after a settings change or a new view finder).
+_routes: dict[tuple[Any, str | None], ViewRoute] = {}
+#: The most views remembered (a project whose URLconf makes views on the fly never grows it past this).
+_MAX_ROUTES = 4096
+
+
+def route_of(view_func: Any, request: HttpRequest) -> ViewRoute:
+    """The ViewRoute of `request` through the resolved `view_func` (a view finder's answer may depend on
+    the view and the request's method only)."""
+    key = (view_func, request.method)
+    try:
+        found = _routes.get(key)
+    except TypeError:  # a view that cannot be a dict key
+        return _read_route(view_func, request)
+    if found is None:
+        found = _read_route(view_func, request)
+        if len(_routes) >= _MAX_ROUTES:
+            _routes.clear()
+        _routes[key] = found
+    return found
+
+
+def _read_route(view_func: Any, request: HttpRequest) -> ViewRoute:
+    resolved = resolve_view(view_func, request)
+    route = route_for_view(resolved.declared)
+    return ViewRoute(resolved.declared, resolved.deferred, route, route.cost_for(request.method),
+                     view_limit_of(resolved.declared))
+
+
+on_reload(_routes.clear)

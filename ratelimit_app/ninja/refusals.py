@@ -25,12 +25,13 @@ from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import Throttled
 
+from ..apply.admission import state_if_any, state_of
 from ..apply.outcome import DENIED, LimitOutcome
 from ..apply.responses import add_headers, refusal
 from ..conf.settings import ratelimit_settings
 
-#: Request attribute: (the outcome, the request's cost) of a refusal by our throttles, for `answer`.
-REFUSAL_ATTRIBUTE = "_ratelimit_ninja_refusal"
+#: The request state's entry holding (the outcome, the request's cost) of a refusal by our throttles.
+_REFUSAL_ENTRY = "ninja.refusal"
 
 _answering: weakref.WeakSet[NinjaAPI] = weakref.WeakSet()
 _lock = threading.Lock()
@@ -38,7 +39,7 @@ _lock = threading.Lock()
 
 def leave_refusal(request: HttpRequest, outcome: LimitOutcome, cost: int, api: NinjaAPI | None) -> None:
     """Remember that our throttles refused `request` with `outcome`, and make sure `api` answers it."""
-    request.__dict__[REFUSAL_ATTRIBUTE] = (outcome, cost)
+    state_of(request).entry[_REFUSAL_ENTRY] = (outcome, cost)
     if api is not None:
         answer_refusals(api)
 
@@ -59,7 +60,8 @@ def answer_refusals(api: NinjaAPI) -> None:
 def answer(previous: Any, request: HttpRequest, exc: Exception) -> HttpResponse:
     """The answer to Ninja's Throttled for `request` (see the module docstring); `previous` is the
     handler the API had, None when it had none (Ninja then raises the exception, as it would)."""
-    refused: tuple[LimitOutcome, int] | None = request.__dict__.get(REFUSAL_ATTRIBUTE)
+    state = state_if_any(request)
+    refused: tuple[LimitOutcome, int] | None = state.entry.get(_REFUSAL_ENTRY) if state is not None else None
     if refused is None:
         return _delegate(previous, request, exc)
     outcome, cost = refused

@@ -26,6 +26,7 @@ from ninja.throttling import AuthRateThrottle as NinjaAuthRateThrottle
 from ninja.throttling import BaseThrottle, SimpleRateThrottle
 from ninja.throttling import UserRateThrottle as NinjaUserRateThrottle
 
+from ..apply.admission import state_of
 from ..apply.identity import authenticated_user, throttle_ident
 from ..apply.joint import (
     Joint,
@@ -41,7 +42,6 @@ from ..apply.outcome import ALLOWED, DENIED, SHED, UNAVAILABLE, LimitOutcome
 from ..apply.planning import FROM_REQUEST
 from ..apply.routes import (
     DEFAULT_ROUTE,
-    DEFERRED_ATTRIBUTE,
     joined_checks,
     route_for_view,
     validate_scope,
@@ -51,8 +51,8 @@ from ..apply.shedding import shed_config
 from .operations import request_operation
 from .refusals import leave_refusal
 
-#: Request attribute: (the Joint of the operation's throttles, the request's cost).
-_JOINT_ATTRIBUTE = "_ratelimit_ninja_joint"
+#: The request state's entry holding (the Joint of the operation's throttles, the request's cost).
+_JOINT_ENTRY = "ninja.throttles"
 _answers = threading.local()  # .waits: {id(throttle): seconds to wait or None} of this thread's last answers
 
 
@@ -128,14 +128,15 @@ def _joint_decision(request: HttpRequest, operation: Operation | None, caller: J
     """The joint decision of the operation's throttles for `request` (with its cost), made when Ninja
     asks the first of them and reused by the others. A throttle asked outside an operation decides alone."""
     handler = operation if operation is not None else caller
-    cached: tuple[Joint, int] | None = request.__dict__.get(_JOINT_ATTRIBUTE)
+    state = state_of(request)
+    cached: tuple[Joint, int] | None = state.entry.get(_JOINT_ENTRY)
     if cached is not None and cached[0].handler is handler:
         return cached
     found = [t for t in operation.throttle_objects if isinstance(t, JointThrottle)] if operation is not None else []
     members = found if caller in found else [caller]
     declared = operation.view_func if operation is not None else None
     route = route_for_view(declared) if declared is not None else DEFAULT_ROUTE
-    deferred = request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
+    deferred = state.take_deferred()
     cost, scope = deferred if deferred is not None else (route.cost_for(request.method), route.scope)
     scope = next((m.tier_scope for m in members if m.tier_scope), scope)
     with_request_limits = any(m.carries_request_limits for m in members) or deferred is not None
@@ -144,7 +145,7 @@ def _joint_decision(request: HttpRequest, operation: Operation | None, caller: J
                      _user_of(request), with_request_limits, lambda: joined_checks(view_limit, request, cost))
     where = f"throttles of {getattr(declared, '__qualname__', type(caller).__qualname__)}"
     joint = decide_jointly(call, where=where, run=in_sync_code)
-    request.__dict__[_JOINT_ATTRIBUTE] = (joint, cost)
+    state.entry[_JOINT_ENTRY] = (joint, cost)
     return joint, cost
 
 

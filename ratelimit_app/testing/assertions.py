@@ -3,7 +3,7 @@
 They take any response with a `status_code` and `headers` (Django's test client and AsyncClient, DRF's
 APIClient, `requests` against a live server). The refusing policy is read from the body (`"policy"` in
 the JSON format, `"violated-policies"` in RFC 9457 problem details), else from the outcome the limiter
-left on the request (`response.wsgi_request.ratelimit`, as DRF's own 429 carries no policy). A failed
+left on the request (`response.wsgi_request.ratelimit.outcome`, as DRF's own 429 carries no policy). A failed
 assertion says what came back: the status, the policy that refused (if any), the rate limit headers and
 the start of the body.
 """
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
+from ..apply.admission import outcome_of
 from ..apply.outcome import SHED, UNAVAILABLE, LimitOutcome
-from ..apply.responses import REQUEST_ATTRIBUTE
 
 #: The headers a failed assertion shows (those the limiter sets on its answers).
 SHOWN_HEADERS = ("Retry-After", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset",
@@ -96,8 +96,8 @@ def _outcome(response: Any) -> LimitOutcome | None:
     """What the limiter decided for the request of a test client's response (None when unknown)."""
     for attribute in ("wsgi_request", "asgi_request"):
         request = getattr(response, attribute, None)
-        outcome = getattr(request, REQUEST_ATTRIBUTE, None) if request is not None else None
-        if isinstance(outcome, LimitOutcome):
+        outcome = outcome_of(request) if request is not None else None
+        if outcome is not None:
             return outcome
     return None
 

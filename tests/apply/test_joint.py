@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory
 
 from ratelimit_app import Policy
-from ratelimit_app.apply.concurrency import PENDING_ATTRIBUTE, release_pending_now
+from ratelimit_app.apply.admission import end, state_of
 from ratelimit_app.apply.joint import (
     JointCall,
     ThrottleHooks,
@@ -28,7 +28,6 @@ from ratelimit_app.apply.joint import (
 )
 from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.outcome import ALLOWED, DENIED, UNAUTHORIZED
-from ratelimit_app.apply.responses import REQUEST_ATTRIBUTE
 from ratelimit_app.plans.lookups import require_io
 from ratelimit_app.service.limiter import get_limiter
 from tests.support.limits_support import make_key, make_tier
@@ -123,10 +122,10 @@ def test_the_slots_taken_are_held_on_the_request_and_the_outcome_left_for_the_he
     joint = JointCall(request, "handler", (Member("slots"),),
                       lambda member: [LimitCheck("throttle:slots", (slot,), member.owner)], 1, "", None, False)
     outcome = decide_jointly(joint, where="test").outcome
-    assert outcome.allowed and getattr(request, REQUEST_ATTRIBUTE) is outcome
-    assert len(request.__dict__[PENDING_ATTRIBUTE]) == 1
+    assert outcome.allowed and state_of(request).outcome is outcome
+    assert len(state_of(request).slots) == 1
     assert get_limiter().peek("throttle:slots", (slot,)).remaining == 0
-    release_pending_now(request)
+    end(request)
     assert get_limiter().peek("throttle:slots", (slot,)).remaining == 1
 
 

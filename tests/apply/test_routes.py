@@ -8,6 +8,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 from django.http import HttpRequest, HttpResponse
+from django.test import RequestFactory
 from django.views import View
 from rest_framework import throttling as drf_throttling
 from rest_framework.response import Response
@@ -18,6 +19,7 @@ from ratelimit_app.apply.routes import (
     RouteLimit,
     defers_to_throttles,
     route_for_view,
+    route_of,
     validate_cost,
     validate_scope,
     view_limit_of,
@@ -129,3 +131,17 @@ def test_a_drf_view_defers_to_its_throttles_when_one_of_ours_is_among_them(throt
     view = derived(Api, throttle_classes=throttles).as_view()
     assert defers_to_throttles(view) is defers
     assert not defers_to_throttles(plain) and not defers_to_throttles(Page.as_view())
+
+
+def test_route_of_reads_a_views_declarations_once_per_method_until_settings_change(settings: Any) -> None:
+    @limit_cost(5, methods=["POST"], scope="upload")
+    def upload(request: HttpRequest) -> HttpResponse:
+        return HttpResponse("ok")
+
+    factory = RequestFactory()
+    posted = route_of(upload, factory.post("/api/upload"))
+    assert (posted.cost, posted.route.scope, posted.deferred, posted.view_limit) == (5, "upload", False, None)
+    assert route_of(upload, factory.post("/api/upload")) is posted  # remembered
+    assert route_of(upload, factory.get("/api/upload")).cost == 1  # per method
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_RATE": "7/m"}
+    assert route_of(upload, factory.post("/api/upload")) is not posted  # read again after a change

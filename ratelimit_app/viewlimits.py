@@ -12,21 +12,22 @@ from typing import Any, cast
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 
-from ..core.decision import Decision
-from ..core.policies import Policy
-from ..service import events
-from ..service.limiter import get_limiter
-from ..service.limiter_async import get_async_limiter
-from . import concurrency_async, limiting_async, planning_async
-from .concurrency import release_after
-from .headers import apply_headers
-from .identity import authenticated_user, request_ip_identity, user_identity
-from .limitcheck import LimitCheck, identity_digest
-from .limiting import decide, limit_config, safely
-from .outcome import ALLOWED, DENIED, NOT_LIMITED, UNAVAILABLE, LimitOutcome
-from .planning import RequestPlan
-from .responses import REQUEST_ATTRIBUTE, limiter_unavailable, too_many_requests
-from .routes import VIEW_LIMIT_ATTRIBUTE, ViewT
+from .apply import limiting_async, planning_async
+from .apply.admission import outcome_of, release_after
+from .apply.admission_async import arelease_after
+from .apply.headers import apply_headers
+from .apply.identity import authenticated_user, request_ip_identity, user_identity
+from .apply.limitcheck import LimitCheck, identity_digest
+from .apply.limiting import decide, limit_config, safely
+from .apply.outcome import ALLOWED, DENIED, NOT_LIMITED, UNAVAILABLE, LimitOutcome
+from .apply.planning import RequestPlan
+from .apply.responses import limiter_unavailable, too_many_requests
+from .apply.routes import VIEW_LIMIT_ATTRIBUTE, ViewT
+from .core.decision import Decision
+from .core.policies import Policy
+from .service import events
+from .service.limiter import get_limiter
+from .service.limiter_async import get_async_limiter
 
 KeyFunction = Callable[[HttpRequest], "str | None"]
 CountIf = Callable[[HttpResponseBase], bool]
@@ -209,7 +210,7 @@ class DecoratorLimit:
     def _joint_decision(self, request: HttpRequest) -> tuple[bool, Decision | None]:
         """(True, the decision) when the middleware decided this view's limit with its own; else
         (False, None): the view decides it alone."""
-        joint: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+        joint = outcome_of(request)
         if joint is not None and joint.owns(self.owner):
             return True, joint.decision_for(self.owner)
         return False, None
@@ -257,7 +258,7 @@ class DecoratorLimit:
             if slots is not None:
                 await slots.arelease()  # no response will be closed
             raise
-        await concurrency_async.release_after(request, response, slots)
+        await arelease_after(request, response, slots)
         return self._with_headers(response, decision)
 
     def _refused(self, decision: Decision | None) -> HttpResponseBase:
