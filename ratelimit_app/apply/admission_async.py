@@ -9,20 +9,25 @@ from typing import Any
 from django.http import HttpRequest, HttpResponseBase
 
 from ..conf.settings import ratelimit_settings
-from . import limiting_async
-from .admission import Extra, finish, record, release_after, state_if_any
+from ..core.engine import Usage
+from . import limiting_async, usage_async
+from .admission import Extra, finish, hold_usage, record, release_after, state_if_any
 from .concurrency import HeldSlots, middleware_installed
 from .limiting import failure_outcome
 from .outcome import NOT_LIMITED
 
 
 async def aadmit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra = (),
-                 path: str | None = None, where: str = "middleware") -> HttpResponseBase | None:
+                 path: str | None = None, where: str = "middleware", usage: Usage = ()) -> HttpResponseBase | None:
     """`admission.admit` on the event loop (`extra`, when a callable, is called once the request's user
     is known)."""
     try:
         if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
             outcome = NOT_LIMITED
+        elif usage:
+            outcome, meter = await usage_async.limit_request(request, cost=cost, scope=scope, usage=usage,
+                                                             extra=extra, path=path)
+            hold_usage(request, meter)
         else:
             outcome = await limiting_async.limit_request(request, cost=cost, scope=scope, extra=extra,
                                                            path=path)

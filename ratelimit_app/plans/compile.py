@@ -36,6 +36,18 @@ class TierInfo:
     scoped: dict[str, tuple[Policy, ...]] = field(default_factory=dict, hash=False, compare=False)
     time_zone: str = "UTC"
     ip_policies: tuple[Policy, ...] | None = None
+    #: the usage limits (policies with a unit) of each scope ("" for none), kept out of `policies_for`
+    usage: dict[str, tuple[Policy, ...]] = field(init=False, hash=False, compare=False, repr=False)
+    _requests: dict[str, tuple[Policy, ...]] = field(init=False, hash=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        usage, requests = {}, {}
+        for scope, policies in (("", self.policies), *self.scoped.items()):
+            if any(policy.unit for policy in policies):
+                usage[scope] = tuple(policy for policy in policies if policy.unit)
+                requests[scope] = tuple(policy for policy in policies if not policy.unit)
+        object.__setattr__(self, "usage", usage)
+        object.__setattr__(self, "_requests", requests)
 
     def every_policy(self) -> tuple[Policy, ...]:
         """Every policy of the tier: the unscoped ones, then each scope's own, each once."""
@@ -48,10 +60,16 @@ class TierInfo:
         return tuple(seen.values())
 
     def policies_for(self, scope: str | None) -> tuple[Policy, ...]:
-        """The policies a request to a route declaring `scope` (None or "" for none) is checked against."""
-        if scope:
-            return self.scoped.get(scope, self.policies)
-        return self.policies
+        """The policies a request to a route declaring `scope` (None or "" for none) is checked against;
+        its usage limits (`usage_for`) only when it reserves usage."""
+        policies = self.scoped.get(scope, self.policies) if scope else self.policies
+        if self._requests:
+            return self._requests.get(scope if scope and scope in self.scoped else "", policies)
+        return policies
+
+    def usage_for(self, scope: str | None) -> tuple[Policy, ...]:
+        """The usage limits of a route declaring `scope`: charged only by what a request reserves."""
+        return self.usage.get(scope if scope and scope in self.scoped else "", ()) if self.usage else ()
 
 
 @dataclass(frozen=True, slots=True)
