@@ -18,9 +18,8 @@ def chat(client: Client, key: str, max_tokens: Any, use: Any) -> Any:
     response = client.post("/api/llm/chat", json.dumps({"max_tokens": max_tokens, "use": use}),
                            content_type="application/json", HTTP_X_API_KEY=key)
     if response.streaming:
-        body = b"".join(response.streaming_content)  # type: ignore[arg-type]
+        b"".join(response.streaming_content)  # type: ignore[attr-defined]
         response.close()  # as a server does once the stream is sent: the settlement runs here
-        response.lines = body.count(b"\n")
     return response
 
 
@@ -52,3 +51,37 @@ def test_other_routes_do_not_charge_tokens(client: Client) -> None:
     status = client.get("/api/rate-limit/status", HTTP_X_API_KEY=key).json()
     tokens = [limit for limit in status["limits"] if limit["name"] == "llm.tokens"]
     assert tokens and tokens[0]["remaining"] == 2000 and tokens[0]["unit"] == "tokens"
+
+
+def test_headers_and_refusal_name_the_token_policy_and_its_unit(client: Client, settings: Any) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "USAGE_HEADERS": True}
+    seed_tiers()
+    key = make_key("pro")
+    response = chat(client, key, 1500, 5)
+    assert response.status_code == 200
+    assert '"llm.tokens";q=2000;w=60;qu="tokens"' in response["RateLimit-Policy"]
+    assert '"llm.tokens";r=500;' in response["RateLimit"]  # the estimate, reserved
+    assert response["x-ratelimit-limit-tokens"] == "2000" and response["x-ratelimit-remaining-tokens"] == "500"
+    assert response["x-ratelimit-reset-tokens"].endswith("s")
+    status = client.get("/api/rate-limit/status", HTTP_X_API_KEY=key).json()
+    assert [row["remaining"] for row in status["limits"] if row["name"] == "llm.tokens"] == [1995]  # settled at 5
+    refusal = chat(client, key, 2000, 1)
+    assert refusal.status_code == 429
+    body = refusal.json()
+    assert (body["policy"], body["unit"], body["error"]) == ("llm.tokens", "tokens", "tokens limit exceeded")
+    assert 55 < body["retry_after"] <= 60  # when the 5 tokens used leave the window
+    never = chat(client, key, 4000, 1)
+    assert never.status_code == 429 and never.json()["retry_after"] is None and "tokens" in never.json()["error"]
+
+
+def test_a_client_that_stops_reading_is_charged_what_it_was_sent(client: Client) -> None:
+    seed_tiers()
+    key = make_key("pro")
+    response = client.post("/api/llm/chat", json.dumps({"max_tokens": 1000, "use": 1000}),
+                           content_type="application/json", HTTP_X_API_KEY=key)
+    stream = iter(response.streaming_content)  # type: ignore[attr-defined]
+    for _ in range(30):
+        next(stream)
+    response.close()  # the server closes the response of a client that went away
+    status = client.get("/api/rate-limit/status", HTTP_X_API_KEY=key).json()
+    assert [row["remaining"] for row in status["limits"] if row["name"] == "llm.tokens"] == [1970]

@@ -159,6 +159,8 @@ def finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase
         return response
     if state.outcome is not None:
         add_headers(response, state.outcome)
+        if USAGE_ENTRY in state.entry:
+            usage_limits.add_usage_headers(response, state.outcome)
     if state.slots:
         for slots in state.take_slots():
             release_with(response, slots)

@@ -15,12 +15,14 @@ charged at their estimate. The async twin is ratelimit_app.apply.usage_async.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 
+from ..conf.settings import ratelimit_settings
 from ..core.engine import Usage
 from ..core.logs import log_once
 from ..core.usage import NO_RESERVATION, Reservation, usage_pairs
@@ -160,3 +162,48 @@ class UsageMeter:
                 log_once("ratelimit.settle_failed", logging.WARNING, reason="Redis could not be asked")
         except Exception as exc:
             log_once("ratelimit.settle_failed", logging.WARNING, reason=f"{type(exc).__name__}: {exc}"[:200])
+
+
+def _duration(seconds: float) -> str:
+    """A wait as LLM APIs spell it in x-ratelimit-reset-*: "1m30s", "12s", "0.5s"."""
+    if seconds < 60:
+        return f"{max(seconds, 0):.3g}s"
+    whole = math.ceil(seconds)
+    hours, rest = divmod(whole, 3600)
+    return (f"{hours}h" if hours else "") + f"{rest // 60}m{rest % 60}s"
+
+
+def add_usage_headers(response: HttpResponseBase, outcome: LimitOutcome | None) -> None:
+    """With RATELIMIT['USAGE_HEADERS'], the headers LLM API clients read, for each usage limit the request
+    reserved against: x-ratelimit-limit-<unit>, x-ratelimit-remaining-<unit>, x-ratelimit-reset-<unit>
+    (of the limit nearest to refusing, when several of one unit apply)."""
+    if outcome is None or outcome.decision is None or not ratelimit_settings.USAGE_HEADERS:
+        return
+    units = {policy.name: policy.unit for policy in outcome.policies if policy.unit}
+    shown: set[str] = set()
+    for result in sorted((r for r in outcome.decision.results if r.policy in units), key=lambda r: r.remaining):
+        unit = units[result.policy]
+        if unit not in shown:
+            shown.add(unit)
+            response[f"x-ratelimit-limit-{unit}"] = str(result.limit)
+            response[f"x-ratelimit-remaining-{unit}"] = str(result.remaining)
+            response[f"x-ratelimit-reset-{unit}"] = _duration(result.reset_after)
+
+
+def usage_status(outcome: LimitOutcome) -> list[dict[str, Any]]:
+    """Every usage limit of the client's tier (each scope's), with what remains now: one peek per scope
+    that has any (the status endpoint's and `ratelimit_status`'s rows)."""
+    tier = outcome.tier
+    if tier is None or not tier.usage or not outcome.identity:
+        return []
+    rows = []
+    for scope, policies in sorted(tier.usage.items()):
+        decision = get_limiter().peek(outcome.identity, policies, fresh=True)
+        results = {result.policy: result for result in decision.results}
+        for policy in policies:
+            result = results.get(policy.name)
+            rows.append({"name": policy.name, "unit": policy.unit, "scope": scope or None,
+                         "algorithm": policy.algorithm, "limit": policy.limit, "period": policy.period,
+                         "remaining": result.remaining if result and not decision.degraded else None,
+                         "reset": round(result.reset_after, 3) if result and not decision.degraded else None})
+    return rows
