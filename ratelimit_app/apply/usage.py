@@ -58,7 +58,7 @@ def estimators_of(view: Any) -> dict[str, Estimator] | None:
     return found
 
 
-def estimate(request: HttpRequest, estimators: Mapping[str, Estimator]) -> Usage | HttpResponseBase:
+def estimate(request: HttpRequest, estimators: Mapping[str, Estimator]) -> Usage | JsonResponse:
     """The request's estimates, or a 400 JSON answer when one cannot be made from it (the view's
     estimator raised ValueError, its message shown, or another error; or gave no whole number >= 1)."""
     counts: dict[str, int] = {}
