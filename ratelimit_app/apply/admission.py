@@ -160,7 +160,7 @@ def finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase
     if state.outcome is not None:
         add_headers(response, state.outcome)
         if USAGE_ENTRY in state.entry:
-            usage_limits.add_usage_headers(response, state.outcome)
+            usage_limits.finish(response, state.outcome, state.entry[USAGE_ENTRY])
     if state.slots:
         for slots in state.take_slots():
             release_with(response, slots)

@@ -17,16 +17,17 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from django.http import HttpRequest, HttpResponseBase, JsonResponse
+from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 
 from ..conf.settings import ratelimit_settings
 from ..core.engine import Usage
 from ..core.logs import log_once
 from ..core.usage import NO_RESERVATION, Reservation, usage_pairs
 from ..service.limiter import get_limiter
+from ..service.limiter_async import get_async_limiter
 from . import limiting
 from .limitcheck import REQUEST_LIMITS, LimitCheck
 from .outcome import LimitOutcome
@@ -159,9 +160,48 @@ class UsageMeter:
             return
         try:
             if not get_limiter().settle(self.reservation, used):
-                log_once("ratelimit.settle_failed", logging.WARNING, reason="Redis could not be asked")
+                _settle_failed("Redis could not be asked")
         except Exception as exc:
-            log_once("ratelimit.settle_failed", logging.WARNING, reason=f"{type(exc).__name__}: {exc}"[:200])
+            _settle_failed(f"{type(exc).__name__}: {exc}")
+
+    async def asettle(self) -> None:
+        """`settle` through the async service, on the event loop."""
+        used = self.take()
+        if used is None:
+            return
+        try:
+            if not await get_async_limiter().settle(self.reservation, used):
+                _settle_failed("Redis could not be asked")
+        except Exception as exc:
+            _settle_failed(f"{type(exc).__name__}: {exc}")
+
+
+def _settle_failed(reason: str) -> None:
+    log_once("ratelimit.settle_failed", logging.WARNING, reason=reason[:200])
+
+
+def finish(response: HttpResponseBase, outcome: LimitOutcome | None, meter: UsageMeter) -> None:
+    """What a response of a request that reserved usage gets: the usage headers, and for a stream, its
+    settlement as soon as its last chunk is made (before the server ends the response, so a client's next
+    request finds it settled). A stream cut off, and any other response, is settled when it is closed."""
+    add_usage_headers(response, outcome)
+    if isinstance(response, StreamingHttpResponse):
+        chunks = response.streaming_content
+        if isinstance(chunks, AsyncIterator):
+            response.streaming_content = _settled_async(chunks, meter)
+        else:
+            response.streaming_content = _settled(chunks, meter)
+
+
+def _settled(chunks: Iterator[bytes], meter: UsageMeter) -> Iterator[bytes]:
+    yield from chunks
+    meter.settle()
+
+
+async def _settled_async(chunks: AsyncIterator[bytes], meter: UsageMeter) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        yield chunk
+    await meter.asettle()
 
 
 def _duration(seconds: float) -> str:
