@@ -11,7 +11,7 @@ import re
 import pytest
 from django.core.management import call_command
 
-from ratelimit_app import Policy
+from ratelimit_app import Policy, RateLimiter
 from ratelimit_app.management.commands.ratelimit_status import (
     ALLOW_LISTED,
     DENY_LISTED,
@@ -92,7 +92,9 @@ def test_a_usage_limit_is_listed_with_its_unit_and_what_remains() -> None:
     key = make_key(tier)
     prefix = key.partition(".")[0]
     tokens = Policy("llm.tokens", "sliding_window", limit=2000, period=60, unit="tokens")
-    _, reservation = get_limiter().limiter().reserve(f"key:{prefix}", [tokens], {"tokens": 500})
+    engine = get_limiter().limiter()
+    assert isinstance(engine, RateLimiter)
+    _, reservation = engine.reserve(f"key:{prefix}", [tokens], {"tokens": 500})
     assert describe(tokens) == "2000/m tokens"
     [row] = [line for line in status(prefix).splitlines() if re.match(rf"key:{prefix}\s+llm.tokens\s", line)]
     assert "2000/m tokens" in row and "1500/2000" in row
