@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponseBase
 from ..conf.settings import ratelimit_settings
 from ..core.engine import Usage
 from . import limiting_async, usage_async
-from .admission import Extra, finish, hold_usage, record, release_after, state_if_any
+from .admission import USAGE_ENTRY, Extra, finish, hold_usage, record, release_after, state_if_any
 from .concurrency import HeldSlots, middleware_installed
 from .limiting import failure_outcome
 from .outcome import NOT_LIMITED
@@ -48,6 +48,9 @@ async def aend(request: HttpRequest) -> None:
         return
     for slots in state.take_slots():
         await slots.arelease()
+    meter = state.entry.get(USAGE_ENTRY)
+    if meter is not None:
+        await meter.asettle()  # on the event loop; its closer below then finds it settled
     for closer in state.take_closers():
         closer()
 
