@@ -72,6 +72,9 @@ def test_headers_and_refusal_name_the_token_policy_and_its_unit(client: Client, 
     assert 55 < body["retry_after"] <= 60  # when the 5 tokens used leave the window
     never = chat(client, key, 4000, 1)
     assert never.status_code == 429 and never.json()["retry_after"] is None and "tokens" in never.json()["error"]
+    # out of tokens is not out of requests: the key's other routes are still answered
+    assert client.get("/api/users", HTTP_X_API_KEY=key).status_code == 200
+    assert chat(client, key, 100, 1).status_code == 200  # and a smaller estimate still fits
 
 
 def test_a_client_that_stops_reading_is_charged_what_it_was_sent(client: Client) -> None:
