@@ -1,30 +1,11 @@
-"""`RateLimitMiddleware`: limits every request under RATELIMIT['PATH_PREFIXES'] (default `/api/`).
+"""`RateLimitMiddleware`: the admission path (ratelimit_app.apply.admission) for every request under
+RATELIMIT['PATH_PREFIXES'], WSGI and ASGI.
 
-Add it after AuthenticationMiddleware (so session users get their tier):
-
-    MIDDLEWARE = [..., "django.contrib.auth.middleware.AuthenticationMiddleware",
-                  "ratelimit_app.middleware.RateLimitMiddleware", ...]
-
-The decision is made in `process_view`, once the view is known, so a view can declare its cost and
-scope (`ratelimit_app.decorators.limit_cost`), and the limits of `@ratelimit` on the view are decided in
-the same Redis call. A DRF view with any of our throttles is left to them: the first of them decides
-the per-IP limit, the tier and every throttle of ours in one call, after DRF has authenticated the
-request (if DRF refuses the request before its throttles run, the middleware charges it on the way
-out). A limited path that resolves to no view (404) or that an earlier middleware answered is still
-charged, at cost 1, on the way out. Every limited response carries the rate limit headers; the
-outcome is left on `request.ratelimit.outcome` for views (the status endpoint).
-
-Concurrency slots the request took (a tier's concurrency limit, `@limit_concurrency`, a
-`ConcurrencyThrottle`) are given back when the response is closed, or at once when the view raises
-(ratelimit_app.apply.concurrency); under ASGI, a request cancelled because its client went away gives
-them back once its sync view has returned (a slot is held until the work it admitted has ended).
-
-Load shedding (ratelimit_app.apply.shedding): the fleet shedder's count is part of the request's decision
-(503 when it refuses); the process shedder counts this process' requests in flight here and refuses
-low-priority ones at once, without Redis, when RATELIMIT['SHED_PROCESS_LIMIT'] is passed.
-
-The limiter never fails a request: whatever goes wrong inside it follows the fail mode and is logged
-(`ratelimit_app.apply.limiting.safely`).
+It admits a request in `process_view`, once the view and its declarations are known (a view whose
+throttles of ours decide is left to them), charges on the way out a limited request no view decided
+(a 404, an earlier middleware's answer), and finishes every response (headers; slots given back when
+it is closed, or at once when the view raised). The process shedder counts requests in flight here.
+What a project sees of it is in docs/usage.md (sections 3, 4 and 10).
 """
 
 from __future__ import annotations
@@ -39,7 +20,7 @@ from django.http import HttpRequest, HttpResponseBase
 
 from .apply import shedding
 from .apply import usage as usage_limits
-from .apply.admission import Extra, admit, end, finish, state_if_any, state_of
+from .apply.admission import Extra, admit, end, finish, settings_of, state_if_any, state_of
 from .apply.admission_async import aadmit, aend, afinish
 from .apply.concurrency import release_later
 from .apply.identity import request_ip_identity
@@ -47,12 +28,13 @@ from .apply.outcome import SHED, LimitOutcome
 from .apply.planning import path_scope
 from .apply.responses import overloaded
 from .apply.routes import ViewRoute, joined_checks, route_of
-from .conf.settings import InvalidSetting, ratelimit_settings
+from .conf.settings import InvalidSetting
+from .conf.snapshot import request_settings
 from .service import events
 
 
 class RateLimitMiddleware:
-    """Identify, limit and annotate API requests (see the module docstring).
+    """Identify, limit and annotate API requests over the admission path (see the module docstring).
 
     Sync and async capable: under WSGI it runs as a sync middleware; under ASGI it is a coroutine,
     and its `process_view` is one too, so Django runs both on the event loop and the decision is
@@ -73,7 +55,7 @@ class RateLimitMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self.__acall__(request)
-        _count_in_flight(request)
+        _arrive(request)
         try:
             response = self.get_response(request)
         except BaseException:
@@ -85,7 +67,7 @@ class RateLimitMiddleware:
         return finish(request, response)
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
-        _count_in_flight(request)
+        _arrive(request)
         try:
             response = await self.get_response(request)
         except asyncio.CancelledError:
@@ -133,7 +115,7 @@ class _ViewLimits(NamedTuple):
 
     def usage_of(self, request: HttpRequest) -> tuple[tuple[str, int], ...] | HttpResponseBase:
         """The usage the view estimates for `request` (ratelimit_app.apply.usage), or its 400."""
-        if self.estimators is None or not ratelimit_settings.ENABLED:
+        if self.estimators is None or not settings_of(request).enabled:
             return ()
         return usage_limits.estimate(request, self.estimators)
 
@@ -149,8 +131,8 @@ def _view_limits(request: HttpRequest, view_func: Callable[..., Any]) -> _ViewLi
     """What to charge before the view runs; or the process shedder's 503; or None when the middleware
     decides nothing here (a path it does not limit, or a view whose throttles of ours decide). The
     declarations read are those of the handler the request reaches (`resolve_view`)."""
-    state = state_if_any(request)
-    if state is not None and state.in_flight is not None:  # the process shedder counts this request
+    state = state_of(request)
+    if state.in_flight is not None:  # the process shedder counts this request
         shed = _process_shed(request, route_of(view_func, request), state.in_flight)
         if shed is not None:
             return shed
@@ -211,17 +193,19 @@ def _leave(request: HttpRequest) -> None:
         closer()
 
 
-def _count_in_flight(request: HttpRequest) -> None:
-    """Count `request` in this process' requests in flight when the process shedder is on, until it ends."""
+def _arrive(request: HttpRequest) -> None:
+    """Give `request` its state, under the settings of now; count it in this process' requests in flight
+    when the process shedder is on, until it ends."""
+    state = state_of(request)
+    state.settings = request_settings()
     try:
-        process_limit = shedding.shed_config().process_limit
+        process_limit = shedding.shed_config(state.settings).process_limit
     except InvalidSetting:
         # a shedding setting with no reading: no shedder runs (the requests the middleware limits, whose
         # decision reads the same settings, follow the fail mode)
         return
     if process_limit is None:
         return
-    state = state_of(request)
     state.in_flight = shedding.in_flight.enter()
     state.at_end(shedding.Departure())
 
@@ -230,7 +214,7 @@ def _process_shed(request: HttpRequest, found: ViewRoute, count: int) -> HttpRes
     """503 for a low-priority request while this process has more than SHED_PROCESS_LIMIT requests in
     flight (`count`, this one included; no Redis call), else None."""
     try:
-        config = shedding.shed_config()
+        config = shedding.shed_config(state_of(request).settings)
         priority = config.priority_for(request.path_info, found.route.priority)
         if not shedding.process_sheds(config, priority, count):
             if priority == shedding.LOW:
@@ -249,4 +233,4 @@ def _process_shed(request: HttpRequest, found: ViewRoute, count: int) -> HttpRes
 
 def _applies(request: HttpRequest) -> bool:
     """True when the middleware limits this request's path (see `planning.path_scope`)."""
-    return path_scope().applies(request.path_info)
+    return path_scope(state_of(request).settings).applies(request.path_info)

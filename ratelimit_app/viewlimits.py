@@ -33,7 +33,7 @@ KeyFunction = Callable[[HttpRequest], "str | None"]
 CountIf = Callable[[HttpResponseBase], bool]
 
 #: `tier` label of the decorator's decisions in the metrics.
-DECORATOR_TIER = "decorator"
+_DECORATOR_TIER = "decorator"
 
 
 def key_function_for(key: str | KeyFunction) -> KeyFunction:
@@ -111,7 +111,7 @@ class DecoratorLimit:
         if check is None:
             return None
         client = check.identity.partition("|")[2]
-        return RequestPlan((check,), None, self.label_of(client), limit_config().fail_mode, label=DECORATOR_TIER)
+        return RequestPlan((check,), None, self.label_of(client), limit_config().fail_mode, label=_DECORATOR_TIER)
 
     def decide_alone(self, request: HttpRequest) -> LimitOutcome:
         """Charge this view's limit alone; the outcome's decision is None when the key function says
@@ -134,7 +134,7 @@ class DecoratorLimit:
         """Counted by outcome, before the view: the outcome of the peek (a refusal is counted)."""
         if decision.allowed:
             return LimitOutcome(ALLOWED, decision, self.policies, None, label, charged=False)
-        events.record_decision(allowed=False, tier=DECORATOR_TIER, policy=decision.policy,
+        events.record_decision(allowed=False, tier=_DECORATOR_TIER, policy=decision.policy,
                                 degraded=decision.degraded, identity=label)
         return LimitOutcome(UNAVAILABLE if decision.degraded else DENIED, decision, self.policies, None, label,
                             charged=False)
@@ -150,7 +150,7 @@ class DecoratorLimit:
         return self._before(decision, label)
 
     def _count_after(self, label: str) -> None:
-        events.record_decision(allowed=True, tier=DECORATOR_TIER, policy=None, degraded=False, identity=label)
+        events.record_decision(allowed=True, tier=_DECORATOR_TIER, policy=None, degraded=False, identity=label)
 
     def charge_after(self, check: LimitCheck, label: str, counted: bool) -> LimitOutcome:
         """Counted by outcome, after the view: count the request, and charge it when it matched."""

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from django.http import HttpRequest, HttpResponseBase
 
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import Snapshot, request_settings
 from ..core.engine import Usage
 from . import usage as usage_limits
 from .concurrency import HeldSlots, middleware_installed, release_with
@@ -38,10 +38,11 @@ class RequestState:
     at; `slots` the concurrency slots it holds until it ends; `deferred` the (cost, scope) an entry point
     left to a framework's throttles to decide; `in_flight` this process' requests in flight when it
     arrived (the process shedder's count, None when that shedder is off); `entry` what an entry point
-    carries from admit to finish, by a name of its own.
+    carries from admit to finish, by a name of its own; `settings` the settings snapshot the request was
+    admitted under (None before `admit`).
     """
 
-    __slots__ = ("_closers", "cost", "deferred", "entry", "in_flight", "outcome", "slots")
+    __slots__ = ("_closers", "cost", "deferred", "entry", "in_flight", "outcome", "settings", "slots")
 
     def __init__(self) -> None:
         self.outcome: LimitOutcome | None = None
@@ -51,6 +52,7 @@ class RequestState:
         self.in_flight: int | None = None
         self.entry: dict[str, Any] = {}
         self._closers: list[Callable[[], None]] = []
+        self.settings: Snapshot | None = None
 
     def hold(self, slots: HeldSlots | None) -> None:
         """Hold `slots` until the request ends (`finish`, `end`)."""
@@ -116,16 +118,17 @@ def admit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra 
     or None when admitted. Never raises because of the limiter: a failure follows the fail mode
     (logged as from `where`); RATELIMIT['ENABLED'] = False admits without deciding anything. `usage`:
     the estimates it reserves (ratelimit_app.apply.usage), settled when it ends."""
-    try:
-        if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
+    settings = settings_of(request)
+    try:  # RATELIMIT['ENABLED'] always has a reading (an invalid one reads as True)
+        if not settings.enabled:
             outcome = NOT_LIMITED
         elif usage:
             outcome, meter = usage_limits.limit_request(request, cost=cost, scope=scope, usage=usage, extra=extra,
-                                                        path=path)
+                                                        path=path, settings=settings)
             hold_usage(request, meter)
         else:
             outcome = limit_request(request, cost=cost, scope=scope, extra=extra() if callable(extra) else extra,
-                                    path=path)
+                                    path=path, settings=settings)
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
     return record(request, outcome, cost)
@@ -137,6 +140,14 @@ def hold_usage(request: HttpRequest, meter: usage_limits.UsageMeter | None) -> N
         state = state_of(request)
         state.entry[USAGE_ENTRY] = meter
         state.at_end(meter.settle)
+
+
+def settings_of(request: HttpRequest) -> Snapshot:
+    """The settings snapshot `request` is limited under: the one of its arrival, taken on first use."""
+    state = state_of(request)
+    if state.settings is None:
+        state.settings = request_settings()
+    return state.settings
 
 
 def record(request: HttpRequest, outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase | None:
@@ -158,9 +169,9 @@ def finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase
     if state is None:
         return response
     if state.outcome is not None:
-        add_headers(response, state.outcome)
+        add_headers(response, state.outcome, state.settings)
         if USAGE_ENTRY in state.entry:
-            usage_limits.finish(response, state.outcome, state.entry[USAGE_ENTRY])
+            usage_limits.finish(response, state.outcome, state.entry[USAGE_ENTRY], state.settings)
     if state.slots:
         for slots in state.take_slots():
             release_with(response, slots)

@@ -8,10 +8,9 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
 
-from ..conf.settings import ratelimit_settings
 from ..core.engine import Usage
 from . import limiting_async, usage_async
-from .admission import USAGE_ENTRY, Extra, finish, hold_usage, record, release_after, state_if_any
+from .admission import USAGE_ENTRY, Extra, finish, hold_usage, record, release_after, settings_of, state_if_any
 from .concurrency import HeldSlots, middleware_installed
 from .limiting import failure_outcome
 from .outcome import NOT_LIMITED
@@ -21,16 +20,17 @@ async def aadmit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra:
                  path: str | None = None, where: str = "middleware", usage: Usage = ()) -> HttpResponseBase | None:
     """`admission.admit` on the event loop (`extra`, when a callable, is called once the request's user
     is known)."""
-    try:
-        if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
+    settings = settings_of(request)
+    try:  # RATELIMIT['ENABLED'] always has a reading (an invalid one reads as True)
+        if not settings.enabled:
             outcome = NOT_LIMITED
         elif usage:
             outcome, meter = await usage_async.limit_request(request, cost=cost, scope=scope, usage=usage,
-                                                             extra=extra, path=path)
+                                                             extra=extra, path=path, settings=settings)
             hold_usage(request, meter)
         else:
-            outcome = await limiting_async.limit_request(request, cost=cost, scope=scope, extra=extra,
-                                                           path=path)
+            outcome = await limiting_async.limit_request(request, cost=cost, scope=scope, extra=extra, path=path,
+                                                         settings=settings)
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
     return record(request, outcome, cost)

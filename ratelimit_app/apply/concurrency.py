@@ -37,14 +37,10 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
-from django.conf import settings as django_settings
 from django.http import HttpResponseBase
 
+from ..conf.snapshot import request_settings
 from ..core.policies import CONCURRENCY, Policy
-
-#: RateLimitMiddleware's path in MIDDLEWARE: when installed, it ties the slots a request holds to the
-#: response it finishes.
-MIDDLEWARE_PATH = "ratelimit_app.middleware.RateLimitMiddleware"
 
 
 class HeldSlots:
@@ -190,7 +186,7 @@ _releaser = _Releaser()
 
 def middleware_installed() -> bool:
     """True when RateLimitMiddleware is in MIDDLEWARE."""
-    return MIDDLEWARE_PATH in (getattr(django_settings, "MIDDLEWARE", None) or ())
+    return request_settings().middleware_installed
 
 
 def release_later(slots: HeldSlots) -> None:

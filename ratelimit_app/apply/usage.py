@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import Snapshot
 from ..core.engine import Usage
 from ..core.logs import log_once
 from ..core.usage import NO_RESERVATION, Reservation, usage_pairs
@@ -110,10 +110,10 @@ def decide(plan: RequestPlan, cost: int, usage: Usage) -> tuple[LimitOutcome, Re
 
 
 def limit_request(request: HttpRequest, *, cost: int, scope: str, usage: Usage, extra: Any = (),
-                  path: str | None = None) -> tuple[LimitOutcome, UsageMeter | None]:
+                  path: str | None = None, settings: Snapshot | None = None) -> tuple[LimitOutcome, UsageMeter | None]:
     """`limiting.limit_request` for a request that reserves `usage`: the outcome, and the meter to settle
     when the request ends (None when it reserved nothing)."""
-    planned = plan_request(request, cost=cost, scope=scope, user=FROM_REQUEST, path=path)
+    planned = plan_request(request, cost=cost, scope=scope, user=FROM_REQUEST, path=path, settings=settings)
     if isinstance(planned, LimitOutcome):
         return planned, None
     if not planned.refusal:
@@ -180,11 +180,13 @@ def _settle_failed(reason: str) -> None:
     log_once("ratelimit.settle_failed", logging.WARNING, reason=reason[:200])
 
 
-def finish(response: HttpResponseBase, outcome: LimitOutcome | None, meter: UsageMeter) -> None:
+def finish(response: HttpResponseBase, outcome: LimitOutcome | None, meter: UsageMeter,
+           settings: Snapshot | None) -> None:
     """What a response of a request that reserved usage gets: the usage headers, and for a stream, its
     settlement as soon as its last chunk is made (before the server ends the response, so a client's next
     request finds it settled). A stream cut off, and any other response, is settled when it is closed."""
-    add_usage_headers(response, outcome)
+    if settings is not None and settings.values.get("USAGE_HEADERS") is True:
+        add_usage_headers(response, outcome)
     if isinstance(response, StreamingHttpResponse):
         chunks = response.streaming_content
         if isinstance(chunks, AsyncIterator):
@@ -214,10 +216,10 @@ def _duration(seconds: float) -> str:
 
 
 def add_usage_headers(response: HttpResponseBase, outcome: LimitOutcome | None) -> None:
-    """With RATELIMIT['USAGE_HEADERS'], the headers LLM API clients read, for each usage limit the request
+    """The headers LLM API clients read (RATELIMIT['USAGE_HEADERS']), for each usage limit the request
     reserved against: x-ratelimit-limit-<unit>, x-ratelimit-remaining-<unit>, x-ratelimit-reset-<unit>
     (of the limit nearest to refusing, when several of one unit apply)."""
-    if outcome is None or outcome.decision is None or not ratelimit_settings.USAGE_HEADERS:
+    if outcome is None or outcome.decision is None:
         return
     units = {policy.name: policy.unit for policy in outcome.policies if policy.unit}
     shown: set[str] = set()

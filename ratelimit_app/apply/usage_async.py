@@ -7,6 +7,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from ..conf.snapshot import Snapshot
 from ..core.engine import Usage
 from ..core.usage import NO_RESERVATION, Reservation
 from ..service.limiter_async import get_async_limiter
@@ -30,9 +31,11 @@ async def decide(plan: RequestPlan, cost: int, usage: Usage) -> tuple[LimitOutco
 
 
 async def limit_request(request: HttpRequest, *, cost: int, scope: str, usage: Usage, extra: Any = (),
-                        path: str | None = None) -> tuple[LimitOutcome, UsageMeter | None]:
+                        path: str | None = None,
+                        settings: Snapshot | None = None) -> tuple[LimitOutcome, UsageMeter | None]:
     """`usage.limit_request` on the event loop."""
-    planned = await planning_async.plan_request(request, cost=cost, scope=scope, user=FROM_REQUEST, path=path)
+    planned = await planning_async.plan_request(request, cost=cost, scope=scope, user=FROM_REQUEST, path=path,
+                                                settings=settings)
     if isinstance(planned, LimitOutcome):
         return planned, None
     if not planned.refusal:

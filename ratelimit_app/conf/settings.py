@@ -296,6 +296,12 @@ class RateLimitSettings:
             raise InvalidSetting(name) from None
         return value
 
+    def values(self) -> dict[str, Any]:
+        """Every setting as read (an unreadable one is `rules.UNREADABLE`); read and validated on first use."""
+        if self._values is None:
+            self._values = self._load()
+        return self._values
+
     def reload(self) -> None:
         """Drop the cached values; the next access reads and validates settings.RATELIMIT again."""
         self._values = None

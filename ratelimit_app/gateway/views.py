@@ -39,7 +39,7 @@ from ..apply.concurrency import HeldSlots
 from ..apply.identity import client_ip
 from ..apply.outcome import ALLOWED, NOT_LIMITED, LimitOutcome
 from ..apply.responses import bad_request
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import request_settings
 from ..core.logs import log_event
 from .answers import answer, under_contract
 from .describe import AUTH_REQUEST, AUTHORIZE, BadDescription, GatewayRequest, describe
@@ -118,7 +118,7 @@ def first_lease(outcome: LimitOutcome, contract: str) -> float | None:
     setting is None, or when the request holds no slot."""
     if contract != AUTHORIZE or outcome.status != ALLOWED or outcome.slots is None:
         return None
-    seconds: float | None = ratelimit_settings.GATEWAY_FIRST_LEASE
+    seconds: float | None = request_settings().get("GATEWAY_FIRST_LEASE")
     return seconds
 
 
@@ -129,10 +129,10 @@ def confirmed(slots: HeldSlots, renewed: bool | None) -> HttpResponseBase:
     if renewed is not False:
         return HttpResponse(status=204)  # confirmed, or Redis not asked (the slots keep their first lease)
     slots.release()
-    return lease_ended()
+    return _lease_ended()
 
 
-def lease_ended() -> HttpResponse:
+def _lease_ended() -> HttpResponse:
     """409: the slots of the lease are no longer held, and may be another request's by now."""
     response = JsonResponse({"error": "lease ended", "detail": "the request's slots are no longer held (its first "
                              "lease, RATELIMIT['GATEWAY_FIRST_LEASE'], ended before this confirmation, or they were "

@@ -28,7 +28,7 @@ from ninja.errors import Throttled
 from ..apply.admission import state_if_any, state_of
 from ..apply.outcome import DENIED, LimitOutcome
 from ..apply.responses import add_headers, refusal
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import request_settings
 
 #: The request state's entry holding (the outcome, the request's cost) of a refusal by our throttles.
 _REFUSAL_ENTRY = "ninja.refusal"
@@ -79,4 +79,5 @@ def _delegate(previous: Any, request: HttpRequest, exc: Exception) -> HttpRespon
 
 
 def _our_format() -> bool:
-    return bool(ratelimit_settings.NINJA_ERROR_FORMAT == "ratelimit")  # always readable (an invalid one: "ninja")
+    # always readable (an invalid one: "ninja")
+    return bool(request_settings().get("NINJA_ERROR_FORMAT") == "ratelimit")
