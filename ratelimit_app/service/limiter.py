@@ -215,8 +215,10 @@ class LimiterService:
             with within_budget(guard.budget, call.started):
                 engine = self.limiter()
                 if charge:
+                    # (the memory backend has no estimates: a usage limit counts the request's cost there)
+                    reserving = {"usage": usage} if usage and isinstance(engine, RateLimiter) else {}
                     decisions = engine.hit_many(checks, cost, lease=lease, clock_shift_ms=clock.offset_ms(),
-                                                **({"usage": usage} if usage else {}))
+                                                **reserving)
                 else:
                     identity, policies = checks[0]
                     decisions = [engine.peek(identity, policies, cost, clock_shift_ms=clock.offset_ms())]

@@ -229,8 +229,9 @@ class AsyncLimiterService:
                 async with _budget(guard.budget):
                     engine = self.limiter()
                     if charge:
+                        reserving = {"usage": usage} if usage and isinstance(engine, AsyncRateLimiter) else {}
                         decisions = await engine.hit_many(checks, cost, lease=lease, clock_shift_ms=clock.offset_ms(),
-                                                          **({"usage": usage} if usage else {}))
+                                                          **reserving)
                     else:
                         identity, policies = checks[0]
                         decisions = [await engine.peek(identity, policies, cost, clock_shift_ms=clock.offset_ms())]
