@@ -63,6 +63,8 @@ def _limit_constraints(model: str, owner: str, unique: str) -> list[models.BaseC
          f"A calendar quota ({', '.join(CALENDARS)}) uses fixed window."),
         ("name", _safe("name"), "A limit name is letters, digits, '_' or '-'."),
         ("scope", _safe("scope", blank=True), "A scope is letters, digits, '_' or '-'."),
+        ("unit", models.Q(unit="") | ~models.Q(algorithm=CONCURRENCY) & _safe("unit"),
+         "A unit (tokens) is letters, digits or '_', and requests in flight have none."),
     ]
     return [models.UniqueConstraint(fields=[owner, "scope", "name"], name=unique),
             *(_check(condition, f"ratelimit_{model}_{field}", message) for field, condition, message in rules)]
@@ -135,6 +137,9 @@ class LimitShape(models.Model):
                                         help_text="Bucket size for token bucket and GCRA; empty means the limit.")
     scope = models.CharField(max_length=30, blank=True, default="", validators=[_name_validator],
                              help_text="Empty: every route. Otherwise only views that declare this scope.")
+    unit = models.CharField(max_length=32, blank=True, default="", validators=[RegexValidator(
+        r"^[a-z][a-z0-9_]{0,31}$", "Use lowercase letters, digits or '_', such as tokens.", code="invalid_unit")],
+        help_text="Empty: requests. A unit of usage (tokens): charged only by what requests report using.")
 
     class Meta:
         abstract = True
@@ -170,7 +175,8 @@ class TierLimit(LimitShape):
             return f"{self.name}: {self.limit} per calendar {self.calendar}{scope}{shadow}"
         if self.algorithm == CONCURRENCY:  # requests in flight; the period is each slot's lease
             return f"{self.name}: {self.limit} at once, {self.period}s lease{scope}{shadow}"
-        return f"{self.name}: {self.limit}/{self.period}s {self.algorithm}{burst}{scope}{shadow}"
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{self.name}: {self.limit}{unit}/{self.period}s {self.algorithm}{burst}{scope}{shadow}"
 
     @property
     def policy_name(self) -> str:
@@ -186,7 +192,7 @@ class TierLimit(LimitShape):
             calendar = {"calendar": self.calendar, "time_zone": time_zone or (
                 self.tier.time_zone if self.tier_id is not None else "UTC")}
         return Policy(self.policy_name, self.algorithm, limit=self.limit, burst=self.burst, shadow=bool(self.shadow),
-                      period=CALENDAR_PERIODS.get(self.calendar, self.period), **calendar)
+                      unit=self.unit, period=CALENDAR_PERIODS.get(self.calendar, self.period), **calendar)
 
     def clean(self) -> None:
         """Refuse values the engine cannot enforce, naming the field at fault."""
@@ -213,7 +219,8 @@ class TierLimit(LimitShape):
             self.to_policy()
         except InvalidPolicy as exc:
             field, _, message = str(exc).partition(": ")
-            raise ValidationError({field if field in ("limit", "period", "burst") else "__all__": message}) from exc
+            raise ValidationError({field if field in ("limit", "period", "burst", "unit") else "__all__": message}) \
+                from exc
 
 
 class ApiKeyManager(models.Manager["ApiKey"]):
@@ -315,7 +322,7 @@ class OverrideLimit(LimitShape):
         """This override as an unsaved TierLimit (the same validation and policy)."""
         return TierLimit(name=self.name, algorithm=self.algorithm, limit=self.limit, period=self.period,
                          burst=self.burst, scope=self.scope, enabled=self.enabled, shadow=self.shadow,
-                         calendar=self.calendar)
+                         calendar=self.calendar, unit=self.unit)
 
     @property
     def policy_name(self) -> str:
