@@ -106,7 +106,7 @@ def settle_source() -> str:
     lua/settle.lua."""
     codes = {algorithm.name: algorithm.code for algorithm in SCRIPTED}
     (log,) = (algorithm for algorithm in SCRIPTED if algorithm.long_state_from)
-    return "\n".join((read_lua(PRELUDE_FILE), (
+    return "\n".join((read_lua(_PRELUDE_FILE), (
         f"local FIXED_CODE, LOG_CODE, COUNTER_CODE = {codes['fixed_window']}, {log.code}, "
         f"{codes['sliding_window_counter']}\n"
         f"local BUCKET_CODE, GCRA_CODE, LONG_LOG_UNITS = {codes['token_bucket']}, {codes['gcra']}, "

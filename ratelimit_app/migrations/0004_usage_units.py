@@ -36,7 +36,7 @@ def unit_field() -> models.CharField:
 
 
 def unit_constraint(model: str) -> models.CheckConstraint:
-    """What the database refuses in a limit's unit (plans.constraints.limit_constraints)."""
+    """What the database refuses in a limit's unit (models._limit_constraints)."""
     condition = models.Q(("unit", ""), models.Q(
         models.Q(("algorithm", "concurrency"), _negated=True), models.Q(("unit", ""), _negated=True),
         models.Q(("unit__regex", NOT_IN_NAME), _negated=True)), _connector="OR")

@@ -95,7 +95,7 @@ def test_a_usage_limit_is_listed_with_its_unit_and_what_remains() -> None:
     engine = get_limiter().limiter()
     assert isinstance(engine, RateLimiter)
     _, reservation = engine.reserve(f"key:{prefix}", [tokens], {"tokens": 500})
-    assert describe(tokens) == "2000/m tokens"
+    assert _describe(tokens) == "2000/m tokens"
     [row] = [line for line in status(prefix).splitlines() if re.match(rf"key:{prefix}\s+llm.tokens\s", line)]
     assert "2000/m tokens" in row and "1500/2000" in row
     get_limiter().settle(reservation, {"tokens": 120})
