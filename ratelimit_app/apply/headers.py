@@ -19,7 +19,8 @@ t (seconds until the quota resets). For token_bucket and gcra, q is the burst an
 takes to refill at the sustained rate, so q/w is the sustained rate. A concurrency policy is
 `"concurrency";q=2;qu="concurrent-requests"` (q slots, no window); in `RateLimit` its r is the free
 slots and t the time until the last lease held runs out (an upper bound: slots are usually given back
-sooner). The legacy trio of an allowed request describes the rate limits, not the slots.
+sooner). A usage limit carries its unit: `"llm.tokens";q=2000;w=60;qu="tokens"`. The legacy trio of an
+allowed request describes the rate limits, not the slots.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from functools import lru_cache
 
 from django.http import HttpResponseBase
 
-from ..conf.settings import SettingsCached, ratelimit_settings
+from ..conf.snapshot import request_settings
 from ..core.decision import Decision, PolicyResult
 from ..core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 from .concurrency import needs_lease
@@ -66,7 +67,8 @@ def _sf_string(name: str) -> str:
 def policy_field(policies: tuple[Policy, ...]) -> str:
     """The `RateLimit-Policy` value for a set of policies (computed once per distinct set)."""
     return ", ".join(f'{_sf_string(p.name)};q={p.capacity};qu="concurrent-requests"' if p.algorithm == CONCURRENCY
-                     else f"{_sf_string(p.name)};q={p.capacity};w={window_seconds(p)}" for p in policies)
+                     else f"{_sf_string(p.name)};q={p.capacity};w={window_seconds(p)}" +
+                     (f";qu={_sf_string(p.unit)}" if p.unit else "") for p in policies)
 
 
 def ratelimit_field(results: Sequence[PolicyResult]) -> str:
@@ -78,17 +80,15 @@ def ratelimit_field(results: Sequence[PolicyResult]) -> str:
 IETF_DRAFTS = {"draft-11": (policy_field, ratelimit_field)}
 
 
-#: The formatters of RATELIMIT['HEADER_DRAFT'] (always readable: an invalid one reads as the one revision
-#: there is), looked up once per settings change.
-_formatters = SettingsCached(lambda: IETF_DRAFTS[ratelimit_settings.HEADER_DRAFT])
 
 
 def apply_headers(response: HttpResponseBase, decision: Decision, policies: tuple[Policy, ...],
-                  tier: str | None, mode: str) -> None:
+                  tier: str | None, mode: str, draft: str | None = None) -> None:
     """Add the headers chosen by `mode` ("legacy", "ietf" or "both") describing `decision`.
 
     `decision.results` are the results of `policies`, in order. A degraded decision (made without
-    Redis) carries no real counts, so only the static fields (tier, policy) are sent for it.
+    Redis) carries no real counts, so only the static fields (tier, policy) are sent for it. `draft`:
+    the IETF draft the RateLimit fields follow (default: RATELIMIT['HEADER_DRAFT']).
     """
     headers = response.headers
     live = not decision.degraded and bool(decision.results)
@@ -107,7 +107,7 @@ def apply_headers(response: HttpResponseBase, decision: Decision, policies: tupl
         if tier:
             headers["X-RateLimit-Tier"] = tier
     if mode != LEGACY:
-        format_policies, format_state = _formatters.get()
+        format_policies, format_state = IETF_DRAFTS[draft or request_settings().header_draft]
         if policies:
             headers["RateLimit-Policy"] = format_policies(policies)
         if live:

@@ -33,15 +33,11 @@ from typing import Any
 
 from django.http import HttpResponseBase, JsonResponse
 
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import Snapshot, request_settings
 from ..core.decision import Decision
 from . import shedding
 from .headers import apply_headers, retry_after_seconds
 from .outcome import DENIED, FORBIDDEN, SHED, UNAUTHORIZED, LimitOutcome
-from .planning import limit_config
-
-#: The request attribute that holds the LimitOutcome (set by the middleware, the throttles and the decorator).
-REQUEST_ATTRIBUTE = "ratelimit"
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
@@ -54,7 +50,7 @@ _STATUS_TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
 
 
 def _problem_format() -> bool:
-    return bool(ratelimit_settings.ERROR_FORMAT == "problem")  # always readable (an invalid one: "json")
+    return request_settings().error_format == "problem"  # always readable (an invalid one: "json")
 
 
 def _answer(status: int, body: dict[str, Any], *, problem_type: str = "about:blank",
@@ -75,26 +71,29 @@ def _answer(status: int, body: dict[str, Any], *, problem_type: str = "about:bla
     return JsonResponse(problem, status=status, content_type=PROBLEM_CONTENT_TYPE)
 
 
-def violated_policies(decision: Decision) -> list[str]:
+def _violated_policies(decision: Decision) -> list[str]:
     """The names of the policies that refused (the `violated-policies` member)."""
     names = [result.policy for result in decision.results if not result.allowed]
     return names or ([decision.policy] if decision.policy else [])
 
 
-def too_many_requests(decision: Decision, tier: str | None, cost: int = 1) -> JsonResponse:
-    """429 for a denied decision (with Retry-After unless the request can never be allowed)."""
+def too_many_requests(decision: Decision, tier: str | None, cost: int = 1, unit: str = "") -> JsonResponse:
+    """429 for a denied decision (with Retry-After unless the request can never be allowed); `unit`, that of
+    the refusing policy when it is a usage limit (its body then names it: "unit")."""
     retry_after = decision.retry_after
+    units = {"unit": unit} if unit else {}
     if retry_after is not None and math.isinf(retry_after):
+        asked = f"the {unit} this request reserves exceed" if unit else f"request cost {cost} exceeds"
         body = {
-            "error": (f"request cost {cost} exceeds what policy '{decision.policy}' can ever allow "
+            "error": (f"{asked} what policy '{decision.policy}' can ever allow "
                       f"({decision.limit}); it will never be allowed"),
-            "tier": tier, "policy": decision.policy, "retry_after": None,
+            "tier": tier, "policy": decision.policy, **units, "retry_after": None,
         }
-        return _answer(429, body, problem_type=QUOTA_EXCEEDED, violated=violated_policies(decision))
+        return _answer(429, body, problem_type=QUOTA_EXCEEDED, violated=_violated_policies(decision))
     response = _answer(429, {
-        "error": "rate limit exceeded", "tier": tier, "policy": decision.policy,
-        "retry_after": round(retry_after, 3) if retry_after is not None else None,
-    }, problem_type=QUOTA_EXCEEDED, violated=violated_policies(decision))
+        "error": f"{unit} limit exceeded" if unit else "rate limit exceeded", "tier": tier, "policy": decision.policy,
+        **units, "retry_after": round(retry_after, 3) if retry_after is not None else None,
+    }, problem_type=QUOTA_EXCEEDED, violated=_violated_policies(decision))
     response["Retry-After"] = str(retry_after_seconds(retry_after))
     return response
 
@@ -140,12 +139,16 @@ def overloaded(priority: str, retry_after: float) -> JsonResponse:
     return response
 
 
-def add_headers(response: HttpResponseBase, outcome: LimitOutcome) -> None:
-    """Add the rate limit headers chosen by RATELIMIT['HEADERS'] for this outcome (none for a request
-    the load shedder refused: it was refused for the fleet's load, not for the client's limits)."""
+def add_headers(response: HttpResponseBase, outcome: LimitOutcome, settings: Snapshot | None = None) -> None:
+    """Add the rate limit headers RATELIMIT['HEADERS'] chooses (as `settings`, default: of now, read it;
+    none when it has no reading) for this outcome (none for a request the load shedder refused: it was
+    refused for the fleet's load, not for the client's limits)."""
     if outcome.decision is not None and outcome.policies and outcome.status != SHED:
-        with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
-            apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, limit_config().headers)
+        settings = settings or request_settings()
+        if settings.headers is not None:
+            with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
+                apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, settings.headers,
+                              settings.header_draft)
 
 
 def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
@@ -158,7 +161,8 @@ def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
     elif outcome.status == SHED:
         return overloaded(outcome.message, shedding.shed_config().retry_after)  # no rate-limit headers
     elif outcome.status == DENIED and decision is not None:
-        response = too_many_requests(decision, outcome.tier_slug, cost)
+        unit = next((p.unit for p in outcome.policies if p.name == decision.policy), "")
+        response = too_many_requests(decision, outcome.tier_slug, cost, unit)
     else:
         response = limiter_unavailable(decision, outcome.tier_slug)
     add_headers(response, outcome)

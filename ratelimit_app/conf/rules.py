@@ -1,6 +1,6 @@
 """The rules ratelimit_app.conf.settings validates and reads RATELIMIT by: for each setting, what is
 accepted (`RULES`, with what a harmful value would do), and the cautious reading of an invalid value
-at run time (`READINGS`). conf.py applies them (`setting_errors`, `runtime_values`): the one place
+at run time (`READINGS`). settings.py applies them (`setting_errors`, `runtime_values`): the one place
 settings are validated and read.
 """
 
@@ -88,7 +88,7 @@ _SECRET = (lambda value: value is None or (isinstance(value, str) and bool(_TOKE
            "None or a secret of at least 16 characters without spaces, such as the output of "
            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
 
-#: For each setting except IP_RATE (conf.py parses it as the middleware does): a test of the value, and
+#: For each setting except IP_RATE (settings.py parses it as the middleware does): a test of the value, and
 #: what is accepted (and, where a value of the right type would still do harm, why).
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "BACKEND": (lambda value: value in BACKENDS, f"one of {', '.join(map(repr, BACKENDS))}"),
@@ -114,6 +114,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ANONYMOUS_TIER": _TIER,
     "HEADERS": (lambda value: value in ("legacy", "ietf", "both"), "one of 'legacy', 'ietf', 'both'"),
     "HEADER_DRAFT": (lambda value: value in ("draft-11",), "'draft-11' (the only revision supported)"),
+    "USAGE_HEADERS": _BOOLEAN,
     "ERROR_FORMAT": (lambda value: value in ("json", "problem"), "one of 'json', 'problem'"),
     "NINJA_ERROR_FORMAT": (lambda value: value in ("ninja", "ratelimit"), "one of 'ninja', 'ratelimit'"),
     "TRUSTED_PROXIES": (lambda value: integer(value, 0) or _narrow_networks(value),
@@ -270,6 +271,7 @@ READINGS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "REQUIRE_API_KEY": _read_switch,
     "HEADERS": _choice(("legacy", "ietf", "both"), "both"),
     "HEADER_DRAFT": _choice(("draft-11",), "draft-11"),
+    "USAGE_HEADERS": lambda value, values: False,  # the standard headers still say where the client stands
     "ERROR_FORMAT": _choice(("json", "problem"), "json"),  # a refusal must be answered in some format
     "NINJA_ERROR_FORMAT": _choice(("ninja", "ratelimit"), "ninja"),
     "TRUSTED_PROXIES": _read_proxies,

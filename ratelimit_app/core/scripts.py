@@ -1,4 +1,5 @@
-"""The Lua sources shipped in ratelimit_app/core/lua, assembled once into the decision script."""
+"""The Lua scripts shipped in lua/: the decision script assembled from the registry of algorithms (each
+algorithm's function a branch of one `check`, which decide.lua calls), and the lease scripts."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from importlib import resources
 
 from .algorithms import SCRIPTED
 
-#: Algorithm files, each ending with the function of its algorithm (ratelimit_app.core.algorithms has each
-#: one's code, which decide.lua dispatches on).
+#: Algorithm files, each ending with the function of its algorithm.
 ALGORITHM_FILES: tuple[str, ...] = tuple(algorithm.lua_file for algorithm in SCRIPTED)
 ENTRY_FILE = "decide.lua"
 #: The script that cancels a lease token whose decision's reply was lost (run with EVAL: it is rare).
@@ -17,7 +17,7 @@ CANCEL_FILE = "cancel.lua"
 #: The script that sets when a lease token's live slots end (run with EVAL: a gateway's request only).
 RENEW_FILE = "renew.lua"
 #: Locals every other file uses; it comes first.
-PRELUDE_FILE = "prelude.lua"
+_PRELUDE_FILE = "prelude.lua"
 #: The parameters of every algorithm function, in this order (see "The algorithms" in decide.lua).
 ALGORITHM_PARAMETERS = "(stored, key, now_us, cost, limit, period, extra)"
 
@@ -73,7 +73,7 @@ def _slots_charge() -> str:
 def decide_source() -> str:
     """The complete decision script: the prelude, the kinds of policy, the algorithms as one function,
     then decide.lua."""
-    return "\n".join((read_lua(PRELUDE_FILE), _kinds(), _check_function(), _slots_charge(), read_lua(ENTRY_FILE)))
+    return "\n".join((read_lua(_PRELUDE_FILE), _kinds(), _check_function(), _slots_charge(), read_lua(ENTRY_FILE)))
 
 
 @cache
@@ -94,3 +94,26 @@ def renew_source() -> str:
     """The lease-renewing script (lua/renew.lua): KEYS one identity's sorted sets of leases, ARGV the
     token and each key's new lease length in ms."""
     return read_lua(RENEW_FILE)
+
+
+#: The script that settles a reservation's real usage (run with EVALSHA, loaded on NOSCRIPT).
+SETTLE_FILE = "settle.lua"
+
+
+@cache
+def settle_source() -> str:
+    """The settling script: the prelude, the codes of the algorithms it settles (from the registry), then
+    lua/settle.lua."""
+    codes = {algorithm.name: algorithm.code for algorithm in SCRIPTED}
+    (log,) = (algorithm for algorithm in SCRIPTED if algorithm.long_state_from)
+    return "\n".join((read_lua(_PRELUDE_FILE), (
+        f"local FIXED_CODE, LOG_CODE, COUNTER_CODE = {codes['fixed_window']}, {log.code}, "
+        f"{codes['sliding_window_counter']}\n"
+        f"local BUCKET_CODE, GCRA_CODE, LONG_LOG_UNITS = {codes['token_bucket']}, {codes['gcra']}, "
+        f"{log.long_state_from}\n"), read_lua(SETTLE_FILE)))
+
+
+@cache
+def settle_sha() -> str:
+    """SHA1 of the settling script."""
+    return hashlib.sha1(settle_source().encode("utf-8"), usedforsecurity=False).hexdigest()

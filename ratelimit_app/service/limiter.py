@@ -16,16 +16,18 @@ With RATELIMIT['BACKEND'] = "memory" the engine is this process' own limiter ins
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.budget import within_budget
 from ..core.decision import Decision
-from ..core.engine import Check
+from ..core.engine import Check, Usage
 from ..core.engine_sync import RateLimiter
 from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import Policy
+from ..core.usage import NO_RESERVATION, Reservation, reservation
 from . import clock
 from .breaker import CLOSED
 from .connection import get_redis
@@ -99,6 +101,26 @@ class LimiterService:
         `lease` (in Redis, or in the local fallback when the decision is local: `release` with the
         same `local`)."""
         return self._decide(checks, cost, fail_mode, charge=True, lease=lease)
+
+    def reserve_many(self, checks: Sequence[Check], cost: int, usage: Usage, *, fail_mode: str | None = None,
+                     lease: str | None = None) -> tuple[list[Decision], Reservation]:
+        """`hit_many`, each usage limit of `checks` charged the estimate of its unit in `usage` (see
+        RateLimiter.reserve), with what `settle` needs: nothing when refused or decided without Redis (the
+        fail mode, the memory backend). The deny cache is not read: an estimate's refusal says nothing of
+        another estimate's, and a settlement may give back units at any moment."""
+        started = time.monotonic()
+        decisions = self._decide(checks, cost, fail_mode, charge=True, fresh=True, lease=lease, usage=usage)
+        engine = self._engine
+        if not isinstance(engine, RateLimiter) or any(decision.degraded for decision in decisions):
+            return decisions, NO_RESERVATION
+        return decisions, reservation(engine.prefix, checks, usage, started, clock.offset_ms(), decisions)
+
+    def settle(self, reservation: Reservation, used: Mapping[str, int]) -> bool:
+        """Settle what a request reserved at the units it `used` (see RateLimiter.settle), within the time
+        budget and through the breaker; False when Redis could not be asked (the estimate stays charged)."""
+        if not reservation.held:
+            return True
+        return self.guard.attempt(lambda: self.limiter().settle(reservation, used))  # type: ignore[union-attr]
 
     def release(self, held: Sequence[tuple[str, Policy]], lease: str, *, local: bool = False) -> bool:
         """Give back the concurrency slots of `held` taken under `lease`: in Redis (one round trip,
@@ -174,7 +196,7 @@ class LimiterService:
 
     # -- one decision ------------------------------------------------------------------------------
     def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool,
-                fresh: bool = False, lease: str | None = None) -> list[Decision]:
+                fresh: bool = False, lease: str | None = None, usage: Usage = ()) -> list[Decision]:
         guard, engine = self.guard, self._engine
         # (the reset epoch is Redis': a memory backend has no other process to hear a reset from)
         watched = engine.prefix if isinstance(engine, RateLimiter) else None
@@ -193,7 +215,10 @@ class LimiterService:
             with within_budget(guard.budget, call.started):
                 engine = self.limiter()
                 if charge:
-                    decisions = engine.hit_many(checks, cost, lease=lease, clock_shift_ms=clock.offset_ms())
+                    # (the memory backend has no estimates: a usage limit counts the request's cost there)
+                    reserving = {"usage": usage} if usage and isinstance(engine, RateLimiter) else {}
+                    decisions = engine.hit_many(checks, cost, lease=lease, clock_shift_ms=clock.offset_ms(),
+                                                **reserving)
                 else:
                     identity, policies = checks[0]
                     decisions = [engine.peek(identity, policies, cost, clock_shift_ms=clock.offset_ms())]

@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.budget import within_budget
 from ..core.decision import Decision
-from ..core.engine import Check
+from ..core.engine import Check, Usage
 from ..core.engine_async import AsyncRateLimiter, close_client
 from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import Policy
+from ..core.usage import NO_RESERVATION, Reservation, reservation
 from . import clock
 from .connection import get_async_redis
 from .guard import RedisGuard
@@ -95,6 +97,36 @@ class AsyncLimiterService:
                        fail_mode: str | None = None, lease: str | None = None) -> list[Decision]:
         """Decide several identities together (see LimiterService.hit_many)."""
         return await self._decide(checks, cost, fail_mode, charge=True, lease=lease)
+
+    async def reserve_many(self, checks: Sequence[Check], cost: int, usage: Usage, *, fail_mode: str | None = None,
+                           lease: str | None = None) -> tuple[list[Decision], Reservation]:
+        """`hit_many` with usage estimates reserved (see LimiterService.reserve_many)."""
+        started = time.monotonic()
+        decisions = await self._decide(checks, cost, fail_mode, charge=True, fresh=True, lease=lease, usage=usage)
+        engine = self._engine or self._engines.get(asyncio.get_running_loop())
+        if not isinstance(engine, AsyncRateLimiter) or any(decision.degraded for decision in decisions):
+            return decisions, NO_RESERVATION
+        return decisions, reservation(engine.prefix, checks, usage, started, clock.offset_ms(), decisions)
+
+    async def settle(self, reservation: Reservation, used: Mapping[str, int]) -> bool:
+        """Settle what a request reserved (see LimiterService.settle)."""
+        guard = self.guard
+        if not reservation.held:
+            return True
+        step = guard.step()
+        if step is None:
+            return False
+        try:
+            async with _budget(guard.budget):
+                await self.limiter().settle(reservation, used)  # type: ignore[union-attr]
+        except _FAILURES as exc:
+            guard.count_failure(step, exc)
+            return False
+        except BaseException:
+            guard.abandoned(step)
+            raise
+        guard.succeeded(step)
+        return True
 
     async def release(self, held: Sequence[tuple[str, Policy]], lease: str, *, local: bool = False) -> bool:
         """Give back the concurrency slots of `held` taken under `lease` (see LimiterService.release)."""
@@ -176,7 +208,7 @@ class AsyncLimiterService:
 
     # -- one decision ------------------------------------------------------------------------------
     async def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *,
-                      charge: bool, fresh: bool = False, lease: str | None = None) -> list[Decision]:
+                      charge: bool, fresh: bool = False, lease: str | None = None, usage: Usage = ()) -> list[Decision]:
         guard = self.guard
         engine = self._engine or self._engines.get(asyncio.get_running_loop())
         watched = engine.prefix if isinstance(engine, AsyncRateLimiter) else None  # (as LimiterService._decide)
@@ -197,7 +229,9 @@ class AsyncLimiterService:
                 async with _budget(guard.budget):
                     engine = self.limiter()
                     if charge:
-                        decisions = await engine.hit_many(checks, cost, lease=lease, clock_shift_ms=clock.offset_ms())
+                        reserving = {"usage": usage} if usage and isinstance(engine, AsyncRateLimiter) else {}
+                        decisions = await engine.hit_many(checks, cost, lease=lease, clock_shift_ms=clock.offset_ms(),
+                                                          **reserving)
                     else:
                         identity, policies = checks[0]
                         decisions = [await engine.peek(identity, policies, cost, clock_shift_ms=clock.offset_ms())]

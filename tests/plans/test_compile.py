@@ -116,7 +116,7 @@ def test_a_keys_row_carries_its_expiry_as_unix_time_and_its_own_limits(django_us
     assert (info.prefix, info.name, info.tier_slug, info.revoked, info.owner_id) == \
         (prefix, "mobile", "keyed", False, owner.pk)
     assert info.expires_at == expires.timestamp() and info.hashed_key == api_key.hashed_key
-    assert info.overrides == (("minute", "fixed_window", 99, 60, None, "", True, False, ""),)
+    assert info.overrides == (("minute", "fixed_window", 99, 60, None, "", True, False, "", ""),)
     assert key not in repr(row)  # never the key itself
     assert load_key_row("Zz9Zz9Zz") is None
 
@@ -129,7 +129,7 @@ def test_a_users_plan_is_their_tier_and_own_limits(django_user_model: Any) -> No
     assignment = UserTier.objects.create(user=erin, tier=tier)
     UserTierLimit.objects.create(user_tier=assignment, name="day", algorithm="fixed_window", limit=7, period=86400,
                                  shadow=True)
-    assert load_user_plan(str(erin.pk)) == ("users", (("day", "fixed_window", 7, 86400, None, "", True, True, ""),))
+    assert load_user_plan(str(erin.pk)) == ("users", (("day", "fixed_window", 7, 86400, None, "", True, True, "", ""),))
 
 
 @pytest.mark.django_db
@@ -168,6 +168,17 @@ def test_a_limit_that_cannot_become_a_policy_is_skipped_alone_and_logged_once(ca
     records = skipped_records(caplog)
     assert len(records) == 1 and records[0].levelno == logging.ERROR
     assert records[0].ratelimit["tier"] == "t" and records[0].ratelimit["limit"] == "huge"  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("values", [{"algorithm": "leaky"}, {"algorithm": "fixed_window", "burst": 5}])
+def test_a_limit_of_an_algorithm_outside_the_registry_or_with_a_burst_it_cannot_take_is_skipped_alone(
+        values: dict[str, Any]) -> None:
+    make_tier("t", [("minute", "sliding_window", 5, 60, None, ""), ("odd", "token_bucket", 5, 60, None, "")])
+    TierLimit.objects.filter(tier__slug="t", name="odd").update(**values)
+    invalidate()  # update() bypasses the signals
+    tier = get_lookups().tier("t")
+    assert tier is not None and [p.name for p in tier.policies] == ["minute"]
 
 
 @pytest.mark.django_db
