@@ -62,7 +62,7 @@ class _Floor:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if self.floor is None:  # a redis.asyncio client belongs to the loop it is first used on: uvicorn's
-            from bench.peers import INCR_SCRIPT
+            from bench.limiters import INCR_SCRIPT
             from ratelimit_app.service.connection import get_async_redis
 
             client: Any = get_async_redis()
@@ -192,7 +192,7 @@ def main(argv: list[str]) -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     if args.write:
-        from bench.report import write_script_section
+        from bench.report_text import write_script_section
 
         write_script_section("websockets", "## 10. WebSocket messages through the Channels middleware",
                              "bench/ws_bench.py", [
