@@ -64,6 +64,19 @@ def reply_wait(read_timeout: float | None) -> float | None:
     return read_timeout
 
 
+#: The share of a socket's own timeout a reply wait may outlast the budget by before the budget is put on
+#: the socket for it: a call's first read comes a few microseconds into a budget that its socket timeout
+#: equals (the clients' timeouts are clipped to the budget), and two system calls to change the socket's
+#: timeout for those microseconds are not worth it.
+_OVERRUN_TOLERATED = 0.1
+
+
+def _overruns(socket_timeout: float | None, left: float) -> bool:
+    """True when a reply wait with the socket's own timeout could outlast the budget by more than
+    _OVERRUN_TOLERATED of that timeout (always when the socket has none)."""
+    return socket_timeout is None or left < socket_timeout * (1 - _OVERRUN_TOLERATED)
+
+
 if TYPE_CHECKING:
     from redis.connection import AbstractConnection as _ConnectionBase
 else:
@@ -93,13 +106,10 @@ class BudgetMixin(_ConnectionBase):
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         left = time_left()
-        if left is not None and "timeout" not in kwargs:
-            # only override when the budget is tighter than the socket's own timeout (the common
-            # first read of a call is not), which keeps the hot path free of extra syscalls
-            if self.socket_timeout is None or left < self.socket_timeout:
-                if not _READ_TAKES_TIMEOUT:
-                    return self._read_response_within(max(left, _LAST_READ), args, kwargs)
-                kwargs["timeout"] = max(left, _LAST_READ)
+        if left is not None and "timeout" not in kwargs and _overruns(self.socket_timeout, left):
+            if not _READ_TAKES_TIMEOUT:
+                return self._read_response_within(max(left, _LAST_READ), args, kwargs)
+            kwargs["timeout"] = max(left, _LAST_READ)
         return super().read_response(*args, **kwargs)
 
     def _read_response_within(self, timeout: float, args: Any, kwargs: Any) -> Any:

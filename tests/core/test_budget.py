@@ -5,6 +5,7 @@ with SIGSTOP where a reply must never come)."""
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from collections.abc import Iterator
 
@@ -74,6 +75,45 @@ def test_a_reply_that_never_comes_is_waited_for_only_until_the_budget_ends(
         connection.send_command("PING")
         connection.read_response()
     assert 0.15 < time.monotonic() - started < 2.0  # the socket's own 5 s never came into play
+
+
+@pytest.fixture
+def timeout_changes(monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
+    """Every timeout set on a socket during the test (each one two system calls on the request path)."""
+    changes: list[float | None] = []
+    settimeout = socket.socket.settimeout
+
+    def counted(sock: socket.socket, value: float | None) -> None:
+        changes.append(value)
+        settimeout(sock, value)
+
+    monkeypatch.setattr(socket.socket, "settimeout", counted)
+    return changes
+
+
+@pytest.mark.parametrize("takes_timeout", [True, False], ids=["redis-py>=8", "redis-py<8"])
+def test_a_budget_as_loose_as_the_socket_timeout_leaves_the_socket_alone(
+    server: RedisProcess, timeout_changes: list[float | None], monkeypatch: pytest.MonkeyPatch,
+    takes_timeout: bool,
+) -> None:
+    """The clients' socket timeout equals the budget (it is clipped to it): a call's reads, a moment into
+    the budget, are bounded by the socket's own timeout, and no timeout is set on the socket for them."""
+    monkeypatch.setattr(budget, "_READ_TAKES_TIMEOUT", takes_timeout)
+    made = BudgetConnection(port=server.port, socket_timeout=0.05, socket_connect_timeout=0.05)
+    made.connect()
+    timeout_changes.clear()
+    try:
+        for _ in range(3):
+            with within_budget(0.05):
+                made.send_command("PING")
+                assert made.read_response() == b"PONG"
+        assert timeout_changes == []
+        with within_budget(0.05, start=time.monotonic() - 0.04):  # most of it spent: the budget is tighter
+            made.send_command("PING")
+            assert made.read_response() == b"PONG"
+        assert len(timeout_changes) == 2 and timeout_changes[-1] == 0.05  # clipped, then put back
+    finally:
+        made.disconnect()
 
 
 def test_a_connect_after_the_budget_ran_out_is_refused_before_touching_the_network(
