@@ -127,6 +127,11 @@ class AsyncRateLimiter:
         if keys:
             await self._release(keys, lease)
 
+    async def cancel(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
+        """Make sure `lease` holds none of the slots of `held`, now or later (see `RateLimiter.cancel`).
+        Raises BackendError when Redis cannot be asked."""
+        await leases.acancel(self.client, self.prefix, held, lease)
+
     async def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None = None) -> int:
         """Make the live slots of `held` under `lease` end `lease_ms` from now, or a full period from now
         (see `RateLimiter.renew`); how many were live. Raises BackendError when Redis cannot be asked."""

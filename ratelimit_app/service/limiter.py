@@ -17,23 +17,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, cast
 
 from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.budget import within_budget
 from ..core.decision import Decision
 from ..core.engine import Check
 from ..core.engine_sync import RateLimiter
-from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import Policy
-from . import clock
-from .breaker import CLOSED
 from .connection import get_redis
 from .guard import RedisGuard
 from .memory import MemoryLimiter, memory_limiter
-from .servicecall import ServiceStats
+from .servicecall import ServiceStats, Steps, T
 
-T = TypeVar("T")
 #: What decides: the engine over Redis, or this process' own limiter (RATELIMIT['BACKEND'] = "memory").
 Engine = RateLimiter | MemoryLimiter
 
@@ -67,14 +63,7 @@ class LimiterService:
         else:
             self._build = limiter
         self._build_lock = threading.Lock()
-        self.guard.settle_with(self._redis_engine)  # lost leases are settled over this engine
-
-    def _redis_engine(self) -> RateLimiter:
-        """The engine lost leases are settled over: a Redis one (the memory backend never loses a reply)."""
-        engine = self.limiter()
-        if not isinstance(engine, RateLimiter):
-            raise TypeError("the memory backend has no lost leases to settle")
-        return engine
+        self.guard.settle_with(self._drive)  # lost leases are settled through this service
 
     # -- the public API ----------------------------------------------------------------------------
     def limiter(self) -> Engine:
@@ -90,7 +79,8 @@ class LimiterService:
             fail_mode: str | None = None, lease: str | None = None) -> Decision:
         """Charge `cost` to every policy if all allow (see RateLimiter.hit); the fail mode applies
         when Redis cannot decide within the budget. `lease` as in `hit_many`."""
-        return self._decide([(identity, policies)], cost, fail_mode, charge=True, lease=lease)[0]
+        return self._drive(self.guard.decide(self._engine, [(identity, policies)], cost, fail_mode, True,
+                                             lease=lease))[0]
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
                  fail_mode: str | None = None, lease: str | None = None) -> list[Decision]:
@@ -98,7 +88,7 @@ class LimiterService:
         all of them when Redis cannot decide within the budget. Concurrency slots are taken under
         `lease` (in Redis, or in the local fallback when the decision is local: `release` with the
         same `local`)."""
-        return self._decide(checks, cost, fail_mode, charge=True, lease=lease)
+        return self._drive(self.guard.decide(self._engine, checks, cost, fail_mode, True, lease=lease))
 
     def release(self, held: Sequence[tuple[str, Policy]], lease: str, *, local: bool = False) -> bool:
         """Give back the concurrency slots of `held` taken under `lease`: in Redis (one round trip,
@@ -106,14 +96,7 @@ class LimiterService:
         decision that took them was made by the "local" fail mode). Never raises for Redis failures:
         False when Redis could not be asked; the release is then sent again once Redis answers
         (RedisGuard.release_failed), unless the lease has run out by then."""
-        guard = self.guard
-        if local:
-            guard.fallback.release(held, lease)
-            return True
-        if guard.attempt(lambda: self.limiter().release(held, lease)):
-            return True
-        guard.release_failed(held, lease)
-        return False
+        return self._drive(self.guard.release(held, lease, local))
 
     def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None = None, *,
               local: bool = False) -> bool | None:
@@ -124,34 +107,22 @@ class LimiterService:
         again), None when Redis could not be asked (never raises for it: the slots keep the end they had).
         Slots the "local" fail mode took live in the process that took them, which a renewal may not
         reach: it is True for them."""
-        guard = self.guard
-        if local:
-            guard.fallback.renew(held, lease, lease_ms)
-            return True
-        live: list[int] = []
-        if guard.attempt(lambda: live.append(self.limiter().renew(held, lease, lease_ms))):
-            return live[0] == len(held)
-        return None
+        return self._drive(self.guard.renew(held, lease, lease_ms, local))
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
              fail_mode: str | None = None, fresh: bool = False) -> Decision:
         """Report what `hit` would decide, charging nothing (see RateLimiter.peek); the fail mode
         applies when Redis cannot answer. `fresh` skips the deny cache (whose counts are those of the
         moment Redis denied): a report of where a client stands now."""
-        return self._decide([(identity, policies)], cost, fail_mode, charge=False, fresh=fresh)[0]
+        return self._drive(self.guard.decide(self._engine, [(identity, policies)], cost, fail_mode, False,
+                                             fresh=fresh))[0]
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies: in Redis, in this process' deny cache and
         in the local fallback; other processes drop their cached denials within RESET_CHECK_INTERVAL
         (the reset epoch, see ratelimit_app.service.denycache). Raises BackendError or a RedisError when
         Redis cannot be reached (the local state is forgotten anyway)."""
-        guard = self.guard
-        guard.forget_locally(identity, policies)
-        with within_budget(guard.budget):
-            engine = self.limiter()
-            engine.reset(identity, policies)
-            if isinstance(engine, RateLimiter):  # other processes drop their cached denials: see ResetWatch
-                guard.reset_watch(engine.prefix).announce(engine.client)
+        self._drive(self.guard.reset(identity, policies))
 
     def call_redis(self, command: Callable[[Any], T]) -> T:
         """`command(client)`: one small command of the caller's own (a GET or SET of a marker key) on the
@@ -159,50 +130,30 @@ class LimiterService:
         the breaker. Raises BackendError without sending anything while the breaker is not closed (Redis
         is known to be failing) or when there is no Redis (the memory backend), and what the client raises
         (BACKEND_ERRORS) when Redis cannot answer."""
-        guard = self.guard
-        if guard.breaker.state is not CLOSED:
-            raise BackendError("the limiter's circuit breaker is open: Redis is not asked", maybe_applied=False)
-        with within_budget(guard.budget):
-            engine = self.limiter()
-            if not isinstance(engine, RateLimiter):
-                raise BackendError("RATELIMIT['BACKEND'] is 'memory': there is no Redis to ask", maybe_applied=False)
-            return command(engine.client)
+        return self._drive(self.guard.command(command))
 
     def stats(self) -> ServiceStats:
         """A snapshot of the guard's counters (shared with the async service of this process)."""
         return self.guard.stats()
 
-    # -- one decision ------------------------------------------------------------------------------
-    def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool,
-                fresh: bool = False, lease: str | None = None) -> list[Decision]:
-        guard, engine = self.guard, self._engine
-        # (the reset epoch is Redis': a memory backend has no other process to hear a reset from)
-        watched = engine.prefix if isinstance(engine, RateLimiter) else None
-        call = guard.open(checks, cost, fail_mode, charge, fresh, watched, lease)
-        if call.watch is not None and isinstance(engine, RateLimiter):
-            try:
-                with within_budget(guard.budget):
-                    epoch = engine.client.get(call.watch.key)
-            except BACKEND_ERRORS:
-                guard.epoch_read(call, None, failed=True)
-            else:
-                guard.epoch_read(call, epoch)
-        if call.answer is not None:
-            return call.answer
+    # -- the I/O of the guard's steps ---------------------------------------------------------------
+    def _drive(self, steps: Steps[T]) -> T:
+        """Carry out the guard's steps: each Redis call they ask for, within the time budget; what they
+        return (see AsyncLimiterService._drive, its twin)."""
+        budget = self.guard.budget
+        reply: Any = None
+        failure: BaseException | None = None
         try:
-            with within_budget(guard.budget, call.started):
-                engine = self.limiter()
-                if charge:
-                    decisions = engine.hit_many(checks, cost, lease=lease, clock_shift_ms=clock.offset_ms())
-                else:
-                    identity, policies = checks[0]
-                    decisions = [engine.peek(identity, policies, cost, clock_shift_ms=clock.offset_ms())]
-        except BACKEND_ERRORS as exc:
-            return guard.failed(call, exc)
-        except BaseException as exc:
-            guard.abandoned_call(call, exc)
-            raise
-        return guard.answered(call, decisions)
+            while True:
+                ask = steps.send(reply) if failure is None else steps.throw(failure)
+                failure = None
+                try:
+                    with within_budget(budget, ask.started):
+                        reply = ask.run(self.limiter())
+                except BaseException as exc:  # the steps decide what it means
+                    failure = exc
+        except StopIteration as done:
+            return cast(T, done.value)
 
 
 _service = SettingsCached(LimiterService)
