@@ -14,7 +14,6 @@ from typing import Any, TypeVar, Union, cast
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -25,36 +24,11 @@ from .engine import LOAD_SCRIPT, NOSCRIPT, Check, PreparedCall, Steps
 from .exceptions import REDIS_CLIENT_ERRORS
 from .keys import check_prefix, state_keys
 from .policies import Policy
+from .redispy import BINARY_REPLY, acheckout, aclosed_or_dirty
 from .scripts import decide_source
 
 AsyncRedisClient = Union[redis.asyncio.Redis, AsyncRedisCluster]  # noqa: UP007 (a runtime alias)
 T = TypeVar("T")
-
-#: The values of AsyncRateLimiter's `connections`.
-
-
-async def close_client(client: Any) -> None:
-    """Close a redis.asyncio client: `aclose()`, or `close()` on redis-py 5.0.0, which lacks it."""
-    close = getattr(client, "aclose", None) or client.close
-    await close()
-
-
-async def _checkout(pool: Any) -> Any:
-    """A connection of an asyncio pool (redis-py 5 wants a command name, which redis-py 6+ deprecates)."""
-    try:
-        return await pool.get_connection()
-    except TypeError:
-        return await pool.get_connection("EVALSHA")
-
-
-async def _closed_or_dirty(connection: Any) -> bool:
-    """True when the server closed this idle connection or left bytes on it: `can_read()` (redis-py 8)
-    or `can_read_destructive()` (5 to 7; reading is harmless here: such a connection is dropped)."""
-    can_read = getattr(connection, "can_read", None) or connection.can_read_destructive
-    try:
-        return bool(await can_read())
-    except REDIS_CLIENT_ERRORS:  # redis-py 5 to 7 report a closed connection by raising
-        return True
 
 
 class AsyncRateLimiter:
@@ -185,7 +159,7 @@ class AsyncRateLimiter:
             raise engine.unreachable(exc) from exc
         try:
             return await client.execute_command(*call.command(), target_nodes=node,
-                                                **{NEVER_DECODE: True})  # the reply is binary
+                                                **BINARY_REPLY)
         except NoScriptError:
             return NOSCRIPT
         except REDIS_CLIENT_ERRORS as exc:
@@ -195,7 +169,7 @@ class AsyncRateLimiter:
         """The reference path: a connection of the client's pool, redis-py's own command packing."""
         pool = cast(redis.asyncio.Redis, self.client).connection_pool
         try:
-            connection = await _checkout(pool)
+            connection = await acheckout(pool)
         except REDIS_CLIENT_ERRORS as exc:
             raise engine.unreachable(exc) from exc
         try:
@@ -225,7 +199,7 @@ class AsyncRateLimiter:
             try:
                 # can_read() only looks at what the event loop already received: True means the server
                 # closed this connection while it was idle, or left bytes on it; either way, replace it
-                if connection.is_connected and await _closed_or_dirty(connection):
+                if connection.is_connected and await aclosed_or_dirty(connection):
                     await connection.disconnect()
                 if not connection.is_connected:
                     await connection.connect()

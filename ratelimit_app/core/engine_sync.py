@@ -29,9 +29,8 @@ from collections.abc import Sequence
 from typing import Any, TypeVar, Union, cast
 
 import redis
-from redis.client import NEVER_DECODE
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from . import engine, leases
 from .decision import Decision
@@ -39,9 +38,8 @@ from .engine import LOAD_SCRIPT, NOSCRIPT, Check, PreparedCall, Steps
 from .exceptions import REDIS_CLIENT_ERRORS
 from .keys import check_prefix, state_keys
 from .policies import Policy
+from .redispy import BINARY_REPLY, checkout, connected, stale
 from .scripts import decide_source
-
-#: The values of RateLimiter's `connections` (and of RATELIMIT['CONNECTIONS']).
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, kept readable)
 #: A thread's connection unused for longer than this (seconds) is checked for a server-side close
@@ -67,19 +65,6 @@ def resolve_connections(connections: str) -> str:
     return connections
 
 
-def _connected(connection: Any) -> bool:
-    """True when the connection holds a socket (redis-py 8's `is_connected`, which redis-py 5-7 lack)."""
-    return connection._sock is not None
-
-
-def _checkout(pool: Any) -> Any:
-    """A connection of `pool` (redis-py 5 wants a command name, which redis-py 6+ deprecates)."""
-    try:
-        return pool.get_connection()
-    except TypeError:
-        return pool.get_connection("EVALSHA")
-
-
 def _zrem_each(connection: Any, keys: list[str], lease: str) -> None:
     """Remove `lease` from each key, pipelined on `connection`: one write, then the replies. A failure
     closes the connection (its state is unknown) and raises BackendError."""
@@ -90,14 +75,6 @@ def _zrem_each(connection: Any, keys: list[str], lease: str) -> None:
     except REDIS_CLIENT_ERRORS as exc:
         connection.disconnect()
         raise engine.release_failed(lease, exc) from exc
-
-
-def _stale(connection: Any) -> bool:
-    """True when the server closed this idle connection (restart, idle timeout) or it holds stray data."""
-    try:
-        return bool(connection.can_read())
-    except (RedisError, OSError):  # redis-py reports a closed connection by raising
-        return True
 
 
 _forks = 0  # forks this process has come from: a child never writes to a connection of its parent
@@ -282,7 +259,7 @@ class RateLimiter:
             raise engine.unreachable(exc) from exc
         try:
             return client.execute_command(*call.command(), target_nodes=node,
-                                          **{NEVER_DECODE: True})  # the reply is binary
+                                          **BINARY_REPLY)
         except NoScriptError:
             return NOSCRIPT
         except REDIS_CLIENT_ERRORS as exc:
@@ -292,7 +269,7 @@ class RateLimiter:
         """The reference path: a connection of the client's pool, redis-py's own command packing."""
         pool = cast(redis.Redis, self.client).connection_pool
         try:
-            connection = _checkout(pool)
+            connection = checkout(pool)
         except REDIS_CLIENT_ERRORS as exc:
             raise engine.unreachable(exc) from exc
         try:
@@ -314,7 +291,7 @@ class RateLimiter:
         redis-py's error raised)."""
         connection = self._connection()
         try:
-            if not _connected(connection):
+            if not connected(connection):
                 connection.connect()
         except REDIS_CLIENT_ERRORS:
             connection.disconnect()
@@ -351,7 +328,7 @@ class RateLimiter:
         """The ZREMs, pipelined on a connection of the client's pool."""
         pool = cast(redis.Redis, self.client).connection_pool
         try:
-            connection = _checkout(pool)
+            connection = checkout(pool)
         except REDIS_CLIENT_ERRORS as exc:
             raise engine.release_failed(lease, exc, sent=False) from exc
         try:
@@ -376,11 +353,11 @@ class RateLimiter:
         if owned is None or thread.forks != _forks:
             connection = self._new_thread_connection()
             thread.owned, thread.forks = _Owned(connection, self._shelf), _forks
-            if _connected(connection) and _stale(connection):
+            if connected(connection) and stale(connection):
                 connection.disconnect()  # a shelved connection the server closed meanwhile
         else:
             connection = owned.connection
-            if now - thread.last_used > IDLE_CHECK_AFTER and _connected(connection) and _stale(connection):
+            if now - thread.last_used > IDLE_CHECK_AFTER and connected(connection) and stale(connection):
                 connection.disconnect()  # connected again before anything is sent
         thread.last_used = now
         return connection

@@ -33,14 +33,14 @@ from .lostleases import CANCEL, RETRY_INTERVAL, LostLease, LostLeases
 from .servicecall import Ask, ServiceStats, Steps, T, request_key
 
 OPEN, CLOSED_MODE, LOCAL = "open", "closed", "local"
-FAIL_MODES = (OPEN, CLOSED_MODE, LOCAL)
+_FAIL_MODES = (OPEN, CLOSED_MODE, LOCAL)
 #: What requests get in each fail mode while Redis does not answer (the log line of an outage says it).
-FAIL_MODE_EFFECTS = {OPEN: "admitted without limits", CLOSED_MODE: "refused with 503",
+_FAIL_MODE_EFFECTS = {OPEN: "admitted without limits", CLOSED_MODE: "refused with 503",
                      LOCAL: "limited by each process alone"}
 
 #: Redis could not answer: the engine's errors, or the budget's timeout (asyncio.TimeoutError is the built-in
 #: TimeoutError from Python 3.11 on, an OSError; before, a class of its own).
-FAILURES: tuple[type[BaseException], ...] = (*BACKEND_ERRORS, asyncio.TimeoutError)
+_FAILURES: tuple[type[BaseException], ...] = (*BACKEND_ERRORS, asyncio.TimeoutError)
 
 #: The answer of the "open" fail mode: allowed, made without Redis, nothing known about the limits.
 OPEN_DECISION = degraded_decision(True)
@@ -48,8 +48,8 @@ OPEN_DECISION = degraded_decision(True)
 
 def check_fail_mode(mode: str) -> str:
     """`mode` when it is a fail mode; ValueError naming the choices otherwise."""
-    if mode not in FAIL_MODES:
-        raise ValueError(f"fail_mode: {mode!r} is not one of {', '.join(FAIL_MODES)}")
+    if mode not in _FAIL_MODES:
+        raise ValueError(f"fail_mode: {mode!r} is not one of {', '.join(_FAIL_MODES)}")
     return mode
 
 
@@ -136,7 +136,7 @@ class RedisGuard:
                 identity, policies = checks[0]
                 decisions = [(yield Ask(lambda engine: engine.peek(identity, policies, cost, clock_shift_ms=shift),
                                         started))]
-        except FAILURES as exc:
+        except _FAILURES as exc:
             events.observe_latency(time.monotonic() - started)
             return self._failed(step, exc, mode, checks, cost, charge, lease)
         except BaseException as exc:  # bad input, or cancelled: may have been sent, then lost like a reply
@@ -168,7 +168,7 @@ class RedisGuard:
             return cached
         try:
             epoch = yield Ask(lambda engine: engine.client.get(watch.key))
-        except FAILURES:
+        except _FAILURES:
             return cached
         if not watch.changed(epoch):
             return cached
@@ -245,7 +245,7 @@ class RedisGuard:
             return False, None
         try:
             reply = yield Ask(run)
-        except FAILURES as exc:
+        except _FAILURES as exc:
             self._count_failure(step, exc)
             return False, None
         except BaseException:
@@ -333,7 +333,7 @@ class RedisGuard:
         if state == BREAKER_OPEN and detail["previous"] == CLOSED:  # (a failed probe: still down, said once)
             log_event("ratelimit.redis_unavailable", logging.WARNING, redis=redis_location(),
                       error=detail.get("error_class", ""), fail_mode=self.fail_mode,
-                      requests=f"{FAIL_MODE_EFFECTS[self.fail_mode]} until Redis answers")
+                      requests=f"{_FAIL_MODE_EFFECTS[self.fail_mode]} until Redis answers")
         elif state == CLOSED:
             log_event("ratelimit.redis_available", logging.INFO, redis=redis_location(),
                       outage_seconds=detail.get("outage_seconds", 0))

@@ -31,7 +31,7 @@ from .memory import MemoryLimiter, memory_limiter
 from .servicecall import ServiceStats, Steps, T
 
 #: What decides: the engine over Redis, or this process' own limiter (RATELIMIT['BACKEND'] = "memory").
-Engine = RateLimiter | MemoryLimiter
+_Engine = RateLimiter | MemoryLimiter
 
 
 class LimiterService:
@@ -48,11 +48,11 @@ class LimiterService:
     policy) raise ValueError/TypeError.
     """
 
-    def __init__(self, limiter: Engine | Callable[[], Engine] | None = None, *,
+    def __init__(self, limiter: _Engine | Callable[[], _Engine] | None = None, *,
                  guard: RedisGuard | None = None, **options: Any) -> None:
         self.guard = RedisGuard.shared_or_new(guard, options)
-        self._engine: Engine | None = None
-        self._build: Callable[[], Engine]
+        self._engine: _Engine | None = None
+        self._build: Callable[[], _Engine]
         if isinstance(limiter, (RateLimiter, MemoryLimiter)):
             self._engine = limiter
             self._build = lambda: limiter
@@ -66,7 +66,7 @@ class LimiterService:
         self.guard.settle_with(self._drive)  # lost leases are settled through this service
 
     # -- the public API ----------------------------------------------------------------------------
-    def limiter(self) -> Engine:
+    def limiter(self) -> _Engine:
         """The engine (built on first use; raises what building it raises)."""
         if self._engine is not None:
             return self._engine

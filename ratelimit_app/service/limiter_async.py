@@ -27,8 +27,9 @@ from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.budget import within_budget
 from ..core.decision import Decision
 from ..core.engine import Check
-from ..core.engine_async import AsyncRateLimiter, close_client
+from ..core.engine_async import AsyncRateLimiter
 from ..core.policies import Policy
+from ..core.redispy import close_client
 from .connection import get_async_redis
 from .guard import RedisGuard
 from .limiter import get_limiter
@@ -36,7 +37,7 @@ from .memory import AsyncMemoryLimiter, memory_limiter
 from .servicecall import ServiceStats, Steps, T
 
 #: What decides: the async engine over Redis, or this process' own limiter (the memory backend).
-AsyncEngine = AsyncRateLimiter | AsyncMemoryLimiter
+_AsyncEngine = AsyncRateLimiter | AsyncMemoryLimiter
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _budget
@@ -52,11 +53,11 @@ class AsyncLimiterService:
     `guard` and `options` as for LimiterService.
     """
 
-    def __init__(self, limiter: AsyncEngine | Callable[[], AsyncEngine] | None = None, *,
+    def __init__(self, limiter: _AsyncEngine | Callable[[], _AsyncEngine] | None = None, *,
                  guard: RedisGuard | None = None, **options: Any) -> None:
         self.guard = RedisGuard.shared_or_new(guard, options)
-        self._engine: AsyncEngine | None = None
-        self._build: Callable[[], AsyncEngine]
+        self._engine: _AsyncEngine | None = None
+        self._build: Callable[[], _AsyncEngine]
         if isinstance(limiter, (AsyncRateLimiter, AsyncMemoryLimiter)):
             self._engine = limiter
             self._build = lambda: limiter
@@ -67,11 +68,11 @@ class AsyncLimiterService:
         else:
             self._build = limiter
         # one engine per event loop, dropped with its loop
-        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncEngine] = (
+        self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncEngine] = (
             weakref.WeakKeyDictionary())
 
     # -- the public API ----------------------------------------------------------------------------
-    def limiter(self) -> AsyncEngine:
+    def limiter(self) -> _AsyncEngine:
         """The engine for the running event loop (built on its first use there)."""
         if self._engine is not None:
             return self._engine
@@ -131,7 +132,7 @@ class AsyncLimiterService:
             await close_client(engine.client)
 
     # -- the I/O of the guard's steps ---------------------------------------------------------------
-    def _built(self) -> AsyncEngine | None:
+    def _built(self) -> _AsyncEngine | None:
         """The engine of the running event loop, if built yet (the guard reads no reset epoch before)."""
         return self._engine or self._engines.get(asyncio.get_running_loop())
 

@@ -16,8 +16,8 @@ from redis.retry import Retry
 
 from devtools.embedded import free_port
 from ratelimit_app import AsyncRateLimiter, BackendError, Policy, RateLimiter, new_lease_token
-from ratelimit_app.core.engine_async import close_client
 from ratelimit_app.core.keys import renew_calls
+from ratelimit_app.core.redispy import close_client
 
 SLOTS = Policy("concurrency", "concurrency", limit=2, period=60)
 FLEET = Policy("fleet", "concurrency", limit=100, period=30)
