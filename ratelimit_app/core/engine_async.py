@@ -1,9 +1,6 @@
-"""The asyncio transport of the engine: `AsyncRateLimiter` carries out the steps of ratelimit_app.core.engine.
-
-It is the twin of `ratelimit_app.core.engine_sync.RateLimiter`: the same methods in the same order,
-each of them only the I/O of a step that the sans-IO engine builds (the calls, the arguments'
-validation, the NOSCRIPT recovery, the replies and the errors' wording live there, once). So the two
-return the same `Decision` for the same state, and fail the same way.
+"""The asyncio transport of the engine: `AsyncRateLimiter` carries out the steps of ratelimit_app.core.engine over
+a redis.asyncio client (the twin of engine_sync.RateLimiter: the same methods in the same order, the same
+Decision for the same state, the same failures).
 """
 
 from __future__ import annotations

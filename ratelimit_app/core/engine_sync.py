@@ -1,22 +1,11 @@
-"""The synchronous transport of the engine: `RateLimiter` carries out the steps of ratelimit_app.core.engine.
+"""The synchronous transport of the engine: `RateLimiter` carries out the steps of ratelimit_app.core.engine over
+a redis-py client (the twin of engine_async.AsyncRateLimiter: the same methods in the same order).
 
-It is the twin of `ratelimit_app.core.engine_async.AsyncRateLimiter`: the same methods in the same
-order, each of them only the I/O of a step that the sans-IO engine builds (the calls, the arguments'
-validation, the NOSCRIPT recovery, the replies and the errors' wording live there, once).
-
-It has two ways to reach a standalone Redis (or a Sentinel master), chosen by `connections`:
-
-- "own", the speed path: each thread keeps one connection of its own and writes the call's
-  packed command on it, so a decision costs one write and one read, with no pool checkout; when a
-  thread ends its connection is kept for the next new thread (at most MAX_SHELVED idle), so a server
-  that runs each request in a new thread reuses connections instead of opening one per request;
-- "pool", the reference path: each decision checks a connection out of the client's own pool and
-  sends the EVALSHA with redis-py's `send_command`, then gives it back. It is what per-thread
-  connections would get wrong: under gevent or eventlet a thread-local is per greenlet, so
-  connections would grow with greenlets, while the pool keeps them within its `max_connections`.
-
-"auto" (the default) is "pool" when gevent or eventlet has patched the threading module and
-"own" otherwise. On Redis Cluster both send through the cluster client's node pools.
+It reaches a standalone Redis (or a Sentinel master) one of two ways, chosen by `connections`: "own", the
+speed path (each thread writes the packed command on a connection of its own: one write and one read, no
+pool checkout), or "pool", the reference path (a connection of the client's pool per call, which keeps
+connections within `max_connections` under gevent or eventlet, whose thread-locals are per greenlet).
+"auto" is "pool" when gevent or eventlet has patched threading, "own" otherwise.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The Redis client the limiter uses, built once from settings (REDIS_URL or a django-redis alias).
-
-Every client built here has explicit timeouts, no retries (a retried EVALSHA could charge twice) and
-connections that respect the limiter's time budget (ratelimit_app.core.budget): no sequence of steps
-inside one decision can add up past RATELIMIT['BUDGET_MS'].
-
-When the sync engine takes the "pool" path (RATELIMIT['CONNECTIONS']: "pool", or "auto" under gevent or
-eventlet), a standalone client's pool holds at most `max_connections` (the REDIS_URL's
-`?max_connections=N`, else POOL_MAX_CONNECTIONS) and a caller that finds them all in use waits for one
-to come back, within the budget, instead of failing: 200 greenlets deciding at once share 50
-connections.
+"""The Redis clients the limiter uses, built from settings (REDIS_URL or a django-redis alias): explicit
+timeouts, no retries (a retried EVALSHA could charge twice), and connections that keep each call within
+the time budget (ratelimit_app.core.redispy). On the sync engine's "pool" path a standalone client's pool
+is a blocking one: a caller that finds every connection in use waits for one, within the budget.
 """
 
 from __future__ import annotations

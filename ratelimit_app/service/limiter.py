@@ -1,16 +1,8 @@
-"""The process-wide limiter service: what the middleware, throttles, decorator and commands call.
+"""The process-wide limiter service: `get_limiter()`, what request handling and the commands call.
 
-`get_limiter()` returns a `LimiterService`: the engine (`RateLimiter`) configured from settings, behind
-the process' `RedisGuard` (ratelimit_app.service.guard: the time budget, the circuit breaker, the fail
-modes, the deny cache and the local fallback). Every connect and read of one decision waits at most for
-what is left of the budget (see ratelimit_app.service.connection), so no request hangs on Redis.
-
-Its twin for asyncio code is `AsyncLimiterService` (ratelimit_app.service.limiter_async): the same
-methods in the same order, around the same guard; only the I/O differs.
-
-With RATELIMIT['BACKEND'] = "memory" the engine is this process' own limiter instead of Redis
-(ratelimit_app.service.memory), behind the same API. Every decision carries the test kit's clock shift
-(ratelimit_app.service.clock: 0 outside tests).
+`LimiterService` is the engine (`RateLimiter`, or this process' own limiter with RATELIMIT['BACKEND'] =
+"memory") behind the process' `RedisGuard`: it drives the guard's steps, making each Redis call they ask
+for within the time budget. Its twin for asyncio code is `AsyncLimiterService` (limiter_async.py).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The limiter service for asyncio code: `get_async_limiter()`, the twin of `get_limiter()`.
 
-`AsyncLimiterService` has the methods of `LimiterService` (ratelimit_app.service.limiter), in the same
-order, awaited, around the same `RedisGuard` (ratelimit_app.service.guard): `get_async_limiter()` shares
-the guard of the service `get_limiter()` returns, so sync and async code of one process see one breaker
-and one deny cache: a denial cached by a sync view is answered to an async view without Redis, and an
-outage noticed by either opens the breaker for both.
-
-What differs is the I/O: the engine is an `AsyncRateLimiter` (one per event loop: a redis.asyncio client
-belongs to one loop), and the time budget (RATELIMIT['BUDGET_MS']) is one asyncio timeout around the
-whole Redis call (connecting, EVALSHA, NOSCRIPT recovery, a cluster's topology refresh, a Sentinel
-lookup). When it runs out the call is cancelled, its connection closed, and the fail mode answers; the
-event loop is never blocked, so other requests are served meanwhile. A call cancelled from outside (the
-client went away) is not counted as a Redis failure: the cancellation goes on up.
+`AsyncLimiterService` has the methods of `LimiterService`, in the same order, awaited, and shares its
+`RedisGuard` (one breaker, one deny cache per process). Its engine is an `AsyncRateLimiter` per event
+loop, and each Redis call the guard's steps ask for runs under one asyncio timeout of what is left of
+the budget, so the event loop is never blocked.
 """
 
 from __future__ import annotations
