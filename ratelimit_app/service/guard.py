@@ -4,7 +4,7 @@ and the async limiter services (docs/operations.md tells the whole story).
 It holds the time budget, the circuit breaker, the fail modes (the one place they are interpreted), the
 deny cache and its reset epoch, the local fallback and the lost leases, and writes each operation's
 failure policy once, as steps (sans-IO generators, like the engine's): the steps yield the Redis calls
-to make (`Ask`) and decide from their replies or failures. `LimiterService` and `AsyncLimiterService`
+to make (an `Ask`) and decide from their replies or failures. `LimiterService` and `AsyncLimiterService`
 only drive them, one with plain calls and one awaited, so the twins cannot drift.
 """
 
@@ -30,7 +30,7 @@ from .connection import redis_location
 from .denycache import DenyCache, ResetWatch
 from .fallback import LocalLimiter
 from .lostleases import CANCEL, RETRY_INTERVAL, LostLease, LostLeases
-from .servicecall import Ask, ServiceStats, Steps, T, request_key
+from .servicecall import ServiceStats, Steps, T, request_key
 
 OPEN, CLOSED_MODE, LOCAL = "open", "closed", "local"
 _FAIL_MODES = (OPEN, CLOSED_MODE, LOCAL)
@@ -130,12 +130,12 @@ class RedisGuard:
         started, shift = time.monotonic(), clock.offset_ms()
         try:
             if charge:
-                decisions = yield Ask(lambda engine: engine.hit_many(checks, cost, lease=lease, clock_shift_ms=shift),
-                                      started)
+                decisions = yield (lambda engine: engine.hit_many(checks, cost, lease=lease, clock_shift_ms=shift)), \
+                    started
             else:
                 identity, policies = checks[0]
-                decisions = [(yield Ask(lambda engine: engine.peek(identity, policies, cost, clock_shift_ms=shift),
-                                        started))]
+                decisions = [(yield (lambda engine: engine.peek(identity, policies, cost, clock_shift_ms=shift)),
+                              started)]
         except _FAILURES as exc:
             events.observe_latency(time.monotonic() - started)
             return self._failed(step, exc, mode, checks, cost, charge, lease)
@@ -167,7 +167,7 @@ class RedisGuard:
         if not watch.due(time.monotonic()):
             return cached
         try:
-            epoch = yield Ask(lambda engine: engine.client.get(watch.key))
+            epoch = yield (lambda engine: engine.client.get(watch.key)), None
         except _FAILURES:
             return cached
         if not watch.changed(epoch):
@@ -212,8 +212,8 @@ class RedisGuard:
         self.fallback.reset(identity, policies)
         started = time.monotonic()
         try:
-            yield Ask(lambda engine: engine.reset(identity, policies), started)
-            yield Ask(self._announce_reset, started)
+            yield (lambda engine: engine.reset(identity, policies)), started
+            yield self._announce_reset, started
         except asyncio.TimeoutError as exc:
             raise BackendError(f"could not reset {identity!r:.80}: the time budget ran out",
                                maybe_applied=True) from exc
@@ -227,7 +227,7 @@ class RedisGuard:
         it neither counts as one nor moves the breaker."""
         if self.breaker.state is not CLOSED:
             raise BackendError("the limiter's circuit breaker is open: Redis is not asked", maybe_applied=False)
-        reply: T = yield Ask(lambda engine: command(_client(engine) or _no_redis()))
+        reply: T = yield (lambda engine: command(_client(engine) or _no_redis())), None
         return reply
 
     def settle_with(self, drive: Callable[[Steps[bool]], bool]) -> None:
@@ -244,7 +244,7 @@ class RedisGuard:
         if step == SKIP:
             return False, None
         try:
-            reply = yield Ask(run)
+            reply = yield run, None
         except _FAILURES as exc:
             self._count_failure(step, exc)
             return False, None

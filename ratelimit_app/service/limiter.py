@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.budget import within_budget
@@ -137,15 +137,15 @@ class LimiterService:
         failure: BaseException | None = None
         try:
             while True:
-                ask = steps.send(reply) if failure is None else steps.throw(failure)
+                run, started = steps.send(reply) if failure is None else steps.throw(failure)
                 failure = None
                 try:
-                    with within_budget(budget, ask.started):
-                        reply = ask.run(self.limiter())
+                    with within_budget(budget, started):
+                        reply = run(self.limiter())
                 except BaseException as exc:  # the steps decide what it means
                     failure = exc
         except StopIteration as done:
-            return cast(T, done.value)
+            return done.value
 
 
 _service = SettingsCached(LimiterService)

@@ -137,15 +137,15 @@ class AsyncLimiterService:
         failure: BaseException | None = None
         try:
             while True:
-                ask = steps.send(reply) if failure is None else steps.throw(failure)
+                run, started = steps.send(reply) if failure is None else steps.throw(failure)
                 failure = None
-                left = budget if ask.started is None else ask.started + budget - time.monotonic()
+                left = budget if started is None else started + budget - time.monotonic()
                 try:
                     # the engine's own connections wait for a reply without a timer of their own when
                     # this one ends first (see ratelimit_app.core.budget.reply_wait)
-                    with within_budget(budget, ask.started):
+                    with within_budget(budget, started):
                         async with _budget(left):
-                            pending = ask.run(self.limiter())
+                            pending = run(self.limiter())
                             reply = None if pending is None else await pending
                 except BaseException as exc:  # the steps decide what it means
                     failure = exc

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, Optional, TypeVar
 
 from ..core.engine import Check
 from .breaker import BreakerState
@@ -51,13 +51,10 @@ def request_key(checks: Sequence[Check], cost: int) -> Hashable:
     return tuple(parts)
 
 
-class Ask(NamedTuple):
-    """One Redis call the guard's steps ask for: `run(engine)` makes it (sync), or returns what to await
-    (async; None: nothing to await), with the budget counted from `started` (a time.monotonic() value;
-    None: from now)."""
-
-    run: Callable[[Any], Any]
-    started: float | None = None
+#: One Redis call the guard's steps ask for, as (run, started): `run(engine)` makes it (sync), or returns what
+#: to await (async; None: nothing to await), with the budget counted from `started` (a time.monotonic()
+#: value; None: from now). A plain tuple: one is made per decision.
+Ask = tuple[Callable[[Any], Any], Optional[float]]  # noqa: UP045 (a runtime alias on Python 3.10)
 
 
 #: The steps of one operation through the guard (sans-IO): each yields an Ask and is sent its reply, or
