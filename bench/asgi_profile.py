@@ -29,9 +29,10 @@ RATE = 200
 #: (part, frame markers): a frame that contains one of the markers names the part. Checked from the
 #: innermost frame outwards, the parts in this order for each frame.
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("ours: the Redis call (engine, redis-py)", ("ratelimit_app/core/engine",)),
+    ("ours: the Redis call (engine, redis-py)", ("ratelimit_app/core/engine", "ratelimit_app/core/wire")),
     ("ours: who the client is and its plan (key, tier, policies)",
-     ("ratelimit_app/apply/planning", "ratelimit_app/apply/identity.py", "ratelimit_app/plans/")),
+     ("ratelimit_app/apply/planning", "ratelimit_app/apply/identity.py", "ratelimit_app/plans/",
+      "ratelimit_app/core/apikeys", "ratelimit_app/core/clientrules")),
     ("ours: the rest (middleware, decision, headers, metrics)", ("ratelimit_app/",)),
     ("the floor's EVALSHA (redis.asyncio client)", ("aping_evalsha (",)),
     ("uvicorn (HTTP protocol)", ("uvicorn/protocols/", "uvicorn/middleware/")),

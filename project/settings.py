@@ -41,6 +41,7 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "project.urls"
 WSGI_APPLICATION = "project.wsgi.application"
+ASGI_APPLICATION = "project.asgi.application"  # Channels' setting: the WebSocket echo (/ws/echo/)
 
 TEMPLATES = [
     {

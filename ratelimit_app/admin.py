@@ -1,10 +1,6 @@
-"""Admin for tiers (with their limits inline), API keys and user tiers (each with its own limit
-overrides inline, and the effective limits on its page), and client allow/deny rules.
-
-Every save or delete here invalidates the lookup caches (signals in `lookups`), so a change is enforced
-on every app server within RATELIMIT['CACHE_TTL'] seconds. A new API key is shown exactly once, in the
-message after it is created; only its prefix and hash are stored. Revocation cannot be undone.
-"""
+"""The admin of tiers (their limits inline), API keys and user tiers (each with its limit overrides inline and
+its effective limits shown), and allow/deny rules. Saves and deletes reach every app server within about a
+second (docs/plans.md); a new API key is shown once, in the message after it is created."""
 
 from __future__ import annotations
 
@@ -19,9 +15,9 @@ from django.utils.html import format_html, format_html_join
 
 from .apply.planning import limit_config
 from .conf.settings import IP_POLICY_NAME, InvalidSetting
+from .core import apikeys
 from .core.policies import CONCURRENCY, Policy
 from .models import ApiKey, ApiKeyLimit, ClientRule, Tier, TierLimit, UserTier, UserTierLimit
-from .plans import apikeys
 from .plans.checks import row_problem
 from .plans.compile import OVERRIDE_FIELDS, TierInfo, apply_overrides
 from .plans.lookups import get_lookups
@@ -33,7 +29,7 @@ _LIMIT_FIELDS = ("name", "algorithm", "limit", "period", "burst", "calendar", "s
 _ROW_CALENDARS = [("", "no"), ("day", "day"), ("week", "week"), ("month", "month")]
 
 
-class LimitRowForm(forms.ModelForm):
+class _LimitRowForm(forms.ModelForm):
     """One limit row of a tier, key or user tier page (sized by templates/admin/ratelimit_app/change_form.html)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -51,13 +47,13 @@ def _enforcement(row: Any) -> str:
 
 
 class _LimitInline(admin.TabularInline):
-    form = LimitRowForm
+    form = _LimitRowForm
     extra = 0
     fields = _LIMIT_FIELDS
 
 
-class _ShowsLimitsNotEnforced(admin.ModelAdmin):
-    """A change page that warns about each of its object's stored limits that is not enforced."""
+class _LimitsAdmin(admin.ModelAdmin):
+    """The page of an object with limits: its effective limits, and a warning for each stored limit not enforced."""
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> Any:
@@ -69,18 +65,27 @@ class _ShowsLimitsNotEnforced(admin.ModelAdmin):
                 messages.warning(request, f"Limit {row.policy_name!r}: {problem}")
         return super().change_view(request, object_id, form_url, extra_context)
 
+    @admin.display(description="effective limits")
+    def effective_limits(self, obj: Tier | ApiKey | UserTier) -> str:
+        """The limits a client gets (as saved): a tier's own, or a key's or user's tier with its overrides."""
+        if obj.pk is None:
+            return "-"
+        if isinstance(obj, Tier):
+            return _effective_limits_table(obj.slug)
+        return _effective_limits_table(obj.tier.slug, obj.limits.all())
 
-class TierLimitInline(_LimitInline):
+
+class _TierLimitInline(_LimitInline):
     model = TierLimit
 
 
-class ApiKeyLimitInline(_LimitInline):
+class _ApiKeyLimitInline(_LimitInline):
     model = ApiKeyLimit
     verbose_name = "limit override"
     verbose_name_plural = "Limit overrides (a tier limit's name replaces it for this key; other names add a limit)"
 
 
-class UserTierLimitInline(_LimitInline):
+class _UserTierLimitInline(_LimitInline):
     model = UserTierLimit
     verbose_name = "limit override"
     verbose_name_plural = "Limit overrides (a tier limit's name replaces it for this user; other names add a limit)"
@@ -98,7 +103,7 @@ def _describe(policy: Policy, source: str) -> tuple[str, str, str, str, str]:
             source)
 
 
-def effective_limits_table(tier_slug: str, overrides: QuerySet[Any] | None = None) -> str:
+def _effective_limits_table(tier_slug: str, overrides: QuerySet[Any] | None = None) -> str:
     """An HTML table of the limits a client gets: its tier's, with its overrides applied, and the per-IP
     limit its requests are counted on (or why it cannot be shown: the page never depends on RATELIMIT
     being valid). Without `overrides`, the tier's own."""
@@ -135,19 +140,12 @@ def _per_ip_row(tier: TierInfo, default: tuple[Policy, ...]) -> tuple[str, str, 
 
 
 @admin.register(Tier)
-class TierAdmin(_ShowsLimitsNotEnforced):
+class TierAdmin(_LimitsAdmin):
     list_display = ("slug", "name", "fail_mode", "time_zone", "limits_summary")
     search_fields = ("slug", "name")
     prepopulated_fields = {"slug": ("name",)}
-    inlines = [TierLimitInline]
+    inlines = [_TierLimitInline]
     readonly_fields = ("effective_limits",)
-
-    @admin.display(description="effective limits")
-    def effective_limits(self, obj: Tier) -> str:
-        """The limits a key or user of this tier gets (as saved), the per-IP limit included."""
-        if obj.pk is None:
-            return "-"
-        return effective_limits_table(obj.slug)
 
     @admin.display(description="limits")
     def limits_summary(self, obj: Tier) -> str:
@@ -159,7 +157,7 @@ class TierAdmin(_ShowsLimitsNotEnforced):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(_ShowsLimitsNotEnforced):
+class ApiKeyAdmin(_LimitsAdmin):
     list_display = ("name", "prefix", "tier", "owner", "created", "expires", "status")
     list_filter = ("tier", "revoked")
     search_fields = ("name", "prefix")
@@ -178,7 +176,7 @@ class ApiKeyAdmin(_ShowsLimitsNotEnforced):
             "prefix", "created", "effective_limits")
 
     def get_inlines(self, request: HttpRequest, obj: ApiKey | None = None) -> Any:
-        return [ApiKeyLimitInline] if obj is not None else []  # overrides once the key exists
+        return [_ApiKeyLimitInline] if obj is not None else []  # overrides once the key exists
 
     @admin.display(description="status", ordering="revoked")
     def status(self, obj: ApiKey) -> str:
@@ -186,11 +184,6 @@ class ApiKeyAdmin(_ShowsLimitsNotEnforced):
         if obj.revoked:
             return "Revoked"
         return "Expired" if obj.is_expired else "Active"
-
-    @admin.display(description="effective limits")
-    def effective_limits(self, obj: ApiKey) -> str:
-        """The limits this key gets: its tier's, with its overrides applied (as saved)."""
-        return effective_limits_table(obj.tier.slug, obj.limits.all())
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: ModelForm[ApiKey], change: bool) -> None:
         if change:
@@ -216,21 +209,14 @@ class ApiKeyAdmin(_ShowsLimitsNotEnforced):
 
 
 @admin.register(UserTier)
-class UserTierAdmin(_ShowsLimitsNotEnforced):
+class UserTierAdmin(_LimitsAdmin):
     list_display = ("user", "tier")
     list_filter = ("tier",)
     raw_id_fields = ("user",)
     readonly_fields = ("effective_limits",)
 
     def get_inlines(self, request: HttpRequest, obj: UserTier | None = None) -> Any:
-        return [UserTierLimitInline] if obj is not None else []  # overrides once the assignment exists
-
-    @admin.display(description="effective limits")
-    def effective_limits(self, obj: UserTier) -> str:
-        """The limits this user gets: the tier's, with the user's overrides applied (as saved)."""
-        if obj.pk is None:
-            return "-"
-        return effective_limits_table(obj.tier.slug, obj.limits.all())
+        return [_UserTierLimitInline] if obj is not None else []  # overrides once the assignment exists
 
 
 @admin.register(ClientRule)

@@ -20,6 +20,8 @@ class RateLimitConfig(AppConfig):
         connect_signals()  # saving or deleting tiers, limits, keys or user tiers invalidates the caches
         if importlib.util.find_spec("rest_framework") is not None:
             from . import throttling_checks  # noqa: F401  (registers the DRF throttles' checks)
+        if importlib.util.find_spec("channels") is not None:
+            from .channels import checks as channels_checks  # noqa: F401  (registers the Channels middleware's checks)
         if importlib.util.find_spec("ninja") is not None:
             # the middleware reads the declarations of the Django Ninja operation a request reaches
             from . import ninja  # noqa: F401

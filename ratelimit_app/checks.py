@@ -1,38 +1,6 @@
-"""Django system checks (`manage.py check`) for the RATELIMIT settings and the Redis connection.
-
-Ids are stable (docs/settings.md, "What `check` validates", lists them all):
-
-- ratelimit.E001: an invalid setting (one error per setting, naming it and the accepted values);
-- ratelimit.E002: no usable Redis configuration (a cache alias that is not django-redis, a malformed
-  cluster or sentinel address);
-- ratelimit.E003: ANONYMOUS_TIER or DEFAULT_USER_TIER names a tier that does not exist (a database
-  check: `manage.py check --database default`);
-- ratelimit.E004: the URLconf routes GET /metrics (ratelimit_app.urls) but prometheus-client is not
-  installed;
-- ratelimit.E005: a Redis server older than 6.2 (the decision script writes with KEEPTTL and PXAT, so
-  every decision would fail and follow the fail mode);
-- ratelimit.E007: the server cannot run Lua scripts (it refuses SCRIPT LOAD of the decision script: a
-  server without a Lua engine, such as Valkey 9.1+ started without its `lua` module, or an ACL that
-  denies scripting): every decision would fail and follow the fail mode;
-- ratelimit.E020: Redis answers but refuses the connection as configured (a database it does not have,
-  wrong credentials): every decision would fail and follow the fail mode;
-- ratelimit.E021: the configuration says Redis Cluster (RATELIMIT['CLUSTER'], a redis+cluster:// URL)
-  and the server is not a cluster node, or it says a single server and the server is a cluster node;
-- ratelimit.W001: Redis does not answer (a warning: the fail mode covers outages at run time; edits of
-  plans then reach other app servers within CACHE_TTL, see ratelimit_app.plans.edits);
-- ratelimit.W002: the URLconf routes GET /metrics but neither METRICS_TOKEN nor METRICS_ALLOWED_IPS is
-  set, so only staff sessions can read it (Prometheus cannot scrape it);
-- ratelimit.W020: the cache the limiter's lookups share (CACHE_ALIAS) is a Redis or memcached cache
-  without a socket timeout (`check_shared_cache`);
-- ratelimit.E040: CLOCK_SHIFT is True with DEBUG off outside a test run (the clock of the limiter would
-  be movable in production; it is not moved there either way);
-- ratelimit.W040: BACKEND is "memory" outside DEBUG and tests, or with more than one process (APP_SERVERS
-  or WEB_CONCURRENCY above 1): each process would count alone. With this backend no Redis is checked.
-- ratelimit.W041: ENABLED is False with DEBUG off outside a test run: no limit of ours applies.
-
-RateLimitMiddleware's own checks (E022, W021) are in ratelimit_app.middleware_checks. No message shows the
-value of a setting that can hold a secret (ratelimit_app.conf.rules).
-"""
+"""Django system checks (`manage.py check`) of the RATELIMIT settings, the Redis they name, the tiers they
+name, GET /metrics and the shared cache. docs/settings.md, "What `check` validates", lists every id; no
+message shows the value of a setting that can hold a secret."""
 
 from __future__ import annotations
 
@@ -54,7 +22,7 @@ from .core.exceptions import REDIS_CLIENT_ERRORS, refuses_scripts
 from .core.scripts import decide_source
 
 #: The oldest Redis server the decision script runs on (SET ... KEEPTTL and PXAT came in 6.2).
-MIN_REDIS_VERSION = (6, 2)
+_MIN_REDIS_VERSION = (6, 2)
 
 _SETTINGS_HINT = "Fix settings.RATELIMIT; docs/settings.md lists every setting and its accepted values."
 
@@ -157,25 +125,24 @@ def _standalone_answers() -> bool:
     host, port = (host_ports(parts.netloc) or [("", 0)])[0] if parts.scheme == CLUSTER_SCHEME else \
         (parts.hostname or "localhost", parts.port or 6379)
     connect, read = socket_timeouts()
+    with redis.Redis(host=host, port=port, username=unquote(parts.username) if parts.username else None,
+                     password=unquote(parts.password) if parts.password else None,
+                     ssl=parts.scheme == "rediss", socket_connect_timeout=connect, socket_timeout=read) as node:
+        return _cluster_enabled(node) is False
+
+
+def _cluster_enabled(client: Any) -> bool | None:
+    """Whether the server `client` reaches is a cluster node; None when it does not say (down, INFO denied)."""
     try:
-        with redis.Redis(host=host, port=port, username=unquote(parts.username) if parts.username else None,
-                         password=unquote(parts.password) if parts.password else None,
-                         ssl=parts.scheme == "rediss", socket_connect_timeout=connect, socket_timeout=read) as node:
-            return int(node.info("cluster").get("cluster_enabled", 0)) == 0
+        return bool(int(client.info("cluster").get("cluster_enabled", 0)))
     except REDIS_CLIENT_ERRORS:
-        return False
+        return None
 
 
 def _topology_errors(client: Any) -> list[checks.CheckMessage]:
     """E021 when a client built for a single server reaches a cluster node (keys of other shards would
     answer MOVED); nothing when INFO is not allowed."""
-    if isinstance(client, RedisCluster):
-        return []
-    try:
-        enabled = int(client.info("cluster").get("cluster_enabled", 0))
-    except REDIS_CLIENT_ERRORS:
-        return []
-    if not enabled:
+    if isinstance(client, RedisCluster) or not _cluster_enabled(client):
         return []
     return [checks.Error(
         "RATELIMIT['REDIS_URL'] names a Redis Cluster node as a single server: decisions whose keys live on "
@@ -184,19 +151,17 @@ def _topology_errors(client: Any) -> list[checks.CheckMessage]:
 
 
 def _version_errors(client: Any) -> list[checks.CheckMessage]:
-    """ratelimit.E005 when a server is older than MIN_REDIS_VERSION; nothing when INFO is not allowed."""
+    """ratelimit.E005 when a server is older than _MIN_REDIS_VERSION; nothing when INFO is not allowed."""
     try:
-        too_old = old_servers(server_versions(server_info(client)))
+        too_old = _old_servers(_server_versions(_server_info(client)))
     except REDIS_CLIENT_ERRORS:
         return []  # INFO renamed or denied by an ACL: the version cannot be read, and is not guessed
-    if not too_old:
-        return []
     return [checks.Error(
-        f"Redis for rate limiting is older than {_version_text(MIN_REDIS_VERSION)}: {', '.join(too_old)}",
+        f"Redis for rate limiting is older than {'.'.join(map(str, _MIN_REDIS_VERSION))}: {', '.join(too_old)}",
         hint="Upgrade Redis: the decision script writes with SET ... KEEPTTL and PXAT (Redis 6.2+); "
              "until then every decision fails and follows RATELIMIT['FAIL_MODE'].",
         id="ratelimit.E005",
-    )]
+    )] if too_old else []
 
 
 def _scripting_errors(client: Any) -> list[checks.CheckMessage]:
@@ -215,11 +180,7 @@ def _scripting_errors(client: Any) -> list[checks.CheckMessage]:
     return []
 
 
-def _version_text(version: tuple[int, ...]) -> str:
-    return ".".join(str(part) for part in version)
-
-
-def server_info(client: Any) -> dict[str, Any]:
+def _server_info(client: Any) -> dict[str, Any]:
     """INFO server of the client's server, or of every node of a cluster client (by default redis-py
     asks one node)."""
     if isinstance(client, RedisCluster):
@@ -227,7 +188,7 @@ def server_info(client: Any) -> dict[str, Any]:
     return client.info("server")
 
 
-def server_versions(info: dict[str, Any]) -> dict[str, str]:
+def _server_versions(info: dict[str, Any]) -> dict[str, str]:
     """The redis_version of each server in an INFO server reply: {"": version} for one server, or
     {node: version} for a cluster client's reply (one INFO per node)."""
     if "redis_version" in info:
@@ -236,12 +197,12 @@ def server_versions(info: dict[str, Any]) -> dict[str, str]:
             if isinstance(reply, dict) and "redis_version" in reply}
 
 
-def old_servers(versions: dict[str, str]) -> list[str]:
-    """The servers older than MIN_REDIS_VERSION, as "version" or "node: version"."""
+def _old_servers(versions: dict[str, str]) -> list[str]:
+    """The servers older than _MIN_REDIS_VERSION, as "version" or "node: version"."""
     old = []
     for node, text in sorted(versions.items()):
         parts = tuple(int(part) for part in text.split(".")[:2] if part.isdigit())
-        if parts < MIN_REDIS_VERSION:
+        if parts < _MIN_REDIS_VERSION:
             old.append(f"{node}: {text}" if node else text)
     return old
 

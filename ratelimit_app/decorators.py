@@ -1,62 +1,8 @@
-"""The view decorators: `@ratelimit` (one limit of the view's own), `@limit_concurrency` (requests in flight)
-and `@limit_cost` (the cost, scope and priority of a view under RateLimitMiddleware).
-
-`@ratelimit` for plain Django views: one limit, counted per client, decided atomically in Redis.
-
-    from ratelimit_app.decorators import ratelimit
-
-    @ratelimit(rate="10/m", key="ip")
-    def quote(request): ...
-
-    @ratelimit(rate="5/10m", key="header:x-device-id", algorithm="gcra", burst=3, block=False)
-    def upload(request):
-        if request.limited: ...
-
-`key` counts the limit per: "ip" (client IP, trusted proxies only), "user" (the authenticated user,
-else the IP), "header:<name>" (the value of that request header; requests without it share one
-counter), or a callable `key(request) -> str | None` (None: do not limit this request). Each
-decorated view has its own counters; views given the same `group` (and the same rate and algorithm)
-share them. The policy is named `name`, else after the group, else after the view.
-
-Denied with `block=True` (default): 429 JSON `{"error", "tier", "policy", "retry_after"}` with
-`Retry-After`; when Redis is unavailable and RATELIMIT['FAIL_MODE'] refuses: 503. With `block=False`
-the view always runs and `request.limited` says whether the request was over the limit. Responses
-carry the rate limit headers (RATELIMIT['HEADERS']). Every argument is checked when the decorator is
-applied (at import), so a bad rate, key, cost or algorithm fails at startup, naming the view.
-
-Under RateLimitMiddleware (a path it limits, `block=True`, the route's cost), the view's limit is
-decided in the same all-or-nothing Redis call as the per-IP limit and the tier: a request refused by
-any of them charges none of them. Otherwise the decorator decides its limit alone.
-
-`shadow=True` makes the limit a dry run: counted, never refusing, its would-be refusals counted in
-the metrics (`ratelimit_shadow_blocked_total{tier="decorator"}`).
-
-Limits counted by outcome: with `count_if=lambda response: ...`, the limit is checked before the view
-runs (a peek: a client already at the limit gets 429 without running the view) and charged after it,
-only when `count_if(response)` is true. A login view that allows 5 failed attempts per 15 minutes per
-username, successful logins being free:
-
-    @ratelimit(rate="5/15m", key="post:username", count_if=lambda r: r.status_code in (401, 403))
-    def login(request): ...
-
-Concurrency bound: the check and the charge are two Redis calls, so requests in flight between them
-all pass the check. The counter itself never exceeds the limit (each charge is atomic, and a charge
-that no longer fits is refused), but up to `limit + C - 1` matching responses can be served in one
-window, where C is the number of requests for the same key in flight at once (the test suite runs 8
-concurrent clients against a limit of 5 and checks both). Such a limit is decided alone, never joined
-with the middleware's call.
-
-On a Django Ninja operation (`@api.get(...)` above `@ratelimit(...)`, sync or `async def`), the
-operation returns data (a dict, a model, `Status(201, ...)`) that Ninja turns into the response: an
-allowed request gets that result unchanged, a refused one our 429/503 response, which Ninja passes on;
-`count_if` is given what the operation returned. The headers of a limit decided alone are added to
-results that are responses; RateLimitMiddleware adds the headers of the limits it decides (see
-ratelimit_app.ninja), and a `@limit_concurrency` slot is given back with the response it finishes
-(without the middleware: when the operation returns).
-
-`@limit_concurrency(5, key="user")` caps the requests of one client in flight in the view at once
-(each holds a slot until its response is closed; `lease` seconds at most if the worker dies): refused
-with 429 and `Retry-After: 1`. Same keys, `name`, `group` and `block` as `@ratelimit`.
+"""The view decorators: `@ratelimit` (one limit of the view's own), `@limit_concurrency` (requests in
+flight) and `@limit_cost` (the cost, scope and priority of a view under RateLimitMiddleware). Each checks
+its arguments when applied, naming the view; how a decorated view decides is in
+ratelimit_app.viewlimits. What a project sees of them is in docs/usage.md (sections 4 and 7) and
+docs/plans.md (limits counted by outcome).
 """
 
 from __future__ import annotations
@@ -67,7 +13,8 @@ from typing import Any
 
 from .apply.routes import ATTRIBUTE, RouteLimit, ViewT, validate_cost, validate_scope, view_name
 from .apply.shedding import validate_priority
-from .apply.viewlimits import (
+from .core.policies import CONCURRENCY, InvalidPolicy, Policy
+from .viewlimits import (
     ConcurrencyLimit,
     CountIf,
     DecoratorLimit,
@@ -77,7 +24,6 @@ from .apply.viewlimits import (
     plain_label,
     wrap_view,
 )
-from .core.policies import CONCURRENCY, InvalidPolicy, Policy
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -97,10 +43,10 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
               burst: int | None = None, block: bool = True, cost: int = 1, name: str | None = None,
               group: str | None = None, shadow: bool = False,
               count_if: CountIf | None = None) -> Callable[[ViewT], ViewT]:
-    """Limit a view to `rate` per `key` (see the module docstring).
+    """Limit a view to `rate` per `key` (docs/usage.md, section 7).
 
     `shadow=True`: a dry run. `count_if(response) -> bool`: charge only responses that match, after
-    the view (see the module docstring for its concurrency bound). Every argument is checked when
+    the view (its concurrency bound: docs/plans.md, limits counted by outcome). Every argument is checked when
     the decorator is applied: a bad rate, algorithm, burst, cost (an integer >= 1), key, name, group,
     shadow or count_if raises InvalidPolicy / ValueError / TypeError naming the view.
     """
@@ -133,7 +79,7 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
 
 def limit_concurrency(slots: int, key: str | KeyFunction = "user", *, lease: float = 60, block: bool = True,
                       name: str | None = None, group: str | None = None) -> Callable[[ViewT], ViewT]:
-    """Allow at most `slots` requests per `key` in the view at once (see the module docstring).
+    """Allow at most `slots` requests per `key` in the view at once (docs/usage.md, section 7).
 
     A request holds its slot until its response is closed (a streaming response: until its stream is),
     or for `lease` seconds at most when the worker dies. Every argument is checked when the decorator

@@ -1,70 +1,39 @@
-"""`RateLimitMiddleware`: limits every request under RATELIMIT['PATH_PREFIXES'] (default `/api/`).
+"""`RateLimitMiddleware`: the admission path (ratelimit_app.apply.admission) for every request under
+RATELIMIT['PATH_PREFIXES'], WSGI and ASGI.
 
-Add it after AuthenticationMiddleware (so session users get their tier):
-
-    MIDDLEWARE = [..., "django.contrib.auth.middleware.AuthenticationMiddleware",
-                  "ratelimit_app.middleware.RateLimitMiddleware", ...]
-
-The decision is made in `process_view`, once the view is known, so a view can declare its cost and
-scope (`ratelimit_app.decorators.limit_cost`), and the limits of `@ratelimit` on the view are decided in
-the same Redis call. A DRF view with any of our throttles is left to them: the first of them decides
-the per-IP limit, the tier and every throttle of ours in one call, after DRF has authenticated the
-request (if DRF refuses the request before its throttles run, the middleware charges it on the way
-out). A limited path that resolves to no view (404) or that an earlier middleware answered is still
-charged, at cost 1, on the way out. Every limited response carries the rate limit headers; the
-outcome is left on `request.ratelimit` for views (the status endpoint).
-
-Concurrency slots the request took (a tier's concurrency limit, `@limit_concurrency`, a
-`ConcurrencyThrottle`) are given back when the response is closed, or at once when the view raises
-(ratelimit_app.apply.concurrency); under ASGI, a request cancelled because its client went away gives
-them back once its sync view has returned (a slot is held until the work it admitted has ended).
-
-Load shedding (ratelimit_app.apply.shedding): the fleet shedder's count is part of the request's decision
-(503 when it refuses); the process shedder counts this process' requests in flight here and refuses
-low-priority ones at once, without Redis, when RATELIMIT['SHED_PROCESS_LIMIT'] is passed.
-
-The limiter never fails a request: whatever goes wrong inside it follows the fail mode and is logged
-(`ratelimit_app.apply.limiting.safely`).
+It admits a request in `process_view`, once the view and its declarations are known (a view whose
+throttles of ours decide is left to them), charges on the way out a limited request no view decided
+(a 404, an earlier middleware's answer), and finishes every response (headers; slots given back when
+it is closed, or at once when the view raised). The process shedder counts requests in flight here.
+What a project sees of it is in docs/usage.md (sections 3, 4 and 10).
 """
 
 from __future__ import annotations
 
 import asyncio
-import weakref
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponseBase
 
-from .apply import concurrency_async, limiting_async, shedding
-from .apply.concurrency import (
-    hold,
-    release_pending_later,
-    release_pending_now,
-    release_pending_with,
-)
+from .apply import shedding
+from .apply.admission import Extra, admit, end, finish, state_if_any, state_of
+from .apply.admission_async import aadmit, aend, afinish
+from .apply.concurrency import release_later
 from .apply.identity import request_ip_identity
-from .apply.limiting import ALLOWED, SHED, LimitCheck, LimitOutcome, limit_request, safely
+from .apply.outcome import SHED, LimitOutcome
 from .apply.planning import path_scope
-from .apply.responses import REQUEST_ATTRIBUTE, add_headers, overloaded, refusal
-from .apply.routes import (
-    DEFERRED_ATTRIBUTE,
-    ViewLimit,
-    joined_checks,
-    resolve_view,
-    route_for_view,
-    view_limit_of,
-)
+from .apply.responses import overloaded
+from .apply.routes import ViewRoute, joined_checks, route_of
 from .conf.settings import InvalidSetting
+from .conf.snapshot import request_settings
 from .service import events
-
-#: Request attribute: the requests in flight in this process when this one arrived (process shedder).
-IN_FLIGHT_ATTRIBUTE = "_ratelimit_in_flight"
 
 
 class RateLimitMiddleware:
-    """Identify, limit and annotate API requests (see the module docstring).
+    """Identify, limit and annotate API requests over the admission path (see the module docstring).
 
     Sync and async capable: under WSGI it runs as a sync middleware; under ASGI it is a coroutine,
     and its `process_view` is one too, so Django runs both on the event loop and the decision is
@@ -85,44 +54,38 @@ class RateLimitMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:
             return self.__acall__(request)
-        departure = _count_in_flight(request)
+        _arrive(request)
         try:
             response = self.get_response(request)
         except BaseException:
-            release_pending_now(request)  # the view raised: no response will be closed
-            if departure is not None:
-                departure()
+            end(request)  # the view raised: no response will be closed
             raise
         late = _late_charge(request)
-        outcome = None if late is None else safely(lambda: limit_request(request, cost=late[0], scope=late[1]),
-                                                  where="middleware")
-        return _finish(request, response, outcome, departure)
+        if late is not None:
+            response = admit(request, cost=late[0], scope=late[1]) or response
+        return finish(request, response)
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
-        departure = _count_in_flight(request)
+        _arrive(request)
         try:
             response = await self.get_response(request)
         except asyncio.CancelledError:
-            await _after_the_work(request, departure)  # the client went away: see _after_the_work
+            await _after_the_work(request)  # the client went away: see _after_the_work
             raise
         except BaseException:
-            await concurrency_async.release_pending_now(request)
-            if departure is not None:
-                departure()
+            await aend(request)
             raise
         late = _late_charge(request)
-        outcome = None if late is None else await limiting_async.safely(
-            lambda: limiting_async.limit_request(request, cost=late[0], scope=late[1]), where="middleware")
-        return _finish(request, response, outcome, departure)
+        if late is not None:
+            response = await aadmit(request, cost=late[0], scope=late[1]) or response
+        return await afinish(request, response)
 
     def process_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
                      view_kwargs: Any) -> HttpResponseBase | None:
         limits = _view_limits(request, view_func)
         if not isinstance(limits, _ViewLimits):
             return limits
-        outcome = safely(lambda: limit_request(request, cost=limits.cost, scope=limits.scope,
-                                               extra=limits.checks_for(request)), where="middleware")
-        return _admit(request, outcome, limits.cost)
+        return admit(request, cost=limits.cost, scope=limits.scope, extra=limits.checks_for(request))
 
     async def aprocess_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
                             view_kwargs: Any) -> HttpResponseBase | None:
@@ -130,10 +93,7 @@ class RateLimitMiddleware:
         limits = _view_limits(request, view_func)
         if not isinstance(limits, _ViewLimits):
             return limits
-        outcome = await limiting_async.safely(
-            lambda: limiting_async.limit_request(request, cost=limits.cost, scope=limits.scope,
-                                                 extra=lambda: limits.checks_for(request)), where="middleware")
-        return _admit(request, outcome, limits.cost)
+        return await aadmit(request, cost=limits.cost, scope=limits.scope, extra=limits.checks_for(request))
 
 
 class _ViewLimits(NamedTuple):
@@ -142,76 +102,49 @@ class _ViewLimits(NamedTuple):
 
     cost: int
     scope: str
-    view_limit: ViewLimit | None
+    view_limit: Any
 
-    def checks_for(self, request: HttpRequest) -> list[LimitCheck]:
-        """The view's own check for `request`, when it joins the request's limits at this cost."""
-        return joined_checks(self.view_limit, request, self.cost)
+    def checks_for(self, request: HttpRequest) -> Extra:
+        """The view's own checks for `request`, given once the request's user is known (a key function
+        may read it), when the view's limit joins the request's limits at this cost."""
+        if self.view_limit is None:
+            return ()
+        return functools.partial(joined_checks, self.view_limit, request, self.cost)
 
 
 def _view_limits(request: HttpRequest, view_func: Callable[..., Any]) -> _ViewLimits | HttpResponseBase | None:
     """What to charge before the view runs; or the process shedder's 503; or None when the middleware
     decides nothing here (a path it does not limit, or a view whose throttles of ours decide). The
     declarations read are those of the handler the request reaches (`resolve_view`)."""
-    resolved = None
-    if request.__dict__.get(IN_FLIGHT_ATTRIBUTE) is not None:  # the process shedder counts this request
-        resolved = resolve_view(view_func, request)
-        shed = _process_shed(request, resolved.declared)
+    state = state_of(request)
+    if state.in_flight is not None:  # the process shedder counts this request
+        shed = _process_shed(request, route_of(view_func, request), state.in_flight)
         if shed is not None:
             return shed
     if not _applies(request):
         return None
-    resolved = resolved or resolve_view(view_func, request)
-    route = route_for_view(resolved.declared)
-    cost = route.cost_for(request.method)
-    if resolved.deferred:
-        setattr(request, DEFERRED_ATTRIBUTE, (cost, route.scope))
+    found = route_of(view_func, request)
+    if found.deferred:
+        state_of(request).deferred = (found.cost, found.route.scope)
         return None
-    return _ViewLimits(cost, route.scope, view_limit_of(resolved.declared))
-
-
-def _admit(request: HttpRequest, outcome: LimitOutcome, cost: int) -> HttpResponseBase | None:
-    """Leave `outcome` on the request; None to let the view run, else the refusal."""
-    setattr(request, REQUEST_ATTRIBUTE, outcome)
-    hold(request, outcome.slots)
-    return None if outcome.status == ALLOWED else refusal(outcome, cost)
+    return _ViewLimits(found.cost, found.route.scope, found.view_limit)
 
 
 def _late_charge(request: HttpRequest) -> tuple[int, str] | None:
     """(cost, scope) to charge on the way out when no decision was made before the view: the URL
     resolved to no view, an earlier middleware answered, or DRF refused the request before its
     throttles ran. None when a decision was made or the path is not limited."""
-    if request.__dict__.get(REQUEST_ATTRIBUTE) is not None:
-        return None
-    deferred = request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
-    if deferred is not None:
-        return max(deferred[0], 1), deferred[1]
+    state = state_if_any(request)
+    if state is not None:
+        if state.outcome is not None:
+            return None
+        deferred = state.take_deferred()
+        if deferred is not None:
+            return max(deferred[0], 1), deferred[1]
     return (1, "") if _applies(request) else None
 
 
-def _finish(request: HttpRequest, response: HttpResponseBase, late: LimitOutcome | None,
-            departure: shedding.Departure | None) -> HttpResponseBase:
-    """The response with the rate limit headers (or the refusal of a late charge), its concurrency
-    slots and the process' count of requests in flight tied to it."""
-    if late is not None:
-        setattr(request, REQUEST_ATTRIBUTE, late)
-        hold(request, late.slots)
-        if late.status != ALLOWED:
-            response = refusal(late)
-        else:
-            add_headers(response, late)
-    else:
-        outcome: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
-        if outcome is not None:
-            add_headers(response, outcome)
-    release_pending_with(request, response)
-    if departure is not None:  # this process' count of requests in flight drops when the response is done
-        response._resource_closers.append(departure)  # type: ignore[attr-defined]
-        weakref.finalize(response, departure)
-    return response
-
-
-async def _after_the_work(request: HttpRequest, departure: shedding.Departure | None) -> None:
+async def _after_the_work(request: HttpRequest) -> None:
     """Give back the slots of a cancelled request, and take it out of this process' count, once the
     work it was admitted for has ended.
 
@@ -225,47 +158,49 @@ async def _after_the_work(request: HttpRequest, departure: shedding.Departure | 
     try:
         await asyncio.shield(ended)
     except asyncio.CancelledError:
-        ended.add_done_callback(lambda _: _leave(request, departure))
+        ended.add_done_callback(lambda _: _leave(request))
         raise
-    await concurrency_async.release_pending_now(request)
-    if departure is not None:
-        departure()
+    await aend(request)
 
 
 def _nothing() -> None:
     """Run in a request's thread: returns once the work queued there before it has ended."""
 
 
-def _leave(request: HttpRequest, departure: shedding.Departure | None) -> None:
-    release_pending_later(request)
-    if departure is not None:
-        departure()
+def _leave(request: HttpRequest) -> None:
+    """`end` from a callback on the event loop: the slots go back from the releasing thread."""
+    state = state_if_any(request)
+    if state is None:
+        return
+    for slots in state.take_slots():
+        release_later(slots)
+    for closer in state.take_closers():
+        closer()
 
 
-def _count_in_flight(request: HttpRequest) -> shedding.Departure | None:
-    """Count `request` in this process' requests in flight when the process shedder is on; the
-    Departure takes it out again."""
+def _arrive(request: HttpRequest) -> None:
+    """Give `request` its state, under the settings of now; count it in this process' requests in flight
+    when the process shedder is on, until it ends."""
+    state = state_of(request)
+    state.settings = request_settings()
     try:
-        process_limit = shedding.shed_config().process_limit
+        process_limit = shedding.shed_config(state.settings).process_limit
     except InvalidSetting:
         # a shedding setting with no reading: no shedder runs (the requests the middleware limits, whose
         # decision reads the same settings, follow the fail mode)
-        return None
+        return
     if process_limit is None:
-        return None
-    setattr(request, IN_FLIGHT_ATTRIBUTE, shedding.in_flight.enter())
-    return shedding.Departure()
+        return
+    state.in_flight = shedding.in_flight.enter()
+    state.at_end(shedding.Departure())
 
 
-def _process_shed(request: HttpRequest, declared: Any) -> HttpResponseBase | None:
+def _process_shed(request: HttpRequest, found: ViewRoute, count: int) -> HttpResponseBase | None:
     """503 for a low-priority request while this process has more than SHED_PROCESS_LIMIT requests in
-    flight (no Redis call), else None."""
-    count = request.__dict__.get(IN_FLIGHT_ATTRIBUTE)
-    if count is None:
-        return None
+    flight (`count`, this one included; no Redis call), else None."""
     try:
-        config = shedding.shed_config()
-        priority = config.priority_for(request.path_info, route_for_view(declared).priority)
+        config = shedding.shed_config(state_of(request).settings)
+        priority = config.priority_for(request.path_info, found.route.priority)
         if not shedding.process_sheds(config, priority, count):
             if priority == shedding.LOW:
                 shedding.process_episode.record_admitted()
@@ -275,7 +210,7 @@ def _process_shed(request: HttpRequest, declared: Any) -> HttpResponseBase | Non
                                 identity=identity)
         shedding.process_episode.record_shed(priority, {"in_flight": count, "limit": config.process_limit})
         # refused before any decision: nothing is charged for it on the way out either (see _late_charge)
-        setattr(request, REQUEST_ATTRIBUTE, LimitOutcome(SHED, None, (), None, identity, priority, charged=False))
+        state_of(request).outcome = LimitOutcome(SHED, None, (), None, identity, priority, charged=False)
         return overloaded(priority, config.retry_after)
     except Exception:  # the shedder never fails a request
         return None
@@ -283,4 +218,4 @@ def _process_shed(request: HttpRequest, declared: Any) -> HttpResponseBase | Non
 
 def _applies(request: HttpRequest) -> bool:
     """True when the middleware limits this request's path (see `planning.path_scope`)."""
-    return path_scope().applies(request.path_info)
+    return path_scope(state_of(request).settings).applies(request.path_info)

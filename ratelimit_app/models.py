@@ -1,14 +1,12 @@
-"""Plans ("tiers"), their limits, API keys and per-user tier assignments, as staff edit them in the admin.
-
-Request handling never reads these models directly: `ratelimit_app.plans.lookups` caches what it needs
-(frozen `TierInfo` / `KeyInfo` values) and is invalidated when any of these rows is saved or deleted.
-"""
+"""Plans ("tiers"), their limits, API keys, per-user tiers and allow/deny rules, as staff edit them in the
+admin. Request handling reads them through `ratelimit_app.plans.lookups`, never directly."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
+import django
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
@@ -16,7 +14,9 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from .conf.settings import IP_POLICY_NAME, ip_rate_problem
-from .core.calendars import CALENDAR_PERIODS, is_valid_time_zone
+from .core import apikeys
+from .core.calendars import CALENDAR_PERIODS, CALENDARS, is_valid_time_zone
+from .core.clientrules import ALLOW, DENY, parse_network
 from .core.policies import (
     ALL_ALGORITHMS,
     BURST_ALGORITHMS,
@@ -26,59 +26,87 @@ from .core.policies import (
     InvalidPolicy,
     Policy,
 )
-from .plans import apikeys
-from .plans.clientrules import ALLOW, DENY, parse_network
-from .plans.constraints import check_constraint, limit_constraints, only_safe_characters, override_constraints
 
-FAIL_MODE_CHOICES = [
-    ("", "Default (RATELIMIT['FAIL_MODE'])"),
-    ("open", "Open: allow, marked degraded"),
-    ("closed", "Closed: refuse with 503"),
-    ("local", "Local: in-process fallback limiter"),
-]
-ALGORITHM_CHOICES = [(name, name.replace("_", " ")) for name in ALL_ALGORITHMS]
-CALENDAR_CHOICES = [
-    ("", "No: a rolling or epoch-aligned period"),
-    ("day", "Calendar day"),
-    ("week", "Calendar week (from Monday)"),
-    ("month", "Calendar month"),
-]
+FAIL_MODE_CHOICES = [("", "Default (RATELIMIT['FAIL_MODE'])"), ("open", "Open: allow, marked degraded"),
+                     ("closed", "Closed: refuse with 503"), ("local", "Local: in-process fallback limiter")]
+CALENDAR_CHOICES = [("", "No: a rolling or epoch-aligned period"), ("day", "Calendar day"),
+                    ("week", "Calendar week (from Monday)"), ("month", "Calendar month")]
+_name_validator = RegexValidator(r"^[A-Za-z0-9_-]{1,30}$", "Use 1-30 letters, digits, '_' or '-'.", code="invalid_name")
+#: A character no limit name, scope or slug may hold: searched for, since "^...$" lets a trailing newline through
+_NOT_IN_NAME = r"[^A-Za-z0-9_-]"
 
 
-_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,30}$"
-_name_validator = RegexValidator(
-    _NAME_PATTERN, "Use 1-30 letters, digits, '_' or '-'.", code="invalid_name"
-)
+def _check(condition: models.Q, name: str, message: str) -> models.CheckConstraint:
+    """A CheckConstraint on every supported Django (its `check` argument is `condition` from 5.1 on)."""
+    arguments: dict[str, Any] = {"condition" if django.VERSION >= (5, 1) else "check": condition}
+    return models.CheckConstraint(**arguments, name=name, violation_error_message=message)
+
+
+def _safe(field: str, *, blank: bool = False) -> models.Q:
+    """`field` holds only letters, digits, '_' and '-', and is not empty unless `blank`."""
+    safe = ~models.Q(**{f"{field}__regex": _NOT_IN_NAME})
+    return safe if blank else ~models.Q(**{field: ""}) & safe
+
+
+def _limit_constraints(model: str, owner: str, unique: str) -> list[models.BaseConstraint]:
+    """What the database refuses in a limit row (`model`: tierlimit, apikeylimit, usertierlimit), one limit per
+    name and scope of its `owner` (the constraint `unique`) included. The algorithm is left to validation,
+    `manage.py check` and the compiler (which skips such a row), as what only the policy can tell is: a
+    constraint naming the registry's algorithms would need a migration per algorithm."""
+    rules = [
+        ("limit", models.Q(limit__gte=1, limit__lte=MAX_LIMIT), f"The limit is from 1 to {MAX_LIMIT}."),
+        ("period", models.Q(period__gte=1, period__lte=MAX_PERIOD_SECONDS),
+         f"The period is from 1 to {MAX_PERIOD_SECONDS} seconds."),
+        ("burst", models.Q(burst__isnull=True) | models.Q(burst__gte=1, burst__lte=MAX_LIMIT),
+         f"A burst is from 1 to {MAX_LIMIT}."),
+        ("calendar", models.Q(calendar="") | models.Q(calendar__in=CALENDARS, algorithm="fixed_window"),
+         f"A calendar quota ({', '.join(CALENDARS)}) uses fixed window."),
+        ("name", _safe("name"), "A limit name is letters, digits, '_' or '-'."),
+        ("scope", _safe("scope", blank=True), "A scope is letters, digits, '_' or '-'."),
+    ]
+    return [models.UniqueConstraint(fields=[owner, "scope", "name"], name=unique),
+            *(_check(condition, f"ratelimit_{model}_{field}", message) for field, condition, message in rules)]
+
+
+class AlgorithmField(models.CharField):
+    """A limit's algorithm, offered as the registry's choices. The choices are left out of migrations
+    (`deconstruct`), so that a new algorithm needs none."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("max_length", 30)
+        kwargs["choices"] = [(name, name.replace("_", " ")) for name in ALL_ALGORITHMS]
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self) -> Any:
+        name, path, args, kwargs = super().deconstruct()
+        del kwargs["choices"]
+        return name, path, args, kwargs
+
+
 class Tier(models.Model):
     """A plan such as free, pro or enterprise: a named set of limits, and what to do when Redis is down."""
 
     slug = models.SlugField(max_length=50, unique=True, help_text="Stable identifier used in settings and headers.")
     name = models.CharField(max_length=100)
     description = models.TextField(blank=True)
-    fail_mode = models.CharField(
-        max_length=10, blank=True, default="", choices=FAIL_MODE_CHOICES,
-        help_text="What requests of this tier get when Redis is unavailable.",
-    )
-    time_zone = models.CharField(
-        max_length=64, default="UTC",
-        help_text="IANA time zone of this tier's calendar quotas (Europe/Paris): where a day, week or month starts.",
-    )
-    ip_rate = models.CharField(
-        "per-IP rate", max_length=20, blank=True, default="",
-        help_text="What one client address may send under this tier, its keys and users together, such as "
-                  "1000/m (docs/plans.md). Empty: RATELIMIT['IP_RATE'], counted with requests without a key.",
-    )
+    fail_mode = models.CharField(max_length=10, blank=True, default="", choices=FAIL_MODE_CHOICES,
+                                 help_text="What requests of this tier get when Redis is unavailable.")
+    time_zone = models.CharField(max_length=64, default="UTC", help_text="IANA time zone of this tier's calendar "
+                                 "quotas (Europe/Paris): where a day, week or month starts.")
+    ip_rate = models.CharField("per-IP rate", max_length=20, blank=True, default="",
+                               help_text="What one client address may send under this tier, its keys and users "
+                                         "together, such as 1000/m (docs/plans.md). Empty: RATELIMIT['IP_RATE'], "
+                                         "counted with requests without a key.")
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["slug"]
         constraints = [
-            check_constraint(models.Q(fail_mode__in=[value for value, _ in FAIL_MODE_CHOICES]),
-                             name="ratelimit_tier_fail_mode", message="Not one of the fail modes."),
+            _check(models.Q(fail_mode__in=[value for value, _ in FAIL_MODE_CHOICES]), "ratelimit_tier_fail_mode",
+                   "Not one of the fail modes."),
             # the slug travels in response headers: no CR, LF or anything else a SlugField refuses
-            check_constraint(only_safe_characters("slug"), name="ratelimit_tier_slug",
-                             message="A slug is letters, digits, '_' or '-'."),
+            _check(_safe("slug"), "ratelimit_tier_slug", "A slug is letters, digits, '_' or '-'."),
         ]
 
     def __str__(self) -> str:
@@ -100,51 +128,38 @@ class Tier(models.Model):
 class LimitShape(models.Model):
     """The fields a tier limit and a client's override limit share: how much, per how long, how."""
 
-    algorithm = models.CharField(max_length=30, choices=ALGORITHM_CHOICES)
+    algorithm = AlgorithmField()
     limit = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     period = models.PositiveIntegerField(validators=[MinValueValidator(1)], help_text="Seconds.")
-    burst = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1)],
-        help_text="Bucket size for token bucket and GCRA; empty means the limit.",
-    )
-    scope = models.CharField(
-        max_length=30, blank=True, default="", validators=[_name_validator],
-        help_text="Empty: every route. Otherwise only views that declare this scope.",
-    )
+    burst = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
+                                        help_text="Bucket size for token bucket and GCRA; empty means the limit.")
+    scope = models.CharField(max_length=30, blank=True, default="", validators=[_name_validator],
+                             help_text="Empty: every route. Otherwise only views that declare this scope.")
 
     class Meta:
         abstract = True
 
 
 class TierLimit(LimitShape):
-    """One limit of a tier: `limit` units per `period` seconds under `algorithm`.
-
-    `burst` is the bucket size of token_bucket and gcra (empty: the limit). An empty `scope` applies to
-    every route; a scope name applies only to views that declare that scope (and is counted separately
-    for it). The policy a limit becomes is named `name`, or `scope.name` for a scoped limit.
-    """
+    """One limit of a tier: `limit` units per `period` seconds under `algorithm` (docs/plans.md). Its policy
+    is named `name`, or `scope.name` for a limit of the views that declare `scope`."""
 
     tier = models.ForeignKey(Tier, on_delete=models.CASCADE, related_name="limits")
     name = models.CharField(max_length=30, validators=[_name_validator], help_text="For example burst, minute, day.")
     enabled = models.BooleanField(default=True)
-    shadow = models.BooleanField(
-        default=False,
-        help_text="Dry run: counted as if enforced, never refuses; requests it would refuse show in the dashboard.",
-    )
-    calendar = models.CharField(
-        max_length=5, blank=True, default="", choices=CALENDAR_CHOICES,
-        help_text="A calendar quota (fixed window only): resets at 00:00 in the tier's time zone each day, "
-                  "Monday or 1st; the period is then set from the calendar.",
-    )
+    shadow = models.BooleanField(default=False, help_text="Dry run: counted as if enforced, never refuses; "
+                                                          "requests it would refuse show in the dashboard.")
+    calendar = models.CharField(max_length=5, blank=True, default="", choices=CALENDAR_CHOICES,
+                                help_text="A calendar quota (fixed window only): resets at 00:00 in the tier's time "
+                                          "zone each day, Monday or 1st; the period is then set from the calendar.")
 
     class Meta:
         ordering = ["scope", "period", "id"]
         constraints = [
-            models.UniqueConstraint(fields=["tier", "scope", "name"], name="ratelimit_unique_limit_name"),
+            *_limit_constraints("tierlimit", "tier", "ratelimit_unique_limit_name"),
             # the form refuses it too (clean), but so does the database, for writes that skip the form
-            check_constraint(~models.Q(name=IP_POLICY_NAME, scope=""), name="ratelimit_limit_name_not_ip",
-                             message=f"'{IP_POLICY_NAME}' is reserved for the per-IP limit."),
-            *limit_constraints("tierlimit"),
+            _check(~models.Q(name=IP_POLICY_NAME, scope=""), "ratelimit_limit_name_not_ip",
+                   f"'{IP_POLICY_NAME}' is reserved for the per-IP limit."),
         ]
 
     def __str__(self) -> str:
@@ -166,14 +181,12 @@ class TierLimit(LimitShape):
         """The engine policy for this limit (raises InvalidPolicy when the values cannot be enforced).
         `time_zone` is its tier's (read from the tier when None) and matters only for calendar quotas,
         whose period is their calendar's, whatever the row stores."""
-        if not self.calendar:
-            return Policy(self.policy_name, self.algorithm, limit=self.limit, period=self.period, burst=self.burst,
-                          shadow=bool(self.shadow))
-        if time_zone is None:
-            time_zone = self.tier.time_zone if self.tier_id is not None else "UTC"
-        return Policy(self.policy_name, self.algorithm, limit=self.limit,
-                      period=CALENDAR_PERIODS.get(self.calendar, self.period), burst=self.burst,
-                      shadow=bool(self.shadow), calendar=self.calendar, time_zone=time_zone)
+        calendar: dict[str, Any] = {}
+        if self.calendar:
+            calendar = {"calendar": self.calendar, "time_zone": time_zone or (
+                self.tier.time_zone if self.tier_id is not None else "UTC")}
+        return Policy(self.policy_name, self.algorithm, limit=self.limit, burst=self.burst, shadow=bool(self.shadow),
+                      period=CALENDAR_PERIODS.get(self.calendar, self.period), **calendar)
 
     def clean(self) -> None:
         """Refuse values the engine cannot enforce, naming the field at fault."""
@@ -204,9 +217,8 @@ class TierLimit(LimitShape):
 
 
 class ApiKeyManager(models.Manager["ApiKey"]):
-    def create_key(
-        self, *, name: str, tier: Tier, owner: Any = None, expires: datetime | None = None
-    ) -> tuple[ApiKey, str]:
+    def create_key(self, *, name: str, tier: Tier, owner: Any = None,
+                   expires: datetime | None = None) -> tuple[ApiKey, str]:
         """Create a key and return `(api_key, full_key)`. The full key exists only in this return value."""
         for _ in range(5):
             prefix, key = apikeys.generate_key()
@@ -227,9 +239,8 @@ class ApiKey(models.Model):
 
     name = models.CharField(max_length=100, help_text="Who or what uses this key.")
     tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="api_keys")
-    owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True, related_name="api_keys",
-    )
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True, blank=True,
+                              related_name="api_keys")
     prefix = models.CharField(max_length=apikeys.PREFIX_LENGTH, unique=True, editable=False)
     hashed_key = models.CharField(max_length=128, editable=False)
     created = models.DateTimeField(auto_now_add=True)
@@ -256,6 +267,7 @@ class ApiKey(models.Model):
                 and type(self)._default_manager.filter(pk=self.pk, revoked=True).exists())
 
     def clean(self) -> None:
+        """Refuse to restore a revoked key."""
         super().clean()
         if self._unrevokes():
             raise ValidationError({"revoked": "A revoked key cannot be restored; create a new key."})
@@ -282,11 +294,8 @@ class UserTier(models.Model):
 
 
 class OverrideLimit(LimitShape):
-    """A limit of one API key or one user on top of its tier: the fields of TierLimit, validated the same.
-
-    A limit with the name (and scope) of a tier limit replaces it for that client; another name adds a
-    limit. Disabling an override that replaces a tier limit removes that tier limit for the client.
-    """
+    """A limit of one API key or one user on top of its tier, validated as a TierLimit: it replaces the tier
+    limit of its name and scope for that client (disabled: removes it), or adds one."""
 
     name = models.CharField(max_length=30, validators=[_name_validator],
                             help_text="The name of a tier limit replaces it; another name adds a limit.")
@@ -332,7 +341,7 @@ class ApiKeyLimit(OverrideLimit):
 
     class Meta(OverrideLimit.Meta):
         verbose_name = "API key limit override"
-        constraints = override_constraints("api_key", "ratelimit_unique_key_limit_name", "apikeylimit")
+        constraints = _limit_constraints("apikeylimit", "api_key", "ratelimit_unique_key_limit_name")
 
 
 class UserTierLimit(OverrideLimit):
@@ -342,24 +351,19 @@ class UserTierLimit(OverrideLimit):
 
     class Meta(OverrideLimit.Meta):
         verbose_name = "user limit override"
-        constraints = override_constraints("user_tier", "ratelimit_unique_user_limit_name", "usertierlimit")
+        constraints = _limit_constraints("usertierlimit", "user_tier", "ratelimit_unique_user_limit_name")
 
 
 class ClientRule(models.Model):
-    """An allow or deny rule for a client network (CIDR) or an API key, applied before any Redis call.
-
-    allow: never limited (nothing is charged or counted in Redis). deny: refused with 403. When both
-    kinds match a request, deny wins.
-    """
+    """An allow or deny rule for a client network (CIDR) or an API key, applied before any Redis call: allow
+    is never limited (nothing is charged), deny is refused with 403; deny wins when both match."""
 
     ACTION_CHOICES = [(ALLOW, "Allow: never limited"), (DENY, "Deny: always refused (403)")]
 
     action = models.CharField(max_length=5, choices=ACTION_CHOICES)
-    network = models.CharField(
-        max_length=49, blank=True, default="",
-        help_text="A client network in CIDR notation (10.0.0.0/8, 2001:db8::/48) or one address; "
-                  "empty when the rule names an API key.",
-    )
+    network = models.CharField(max_length=49, blank=True, default="",
+                               help_text="A client network in CIDR notation (10.0.0.0/8, 2001:db8::/48) or one "
+                                         "address; empty when the rule names an API key.")
     api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, null=True, blank=True,
                                 related_name="client_rules", help_text="Empty when the rule names a network.")
     note = models.CharField(max_length=200, blank=True, help_text="Why this rule exists.")
@@ -370,12 +374,9 @@ class ClientRule(models.Model):
         ordering = ["action", "network", "id"]
         verbose_name = "client allow/deny rule"
         constraints = [
-            check_constraint(models.Q(action__in=[ALLOW, DENY]), name="ratelimit_clientrule_action",
-                             message="The action is allow or deny."),
-            check_constraint(models.Q(network="", api_key__isnull=False) | (~models.Q(network="")
-                                                                            & models.Q(api_key__isnull=True)),
-                             name="ratelimit_clientrule_target",
-                             message="Give either a network or an API key (exactly one)."),
+            _check(models.Q(action__in=[ALLOW, DENY]), "ratelimit_clientrule_action", "The action is allow or deny."),
+            _check(models.Q(network="", api_key__isnull=False) | ~models.Q(network="") & models.Q(api_key__isnull=True),
+                   "ratelimit_clientrule_target", "Give either a network or an API key (exactly one)."),
         ]
 
     def __str__(self) -> str:

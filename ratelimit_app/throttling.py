@@ -1,46 +1,35 @@
-"""DRF throttles backed by the limiter: the request's tier, and atomic drop-ins for DRF's own throttles.
-
-- `TierRateThrottle` enforces the request's tier exactly as RateLimitMiddleware does (per-IP limit,
-  then the key's, user's or anonymous tier; the view's `throttle_scope` selects scoped limits).
-- `AnonRateThrottle`, `UserRateThrottle`, `ScopedRateThrottle` replace DRF's classes of the same names
-  and are subclasses of them (and of `SimpleRateThrottle`): same settings (`DEFAULT_THROTTLE_RATES`,
-  `NUM_PROXIES`, a `THROTTLE_RATES` or `rate` class attribute, `throttle_scope`), same overridable
-  methods (`get_cache_key`, `get_ident`, `get_rate`, `parse_rate`, `throttle_success`,
-  `throttle_failure`, `wait`), but each decision is atomic in Redis (DRF's read-then-write cache
-  throttle over-admits under concurrency), and rates are read at request time, so
-  `override_settings` reaches them. docs/usage.md has the full compatibility table.
-
-All of our throttles on one view, and the middleware's per-IP and tier limits, are decided in ONE
-all-or-nothing Redis call when DRF asks the first of them: a request refused by any limit is charged
-to none, and each throttle's `allow_request` answers for its own limits. `wait()` returns the
-limiter's retry time, so DRF answers 429 with `Retry-After`.
-
-`allow_request` is sync, and stays so under ASGI: Django runs a sync DRF view in `sync_to_async`, and
-adrf (async DRF) runs a view's `initial()`, throttles included, in `sync_to_async` too, so the decision
-is made with the sync engine in that worker thread, never on the event loop (tests/test_adrf.py).
+"""The DRF throttles backed by the limiter (docs/usage.md, "Django REST framework", is their manual):
+`TierRateThrottle` (the request's tier, as RateLimitMiddleware enforces it), `AnonRateThrottle`,
+`UserRateThrottle` and `ScopedRateThrottle` (drop-ins for DRF's, each decision atomic in Redis, rates read
+at request time), `ConcurrencyThrottle`, and `RateLimitHeadersMixin` for views without the middleware.
+All of ours on one view are decided in one call (ratelimit_app.drf.joint); their `allow_request` stays
+sync, as DRF and adrf call it from a worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 from functools import lru_cache
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpRequest
 from rest_framework import throttling as drf_throttling
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
-from .apply.concurrency import release_pending_with
-from .apply.drf import JointThrottle, django_request_of
+from .apply.admission import end, finish, state_if_any
+from .apply.concurrency import release_later
 from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity, throttle_ident
-from .apply.joint import throttle_label, throttle_policy
+from .apply.joint import rate_check, scope_rate
 from .apply.limitcheck import LimitCheck
-from .apply.responses import REQUEST_ATTRIBUTE, add_headers
 from .core.policies import CONCURRENCY, InvalidPolicy, Policy, parse_rate
+from .drf.joint import JointThrottle, django_request_of
 
 
 class TierRateThrottle(JointThrottle):
-    """Enforce the request's tier (see the module docstring); a view may set `throttle_scope`."""
+    """Enforce the request's tier as RateLimitMiddleware does (the per-IP limit, then the API key's,
+    user's or anonymous tier); a view's `throttle_scope` selects the tier's scoped limits."""
 
     carries_request_limits = True
 
@@ -66,10 +55,8 @@ def parse_throttle_rate(rate: str) -> tuple[int, int | float]:
 
 
 @lru_cache(maxsize=1024)
-def _policy(scope: str, rate: str, algorithm: str) -> Policy | None:
-    """The policy of a throttle's scope and rate (None for a rate of 0: refuse every request)."""
-    requests, seconds = parse_throttle_rate(rate)
-    return throttle_policy(scope, requests, seconds, algorithm)
+def _parsed_rate(rate: str) -> tuple[int, int | float]:
+    return parse_throttle_rate(rate)
 
 
 class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
@@ -95,21 +82,7 @@ class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
     def get_rate(self) -> str | None:
         """The rate of this throttle's scope: from a `THROTTLE_RATES` attribute of a subclass, else
         from DEFAULT_THROTTLE_RATES read now. ImproperlyConfigured when there is no scope or no rate."""
-        if not getattr(self, "scope", None):
-            raise ImproperlyConfigured(f"You must set either `.scope` or `.rate` for '{type(self).__name__}' throttle")
-        rates = self._throttle_rates()
-        try:
-            return rates[str(self.scope)]
-        except KeyError:
-            raise ImproperlyConfigured(f"No default throttle rate set for '{self.scope}' scope") from None
-
-    def _throttle_rates(self) -> dict[str, Any]:
-        for klass in type(self).__mro__:
-            if klass is AtomicRateThrottle:
-                break
-            if "THROTTLE_RATES" in klass.__dict__:
-                return dict(klass.__dict__["THROTTLE_RATES"])
-        return dict(api_settings.DEFAULT_THROTTLE_RATES or {})
+        return scope_rate(self, drf_throttling.SimpleRateThrottle, api_settings.DEFAULT_THROTTLE_RATES or {})
 
     def parse_rate(self, rate: str | None) -> tuple[int | None, int | float | None]:  # type: ignore[override]
         # (DRF's stubs say the period is an int; ours may be fractional: "3/500ms")
@@ -146,14 +119,8 @@ class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
         self.history: list[float] = []
         if key is None:
             return []
-        scope = str(self.scope or "throttle")
-        policy = _policy(scope, rate, self.algorithm)
-        if policy is None:
-            return None
-        user = authenticated_user(request)
-        label = throttle_label(scope, key, self.cache_format, None if user is None else user.pk,
-                               lambda: self.get_ident(request))
-        return [LimitCheck(f"throttle:{key}", (policy,), self.owner, label)]
+        requests, seconds = _parsed_rate(rate)
+        return rate_check(self, request, key, f"throttle:{key}", requests, seconds)
 
     def metrics_label(self) -> str:
         return f"throttle.{self.scope or 'throttle'}"
@@ -244,16 +211,30 @@ class ConcurrencyThrottle(JointThrottle):
 
 class RateLimitHeadersMixin:
     """Add the rate limit headers of the throttles' decision to a DRF view's responses, and give back
-    the concurrency slots they took when the response is closed.
+    the concurrency slots they took when the response is closed, or at once when the view raises an
+    exception DRF does not answer.
 
     Not needed when RateLimitMiddleware is installed (it does both for throttled requests too).
     """
 
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
-        django_request = django_request_of(request)
-        outcome = django_request.__dict__.get(REQUEST_ATTRIBUTE)
-        if outcome is not None:
-            add_headers(response, outcome)
-        release_pending_with(django_request, response)
-        return response
+        return finish(django_request_of(request), response)
+
+    def raise_uncaught_exception(self, exc: Exception) -> NoReturn:
+        _end(django_request_of(self.request))  # type: ignore[attr-defined]  # no response will carry the end
+        super().raise_uncaught_exception(exc)  # type: ignore[misc]
+        raise exc  # (DRF's own raises it: never reached)
+
+
+def _end(request: HttpRequest) -> None:
+    """Give back the slots of a request that ended without a response: at once, or from the releasing
+    thread when this runs on an event loop (adrf handles an async view's exception there)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        end(request)
+        return
+    state = state_if_any(request)
+    for slots in state.take_slots() if state is not None else ():
+        release_later(slots)

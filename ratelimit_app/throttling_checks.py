@@ -23,10 +23,10 @@ from django.urls import get_resolver
 from rest_framework.settings import api_settings
 
 from .apply.concurrency import middleware_installed
-from .apply.drf import JointThrottle
 from .apply.identity import identity_config
 from .conf.settings import read_settings
 from .core.policies import InvalidPolicy
+from .drf.joint import JointThrottle
 from .throttling import (
     AtomicRateThrottle,
     ConcurrencyThrottle,

@@ -12,8 +12,8 @@ from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 from django.utils import timezone
 
+from ratelimit_app.core.apikeys import hash_key
 from ratelimit_app.models import ApiKey, ApiKeyLimit, Tier, TierLimit
-from ratelimit_app.plans.apikeys import hash_key
 from ratelimit_app.plans.lookups import build_lookups
 from tests.support.limits_support import make_key, poll, seed_tiers
 

@@ -26,7 +26,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ratelimit_app.plans.apikeys import generate_key
+from ratelimit_app.core.apikeys import generate_key
 from ratelimit_app.throttling import TierRateThrottle
 from tests.support.limits_support import make_key, parse_ietf, seed_tiers
 from tests.test_asgi import run

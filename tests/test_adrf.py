@@ -25,6 +25,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from ratelimit_app.core.policies import CONCURRENCY, Policy
+from ratelimit_app.service.limiter import get_limiter
 from ratelimit_app.throttling import (
     AnonRateThrottle,
     ConcurrencyThrottle,
@@ -32,7 +34,7 @@ from ratelimit_app.throttling import (
     ScopedRateThrottle,
     TierRateThrottle,
 )
-from tests.support.limits_support import make_key, make_tier, parse_ietf
+from tests.support.limits_support import make_key, make_tier, parse_ietf, poll
 from tests.support.tcp_proxy import tcp_proxy
 
 adrf_views = pytest.importorskip("adrf.views")  # adrf installs wherever the suite runs (requirements-test.txt)
@@ -90,6 +92,22 @@ class SlowView(RateLimitHeadersMixin, adrf_views.APIView):  # type: ignore[name-
         return Response({"ok": True})
 
 
+class OneSlot(ConcurrencyThrottle):
+    slots = 1
+    scope = "adrf-one-slot"
+
+
+class Broken(RuntimeError):
+    """What an async view raises that DRF does not answer."""
+
+
+class BrokenView(RateLimitHeadersMixin, adrf_views.APIView):  # type: ignore[name-defined]
+    throttle_classes = [OneSlot]
+
+    async def get(self, request: Request) -> Response:
+        raise Broken("the view failed")
+
+
 class SyncTierView(RateLimitHeadersMixin, APIView):
     """A plain DRF view, which Django runs in sync_to_async under ASGI."""
 
@@ -106,6 +124,7 @@ urlpatterns = [
     path("adrf/anon", AnonView.as_view()),
     path("adrf/reports", ScopedTierView.as_view()),
     path("adrf/slow", SlowView.as_view()),
+    path("adrf/broken", BrokenView.as_view()),
 ]
 
 
@@ -235,3 +254,13 @@ def test_request_threads_of_their_own_reuse_one_connection(
         # per_thread: the decisions' connection and one of the client's pool, which reads the edit epoch
         # once a second (ratelimit_app.plans.edits); on the pool path both share the one connection
         assert proxy.connections == (1 if connections == "pool" else 2)
+
+
+def test_an_async_view_that_raises_gives_its_slot_back_without_blocking_the_loop() -> None:
+    slot = Policy("adrf-one-slot", CONCURRENCY, limit=1, period=OneSlot.lease)
+    for _ in range(2):  # the slot of the first is given back: the second is admitted, and raises too
+        with pytest.raises(Broken):
+            run(get("/adrf/broken"))
+        # given back by the releasing thread (adrf answers the exception on the event loop)
+        assert poll(lambda: get_limiter().peek("throttle:adrf-one-slot:ip:127.0.0.1", (slot,)).remaining == 1,
+                    10.0)

@@ -10,13 +10,13 @@ from pathlib import Path
 from django.contrib import admin
 from django.contrib.admin import AdminSite
 
-from ratelimit_app.observability.dashboard import INDEX_TEMPLATE, install_admin_link
+from ratelimit_app.observability.dashboard import _INDEX_TEMPLATE, install_admin_link
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_ready_links_the_dashboard_from_the_default_admin_site() -> None:
-    assert admin.site.index_template == INDEX_TEMPLATE
+    assert admin.site.index_template == _INDEX_TEMPLATE
 
 
 def test_a_site_with_its_own_index_template_keeps_it() -> None:

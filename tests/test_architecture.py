@@ -94,20 +94,29 @@ def test_no_module_imports_itself_back() -> None:
 
 
 def _part(module: str) -> str:
-    """A folder of the package, or a module at its root (models.py counts as part of plans/, its layer)."""
-    if module == "ratelimit_app.models":
-        return "ratelimit_app.plans"
+    """A folder of the package, or a module at its root (models.py is a part of its own: plans/ reads it)."""
     parts = module.split(".")
     if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir():
         return ".".join(parts[:2])
     return module
 
 
-def test_no_cycle_between_parts() -> None:
+def _parts() -> dict[str, set[str]]:
     parts: dict[str, set[str]] = {}
     for name, targets in _graph().items():
         parts.setdefault(_part(name), set()).update(_part(t) for t in targets if _part(t) != _part(name))
-    assert _cycles(parts) == []
+    return parts
+
+
+def test_no_cycle_between_parts() -> None:
+    assert _cycles(_parts()) == []
+
+
+def test_the_models_sit_below_the_plans_that_read_them() -> None:
+    """plans/ reads models.py, and models.py imports nothing of plans/ (what both need sits below them)."""
+    parts = _parts()
+    assert "ratelimit_app.models" in parts["ratelimit_app.plans"]
+    assert "ratelimit_app.plans" not in parts["ratelimit_app.models"]
 
 
 def test_the_core_imports_no_django() -> None:
@@ -206,3 +215,93 @@ def test_every_module_with_logic_has_its_test_file() -> None:
     missing = sorted(str(p.relative_to(PACKAGE)) for p in modules if _has_logic(p) and not _mirrored_test(p).exists())
     assert missing == []
     assert len(modules) > 60  # the test does look at the package
+
+
+#: The modules a request passes through (apply/ and these): they read settings through the snapshot
+#: (conf/snapshot.py) only.
+_REQUEST_PATH = ("ratelimit_app.middleware", "ratelimit_app.viewlimits",
+                 "ratelimit_app.decorators", "ratelimit_app.throttling", "ratelimit_app.ninja.throttles",
+                 "ratelimit_app.ninja.refusals", "ratelimit_app.ninja.operations", "ratelimit_app.gateway.views",
+                 "ratelimit_app.gateway.views_async", "ratelimit_app.gateway.answers", "ratelimit_app.gateway.guard",
+                 "ratelimit_app.gateway.describe", "ratelimit_app.gateway.lease")
+
+
+def _imported_names(path: Path) -> set[str]:
+    """Every `module` and `module.name` that `path` imports (relative imports as written: `..conf.settings`)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_the_request_path_reads_settings_through_the_snapshot_only() -> None:
+    """No module of the request path reads RATELIMIT (`ratelimit_settings`) or Django's settings itself:
+    what it needs is in the one snapshot, rebuilt when settings change."""
+    request_path = {name: path for name, path in _modules().items()
+                    if name in _REQUEST_PATH or name.startswith("ratelimit_app.apply.")}
+    readers = sorted(name for name, path in request_path.items() for imported in _imported_names(path)
+                     if imported.endswith(("settings.ratelimit_settings", "django.conf.settings")))
+    assert readers == []
+    assert len(request_path) > 25  # the test does look
+
+
+def test_the_shared_layer_imports_no_framework_but_django() -> None:
+    """apply/ is what every entry point shares: DRF, Django Ninja and Channels code lives in their rooms."""
+    frameworks = ("rest_framework", "ninja", "channels", "adrf")
+    found = sorted(f"{name}: {imported}" for name, path in _modules().items() if name.startswith("ratelimit_app.apply.")
+                   for imported in _imported_names(path) if imported.split(".")[0] in frameworks)
+    assert found == []
+
+
+#: The rooms of DRF's and Django Ninja's code: no other module of ours imports them.
+_DRF_ROOM = ("ratelimit_app.throttling", "ratelimit_app.throttling_checks", "ratelimit_app.drf")
+_FRAMEWORK_ROOMS = {"rest_framework": _DRF_ROOM, "adrf": _DRF_ROOM, "ninja": ("ratelimit_app.ninja",)}
+
+
+def test_drf_and_ninja_code_stays_in_their_rooms() -> None:
+    outside = sorted(f"{name}: {imported}" for name, path in _modules().items() for imported in _imported_names(path)
+                     if imported.split(".")[0] in _FRAMEWORK_ROOMS
+                     and not any(name == room or name.startswith(f"{room}.")
+                                 for room in _FRAMEWORK_ROOMS[imported.split(".")[0]]))
+    assert outside == []
+    assert {"ratelimit_app.drf.joint", "ratelimit_app.ninja.throttles"} <= set(_modules())  # the rooms exist
+
+
+def test_one_request_attribute_of_ours() -> None:
+    """Only the admission path writes on a request (its one `request.ratelimit`); no private attribute of
+    ours is named anywhere in the package (`request.limited` is `@ratelimit(block=False)`'s answer)."""
+    private, writers = [], []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("_ratelimit"):
+                private.append(f"{name}: {node.value}")
+            if _writes_on_a_request(node):
+                writers.append(name)
+    assert private == []
+    assert sorted(set(writers)) == ["ratelimit_app.apply.admission"]
+
+
+def _writes_on_a_request(node: ast.AST) -> bool:
+    """True for `<request>.__dict__[...] = ...`, `<request>.__dict__.setdefault(...)`, `setattr(<request>, ...)`
+    and `<request>.<name> = ...` (but `limited`, and Django's `user` resolved), where <request> is a name
+    holding "request"."""
+    def is_request(target: ast.AST) -> bool:
+        return isinstance(target, ast.Name) and "request" in target.id
+
+    if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+        value = node.value
+        return isinstance(value, ast.Attribute) and value.attr == "__dict__" and is_request(value.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr in ("setdefault", "update"):
+        owner = node.func.value
+        return isinstance(owner, ast.Attribute) and owner.attr == "__dict__" and is_request(owner.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+        return is_request(node.args[0])
+    if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+        return is_request(node.value) and node.attr not in ("limited", "user")
+    return False

@@ -131,5 +131,5 @@ def test_every_part_of_the_asgi_profile_names_files_that_exist() -> None:
              if marker.startswith("ratelimit_app/") and not any(marker in name for name in files)]
     assert stale == []
     plan_part = PARTS[1][0]
-    for module in ("plans/lookups.py", "plans/apikeys.py", "apply/planning.py", "apply/planning_async.py"):
+    for module in ("plans/lookups.py", "core/apikeys.py", "apply/planning.py", "apply/planning_async.py"):
         assert part_of([f"{ROOT}/ratelimit_app/{module}:10 (f)"]) == plan_part, module

@@ -112,11 +112,11 @@ def test_existing_tiers_pass_the_database_check(settings: Any) -> None:
 
 
 def test_the_redis_version_is_read_from_the_server_itself() -> None:
-    from ratelimit_app.checks import server_versions
+    from ratelimit_app.checks import _server_versions
     from ratelimit_app.service.connection import get_redis
 
     client = get_redis()
-    assert server_versions(client.info("server")) == {"": client.info("server")["redis_version"]}
+    assert _server_versions(client.info("server")) == {"": client.info("server")["redis_version"]}
 
 
 @pytest.mark.parametrize(
@@ -131,9 +131,9 @@ def test_the_redis_version_is_read_from_the_server_itself() -> None:
     ],
 )
 def test_servers_older_than_6_2_are_named(versions: dict[str, str], old: list[str]) -> None:
-    from ratelimit_app.checks import old_servers
+    from ratelimit_app.checks import _old_servers
 
-    assert old_servers(versions) == old
+    assert _old_servers(versions) == old
 
 
 

@@ -139,7 +139,8 @@ def test_the_docs_say_when_edits_apply_as_the_code_does() -> None:
 
 
 @pytest.mark.parametrize("document", ["README.md", "docs/usage.md", "docs/testing.md", "docs/gateway.md",
-                                      "docs/operations.md", "docs/observability.md", "docs/settings.md"])
+                                      "docs/operations.md", "docs/observability.md", "docs/settings.md",
+                                      "docs/websockets.md"])
 def test_every_file_and_link_a_doc_names_exists(document: str) -> None:
     root = DOCS.parent
     text = (root / document).read_text(encoding="utf-8")

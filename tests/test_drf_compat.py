@@ -318,7 +318,7 @@ def test_stacked_tier_and_scoped_throttles_charge_a_refused_request_nothing(clie
     assert refused["X-RateLimit-Limit"] == "30" and refused["X-RateLimit-Remaining"] == "0"
     last_allowed = responses[29]
     assert last_allowed["X-RateLimit-Remaining"] == "0"  # the tightest: items 30 -> 0
-    remaining = {r.policy: r.remaining for r in refused.wsgi_request.ratelimit.decision.results}
+    remaining = {r.policy: r.remaining for r in refused.wsgi_request.ratelimit.outcome.decision.results}
     assert remaining == {"ip": 70, "burst": 20, "minute": 170, "items": 0}  # charged 30 times, not 40
     assert flush() is True
     after = recent_metrics(hours=2)

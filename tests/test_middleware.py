@@ -18,11 +18,11 @@ from rest_framework.views import APIView
 from devtools.embedded import free_port
 from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app.apply import limiting
+from ratelimit_app.core.apikeys import generate_key
 from ratelimit_app.decorators import limit_cost, ratelimit
 from ratelimit_app.models import ApiKey, Tier, UserTier
 from ratelimit_app.observability.queries import recent_metrics
 from ratelimit_app.observability.recorder import flush
-from ratelimit_app.plans.apikeys import generate_key
 from tests.support.limits_support import make_key, make_tier, parse_ietf, seed_tiers, set_ip_rate
 
 pytestmark = pytest.mark.django_db
@@ -442,5 +442,5 @@ def test_a_decorated_view_is_decided_with_the_tier_in_one_call(client: Any, smal
     assert responses[-1].json()["policy"] == "decorated"  # the decorator's limit refused ...
     assert responses[-1]["X-RateLimit-Limit"] == "2"  # ... and the headers describe it
     # ... and charged nothing: the tier's bucket of 3 still has 1 (2 served requests), the per-IP limit 98
-    results = {r.policy: r.remaining for r in responses[-1].wsgi_request.ratelimit.decision.results}
+    results = {r.policy: r.remaining for r in responses[-1].wsgi_request.ratelimit.outcome.decision.results}
     assert results["burst"] == 1 and results["ip"] == 98 and results["decorated"] == 0

@@ -13,9 +13,9 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ratelimit_app import Policy
+from ratelimit_app.core.apikeys import hash_key
 from ratelimit_app.core.calendars import CALENDAR_PERIODS
 from ratelimit_app.models import ApiKey, ApiKeyLimit, Tier, TierLimit
-from ratelimit_app.plans.apikeys import hash_key
 from ratelimit_app.plans.compile import apply_overrides
 from ratelimit_app.plans.lookups import get_lookups, invalidate
 from tests.support.limits_support import make_tier, seed_tiers
@@ -24,8 +24,10 @@ pytestmark = pytest.mark.django_db
 
 
 def limits_of(slug: str) -> list[tuple[str, str, int, int, int | None, str, bool]]:
-    return list(TierLimit.objects.filter(tier__slug=slug).order_by("period", "id").values_list(
-        "name", "algorithm", "limit", "period", "burst", "scope", "enabled"))
+    """The HTTP limits of tier `slug` (its WebSocket scopes aside: tests/channels)."""
+    return list(TierLimit.objects.filter(tier__slug=slug).exclude(scope__startswith="websocket")
+                .order_by("period", "id")
+                .values_list("name", "algorithm", "limit", "period", "burst", "scope", "enabled"))
 
 
 def test_migration_seeds_free_pro_and_enterprise() -> None:
@@ -41,12 +43,14 @@ def test_migration_seeds_free_pro_and_enterprise() -> None:
     assert [(n, lim, b) for n, _, lim, _, b, _, _ in limits_of("enterprise")] == [
         ("burst", 2_000, 200), ("minute", 2_000, None), ("day", 1_000_000, None)]
     # no concurrency limit: a slot costs a second round trip per request (docs/protection.md)
-    assert not TierLimit.objects.filter(tier__slug__in=["free", "pro", "enterprise"], algorithm="concurrency").exists()
+    assert not TierLimit.objects.filter(tier__slug__in=["free", "pro", "enterprise"], algorithm="concurrency",
+                                        scope="").exists()
 
 
 def test_seeded_free_tier_is_the_documented_policy_set() -> None:
     seed_tiers()
-    policies = [limit.to_policy() for limit in TierLimit.objects.filter(tier__slug="free").order_by("period", "id")]
+    policies = [limit.to_policy() for limit in TierLimit.objects.filter(tier__slug="free", scope="")
+                .order_by("period", "id")]
     assert policies == [
         Policy("burst", "token_bucket", limit=20, period=60, burst=10),
         Policy("minute", "sliding_window", limit=20, period=60),

@@ -15,7 +15,7 @@ import requests
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ratelimit_app.plans.apikeys import generate_key
+from ratelimit_app.core.apikeys import generate_key
 from ratelimit_app.plans.lookups import get_lookups
 from tests.support.limits_support import make_key, seed_tiers, set_ip_rate
 

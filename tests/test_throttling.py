@@ -12,12 +12,16 @@ from django.test import Client
 from django.urls import path
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.response import Response
+from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
 from devtools.embedded import free_port
+from ratelimit_app.core.policies import CONCURRENCY, Policy
 from ratelimit_app.service import events
+from ratelimit_app.service.limiter import get_limiter
 from ratelimit_app.throttling import (
     AnonRateThrottle,
+    ConcurrencyThrottle,
     RateLimitHeadersMixin,
     ScopedRateThrottle,
     TierRateThrottle,
@@ -267,3 +271,28 @@ def test_operators_read_whom_a_drop_in_refused(client: Any, settings: Any, djang
     assert (user, address) == (f"user:{alice.pk}", "ip:127.0.0.1")
     # a cache key of the project's own may hold anything: named by its scope, shown as a digest
     assert re.fullmatch(r"throttle\.by-email:#[0-9a-f]{12}", custom) and "bob" not in custom
+
+
+class OneAtOnce(ConcurrencyThrottle):
+    slots = 1
+    scope = "one-at-once"
+
+
+class Broken(RuntimeError):
+    """What a view raises that DRF does not answer."""
+
+
+class BrokenView(RateLimitHeadersMixin, Ok):
+    throttle_classes = [OneAtOnce]
+
+    def get(self, request: Any) -> Response:
+        raise Broken("the view failed")
+
+
+def test_the_headers_mixin_gives_back_the_slots_of_a_view_that_raises() -> None:
+    factory = APIRequestFactory()
+    for _ in range(2):  # without the slot given back, the second request would be refused
+        with pytest.raises(Broken):
+            BrokenView.as_view()(factory.get("/api/broken", REMOTE_ADDR="192.0.2.61"))
+    slot = Policy("one-at-once", CONCURRENCY, limit=1, period=OneAtOnce.lease)
+    assert get_limiter().peek("throttle:one-at-once:ip:192.0.2.61", (slot,)).remaining == 1

@@ -40,13 +40,12 @@ from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from ratelimit_app.apply.admission import outcome_of
 from ratelimit_app.apply.limiting import limit_request
-from ratelimit_app.apply.outcome import LimitOutcome
 from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.core.exceptions import REDIS_CLIENT_ERRORS
 from ratelimit_app.core.policies import CONCURRENCY
 from ratelimit_app.decorators import limit_concurrency, limit_cost, ratelimit
-from ratelimit_app.middleware import REQUEST_ATTRIBUTE
 from ratelimit_app.service.connection import get_redis
 from ratelimit_app.throttling import ScopedRateThrottle, TierRateThrottle
 
@@ -96,7 +95,7 @@ def data(request: HttpRequest) -> JsonResponse:
 def rate_limit_status(request: HttpRequest) -> JsonResponse:
     """The caller's tier and, for each limit, what remains and when it resets. Consumes nothing of the
     tier; the middleware charges it one unit of the per-IP limit (429 over it, from the deny cache)."""
-    outcome: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+    outcome = outcome_of(request)
     if outcome is None or outcome.charged:  # the middleware is off for this path: decide here
         outcome = limit_request(request, cost=0)
     if not outcome.allowed:  # 401 (and 429 for an IP over its limit) are the middleware's answers
@@ -268,7 +267,7 @@ def stream(request: HttpRequest) -> StreamingHttpResponse:
 def _stream_limit_ms(request: HttpRequest) -> int:
     """How long a stream of `request` may run: STREAM_LEASE_SHARE of the shortest lease it holds, else
     MAX_SLEEP_MS."""
-    outcome: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+    outcome = outcome_of(request)
     leases = [policy.period for check in (outcome.checks if outcome is not None else ())
               for policy in check.policies if policy.algorithm == CONCURRENCY]
     return int(min(leases) * 1000 * STREAM_LEASE_SHARE) if leases else MAX_SLEEP_MS

@@ -3,7 +3,8 @@
 A tier limit with `algorithm = "concurrency"` (or `@limit_concurrency`, or `ConcurrencyThrottle`) makes
 each admitted request hold one slot, a lease in Redis (ratelimit_app/core/lua/concurrency.lua), taken in the
 same all-or-nothing call as the request's rate limits. `limiting.decide` returns the slots it took as
-`LimitOutcome.slots` (a `HeldSlots`); whoever asked for the decision then makes sure they are given back:
+`LimitOutcome.slots` (a `HeldSlots`); the admission path (ratelimit_app.apply.admission) holds them on
+the request's state and makes sure they are given back:
 
 - when the response is closed, which the server does once the client has read all of it or has gone
   away (WSGI servers call `close()` after the last chunk, also on a disconnect; Django's ASGI handler
@@ -36,16 +37,10 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, cast
 
-from django.conf import settings as django_settings
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpResponseBase
 
+from ..conf.snapshot import request_settings
 from ..core.policies import CONCURRENCY, Policy
-
-#: Request attribute: the HeldSlots taken for this request and not yet tied to a response.
-PENDING_ATTRIBUTE = "_ratelimit_slots"
-#: RateLimitMiddleware's path in MIDDLEWARE: when installed, it ties the slots a request holds to the
-#: response it finishes.
-MIDDLEWARE_PATH = "ratelimit_app.middleware.RateLimitMiddleware"
 
 
 class HeldSlots:
@@ -149,12 +144,6 @@ def needs_lease(policies: Sequence[Policy]) -> bool:
     return False
 
 
-def hold(request: HttpRequest, slots: HeldSlots | None) -> None:
-    """Remember that `request` holds `slots`, to be given back with its response (`release_with`)."""
-    if slots is not None:
-        request.__dict__.setdefault(PENDING_ATTRIBUTE, []).append(slots)
-
-
 def release_with(response: HttpResponseBase, slots: HeldSlots | None) -> None:
     """Give `slots` back when `response` is closed (or dropped unclosed)."""
     if slots is None or slots.released:
@@ -197,41 +186,11 @@ _releaser = _Releaser()
 
 def middleware_installed() -> bool:
     """True when RateLimitMiddleware is in MIDDLEWARE."""
-    return MIDDLEWARE_PATH in (getattr(django_settings, "MIDDLEWARE", None) or ())
+    return request_settings().middleware_installed
 
 
-def release_after(request: HttpRequest, result: Any, slots: HeldSlots | None) -> None:
-    """Give `slots` back once the view's `result` is done with: with the response when `result` is one
-    (`release_with`); when it is data that a framework turns into the response later (a Django Ninja
-    operation returns a dict or a model), with the response RateLimitMiddleware finishes, or at once
-    when the middleware is not installed (the view's own work is over)."""
-    if slots is None or isinstance(result, HttpResponseBase):
-        if slots is not None:
-            release_with(result, slots)
-        return
-    if middleware_installed():
-        hold(request, slots)
-    else:
-        slots.release()
-
-
-def release_pending_with(request: HttpRequest, response: HttpResponseBase) -> None:
-    """Tie every slot `request` holds to `response` (see `release_with`)."""
-    for slots in request.__dict__.pop(PENDING_ATTRIBUTE, ()):
-        release_with(response, slots)
-
-
-def release_pending_now(request: HttpRequest) -> None:
-    """Give back every slot `request` holds at once (the view raised: there is no response to wait for)."""
-    for slots in request.__dict__.pop(PENDING_ATTRIBUTE, ()):
-        slots.release()
-
-
-def release_pending_later(request: HttpRequest) -> None:
-    """Have the releasing thread give back every slot `request` holds (from code that must not block,
-    such as a callback on the event loop)."""
-    pending = request.__dict__.pop(PENDING_ATTRIBUTE, ())
-    if pending:
-        _releaser.start()
-    for slots in pending:
-        _releaser.queue.put(slots)
+def release_later(slots: HeldSlots) -> None:
+    """Have the releasing thread give `slots` back (from code that must not block, such as a callback
+    on the event loop)."""
+    _releaser.start()
+    _releaser.queue.put(slots)

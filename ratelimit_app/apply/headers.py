@@ -30,7 +30,7 @@ from functools import lru_cache
 
 from django.http import HttpResponseBase
 
-from ..conf.settings import SettingsCached, ratelimit_settings
+from ..conf.snapshot import request_settings
 from ..core.decision import Decision, PolicyResult
 from ..core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 from .concurrency import needs_lease
@@ -78,17 +78,15 @@ def ratelimit_field(results: Sequence[PolicyResult]) -> str:
 IETF_DRAFTS = {"draft-11": (policy_field, ratelimit_field)}
 
 
-#: The formatters of RATELIMIT['HEADER_DRAFT'] (always readable: an invalid one reads as the one revision
-#: there is), looked up once per settings change.
-_formatters = SettingsCached(lambda: IETF_DRAFTS[ratelimit_settings.HEADER_DRAFT])
 
 
 def apply_headers(response: HttpResponseBase, decision: Decision, policies: tuple[Policy, ...],
-                  tier: str | None, mode: str) -> None:
+                  tier: str | None, mode: str, draft: str | None = None) -> None:
     """Add the headers chosen by `mode` ("legacy", "ietf" or "both") describing `decision`.
 
     `decision.results` are the results of `policies`, in order. A degraded decision (made without
-    Redis) carries no real counts, so only the static fields (tier, policy) are sent for it.
+    Redis) carries no real counts, so only the static fields (tier, policy) are sent for it. `draft`:
+    the IETF draft the RateLimit fields follow (default: RATELIMIT['HEADER_DRAFT']).
     """
     headers = response.headers
     live = not decision.degraded and bool(decision.results)
@@ -107,7 +105,7 @@ def apply_headers(response: HttpResponseBase, decision: Decision, policies: tupl
         if tier:
             headers["X-RateLimit-Tier"] = tier
     if mode != LEGACY:
-        format_policies, format_state = _formatters.get()
+        format_policies, format_state = IETF_DRAFTS[draft or request_settings().header_draft]
         if policies:
             headers["RateLimit-Policy"] = format_policies(policies)
         if live:

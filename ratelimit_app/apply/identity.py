@@ -17,12 +17,12 @@ from typing import Any, NamedTuple, cast
 
 from django.http import HttpRequest
 
-from ..conf.settings import SettingsCached, ratelimit_settings
-from ..plans.apikeys import parse_key
-from ..plans.clientrules import IPAddress, IPNetwork, parse_network
+from ..conf.snapshot import Snapshot, request_settings
+from ..core.apikeys import parse_key
+from ..core.clientrules import IPAddress, IPNetwork, parse_network
 
 #: Most X-Forwarded-For entries walked when trusted proxies are a CIDR list.
-MAX_FORWARDED_HOPS = 32
+_MAX_FORWARDED_HOPS = 32
 UNKNOWN_IP = "unknown"
 
 
@@ -36,16 +36,16 @@ class IdentityConfig:
     ipv6_prefix: int
 
 
-def _read_identity_config() -> IdentityConfig:
+def _read_identity_config(snapshot: Snapshot) -> IdentityConfig:
     # the values were validated with the other settings (ratelimit_app.conf.settings): this only converts them
-    meta = "HTTP_" + ratelimit_settings.API_KEY_HEADER.upper().replace("-", "_")
-    proxies = ratelimit_settings.TRUSTED_PROXIES
+    meta = "HTTP_" + snapshot.get("API_KEY_HEADER").upper().replace("-", "_")
+    proxies = snapshot.get("TRUSTED_PROXIES")
     hops, networks = 0, cast(tuple[IPNetwork, ...], ())
     if isinstance(proxies, int):
         hops = proxies
     else:
         networks = parse_networks(proxies)
-    return IdentityConfig(meta, hops, networks, ratelimit_settings.IPV6_PREFIX)
+    return IdentityConfig(meta, hops, networks, snapshot.get("IPV6_PREFIX"))
 
 
 def parse_networks(cidrs: Sequence[str]) -> tuple[IPNetwork, ...]:
@@ -55,12 +55,9 @@ def parse_networks(cidrs: Sequence[str]) -> tuple[IPNetwork, ...]:
     return tuple(parse_network(cidr) for cidr in cidrs)
 
 
-_config = SettingsCached(_read_identity_config)
-
-
-def identity_config() -> IdentityConfig:
-    """The parsed identity settings (parsed on first use and after every settings change)."""
-    return _config.get()
+def identity_config(snapshot: Snapshot | None = None) -> IdentityConfig:
+    """The parsed identity settings (parsed once per settings snapshot)."""
+    return (snapshot or request_settings()).derived(_read_identity_config)
 
 
 class PresentedKey(NamedTuple):
@@ -71,17 +68,17 @@ class PresentedKey(NamedTuple):
     key: str
 
 
-def api_key_from_request(request: HttpRequest) -> PresentedKey | None:
+def api_key_from_request(request: HttpRequest, config: IdentityConfig | None = None) -> PresentedKey | None:
     """The API key of ours the request carries, or None.
 
     Read from the API key header (RATELIMIT['API_KEY_HEADER']), else from `Authorization: Bearer`. A
     value is ours when it has the shape of our keys (`apikeys.parse_key`: `<8 letters or digits>.<secret>`,
     at most 128 characters, checked before anything else); any other value (a JWT, an OAuth token, a key
     of the project's own in X-API-Key) is not ours: it is left untouched to the project's authentication,
-    and the request is one without a key of ours.
+    and the request is one without a key of ours. `config`: the identity settings (default: of now).
     """
     meta = request.META
-    value = meta.get(identity_config().api_key_meta)
+    value = meta.get((config or identity_config()).api_key_meta)
     if value is not None:
         prefix = parse_key(value)
         if prefix is not None:
@@ -128,17 +125,18 @@ def _parse_ip(text: str) -> IPAddress | None:
     return address
 
 
-def client_ip(request: HttpRequest) -> str:
+def client_ip(request: HttpRequest, config: IdentityConfig | None = None) -> str:
     """The client's address: REMOTE_ADDR, unless trusted proxies are configured.
 
     With a hop count N, the N-th X-Forwarded-For entry from the right (what the outermost trusted proxy
     saw). With a CIDR list, X-Forwarded-For is walked from the right while the hops are trusted proxies;
     the first untrusted address is the client. Without trusted proxies the header is ignored entirely,
-    so a client cannot choose its own address. Returns "unknown" when no address can be read.
+    so a client cannot choose its own address. Returns "unknown" when no address can be read. `config`:
+    the identity settings (default: of now).
     """
     meta = request.META
     remote = str(meta.get("REMOTE_ADDR") or "")
-    config = identity_config()
+    config = config or identity_config()
     if config.trusted_hops:
         forwarded = meta.get("HTTP_X_FORWARDED_FOR")
         if not forwarded:
@@ -152,7 +150,7 @@ def client_ip(request: HttpRequest) -> str:
         if address is None or not _is_trusted(address, config.trusted_networks):
             return remote or UNKNOWN_IP
         forwarded = str(meta.get("HTTP_X_FORWARDED_FOR") or "")
-        for entry in reversed(forwarded.split(",")[-MAX_FORWARDED_HOPS:] if forwarded else []):
+        for entry in reversed(forwarded.split(",")[-_MAX_FORWARDED_HOPS:] if forwarded else []):
             hop = _parse_ip(entry)
             if hop is None:
                 break  # a malformed entry: trust nothing left of it; the last trusted hop is what we know
@@ -184,9 +182,11 @@ def ip_identity(address: str, ipv6_prefix: int = 64) -> str:
     return f"ip:{parsed}"
 
 
-def request_ip_identity(request: HttpRequest) -> str:
-    """`ip_identity(client_ip(request))` with the configured IPv6 prefix."""
-    return ip_identity(client_ip(request), identity_config().ipv6_prefix)
+def request_ip_identity(request: HttpRequest, config: IdentityConfig | None = None) -> str:
+    """`ip_identity(client_ip(request))` with the configured IPv6 prefix (`config`: the identity settings,
+    default: of now)."""
+    config = config or identity_config()
+    return ip_identity(client_ip(request, config), config.ipv6_prefix)
 
 
 def key_identity(prefix: str) -> str:

@@ -1,42 +1,35 @@
-"""The joint decision of our throttles, for any framework that asks throttles one by one (DRF, Django
-Ninja): every throttle of ours on one handler (a DRF view, a Ninja operation), the view's own limit
-(`@ratelimit`) and the request's own limits (per-IP and tier) when they are decided there, in ONE
-all-or-nothing call made when the framework asks the first of them. A request refused by any limit is
-charged to none; each throttle then answers for its own limits (`Joint.verdict`).
-
-Which throttles sit on a handler, and how each names its checks, is the framework's part
-(ratelimit_app.apply.jointthrottle for DRF, ratelimit_app.ninja for Ninja); deciding them together is
-this module's. `in_sync_code` lets a framework that asks its throttles synchronously even on an event
-loop (Ninja does, for `async def` operations) decide there without Django I/O on the loop.
+"""The joint decision of several throttles of ours on one handler (a DRF view, a Ninja operation):
+their checks, the handler's own limit (`@ratelimit`) and the request's own limits (per-IP and tier) when
+they are decided there, in ONE all-or-nothing call made when the framework asks the first of them; then
+what each throttle answers for (`Joint.verdict`). Framework-free: which throttles sit on a handler and
+how each names its checks is the framework's part (ratelimit_app.drf, ratelimit_app.ninja).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
+import math
 import re
-import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol
 
-from django.core.exceptions import ImproperlyConfigured, SynchronousOnlyOperation
-from django.db import connections
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
 from ..core.decision import Decision
 from ..core.policies import Policy
-from ..plans.lookups import NeedsIO, local_only
-from .concurrency import hold
+from .admission import record, state_if_any, state_of
+from .identity import authenticated_user
 from .limitcheck import REQUEST_LIMITS, LimitCheck, identity_digest
-from .limiting import decide, limit_config, safely
+from .limiting import decide, limit_config, limit_request, safely
 from .outcome import ALLOWED, DENIED, LimitOutcome
-from .planning import RequestPlan, plan_request
-from .responses import REQUEST_ATTRIBUTE
+from .planning import RequestPlan
+from .routes import DEFAULT_ROUTE, route_for_view
 
-T = TypeVar("T")
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: The entry of the request's state (`RequestState.entry`) holding the Joint of the throttles that decided it.
+_JOINT_ENTRY = "throttles"
 
 
 class ThrottleHooks:
@@ -68,7 +61,7 @@ class ThrottleHooks:
         return False
 
 
-class Member(Protocol):
+class _Member(Protocol):
     """One of our throttles in a joint decision."""
 
     @property
@@ -83,14 +76,16 @@ class Member(Protocol):
         """The `tier` label of decisions this throttle leads in the metrics."""
 
 
-@dataclass(frozen=True)
-class Joint:
-    """One handler's joint decision for one request: the `outcome`, the `carrier` (owner of the throttle
-    that answers for the request's own limits, and for a 401, 403 or 503) and the owners refused
-    outright (a rate of 0: refused without asking Redis)."""
+class Joint(NamedTuple):
+    """One handler's joint decision for one request: the `outcome`, the request's `cost`, the `owners`
+    of the handler's throttles of ours, the `carrier` (the owner of the one that answers for the
+    request's own limits, and for a 401, 403 or 503) and the owners refused outright (a rate of 0:
+    refused without asking Redis)."""
 
     handler: Any
     outcome: LimitOutcome
+    cost: int
+    owners: tuple[str, ...]
     carrier: str
     denied_outright: frozenset[str]
 
@@ -105,9 +100,14 @@ class Joint:
                 return True, base
         return refused, decision
 
+    @property
+    def refused(self) -> bool:
+        """True when one of the handler's throttles of ours refuses the request: over its own limits, or
+        the carrier for the request's own (over a rate, or a 401, 403 or 503)."""
+        return self.outcome.status not in (ALLOWED, DENIED) or any(self.verdict(o)[0] for o in self.owners)
 
-@dataclass(frozen=True)
-class JointCall:
+
+class JointCall(NamedTuple):
     """What one handler's throttles decide for one request: `members` in the framework's order,
     `checks_of(member)` (its checks, [] when it does not limit this request, None when it refuses it
     outright), the cost and tier scope of the request, the authenticated `user` (the framework's),
@@ -116,7 +116,7 @@ limit; called during the decision, so it may read the request's user)."""
 
     request: HttpRequest
     handler: Any
-    members: Sequence[Member]
+    members: Sequence[_Member]
     checks_of: Callable[[Any], list[LimitCheck] | None]
     cost: int
     scope: str
@@ -125,7 +125,7 @@ limit; called during the decision, so it may read the request's user)."""
     extra: Callable[[], Sequence[LimitCheck]] = lambda: ()
 
     @property
-    def carrier(self) -> Member:
+    def carrier(self) -> _Member:
         """The member that answers for the request's own limits: a TierRateThrottle, else the first."""
         return next((m for m in self.members if m.carries_request_limits), self.members[0])
 
@@ -145,33 +145,57 @@ limit; called during the decision, so it may read the request's user)."""
             return LimitOutcome(DENIED, None, (), None, "")
         extra.extend(self.extra())
         if self.with_request_limits:
-            planned = plan_request(self.request, cost=self.cost, scope=self.scope, user=self.user)
-            if isinstance(planned, LimitOutcome):
-                return planned
-            return decide(planned if planned.refusal else planned.plus(extra), self.cost)
+            return limit_request(self.request, cost=self.cost, scope=self.scope, user=self.user, extra=extra)
         if not extra:
             return LimitOutcome(ALLOWED, None, (), None, "")
-        plan = RequestPlan(tuple(extra), None, display_identity(extra[0]), limit_config().fail_mode,
+        plan = RequestPlan(tuple(extra), None, _display_identity(extra[0]), limit_config().fail_mode,
                            label=leader.metrics_label())
         return decide(plan, self.cost)
 
 
 def decide_jointly(call: JointCall, *, where: str, run: Callable[[Callable[[], LimitOutcome]], LimitOutcome]
                    = lambda decide_now: decide_now()) -> Joint:
-    """Make `call` (following the fail mode if the limiter fails: `safely`), hold the concurrency slots
-    it took on the request (given back with the response: RateLimitMiddleware or the framework's
-    finisher) and leave its outcome on the request for the headers. `run` runs the decision
-    (`in_sync_code` where it may be on an event loop)."""
+    """Make `call` (following the fail mode if the limiter fails: `safely`), and keep it on the request's
+    state (`joint_of`). When it decided limits, its outcome is the request's (`admission.record`: the
+    headers, the slots it took held until the request ends); `run` runs the decision (Ninja's runs it
+    where it may be on an event loop)."""
     denied: set[str] = set()
     outcome = safely(lambda: run(lambda: call.decide(denied)), where=where)
-    hold(call.request, outcome.slots)
+    state = state_of(call.request)
     if outcome.decision is not None and outcome.policies:
-        setattr(call.request, REQUEST_ATTRIBUTE, outcome)
-    return Joint(call.handler, outcome, call.carrier.owner, frozenset(denied))
+        # (the framework answers a refusal in its own way; when no limit was decided, a request whose own
+        # limits were left to the throttles is charged on the way out by RateLimitMiddleware)
+        record(call.request, outcome, call.cost)
+    joint = Joint(call.handler, outcome, call.cost, tuple(m.owner for m in call.members), call.carrier.owner,
+                  frozenset(denied))
+    state.entry[_JOINT_ENTRY] = joint
+    return joint
+
+
+def joint_of(request: HttpRequest, handler: Any = None) -> Joint | None:
+    """The joint decision made for `request` (for `handler` when one is given: a request dispatched
+    again to another handler is decided again), None when none was made."""
+    state = state_if_any(request)
+    joint: Joint | None = state.entry.get(_JOINT_ENTRY) if state is not None else None
+    if joint is None or (handler is not None and joint.handler is not handler):
+        return None
+    return joint
+
+
+def request_charge(request: HttpRequest, declared: Any) -> tuple[int, str, bool]:
+    """(cost, scope, deferred) of `request` for the throttles of the handler `declared` (its function or
+    class: see routes.route_for_view): those RateLimitMiddleware left to them when it deferred the
+    request's own limits (`deferred` True), else the handler's declared route's."""
+    state = state_if_any(request)
+    left = state.take_deferred() if state is not None else None
+    if left is not None:
+        return left[0], left[1], True
+    route = route_for_view(declared) if declared is not None else DEFAULT_ROUTE
+    return route.cost_for(request.method), route.scope, False
 
 
 @lru_cache(maxsize=1024)
-def throttle_policy(scope: str, requests: int, seconds: float, algorithm: str) -> Policy | None:
+def _throttle_policy(scope: str, requests: int, seconds: float, algorithm: str) -> Policy | None:
     """The policy of a throttle's scope and rate, named after the scope (made safe for a policy name);
     None for a rate of 0 (refuse every request). Raises InvalidPolicy for a rate the engine refuses."""
     if requests == 0:
@@ -182,14 +206,73 @@ def throttle_policy(scope: str, requests: int, seconds: float, algorithm: str) -
     return Policy(name, algorithm, limit=requests, period=seconds)
 
 
-def display_identity(check: LimitCheck) -> str:
+def _display_identity(check: LimitCheck) -> str:
     """What operators read for the identity of a throttle's check: the label its throttle set (see
-    `throttle_label`), else "throttle:#<digest>" (a throttle of the project's own, whose identity may hold
+    `_throttle_label`), else "throttle:#<digest>" (a throttle of the project's own, whose identity may hold
     anything)."""
     return check.label or f"throttle:#{identity_digest(check.identity)}"
 
 
-def throttle_label(scope: str, key: str, cache_format: str, user_pk: Any, address: Callable[[], str | None]) -> str:
+def retry_wait(decision: Decision | None, floor: float) -> float | None:
+    """Seconds until a refusing `decision` allows again, at least `floor` (a throttle's `wait()`); None
+    when it did not refuse, or refused for good (a cost over the limit's capacity)."""
+    if decision is None or decision.allowed or decision.retry_after is None or math.isinf(decision.retry_after):
+        return None
+    return max(float(decision.retry_after), floor)
+
+
+def scope_rate(throttle: Any, framework_base: type, defaults: Mapping[str, Any]) -> Any:
+    """The rate of `throttle`'s scope (DRF's and Ninja's `get_rate`): from a `THROTTLE_RATES` attribute
+    of one of its classes other than `framework_base` (whose copy of the setting was taken at import),
+    else from the framework's setting `defaults`, read now. ImproperlyConfigured, in the frameworks' own
+    words, when there is no scope or no rate for it."""
+    scope = getattr(throttle, "scope", None)
+    if not scope:
+        raise ImproperlyConfigured(f"You must set either `.scope` or `.rate` for '{type(throttle).__name__}' throttle")
+    own = next((k.__dict__["THROTTLE_RATES"] for k in type(throttle).__mro__
+                if k is not framework_base and "THROTTLE_RATES" in k.__dict__), None)
+    rates = own if own is not None else defaults
+    try:
+        return rates[str(scope)]
+    except KeyError:
+        raise ImproperlyConfigured(f"No default throttle rate set for '{scope}' scope") from None
+
+
+class _RateThrottle(Protocol):
+    """A throttle of the SimpleRateThrottle contract DRF and Ninja share: a `scope`, the `cache_format` of
+    its cache keys, `get_ident(request)`, and ours adds the engine `algorithm` and the `owner` of its check."""
+
+    @property
+    def scope(self) -> Any: ...
+
+    @property
+    def cache_format(self) -> str: ...
+
+    @property
+    def algorithm(self) -> str: ...
+
+    @property
+    def owner(self) -> str: ...
+
+    def get_ident(self, request: Any) -> str | None: ...
+
+
+def rate_check(throttle: _RateThrottle, request: Any, key: str, identity: str, requests: int,
+               seconds: float) -> list[LimitCheck] | None:
+    """The check of `throttle`'s rate (`requests` per `seconds`) on `identity`, where `key` is its cache
+    key for `request` (what operators read for it: `_throttle_label`); None for a rate of 0 (refuse
+    every request)."""
+    scope = str(throttle.scope or "throttle")
+    policy = _throttle_policy(scope, requests, seconds, throttle.algorithm)
+    if policy is None:
+        return None
+    user = authenticated_user(request)
+    label = _throttle_label(scope, key, throttle.cache_format, None if user is None else user.pk,
+                           lambda: throttle.get_ident(request))
+    return [LimitCheck(identity, (policy,), throttle.owner, label)]
+
+
+def _throttle_label(scope: str, key: str, cache_format: str, user_pk: Any, address: Callable[[], str | None]) -> str:
     """The label of a DRF or Ninja throttle's identity: "user:<pk>" or "ip:<address>" when `key` is the
     framework's own cache key of the request (`cache_format` over the user's pk or the client's address,
     `address()`), else "throttle.<scope>:#<digest>": a get_cache_key of the project's may hold anything
@@ -203,45 +286,3 @@ def throttle_label(scope: str, key: str, cache_format: str, user_pk: Any, addres
         if client is not None and ident == client:
             return f"ip:{client}"
     return f"throttle.{scope}:#{identity_digest(key)}"
-
-
-def in_sync_code(decide_now: Callable[[], T]) -> T:
-    """Run the sync limiting code `decide_now` (plan, then decide) from a caller that may be on an event
-    loop.
-
-    Off a loop, it simply runs. On a loop (a framework that asks its throttles synchronously from an
-    `async def` view), it runs right there when it needs no Django I/O: planning answers from this
-    process' lookup cache (`local_only`) and the decision is one Redis call with the sync engine,
-    bounded like every call by RATELIMIT['BUDGET_MS']. When it would need the database or the shared
-    cache (a cold lookup, a session user not read yet), it runs in a thread of its own instead, the
-    loop waiting for it, whose database connections are closed when it is done.
-    """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return decide_now()
-    try:
-        with local_only():
-            return decide_now()
-    except (NeedsIO, SynchronousOnlyOperation):
-        return _in_a_thread(decide_now)
-
-
-def _in_a_thread(decide_now: Callable[[], T]) -> T:
-    result: list[T] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(decide_now())
-        except BaseException as exc:  # handed to the caller, which follows the fail mode
-            failure.append(exc)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, name="ratelimit-sync-decision", daemon=True)
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return result[0]

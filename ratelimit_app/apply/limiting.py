@@ -30,12 +30,13 @@ from typing import Any, NamedTuple
 
 from django.http import HttpRequest
 
-from ..conf.settings import IP_POLICY_NAME, InvalidSetting, ratelimit_settings
+from ..conf.settings import IP_POLICY_NAME, InvalidSetting
+from ..conf.snapshot import Snapshot, request_settings
+from ..core.clientrules import ALLOW
 from ..core.decision import Decision
 from ..core.engine import new_lease_token
 from ..core.logs import logger
 from ..core.policies import Policy
-from ..plans.clientrules import ALLOW
 from ..service import events
 from ..service.guard import without_limits
 from ..service.limiter import get_limiter
@@ -202,11 +203,12 @@ def _count(plan: RequestPlan, summary: Decision, status: str, shed_priority: str
 
 
 def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
-                  extra: Sequence[LimitCheck] = (), path: str | None = None) -> LimitOutcome:
+                  extra: Sequence[LimitCheck] = (), path: str | None = None,
+                  settings: Snapshot | None = None) -> LimitOutcome:
     """`plan_request` then `decide`, with `extra` checks decided in the same call (a refusal for an
-    unusable key charges the per-IP limit alone). `path`: see `plan_request`. Raises what
+    unusable key charges the per-IP limit alone). `path`, `settings`: see `plan_request`. Raises what
     `plan_request` raises."""
-    planned = plan_request(request, cost=cost, scope=scope, user=user, path=path)
+    planned = plan_request(request, cost=cost, scope=scope, user=user, path=path, settings=settings)
     if isinstance(planned, LimitOutcome):
         return planned
     return decide(planned if planned.refusal else planned.plus(extra), cost)
@@ -217,7 +219,7 @@ def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user:
 #: Causes already logged with their traceback (bounded: a long-lived process logs each cause once).
 _logged_causes: set[tuple[str, str]] = set()
 _logged_lock = threading.Lock()
-MAX_LOGGED_CAUSES = 1000
+_MAX_LOGGED_CAUSES = 1000
 
 
 def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "") -> LimitOutcome:
@@ -230,7 +232,7 @@ def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "")
     turns every limit of ours off: `limit` is not called, nothing is planned, looked up or sent to
     Redis, and the request is NOT_LIMITED (no headers)."""
     try:
-        if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
+        if not request_settings().enabled:  # always readable (an invalid one reads as True)
             return NOT_LIMITED
         return limit()
     except Exception as exc:
@@ -240,7 +242,7 @@ def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "")
 def failure_outcome(exc: Exception, where: str, identity: str) -> LimitOutcome:
     """The fail mode's outcome when the limiter itself raised `exc` (logged once per cause). The mode is
     RATELIMIT['FAIL_MODE'] as read (an invalid one in its cautious reading): see `without_limits`."""
-    mode = ratelimit_settings.FAIL_MODE
+    mode = request_settings().fail_mode
     _log_once(exc, where, mode)
     decision = without_limits(mode)
     with contextlib.suppress(Exception):
@@ -255,7 +257,7 @@ def _log_once(exc: Exception, where: str, mode: str) -> None:
     cause = (type(exc).__qualname__, str(exc)[:200])
     with _logged_lock:
         first = cause not in _logged_causes and not isinstance(exc, InvalidSetting)
-        if first and len(_logged_causes) < MAX_LOGGED_CAUSES:
+        if first and len(_logged_causes) < _MAX_LOGGED_CAUSES:
             _logged_causes.add(cause)
     level = logging.ERROR if first else logging.DEBUG
     logger.log(level, "rate limiter failed in %s (%s: %s); the request follows the fail mode %r",

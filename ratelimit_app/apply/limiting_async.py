@@ -14,7 +14,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import Snapshot, request_settings
 from ..service.limiter_async import get_async_limiter
 from . import planning_async
 from .limitcheck import LimitCheck
@@ -47,11 +47,12 @@ async def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
 
 async def limit_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
                         extra: Sequence[LimitCheck] | Callable[[], Sequence[LimitCheck]] = (),
-                        path: str | None = None) -> LimitOutcome:
+                        path: str | None = None, settings: Snapshot | None = None) -> LimitOutcome:
     """`limiting.limit_request` on the event loop: `planning_async.plan_request` then `decide`. `extra` may
     be a callable that gives the extra checks, called once the request's user is known (a key function
     may read `request.user`)."""
-    planned = await planning_async.plan_request(request, cost=cost, scope=scope, user=user, path=path)
+    planned = await planning_async.plan_request(request, cost=cost, scope=scope, user=user, path=path,
+                                                 settings=settings)
     if isinstance(planned, LimitOutcome):
         return planned
     if planned.refusal:
@@ -63,7 +64,7 @@ async def safely(limit: Callable[[], Awaitable[LimitOutcome]], *, where: str, id
     """`limiting.safely` for coroutines: `await limit()` (not when RATELIMIT['ENABLED'] is False), or the
     answer of the fail mode if it raises."""
     try:
-        if not ratelimit_settings.ENABLED:  # always readable (an invalid one reads as True)
+        if not request_settings().enabled:  # always readable (an invalid one reads as True)
             return NOT_LIMITED
         return await limit()
     except Exception as exc:

@@ -33,11 +33,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
 from ..conf.paths import PathPrefixes, limited
-from ..conf.settings import InvalidSetting, SettingsCached, ip_policy, ratelimit_settings
+from ..conf.settings import InvalidSetting, ip_policy
+from ..conf.snapshot import Snapshot, request_settings
+from ..core.apikeys import key_matches
+from ..core.clientrules import ALLOW, DENY, ClientRules
 from ..core.exceptions import BACKEND_ERRORS
 from ..core.policies import Policy
-from ..plans.apikeys import key_matches
-from ..plans.clientrules import ALLOW, DENY, ClientRules
 from ..plans.compile import TierInfo
 from ..plans.localcache import MISS
 from ..plans.lookups import Lookups, get_lookups, require_io
@@ -49,6 +50,7 @@ from .identity import (
     api_key_from_request,
     authenticated_user,
     client_ip,
+    identity_config,
     key_identity,
     offers_credential,
     request_ip_identity,
@@ -56,7 +58,7 @@ from .identity import (
 )
 from .limitcheck import LimitCheck
 from .outcome import DENIED, FORBIDDEN, IP_ONLY_TIER, LimitOutcome
-from .routes import resolve_view, route_for_view
+from .routes import route_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,24 +76,20 @@ class PathScope:
         return self.enabled and limited(path, self.path_prefixes, self.exempt_paths)
 
 
-def _read_path_scope() -> PathScope:
+def _read_path_scope(snapshot: Snapshot) -> PathScope:
     # ENABLED and EXEMPT_PATHS always have a reading (conf). PATH_PREFIXES that is no list of paths at all
     # has none: every path is then the middleware's, and the limiter, which cannot plan without it
     # (`limit_config` raises), answers each with the fail mode.
     try:
-        prefixes = tuple(ratelimit_settings.PATH_PREFIXES)
+        prefixes = tuple(snapshot.get("PATH_PREFIXES"))
     except InvalidSetting:
         prefixes = ("/",)
-    return PathScope(bool(ratelimit_settings.ENABLED), PathPrefixes.of(prefixes),
-                     PathPrefixes.of(ratelimit_settings.EXEMPT_PATHS))
+    return PathScope(snapshot.enabled, PathPrefixes.of(prefixes), PathPrefixes.of(snapshot.get("EXEMPT_PATHS")))
 
 
-_path_scope = SettingsCached(_read_path_scope)
-
-
-def path_scope() -> PathScope:
-    """The paths the middleware limits (parsed on first use and after every settings change)."""
-    return _path_scope.get()
+def path_scope(snapshot: Snapshot | None = None) -> PathScope:
+    """The paths the middleware limits (parsed once per settings snapshot)."""
+    return (snapshot or request_settings()).derived(_read_path_scope)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,27 +107,25 @@ class LimitConfig:
     fail_mode: str
 
 
-def _read_limit_config() -> LimitConfig:
-    # RATELIMIT is validated as a whole when it is read (conf.setting_errors), IP_RATE included.
-    ip_rate = ratelimit_settings.IP_RATE
+def _read_limit_config(snapshot: Snapshot) -> LimitConfig:
+    # RATELIMIT is validated as a whole when it is read (conf.settings.setting_errors), IP_RATE included.
+    ip_rate = snapshot.get("IP_RATE")
     ip_policies = (ip_policy(ip_rate),) if ip_rate is not None else ()
     return LimitConfig(
-        path_prefixes=tuple(ratelimit_settings.PATH_PREFIXES),
+        path_prefixes=tuple(snapshot.get("PATH_PREFIXES")),
         ip_policies=ip_policies,
-        require_api_key=ratelimit_settings.REQUIRE_API_KEY,
-        anonymous_tier=ratelimit_settings.ANONYMOUS_TIER,
-        default_user_tier=ratelimit_settings.DEFAULT_USER_TIER,
-        headers=ratelimit_settings.HEADERS,
-        fail_mode=ratelimit_settings.FAIL_MODE,
+        require_api_key=snapshot.get("REQUIRE_API_KEY"),
+        anonymous_tier=snapshot.get("ANONYMOUS_TIER"),
+        default_user_tier=snapshot.get("DEFAULT_USER_TIER"),
+        headers=snapshot.get("HEADERS"),
+        fail_mode=snapshot.fail_mode,
     )
 
 
-_config = SettingsCached(_read_limit_config)
-
-
-def limit_config() -> LimitConfig:
-    """The parsed settings (parsed on first use and after every settings change, never per request)."""
-    return _config.get()
+def limit_config(snapshot: Snapshot | None = None) -> LimitConfig:
+    """The parsed settings of planning (parsed once per settings snapshot, never per request); raises
+    InvalidSetting when one of them has no reading."""
+    return (snapshot or request_settings()).derived(_read_limit_config)
 
 
 class RequestPlan(NamedTuple):
@@ -164,7 +160,7 @@ FROM_REQUEST: Any = object()
 
 
 def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
-                 path: str | None = None) -> RequestPlan | LimitOutcome:
+                 path: str | None = None, settings: Snapshot | None = None) -> RequestPlan | LimitOutcome:
     """Identify the client of `request` and the policies of its tier for `scope`.
 
     Returns a LimitOutcome instead when a per-IP peek already refuses a request with a key this
@@ -175,21 +171,24 @@ def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: 
     path of the request when it is not `request`'s own: a gateway's authorization request describes
     another one (ratelimit_app.gateway), whose path picks the load shedder's priority; the client is
     still read from `request` (its API key header, its address through TRUSTED_PROXIES, its user).
-    Raises ImproperlyConfigured when a tier named in the settings or by a key does not exist.
+    Raises ImproperlyConfigured when a tier named in the settings or by a key does not exist. `settings`:
+    the snapshot the request is planned under (default: the current one).
     """
-    return plan_with_key(request, api_key_from_request(request), cost, scope, user, path)
+    return plan_with_key(request, api_key_from_request(request, identity_config(settings)), cost, scope, user, path,
+                         settings)
 
 
 def plan_with_key(request: HttpRequest, key: PresentedKey | None, cost: int, scope: str, user: Any,
-                  path: str | None) -> RequestPlan | LimitOutcome:
+                  path: str | None, settings: Snapshot | None = None) -> RequestPlan | LimitOutcome:
     """`plan_request` for the API key of ours `key` the request carries (None: none), read once by the caller."""
-    config = limit_config()
-    ip_id = request_ip_identity(request)
+    config = limit_config(settings)
+    identities = identity_config(settings)
+    ip_id = request_ip_identity(request, identities)
     lookups = get_lookups()
     rules = lookups.client_rules()
     listed = ""
     if not rules.empty and rules.has_networks:
-        listed = rules.for_address(client_ip(request)) or ""
+        listed = rules.for_address(client_ip(request, identities)) or ""
         if listed == DENY:
             return _denied_by_list(ip_id, "client network")
     ip_checks = (LimitCheck(ip_id, config.ip_policies),) if config.ip_policies and not listed else ()
@@ -203,7 +202,7 @@ def plan_with_key(request: HttpRequest, key: PresentedKey | None, cost: int, sco
         return RequestPlan((), tier, identity, tier_mode or config.fail_mode, tier_mode, label=label, listed=ALLOW)
     checks = ip_checks if tier is None else (
         *_ip_checks_of(tier, identity, known), LimitCheck(identity, tier.policies_for(scope)))
-    fleet = shedding.fleet_check(request, _declared_priority, path)
+    fleet = shedding.fleet_check(request, _declared_priority, path, shedding.shed_config(settings))
     if fleet is not None:
         checks = (*checks, fleet)
     return RequestPlan(checks, tier, identity, tier_mode or config.fail_mode, tier_mode, label=label)
@@ -316,7 +315,7 @@ def _denied_by_list(identity: str, what: str) -> LimitOutcome:
 def _declared_priority(request: HttpRequest) -> str | None:
     """The load-shedding priority the resolved view declares (`@limit_cost(priority=...)`), or None."""
     match = getattr(request, "resolver_match", None)
-    return route_for_view(resolve_view(match.func, request).declared).priority if match is not None else None
+    return route_of(match.func, request).route.priority if match is not None else None
 
 
 def _ip_precheck(config: LimitConfig, ip_id: str, cost: int) -> LimitOutcome | None:

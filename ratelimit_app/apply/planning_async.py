@@ -9,6 +9,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject, empty
 
+from ..conf.snapshot import Snapshot
 from ..plans.lookups import NeedsIO, local_only
 from . import planning
 from .identity import api_key_from_request, authenticated_user
@@ -17,7 +18,7 @@ from .planning import FROM_REQUEST, RequestPlan
 
 
 async def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
-                       path: str | None = None) -> RequestPlan | LimitOutcome:
+                       path: str | None = None, settings: Snapshot | None = None) -> RequestPlan | LimitOutcome:
     """`planning.plan_request` on the event loop, without blocking it.
 
     With this process' lookup cache warm (the tier, the key, the allow/deny rules), planning does no
@@ -30,9 +31,9 @@ async def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", 
         user = await request_user(request)
     try:
         with local_only():
-            return planning.plan_with_key(request, key, cost, scope, user, path)
+            return planning.plan_with_key(request, key, cost, scope, user, path, settings)
     except NeedsIO:
-        return await sync_to_async(planning.plan_with_key)(request, key, cost, scope, user, path)
+        return await sync_to_async(planning.plan_with_key)(request, key, cost, scope, user, path, settings)
 
 
 async def request_user(request: HttpRequest) -> Any:

@@ -33,15 +33,11 @@ from typing import Any
 
 from django.http import HttpResponseBase, JsonResponse
 
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import Snapshot, request_settings
 from ..core.decision import Decision
 from . import shedding
 from .headers import apply_headers, retry_after_seconds
 from .outcome import DENIED, FORBIDDEN, SHED, UNAUTHORIZED, LimitOutcome
-from .planning import limit_config
-
-#: The request attribute that holds the LimitOutcome (set by the middleware, the throttles and the decorator).
-REQUEST_ATTRIBUTE = "ratelimit"
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
@@ -54,7 +50,7 @@ _STATUS_TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
 
 
 def _problem_format() -> bool:
-    return bool(ratelimit_settings.ERROR_FORMAT == "problem")  # always readable (an invalid one: "json")
+    return request_settings().error_format == "problem"  # always readable (an invalid one: "json")
 
 
 def _answer(status: int, body: dict[str, Any], *, problem_type: str = "about:blank",
@@ -75,7 +71,7 @@ def _answer(status: int, body: dict[str, Any], *, problem_type: str = "about:bla
     return JsonResponse(problem, status=status, content_type=PROBLEM_CONTENT_TYPE)
 
 
-def violated_policies(decision: Decision) -> list[str]:
+def _violated_policies(decision: Decision) -> list[str]:
     """The names of the policies that refused (the `violated-policies` member)."""
     names = [result.policy for result in decision.results if not result.allowed]
     return names or ([decision.policy] if decision.policy else [])
@@ -90,11 +86,11 @@ def too_many_requests(decision: Decision, tier: str | None, cost: int = 1) -> Js
                       f"({decision.limit}); it will never be allowed"),
             "tier": tier, "policy": decision.policy, "retry_after": None,
         }
-        return _answer(429, body, problem_type=QUOTA_EXCEEDED, violated=violated_policies(decision))
+        return _answer(429, body, problem_type=QUOTA_EXCEEDED, violated=_violated_policies(decision))
     response = _answer(429, {
         "error": "rate limit exceeded", "tier": tier, "policy": decision.policy,
         "retry_after": round(retry_after, 3) if retry_after is not None else None,
-    }, problem_type=QUOTA_EXCEEDED, violated=violated_policies(decision))
+    }, problem_type=QUOTA_EXCEEDED, violated=_violated_policies(decision))
     response["Retry-After"] = str(retry_after_seconds(retry_after))
     return response
 
@@ -140,12 +136,16 @@ def overloaded(priority: str, retry_after: float) -> JsonResponse:
     return response
 
 
-def add_headers(response: HttpResponseBase, outcome: LimitOutcome) -> None:
-    """Add the rate limit headers chosen by RATELIMIT['HEADERS'] for this outcome (none for a request
-    the load shedder refused: it was refused for the fleet's load, not for the client's limits)."""
+def add_headers(response: HttpResponseBase, outcome: LimitOutcome, settings: Snapshot | None = None) -> None:
+    """Add the rate limit headers RATELIMIT['HEADERS'] chooses (as `settings`, default: of now, read it;
+    none when it has no reading) for this outcome (none for a request the load shedder refused: it was
+    refused for the fleet's load, not for the client's limits)."""
     if outcome.decision is not None and outcome.policies and outcome.status != SHED:
-        with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
-            apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, limit_config().headers)
+        settings = settings or request_settings()
+        if settings.headers is not None:
+            with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
+                apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, settings.headers,
+                              settings.header_draft)
 
 
 def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:

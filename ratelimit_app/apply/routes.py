@@ -7,10 +7,10 @@
     @limit_cost(priority="low")             # shed first when the fleet is overloaded (ratelimit_app.apply.shedding)
 
 Class-based views may set the same on the class (`@limit_cost(...)` on a View or APIView class); a DRF
-view's `throttle_scope` is used as the scope when nothing else is declared. A framework that routes
-several handlers through one Django view (Django Ninja: one view per path, one operation per method)
-registers a `ViewFinder`, so the declarations of the handler a request reaches are read
-(`resolve_view`).
+view's `throttle_scope` is used as the scope when nothing else is declared. A framework registers a
+`ViewFinder` to say which handler a request reaches (Django Ninja: one view per path, one operation per
+method), so its declarations are read, and whether its throttles of ours decide the request's own
+limits (`resolve_view`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from django.http import HttpRequest
 
+from ..conf.settings import on_reload
 from ..core.policies import MAX_LIMIT
 
 if TYPE_CHECKING:
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
 ATTRIBUTE = "ratelimit_route"
 #: Attribute of a view wrapped by `@ratelimit`: its ViewLimit.
 VIEW_LIMIT_ATTRIBUTE = "ratelimit_view_limit"
-#: Request attribute left by the middleware when our DRF throttles decide the request: (cost, scope).
-DEFERRED_ATTRIBUTE = "_ratelimit_deferred"
-#: Class attribute of the throttles that decide together with the request's own limits.
-JOINT_THROTTLE_ATTRIBUTE = "decides_with_request_limits"
 _SCOPE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
@@ -125,14 +122,6 @@ def joined_checks(view_limit: ViewLimit | None, request: HttpRequest, cost: int)
     return [check] if check is not None else []
 
 
-def defers_to_throttles(view_func: Any) -> bool:
-    """True for a DRF view whose throttles include one of ours: they decide the request's limits
-    (after DRF's authentication) together with their own, in one call."""
-    view_class = getattr(view_func, "cls", None)
-    throttles = getattr(view_class, "throttle_classes", None) or ()
-    return any(getattr(throttle, JOINT_THROTTLE_ATTRIBUTE, False) for throttle in throttles)
-
-
 class ResolvedView(NamedTuple):
     """What a request reaches: `declared`, the function or class whose `@limit_cost`, `@ratelimit` and
     `@limit_concurrency` apply, and `deferred`, True when our throttles on it decide the request's own
@@ -149,9 +138,10 @@ _view_finders: list[ViewFinder] = []
 
 def register_view_finder(finder: ViewFinder) -> None:
     """Let `finder` say what a request to a view of its framework reaches (registered once; ratelimit_app
-    registers Django Ninja's when it is installed)."""
+    registers DRF's and Django Ninja's when their throttles of ours are imported)."""
     if finder not in _view_finders:
         _view_finders.append(finder)
+        _routes.clear()
 
 
 def resolve_view(view_func: Any, request: HttpRequest) -> ResolvedView:
@@ -161,4 +151,49 @@ def resolve_view(view_func: Any, request: HttpRequest) -> ResolvedView:
         found = finder(view_func, request)
         if found is not None:
             return found
-    return ResolvedView(view_func, defers_to_throttles(view_func))
+    return ResolvedView(view_func, False)
+
+
+class ViewRoute(NamedTuple):
+    """What a request of one HTTP method reaches through one resolved view: the handler whose declarations
+    apply (`declared`), whether our throttles on it decide (`deferred`), its route and the cost of the
+    method, and the handler's own limit (`@ratelimit`, `@limit_concurrency`; None: none)."""
+
+    declared: Any
+    deferred: bool
+    route: RouteLimit
+    cost: int
+    view_limit: ViewLimit | None
+
+
+#: (view function, method) -> its ViewRoute: declarations are made when views are defined, so they are
+#: read once per view and method (and again after a settings change or a new view finder).
+_routes: dict[tuple[Any, str | None], ViewRoute] = {}
+#: The most views remembered (a project whose URLconf makes views on the fly never grows it past this).
+_MAX_ROUTES = 4096
+
+
+def route_of(view_func: Any, request: HttpRequest) -> ViewRoute:
+    """The ViewRoute of `request` through the resolved `view_func` (a view finder's answer may depend on
+    the view and the request's method only)."""
+    key = (view_func, request.method)
+    try:
+        found = _routes.get(key)
+    except TypeError:  # a view that cannot be a dict key
+        return _read_route(view_func, request)
+    if found is None:
+        found = _read_route(view_func, request)
+        if len(_routes) >= _MAX_ROUTES:
+            _routes.clear()
+        _routes[key] = found
+    return found
+
+
+def _read_route(view_func: Any, request: HttpRequest) -> ViewRoute:
+    resolved = resolve_view(view_func, request)
+    route = route_for_view(resolved.declared)
+    return ViewRoute(resolved.declared, resolved.deferred, route, route.cost_for(request.method),
+                     view_limit_of(resolved.declared))
+
+
+on_reload(_routes.clear)

@@ -40,7 +40,7 @@ from typing import Any
 from django.http import HttpRequest
 
 from ..conf.paths import PathPrefixes, prefix_form, readings
-from ..conf.settings import SettingsCached, ratelimit_settings
+from ..conf.snapshot import Snapshot, request_settings
 from ..core.logs import log_event
 from ..core.policies import CONCURRENCY, MAX_LIMIT, Policy
 from .limitcheck import LimitCheck
@@ -86,45 +86,43 @@ class ShedConfig:
         return max(found, key=PRIORITIES.index)
 
 
-def _parse() -> ShedConfig:
+def _parse(snapshot: Snapshot) -> ShedConfig:
     """The shedding settings; with RATELIMIT['ENABLED'] False, neither shedder sheds (nor counts)."""
-    settings = ratelimit_settings
-    if not settings.ENABLED:
-        return ShedConfig(None, {}, PathPrefixes.of(()), {}, None, float(settings.SHED_RETRY_AFTER))
-    capacity = settings.SHED_CAPACITY
-    lease = settings.SHED_LEASE
+    read = snapshot.get
+    if not snapshot.enabled:
+        return ShedConfig(None, {}, PathPrefixes.of(()), {}, None, float(read("SHED_RETRY_AFTER")))
+    capacity = read("SHED_CAPACITY")
+    lease = read("SHED_LEASE")
     thresholds: dict[str, Policy] = {}
     if capacity is not None:
         thresholds = {
-            LOW: Policy(FLEET_POLICY, CONCURRENCY, limit=max(1, math.floor(capacity * settings.SHED_LOW_AT)),
+            LOW: Policy(FLEET_POLICY, CONCURRENCY, limit=max(1, math.floor(capacity * read("SHED_LOW_AT"))),
                         period=lease),
-            NORMAL: Policy(FLEET_POLICY, CONCURRENCY, limit=max(1, math.floor(capacity * settings.SHED_NORMAL_AT)),
+            NORMAL: Policy(FLEET_POLICY, CONCURRENCY, limit=max(1, math.floor(capacity * read("SHED_NORMAL_AT"))),
                            period=lease),
             CRITICAL: Policy(FLEET_POLICY, CONCURRENCY, limit=MAX_LIMIT, period=lease),  # counted, never refused
         }
     priorities: dict[str, str] = {}
-    for prefix, priority in settings.SHED_PRIORITIES.items():  # "/api" and "/api/" are one prefix: the lower wins
+    for prefix, priority in read("SHED_PRIORITIES").items():  # "/api" and "/api/" are one prefix: the lower wins
         form = prefix_form(prefix)
         priorities[form] = max(priority, priorities.get(form, CRITICAL), key=PRIORITIES.index)
-    return ShedConfig(capacity, thresholds, PathPrefixes.of(priorities), priorities, settings.SHED_PROCESS_LIMIT,
-                      float(settings.SHED_RETRY_AFTER))
+    return ShedConfig(capacity, thresholds, PathPrefixes.of(priorities), priorities, read("SHED_PROCESS_LIMIT"),
+                      float(read("SHED_RETRY_AFTER")))
 
 
-_config = SettingsCached(_parse)
-
-
-def shed_config() -> ShedConfig:
-    """The parsed shedding settings."""
-    return _config.get()
+def shed_config(snapshot: Snapshot | None = None) -> ShedConfig:
+    """The parsed shedding settings (parsed once per settings snapshot)."""
+    return (snapshot or request_settings()).derived(_parse)
 
 
 def fleet_check(request: HttpRequest, declared: Callable[[HttpRequest], str | None],
-                path: str | None = None) -> LimitCheck | None:
+                path: str | None = None, config: ShedConfig | None = None) -> LimitCheck | None:
     """The fleet count's check for `request` at its priority (None when SHED_CAPACITY is None);
     `declared(request)` gives the priority the view declares, asked only when the shedder is on.
     `path` is the path of the request a gateway describes (its priority is that of its path prefix,
-    nothing is declared for it); None: the request's own path."""
-    config = shed_config()
+    nothing is declared for it); None: the request's own path. `config`: the shedding settings (default:
+    of now)."""
+    config = config or shed_config()
     if config.capacity is None:
         return None
     if path is None:

@@ -1,6 +1,6 @@
 """The rules ratelimit_app.conf.settings validates and reads RATELIMIT by: for each setting, what is
 accepted (`RULES`, with what a harmful value would do), and the cautious reading of an invalid value
-at run time (`READINGS`). conf.py applies them (`setting_errors`, `runtime_values`): the one place
+at run time (`READINGS`). settings.py applies them (`setting_errors`, `runtime_values`): the one place
 settings are validated and read.
 """
 
@@ -88,7 +88,7 @@ _SECRET = (lambda value: value is None or (isinstance(value, str) and bool(_TOKE
            "None or a secret of at least 16 characters without spaces, such as the output of "
            "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
 
-#: For each setting except IP_RATE (conf.py parses it as the middleware does): a test of the value, and
+#: For each setting except IP_RATE (settings.py parses it as the middleware does): a test of the value, and
 #: what is accepted (and, where a value of the right type would still do harm, why).
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "BACKEND": (lambda value: value in BACKENDS, f"one of {', '.join(map(repr, BACKENDS))}"),

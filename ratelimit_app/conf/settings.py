@@ -1,14 +1,14 @@
 """Settings: one RATELIMIT dict in the Django settings, read lazily and validated on first use.
 
 Every key has a default here and an entry in docs/settings.md. Every value is validated here, and only
-here (`setting_errors`, by the rules of conf_rules.py): `manage.py check` reports each invalid one
+here (`setting_errors`, by the rules of rules.py): `manage.py check` reports each invalid one
 (ratelimit.E001) naming the setting, what is wrong, what it would do and what is accepted, and unknown
 keys are refused too, so a typo is never silently ignored. No message shows the value of a setting that
-can hold a secret (`conf_rules.SECRET_SETTINGS`).
+can hold a secret (`rules.SECRET_SETTINGS`).
 
 At run time (a server started without `check`) an invalid setting never makes a request fail and never
 falls back to its default: it is read the most cautious way what was written allows
-(`conf_rules.READINGS`: FAIL_MODE "Closed" is "closed", anything it cannot spell is "closed"; a list
+(`rules.READINGS`: FAIL_MODE "Closed" is "closed", anything it cannot spell is "closed"; a list
 keeps its valid items when dropping the others limits more), and a setting with no such reading raises
 `InvalidSetting` when it is read, so the part that needs it does not run (the middleware's limits then
 follow the fail mode). One log line per process says which settings are invalid and how each is read
@@ -246,7 +246,7 @@ def clock_shift_allowed(values: dict[str, Any]) -> bool:
 
 
 def runtime_values(values: dict[str, Any], errors: list[SettingError]) -> dict[str, Any]:
-    """`values` with each invalid setting replaced by its cautious reading (conf_rules.READINGS) or, when
+    """`values` with each invalid setting replaced by its cautious reading (rules.READINGS) or, when
     it has none, UNREADABLE; said in one log line per process (ERROR, "ratelimit.invalid_settings"):
     which settings are invalid, how each is read, which cannot be read. Never a secret's value."""
     invalid = {error.setting for error in errors}
@@ -294,6 +294,12 @@ class RateLimitSettings:
         if value is UNREADABLE:
             raise InvalidSetting(name) from None
         return value
+
+    def values(self) -> dict[str, Any]:
+        """Every setting as read (an unreadable one is `rules.UNREADABLE`); read and validated on first use."""
+        if self._values is None:
+            self._values = self._load()
+        return self._values
 
     def reload(self) -> None:
         """Drop the cached values; the next access reads and validates settings.RATELIMIT again."""

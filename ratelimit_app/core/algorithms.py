@@ -1,51 +1,72 @@
 """The registry of algorithms: everything the rest of the code knows about each one, in one place.
 
-An algorithm is one Lua file (lua/<name>.lua: the function decide.lua calls, with the contract its
-header states), one model of it in Python for the "local" fail mode (fallback_models.py, registered
-with `@model("<name>")`), and one entry here. Policies (which names are valid, which take a
-burst), the admin's choices, the decision script and its codes, the state keys' letters and the
-fallback all read this registry; tests/core/test_scripts.py checks that every entry has its Lua function
-and its fallback model.
+An algorithm is its Lua file (lua/<name>.lua), its Python model (service/fallback_models.py) and its
+entry here; docs/architecture.md says what each holds and what reads the registry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+
+def _units(capacity: int, limit: int, period_ms: int) -> int:
+    """A state of at most `capacity` units."""
+    return capacity
+
+
+def _tokens(capacity: int, limit: int, period_ms: int) -> int:
+    """A bucket's tokens, counted in period_ms parts of a unit."""
+    return capacity * period_ms
+
+
+def _arrival_time(capacity: int, limit: int, period_ms: int) -> int:
+    """A theoretical arrival time: now (about 2**51 us) plus up to `capacity` emission intervals."""
+    return 2**51 + capacity * -(-period_ms * 1000 // limit)
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """One algorithm: its `name` (Policy.algorithm), the `code` decide.lua dispatches on, the `letter`
-    of its state in a key, its Lua file, and whether a policy of it may have a burst (a capacity
-    above its limit). `concurrency` is True for the one that counts requests in flight (slots) rather
-    than requests over time: its state is a key of its own, charged by its Lua `<name>_charge`.
-    `text_state` is True when its state is bytes that are never an integer (decide.lua then never
-    reads a 7-byte state of it as one). `long_state_from` (0: never) is the limit from which a policy
-    of it keeps its state in a key of its own, where a hit appends to it rather than rewriting it with
-    the identity's other entries (a sliding log grows with its limit: lua/sliding_window.lua)."""
+    """One algorithm: its `name` (Policy.algorithm; its Lua file is lua/<name>.lua), the `code` decide.lua
+    dispatches on, the `letter` of its state in a key, and `sha1`, the digest of its Lua file, pinned so
+    that the script cannot change unnoticed (tests/core/test_scripts.py). `takes_burst`: a policy of it
+    may have a capacity above its limit. `concurrency`: it counts requests in flight (slots, in a key of
+    their own, charged by its Lua `<name>_charge`) rather than requests over time. `text_state`: its
+    state is bytes, never an integer. `long_state_from` (0: never): the limit from which a policy of it
+    keeps its state in a key of its own (a sliding log grows with its limit). `largest_state(capacity,
+    limit, period_ms)`: the largest number its Lua state reaches, which must stay exact in a double."""
 
     name: str
     code: int
     letter: str
-    lua_file: str
+    sha1: str
     takes_burst: bool = False
     concurrency: bool = False
     text_state: bool = False
     long_state_from: int = 0
+    largest_state: Callable[[int, int, int], int] = _units
+
+    @property
+    def lua_file(self) -> str:
+        """The file in lua/ that ends with this algorithm's function."""
+        return f"{self.name}.lua"
 
 
 #: The algorithms a Policy may use, in the order they are listed to users.
 REGISTRY: tuple[Algorithm, ...] = (
-    Algorithm("fixed_window", 3, "f", "fixed_window.lua"),
-    Algorithm("sliding_window", 2, "s", "sliding_window.lua", text_state=True, long_state_from=128),
-    Algorithm("sliding_window_counter", 5, "c", "sliding_window_counter.lua"),
-    Algorithm("token_bucket", 1, "t", "token_bucket.lua", takes_burst=True),
-    Algorithm("gcra", 4, "g", "gcra.lua", takes_burst=True),
-    Algorithm("concurrency", 6, "q", "concurrency.lua", concurrency=True),
+    Algorithm("fixed_window", 3, "f", "e8456d423afd1006f23f0e615b2cfc2870bf6b47"),
+    Algorithm("sliding_window", 2, "s", "22ea529c731650fc5ba5714e5a1e9b48b96a1851", text_state=True,
+              long_state_from=128),
+    Algorithm("sliding_window_counter", 5, "c", "bbe4c13417adc85946c5222145e9a8316774ee32"),
+    Algorithm("token_bucket", 1, "t", "7418fa7aa6e5491bdde402ab10ca0c8021b96b4f", takes_burst=True,
+              largest_state=_tokens),
+    Algorithm("gcra", 4, "g", "50e70a85a54a2beff63396750014399b7420ec0a", takes_burst=True,
+              largest_state=_arrival_time),
+    Algorithm("concurrency", 6, "q", "9b204623195707ab5e9ed7858263dbb642217bac", concurrency=True),
 )
-#: A calendar quota: a fixed_window policy whose windows are calendar days, weeks or months. It is not
-#: an algorithm users choose (Policy.calendar selects it), but it has a Lua file, a code and a letter.
-CALENDAR_WINDOW = Algorithm("calendar_window", 32, "k", "calendar_window.lua")
+#: A calendar quota: a fixed_window policy whose windows are calendar days, weeks or months. Users do not
+#: choose it by name (Policy.calendar selects it), but it has a Lua file, a code and a letter.
+CALENDAR_WINDOW = Algorithm("calendar_window", 32, "k", "4ead8a19f2410a94551fd6f73de7523a0c2d27e6")
 #: Every algorithm of the decision script, the calendar window included.
 SCRIPTED: tuple[Algorithm, ...] = (*REGISTRY, CALENDAR_WINDOW)
 

@@ -1,22 +1,6 @@
-"""Calendar quotas: N units per calendar day, week (from Monday) or month, in a time zone.
-
-The boundaries are computed inside the decision script from Redis time, like every other decision.
-The script cannot read the time zone database, so each calendar policy carries a *rule*: the zone's
-UTC offset now, the moment of its next change (a DST transition) and the offset after it. The script
-takes Redis time, picks the offset that applies at that time, finds the local day, week or month it
-falls in, and when the next one starts (in UTC, with the offset in force then). The rule is derived
-from the zone database when the policy is built (tiers are rebuilt every RATELIMIT['CACHE_TTL']); the
-app server's clock only chooses which transition is "next", never where a period starts or ends. One
-offset change between now and the next boundary is accounted for (DST: two transitions a year, months
-apart).
-
-The rule is one integer below 2**53 (exact in a Lua number):
-
-    rule = ((unit * 128 + offset_now_q + 64) * 128 + offset_next_q + 64) * 2**27 + change_minute
-
-`unit` 1 day, 2 week, 3 month; offsets in quarter hours (-64..63, every real zone qualifies); and
-`change_minute` the minute since the epoch of the next change (2**27 - 1: none within 400 days).
-"""
+"""Calendar quotas: N units per calendar day, week (from Monday) or month in a time zone, as the rule each
+policy carries to the decision script (the zone's offset now, its next change and the offset after it;
+docs/algorithms.md, "Calendar quotas")."""
 
 from __future__ import annotations
 
@@ -27,8 +11,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 CALENDARS: tuple[str, ...] = ("day", "week", "month")
 #: The `period` of a calendar policy: its longest length in seconds (headers show it as the window).
 CALENDAR_PERIODS = {"day": 86_400, "week": 7 * 86_400, "month": 31 * 86_400}
-UNIT_CODES = {"day": 1, "week": 2, "month": 3}
-NO_CHANGE = 2**27 - 1
+_UNIT_CODES = {"day": 1, "week": 2, "month": 3}
+_NO_CHANGE = 2**27 - 1
 _SEARCH_DAYS = 400
 
 
@@ -58,7 +42,7 @@ def calendar_rule(unit: str, time_zone: str, hour: int) -> int:
     zone = ZoneInfo(time_zone)
     start = hour * 3600
     now = _offset(zone, start)
-    change, after = NO_CHANGE, now
+    change, after = _NO_CHANGE, now
     low = start
     for day in range(1, _SEARCH_DAYS + 1):  # find the first day whose offset differs ...
         high = start + day * 86_400
@@ -72,7 +56,7 @@ def calendar_rule(unit: str, time_zone: str, hour: int) -> int:
             change, after = -(-high // 60), _offset(zone, high)
             break
         low = high
-    return ((UNIT_CODES[unit] * 128 + now + 64) * 128 + after + 64) * 2**27 + change
+    return ((_UNIT_CODES[unit] * 128 + now + 64) * 128 + after + 64) * 2**27 + change
 
 
 def rule_at(unit: str, time_zone: str, at: float) -> int:

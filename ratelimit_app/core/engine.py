@@ -1,132 +1,31 @@
 """The rate limiter engine, sans I/O: everything `RateLimiter` and `AsyncRateLimiter` do but the I/O.
 
-One atomic Redis round trip (EVALSHA of decide.lua) decides a request against many policies. This
-module never touches a socket: `prepare_call` builds the call (KEYS, ARGV, and the whole EVALSHA
-command, packed), `parse_reply` turns the script's reply into decisions, and the `*_steps` functions are
-each operation of the limiters (hit, peek, hit_many, reset) as the steps of an exchange with Redis
-(NOSCRIPT recovery, the never-resend rule, one call per slot on a cluster) that a transport carries out:
-`RateLimiter` (engine_sync.py) with plain calls, `AsyncRateLimiter` (engine_async.py) with awaits.
-Arguments are validated here, and the errors of Redis failures are worded here, so the two transports
-decide and fail alike.
-
-Speed matters here: this runs on every request. The packed command of a policy set is built once and
-cached (`_plan`, beside `_Plan`, its plain construction); a call only splices in the identity's digest
-(cached too: `keys.digest`). `PreparedCall.keys` and `.args` are the same call unpacked, which the
-reference paths (a pool's connection, a cluster node) send through redis-py's own packing.
+The call of decide.lua for a set of checks (`prepare_call`, packed by wire.py) and its reply
+(`parse_reply`); each operation of the limiters as the steps of an exchange with Redis that both
+transports carry out (`hit_steps`, ...: docs/architecture.md, "Sync and async"); the arguments' checks
+and the wording of Redis failures, so that the two transports decide and fail alike.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import struct
 from collections.abc import Generator, Sequence
-from functools import lru_cache
 from typing import Any, TypeVar
 
-from .algorithms import BY_NAME, CALENDAR_WINDOW, REGISTRY
-from .decision import Decision, PolicyResult, all_or_nothing
+from .decision import Decision
 from .exceptions import BackendError, scripts_refused
-from .keys import DIGEST_CHARS, digest, is_sent_its_key, release_keys, tag
-from .policies import CONCURRENCY, Policy
+from .keys import digest, release_keys
+from .policies import Policy
 from .scripts import decide_sha
+from .wire import HIT, PEEK, RESET, CallPlan, bulk, call_plan, decisions
 
+#: An identity and the policies it is checked against.
 Check = tuple[str, Sequence[Policy]]
-
-#: decide.lua takes every number of a call in one binary argument (see its header): a decimal argument
-#: would cost Redis a strtod each, and every argument is parsed and interned as a Lua string.
-_CALL_NUMBERS = struct.Struct(">qBBq")  # cost, mode, identities, clock shift in ms (see prepare_call)
-MAX_CLOCK_SHIFT_MS = 10 * 366 * 86_400_000  # the largest clock shift of a call, either way: ten years
-_POLICY_NUMBERS = struct.Struct(">qqqqBB")  # algorithm code, limit, period, extra, identity, tag length
-#: The modes of decide.lua: report only (peek), charge when allowed (hit), forget the states (reset).
-PEEK, HIT, RESET = 0, 1, 2
-#: The algorithm codes decide.lua dispatches on (ratelimit_app.core.algorithms).
-ALGORITHM_CODES = {algorithm.name: algorithm.code for algorithm in REGISTRY}
-#: Added to the algorithm code of a shadow policy: decide.lua counts it but never lets it refuse.
-SHADOW_FLAG = 64
-#: The code of a calendar quota (a fixed window whose boundaries are calendar days, weeks or months):
-#: its period is `Policy.calendar_rule` and its extra number `Policy.clock_shift_ms`.
-CALENDAR_CODE = CALENDAR_WINDOW.code
+#: The largest clock shift of a call (ms added to Redis' time, for tests), either way: ten years.
+MAX_CLOCK_SHIFT_MS = 10 * 366 * 86_400_000
 #: A lease token (ARGV[2] of decide.lua): the member a request's concurrency slots are held under.
 _LEASE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-#: The script's reply: three numbers per policy (see decide.lua).
-_REPLY_NUMBERS = struct.Struct(">qqq")  # remaining, reset in ms, retry in ms
-
-
-def _numbers(policy: Policy) -> tuple[int, int, int, int]:
-    """The code, limit, period and extra number of `policy` in ARGV[1] of decide.lua."""
-    if policy.calendar:
-        code, period, extra = CALENDAR_CODE, policy.calendar_rule, policy.clock_shift_ms
-    else:
-        algorithm = BY_NAME[policy.algorithm]
-        code, period, extra = algorithm.code, policy.period_ms, policy.capacity if algorithm.takes_burst else 0
-    return code + (SHADOW_FLAG if policy.shadow else 0), policy.limit, period, extra
-
-
-def _bulk(value: bytes) -> bytes:
-    """One RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(value), value)
-
-
-class _Plan:
-    """Everything about a call but its identities: the prefix, the policy sets, the cost, the mode, the shift.
-
-    `pieces` is the packed EVALSHA command cut where each key's identity digest goes: the command is
-    `pieces[0] + digest(owner 0) + pieces[1] + ... + pieces[-1]`, with `owners[i]` the index of the
-    check whose digest fills gap i. Built once per distinct plan (see `_plan`).
-    """
-
-    __slots__ = ("args", "key_count", "key_layout", "leases", "named_capacities", "owners", "pieces",
-                 "policy_count", "prefix")
-
-    def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int,
-                 shift: int) -> None:
-        self.prefix = prefix
-        # KEYS of decide.lua: the state key of each identity ("<prefix>:{<digest>}"), then the key of
-        # its own of each policy that is sent one ("<prefix>:{<digest>}<tag>")
-        layout: list[tuple[int, str]] = [(check, ":{%s}") for check in range(len(policy_sets))]
-        numbers = [_CALL_NUMBERS.pack(cost, mode, len(policy_sets), shift)]
-        for check, policies in enumerate(policy_sets):
-            for policy in policies:
-                if not isinstance(policy, Policy):
-                    raise TypeError(f"policies: expected Policy objects, got {type(policy).__name__}")
-            names = [p.name for p in policies]
-            if len(set(names)) != len(names):
-                raise ValueError(f"policies: names must be unique within one decision, got {names}")
-            for p in policies:
-                name = tag(p)
-                if is_sent_its_key(p):
-                    layout.append((check, ":{%s}" + name))
-                numbers.append(_POLICY_NUMBERS.pack(*_numbers(p), check + 1, len(name)) + name.encode())
-        self.policy_count = sum(len(policies) for policies in policy_sets)
-        self.key_layout = tuple(layout)
-        self.named_capacities = tuple(tuple((p.name, p.capacity, p.shadow) for p in policies)
-                                      for policies in policy_sets)
-        self.key_count = len(layout)
-        # concurrency policies charged by this call: the command then ends with the lease token (ARGV[2])
-        self.leases = sum(p.algorithm == CONCURRENCY for policies in policy_sets for p in policies) \
-            if mode == HIT else 0
-        self.args = args = (b"".join(numbers),)
-
-        pieces: list[bytes] = []
-        owners: list[int] = []
-        current = b"*%d\r\n" % (3 + self.key_count + len(args) + (1 if self.leases else 0)) + _bulk(b"EVALSHA") + \
-            _bulk(decide_sha().encode()) + _bulk(b"%d" % self.key_count)
-        for owner, pattern in layout:
-            head, tail = (prefix + pattern).encode().split(b"%s")
-            current += b"$%d\r\n" % (len(head) + DIGEST_CHARS + len(tail)) + head
-            pieces.append(current)
-            owners.append(owner)
-            current = tail + b"\r\n"
-        pieces.append(current + b"".join(_bulk(arg) for arg in args))
-        self.pieces = tuple(pieces)
-        self.owners = tuple(owners)
-
-
-@lru_cache(maxsize=1024)
-def _plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int, shift: int) -> _Plan:
-    return _Plan(prefix, policy_sets, cost, mode, shift)
 
 
 class PreparedCall:
@@ -138,7 +37,7 @@ class PreparedCall:
 
     __slots__ = ("digests", "lease", "packed", "plan")
 
-    def __init__(self, plan: _Plan, digests: list[bytes], packed: bytes, lease: bytes | None = None) -> None:
+    def __init__(self, plan: CallPlan, digests: list[bytes], packed: bytes, lease: bytes | None = None) -> None:
         self.plan = plan
         self.digests = digests
         self.packed = packed
@@ -146,11 +45,8 @@ class PreparedCall:
 
     @property
     def keys(self) -> list[str]:
-        """KEYS of the call: the state key of each identity, "<prefix>:{<digest>}" (the braces are the
-        hash tag), which holds every rate policy of that identity, kept short because every byte of a
-        key name is paid per identity in Redis memory; then the key of its own of each policy that is
-        sent one (`keys.is_sent_its_key`), "<prefix>:{<digest>}<tag>": a concurrency policy's sorted
-        set of leases, a sliding log's units (used once its limit makes it long)."""
+        """KEYS of the call: the state key of each identity, "<prefix>:{<digest>}", then the key of its
+        own of each policy that is sent one (`keys.is_sent_its_key`), "<prefix>:{<digest>}<tag>"."""
         digests = [digest.decode() for digest in self.digests]
         return [self.plan.prefix + pattern % digests[owner] for owner, pattern in self.plan.key_layout]
 
@@ -179,7 +75,7 @@ def _with_lease(call: PreparedCall, lease: str | None) -> PreparedCall:
     """`call` with the lease token its concurrency policies are charged under (ARGV[2] of decide.lua)."""
     token = check_lease(lease).encode()
     call.lease = token
-    call.packed += _bulk(token)
+    call.packed += bulk(token)
     return call
 
 
@@ -199,12 +95,12 @@ def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: boo
     mode = RESET if reset else HIT if charge else PEEK
     if len(checks) == 1:  # the usual case, kept short: it runs on every request
         identity, policies = checks[0]
-        plan = _plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, mode, shift)
+        plan = call_plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, mode, shift)
         hashed = digest(identity)
         call = PreparedCall(plan, [hashed], hashed.join(plan.pieces))
         return _with_lease(call, lease) if plan.leases else call
     policy_sets = tuple(policies if type(policies) is tuple else tuple(policies) for _, policies in checks)
-    plan = _plan(prefix, policy_sets, cost, mode, shift)
+    plan = call_plan(prefix, policy_sets, cost, mode, shift)
     digests = [digest(identity) for identity, _ in checks]
     pieces = plan.pieces
     parts = [pieces[0]]
@@ -217,28 +113,10 @@ def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: boo
 
 def parse_reply(call: PreparedCall, reply: Any) -> list[Decision]:
     """Turn the script's reply into one Decision per check; a malformed reply raises BackendError."""
-    plan = call.plan
-    if type(reply) is not bytes or len(reply) != _REPLY_NUMBERS.size * plan.policy_count:
+    found = decisions(call.plan, reply)
+    if found is None:
         raise BackendError(f"unexpected reply from the decision script: {reply!r:.200}", maybe_applied=True)
-    triples = _REPLY_NUMBERS.iter_unpack(reply)  # (remaining, reset_ms, retry_ms) per policy, in order
-    # retry_ms is 0 exactly when the policy allows. A shadow policy's refusal refuses nothing (decide.lua let
-    # the call through): its result goes apart, to Decision.shadow, and does not make the call a refusal
-    refusing = False
-    decisions = []
-    for policies in plan.named_capacities:
-        results: list[PolicyResult] = []
-        shadow: list[PolicyResult] = []
-        for (name, capacity, is_shadow), (remaining, reset_ms, retry_ms) in zip(policies, triples, strict=False):
-            if retry_ms:
-                refusing = refusing or not is_shadow
-                result = PolicyResult(name, False, capacity, remaining if remaining > 0 else 0, reset_ms / 1000,
-                                      math.inf if retry_ms < 0 else retry_ms / 1000)
-            else:
-                result = PolicyResult(name, True, capacity, remaining if remaining > 0 else 0, reset_ms / 1000, None)
-            (shadow if is_shadow else results).append(result)
-        decisions.append(Decision.from_results(tuple(results), shadow=tuple(shadow)) if shadow else
-                         Decision.from_results(tuple(results)))
-    return all_or_nothing(decisions) if refusing else decisions
+    return found
 
 
 # -- one exchange with Redis, written once for every transport ------------------------------------------
@@ -273,7 +151,7 @@ NOSCRIPT = _NoScript()
 #: What the steps yield for "load the script", in place of a call to send.
 LOAD_SCRIPT = None
 #: The decision of an identity checked against no policy: allowed, nothing to report.
-NO_POLICY_DECISION = Decision(True, 0, 0, 0.0, None, "", ())
+_NO_POLICY_DECISION = Decision(True, 0, 0, 0.0, None, "", ())
 
 T = TypeVar("T")
 C = TypeVar("C")
@@ -366,7 +244,7 @@ def _one_by_one(calls: list[PreparedCall]) -> Steps[list[Decision]]:
 def _exchange(call: PreparedCall) -> Steps[list[Decision]]:
     """Send one call, recovering once from NOSCRIPT; its decisions."""
     if not call.plan.policy_count:
-        return [NO_POLICY_DECISION] * len(call.digests)
+        return [_NO_POLICY_DECISION] * len(call.digests)
     reply = yield call
     if reply is NOSCRIPT:
         # Redis lost its script cache (restart, failover, SCRIPT FLUSH). NOSCRIPT means nothing ran,

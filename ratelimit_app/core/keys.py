@@ -27,8 +27,6 @@ DIGEST_CHARS = 24
 #: The letter that stands for the algorithm in a policy's tag (its entry in the identity's key, and the
 #: end of the name of its key of its own).
 KEY_LETTERS = {algorithm.name: algorithm.letter for algorithm in REGISTRY}
-#: The letter of a calendar quota's tag (its algorithm is fixed_window, its state is not).
-CALENDAR_KEY_LETTER = CALENDAR_WINDOW.letter
 
 
 def check_prefix(prefix: str) -> str:
@@ -61,7 +59,7 @@ def identity_digest(identity: str) -> str:
 def tag(policy: Policy) -> str:
     """The tag of `policy`: the letter of its algorithm and its name (its entry in its identity's key,
     and the end of the name of its key of its own)."""
-    return (CALENDAR_KEY_LETTER if policy.calendar else KEY_LETTERS[policy.algorithm]) + policy.name
+    return (CALENDAR_WINDOW.letter if policy.calendar else KEY_LETTERS[policy.algorithm]) + policy.name
 
 
 def has_own_key(policy: Policy) -> bool:

@@ -1,15 +1,6 @@
-"""Structured log records of the logger "ratelimit_app", with API keys redacted.
-
-Every record this app logs goes through `log_event`: the message reads `event key=value ...` for
-plain-text handlers, and the same fields travel on the record as attributes (`record.ratelimit_event`
-and `record.ratelimit`, a dict) for structured handlers such as `JsonFormatter`. Fields named
-`identity` are passed through `safe_identity`, fields named `key` through `mask_key`, so a full API
-key never reaches a log: callers pass labels ("key:<prefix>", "ip:203.0.113.7", "user:5").
-
-Levels: denials DEBUG (they can be many), breaker state changes WARNING (open) / INFO (closed,
-half_open), invalid settings and plan rows that cannot be enforced ERROR (once per process, `log_once`),
-metrics flush failures WARNING (once per outage).
-"""
+"""Structured log records of the logger "ratelimit_app", with API keys redacted: every record goes through
+`log_event` (identities through `safe_identity`, keys through `mask_key`), and `JsonFormatter` writes them
+as JSON (docs/observability.md lists the events and their levels)."""
 
 from __future__ import annotations
 
@@ -58,7 +49,8 @@ def _format_value(value: Any) -> str:
 
 
 def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
-    """Log `event` with `fields` on the "ratelimit_app" logger (see the module docstring for the format)."""
+    """Log `event` with `fields` on the "ratelimit_app" logger: the message reads `event key=value ...`, and
+    the record carries `ratelimit_event` and `ratelimit` (the fields) for structured handlers."""
     if not logger.isEnabledFor(level):
         return
     if "identity" in fields:
@@ -69,10 +61,10 @@ def log_event(event: str, level: int = logging.INFO, **fields: Any) -> None:
     logger.log(level, message, extra={"ratelimit_event": event, "ratelimit": fields})
 
 
-#: What `log_once` has logged in this process (bounded: past MAX_LOGGED_ONCE records it logs no more).
+#: What `log_once` has logged in this process (bounded: past _MAX_LOGGED_ONCE records it logs no more).
 _logged_once: set[tuple[str, ...]] = set()
 _logged_once_lock = threading.Lock()
-MAX_LOGGED_ONCE = 1000
+_MAX_LOGGED_ONCE = 1000
 
 
 def log_once(event: str, level: int, **fields: Any) -> bool:
@@ -80,7 +72,7 @@ def log_once(event: str, level: int, **fields: Any) -> bool:
     is reported once, not at every reload). True when it logged."""
     record = (event, *(f"{name}={value!r}" for name, value in sorted(fields.items())))
     with _logged_once_lock:
-        if record in _logged_once or len(_logged_once) >= MAX_LOGGED_ONCE:
+        if record in _logged_once or len(_logged_once) >= _MAX_LOGGED_ONCE:
             return False
         _logged_once.add(record)
     log_event(event, level, **fields)

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .algorithms import REGISTRY
+from .algorithms import BY_NAME, REGISTRY
 from .calendars import CALENDAR_PERIODS, CALENDARS, is_valid_time_zone, rule_at
 
 #: The rate algorithms: requests over time (ratelimit_app.core.algorithms has them all).
@@ -43,7 +43,7 @@ class InvalidPolicy(ValueError):
     """A policy or rate string that cannot be enforced; the message names the field at fault."""
 
 
-def parse_period(text: str) -> int | float:
+def _parse_period(text: str) -> int | float:
     """Return the seconds in a period such as "m", "10m", "1h", "30s", "day", "500ms" (an int when whole)."""
     match = re.fullmatch(r"\s*(\d*)\s*([a-z]+)\s*", text.lower())
     if not match:
@@ -70,7 +70,7 @@ def parse_rate(rate: str) -> tuple[int, int | float]:
     if not match:
         raise InvalidPolicy(f"rate: {rate!r} is not a rate such as '20/m', '5/10m' or '1000/d'")
     limit = int(match.group(1))
-    period = parse_period(f"{match.group(2)}{match.group(3)}")
+    period = _parse_period(f"{match.group(2)}{match.group(3)}")
     return limit, period
 
 
@@ -142,7 +142,7 @@ class Policy:
                 raise InvalidPolicy(
                     f"burst: {self.burst!r} for policy {self.name!r} must be an integer from 1 to {MAX_LIMIT}"
                 )
-        if self._state_magnitude() >= _MAX_EXACT:
+        if BY_NAME[self.algorithm].largest_state(self.capacity, self.limit, self.period_ms) >= _MAX_EXACT:
             field_name = "burst" if self.burst is not None else "limit"
             raise InvalidPolicy(
                 f"{field_name}: policy {self.name!r} allows {self.capacity} units over {self.period}s, too "
@@ -174,15 +174,6 @@ class Policy:
         # rebuilt, not copied: the cached hash of another process (string hashes are salted) is wrong here
         return (Policy, (self.name, self.algorithm, self.limit, self.period, self.burst, self.shadow,
                          self.calendar, self.time_zone, self.clock_shift_ms))
-
-    def _state_magnitude(self) -> int:
-        """The largest number the Lua state of this policy reaches (it must stay exact in a double)."""
-        if self.algorithm == "token_bucket":
-            return self.capacity * self.period_ms  # tokens are counted in period_ms units
-        if self.algorithm == "gcra":
-            # the TAT is now (about 2**51 us) plus up to capacity emission intervals
-            return 2**51 + self.capacity * -(-self.period_ms * 1000 // self.limit)
-        return self.capacity
 
     @property
     def capacity(self) -> int:

@@ -1,4 +1,5 @@
-"""The Lua sources shipped in ratelimit_app/core/lua, assembled once into the decision script."""
+"""The Lua scripts shipped in lua/: the decision script assembled from the registry of algorithms (each
+algorithm's function a branch of one `check`, which decide.lua calls), and the lease scripts."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from importlib import resources
 
 from .algorithms import SCRIPTED
 
-#: Algorithm files, each ending with the function of its algorithm (ratelimit_app.core.algorithms has each
-#: one's code, which decide.lua dispatches on).
+#: Algorithm files, each ending with the function of its algorithm.
 ALGORITHM_FILES: tuple[str, ...] = tuple(algorithm.lua_file for algorithm in SCRIPTED)
 ENTRY_FILE = "decide.lua"
 #: The script that cancels a lease token whose decision's reply was lost (run with EVAL: it is rare).
@@ -17,7 +17,7 @@ CANCEL_FILE = "cancel.lua"
 #: The script that sets when a lease token's live slots end (run with EVAL: a gateway's request only).
 RENEW_FILE = "renew.lua"
 #: Locals every other file uses; it comes first.
-PRELUDE_FILE = "prelude.lua"
+_PRELUDE_FILE = "prelude.lua"
 #: The parameters of every algorithm function, in this order (see "The algorithms" in decide.lua).
 ALGORITHM_PARAMETERS = "(stored, key, now_us, cost, limit, period, extra)"
 
@@ -73,7 +73,7 @@ def _slots_charge() -> str:
 def decide_source() -> str:
     """The complete decision script: the prelude, the kinds of policy, the algorithms as one function,
     then decide.lua."""
-    return "\n".join((read_lua(PRELUDE_FILE), _kinds(), _check_function(), _slots_charge(), read_lua(ENTRY_FILE)))
+    return "\n".join((read_lua(_PRELUDE_FILE), _kinds(), _check_function(), _slots_charge(), read_lua(ENTRY_FILE)))
 
 
 @cache

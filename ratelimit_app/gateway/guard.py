@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from django.http import HttpRequest, JsonResponse
 
 from ..apply.identity import IPNetwork, address_in, parse_networks
-from ..conf.settings import InvalidSetting, SettingsCached, ratelimit_settings
+from ..conf.settings import InvalidSetting
+from ..conf.snapshot import Snapshot, request_settings
 from ..core.logs import log_once
 
 SECRET_HEADER = "X-RateLimit-Gateway-Secret"  # noqa: S105  (a header name)
@@ -46,10 +47,10 @@ def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
 
 
-def _parse_access() -> GatewayAccess:
-    networks = parse_networks(ratelimit_settings.GATEWAY_NETWORKS)  # always readable: its valid CIDRs
+def _parse_access(snapshot: Snapshot) -> GatewayAccess:
+    networks = parse_networks(snapshot.get("GATEWAY_NETWORKS"))  # always readable: its valid CIDRs
     try:
-        secret = ratelimit_settings.GATEWAY_SECRET
+        secret = snapshot.get("GATEWAY_SECRET")
     except InvalidSetting as exc:
         return GatewayAccess(None, networks, f"{exc}: the gateway endpoint answers no one until it is fixed")
     if secret is None and not networks:
@@ -58,12 +59,9 @@ def _parse_access() -> GatewayAccess:
     return GatewayAccess(_digest(secret) if secret is not None else None, networks)
 
 
-_access = SettingsCached(_parse_access)
-
-
 def gateway_access() -> GatewayAccess:
-    """The parsed guards (parsed on first use and after every settings change)."""
-    return _access.get()
+    """The parsed guards (parsed once per settings snapshot)."""
+    return request_settings().derived(_parse_access)
 
 
 def refused(request: HttpRequest) -> JsonResponse | None:

@@ -12,14 +12,22 @@ only calls that pass RATELIMIT['GATEWAY_SECRET'] / RATELIMIT['GATEWAY_NETWORKS']
 
 from __future__ import annotations
 
-from django.urls import path, re_path
+from types import ModuleType
+
+from django.urls import URLPattern, path, re_path
 
 from . import views
 
-urlpatterns = [
-    path("authorize", views.authorize, name="ratelimit-gateway-authorize"),
-    re_path(r"^authorize(?P<forwarded>/.*)$", views.authorize, name="ratelimit-gateway-authorize-path"),
-    path("auth-request", views.auth_request, name="ratelimit-gateway-auth-request"),
-    path("confirm", views.confirm, name="ratelimit-gateway-confirm"),
-    path("release", views.release, name="ratelimit-gateway-release"),
-]
+
+def patterns(module: ModuleType) -> list[URLPattern]:
+    """The endpoint's URLs served by the views of `module` (ratelimit_app.gateway.views or its async twin)."""
+    return [
+        path("authorize", module.authorize, name="ratelimit-gateway-authorize"),
+        re_path(r"^authorize(?P<forwarded>/.*)$", module.authorize, name="ratelimit-gateway-authorize-path"),
+        path("auth-request", module.auth_request, name="ratelimit-gateway-auth-request"),
+        path("confirm", module.confirm, name="ratelimit-gateway-confirm"),
+        path("release", module.release, name="ratelimit-gateway-release"),
+    ]
+
+
+urlpatterns = patterns(views)

@@ -1,11 +1,11 @@
 """The gateway endpoint's views: decide the request a gateway describes, confirm and give back its slots.
 
 `authorize` (Caddy forward_auth, Traefik ForwardAuth, Envoy ext_authz) and `auth_request` (nginx) make
-one decision through the same code as RateLimitMiddleware (`ratelimit_app.apply.limiting`): the client
+one decision through the admission path, as RateLimitMiddleware (`ratelimit_app.apply.admission`): the client
 identified from the authorization request (API key header, address through TRUSTED_PROXIES), the
 tier's limits for the described service's scope at the described cost, the per-IP limit, allow and
 deny rules, shadow limits, the load shedder, fail modes and the time budget, one Redis round trip,
-counted in the metrics. Whatever goes wrong inside the limiter follows the fail mode (`safely`): the
+counted in the metrics. Whatever goes wrong inside the limiter follows the fail mode (`admit`): the
 endpoint never answers 500 for it.
 
 Under the `authorize` contract (Caddy, Traefik, Envoy: no end-of-request hook) the slots an admitted
@@ -20,7 +20,7 @@ round trip); it answers 204 whatever Redis does (a slot not given back frees its
 
 Each view has an async twin of the same name in ratelimit_app.gateway.views_async (served by
 `ratelimit_app.gateway.async_urls` for a project under ASGI): the same description and answers, the
-decision awaited on the event loop (`limiting_async.limit_request`), as the middleware does under ASGI.
+decision awaited on the event loop (`aadmit`), as the middleware does under ASGI.
 
 The views are exempt from CSRF (gateways send whatever method the client used, with no token) and are
 not limited themselves: keep their path out of RATELIMIT['PATH_PREFIXES'] (check: ratelimit.W003).
@@ -34,12 +34,12 @@ from typing import Any, TypeVar
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 
+from ..apply.admission import admit, state_of
 from ..apply.concurrency import HeldSlots
 from ..apply.identity import client_ip
-from ..apply.limiting import limit_request, safely
-from ..apply.outcome import ALLOWED, LimitOutcome
+from ..apply.outcome import ALLOWED, NOT_LIMITED, LimitOutcome
 from ..apply.responses import bad_request
-from ..conf.settings import ratelimit_settings
+from ..conf.snapshot import request_settings
 from ..core.logs import log_event
 from .answers import answer, under_contract
 from .describe import AUTH_REQUEST, AUTHORIZE, BadDescription, GatewayRequest, describe
@@ -74,37 +74,41 @@ def auth_request(request: HttpRequest) -> HttpResponseBase:
 def confirm(request: HttpRequest) -> HttpResponseBase:
     """The service has the request whose lease `X-RateLimit-Lease` names: hold its slots their full lease
     (204); 409 when the first lease had already ended (its slots are given back, never taken again)."""
-    forbidden = refused(request)
-    if forbidden is not None:
-        return forbidden
-    slots = slots_named(request)
+    slots = lease_of(request)
     if not isinstance(slots, HeldSlots):
-        return slots if isinstance(slots, HttpResponseBase) else HttpResponse(status=204)
+        return slots
     return confirmed(slots, slots.renew())
 
 
 @csrf_exempt_view
 def release(request: HttpRequest) -> HttpResponseBase:
     """Give back the slots of the request whose lease `X-RateLimit-Lease` names (none: nothing to do)."""
-    forbidden = refused(request)
-    if forbidden is not None:
-        return forbidden
-    slots = slots_named(request)
-    if isinstance(slots, HeldSlots):
-        slots.release()  # never raises
-    return slots if isinstance(slots, HttpResponseBase) else HttpResponse(status=204)
+    slots = lease_of(request)
+    if not isinstance(slots, HeldSlots):
+        return slots
+    slots.release()  # never raises
+    return HttpResponse(status=204)
 
 
 def _decide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpResponseBase:
     gateway_request = described(request, contract, forwarded)
     if not isinstance(gateway_request, GatewayRequest):
         return gateway_request
-    outcome = safely(lambda: limit_request(request, cost=gateway_request.cost, scope=gateway_request.service,
-                                           path=gateway_request.path), where="gateway")
+    admit(request, cost=gateway_request.cost, scope=gateway_request.service, path=gateway_request.path,
+          where="gateway")
+    outcome = handed_over(request)
     first = first_lease(outcome, contract)
     if first is not None and outcome.slots is not None:
         outcome.slots.renew(first)  # never raises; Redis not asked: the slots keep their full lease
     return under_contract(answer(outcome, gateway_request.cost), contract)
+
+
+def handed_over(request: HttpRequest) -> LimitOutcome:
+    """The outcome `admit` recorded for the gateway's request, its slots no longer held by the request:
+    they go to the gateway in the lease, and outlive this answer."""
+    state = state_of(request)
+    state.take_slots()
+    return state.outcome or NOT_LIMITED
 
 
 def first_lease(outcome: LimitOutcome, contract: str) -> float | None:
@@ -114,7 +118,7 @@ def first_lease(outcome: LimitOutcome, contract: str) -> float | None:
     setting is None, or when the request holds no slot."""
     if contract != AUTHORIZE or outcome.status != ALLOWED or outcome.slots is None:
         return None
-    seconds: float | None = ratelimit_settings.GATEWAY_FIRST_LEASE
+    seconds: float | None = request_settings().get("GATEWAY_FIRST_LEASE")
     return seconds
 
 
@@ -125,10 +129,10 @@ def confirmed(slots: HeldSlots, renewed: bool | None) -> HttpResponseBase:
     if renewed is not False:
         return HttpResponse(status=204)  # confirmed, or Redis not asked (the slots keep their first lease)
     slots.release()
-    return lease_ended()
+    return _lease_ended()
 
 
-def lease_ended() -> HttpResponse:
+def _lease_ended() -> HttpResponse:
     """409: the slots of the lease are no longer held, and may be another request's by now."""
     response = JsonResponse({"error": "lease ended", "detail": "the request's slots are no longer held (its first "
                              "lease, RATELIMIT['GATEWAY_FIRST_LEASE'], ended before this confirmation, or they were "
@@ -150,11 +154,15 @@ def described(request: HttpRequest, contract: str, forwarded: str | None) -> Gat
         return under_contract(bad_request(str(exc)), contract)
 
 
-def slots_named(request: HttpRequest) -> HeldSlots | HttpResponseBase | None:
-    """The slots `X-RateLimit-Lease` names; None without one; the 400 for a value not signed here."""
+def lease_of(request: HttpRequest) -> HeldSlots | HttpResponseBase:
+    """The slots `X-RateLimit-Lease` names; else the answer: the 403 of a caller that is not a gateway,
+    the 400 for a value not signed here, 204 without a value (nothing to do)."""
+    forbidden = refused(request)
+    if forbidden is not None:
+        return forbidden
     value = request.headers.get(LEASE_HEADER, "")
     if not value:
-        return None
+        return HttpResponse(status=204)
     try:
         return slots_of(value)
     except BadLease as exc:

@@ -1,17 +1,16 @@
 """The async twins of the gateway endpoint's views (ratelimit_app.gateway.views), the same names, served by
 `ratelimit_app.gateway.async_urls` for a project under ASGI: the same description and answers, the decision
-awaited on the event loop (`limiting_async.limit_request`) and slots given back through the async service."""
+awaited on the event loop (`aadmit`) and slots given back through the async service."""
 
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
-from ..apply import limiting_async
+from ..apply.admission_async import aadmit
 from ..apply.concurrency import HeldSlots
 from .answers import answer, under_contract
 from .describe import AUTH_REQUEST, AUTHORIZE, GatewayRequest
-from .guard import refused
-from .views import confirmed, csrf_exempt_view, described, first_lease, slots_named
+from .views import confirmed, csrf_exempt_view, described, first_lease, handed_over, lease_of
 
 
 @csrf_exempt_view
@@ -29,12 +28,9 @@ async def auth_request(request: HttpRequest) -> HttpResponseBase:
 @csrf_exempt_view
 async def confirm(request: HttpRequest) -> HttpResponseBase:
     """`views.confirm` through the async service."""
-    forbidden = refused(request)
-    if forbidden is not None:
-        return forbidden
-    slots = slots_named(request)
+    slots = lease_of(request)
     if not isinstance(slots, HeldSlots):
-        return slots if isinstance(slots, HttpResponseBase) else HttpResponse(status=204)
+        return slots
     renewed = await slots.arenew()
     if renewed is False:
         await slots.arelease()  # what is left of the lease (views.confirmed then answers 409)
@@ -44,22 +40,20 @@ async def confirm(request: HttpRequest) -> HttpResponseBase:
 @csrf_exempt_view
 async def release(request: HttpRequest) -> HttpResponseBase:
     """`views.release` through the async service."""
-    forbidden = refused(request)
-    if forbidden is not None:
-        return forbidden
-    slots = slots_named(request)
-    if isinstance(slots, HeldSlots):
-        await slots.arelease()  # never raises
-    return slots if isinstance(slots, HttpResponseBase) else HttpResponse(status=204)
+    slots = lease_of(request)
+    if not isinstance(slots, HeldSlots):
+        return slots
+    await slots.arelease()  # never raises
+    return HttpResponse(status=204)
 
 
 async def _decide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpResponseBase:
     gateway_request = described(request, contract, forwarded)
     if not isinstance(gateway_request, GatewayRequest):
         return gateway_request
-    outcome = await limiting_async.safely(
-        lambda: limiting_async.limit_request(request, cost=gateway_request.cost, scope=gateway_request.service,
-                                             path=gateway_request.path), where="gateway")
+    await aadmit(request, cost=gateway_request.cost, scope=gateway_request.service, path=gateway_request.path,
+                 where="gateway")
+    outcome = handed_over(request)
     first = first_lease(outcome, contract)
     if first is not None and outcome.slots is not None:
         await outcome.slots.arenew(first)  # never raises

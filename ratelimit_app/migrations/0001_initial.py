@@ -12,16 +12,17 @@ import django.db.models.deletion
 from django.conf import settings
 from django.db import migrations, models
 
+import ratelimit_app.models
+
 # CheckConstraint's `check` argument is named `condition` from Django 5.1 on
 CONDITION = "condition" if django.VERSION >= (5, 1) else "check"
 NAME_VALIDATORS = [django.core.validators.RegexValidator('^[A-Za-z0-9_-]{1,30}$', "Use 1-30 letters, digits, '_' or '-'.", code='invalid_name')]
 CALENDAR_CHOICES = [('', 'No: a rolling or epoch-aligned period'), ('day', 'Calendar day'), ('week', 'Calendar week (from Monday)'), ('month', 'Calendar month')]
-ALGORITHMS = ('fixed_window', 'sliding_window', 'sliding_window_counter', 'token_bucket', 'gcra', 'concurrency')
 NOT_IN_NAME = '[^A-Za-z0-9_-]'  # a character no tier slug, limit name or scope may hold
 
 
 def check(condition, name, message):
-    """A CheckConstraint (plans/constraints.py)."""
+    """A CheckConstraint (models._check)."""
     return models.CheckConstraint(**{CONDITION: condition}, name=name, violation_error_message=message)
 
 
@@ -32,12 +33,11 @@ def safe(field, blank=False):
 
 
 def limit_constraints(model):
-    """What the database refuses in a limit of `model` (plans.constraints.limit_constraints)."""
+    """What the database refuses in a limit of `model` (models._limit_constraints)."""
     return [
-        check(models.Q(('algorithm__in', ALGORITHMS)), f'ratelimit_{model}_algorithm', f"The algorithm is one of {', '.join(ALGORITHMS)}."),
         check(models.Q(('limit__gte', 1), ('limit__lte', 1000000000)), f'ratelimit_{model}_limit', 'The limit is from 1 to 1000000000.'),
         check(models.Q(('period__gte', 1), ('period__lte', 31622400)), f'ratelimit_{model}_period', 'The period is from 1 to 31622400 seconds.'),
-        check(models.Q(('burst__isnull', True), models.Q(('algorithm__in', ['gcra', 'token_bucket']), ('burst__gte', 1), ('burst__lte', 1000000000)), _connector='OR'), f'ratelimit_{model}_burst', 'Only gcra and token_bucket take a burst, from 1 to 1000000000.'),
+        check(models.Q(('burst__isnull', True), models.Q(('burst__gte', 1), ('burst__lte', 1000000000)), _connector='OR'), f'ratelimit_{model}_burst', 'A burst is from 1 to 1000000000.'),
         check(models.Q(('calendar', ''), models.Q(('algorithm', 'fixed_window'), ('calendar__in', ('day', 'week', 'month'))), _connector='OR'), f'ratelimit_{model}_calendar', 'A calendar quota (day, week, month) uses fixed window.'),
         check(safe('name'), f'ratelimit_{model}_name', "A limit name is letters, digits, '_' or '-'."),
         check(safe('scope', blank=True), f'ratelimit_{model}_scope', "A scope is letters, digits, '_' or '-'."),
@@ -47,7 +47,7 @@ def limit_constraints(model):
 def limit_fields():
     """The fields of a limit (models.LimitShape): a tier's, an API key's or a user's."""
     return [
-        ('algorithm', models.CharField(choices=[('fixed_window', 'fixed window'), ('sliding_window', 'sliding window'), ('sliding_window_counter', 'sliding window counter'), ('token_bucket', 'token bucket'), ('gcra', 'gcra'), ('concurrency', 'concurrency')], max_length=30)),
+        ('algorithm', ratelimit_app.models.AlgorithmField(max_length=30)),
         ('limit', models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
         ('period', models.PositiveIntegerField(help_text='Seconds.', validators=[django.core.validators.MinValueValidator(1)])),
         ('burst', models.PositiveIntegerField(blank=True, help_text='Bucket size for token bucket and GCRA; empty means the limit.', null=True, validators=[django.core.validators.MinValueValidator(1)])),

@@ -1,10 +1,5 @@
 """Which Django Ninja operation a request reaches: Ninja routes every method of one path through one
-Django view (its PathView's), and picks the operation by the request's method.
-
-`find_view` is registered with ratelimit_app.apply.routes, so RateLimitMiddleware reads the
-`@limit_cost`, `@ratelimit` and `@limit_concurrency` of the operation's function, and leaves the request's
-own limits to our throttles when the operation has any.
-"""
+Django view (its PathView's), and picks the operation by the request's method."""
 
 from __future__ import annotations
 
@@ -13,10 +8,8 @@ from typing import Any
 from django.http import HttpRequest
 from ninja.operation import Operation, PathView
 
-from ..apply.routes import JOINT_THROTTLE_ATTRIBUTE, ResolvedView
 
-
-def path_view_of(view_func: Any) -> PathView | None:
+def _path_view_of(view_func: Any) -> PathView | None:
     """The PathView behind a view Ninja put in the URLconf (a function closing over it), None for any
     other view."""
     for cell in getattr(view_func, "__closure__", None) or ():
@@ -32,7 +25,7 @@ def path_view_of(view_func: Any) -> PathView | None:
 def operation_for(view_func: Any, request: HttpRequest) -> Operation | None:
     """The operation of `request`'s method behind the Ninja view `view_func` (None: not a Ninja view, or
     no operation for this method: Ninja answers 405)."""
-    path_view = path_view_of(view_func)
+    path_view = _path_view_of(view_func)
     if path_view is None:
         return None
     return next((op for op in path_view.operations if request.method in op.methods), None)
@@ -42,14 +35,3 @@ def request_operation(request: HttpRequest) -> Operation | None:
     """The operation `request` was routed to (None when it is not a Ninja request)."""
     match = getattr(request, "resolver_match", None)
     return operation_for(match.func, request) if match is not None else None
-
-
-def find_view(view_func: Any, request: HttpRequest) -> ResolvedView | None:
-    """The ViewFinder of Ninja views: the operation's function, deferred when it has our throttles."""
-    if getattr(view_func, "__module__", None) != "ninja.operation":
-        return None  # not a Ninja view: one attribute read on every request
-    operation = operation_for(view_func, request)
-    if operation is None:
-        return None
-    deferred = any(getattr(t, JOINT_THROTTLE_ATTRIBUTE, False) for t in operation.throttle_objects)
-    return ResolvedView(operation.view_func, deferred)

@@ -1,23 +1,22 @@
-"""Our Django Ninja throttles (see ratelimit_app.ninja): subclasses of `ninja.throttling.BaseThrottle`
-that decide together, in one call, through ratelimit_app.apply.joint.
+"""Our Django Ninja throttles (`TierRateThrottle`, the drop-ins and their base `AtomicRateThrottle`) and
+their part of the joint decision (ratelimit_app.apply.joint).
 
-Ninja creates a throttle once (`NinjaAPI(throttle=AnonRateThrottle("10/m"))`) and asks it for every
-request, from any thread, so a throttle keeps no state of a request: the joint decision lives on the
-request, and the answer `wait()` gives back is this thread's (Ninja calls `wait()` right after
-`allow_request` returned False, in the same thread and with no await in between).
-
+Ninja makes a throttle once and asks it for every request, from any thread, so a throttle keeps no
+state of a request: the joint decision lives in the request's state, and the answer `wait()` gives back
+is this thread's (Ninja calls `wait()` right after `allow_request` returned False, in the same thread).
 Ninja asks throttles synchronously, for `async def` operations too, on the event loop: the decision is
-then made there without Django I/O, or in a thread of its own when it needs some
-(`ratelimit_app.apply.joint.in_sync_code`).
+then made there without Django I/O, or in a thread of its own when it needs some (`_in_sync_code`).
 """
 
 from __future__ import annotations
 
-import math
+import asyncio
 import threading
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import SynchronousOnlyOperation
+from django.db import connections
 from django.http import HttpRequest
 from ninja.conf import settings as ninja_settings
 from ninja.operation import Operation
@@ -26,33 +25,29 @@ from ninja.throttling import AuthRateThrottle as NinjaAuthRateThrottle
 from ninja.throttling import BaseThrottle, SimpleRateThrottle
 from ninja.throttling import UserRateThrottle as NinjaUserRateThrottle
 
-from ..apply.identity import authenticated_user, throttle_ident
+from ..apply.identity import throttle_ident
 from ..apply.joint import (
     Joint,
     JointCall,
     ThrottleHooks,
     decide_jointly,
-    in_sync_code,
-    throttle_label,
-    throttle_policy,
+    joint_of,
+    rate_check,
+    request_charge,
+    retry_wait,
+    scope_rate,
 )
 from ..apply.limitcheck import LimitCheck
 from ..apply.outcome import ALLOWED, DENIED, SHED, UNAVAILABLE, LimitOutcome
 from ..apply.planning import FROM_REQUEST
-from ..apply.routes import (
-    DEFAULT_ROUTE,
-    DEFERRED_ATTRIBUTE,
-    joined_checks,
-    route_for_view,
-    validate_scope,
-    view_limit_of,
-)
+from ..apply.routes import ResolvedView, joined_checks, register_view_finder, validate_scope, view_limit_of
 from ..apply.shedding import shed_config
-from .operations import request_operation
-from .refusals import leave_refusal
+from ..plans.lookups import NeedsIO, local_only
+from .operations import operation_for, request_operation
+from .refusals import answer_refusals
 
-#: Request attribute: (the Joint of the operation's throttles, the request's cost).
-_JOINT_ATTRIBUTE = "_ratelimit_ninja_joint"
+T = TypeVar("T")
+_LEAST_WAIT = 0.001  # seconds: Ninja rounds a wait up for Retry-After, which is then at least 1
 _answers = threading.local()  # .waits: {id(throttle): seconds to wait or None} of this thread's last answers
 
 
@@ -70,8 +65,6 @@ class JointThrottle(ThrottleHooks, BaseThrottle):
     or None when it refuses it outright (a rate of 0).
     """
 
-    #: Read by RateLimitMiddleware (routes.JOINT_THROTTLE_ATTRIBUTE): it leaves the request's own limits to us.
-    decides_with_request_limits: ClassVar[bool] = True
     #: True for the throttle that carries the request's own limits (per-IP and tier).
     carries_request_limits: ClassVar[bool] = False
     #: The tier scope this throttle asks for (TierRateThrottle's), None: the operation's `@limit_cost` scope.
@@ -83,6 +76,7 @@ class JointThrottle(ThrottleHooks, BaseThrottle):
         return f"ninja:{type(self).__module__}.{type(self).__qualname__}@{id(self):x}"
 
     def limit_checks(self, request: HttpRequest) -> list[LimitCheck] | None:
+        """This throttle's checks for `request` ([]: it does not limit it; None: it refuses it outright)."""
         raise NotImplementedError(".limit_checks() must be overridden")
 
     def allow_request(self, request: HttpRequest) -> bool:
@@ -90,15 +84,15 @@ class JointThrottle(ThrottleHooks, BaseThrottle):
         throttle's limits; the throttle that carries the request's own limits also answers for them,
         and refuses a request they refuse for any reason (401, 403, 503: ratelimit_app.ninja.refusals)."""
         operation = request_operation(request)
-        joint, cost = _joint_decision(request, operation, self)
+        joint = _joint_decision(request, operation, self)
         refused, decision = joint.verdict(self.owner)
         outcome = joint.outcome
-        wait = _wait_of(decision) if refused else None
+        wait = retry_wait(decision, _LEAST_WAIT) if refused else None
         if joint.carrier == self.owner and outcome.status not in (ALLOWED, DENIED):
             refused, wait = True, _wait_for_status(outcome)
         _waits()[id(self)] = wait
-        if refused:
-            leave_refusal(request, outcome, cost, operation.api if operation is not None else None)
+        if refused and operation is not None:
+            answer_refusals(operation.api)
         if decision is None and not refused:
             return True  # this throttle did not limit this request (like Ninja for a None cache key)
         return self.throttle_failure() if refused else self.throttle_success()
@@ -109,43 +103,74 @@ class JointThrottle(ThrottleHooks, BaseThrottle):
         return _waits().get(id(self))
 
 
-def _wait_of(decision: Any) -> float | None:
-    if decision is None or decision.allowed or decision.retry_after is None or math.isinf(decision.retry_after):
-        return None
-    return max(float(decision.retry_after), 0.001)
-
-
 def _wait_for_status(outcome: LimitOutcome) -> float | None:
     """The wait of a request refused other than over a rate: the limiter's or the shedder's retry time."""
     if outcome.status == UNAVAILABLE:
-        return _wait_of(outcome.decision) or 1.0
+        return retry_wait(outcome.decision, _LEAST_WAIT) or 1.0
     if outcome.status == SHED:
         return float(shed_config().retry_after)
     return None
 
 
-def _joint_decision(request: HttpRequest, operation: Operation | None, caller: JointThrottle) -> tuple[Joint, int]:
-    """The joint decision of the operation's throttles for `request` (with its cost), made when Ninja
-    asks the first of them and reused by the others. A throttle asked outside an operation decides alone."""
+def _joint_decision(request: HttpRequest, operation: Operation | None, caller: JointThrottle) -> Joint:
+    """The joint decision of the operation's throttles for `request`, made when Ninja asks the first of
+    them and reused by the others. A throttle asked outside an operation decides alone."""
     handler = operation if operation is not None else caller
-    cached: tuple[Joint, int] | None = request.__dict__.get(_JOINT_ATTRIBUTE)
-    if cached is not None and cached[0].handler is handler:
-        return cached
+    joint = joint_of(request, handler)
+    if joint is not None:
+        return joint
     found = [t for t in operation.throttle_objects if isinstance(t, JointThrottle)] if operation is not None else []
     members = found if caller in found else [caller]
     declared = operation.view_func if operation is not None else None
-    route = route_for_view(declared) if declared is not None else DEFAULT_ROUTE
-    deferred = request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
-    cost, scope = deferred if deferred is not None else (route.cost_for(request.method), route.scope)
+    cost, scope, deferred = request_charge(request, declared)
     scope = next((m.tier_scope for m in members if m.tier_scope), scope)
-    with_request_limits = any(m.carries_request_limits for m in members) or deferred is not None
+    with_request_limits = deferred or any(m.carries_request_limits for m in members)
     view_limit = view_limit_of(declared)
     call = JointCall(request, handler, members, lambda member: member.limit_checks(request), cost, scope,
                      _user_of(request), with_request_limits, lambda: joined_checks(view_limit, request, cost))
     where = f"throttles of {getattr(declared, '__qualname__', type(caller).__qualname__)}"
-    joint = decide_jointly(call, where=where, run=in_sync_code)
-    request.__dict__[_JOINT_ATTRIBUTE] = (joint, cost)
-    return joint, cost
+    return decide_jointly(call, where=where, run=_in_sync_code)
+
+
+def _in_sync_code(decide_now: Callable[[], T]) -> T:
+    """Run the sync limiting code `decide_now` (plan, then decide) where Ninja asks its throttles, which
+    may be on an event loop (an `async def` operation).
+
+    Off a loop, it simply runs. On a loop, it runs right there when it needs no Django I/O: planning
+    answers from this process' lookup cache (`local_only`) and the decision is one Redis call with the
+    sync engine, bounded like every call by RATELIMIT['BUDGET_MS']. When it would need the database or
+    the shared cache (a cold lookup, a session user not read yet), it runs in a thread of its own
+    instead, the loop waiting for it, whose database connections are closed when it is done.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return decide_now()
+    try:
+        with local_only():
+            return decide_now()
+    except (NeedsIO, SynchronousOnlyOperation):
+        return _in_a_thread(decide_now)
+
+
+def _in_a_thread(decide_now: Callable[[], T]) -> T:
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(decide_now())
+        except BaseException as exc:  # handed to the caller, which follows the fail mode
+            failure.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, name="ratelimit-sync-decision", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
 
 
 def _user_of(request: HttpRequest) -> Any:
@@ -197,15 +222,7 @@ class AtomicRateThrottle(JointThrottle, SimpleRateThrottle):
     def get_rate(self) -> str | None:
         """The rate of this throttle's scope: from a `THROTTLE_RATES` attribute of a subclass, else from
         NINJA_DEFAULT_THROTTLE_RATES read now. ImproperlyConfigured when there is no scope or no rate."""
-        if not getattr(self, "scope", None):
-            raise ImproperlyConfigured(f"You must set either `.scope` or `.rate` for '{type(self).__name__}' throttle")
-        own = next((k.__dict__["THROTTLE_RATES"] for k in type(self).__mro__
-                    if k is not SimpleRateThrottle and "THROTTLE_RATES" in k.__dict__), None)
-        rates = own if own is not None else ninja_settings.DEFAULT_THROTTLE_RATES
-        try:
-            return rates[str(self.scope)]
-        except KeyError:
-            raise ImproperlyConfigured(f"No default throttle rate set for '{self.scope}' scope") from None
+        return scope_rate(self, SimpleRateThrottle, ninja_settings.DEFAULT_THROTTLE_RATES)
 
     def get_ident(self, request: HttpRequest) -> str | None:
         """The client address. With NINJA_NUM_PROXIES set (the project's statement of trust), Ninja's
@@ -227,14 +244,8 @@ class AtomicRateThrottle(JointThrottle, SimpleRateThrottle):
         key = self.get_cache_key(request)
         if key is None or self.rate is None or self.num_requests is None or self.duration is None:
             return []
-        scope = str(self.scope or "throttle")
-        policy = throttle_policy(scope, self.num_requests, self.duration, self.algorithm)
-        if policy is None:
-            return None
-        user = authenticated_user(request)
-        label = throttle_label(scope, key, self.cache_format, None if user is None else user.pk,
-                               lambda: self.get_ident(request))
-        return [LimitCheck(f"throttle:{key}|{self.num_requests}/{self.duration}", (policy,), self.owner, label)]
+        identity = f"throttle:{key}|{self.num_requests}/{self.duration}"
+        return rate_check(self, request, key, identity, self.num_requests, self.duration)
 
     def metrics_label(self) -> str:
         return f"throttle.{self.scope or 'throttle'}"
@@ -250,3 +261,19 @@ class AuthRateThrottle(AtomicRateThrottle, NinjaAuthRateThrottle):
 
 class UserRateThrottle(AtomicRateThrottle, NinjaUserRateThrottle):
     """Limits each user (`request.user`), anonymous clients by address (scope "user")."""
+
+
+def _find_view(view_func: Any, request: HttpRequest) -> ResolvedView | None:
+    """The ViewFinder of Ninja views (registered with ratelimit_app.apply.routes): the operation's
+    function, whose `@limit_cost`, `@ratelimit` and `@limit_concurrency` RateLimitMiddleware reads;
+    deferred when the operation has throttles of ours (they decide the request's own limits)."""
+    if getattr(view_func, "__module__", None) != "ninja.operation":
+        return None  # not a Ninja view: one attribute read on every request
+    operation = operation_for(view_func, request)
+    if operation is None:
+        return None
+    deferred = any(isinstance(t, JointThrottle) for t in operation.throttle_objects)
+    return ResolvedView(operation.view_func, deferred)
+
+
+register_view_finder(_find_view)

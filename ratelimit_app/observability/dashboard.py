@@ -1,25 +1,5 @@
-"""The staff-only rate-limit dashboard in the Django admin.
-
-Install it with one URL include, placed before the admin's own URLs (whose catch-all would hide it):
-
-    path("admin/", include("ratelimit_app.observability.dashboard")),
-    path("admin/", admin.site.urls),
-
-It serves `<admin>/ratelimit_app/dashboard/` (URL name "ratelimit_dashboard") through
-`admin.site.admin_view`: active staff only, others are sent to the admin login. When
-django.contrib.admin is installed, the app's `AppConfig.ready()` also links the page from the admin
-index, by giving the default admin site an index template that extends "admin/index.html" and adds one
-box (`install_admin_link`; only when the site has no index template of its own; a custom site can set
-`index_template = "ratelimit_app/admin_index.html"`). Importing this module changes nothing.
-
-The page shows the last 48 hours (`?hours=N`, up to METRICS_TTL_HOURS) of allowed vs blocked requests
-as a server-rendered SVG chart (no script, no CDN), block rate, per-tier and per-policy breakdowns, the
-top blocked identities (an API key links to its admin change page, for staff allowed to view API keys),
-what shadow (dry-run) limits would have blocked and for whom, requests decided by allow/deny rules,
-degraded decisions, Redis health and this process's breaker and metrics-flush state. Counts come from
-Redis (`recent_metrics`, observability.queries), so they cover every app server, up to one flush
-interval behind; the breaker state comes from this process's limiter service (observability.snapshot).
-"""
+"""The staff-only rate-limit dashboard in the Django admin, and its link on the admin index
+(docs/observability.md, "The admin dashboard"). Importing this module changes nothing."""
 
 from __future__ import annotations
 
@@ -29,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin import AdminSite
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
@@ -38,18 +17,18 @@ from django.urls import NoReverseMatch, path, reverse
 from redis.exceptions import RedisError
 
 from ..conf.settings import InvalidSetting, ratelimit_settings
-from .queries import MAX_RANGE_HOURS, BlockedIdentity, HourMetrics, days_of, recent_metrics
+from .queries import MAX_RANGE_HOURS, BlockedIdentity, HourMetrics, MetricsRange, recent_metrics
 from .snapshot import process_metrics
 
 #: Hours shown when the request names none.
-DEFAULT_HOURS = 48
-INDEX_TEMPLATE = "ratelimit_app/admin_index.html"
+_DEFAULT_HOURS = 48
+_INDEX_TEMPLATE = "ratelimit_app/admin_index.html"
 
 
 # -- chart ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class ChartBar:
+class _ChartBar:
     """One hour of the chart: a green (allowed) bar with a red (blocked) bar stacked on it."""
 
     hour: str  # ISO 8601 start of the hour, UTC
@@ -65,39 +44,20 @@ class ChartBar:
 
 
 @dataclass(frozen=True)
-class ChartTick:
-    """An axis label at a position (`y` for the count axis, `x` for the time axis)."""
-
-    position: float
-    text: str
-
-
-@dataclass(frozen=True)
-class Chart:
+class _Chart:
     """Geometry of the allowed-vs-blocked SVG chart, in SVG user units (the template draws it)."""
 
     width: int
     height: int
     left: int
-    top: int
-    plot_width: int
-    plot_height: int
-    bottom: int  # y of the time axis
     right: int  # x of the plot's right edge
+    bottom: int  # y of the time axis
+    center_x: float  # the plot's middle, for the "no traffic" note
+    center_y: float
     max_value: int
-    bars: tuple[ChartBar, ...]
-    y_ticks: tuple[ChartTick, ...]
-    x_ticks: tuple[ChartTick, ...]
-
-    @property
-    def center_x(self) -> float:
-        """Horizontal middle of the plot (for the "no traffic" note)."""
-        return self.left + self.plot_width / 2
-
-    @property
-    def center_y(self) -> float:
-        """Vertical middle of the plot."""
-        return self.top + self.plot_height / 2
+    bars: tuple[_ChartBar, ...]
+    y_ticks: tuple[tuple[float, str], ...]  # (y, label) of the count axis
+    x_ticks: tuple[tuple[float, str], ...]  # (x, label) of the time axis
 
 
 def _axis_step(peak: int) -> int:
@@ -110,7 +70,7 @@ def _axis_step(peak: int) -> int:
     return int(10 * magnitude)
 
 
-def build_chart(hours: Sequence[HourMetrics], *, width: int = 960, height: int = 280) -> Chart:
+def _build_chart(hours: Sequence[HourMetrics], *, width: int = 960, height: int = 280) -> _Chart:
     """Lay out one stacked bar per hour, oldest on the left; the count axis starts at 0."""
     left, right_margin, top, bottom_margin = 56, 12, 12, 40
     plot_width, plot_height = width - left - right_margin, height - top - bottom_margin
@@ -128,7 +88,7 @@ def build_chart(hours: Sequence[HourMetrics], *, width: int = 960, height: int =
         allowed_height = hour.allowed * scale
         blocked_height = hour.blocked * scale
         start = hour.hour.strftime("%Y-%m-%d %H:00")
-        bars.append(ChartBar(
+        bars.append(_ChartBar(
             hour=hour.hour.isoformat(),
             label=f"{start} UTC: {hour.allowed} allowed, {hour.blocked} blocked",
             allowed=hour.allowed, blocked=hour.blocked,
@@ -138,18 +98,16 @@ def build_chart(hours: Sequence[HourMetrics], *, width: int = 960, height: int =
         ))
         if hour.hour.hour % 6 == 0:
             text = hour.hour.strftime("%b %d") if hour.hour.hour == 0 else hour.hour.strftime("%H:00")
-            x_ticks.append(ChartTick(round(left + index * slot + slot / 2, 2), text))
-    y_ticks = tuple(
-        ChartTick(round(bottom - value * scale, 2), f"{value:,}") for value in range(0, max_value + 1, step)
-    )
-    return Chart(width, height, left, top, plot_width, plot_height, bottom, left + plot_width, max_value,
-                 tuple(bars), y_ticks, tuple(x_ticks))
+            x_ticks.append((round(left + index * slot + slot / 2, 2), text))
+    y_ticks = tuple((round(bottom - value * scale, 2), f"{value:,}") for value in range(0, max_value + 1, step))
+    return _Chart(width, height, left, left + plot_width, bottom, left + plot_width / 2, top + plot_height / 2,
+                  max_value, tuple(bars), y_ticks, tuple(x_ticks))
 
 
 # -- the other panels ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class RedisHealth:
+class _RedisHealth:
     """Whether the limiter's Redis answers this app server, and how fast (one PING)."""
 
     ok: bool
@@ -158,7 +116,7 @@ class RedisHealth:
     error: str
 
 
-def redis_health() -> RedisHealth:
+def _redis_health() -> _RedisHealth:
     """PING the limiter's Redis (and read its version); never raises."""
     from ..service.connection import get_redis
 
@@ -168,7 +126,7 @@ def redis_health() -> RedisHealth:
         client.ping()
         latency_ms = (time.perf_counter() - started) * 1000
     except Exception as exc:  # the dashboard reports any failure instead of failing
-        return RedisHealth(False, None, "", f"{type(exc).__name__}: {exc}")
+        return _RedisHealth(False, None, "", f"{type(exc).__name__}: {exc}")
     version = ""
     try:
         info = client.info("server")
@@ -176,11 +134,11 @@ def redis_health() -> RedisHealth:
             version = str(info.get("redis_version", ""))
     except (RedisError, OSError):
         pass  # INFO may be disabled on managed Redis; the version is optional
-    return RedisHealth(True, round(latency_ms, 2), version, "")
+    return _RedisHealth(True, round(latency_ms, 2), version, "")
 
 
 @dataclass(frozen=True)
-class BlockedRow:
+class _BlockedRow:
     """A top blocked identity, with the admin page of its API key when it is one that still exists."""
 
     identity: str
@@ -192,34 +150,34 @@ class BlockedRow:
 def _api_key_pages(identities: Sequence[str], user: Any) -> dict[str, tuple[str, str]]:
     """prefix -> (admin change URL, key name) for the "key:<prefix>" identities that exist, when `user`
     may view API keys in the admin."""
+    from ..models import ApiKey
+
     prefixes = [identity[4:] for identity in identities if identity.startswith("key:")]
-    if not prefixes:
-        return {}
-    try:
-        model = apps.get_model("ratelimit_app", "ApiKey")
-    except LookupError:
-        return {}  # the API key models are not installed: show the identities without links
-    opts = model._meta
-    if not (user.has_perm(f"{opts.app_label}.view_{opts.model_name}")
-            or user.has_perm(f"{opts.app_label}.change_{opts.model_name}")):
-        return {}  # the link would answer 403
+    if not prefixes or not (user.has_perm("ratelimit_app.view_apikey") or user.has_perm("ratelimit_app.change_apikey")):
+        return {}  # no key to link, or the link would answer 403
     pages = {}
-    for pk, prefix, name in model._default_manager.filter(prefix__in=prefixes).values_list("pk", "prefix", "name"):
+    for pk, prefix, name in ApiKey.objects.filter(prefix__in=prefixes).values_list("pk", "prefix", "name"):
         try:
-            pages[prefix] = (reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk]), name)
+            pages[prefix] = (reverse("admin:ratelimit_app_apikey_change", args=[pk]), name)
         except NoReverseMatch:
             continue  # ApiKey not registered with this admin site
     return pages
 
 
-def blocked_rows(top: Sequence[BlockedIdentity], user: Any) -> tuple[BlockedRow, ...]:
+def _blocked_rows(top: Sequence[BlockedIdentity], user: Any) -> tuple[_BlockedRow, ...]:
     """The top blocked identities as the dashboard lists them to `user` (key links need view permission)."""
     pages = _api_key_pages([item.identity for item in top], user)
     rows = []
     for item in top:
         url, name = pages.get(item.identity[4:], (None, "")) if item.identity.startswith("key:") else (None, "")
-        rows.append(BlockedRow(item.identity, item.blocked, url, name))
+        rows.append(_BlockedRow(item.identity, item.blocked, url, name))
     return tuple(rows)
+
+
+def _days(summary: MetricsRange) -> str:
+    """The UTC days the top lists of `summary` sum: "Jan 01", or "Jan 01 - Jan 03" (an en dash)."""
+    first, last = f"{summary.start:%b %d}", f"{summary.end:%b %d}"
+    return first if first == last else f"{first} \N{EN DASH} {last}"
 
 
 def _max_hours() -> int:
@@ -229,7 +187,7 @@ def _max_hours() -> int:
 def _hours_from(request: HttpRequest) -> int | None:
     raw = request.GET.get("hours")
     if raw is None:
-        return min(DEFAULT_HOURS, _max_hours())
+        return min(_DEFAULT_HOURS, _max_hours())
     try:
         hours = int(raw)
     except ValueError:
@@ -240,8 +198,8 @@ def _hours_from(request: HttpRequest) -> int | None:
 def _page_context(request: HttpRequest) -> dict[str, Any]:
     """What every rendering of the page shows (Redis health, this process), settings aside."""
     site: AdminSite = admin.site
-    return {**site.each_context(request), "title": "Rate limiting dashboard", "health": redis_health(),
-            "process": process_metrics(), "hours": DEFAULT_HOURS, "hour_choices": [], "flush_interval": None,
+    return {**site.each_context(request), "title": "Rate limiting dashboard", "health": _redis_health(),
+            "process": process_metrics(), "hours": _DEFAULT_HOURS, "hour_choices": [], "flush_interval": None,
             "metrics_enabled": True, "error": ""}
 
 
@@ -270,15 +228,15 @@ def _render(request: HttpRequest) -> HttpResponse:
     else:
         context.update(
             summary=summary,
-            chart=build_chart(summary.hours),
-            blocked=blocked_rows(summary.top_blocked, request.user),
-            shadow_blocked=blocked_rows(summary.top_shadow_blocked, request.user),
-            days=days_of(summary),
+            chart=_build_chart(summary.hours),
+            blocked=_blocked_rows(summary.top_blocked, request.user),
+            shadow_blocked=_blocked_rows(summary.top_shadow_blocked, request.user),
+            days=_days(summary),
         )
     return TemplateResponse(request, "ratelimit_app/dashboard.html", context)
 
 
-def dashboard_view(request: HttpRequest) -> HttpResponse:
+def _dashboard_view(request: HttpRequest) -> HttpResponse:
     """The dashboard page; active staff only (through `admin.site.admin_view`)."""
     return admin.site.admin_view(_render)(request)
 
@@ -286,9 +244,9 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
 def install_admin_link(site: AdminSite) -> None:
     """Link the dashboard from `site`'s index page, unless the site already has its own index template."""
     if site.index_template is None:
-        site.index_template = INDEX_TEMPLATE
+        site.index_template = _INDEX_TEMPLATE
 
 
 urlpatterns = [
-    path("ratelimit_app/dashboard/", dashboard_view, name="ratelimit_dashboard"),
+    path("ratelimit_app/dashboard/", _dashboard_view, name="ratelimit_dashboard"),
 ]

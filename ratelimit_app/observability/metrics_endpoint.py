@@ -1,19 +1,5 @@
-"""GET /metrics: who may read it, and what it answers (the series: ratelimit_app.observability.prometheus).
-
-The metrics are not public: they show, among other things, when the circuit breaker is open, which is
-when the "open" fail mode stops enforcing limits. The view answers only to
-
-- a staff session (an active user with `is_staff`, as the admin requires);
-- a request carrying `Authorization: Bearer <RATELIMIT['METRICS_TOKEN']>` (compared in constant time);
-- a client IP in RATELIMIT['METRICS_ALLOWED_IPS'] (CIDRs; the client IP as the limiter sees it, through
-  trusted proxies only: see ratelimit_app.apply.identity.client_ip).
-
-Anyone else gets 403 with a JSON body that says how access is granted (503 while METRICS_TOKEN is
-invalid: no token is accepted then, and the body says so). With neither setting configured only staff
-sessions may read it, and `manage.py check` warns (ratelimit.W002). This module
-imports without prometheus-client: the view answers 501 then, and `check` reports ratelimit.E004 when
-the URLconf routes it.
-"""
+"""GET /metrics: who may read it (staff sessions, the bearer METRICS_TOKEN, METRICS_ALLOWED_IPS; 403
+otherwise), and its answer; it imports without prometheus-client and answers 501 then (docs/security.md)."""
 
 from __future__ import annotations
 
@@ -29,11 +15,11 @@ from django.views.decorators.http import require_GET
 from ..apply.identity import IPNetwork, address_in, client_ip, parse_networks
 from ..conf.settings import InvalidSetting, SettingsCached, ratelimit_settings
 
-PROMETHEUS_MODULE = "ratelimit_app.observability.prometheus"
+_PROMETHEUS_MODULE = "ratelimit_app.observability.prometheus"
 
 
 @dataclass(frozen=True, slots=True)
-class MetricsAccess:
+class _MetricsAccess:
     """The access settings of GET /metrics, parsed once per settings change."""
 
     token_digest: bytes | None  # SHA-256 of RATELIMIT['METRICS_TOKEN']
@@ -48,24 +34,24 @@ class MetricsAccess:
         return self.token_digest is not None or bool(self.networks)
 
 
-def _parse_access() -> MetricsAccess:
+def _parse_access() -> _MetricsAccess:
     networks = parse_networks(ratelimit_settings.METRICS_ALLOWED_IPS)  # always readable: its valid CIDRs
     try:
         token = ratelimit_settings.METRICS_TOKEN
     except InvalidSetting as exc:  # no token opens the endpoint until it is fixed
-        return MetricsAccess(None, networks, str(exc))
-    return MetricsAccess(hashlib.sha256(token.encode()).digest() if token is not None else None, networks)
+        return _MetricsAccess(None, networks, str(exc))
+    return _MetricsAccess(hashlib.sha256(token.encode()).digest() if token is not None else None, networks)
 
 
 _access = SettingsCached(_parse_access)
 
 
-def get_access() -> MetricsAccess:
+def get_access() -> _MetricsAccess:
     """The parsed access settings (parsed on first use and after every settings change)."""
     return _access.get()
 
 
-def may_read_metrics(request: HttpRequest) -> bool:
+def _may_read_metrics(request: HttpRequest) -> bool:
     """True when `request` comes from a staff session, carries the metrics token, or comes from an
     allowed client IP."""
     user = getattr(request, "user", None)
@@ -82,18 +68,17 @@ def may_read_metrics(request: HttpRequest) -> bool:
     return bool(access.networks) and address_in(client_ip(request), access.networks)
 
 
-def _forbidden(access: MetricsAccess) -> JsonResponse:
+def _forbidden(access: _MetricsAccess) -> JsonResponse:
     if access.token_problem:
-        response = JsonResponse({"error": "unavailable", "detail": f"{access.token_problem}: GET /metrics answers "
-                                 "only to staff sessions and RATELIMIT['METRICS_ALLOWED_IPS'] until it is fixed"},
-                                status=503)
-        response["Cache-Control"] = "no-store"
-        return response
-    how = ("GET /metrics answers only to staff sessions, to Authorization: Bearer <RATELIMIT['METRICS_TOKEN']> "
-           "and to client IPs in RATELIMIT['METRICS_ALLOWED_IPS']")
-    if not access.configured:
-        how += "; neither setting is configured, so only staff sessions may read it"
-    response = JsonResponse({"error": "forbidden", "detail": how}, status=403)
+        body, status = {"error": "unavailable", "detail": f"{access.token_problem}: GET /metrics answers only to "
+                        "staff sessions and RATELIMIT['METRICS_ALLOWED_IPS'] until it is fixed"}, 503
+    else:
+        how = ("GET /metrics answers only to staff sessions, to Authorization: Bearer <RATELIMIT['METRICS_TOKEN']> "
+               "and to client IPs in RATELIMIT['METRICS_ALLOWED_IPS']")
+        if not access.configured:
+            how += "; neither setting is configured, so only staff sessions may read it"
+        body, status = {"error": "forbidden", "detail": how}, 403
+    response = JsonResponse(body, status=status)
     response["Cache-Control"] = "no-store"
     return response
 
@@ -101,7 +86,7 @@ def _forbidden(access: MetricsAccess) -> JsonResponse:
 def prometheus_missing() -> str | None:
     """Why the Prometheus exposition cannot be served (prometheus-client is not installed), or None."""
     try:
-        importlib.import_module(PROMETHEUS_MODULE)
+        importlib.import_module(_PROMETHEUS_MODULE)
     except ImproperlyConfigured as exc:
         return str(exc)
     return None
@@ -111,12 +96,13 @@ def prometheus_missing() -> str | None:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     """GET /metrics: this process's limiter metrics in the Prometheus text format, for allowed readers
     only (403 otherwise; 501 when prometheus-client is not installed)."""
-    if not may_read_metrics(request):
+    if not _may_read_metrics(request):
         return _forbidden(get_access())
     try:
-        prometheus = importlib.import_module(PROMETHEUS_MODULE)
+        prometheus = importlib.import_module(_PROMETHEUS_MODULE)
     except ImproperlyConfigured as exc:
         return JsonResponse({"error": "not implemented", "detail": str(exc)}, status=501)
-    response = HttpResponse(prometheus.exposition(), content_type=prometheus.CONTENT_TYPE_LATEST)
+    body, content_type = prometheus.exposition()
+    response = HttpResponse(body, content_type=content_type)
     response["Cache-Control"] = "no-store"
     return response

@@ -1,13 +1,6 @@
-"""Counts recorded in this process and not yet in Redis, and how a batch of them is applied, once.
-
-The recorder keeps one open `PendingCounts` per key prefix. A flush seals them into `SealedBatch`es, each
-numbered by its writer (one id per process), and sends them with `apply_batch`. A sealed batch never
-changes: when Redis does not answer, the same batch under the same number is sent again, and counts
-recorded meanwhile wait in the open batch. The script that applies a batch records the writer's last
-applied number in the same atomic step as the increments, so a copy that Redis runs again (a retry
-after a timeout, the copies a paused Redis queued) adds nothing. The reasoning: docs/observability.md.
-At most MAX_PENDING_IDENTITIES distinct identities are kept per batch (memory bound while Redis is down).
-"""
+"""Counts recorded in this process and not yet in Redis (`PendingCounts`), sealed into numbered batches
+(`SealedBatch`) that `apply_batch` adds to Redis once, however often one is sent: the applying script records
+the writer's last applied number in the same atomic step (docs/observability.md, "Exactly-once batches")."""
 
 from __future__ import annotations
 
@@ -17,9 +10,9 @@ from ..core.logs import safe_identity
 from .schema import applied_key, day_key, decision_fields, hour_key, shadow_day_key, shadow_field
 
 #: Distinct blocked identities kept per unflushed batch (memory bound while Redis is down).
-MAX_PENDING_IDENTITIES = 10_000
+_MAX_PENDING_IDENTITIES = 10_000
 
-# (hour, tier, policy, outcome, degraded) -> decisions; outcome is one of recorder.OUTCOMES
+# (hour, tier, policy, outcome, degraded) -> decisions; outcome as recorded (recorder.record)
 _CountKey = tuple[int, str, str, str, bool]
 # (day, identity label as given) -> blocked decisions
 _IdentityKey = tuple[int, str]
@@ -29,7 +22,7 @@ _ShadowKey = tuple[int, str, str]
 # KEYS[1]: the writer's applied marker; KEYS[2..]: the hour hashes ('h') and day sets ('z') to add to.
 # ARGV: the batch's number, the marker's TTL, the counters' TTL, how many members a day set keeps, then
 # per counter key its kind, its number of (member, amount) pairs and the pairs.
-APPLY_SCRIPT = """
+_APPLY_SCRIPT = """
 local number = tonumber(ARGV[1])
 if (tonumber(redis.call('GET', KEYS[1])) or 0) >= number then
   return 0
@@ -58,11 +51,11 @@ return 1
 
 
 def add_identity(counts: dict[_IdentityKey, int], key: _IdentityKey, count: int = 1) -> bool:
-    """Add `count` to `key`; False (nothing added) when `key` is new and MAX_PENDING_IDENTITIES are kept."""
+    """Add `count` to `key`; False (nothing added) when `key` is new and _MAX_PENDING_IDENTITIES are kept."""
     seen = counts.get(key)
     if seen is not None:
         counts[key] = seen + count
-    elif len(counts) < MAX_PENDING_IDENTITIES:
+    elif len(counts) < _MAX_PENDING_IDENTITIES:
         counts[key] = count
     else:
         return False
@@ -159,5 +152,5 @@ def apply_batch(client: Any, batch: SealedBatch, *, ttl: int, keep: int) -> bool
     """
     keys, args = _script_input(batch.counts)
     marker = applied_key(batch.counts.prefix, batch.writer)
-    script = client.register_script(APPLY_SCRIPT)
+    script = client.register_script(_APPLY_SCRIPT)
     return bool(script(keys=[marker, *keys], args=[batch.number, 2 * ttl, ttl, keep, *args]))

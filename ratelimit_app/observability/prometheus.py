@@ -1,30 +1,6 @@
-"""Prometheus exposition of this process's limiter metrics (opt-in: include `ratelimit_app.urls`).
-
-GET /metrics (`metrics_view`, from ratelimit_app.observability.metrics_endpoint) serves `exposition()`:
-the Prometheus text format of a dedicated `CollectorRegistry` (`registry`), so nothing else registered with
-prometheus-client's global registry leaks in, and the app's series never collide with a project's own.
-Importing this module without prometheus-client raises ImproperlyConfigured. Series (all per process):
-
-- `ratelimit_decisions_total{tier,policy,outcome}` counter: limited requests; `outcome` is "allowed",
-  "blocked" or "unauthorized" (401), `policy` the policy that denied ("none" otherwise).
-  "allowed_by_list" / "denied_by_list" (an allow or deny rule decided, without Redis).
-- `ratelimit_degraded_decisions_total{tier,outcome}` counter: those decided without Redis.
-- `ratelimit_shadow_blocked_total{tier,policy}` counter: allowed requests that a shadow (dry-run)
-  limit would have refused.
-- `ratelimit_limiter_latency_seconds` histogram: duration of limiter calls to Redis.
-- `ratelimit_breaker_state{state}` gauge: 1 for the breaker's current state, 0 for the others.
-- `ratelimit_breaker_transitions_total{state}` counter: changes into each state.
-- `ratelimit_metrics_flushes_total{result}` counter, `ratelimit_metrics_pending` and
-  `ratelimit_metrics_dropped_total`: health of the batched flush of counts to Redis.
-
-Counters are per process, as with any Prometheus client library: under gunicorn with several workers
-each worker counts its own share. Cluster-wide hourly totals live in Redis (`ratelimit_app.observability`,
-the dashboard, `manage.py ratelimit_metrics`).
-
-The view is not public: it answers only to staff sessions, to `Authorization: Bearer
-<RATELIMIT['METRICS_TOKEN']>` and to client IPs in RATELIMIT['METRICS_ALLOWED_IPS'] (403 otherwise;
-see ratelimit_app.observability.metrics_endpoint).
-"""
+"""GET /metrics' Prometheus text of this process's counters, from a registry of its own (nothing else
+registered with prometheus-client leaks in). The series: docs/observability.md. Importing this module
+without prometheus-client raises ImproperlyConfigured."""
 
 from __future__ import annotations
 
@@ -32,7 +8,6 @@ from collections.abc import Iterator
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .metrics_endpoint import metrics_view
 from .recorder import BREAKER_STATES, LATENCY_BUCKETS
 from .snapshot import ProcessMetrics, process_metrics
 
@@ -117,8 +92,8 @@ def _flush_series(snapshot: ProcessMetrics) -> Iterator[Metric]:
                               "unavailable (memory bound or expired hours).", value=snapshot.dropped)
 
 
-class RateLimitCollector(Collector):
-    """Builds the series listed in the module docstring from `process_metrics()` (observability.snapshot)."""
+class _RateLimitCollector(Collector):
+    """The series of docs/observability.md, from `process_metrics()` (observability.snapshot)."""
 
     def collect(self) -> Iterator[Metric]:
         snapshot = process_metrics()
@@ -126,14 +101,11 @@ class RateLimitCollector(Collector):
             yield from series(snapshot)
 
 
-#: The registry `metrics_view` serves; register your own collectors elsewhere.
+#: The registry GET /metrics serves; register your own collectors elsewhere.
 registry = CollectorRegistry(auto_describe=True)
-registry.register(RateLimitCollector())
+registry.register(_RateLimitCollector())
 
 
-def exposition() -> bytes:
-    """The series of `registry` in the Prometheus text format (content type `CONTENT_TYPE_LATEST`)."""
-    return bytes(generate_latest(registry))
-
-
-__all__ = ["CONTENT_TYPE_LATEST", "RateLimitCollector", "exposition", "metrics_view", "registry"]
+def exposition() -> tuple[bytes, str]:
+    """The series of `registry` in the Prometheus text format, and its content type."""
+    return bytes(generate_latest(registry)), CONTENT_TYPE_LATEST

@@ -1,15 +1,11 @@
-"""The stored decision metrics, read back: what the dashboard, `manage.py ratelimit_metrics` and users query.
-
-`get_metrics(hour)`, `get_metrics_range(start, end)` and `recent_metrics(hours)` read Redis (one round
-trip each; the keys: observability.schema) and answer frozen dataclasses. They cover every app server,
-up to one flush interval behind: counts still in some process's memory are not included (see flush).
-"""
+"""The stored decision metrics, read back in one Redis round trip (`get_metrics`, `get_metrics_range`,
+`recent_metrics`): every app server's counts, up to one flush interval behind."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..conf.settings import ratelimit_settings
@@ -68,14 +64,15 @@ class BlockedIdentity:
     blocked: int
 
 
-@dataclass(frozen=True)
-class HourMetrics(_Outcomes):
-    """The stored counts of one UTC hour (`hour` is its start, timezone-aware)."""
+#: The plain counters of an hour's hash, which a range sums.
+_COUNTERS = ("allowed", "blocked", "degraded", "degraded_blocked", "unauthorized", "allowed_by_list", "denied_by_list")
 
-    hour: datetime
+
+@dataclass(frozen=True, kw_only=True)
+class _Counts(_Outcomes):
     degraded: int
     degraded_blocked: int
-    tiers: tuple[TierCounts, ...]
+    tiers: tuple[TierCounts, ...]  # most traffic first
     policies: tuple[PolicyCounts, ...]
     unauthorized: int = 0  # 401s: not in `total` (they were refused before any tier was known)
     allowed_by_list: int = 0  # allow rules: not in `total`
@@ -83,27 +80,25 @@ class HourMetrics(_Outcomes):
     shadow: tuple[ShadowCount, ...] = ()  # would-be refusals of shadow limits, most first
 
 
-@dataclass(frozen=True)
-class MetricsRange(_Outcomes):
+@dataclass(frozen=True, kw_only=True)
+class HourMetrics(_Counts):
+    """The stored counts of one UTC hour (`hour` is its start, timezone-aware)."""
+
+    hour: datetime
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsRange(_Counts):
     """The stored counts of consecutive UTC hours, from `start` to `end` (both hour starts, inclusive).
 
-    `hours` has one entry per hour, oldest first (zeros where nothing was counted); `tiers` and
-    `policies` sum the range, most traffic first; `top_blocked` sums the UTC days the range touches,
-    most blocked first, at most RATELIMIT['TOP_BLOCKED'] entries.
+    `hours` has one entry per hour, oldest first (zeros where nothing was counted); `top_blocked` sums the
+    UTC days the range touches, most blocked first, at most RATELIMIT['TOP_BLOCKED'] entries.
     """
 
     start: datetime
     end: datetime
     hours: tuple[HourMetrics, ...]
-    degraded: int
-    degraded_blocked: int
-    tiers: tuple[TierCounts, ...]
-    policies: tuple[PolicyCounts, ...]
     top_blocked: tuple[BlockedIdentity, ...]
-    unauthorized: int = 0  # 401s: not in `total`
-    allowed_by_list: int = 0
-    denied_by_list: int = 0
-    shadow: tuple[ShadowCount, ...] = ()
     top_shadow_blocked: tuple[BlockedIdentity, ...] = ()  # identities shadow limits would have blocked
 
 
@@ -139,18 +134,11 @@ def _parse_hour(index: int, raw: dict[Any, Any]) -> HourMetrics:
         elif kind == "policy":
             policy, _, _ = rest.rpartition(":")
             policies[policy] = value
+    counters: dict[str, Any] = {name: fields.get(name, 0) for name in _COUNTERS}
     return HourMetrics(
-        allowed=fields.get("allowed", 0),
-        blocked=fields.get("blocked", 0),
-        hour=_hour_start(index),
-        degraded=fields.get("degraded", 0),
-        degraded_blocked=fields.get("degraded_blocked", 0),
+        hour=_hour_start(index), policies=_sorted_policies(policies), shadow=_sorted_shadow(shadow),
         tiers=_sorted_tiers({tier: (c.get("allowed", 0), c.get("blocked", 0)) for tier, c in tiers.items()}),
-        policies=_sorted_policies(policies),
-        unauthorized=fields.get("unauthorized", 0),
-        allowed_by_list=fields.get("allowed_by_list", 0),
-        denied_by_list=fields.get("denied_by_list", 0),
-        shadow=_sorted_shadow(shadow),
+        **counters,
     )
 
 
@@ -223,22 +211,11 @@ def _range_of(first: int, last: int, hours: tuple[HourMetrics, ...], top_blocked
             policies[p.policy] = policies.get(p.policy, 0) + p.blocked
         for item in hour.shadow:
             shadow[(item.tier, item.policy)] = shadow.get((item.tier, item.policy), 0) + item.count
+    sums: dict[str, Any] = {name: sum(getattr(hour, name) for hour in hours) for name in _COUNTERS}
     return MetricsRange(
-        allowed=sum(h.allowed for h in hours),
-        blocked=sum(h.blocked for h in hours),
-        start=_hour_start(first),
-        end=_hour_start(last),
-        hours=hours,
-        degraded=sum(h.degraded for h in hours),
-        degraded_blocked=sum(h.degraded_blocked for h in hours),
-        tiers=_sorted_tiers(tiers),
-        policies=_sorted_policies(policies),
-        top_blocked=top_blocked,
-        unauthorized=sum(h.unauthorized for h in hours),
-        allowed_by_list=sum(h.allowed_by_list for h in hours),
-        denied_by_list=sum(h.denied_by_list for h in hours),
-        shadow=_sorted_shadow(shadow),
-        top_shadow_blocked=top_shadow,
+        start=_hour_start(first), end=_hour_start(last), hours=hours, tiers=_sorted_tiers(tiers),
+        policies=_sorted_policies(policies), shadow=_sorted_shadow(shadow), top_blocked=top_blocked,
+        top_shadow_blocked=top_shadow, **sums,
     )
 
 
@@ -262,8 +239,3 @@ def _read_range(first: int, last: int) -> MetricsRange:
     return _range_of(first, last, hours, _top(replies[count:count + len(days)], top),
                      _top(replies[count + len(days):], top))
 
-
-def days_of(metrics: MetricsRange) -> tuple[date, ...]:
-    """The UTC days whose top-blocked lists `metrics.top_blocked` sums."""
-    first, last = metrics.start.date(), metrics.end.date()
-    return tuple(first + timedelta(days=n) for n in range((last - first).days + 1))

@@ -1,28 +1,6 @@
-"""Decision metrics counted in process and flushed to Redis in batches (the keys: observability.schema).
-
-The request path calls `record_decision` once per limited request: one or two dict increments
-under a lock, no Redis round trip, no database write. A daemon thread ("ratelimit-metrics-flusher")
-sends the counts to Redis in one atomic script call (observability.pending.apply_batch) every
-RATELIMIT['METRICS_FLUSH_INTERVAL'] seconds (default 1), and once more at interpreter exit (atexit).
-A forked worker (gunicorn, multiprocessing) starts with empty counters of its own and its own
-flusher, so counts the parent had not flushed yet are flushed once, by the parent.
-
-Accuracy: stored counts equal recorded counts once `flush()` has returned True (the flusher does
-that within one interval; a reader may miss at most the last interval), and a batch is applied once
-however often it is sent: a flush seals the open counts into a numbered batch that never changes, and
-sends that same batch until Redis answers; counts recorded meanwhile wait in the next open batch
-(observability.pending says how the applying script skips a copy it has seen). If Redis is down, a
-sealed batch is sent again every interval for at most METRICS_TTL_HOURS, then dropped; hours older than
-the TTL are dropped from the open batch and at most 10,000 distinct blocked identities are kept per
-batch (`ProcessMetrics.dropped` counts what was lost).
-Hours are bucketed by this server's clock (UTC); counting needs no shared clock. With
-RATELIMIT['BACKEND'] = "memory" there is no Redis: the counts stay in this process (its totals).
-
-The limiter service reports here too: `observe_latency(seconds)` (time of one limiter call to Redis)
-and `record_breaker_change(previous=..., state=...)` (each change of its circuit breaker; the current
-state is read from the service itself, see observability.snapshot). Degraded decisions are counted by
-`record_decision(degraded=True)`, once per request; do not report them twice.
-"""
+"""Decision metrics counted in process (cheap: no Redis on the request path) and flushed to Redis in numbered
+batches by a daemon thread, once each however often they are sent; the limiter service's latency and breaker
+reports. docs/observability.md, "Decision metrics in Redis", says how and how exactly."""
 
 from __future__ import annotations
 
@@ -45,11 +23,7 @@ from .pending import PendingCounts, SealedBatch, add_identity, apply_batch
 from .schema import HOUR, top_candidates
 
 #: Label of decisions that name no policy (allowed requests).
-NO_POLICY = "none"
-#: What a limited request came to: allowed, blocked (429 or a fail-mode 503) or unauthorized (401: no
-#: usable API key; charged to the per-IP limit only).
-#: allowed_by_list / denied_by_list: an allow or deny rule (ClientRule) decided, without Redis.
-OUTCOMES: tuple[str, ...] = ("allowed", "blocked", "unauthorized", "allowed_by_list", "denied_by_list")
+_NO_POLICY = "none"
 #: States of the circuit breaker in front of Redis (`record_breaker_change`, the Prometheus gauge).
 BREAKER_STATES: tuple[str, ...] = (CLOSED, OPEN, HALF_OPEN)
 #: Upper bounds (seconds) of the limiter latency histogram buckets; a last +Inf bucket follows.
@@ -57,7 +31,7 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 )
 #: Distinct tier and policy labels counted per process; further ones are counted as "other".
-MAX_LABELS = 200
+_MAX_LABELS = 200
 
 _LABEL_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -68,11 +42,9 @@ class _Target:
     enabled: bool
 
 
-class ProcessRecorder:
-    """The process-wide counters; one instance, `process_recorder`. See the module docstring.
-
-    observability.snapshot reads the counters under `lock`.
-    """
+class _ProcessRecorder:
+    """The process-wide counters (one instance, `process_recorder`; observability.snapshot reads them under
+    `lock`)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -111,12 +83,13 @@ class ProcessRecorder:
 
     # -- request path --------------------------------------------------------------------------
     def record(self, outcome: str, tier: str, policy: str | None, degraded: bool, identity: str) -> None:
+        """Count one decision: outcome "allowed", "blocked", "unauthorized", "allowed_by_list" or "denied_by_list"."""
         target = self._counting_target()
         if target is None:
             return
         hour = int(time.time()) // HOUR
         tier_label = self._label(tier)
-        policy_label = self._label(policy) if policy else NO_POLICY
+        policy_label = self._label(policy) if policy else _NO_POLICY
         blocked = outcome == "blocked"
         degraded = bool(degraded)
         count_key = (hour, tier_label, policy_label, outcome, degraded)
@@ -167,7 +140,7 @@ class ProcessRecorder:
         label = self.labels.get(value)
         if label is None:
             label = _LABEL_CHARS.sub("_", str(value))[:64] or "_"
-            if len(self.labels) >= MAX_LABELS:
+            if len(self.labels) >= _MAX_LABELS:
                 return "other"
             self.labels[value] = label
         return label
@@ -181,11 +154,8 @@ class ProcessRecorder:
         return target
 
     def forget_settings(self) -> None:
-        """Settings changed: read the prefix and switch again on the next decision.
-
-        Unflushed counts keep the prefix they were recorded under. The flusher wakes up to flush them
-        and to wait the (possibly new) interval from now on.
-        """
+        """Settings changed: read the prefix and switch again on the next decision (unflushed counts keep
+        theirs); the flusher wakes up to flush them and wait the new interval."""
         self.target = None
         self.wake_event.set()
 
@@ -206,7 +176,7 @@ class ProcessRecorder:
     def _run(self) -> None:
         stop, wake = self.stop_event, self.wake_event
         while not stop.is_set():
-            wake.wait(self._interval())
+            wake.wait(_setting("METRICS_FLUSH_INTERVAL", 1.0))
             wake.clear()
             if stop.is_set():
                 break
@@ -214,13 +184,6 @@ class ProcessRecorder:
                 self.flush()
             except Exception:  # the flusher must outlive any bug; the counts were kept by flush()
                 logger.exception("ratelimit.metrics_flusher_error")
-
-    @staticmethod
-    def _interval() -> float:
-        try:
-            return float(ratelimit_settings.METRICS_FLUSH_INTERVAL)
-        except Exception:
-            return 1.0
 
     def flush(self) -> bool:
         self.check_fork()
@@ -313,14 +276,19 @@ class ProcessRecorder:
             self.transitions[state] = self.transitions.get(state, 0) + 1
 
 
-def _ttl_hours() -> int:
+def _setting(name: str, default: Any) -> Any:
+    """A setting the flusher needs whatever RATELIMIT holds: `default` while it cannot be read."""
     try:
-        return int(ratelimit_settings.METRICS_TTL_HOURS)
+        return type(default)(getattr(ratelimit_settings, name))
     except Exception:
-        return 48
+        return default
 
 
-process_recorder = ProcessRecorder()
+def _ttl_hours() -> int:
+    return int(_setting("METRICS_TTL_HOURS", 48))
+
+
+process_recorder = _ProcessRecorder()
 on_reload(process_recorder.forget_settings)
 atexit.register(process_recorder.shutdown)
 if hasattr(os, "register_at_fork"):
@@ -329,16 +297,10 @@ if hasattr(os, "register_at_fork"):
 
 def record_decision(*, allowed: bool, tier: str, policy: str | None, degraded: bool, identity: str,
                     unauthorized: bool = False, listed: str = "") -> None:
-    """Count one limited request (cheap: in-process counters only; see the module docstring).
-
-    `tier` is the tier slug ("free", or "ip" for the per-IP limit alone); `policy` the name of the policy
-    that denied (None when allowed); `degraded` whether Redis was bypassed; `identity` a display label
-    such as "key:<prefix>" or "ip:203.0.113.7" -- never a full API key (a "key:" label is cut at its
-    first "." before it is stored, as a safeguard). `unauthorized` marks a 401 (no usable API key):
-    counted as its own outcome, neither allowed nor blocked. `listed` ("allow" or "deny") marks a
-    request an allow or deny rule decided: outcome "allowed_by_list" or "denied_by_list". Denials are
-    also logged at DEBUG. Does nothing when RATELIMIT['METRICS_ENABLED'] is False.
-    """
+    """Count one limited request in process (denials are also logged at DEBUG; nothing when METRICS_ENABLED
+    is False). `tier` is the tier slug ("ip": the per-IP limit alone), `policy` the one that denied (None when
+    allowed), `degraded` whether Redis was bypassed, `identity` a display label ("key:<prefix>", never a full
+    key), `unauthorized` a 401, `listed` "allow" or "deny" when an allow or deny rule decided."""
     if unauthorized:
         outcome = "unauthorized"
     elif listed:
@@ -349,33 +311,21 @@ def record_decision(*, allowed: bool, tier: str, policy: str | None, degraded: b
 
 
 def record_shadow_blocked(*, tier: str, policies: tuple[str, ...], identity: str) -> None:
-    """Count one request that the shadow (dry-run) `policies` would have refused, but which was allowed.
-
-    Counted per tier and policy (Prometheus `ratelimit_shadow_blocked_total`, the hourly hash) and per
-    identity (the day's top would-be-blocked identities). In-process only, like `record_decision`.
-    """
+    """Count one allowed request that the shadow (dry-run) `policies` would have refused, per tier and policy
+    and per identity (in process, like `record_decision`)."""
     process_recorder.record_shadow(tier, tuple(policies), identity)
 
 
 def observe_latency(seconds: float) -> None:
-    """Record the duration of one limiter call to Redis, in seconds (the Prometheus latency histogram).
-
-    Called by the limiter service around each Redis call (successful or not). Negative and NaN
-    values are ignored. Cheap: one bisect and an increment under a lock; process-local.
-    """
+    """Record the duration of one limiter call to Redis, in seconds (negative and NaN values are ignored)."""
     if not isinstance(seconds, (int, float)) or math.isnan(seconds) or seconds < 0:
         return
     process_recorder.observe_latency(float(seconds))
 
 
 def record_breaker_change(*, previous: str, state: str) -> None:
-    """Count and log one change of the circuit breaker in front of Redis, from `previous` into `state`.
-
-    Called by the limiter service for each change its breaker reports (once per change). Counted per
-    state (Prometheus `ratelimit_breaker_transitions_total`) and logged on "ratelimit_app" as the event
-    "ratelimit.breaker": WARNING when it opens, INFO otherwise. Raises ValueError for a state that is
-    not one of BREAKER_STATES.
-    """
+    """Count and log ("ratelimit.breaker") one change of the circuit breaker in front of Redis, from `previous`
+    into `state`; ValueError for a state not in BREAKER_STATES."""
     if state not in BREAKER_STATES:
         raise ValueError(f"state: {state!r} is not a breaker state; expected one of {', '.join(BREAKER_STATES)}")
     process_recorder.count_transition(state)
@@ -383,9 +333,6 @@ def record_breaker_change(*, previous: str, state: str) -> None:
 
 
 def flush() -> bool:
-    """Send every count recorded so far to Redis now; True when Redis holds them all on return.
-
-    False when Redis could not be written: the counts are kept and retried by the next flush. Waits for
-    a flush in progress on another thread, so a True answer covers everything recorded before the call.
-    """
+    """Send every count recorded before the call to Redis now (waiting for a flush in progress); True when Redis
+    holds them all on return, False when it could not be written (the counts are kept for the next flush)."""
     return process_recorder.flush()

@@ -1,23 +1,5 @@
-"""The Redis keys and hash fields of the decision metrics: what the recorder writes and the queries read.
-
-What Redis holds (`<KEY_PREFIX>` is RATELIMIT['KEY_PREFIX']; every counter key lives METRICS_TTL_HOURS
-hours after its last write, default 48):
-- `<KEY_PREFIX>:{metrics}:h:<YYYYMMDDHH>` (UTC hour), a hash of counters: `allowed`, `blocked`,
-  `unauthorized` (401s), `degraded`, `degraded_blocked`, `tier:<tier>:allowed`, `tier:<tier>:blocked`,
-  `tier:<tier>:unauthorized`, `policy:<policy>:blocked`; for allow/deny lists `denied_by_list`,
-  `allowed_by_list` and `tier:<tier>:<either>`; for shadow limits `shadow:<tier>:<policy>` (requests a
-  shadow limit would have refused).
-- `<KEY_PREFIX>:{metrics}:blocked:<YYYYMMDD>` (UTC day), a sorted set of blocked identity labels
-  ("key:<prefix>" or "ip:<address>", never a full key) scored by blocked requests. It keeps the
-  `max(50 x TOP_BLOCKED, 1000)` most blocked identities of the day; queries return TOP_BLOCKED.
-- `<KEY_PREFIX>:{metrics}:shadow:<YYYYMMDD>` (UTC day), the same for identities a shadow limit would
-  have blocked.
-- `<KEY_PREFIX>:{metrics}:applied:<writer>`, the number of the last batch a process (a writer) applied:
-  a copy of a batch sent again is not added twice (observability.pending). It lives twice
-  METRICS_TTL_HOURS after its last write.
-
-Every key shares the `{metrics}` hash tag, so one batch lands in one Redis Cluster slot.
-"""
+"""The Redis keys and hash fields of the decision metrics, which the recorder writes and the queries read
+(docs/observability.md lists them). Every key shares the `{metrics}` hash tag: one batch, one cluster slot."""
 
 from __future__ import annotations
 

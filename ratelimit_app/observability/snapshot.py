@@ -1,9 +1,5 @@
-"""What this process counted, as one consistent snapshot: the source of the Prometheus series and of the
-dashboard's "this process" rows.
-
-The counts come from the recorder (observability.recorder); the state of the circuit breaker comes from
-the limiter service that owns the breaker (`get_limiter()`), so it is never a copy that could drift.
-"""
+"""What this process counted, as one consistent snapshot (the source of the Prometheus series); the breaker's
+state is read from the limiter service that owns it, never a copy."""
 
 from __future__ import annotations
 
@@ -23,7 +19,7 @@ class DecisionCount:
 
     tier: str
     policy: str
-    outcome: str  # one of OUTCOMES
+    outcome: str  # "allowed", "blocked", "unauthorized", "allowed_by_list" or "denied_by_list"
     degraded: bool
     count: int
 

@@ -1,15 +1,6 @@
-"""`manage.py check --database default`: plan rows that cannot be enforced as stored.
-
-The admin validates every row it saves, and the database refuses what the models cannot mean (their
-CheckConstraints). These checks find what is left of rows written around the admin (a data migration,
-`QuerySet.update`, raw SQL): each row gets every field's validation (`clean_fields`) and the model's
-own (`clean`), as the admin's form would. Ids: ratelimit.E030 a tier (an unknown time zone, a blank
-name, a per-IP rate that cannot be counted: the default per-IP limit then applies), ratelimit.E031 a
-tier limit or a limit override that cannot become a policy (it is skipped alone at run time:
-ratelimit_app.plans.compile), ratelimit.E032 an allow/deny rule that names no valid network or key (it
-is ignored). ratelimit.W030 warns of a tier whose per-IP limit refuses one client address, sending
-steadily, before one of the tier's own limits would: a key of it is capped below its plan.
-"""
+"""`manage.py check --database default`: plan rows written around the admin that cannot be enforced as
+stored, each given every field's validation and the model's own (ratelimit.E030-E032, W030:
+docs/settings.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Tiers and API keys as request handling sees them (`TierInfo`, `KeyInfo`), and how they are read
-from the database: plain rows (picklable, shared between app servers through the Django cache by
-ratelimit_app.plans.lookups, independent of the code version of the dataclasses), compiled into policies
-once per load, never per request."""
+"""Tiers and API keys as request handling sees them (`TierInfo`, `KeyInfo`), read from the database as
+plain rows (picklable: lookups share them through the Django cache) and compiled into policies once per
+load, never per request."""
 
 from __future__ import annotations
 
@@ -79,7 +78,7 @@ class KeyInfo:
         return None
 
 
-# -- database loaders: plain rows, picklable and independent of the code version of the dataclasses --
+# -- database loaders: plain rows ---------------------------------------------------------------------
 def load_tier_row(slug: str) -> tuple[Any, ...] | None:
     from ..models import Tier, TierLimit
 
@@ -111,13 +110,10 @@ def build_tier(row: tuple[Any, ...]) -> TierInfo:
     """The TierInfo of a tier row (`load_tier_row`); a limit that cannot become a policy is skipped."""
     from ..models import TierLimit
 
-    slug, name, fail_mode, limit_rows, *rest = row
-    time_zone = rest[0] if rest else "UTC"
-    ip_rate = rest[1] if len(rest) > 1 else ""
+    slug, name, fail_mode, limit_rows, time_zone, ip_rate = row
     base: list[Policy] = []
     by_scope: dict[str, list[Policy]] = {}
-    for limit_name, algorithm, limit, period, burst, scope, *extra in limit_rows:
-        shadow, calendar = (bool(extra[0]), extra[1]) if len(extra) == 2 else (False, "")
+    for limit_name, algorithm, limit, period, burst, scope, shadow, calendar in limit_rows:
         policy = _policy_or_skip(TierLimit(name=limit_name, algorithm=algorithm, limit=limit, period=period,
                                            burst=burst, scope=scope, shadow=shadow, calendar=calendar),
                                  time_zone, slug)

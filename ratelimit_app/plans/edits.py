@@ -1,18 +1,6 @@
-"""Edits of plans announced to every app server through the limiter's own Redis, whatever CACHES is.
-
-A process that saves or deletes a plan row (a Tier, TierLimit, ApiKey, UserTier, limit override or
-ClientRule: the admin, any ORM save or delete, a management command, or `lookups.invalidate()` after a
-`QuerySet.update()`) writes a new random token to one small key, `<KEY_PREFIX>:{edits}:epoch`, once the
-change is committed. A process reads that key once when it first looks plans up (its cache is empty
-then: that lookup reads the database anyway), and from then on a thread of its own reads it once per
-EDITS_CHECK_INTERVAL (1 s), within the limiter's time budget; when the token is not the one it saw
-last, the process' lookups forget what they cached (at their next lookup). So an edit is enforced by
-every app server about a second after it is committed, at the cost of one GET per second per process,
-off the request path: no warm request waits for it or sends it.
-
-When Redis does not answer, or the limiter's circuit breaker is open, nothing is read or written and
-each process applies edits once its cached entries expire (RATELIMIT['CACHE_TTL']).
-"""
+"""Edits of plans announced to every app server through the limiter's own Redis, whatever CACHES is: the
+edit epoch, written when a plan row's change commits and read once a second by a thread of each process
+(docs/operations.md, "Edits reach every app server")."""
 
 from __future__ import annotations
 

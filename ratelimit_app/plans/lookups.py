@@ -1,30 +1,10 @@
-"""Cached lookups of tiers, API keys and user tiers: what request handling reads instead of the models.
-
-Three layers, fastest first:
-
-1. an in-process cache (bounded: RATELIMIT['LOCAL_CACHE_SIZE'] entries, plus a separate negative cache
-   of unknown key prefixes bounded by RATELIMIT['NEGATIVE_CACHE_SIZE']). Every entry expires
-   RATELIMIT['CACHE_TTL'] seconds after it was loaded, and the whole cache is forgotten when another
-   process announces an edit through the limiter's Redis (ratelimit_app.plans.edits: read once a second
-   by a thread of each process), so an edit reaches every app server about a second after it is
-   committed, and within CACHE_TTL when Redis does not answer;
-2. the Django cache named by RATELIMIT['CACHE_ALIAS'] when it is shared by app servers (not Django's
-   per-process LocMemCache or DummyCache, which are skipped), holding plain rows under a *generation*
-   and the edit epoch last read: saving or deleting a Tier, TierLimit, ApiKey, UserTier, a limit override
-   (ApiKeyLimit, UserTierLimit) or a ClientRule bumps the generation (right away and again after the
-   transaction commits), which makes every older shared entry unreachable;
-3. the database.
-
-A warm request therefore makes no database query, no cache call and no Redis call. A cold one reads
-the shared cache within the time budget (RATELIMIT['BUDGET_MS'], see ratelimit_app.service.bounded):
-when the cache does not answer in time the database does, and while that read is still unanswered,
-lookups skip the shared cache at once. Code on an event loop reads
-inside `local_only()`: a lookup that would need the shared cache or the database raises `NeedsIO`
-there instead of blocking the loop (the caller redoes its work in a thread). Values are the frozen
-dataclasses of ratelimit_app.plans.compile, which also reads the rows; a tier's policies are compiled once
-per load, never per request. Raw API keys are never cached, logged or stored: entries are keyed by
-the key's prefix and hold its hash.
-"""
+"""Cached lookups of tiers, API keys, user tiers and client rules: what request handling reads instead of
+the models, through three layers, fastest first: an in-process cache (bounded, expiring after CACHE_TTL,
+forgotten on an edit: plans.edits), the Django cache of CACHE_ALIAS when app servers share it (plain rows
+under a generation that every save or delete bumps), then the database. A warm request makes no query,
+no cache call and no Redis call; a cold one reads the shared cache within the time budget. Code on an
+event loop reads inside `local_only()`, where a lookup that would block raises `NeedsIO`. Raw API keys
+are never cached: entries are keyed by the key's prefix and hold its hash (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -32,6 +12,7 @@ import contextlib
 import contextvars
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.core.cache import BaseCache, caches
@@ -41,8 +22,8 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.signals import post_delete, post_save
 
 from ..conf.settings import SettingsCached, ratelimit_settings
+from ..core.clientrules import ClientRules
 from ..service.bounded import bounded_calls
-from .clientrules import ClientRules
 from .compile import (
     KeyInfo,
     TierInfo,
@@ -59,7 +40,7 @@ from .localcache import MISS, LocalCache
 #: Lifetime of the rows kept in the shared Django cache. Changes made through the ORM (admin, shell,
 #: signals) are announced at once; changes that bypass signals (`QuerySet.update`, raw SQL) apply once
 #: this runs out, or at the next `invalidate()`.
-SHARED_TTL = 300
+_SHARED_TTL = 300
 
 #: Cache backends whose entries only their own process sees: no use as the shared layer.
 _PER_PROCESS_CACHES = (LocMemCache, DummyCache)
@@ -118,15 +99,7 @@ class Lookups:
     # -- public ----------------------------------------------------------------------------------
     def tier(self, slug: str) -> TierInfo | None:
         """The tier named `slug`, or None when no such tier exists."""
-        self._fresh()
-        local_key = ("tier", slug)
-        value = self.local.get(local_key)
-        if value is MISS:
-            generation = self.local.generation
-            row = self._shared("tier", slug, load_tier_row)
-            value = build_tier(row) if row is not None else None
-            self.local.set(local_key, value, generation)
-        return value
+        return self._cached("tier", slug, load_tier_row, lambda row: build_tier(row) if row is not None else None)
 
     def cached_key(self, prefix: str) -> Any:
         """The key with `prefix` if this process has it cached (KeyInfo, or None for unknown), else MISS.
@@ -152,23 +125,10 @@ class Lookups:
             self.local.set(("key", prefix), value, generations[0])
         return value
 
-    def user_tier_slug(self, user_pk: Any) -> str | None:
-        """The slug of the tier assigned to user `user_pk` in the admin, or None when none is."""
-        return self.user_plan(user_pk)[0]
-
     def user_plan(self, user_pk: Any) -> tuple[str | None, tuple[tuple[Any, ...], ...]]:
         """The tier slug assigned to user `user_pk` (None when none is) and the user's own limits
         (UserTierLimit rows, as `KeyInfo.overrides`)."""
-        self._fresh()
-        local_key = ("user", str(user_pk))
-        value = self.local.get(local_key)
-        if value is MISS:
-            generation = self.local.generation
-            value = self._shared("userplan", str(user_pk), load_user_plan)
-            if value is None:
-                value = (None, ())
-            self.local.set(local_key, value, generation)
-        return value
+        return self._cached("userplan", str(user_pk), load_user_plan, lambda row: row or (None, ()))
 
     def with_overrides(self, owner: str, tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> TierInfo:
         """`tier` with the limits of `overrides` replacing or adding to its own (see `apply_overrides`),
@@ -185,14 +145,7 @@ class Lookups:
 
     def client_rules(self) -> ClientRules:
         """The enabled allow/deny rules (ClientRule), compiled."""
-        self._fresh()
-        value = self.local.get(("rules",))
-        if value is MISS:
-            generation = self.local.generation
-            rows = self._shared("rules", "all", load_client_rules)
-            value = ClientRules.build(rows or ())
-            self.local.set(("rules",), value, generation)
-        return value
+        return self._cached("rules", "all", load_client_rules, lambda rows: ClientRules.build(rows or ()))
 
     def clear_local(self) -> None:
         """Forget everything cached in this process."""
@@ -209,7 +162,7 @@ class Lookups:
             except Exception as exc:  # a cache outage must not fail an admin save
                 logger.warning(
                     "ratelimit: could not invalidate the shared lookup cache (%s); app servers that read it "
-                    "apply the change within %s seconds", exc, SHARED_TTL,
+                    "apply the change within %s seconds", exc, _SHARED_TTL,
                 )
         self.clear_local()
 
@@ -221,6 +174,16 @@ class Lookups:
         self.edits.announce()
 
     # -- internals -------------------------------------------------------------------------------
+    def _cached(self, kind: str, name: str, load: Callable[[str], Any], build: Callable[[Any], Any]) -> Any:
+        """`kind:name` from this process' cache, else `build` of its row (`_shared`), cached."""
+        self._fresh()
+        value = self.local.get((kind, name))
+        if value is MISS:
+            generation = self.local.generation
+            value = build(self._shared(kind, name, load))
+            self.local.set((kind, name), value, generation)
+        return value
+
     def _fresh(self) -> None:
         """Forget everything cached when the edit reader saw an edit announced since the last lookup. The
         first lookup of a process reads the edit epoch and starts that reader (see
@@ -256,8 +219,8 @@ class Lookups:
         try:
             entry_key, found = bounded_calls.call(lambda: self._read_shared(kind, name, epoch), self.budget)
         except Exception:  # the cache is an optimisation; the database is the truth
-            entry_key, found = None, MISSING_MARKER
-        if found != MISSING_MARKER:
+            entry_key, found = None, _MISSING_MARKER
+        if found != _MISSING_MARKER:
             return _from_shared(found)
         row = load(name)
         if entry_key is not None and (row is not None or cache_missing):
@@ -266,35 +229,35 @@ class Lookups:
         return row
 
     def _read_shared(self, kind: str, name: str, epoch: str) -> tuple[str | None, Any]:
-        """(the shared entry's key, its value or MISSING_MARKER); (None, MISSING_MARKER) without a cache.
+        """(the shared entry's key, its value or _MISSING_MARKER); (None, _MISSING_MARKER) without a cache.
         Entries are shared under the cache's generation and the edit epoch `epoch` (the one this process
         last read): a process that has read a newer epoch never reads an entry stored before it."""
         cache = self._cache()
         if cache is None:
-            return None, MISSING_MARKER
+            return None, _MISSING_MARKER
         generation = cache.get(self._generation_key)
         if generation is None:
             cache.add(self._generation_key, uuid.uuid4().hex, timeout=None)
             generation = cache.get(self._generation_key)
         entry_key = f"{self.namespace}:lookups:{generation}:{epoch}:{kind}:{name}"
-        return entry_key, cache.get(entry_key, MISSING_MARKER)
+        return entry_key, cache.get(entry_key, _MISSING_MARKER)
 
     def _write_shared(self, entry_key: str, row: Any) -> None:
         cache = self._cache()
         if cache is not None:
-            cache.set(entry_key, _to_shared(row), timeout=SHARED_TTL)
+            cache.set(entry_key, _to_shared(row), timeout=_SHARED_TTL)
 
 
 #: Stored in the shared cache for "does not exist" (None cannot be told apart from a cache miss).
-MISSING_MARKER = "__ratelimit_missing__"
+_MISSING_MARKER = "__ratelimit_missing__"
 
 
 def _to_shared(row: Any) -> Any:
-    return MISSING_MARKER + ":none" if row is None else row
+    return _MISSING_MARKER + ":none" if row is None else row
 
 
 def _from_shared(value: Any) -> Any:
-    return None if value == MISSING_MARKER + ":none" else value
+    return None if value == _MISSING_MARKER + ":none" else value
 
 
 # -- the process-wide instance ---------------------------------------------------------------------

@@ -1,14 +1,5 @@
-"""The test kit: test a project's own views and limits against ratelimit_app (docs/testing.md).
-
-- pytest: the `ratelimit` fixture (the plugin ratelimit_app.testing.plugin, which the package registers);
-- unittest and Django's TestCase: `RateLimitTestMixin` (`self.ratelimit`), or `IsolatedRateLimit` as a
-  context manager;
-- `assert_limited(response, policy=None)`, `assert_not_limited(response)`;
-- `make_api_key(tier="free") -> str`.
-
-pytest imports the plugin, and so this package, before Django's settings are configured: each name is
-imported from its module when first used (`from ratelimit_app.testing import make_api_key`), never here.
-"""
+"""The test kit for a project's own test suite (docs/testing.md). pytest imports the plugin, and so this
+package, before Django's settings are configured: each name is imported from its module on first use."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""`assert_limited` and `assert_not_limited`: was a response refused by the rate limiter, and by which policy?
-
-They take any response with a `status_code` and `headers` (Django's test client and AsyncClient, DRF's
-APIClient, `requests` against a live server). The refusing policy is read from the body (`"policy"` in
-the JSON format, `"violated-policies"` in RFC 9457 problem details), else from the outcome the limiter
-left on the request (`response.wsgi_request.ratelimit`, as DRF's own 429 carries no policy). A failed
-assertion says what came back: the status, the policy that refused (if any), the rate limit headers and
-the start of the body.
-"""
+"""`assert_limited` and `assert_not_limited`: was a response refused by the rate limiter, and by which
+policy? The policy is read from the body, else from the outcome the limiter left on the request."""
 
 from __future__ import annotations
 
@@ -15,11 +8,11 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
+from ..apply.admission import outcome_of
 from ..apply.outcome import SHED, UNAVAILABLE, LimitOutcome
-from ..apply.responses import REQUEST_ATTRIBUTE
 
 #: The headers a failed assertion shows (those the limiter sets on its answers).
-SHOWN_HEADERS = ("Retry-After", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset",
+_SHOWN_HEADERS = ("Retry-After", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset",
                  "X-RateLimit-Tier", "RateLimit-Policy", "RateLimit")
 #: The `error` of the limiter's own 503 answers (limiter unavailable, load shed).
 _LIMITER_503 = ("rate limiter unavailable", "service overloaded: request shed", "Rate limiter unavailable.")
@@ -69,7 +62,7 @@ def _describe(response: Any, expectation: str, refusing: list[str]) -> str:
     except ValueError:
         reason = ""
     headers = _headers(response)
-    shown = [f"{name}: {headers[name]}" for name in SHOWN_HEADERS if name in headers]
+    shown = [f"{name}: {headers[name]}" for name in _SHOWN_HEADERS if name in headers]
     body = _text(response)
     return "\n".join([
         f"{expectation}, got {status} {reason}".rstrip(),
@@ -96,8 +89,8 @@ def _outcome(response: Any) -> LimitOutcome | None:
     """What the limiter decided for the request of a test client's response (None when unknown)."""
     for attribute in ("wsgi_request", "asgi_request"):
         request = getattr(response, attribute, None)
-        outcome = getattr(request, REQUEST_ATTRIBUTE, None) if request is not None else None
-        if isinstance(outcome, LimitOutcome):
+        outcome = outcome_of(request) if request is not None else None
+        if outcome is not None:
             return outcome
     return None
 

@@ -1,15 +1,4 @@
-"""The test kit's pytest plugin. The package registers it (entry point `pytest11`, name `ratelimit_app`), so
-pytest loads it in every project that installs ratelimit_app; it only defines the `ratelimit` fixture,
-and changes nothing until a test asks for it.
-
-    def test_the_burst_refuses_the_eleventh_request(client, db, ratelimit):
-        key = make_api_key("free")
-        for _ in range(10):
-            assert_not_limited(client.get("/api/items", HTTP_X_API_KEY=key))
-        assert_limited(client.get("/api/items", HTTP_X_API_KEY=key), policy="burst")
-        ratelimit.advance(60)
-        assert_not_limited(client.get("/api/items", HTTP_X_API_KEY=key))
-"""
+"""The test kit's pytest plugin (entry point `pytest11`): the `ratelimit` fixture, nothing else."""
 
 from __future__ import annotations
 

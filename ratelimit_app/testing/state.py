@@ -1,14 +1,5 @@
-"""Limiter state of a test's own: `IsolatedRateLimit`, what the `ratelimit` fixture and RateLimitTestMixin give
-each test.
-
-While it runs, the limiter decides under a key prefix no other test, process, dev server or earlier run
-uses (a random one), with the permission to move its clock, laid over settings.RATELIMIT in this process
-(ratelimit_app.conf.settings.set_overlay): however the test changes RATELIMIT (`override_settings`,
-pytest-django's `settings`), its counters stay its own. When it stops, every key under that prefix is
-deleted from Redis (the metrics, once flushed, included), or the memory backend's store of it dropped;
-the clock is put back and the overlay removed. Under pytest-xdist each worker is a process of its own
-and each test has its own prefix, so tests never see each other's counters.
-"""
+"""`IsolatedRateLimit`: limiter state of a test's own (a random key prefix and a movable clock laid over
+RATELIMIT, deleted afterwards), what the `ratelimit` fixture and RateLimitTestMixin give each test."""
 
 from __future__ import annotations
 

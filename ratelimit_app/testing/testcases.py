@@ -1,5 +1,4 @@
-"""`RateLimitTestMixin`: the test kit for unittest and Django's TestCase (what the `ratelimit` fixture is to
-pytest)."""
+"""`RateLimitTestMixin`: the test kit for unittest and Django's TestCase."""
 
 from __future__ import annotations
 

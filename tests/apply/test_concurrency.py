@@ -1,30 +1,21 @@
 """ratelimit_app.apply.concurrency: `HeldSlots` (given back once, never raising), `slots_taken` (which
-decisions took slots), `needs_lease`, and how a request's slots are tied to its response or given back
-at once (`hold`, `release_with`, `release_pending_with`, `release_pending_now`),
-against the real Redis through the process' limiter service."""
+decisions took slots), `needs_lease`, and how slots are given back with a response (`release_with`) or
+by the releasing thread (`release_later`), against the real Redis through the process' limiter service."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 from django.core.signals import request_finished
 from django.db import close_old_connections
 from django.http import HttpResponse
-from django.test import RequestFactory
 
 from devtools.embedded import free_port
 from ratelimit_app import Decision, Policy, PolicyResult, new_lease_token
-from ratelimit_app.apply.concurrency import (
-    PENDING_ATTRIBUTE,
-    HeldSlots,
-    hold,
-    needs_lease,
-    release_pending_now,
-    release_pending_with,
-    slots_taken,
-)
+from ratelimit_app.apply.concurrency import HeldSlots, needs_lease, release_later, slots_taken
 from ratelimit_app.core.decision import degraded_decision
 from ratelimit_app.service.limiter import get_limiter
 
@@ -125,25 +116,13 @@ def test_needs_lease_whatever_sequence_holds_the_policies() -> None:
     assert not needs_lease((MINUTE,)) and not needs_lease([]) and not needs_lease([MINUTE])
 
 
-def test_held_slots_go_back_when_the_response_is_closed() -> None:
-    request = RequestFactory().get("/api/users")
-    hold(request, None)  # nothing taken: nothing held
-    assert PENDING_ATTRIBUTE not in request.__dict__
-    hold(request, take("a"))
-    hold(request, take("b"))
-    response = HttpResponse("ok")
-    release_pending_with(request, response)
-    assert PENDING_ATTRIBUTE not in request.__dict__ and (free("a"), free("b")) == (0, 0)
-    closed_by_the_server(response)
-    assert (free("a"), free("b")) == (1, 1)
-
-
-def test_a_request_whose_view_raised_gives_its_slots_back_at_once() -> None:
-    request = RequestFactory().get("/api/users")
-    hold(request, take("a"))
-    release_pending_now(request)
-    assert free("a") == 1 and PENDING_ATTRIBUTE not in request.__dict__
-    release_pending_now(request)  # nothing held any more: nothing to do
+def test_slots_given_to_the_releasing_thread_go_back_without_blocking_the_caller() -> None:
+    slots = take("a")
+    release_later(slots)
+    deadline = time.monotonic() + 10
+    while free("a") == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert free("a") == 1 and slots.released
 
 
 @pytest.mark.parametrize("awaited", [False, True])

@@ -1,13 +1,12 @@
 """ratelimit_app.apply.joint: the joint decision of our throttles whatever the framework. `JointCall`
 (its carrier, one call over every member's checks and the view's own, members refused outright),
 `Joint.verdict` (what each member answers for), `decide_jointly` (slots held, the outcome left for the
-headers, the fail mode when the limiter fails), `ThrottleHooks`, `throttle_policy`, `display_identity`
-and `in_sync_code`; against the real Redis and database."""
+headers, the fail mode when the limiter fails), `joint_of`, `request_charge`, `ThrottleHooks`,
+`_throttle_policy`, `_display_identity`; against the real Redis and database."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,21 +14,22 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory
 
-from ratelimit_app import Policy
-from ratelimit_app.apply.concurrency import PENDING_ATTRIBUTE, release_pending_now
+from ratelimit_app import Decision, Policy, PolicyResult
+from ratelimit_app.apply.admission import end, state_of
 from ratelimit_app.apply.joint import (
     JointCall,
     ThrottleHooks,
+    _display_identity,
+    _throttle_label,
+    _throttle_policy,
     decide_jointly,
-    display_identity,
-    in_sync_code,
-    throttle_label,
-    throttle_policy,
+    joint_of,
+    request_charge,
+    retry_wait,
 )
 from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.outcome import ALLOWED, DENIED, UNAUTHORIZED
-from ratelimit_app.apply.responses import REQUEST_ATTRIBUTE
-from ratelimit_app.plans.lookups import require_io
+from ratelimit_app.decorators import limit_cost
 from ratelimit_app.service.limiter import get_limiter
 from tests.support.limits_support import make_key, make_tier
 
@@ -37,7 +37,7 @@ factory = RequestFactory()
 
 
 @dataclass(frozen=True)
-class Member:
+class _Member:
     """A throttle as the joint decision sees it."""
 
     owner: str
@@ -56,20 +56,20 @@ class Member:
                                                              period=60),), self.owner)]
 
 
-def call(*members: Member, request: Any = None, with_request_limits: bool = False, extra: Any = None) -> JointCall:
+def call(*members: _Member, request: Any = None, with_request_limits: bool = False, extra: Any = None) -> JointCall:
     return JointCall(request or factory.get("/api/things", REMOTE_ADDR="192.0.2.44"), "handler", members,
                      lambda member: member.checks(), 1, "", None, with_request_limits,
                      extra or (lambda: ()))
 
 
 def test_the_carrier_is_the_member_carrying_the_requests_limits_else_the_first() -> None:
-    first, tier = Member("first"), Member("tier", carries_request_limits=True)
+    first, tier = _Member("first"), _Member("tier", carries_request_limits=True)
     assert call(first, tier).carrier is tier
-    assert call(first, Member("second")).carrier is first
+    assert call(first, _Member("second")).carrier is first
 
 
 def test_one_call_charges_every_member_or_none_and_each_answers_for_its_own_limits() -> None:
-    roomy, tight = Member("roomy", 5), Member("tight", 1)
+    roomy, tight = _Member("roomy", 5), _Member("tight", 1)
     assert decide_jointly(call(roomy, tight), where="test").outcome.allowed
     joint = decide_jointly(call(roomy, tight), where="test")
     assert joint.outcome.status == DENIED
@@ -80,11 +80,44 @@ def test_one_call_charges_every_member_or_none_and_each_answers_for_its_own_limi
 
 
 def test_a_member_refused_outright_stops_the_call_and_one_that_does_not_limit_has_no_decision() -> None:
-    joint = decide_jointly(call(Member("open", -1), Member("zero", None), Member("roomy")), where="test")
+    joint = decide_jointly(call(_Member("open", -1), _Member("zero", None), _Member("roomy")), where="test")
     assert (joint.outcome.status, joint.outcome.decision, joint.denied_outright) == (DENIED, None, {"zero"})
     assert joint.verdict("zero") == (True, None) and joint.verdict("open") == (False, None)
-    nothing = decide_jointly(call(Member("open", -1)), where="test")
+    nothing = decide_jointly(call(_Member("open", -1)), where="test")
     assert nothing.outcome.status == ALLOWED and nothing.verdict("open") == (False, None)
+
+
+def test_refused_says_whether_any_member_refuses_and_not_when_only_the_views_own_limit_did() -> None:
+    roomy, tight = _Member("roomy", 5), _Member("tight", 1)
+    assert not decide_jointly(call(roomy, tight), where="test").refused
+    assert decide_jointly(call(roomy, tight), where="test").refused
+    assert decide_jointly(call(_Member("zero", None)), where="test").refused
+    own = LimitCheck("view:refused", (Policy("own", "fixed_window", limit=1, period=60),), "view")
+    assert not decide_jointly(call(_Member("open", -1), extra=lambda: [own]), where="test").refused
+    by_the_view = decide_jointly(call(_Member("open", -1), extra=lambda: [own]), where="test")
+    assert by_the_view.outcome.status == DENIED and not by_the_view.refused  # no throttle of ours refused
+
+
+def test_the_joint_is_kept_on_the_request_for_its_handler() -> None:
+    request = factory.get("/api/things", REMOTE_ADDR="192.0.2.47")
+    assert joint_of(request) is None
+    joint = decide_jointly(call(_Member("roomy"), request=request), where="test")
+    assert joint_of(request) is joint and joint_of(request, "handler") is joint
+    assert joint_of(request, "another handler") is None  # dispatched again: decided again
+    assert (joint.cost, joint.owners, joint.carrier) == (1, ("roomy",), "roomy")
+
+
+def test_request_charge_is_what_the_middleware_left_else_the_declared_route() -> None:
+    @limit_cost(3, scope="search", methods=["POST"])
+    def view(request: Any) -> None: ...
+
+    assert request_charge(factory.post("/api/things"), view) == (3, "search", False)
+    assert request_charge(factory.get("/api/things"), view) == (1, "search", False)
+    assert request_charge(factory.get("/api/things"), None) == (1, "", False)
+    left = factory.get("/api/things")
+    state_of(left).deferred = (5, "bulk")
+    assert request_charge(left, view) == (5, "bulk", True)
+    assert request_charge(left, view) == (1, "search", False)  # taken once
 
 
 def test_the_views_own_checks_are_asked_for_during_the_call_and_decided_with_it() -> None:
@@ -95,10 +128,10 @@ def test_the_views_own_checks_are_asked_for_during_the_call_and_decided_with_it(
         asked.append(1)
         return [own]
 
-    assert decide_jointly(call(Member("roomy"), extra=extra), where="test").outcome.allowed
-    refused = decide_jointly(call(Member("roomy"), extra=extra), where="test")
+    assert decide_jointly(call(_Member("roomy"), extra=extra), where="test").outcome.allowed
+    refused = decide_jointly(call(_Member("roomy"), extra=extra), where="test")
     assert asked == [1, 1] and refused.outcome.status == DENIED and refused.verdict("roomy")[0] is False
-    assert decide_jointly(call(Member("zero", None), extra=extra), where="test").outcome.decision is None
+    assert decide_jointly(call(_Member("zero", None), extra=extra), where="test").outcome.decision is None
     assert asked == [1, 1]  # refused outright: nothing else asked
 
 
@@ -106,7 +139,7 @@ def test_the_views_own_checks_are_asked_for_during_the_call_and_decided_with_it(
 def test_the_carrier_answers_for_the_requests_own_limits() -> None:
     key = make_key(make_tier("jointtier", [("minute", "fixed_window", 1, 60, None, "")]))
     request = factory.get("/api/things", REMOTE_ADDR="192.0.2.45", HTTP_X_API_KEY=key)
-    carrier, other = Member("tier", -1, carries_request_limits=True), Member("roomy")
+    carrier, other = _Member("tier", -1, carries_request_limits=True), _Member("roomy")
     assert decide_jointly(call(carrier, other, request=request, with_request_limits=True), where="test").outcome.allowed
     joint = decide_jointly(call(carrier, other, request=request, with_request_limits=True), where="test")
     refused, base = joint.verdict("tier")
@@ -120,21 +153,21 @@ def test_the_carrier_answers_for_the_requests_own_limits() -> None:
 def test_the_slots_taken_are_held_on_the_request_and_the_outcome_left_for_the_headers() -> None:
     slot = Policy("inflight", "concurrency", limit=1, period=30)
     request = factory.get("/api/things", REMOTE_ADDR="192.0.2.46")
-    joint = JointCall(request, "handler", (Member("slots"),),
+    joint = JointCall(request, "handler", (_Member("slots"),),
                       lambda member: [LimitCheck("throttle:slots", (slot,), member.owner)], 1, "", None, False)
     outcome = decide_jointly(joint, where="test").outcome
-    assert outcome.allowed and getattr(request, REQUEST_ATTRIBUTE) is outcome
-    assert len(request.__dict__[PENDING_ATTRIBUTE]) == 1
+    assert outcome.allowed and state_of(request).outcome is outcome
+    assert len(state_of(request).slots) == 1
     assert get_limiter().peek("throttle:slots", (slot,)).remaining == 0
-    release_pending_now(request)
+    end(request)
     assert get_limiter().peek("throttle:slots", (slot,)).remaining == 1
 
 
 def test_a_limiter_that_fails_follows_the_fail_mode(settings: Any) -> None:
-    def broken(member: Member) -> list[LimitCheck] | None:
+    def broken(member: _Member) -> list[LimitCheck] | None:
         raise RuntimeError("a bug in a throttle")
 
-    failing = JointCall(factory.get("/api/things"), "handler", (Member("x"),), broken, 1, "", None, False)
+    failing = JointCall(factory.get("/api/things"), "handler", (_Member("x"),), broken, 1, "", None, False)
     assert decide_jointly(failing, where="test").outcome.status == ALLOWED
     settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed"}
     assert not decide_jointly(failing, where="test").outcome.allowed
@@ -151,58 +184,39 @@ def test_a_throttle_class_that_sets_a_cache_is_refused_when_it_is_defined() -> N
 
 
 def test_throttle_policy_names_each_scope_safely_and_apart() -> None:
-    assert throttle_policy("uploads", 0, 60, "sliding_window") is None  # a rate of 0
-    assert throttle_policy("uploads", 5, 60, "gcra") == Policy("uploads", "gcra", limit=5, period=60)
-    colon, semicolon = (throttle_policy(scope, 5, 60, "gcra") for scope in ("contacts:create", "contacts;create"))
+    assert _throttle_policy("uploads", 0, 60, "sliding_window") is None  # a rate of 0
+    assert _throttle_policy("uploads", 5, 60, "gcra") == Policy("uploads", "gcra", limit=5, period=60)
+    colon, semicolon = (_throttle_policy(scope, 5, 60, "gcra") for scope in ("contacts:create", "contacts;create"))
     assert colon is not None and semicolon is not None and colon.name != semicolon.name
     assert colon.name.startswith("contacts_create-") and len(colon.name) == len("contacts_create-") + 8
-    long = throttle_policy("é" * 200, 5, 60, "gcra")
+    long = _throttle_policy("é" * 200, 5, 60, "gcra")
     assert long is not None and len(long.name) <= 64
-    assert throttle_policy("uploads", 5, 60, "gcra") is throttle_policy("uploads", 5, 60, "gcra")
+    assert _throttle_policy("uploads", 5, 60, "gcra") is _throttle_policy("uploads", 5, 60, "gcra")
 
 
 def test_display_identity_is_the_throttles_label_else_a_short_digest_never_the_identity() -> None:
-    assert display_identity(LimitCheck("throttle:throttle_anon_192.0.2.1", (), "o", "ip:192.0.2.1")) == "ip:192.0.2.1"
-    label = display_identity(LimitCheck("throttle:account-secret-42", ()))
+    assert _display_identity(LimitCheck("throttle:throttle_anon_192.0.2.1", (), "o", "ip:192.0.2.1")) == "ip:192.0.2.1"
+    label = _display_identity(LimitCheck("throttle:account-secret-42", ()))
     assert label.startswith("throttle:#") and len(label) == len("throttle:#") + 12 and "secret" not in label
-    assert label == display_identity(LimitCheck("throttle:account-secret-42", ()))
-    assert label != display_identity(LimitCheck("throttle:account-secret-43", ()))
+    assert label == _display_identity(LimitCheck("throttle:account-secret-42", ()))
+    assert label != _display_identity(LimitCheck("throttle:account-secret-43", ()))
 
 
 def test_throttle_label_names_a_user_or_an_address_else_the_scope_and_a_digest() -> None:
     drf = "throttle_%(scope)s_%(ident)s"
-    assert throttle_label("user", "throttle_user_7", drf, 7, lambda: "192.0.2.1") == "user:7"
-    assert throttle_label("user", "throttle_user_192.0.2.1", drf, None, lambda: "192.0.2.1") == "ip:192.0.2.1"
-    assert throttle_label("anon", "throttle_anon_2001:db8::/64", drf, None, lambda: "2001:db8::/64") == \
+    assert _throttle_label("user", "throttle_user_7", drf, 7, lambda: "192.0.2.1") == "user:7"
+    assert _throttle_label("user", "throttle_user_192.0.2.1", drf, None, lambda: "192.0.2.1") == "ip:192.0.2.1"
+    assert _throttle_label("anon", "throttle_anon_2001:db8::/64", drf, None, lambda: "2001:db8::/64") == \
         "ip:2001:db8::/64"
-    custom = throttle_label("login", "throttle_login_alice@example.com", drf, None, lambda: "192.0.2.1")
+    custom = _throttle_label("login", "throttle_login_alice@example.com", drf, None, lambda: "192.0.2.1")
     assert custom.startswith("throttle.login:#") and len(custom) == len("throttle.login:#") + 12
     assert "alice" not in custom
-    assert throttle_label("login", "other-format-7", drf, 7, lambda: None).startswith("throttle.login:#")
+    assert _throttle_label("login", "other-format-7", drf, 7, lambda: None).startswith("throttle.login:#")
 
 
-def test_in_sync_code_runs_in_place_unless_it_needs_io_on_an_event_loop() -> None:
-    def where() -> str:
-        return threading.current_thread().name
-
-    def needs_io() -> str:
-        require_io()  # what a cold lookup does under local_only()
-        return threading.current_thread().name
-
-    here = threading.current_thread().name
-    assert in_sync_code(where) == here and in_sync_code(needs_io) == here  # off a loop: as it is
-
-    async def on_a_loop() -> tuple[str, str]:
-        return in_sync_code(where), in_sync_code(needs_io)
-
-    assert asyncio.run(on_a_loop()) == (here, "ratelimit-sync-decision")
-
-    def fails() -> str:
-        require_io()
-        raise ValueError("raised in the thread")
-
-    async def failing() -> str:
-        return in_sync_code(fails)
-
-    with pytest.raises(ValueError, match="raised in the thread"):
-        asyncio.run(failing())
+def test_retry_wait_is_the_refusing_decisions_retry_time_at_least_the_floor() -> None:
+    refused = Decision.from_results((PolicyResult("tight", False, 1, 0, 0.2, 0.2),))
+    assert retry_wait(refused, 1.0) == 1.0 and retry_wait(refused, 0.001) == 0.2
+    assert retry_wait(Decision.from_results((PolicyResult("tight", False, 1, 0, 0.0, math.inf),)), 1.0) is None
+    assert retry_wait(Decision.from_results((PolicyResult("tight", True, 1, 0, 5.0, None),)), 1.0) is None
+    assert retry_wait(None, 1.0) is None

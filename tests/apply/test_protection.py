@@ -323,7 +323,7 @@ def test_check_reports_a_bad_shedding_setting(settings: Any) -> None:
 
 def test_the_outcome_names_the_slots_it_holds(client: Any, two_slot_key: str) -> None:
     response = get(client, "/api/streaming", two_slot_key)
-    slots = response.wsgi_request.ratelimit.slots
+    slots = response.wsgi_request.ratelimit.outcome.slots
     assert slots is not None and [policy.name for _, policy in slots.held] == ["concurrency"]
     response.close()
     assert slots.released

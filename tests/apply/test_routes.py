@@ -1,5 +1,5 @@
 """ratelimit_app.apply.routes: what a route declares (`RouteLimit` and `cost_for`), how the middleware finds
-it on a resolved view (`route_for_view`, `view_limit_of`, `defers_to_throttles`), and the checks of
+it on a resolved view (`route_for_view`, `view_limit_of`, `resolve_view`), and the checks of
 scopes and costs."""
 
 from __future__ import annotations
@@ -8,23 +8,22 @@ from typing import Any, TypeVar, cast
 
 import pytest
 from django.http import HttpRequest, HttpResponse
+from django.test import RequestFactory
 from django.views import View
-from rest_framework import throttling as drf_throttling
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ratelimit_app.apply.routes import (
     DEFAULT_ROUTE,
     RouteLimit,
-    defers_to_throttles,
     route_for_view,
+    route_of,
     validate_cost,
     validate_scope,
     view_limit_of,
     view_name,
 )
 from ratelimit_app.decorators import limit_cost, ratelimit
-from ratelimit_app.throttling import ConcurrencyThrottle, ScopedRateThrottle, TierRateThrottle
 
 
 def plain(request: HttpRequest) -> HttpResponse:
@@ -120,12 +119,15 @@ def test_view_limit_of_finds_what_ratelimit_leaves_on_a_view() -> None:
     assert unblocked is not None and not unblocked.joins_request_limits  # its view runs anyway: decided alone
 
 
-@pytest.mark.parametrize(("throttles", "defers"), [
-    ((TierRateThrottle,), True), ((ScopedRateThrottle,), True), ((drf_throttling.AnonRateThrottle,), False),
-    ((drf_throttling.UserRateThrottle, ConcurrencyThrottle), True), ((), False),
-])
-def test_a_drf_view_defers_to_its_throttles_when_one_of_ours_is_among_them(throttles: tuple[type, ...],
-                                                                           defers: bool) -> None:
-    view = derived(Api, throttle_classes=throttles).as_view()
-    assert defers_to_throttles(view) is defers
-    assert not defers_to_throttles(plain) and not defers_to_throttles(Page.as_view())
+def test_route_of_reads_a_views_declarations_once_per_method_until_settings_change(settings: Any) -> None:
+    @limit_cost(5, methods=["POST"], scope="upload")
+    def upload(request: HttpRequest) -> HttpResponse:
+        return HttpResponse("ok")
+
+    factory = RequestFactory()
+    posted = route_of(upload, factory.post("/api/upload"))
+    assert (posted.cost, posted.route.scope, posted.deferred, posted.view_limit) == (5, "upload", False, None)
+    assert route_of(upload, factory.post("/api/upload")) is posted  # remembered
+    assert route_of(upload, factory.get("/api/upload")).cost == 1  # per method
+    settings.RATELIMIT = {**settings.RATELIMIT, "IP_RATE": "7/m"}
+    assert route_of(upload, factory.post("/api/upload")) is not posted  # read again after a change

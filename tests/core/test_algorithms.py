@@ -4,13 +4,16 @@ accept, which algorithms take a burst, which keep their state in a key of their 
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 import pytest
 import redis
+from django import forms
 
 from ratelimit_app import InvalidPolicy, Policy, RateLimiter, new_lease_token
 from ratelimit_app.core.algorithms import BY_NAME, CALENDAR_WINDOW, REGISTRY, SCRIPTED, Algorithm
-from ratelimit_app.models import ALGORITHM_CHOICES, TierLimit
+from ratelimit_app.core.policies import ALL_ALGORITHMS, MAX_LIMIT, MAX_PERIOD_SECONDS
+from ratelimit_app.models import AlgorithmField, TierLimit
 
 
 def test_by_name_indexes_exactly_the_registry_and_leaves_the_calendar_window_out() -> None:
@@ -21,7 +24,12 @@ def test_by_name_indexes_exactly_the_registry_and_leaves_the_calendar_window_out
 
 
 def test_policies_and_the_admin_offer_the_registry_in_its_order_and_nothing_else() -> None:
-    assert [name for name, _ in ALGORITHM_CHOICES] == [algorithm.name for algorithm in REGISTRY]
+    field = TierLimit._meta.get_field("algorithm")
+    assert isinstance(field, AlgorithmField)
+    assert [name for name, _ in field.choices or ()] == [algorithm.name for algorithm in REGISTRY]
+    select = field.formfield()
+    assert isinstance(select, forms.TypedChoiceField)  # the admin shows a select
+    assert [name for name, _ in cast(list, select.choices)[1:]] == [algorithm.name for algorithm in REGISTRY]
     for algorithm in REGISTRY:
         assert Policy("p", algorithm.name, limit=5, period=60).algorithm == algorithm.name
     with pytest.raises(InvalidPolicy, match="algorithm"):
@@ -38,6 +46,29 @@ def test_a_burst_is_accepted_exactly_where_the_registry_says(algorithm: Algorith
     row = TierLimit(name="p", algorithm=algorithm.name, limit=5, period=60, burst=20)
     errors = _clean_errors(row)
     assert ("burst" in errors) is not algorithm.takes_burst
+
+
+def test_a_new_algorithm_needs_no_migration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The choices are read from the registry, never written into a migration."""
+    _, path, args, kwargs = AlgorithmField().deconstruct()
+    assert (path, args, kwargs) == ("ratelimit_app.models.AlgorithmField", [], {"max_length": 30})
+    monkeypatch.setattr("ratelimit_app.models.ALL_ALGORITHMS", (*ALL_ALGORITHMS, "leaky_bucket"))
+    field = AlgorithmField()
+    assert field.choices is not None and field.choices[-1] == ("leaky_bucket", "leaky bucket")
+    assert field.deconstruct()[1:] == (path, args, kwargs)
+
+
+@pytest.mark.parametrize("algorithm", REGISTRY, ids=lambda a: a.name)
+def test_a_policy_is_refused_exactly_when_its_largest_state_would_not_be_exact_in_lua(algorithm: Algorithm) -> None:
+    refused = 0
+    for limit, period in ((MAX_LIMIT, MAX_PERIOD_SECONDS), (MAX_LIMIT, 1), (5, 60)):
+        if algorithm.largest_state(limit, limit, period * 1000) < 2**53:
+            assert Policy("p", algorithm.name, limit=limit, period=period).limit == limit
+        else:
+            refused += 1
+            with pytest.raises(InvalidPolicy, match="too large to count exactly"):
+                Policy("p", algorithm.name, limit=limit, period=period)
+    assert refused == (1 if algorithm.name == "token_bucket" else 0)  # tokens are counted in ms parts
 
 
 def _clean_errors(row: TierLimit) -> dict[str, list[str]]:

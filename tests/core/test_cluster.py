@@ -210,10 +210,10 @@ def test_the_service_runs_on_a_cluster_url_with_exactness(cluster: ClusterTopolo
 
 
 def test_manage_py_check_reads_the_version_of_every_node(cluster: ClusterTopology, settings: Any) -> None:
-    from ratelimit_app.checks import check_settings, server_info, server_versions
+    from ratelimit_app.checks import _server_info, _server_versions, check_settings
 
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": cluster.url}
-    versions = server_versions(server_info(get_redis()))
+    versions = _server_versions(_server_info(get_redis()))
     assert len(versions) == len(cluster.nodes) and all(versions.values())
     assert check_settings() == []
 

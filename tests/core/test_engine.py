@@ -515,25 +515,6 @@ def test_a_bucket_refills_from_its_stored_time_and_never_from_a_clock_that_stepp
     assert limiter.peek("k", policies).reset_after == 60.0
 
 
-@pytest.mark.parametrize("checks", [
-    [("k", [small_policy("gcra")])],
-    [("ip", [small_policy("fixed_window")]),
-     ("key", [small_policy("sliding_window"), Policy("q", "gcra", limit=5, period=1)])],
-    [("k", [Policy("p", "sliding_window", limit=500, period=60), Policy("q", "concurrency", limit=2, period=60)])],
-])
-def test_the_packed_command_is_redis_pys_packing_of_the_same_call(checks: list[Any]) -> None:
-    """The speed path writes `packed`, spliced from a cached plan; the reference paths send `command()`
-    through redis-py's packing: the same bytes, on the first call of a plan and on a cached one."""
-    from redis.connection import Connection
-
-    for identity in ("first", "second"):
-        checks = [(f"{name}:{identity}", policies) for name, policies in checks]
-        call = prepare_call("rl", checks, 2, charge=True, lease="lease-1")
-        assert call.packed == b"".join(Connection().pack_command(*call.command()))
-        assert len(call.keys) == len(checks) + sum(p.algorithm in ("sliding_window", "concurrency")
-                                                   for _, policies in checks for p in policies)
-
-
 def test_noscript_is_recovered_once_and_a_second_one_is_an_error() -> None:
     """The exchange every transport carries out (ratelimit_app.core.engine.decision_steps), stepped by hand."""
     policies = [small_policy("gcra")]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
+from pathlib import Path
 
 import redis
 
+import ratelimit_app.core
 from ratelimit_app.core.algorithms import SCRIPTED
 from ratelimit_app.core.scripts import (
     ALGORITHM_FILES,
@@ -20,12 +23,30 @@ from ratelimit_app.core.scripts import (
 )
 from ratelimit_app.service.fallback_models import MODELS
 
-# Update deliberately when a script changes (and say why in the commit).
-PINNED_DECIDE_SHA = "c1535061b6f36b0fd0138833d67930dd6cee34df"
+#: The SHA1 of each Lua file that is not an algorithm's (an algorithm's is its registry entry's `sha1`).
+#: Update deliberately when a script changes (and say why in the commit).
+PINNED = {
+    "prelude.lua": "002b3108a4d9b7df3a11ddec6b915aaaeae97a9b",
+    "decide.lua": "faa2538d49544de22160ce75741631ef9fd4bd8a",
+    "cancel.lua": "ae0100ce411fc4ef714929e7c5680034b76431d1",
+    "renew.lua": "c4fe159073bceea098516e9d6247d6455f48c9ef",
+}
 
 
-def test_decide_script_hash_is_pinned(redis_client: redis.Redis) -> None:
-    assert redis_client.script_load(decide_source()) == decide_sha() == PINNED_DECIDE_SHA
+def test_every_lua_file_is_pinned_by_the_registry_or_here() -> None:
+    """A script cannot change unnoticed: each file's digest is pinned, an algorithm's in its registry entry
+    (so a new algorithm is its Lua file, its model and its entry, nothing else)."""
+    pins = {**PINNED, **{algorithm.lua_file: algorithm.sha1 for algorithm in SCRIPTED}}
+    shipped = sorted(path.name for path in (Path(ratelimit_app.core.__file__).parent / "lua").glob("*.lua"))
+    assert shipped == sorted(pins), "every file in core/lua is an algorithm of the registry or pinned in PINNED"
+    for name, pinned in pins.items():
+        found = hashlib.sha1(read_lua(name).encode("utf-8"), usedforsecurity=False).hexdigest()
+        where = "its entry in core/algorithms.py" if name not in PINNED else "PINNED in this test"
+        assert found == pinned, f"{name} changed: if deliberately, set sha1 = {found!r} in {where}"
+
+
+def test_redis_names_the_decision_script_as_the_engine_does(redis_client: redis.Redis) -> None:
+    assert redis_client.script_load(decide_source()) == decide_sha()
 
 
 def test_every_script_documents_its_interface() -> None:
@@ -65,22 +86,26 @@ def test_scripts_read_time_only_from_redis() -> None:
         assert "os.time" not in code and "os.clock" not in code
 
 
-def test_the_engine_and_the_script_agree_on_algorithm_codes() -> None:
-    from ratelimit_app.core.engine import ALGORITHM_CODES
-    from ratelimit_app.core.policies import ALL_ALGORITHMS
-
-    assert set(ALGORITHM_CODES) == set(ALL_ALGORITHMS)
-    header = read_lua(ENTRY_FILE).split("local numbers", 1)[0]
-    for name, code in ALGORITHM_CODES.items():
-        assert f"{code} {name}" in header
+def test_the_entry_script_names_no_algorithm() -> None:
+    """decide.lua dispatches through check(), which scripts.py makes from the registry: adding an algorithm
+    leaves it as it is."""
+    entry = read_lua(ENTRY_FILE)
+    code = "\n".join(line for line in entry.splitlines() if not line.lstrip().startswith("--"))
+    for algorithm in SCRIPTED:
+        assert algorithm.name not in code and f"{algorithm.code} {algorithm.name}" not in entry, algorithm.name
+    assert not re.search(r"code [=~]= \d", code)
 
 
 def test_every_registered_algorithm_has_its_lua_function_and_its_fallback_model() -> None:
     """Adding an algorithm is one Lua file, one fallback model and one registry entry: this is what
     ties them together (and nothing is left over in the fallback)."""
     for algorithm in SCRIPTED:
-        assert re.search(rf"^local function {algorithm.name}\(", read_lua(algorithm.lua_file), re.M), algorithm.name
-    assert set(MODELS) == {algorithm.name for algorithm in SCRIPTED}
+        assert re.search(rf"^local function {algorithm.name}\(", read_lua(algorithm.lua_file), re.M), \
+            f"core/lua/{algorithm.lua_file} must end with local function {algorithm.name}{ALGORITHM_PARAMETERS}"
+        assert algorithm.name in MODELS, \
+            f"service/fallback_models.py has no model of {algorithm.name}: add one under @model({algorithm.name!r})"
+    assert set(MODELS) <= {algorithm.name for algorithm in SCRIPTED}, "a fallback model of no registered algorithm"
     codes = [algorithm.code for algorithm in SCRIPTED]
     letters = [algorithm.letter for algorithm in SCRIPTED]
-    assert len(set(codes)) == len(codes) and len(set(letters)) == len(letters)
+    assert len(set(codes)) == len(codes) and len(set(letters)) == len(letters), "codes and letters are unique"
+    assert all(0 < code < 64 for code in codes), "a code is below the shadow flag (64)"

@@ -12,8 +12,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from ratelimit_app.core.apikeys import hash_key
 from ratelimit_app.models import ApiKey
-from ratelimit_app.plans.apikeys import hash_key
 from ratelimit_app.service.connection import redacted_url
 from tests.support.limits_support import seed_tiers
 

@@ -113,7 +113,8 @@ def test_status_of_an_address_includes_the_anonymous_tier(db: Any, settings: Any
     out, _ = run("ratelimit_status", "ip:198.51.100.20")
     assert "Tier:      free" in out
     # and each tier's own per-IP limit on the address (the seeded tiers set one)
-    assert set(rows(out)) == {"ip", "burst", "minute", "day", "ip@free", "ip@pro", "ip@enterprise"}
+    assert set(rows(out)) == {"ip", "burst", "minute", "day", "ip@free", "ip@pro", "ip@enterprise",
+                              "websocket.connects", "websocket.connections", "websocket_message.messages"}
 
 
 def test_status_of_a_user_uses_the_default_tier(db: Any, django_user_model: Any) -> None:
@@ -148,7 +149,7 @@ def test_reset_with_yes_lets_an_exhausted_key_in_again(free_key: tuple[ApiKey, s
     assert [client.get("/api/users", HTTP_X_API_KEY=key).status_code for _ in range(11)][-1] == 429
     out, _ = run("ratelimit_reset", api_key.prefix, "--yes")
     assert f"key:{api_key.prefix}: tier free: burst, minute, day" in out
-    assert "Reset 3 limit(s)" in out
+    assert "Reset 6 limit(s)" in out  # with the tier's three WebSocket limits
     assert client.get("/api/users", HTTP_X_API_KEY=key).status_code == 200
     assert rows(run("ratelimit_status", api_key.prefix)[0])["burst"][4] == "9/10"
 
@@ -162,7 +163,7 @@ def test_reset_asks_first_and_no_changes_nothing(free_key: tuple[ApiKey, str], c
     assert "Type 'yes' to continue" in out and "Cancelled; nothing was changed." in out
     assert rows(run("ratelimit_status", api_key.prefix)[0])["burst"][4] == "5/10"
     out, _ = run("ratelimit_reset", api_key.prefix, stdin="yes", monkeypatch=monkeypatch)
-    assert "Reset 3 limit(s)" in out
+    assert "Reset 6 limit(s)" in out
     assert rows(run("ratelimit_status", api_key.prefix)[0])["burst"][4] == "10/10"
 
 

@@ -1,4 +1,4 @@
-"""ratelimit_app.management.commands.ratelimit_loadtest: `LoadTestResult.percentile`, `run_load_test`
+"""ratelimit_app.management.commands.ratelimit_loadtest: `_LoadTestResult.percentile`, `_run_load_test`
 (every request sent and answered once, progress reported to the end, statuses in order), and the
 command's checks of its arguments, its header and method options and its warnings, against a live
 demo server."""
@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from devtools.embedded import free_port
-from ratelimit_app.management.commands.ratelimit_loadtest import LoadTestResult, run_load_test
+from ratelimit_app.management.commands.ratelimit_loadtest import _LoadTestResult, _run_load_test
 from ratelimit_app.models import ApiKey, Tier, TierLimit
 
 
@@ -26,8 +26,8 @@ def loadtest(*args: str) -> str:
     return out.getvalue()
 
 
-def result(latencies: tuple[float, ...]) -> LoadTestResult:
-    return LoadTestResult(len(latencies), len(latencies), 1.0, len(latencies), 0, 0, (), latencies, False)
+def result(latencies: tuple[float, ...]) -> _LoadTestResult:
+    return _LoadTestResult(len(latencies), len(latencies), 1.0, len(latencies), 0, 0, (), latencies, False)
 
 
 def test_percentiles_are_nearest_ranks_of_the_answered_requests() -> None:
@@ -47,7 +47,7 @@ def key(transactional_db: Any) -> str:
 
 def test_every_request_is_sent_once_and_progress_is_reported_to_the_end(live_server: Any, key: str) -> None:
     progress: list[tuple[int, int]] = []
-    seen = run_load_test(f"{live_server.url}/api/users?page=1", key=key, header="X-API-Key", requests=9,
+    seen = _run_load_test(f"{live_server.url}/api/users?page=1", key=key, header="X-API-Key", requests=9,
                          concurrency=3, max_seconds=60, timeout=10,
                          progress=lambda done, total: progress.append((done, total)))
     assert (seen.sent, seen.requested, seen.allowed, seen.blocked, seen.errors) == (9, 9, 4, 5, 0)
@@ -81,7 +81,7 @@ def test_a_limiter_refusing_for_want_of_redis_is_pointed_out(live_server: Any, k
 
 
 def test_errors_are_counted_by_name_after_the_status_codes(db: Any) -> None:
-    seen = run_load_test(f"http://127.0.0.1:{free_port()}/", key="k", header="X-API-Key", requests=3,
+    seen = _run_load_test(f"http://127.0.0.1:{free_port()}/", key="k", header="X-API-Key", requests=3,
                          concurrency=1, max_seconds=60, timeout=5)
     assert seen.statuses == (("ConnectionRefusedError", 3),) and seen.errors == 3 and seen.latencies_ms == ()
     assert math.isnan(seen.percentile(0.5))

@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError, OutputWrapper
 
 from devtools.embedded import free_port
-from ratelimit_app.management.commands.ratelimit_metrics import rate, section, table
+from ratelimit_app.management.commands.ratelimit_metrics import _rate, _section, _table
 from ratelimit_app.observability.schema import HOUR, day_key, hour_key, shadow_day_key
 
 
@@ -28,22 +28,22 @@ def metrics(*args: str) -> str:
 def test_table_aligns_text_left_and_numbers_right() -> None:
     rows: list[tuple[str, ...]] = [("tier", "allowed", "blocked"),
                                    ("enterprise", "1,234", "5"), ("free", "7", "12,345")]
-    assert table(rows) == ["tier        allowed  blocked",
+    assert _table(rows) == ["tier        allowed  blocked",
                            "enterprise    1,234        5",
                            "free              7   12,345"]
-    assert table([("a", "b", "c"), ("long", "x", "1")], numeric_from=2) == ["a     b  c", "long  x  1"]
+    assert _table([("a", "b", "c"), ("long", "x", "1")], numeric_from=2) == ["a     b  c", "long  x  1"]
 
 
 def test_section_writes_its_rows_or_only_its_empty_title() -> None:
     text = io.StringIO()
     out = OutputWrapper(text)  # a command's stdout
-    section(out, "Per tier:", "Per tier: no traffic", ("tier", "n"), [("free", "3")])
-    section(out, "Per policy:", "Per policy: nothing blocked", ("policy", "n"), [])
+    _section(out, "Per tier:", "Per tier: no traffic", ("tier", "n"), [("free", "3")])
+    _section(out, "Per policy:", "Per policy: nothing blocked", ("policy", "n"), [])
     assert text.getvalue().splitlines() == ["Per tier:", "  tier  n", "  free  3", "Per policy: nothing blocked"]
 
 
 def test_rate_is_a_percentage_with_one_decimal_or_a_dash_without_traffic() -> None:
-    assert [rate(1, 3), rate(0, 5), rate(5, 5), rate(0, 0)] == ["33.3%", "0.0%", "100.0%", "-"]
+    assert [_rate(1, 3), _rate(0, 5), _rate(5, 5), _rate(0, 0)] == ["33.3%", "0.0%", "100.0%", "-"]
 
 
 def test_nothing_stored_reads_as_no_traffic() -> None:

@@ -50,8 +50,8 @@ def test_the_other_server_serves_the_client_again_within_a_second_of_the_reset(
     out = io.StringIO()
     call_command("ratelimit_reset", "ip:127.0.0.1", "--yes", stdout=out)
     reset_at = time.monotonic()
-    # the per-IP limit, the free tier's 3 and the seeded tiers' own per-IP limits on the address
-    assert "Reset 7 limit(s)" in out.getvalue()
+    # the per-IP limit, the free tier's 3 and its 3 WebSocket limits, the seeded tiers' own per-IP limits
+    assert "Reset 10 limit(s)" in out.getvalue()
     statuses = []
     while time.monotonic() - reset_at < 5:
         statuses.append(http_get(port, "/api/users"))

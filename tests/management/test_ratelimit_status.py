@@ -13,11 +13,11 @@ from django.core.management import call_command
 
 from ratelimit_app import Policy
 from ratelimit_app.management.commands.ratelimit_status import (
-    ALLOW_LISTED,
-    DENY_LISTED,
-    describe,
-    listing,
-    seconds,
+    _ALLOW_LISTED,
+    _DENY_LISTED,
+    _describe,
+    _listing,
+    _seconds,
 )
 from ratelimit_app.models import ApiKey, ClientRule, TierLimit
 from ratelimit_app.service.limiter import get_limiter
@@ -35,30 +35,30 @@ def status(target: str) -> str:
     (245.9, "4m 05s"), (3599.0, "59m 59s"), (3600.0, "1h 00m"), (38_160.0, "10h 36m"), (90_061.0, "25h 01m"),
 ])
 def test_seconds_reads_as_a_person_would_say_it(value: float | None, shown: str) -> None:
-    assert seconds(value) == shown
+    assert _seconds(value) == shown
 
 
 def test_describe_shows_the_rate_its_burst_a_calendar_and_shadow() -> None:
-    assert describe(Policy("minute", "sliding_window", limit=20, period=60)) == "20/m"
-    assert describe(Policy("burst", "token_bucket", limit=20, period=60, burst=10)) == "20/m burst 10"
-    assert describe(Policy("slow", "gcra", limit=5, period=600, shadow=True)) == "5/10m shadow"
+    assert _describe(Policy("minute", "sliding_window", limit=20, period=60)) == "20/m"
+    assert _describe(Policy("burst", "token_bucket", limit=20, period=60, burst=10)) == "20/m burst 10"
+    assert _describe(Policy("slow", "gcra", limit=5, period=600, shadow=True)) == "5/10m shadow"
     month = Policy("month", "fixed_window", limit=1000, period=2678400, calendar="month", time_zone="Europe/Paris",
                    shadow=True)
-    assert describe(month) == "1000/calendar-month@Europe/Paris shadow"
+    assert _describe(month) == "1000/calendar-month@Europe/Paris shadow"
 
 
 @pytest.mark.django_db
 def test_listing_names_the_rule_of_a_key_or_of_an_addresss_network() -> None:
     key = make_key(make_tier("listed", [("minute", "fixed_window", 5, 60, None, "")]))
     api_key = ApiKey.objects.get(prefix=key.partition(".")[0])
-    assert listing(f"key:{api_key.prefix}") is None and listing("ip:192.0.2.7") is None
+    assert _listing(f"key:{api_key.prefix}") is None and _listing("ip:192.0.2.7") is None
     ClientRule.objects.create(action="allow", api_key=api_key)
     ClientRule.objects.create(action="deny", network="192.0.2.0/24")
-    assert listing(f"key:{api_key.prefix}") == ALLOW_LISTED
-    assert listing("ip:192.0.2.7") == DENY_LISTED and listing("ip:198.51.100.1") is None
-    assert listing("ip:192.0.2.0/24") is None  # a network target: no one address to look up
-    assert listing("user:5") is None
-    assert f"Rule:      {ALLOW_LISTED}" in status(api_key.prefix)
+    assert _listing(f"key:{api_key.prefix}") == _ALLOW_LISTED
+    assert _listing("ip:192.0.2.7") == _DENY_LISTED and _listing("ip:198.51.100.1") is None
+    assert _listing("ip:192.0.2.0/24") is None  # a network target: no one address to look up
+    assert _listing("user:5") is None
+    assert f"Rule:      {_ALLOW_LISTED}" in status(api_key.prefix)
 
 
 @pytest.mark.django_db

@@ -8,17 +8,21 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 from django.http import HttpRequest
 from django.test import RequestFactory
 from django.urls import path
 from ninja import NinjaAPI
 from ninja.security import APIKeyHeader
 
+from devtools.embedded import RedisProcess
+from ratelimit_app.apply.routes import ResolvedView, resolve_view
 from ratelimit_app.decorators import limit_cost, ratelimit
 from ratelimit_app.ninja import AnonRateThrottle, TierRateThrottle
-from ratelimit_app.ninja.operations import find_view, operation_for
+from ratelimit_app.ninja.operations import operation_for
 
 from ..support.limits_support import make_key, make_tier, parse_ietf
+from ..support.topology import command_calls
 
 pytestmark = pytest.mark.urls(__name__)
 
@@ -104,6 +108,20 @@ def test_a_throttled_operation_is_charged_once_with_the_middlewares_limits(clien
     assert responses[2].json() == {"detail": "Too many requests."}
 
 
+def test_the_tier_and_a_drop_in_under_the_middleware_cost_one_call_per_request(client: Any, key: str,
+                                                                                settings: Any,
+                                                                                server: RedisProcess) -> None:
+    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url}
+    counter = redis.Redis(port=server.port)
+    try:
+        assert client.get("/api/ninja/tier", HTTP_X_API_KEY=key).status_code == 200  # loads the script
+        before = command_calls(counter, "evalsha")
+        assert client.get("/api/ninja/tier", HTTP_X_API_KEY=key).status_code == 200
+        assert command_calls(counter, "evalsha") - before == 1  # per-IP, tier and AnonRateThrottle: one call
+    finally:
+        counter.close()
+
+
 def test_the_request_limits_refusal_comes_from_the_throttles(client: Any, key: str) -> None:
     refused = client.get("/api/ninja/throttled")  # no key and no ANONYMOUS_TIER
     assert refused.status_code == 401 and refused.json() == {"error": "API key required"}
@@ -147,8 +165,11 @@ def test_ninjas_docs_and_schema_left_unlimited_with_exempt_paths(client: Any, se
 
 def test_only_ninja_views_are_resolved() -> None:
     request = RequestFactory().get("/")
-    assert find_view(plain, request) is None and operation_for(plain, request) is None
+    assert resolve_view(plain, request) == ResolvedView(plain, False) and operation_for(plain, request) is None
     match = __import__("django.urls", fromlist=["resolve"]).resolve("/api/ninja/item")
+    assert resolve_view(match.func, request) == ResolvedView(read_item, False)
+    throttled_view = __import__("django.urls", fromlist=["resolve"]).resolve("/api/ninja/throttled").func
+    assert resolve_view(throttled_view, request) == ResolvedView(throttled, True)  # our throttles decide
     assert operation_for(match.func, request).view_func is read_item  # type: ignore[union-attr]
     assert operation_for(match.func, RequestFactory().post("/")).view_func is write_item  # type: ignore[union-attr]
     assert operation_for(match.func, RequestFactory().delete("/")) is None  # Ninja answers 405

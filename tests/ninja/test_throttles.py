@@ -22,6 +22,8 @@ from ninja import NinjaAPI, Router
 from ninja.security import APIKeyHeader, django_auth
 
 from ratelimit_app.ninja import AnonRateThrottle, AuthRateThrottle, TierRateThrottle, UserRateThrottle
+from ratelimit_app.ninja.throttles import _in_sync_code
+from ratelimit_app.plans.lookups import require_io
 from ratelimit_app.service.limiter_async import get_async_limiter
 
 from ..support.limits_support import make_key, make_tier, parse_ietf, record_planning_threads
@@ -337,3 +339,30 @@ def test_tier_throttle_gives_the_authenticated_users_tier(client: Any, django_us
     responses = [client.get("/tiered/session") for _ in range(2)]
     assert all(r.status_code == 200 for r in responses)
     assert responses[0]["X-RateLimit-Tier"] == "free"  # RATELIMIT['DEFAULT_USER_TIER']
+
+
+def test_in_sync_code_runs_in_place_unless_it_needs_io_on_an_event_loop() -> None:
+    def where() -> str:
+        return threading.current_thread().name
+
+    def needs_io() -> str:
+        require_io()  # what a cold lookup does under local_only()
+        return threading.current_thread().name
+
+    here = threading.current_thread().name
+    assert _in_sync_code(where) == here and _in_sync_code(needs_io) == here  # off a loop: as it is
+
+    async def on_a_loop() -> tuple[str, str]:
+        return _in_sync_code(where), _in_sync_code(needs_io)
+
+    assert asyncio.run(on_a_loop()) == (here, "ratelimit-sync-decision")
+
+    def fails() -> str:
+        require_io()
+        raise ValueError("raised in the thread")
+
+    async def failing() -> str:
+        return _in_sync_code(fails)
+
+    with pytest.raises(ValueError, match="raised in the thread"):
+        asyncio.run(failing())

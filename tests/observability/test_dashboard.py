@@ -17,8 +17,8 @@ from django.urls import reverse
 
 from devtools.embedded import free_port
 from ratelimit_app.models import ApiKey, Tier
-from ratelimit_app.observability.dashboard import build_chart
-from ratelimit_app.observability.queries import HourMetrics
+from ratelimit_app.observability.dashboard import _build_chart, _days
+from ratelimit_app.observability.queries import HourMetrics, MetricsRange
 from ratelimit_app.observability.recorder import flush, record_decision
 
 pytestmark = pytest.mark.django_db
@@ -149,9 +149,9 @@ def hour(index: int, allowed: int, blocked: int) -> HourMetrics:
 
 
 def test_chart_bars_are_proportional_to_the_counts() -> None:
-    chart = build_chart([hour(0, 30, 10), hour(1, 0, 0), hour(2, 75, 0)])
+    chart = _build_chart([hour(0, 30, 10), hour(1, 0, 0), hour(2, 75, 0)])
     first, empty, third = chart.bars
-    assert chart.max_value >= 75 and chart.y_ticks[0].text == "0" and chart.y_ticks[-1].text == f"{chart.max_value:,}"
+    assert chart.max_value >= 75 and chart.y_ticks[0][1] == "0" and chart.y_ticks[-1][1] == f"{chart.max_value:,}"
     assert first.allowed_height == pytest.approx(3 * first.blocked_height, rel=0.01)
     assert third.allowed_height == pytest.approx(75 / 30 * first.allowed_height, rel=0.01)
     assert empty.allowed_height == empty.blocked_height == 0
@@ -159,8 +159,17 @@ def test_chart_bars_are_proportional_to_the_counts() -> None:
     assert first.blocked_y + first.blocked_height == pytest.approx(first.allowed_y)
     assert first.allowed_y + first.allowed_height == pytest.approx(chart.bottom)
     assert first.x < empty.x < third.x
-    assert [t.text for t in chart.x_ticks] == ["Jan 01"]
+    assert [text for _, text in chart.x_ticks] == ["Jan 01"]
 
+
+
+@pytest.mark.parametrize(("hours", "shown"), [(1, "Jan 01"), (24, "Jan 01"), (25, "Jan 01 \N{EN DASH} Jan 02"),
+                                              (744, "Jan 01 \N{EN DASH} Jan 31")])
+def test_the_top_lists_name_the_utc_days_they_sum(hours: int, shown: str) -> None:
+    start = hour(0, 0, 0).hour
+    summary = MetricsRange(allowed=0, blocked=0, start=start, end=start + timedelta(hours=hours - 1), hours=(),
+                           degraded=0, degraded_blocked=0, tiers=(), policies=(), top_blocked=())
+    assert _days(summary) == shown
 
 @pytest.mark.parametrize(("required", "outcome"), [(False, "1 skipped"), (True, "1 failed")])
 def test_without_chromium_the_browser_test_is_skipped_with_its_reason_unless_required(

@@ -18,7 +18,7 @@ DAY = HOUR // 24
 def test_add_identity_counts_known_identities_and_refuses_new_ones_past_the_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(pending, "MAX_PENDING_IDENTITIES", 2)
+    monkeypatch.setattr(pending, "_MAX_PENDING_IDENTITIES", 2)
     counts: dict[tuple[int, str], int] = {}
     assert add_identity(counts, (DAY, "ip:1")) and add_identity(counts, (DAY, "ip:2"), 5)
     assert not add_identity(counts, (DAY, "ip:3"))

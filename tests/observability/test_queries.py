@@ -1,6 +1,6 @@
 """ratelimit_app.observability.queries: what `get_metrics`, `get_metrics_range` and `recent_metrics` read back
 from Redis (hours in UTC whatever the datetime's zone, sums and orderings, the top identities of the days
-a range touches, what is not part of `total`), their limits, and `days_of`."""
+a range touches, what is not part of `total`), and their limits."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import redis
 
 from ratelimit_app.observability.queries import (
     MAX_RANGE_HOURS,
-    days_of,
     get_metrics,
     get_metrics_range,
     recent_metrics,
@@ -67,7 +66,6 @@ def test_the_top_identities_sum_the_days_the_range_touches(stored: None, setting
     assert [(b.identity, b.blocked) for b in both_days.top_shadow_blocked] == [("ip:192.0.2.9", 6)]
     first_day = get_metrics_range(START, START + timedelta(hours=1))
     assert [(b.identity, b.blocked) for b in first_day.top_blocked] == [("ip:192.0.2.1", 2), ("key:aaaa1111", 1)]
-    assert days_of(both_days) == (date(2026, 3, 9), date(2026, 3, 10)) and days_of(first_day) == (date(2026, 3, 9),)
     settings.RATELIMIT = {**settings.RATELIMIT, "TOP_BLOCKED": 1}
     assert [b.identity for b in get_metrics_range(START, START + timedelta(hours=2)).top_blocked] == ["key:aaaa1111"]
 

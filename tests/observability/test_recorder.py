@@ -206,7 +206,7 @@ def test_counts_survive_a_redis_outage_and_land_once_it_is_back(settings: Any, c
 
 
 def test_memory_is_bounded_while_redis_is_down(settings: Any, monkeypatch: Any) -> None:
-    monkeypatch.setattr(pending, "MAX_PENDING_IDENTITIES", 5)
+    monkeypatch.setattr(pending, "_MAX_PENDING_IDENTITIES", 5)
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
                           "METRICS_FLUSH_INTERVAL": 3600.0}
     dropped_before = process_metrics().dropped

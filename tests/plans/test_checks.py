@@ -68,6 +68,21 @@ def test_each_bad_row_is_named_with_what_is_wrong(django_user_model: Any) -> Non
     assert by_id[f"client rule {rule.pk}"].hint == "The rule is ignored until it is fixed in the admin."
 
 
+@pytest.mark.parametrize(("values", "problem"), [
+    ({"algorithm": "leaky"}, "not a valid choice"),
+    ({"algorithm": "Token_Bucket"}, "not a valid choice"),
+    ({"algorithm": "fixed_window", "burst": 5}, "take a burst"),
+])
+def test_an_algorithm_outside_the_registry_or_a_burst_it_cannot_take_is_named(values: dict[str, Any],
+                                                                            problem: str) -> None:
+    """The database leaves the algorithm to the registry (a new algorithm needs no migration): the check
+    names a row written around the admin."""
+    tier = make_tier("odd", [("minute", "token_bucket", 10, 60, None, "")])
+    TierLimit.objects.filter(tier=tier).update(**values)
+    [error] = errors()
+    assert error.id == "ratelimit.E031" and problem in error.msg
+
+
 def test_an_error_of_no_one_field_is_shown_without_a_label() -> None:
     tier = make_tier("elsewhere", [("day", "fixed_window", 5, 86400, None, "")])
     TierLimit.objects.filter(tier=tier).update(calendar="day")

@@ -171,6 +171,17 @@ def test_a_limit_that_cannot_become_a_policy_is_skipped_alone_and_logged_once(ca
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("values", [{"algorithm": "leaky"}, {"algorithm": "fixed_window", "burst": 5}])
+def test_a_limit_of_an_algorithm_outside_the_registry_or_with_a_burst_it_cannot_take_is_skipped_alone(
+        values: dict[str, Any]) -> None:
+    make_tier("t", [("minute", "sliding_window", 5, 60, None, ""), ("odd", "token_bucket", 5, 60, None, "")])
+    TierLimit.objects.filter(tier__slug="t", name="odd").update(**values)
+    invalidate()  # update() bypasses the signals
+    tier = get_lookups().tier("t")
+    assert tier is not None and [p.name for p in tier.policies] == ["minute"]
+
+
+@pytest.mark.django_db
 def test_a_calendar_quota_in_a_tier_with_an_unknown_time_zone_is_skipped_alone() -> None:
     tier = make_tier("t", [("minute", "sliding_window", 5, 60, None, ""), ("day", "fixed_window", 9, 86400, None, "")])
     TierLimit.objects.filter(tier=tier, name="day").update(calendar="day")

@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 
 from devtools.embedded import RedisProcess
 from ratelimit_app import Policy
+from ratelimit_app.core.apikeys import generate_key
 from ratelimit_app.models import ApiKey, Tier, TierLimit, UserTier
-from ratelimit_app.plans.apikeys import generate_key
 from ratelimit_app.plans.lookups import KeyInfo, build_lookups, get_lookups, invalidate
 from ratelimit_app.service.bounded import bounded_calls
 from tests.support.limits_support import make_key, make_tier, poll, seed_tiers
@@ -152,9 +152,9 @@ def test_user_tier_assignment(django_user_model: Any) -> None:
     seed_tiers()
     user = django_user_model.objects.create_user("u", password="x")
     lookups = get_lookups()
-    assert lookups.user_tier_slug(user.pk) is None
+    assert lookups.user_plan(user.pk)[0] is None
     UserTier.objects.create(user=user, tier=Tier.objects.get(slug="pro"))
-    assert lookups.user_tier_slug(user.pk) == "pro"
+    assert lookups.user_plan(user.pk)[0] == "pro"
 
 
 def test_unknown_tier_is_none_and_cached() -> None:

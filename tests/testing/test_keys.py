@@ -8,8 +8,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from ratelimit_app.core.apikeys import parse_key
 from ratelimit_app.models import ApiKey
-from ratelimit_app.plans.apikeys import parse_key
 from ratelimit_app.testing import IsolatedRateLimit, assert_not_limited, make_api_key
 
 pytestmark = pytest.mark.django_db

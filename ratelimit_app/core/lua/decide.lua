@@ -1,6 +1,6 @@
 -- decide: one all-or-nothing decision over several policies. Every policy is checked first; only when
 -- all of them allow is the request charged to all of them. A denied request writes nothing.
--- This header is the contract between the engine (ratelimit_app/core/engine.py) and the script: its
+-- This header is the contract between the engine (ratelimit_app/core/wire.py) and the script: its
 -- arguments, the state it keeps, what each algorithm function is given and returns, and its reply.
 -- scripts.py assembles the script: prelude.lua, the kinds of policy this file treats apart (constants
 -- named by the registry of algorithms, ratelimit_app/core/algorithms.py: SLOTS_CODE, the requests in
@@ -18,11 +18,9 @@
 --                  shift  ms added to Redis TIME: 0, except in tests, whose clock it moves (the test
 --                         kit's `advance`; engine.prepare_call)
 --                then each policy i (n of them, n >= 1), struct '>i8i8i8i8BBc0':
---                  code   its algorithm: 1 token_bucket, 2 sliding_window, 3 fixed_window, 4 gcra,
---                         5 sliding_window_counter, 6 concurrency, 32 calendar_window
---                         (engine.ALGORITHM_CODES and engine.CALENDAR_CODE, checked by
---                         tests/core/test_scripts.py); plus 64 for a shadow policy
---                         (engine.SHADOW_FLAG): it is checked like the others and never refuses the
+--                  code   its algorithm's code in the registry (core/algorithms.py, which this file
+--                         never names: a new algorithm leaves it as it is); plus 64 for a shadow
+--                         policy (wire.SHADOW_FLAG): it is checked like the others and never refuses the
 --                         call; it is charged when the call is charged and it allows, and not when it
 --                         would have refused, so its count stays what it would be if it were enforced
 --                  limit, period, extra   the policy's numbers (integers), as its algorithm's file
@@ -32,7 +30,7 @@
 --                         tests), or 0
 --                  j      its identity (1 <= j <= m)
 --                  tag    its length, then its bytes: the letter of its algorithm and the policy's
---                         name (engine.KEY_LETTERS), unique among the policies of one identity
+--                         name (keys.KEY_LETTERS), unique among the policies of one identity
 -- ARGV[2]        the lease token of this request, only when it charges a concurrency policy: the
 --                member its slot is held under, which the app server removes when the response ends
 -- KEYS[j]        the state key of identity j (1 <= j <= m), "<prefix>:{<digest>}": its entries (State)

@@ -1,17 +1,5 @@
-"""What `ratelimit_status` and `ratelimit_reset` act on: an identity and the policies that limit it.
-
-An argument names one of:
-- an API key by its prefix ("AbCd1234" or "key:AbCd1234"; a full key is accepted and only its prefix
-  is used or shown): the key's tier limits, identity `key:<prefix>`;
-- a user ("user:5"): the user's tier (or RATELIMIT['DEFAULT_USER_TIER']), identity `user:<pk>`;
-- a client address ("ip:203.0.113.7", "ip:2001:db8::1" grouped by IPV6_PREFIX, or a network
-  "ip:2001:db8::/64"): the default per-IP limit (policy "ip", from IP_RATE / IP_ALGORITHM) and, when
-  RATELIMIT['ANONYMOUS_TIER'] is set, that tier's limits, identity `ip:<address or network>`; and the
-  per-IP limit of each tier that sets its own, identity `ip:<address or network>@<tier>`.
-
-A tier's limits are all of them: the unscoped ones and those of every scope, with the key's or user's
-own limits (overrides) applied: the effective set the middleware enforces.
-"""
+"""What `ratelimit_status` and `ratelimit_reset` act on: an API key prefix, `user:<id>` or `ip:<address or
+network>`, and the effective policies that limit it (docs/observability.md, "Commands for operators")."""
 
 from __future__ import annotations
 
@@ -22,11 +10,10 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
 from ratelimit_app.apply.identity import ip_identity
-from ratelimit_app.apply.limiting import limit_config
-from ratelimit_app.apply.planning import tier_ip_identity
+from ratelimit_app.apply.planning import limit_config, tier_ip_identity
 from ratelimit_app.conf.settings import ratelimit_settings
+from ratelimit_app.core.apikeys import PREFIX_LENGTH, parse_key
 from ratelimit_app.core.policies import Policy
-from ratelimit_app.plans.apikeys import PREFIX_LENGTH, parse_key
 from ratelimit_app.plans.compile import TierInfo
 from ratelimit_app.plans.lookups import get_lookups
 

@@ -1,8 +1,5 @@
-"""`manage.py create_api_key NAME --tier SLUG [--expires WHEN] [--owner USERNAME]`.
-
-Creates an API key and prints it alone on the last line of the output (so `... | tail -n 1` captures
-it). The key is shown this once; the database keeps its prefix and hash only.
-"""
+"""`manage.py create_api_key NAME --tier SLUG [--expires WHEN] [--owner USERNAME]`: the key is printed once,
+alone on the last line; the database keeps its prefix and hash only."""
 
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ _RELATIVE = re.compile(r"^(\d+)([mhdw])$")
 _UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
-def parse_expiry(text: str) -> datetime:
+def _parse_expiry(text: str) -> datetime:
     """An expiry from "30d" / "12h" / "90m" / "2w" (from now), an ISO date (midnight UTC) or datetime."""
     value = text.strip()
     match = _RELATIVE.match(value.lower())
@@ -57,7 +54,7 @@ class Command(BaseCommand):
         if tier is None:
             known = ", ".join(Tier.objects.values_list("slug", flat=True)) or "none (run migrate)"
             raise CommandError(f"--tier: no tier {options['tier']!r}; known tiers: {known}")
-        expires = parse_expiry(options["expires"]) if options["expires"] else None
+        expires = _parse_expiry(options["expires"]) if options["expires"] else None
         owner = None
         if options["owner"]:
             user_model = get_user_model()

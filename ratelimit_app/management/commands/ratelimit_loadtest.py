@@ -1,11 +1,5 @@
-"""`manage.py ratelimit_loadtest URL --key KEY [--requests N] [--concurrency C] [--max-seconds S]`.
-
-Sends N requests (default 100, at most 100,000) with the API key from C threads (default 10, at most
-256), each keeping one HTTP/1.1 connection alive (stdlib http.client). While it runs, a progress bar
-goes to stderr; then it prints allowed (2xx), blocked (429), errors (any other status, or no answer),
-the count of each status code and latency percentiles. Bounded in time: after --max-seconds (default
-60, at most 3600) no new request starts. The key is shown as its prefix only.
-"""
+"""`manage.py ratelimit_loadtest URL --key KEY ...`: load-test a deployment with one API key from C threads,
+each on one kept-alive connection; allowed, blocked, errors, status codes and latency (docs/observability.md)."""
 
 from __future__ import annotations
 
@@ -23,14 +17,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.core.logs import mask_key
 
-MAX_REQUESTS = 100_000
-MAX_CONCURRENCY = 256
-MAX_SECONDS = 3600.0
-BAR_WIDTH = 30
+_MAX_REQUESTS = 100_000
+_MAX_CONCURRENCY = 256
+_MAX_SECONDS = 3600.0
+_BAR_WIDTH = 30
 
 
 @dataclass(frozen=True)
-class LoadTestResult:
+class _LoadTestResult:
     """What a load test saw. `statuses` maps an HTTP status (or an error name) to its count."""
 
     sent: int
@@ -82,8 +76,8 @@ class _Run:
                 self.latencies.append(latency_ms)
 
 
-def run_load_test(url: str, *, key: str, header: str, requests: int, concurrency: int, max_seconds: float,
-                  timeout: float, method: str = "GET", progress: Any = None) -> LoadTestResult:
+def _run_load_test(url: str, *, key: str, header: str, requests: int, concurrency: int, max_seconds: float,
+                   timeout: float, method: str = "GET", progress: Any = None) -> _LoadTestResult:
     """Send the requests (see the module docstring); `progress(done, total)` is called about 10 times a
     second from the calling thread."""
     parts = urlsplit(url)
@@ -108,7 +102,7 @@ def run_load_test(url: str, *, key: str, header: str, requests: int, concurrency
     elapsed = time.monotonic() - started
     allowed = sum(n for status, n in run.statuses.items() if status.isdigit() and 200 <= int(status) < 300)
     blocked = run.statuses.get("429", 0)
-    return LoadTestResult(
+    return _LoadTestResult(
         sent=run.done, requested=requests, seconds=elapsed, allowed=allowed, blocked=blocked,
         errors=run.done - allowed - blocked,
         statuses=tuple(sorted(run.statuses.items(), key=lambda item: (not item[0].isdigit(), item[0]))),
@@ -148,11 +142,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("url", help="The URL to request, for example https://api.example.com/api/users.")
         parser.add_argument("--key", required=True, help="The API key to send.")
-        parser.add_argument("--requests", type=int, default=100, help=f"Requests to send (1-{MAX_REQUESTS:,}).")
+        parser.add_argument("--requests", type=int, default=100, help=f"Requests to send (1-{_MAX_REQUESTS:,}).")
         parser.add_argument("--concurrency", type=int, default=10,
-                            help=f"Parallel connections (1-{MAX_CONCURRENCY}).")
+                            help=f"Parallel connections (1-{_MAX_CONCURRENCY}).")
         parser.add_argument("--max-seconds", type=float, default=60.0,
-                            help=f"Start no request after this many seconds (at most {MAX_SECONDS:g}).")
+                            help=f"Start no request after this many seconds (at most {_MAX_SECONDS:g}).")
         parser.add_argument("--timeout", type=float, default=10.0, help="Seconds to wait for one answer.")
         parser.add_argument("--method", default="GET", choices=["GET", "POST", "HEAD"], help="HTTP method.")
         parser.add_argument("--header", default=None,
@@ -162,12 +156,12 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         requests, concurrency = options["requests"], options["concurrency"]
         max_seconds, timeout = options["max_seconds"], options["timeout"]
-        if not 1 <= requests <= MAX_REQUESTS:
-            raise CommandError(f"--requests: {requests} must be from 1 to {MAX_REQUESTS:,}")
-        if not 1 <= concurrency <= MAX_CONCURRENCY:
-            raise CommandError(f"--concurrency: {concurrency} must be from 1 to {MAX_CONCURRENCY}")
-        if not 0 < max_seconds <= MAX_SECONDS:
-            raise CommandError(f"--max-seconds: {max_seconds:g} must be more than 0 and at most {MAX_SECONDS:g}")
+        if not 1 <= requests <= _MAX_REQUESTS:
+            raise CommandError(f"--requests: {requests} must be from 1 to {_MAX_REQUESTS:,}")
+        if not 1 <= concurrency <= _MAX_CONCURRENCY:
+            raise CommandError(f"--concurrency: {concurrency} must be from 1 to {_MAX_CONCURRENCY}")
+        if not 0 < max_seconds <= _MAX_SECONDS:
+            raise CommandError(f"--max-seconds: {max_seconds:g} must be more than 0 and at most {_MAX_SECONDS:g}")
         if not 0 < timeout <= 300:
             raise CommandError(f"--timeout: {timeout:g} must be more than 0 and at most 300")
         key = options["key"]
@@ -178,7 +172,7 @@ class Command(BaseCommand):
         self.stdout.write(f"{options['method']} {options['url']} x {requests:,} with key {mask_key(key)} "
                           f"({header}), {concurrency} connection(s), at most {max_seconds:g} s")
         try:
-            result = run_load_test(
+            result = _run_load_test(
                 options["url"], key=key, header=header, requests=requests, concurrency=concurrency,
                 max_seconds=max_seconds, timeout=timeout, method=options["method"],
                 progress=None if options["no_progress"] else self._draw_progress,
@@ -190,12 +184,12 @@ class Command(BaseCommand):
         self._report(result)
 
     def _draw_progress(self, done: int, total: int) -> None:
-        filled = int(BAR_WIDTH * done / total) if total else BAR_WIDTH
-        bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+        filled = int(_BAR_WIDTH * done / total) if total else _BAR_WIDTH
+        bar = "#" * filled + "-" * (_BAR_WIDTH - filled)
         self.stderr.write(f"\r[{bar}] {done:,}/{total:,} ({done * 100 // max(total, 1)}%)", ending="")
         self.stderr.flush()
 
-    def _report(self, result: LoadTestResult) -> None:
+    def _report(self, result: _LoadTestResult) -> None:
         out = self.stdout
         rate = result.sent / result.seconds if result.seconds > 0 else 0.0
         out.write(f"Sent {result.sent:,} of {result.requested:,} requests in {result.seconds:.2f} s "

@@ -1,9 +1,4 @@
-"""`manage.py ratelimit_metrics [--hours N] [--json]`: the dashboard's numbers in the terminal.
-
-Per hour (UTC): total, allowed, blocked, block rate and degraded decisions; then the range's totals,
-the per-tier and per-policy breakdowns and the top blocked identities. Read from Redis, so it covers
-every app server (up to one flush interval behind).
-"""
+"""`manage.py ratelimit_metrics [--hours N] [--json]`: the dashboard's numbers in the terminal."""
 
 from __future__ import annotations
 
@@ -20,14 +15,14 @@ from ratelimit_app.models import ApiKey
 from ratelimit_app.observability.queries import MAX_RANGE_HOURS, BlockedIdentity, MetricsRange, recent_metrics
 
 
-def table(rows: list[tuple[str, ...]], numeric_from: int = 1) -> list[str]:
+def _table(rows: list[tuple[str, ...]], numeric_from: int = 1) -> list[str]:
     """Rows as aligned text lines; columns from `numeric_from` on are right-aligned."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.rjust(w) if i >= numeric_from else cell.ljust(w)
                       for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in rows]
 
 
-def identity_rows(top: tuple[BlockedIdentity, ...]) -> list[tuple[str, ...]]:
+def _identity_rows(top: tuple[BlockedIdentity, ...]) -> list[tuple[str, ...]]:
     """(identity, count) rows; an API key ("key:<prefix>") that still exists is followed by its name."""
     prefixes = [item.identity[4:] for item in top if item.identity.startswith("key:")]
     try:
@@ -38,14 +33,15 @@ def identity_rows(top: tuple[BlockedIdentity, ...]) -> list[tuple[str, ...]]:
              and item.identity.startswith("key:") else item.identity, f"{item.blocked:,}") for item in top]
 
 
-def section(out: Any, title: str, empty_title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+def _section(out: Any, title: str, empty_title: str, header: tuple[str, ...], rows: list[tuple[str, ...]],
+             numeric_from: int = 1) -> None:
     """Write one titled table to `out` (a command's stdout), or only `empty_title` when it has no rows."""
     out.write(title if rows else empty_title)
-    for line in table([header, *rows]) if rows else ():
+    for line in _table([header, *rows], numeric_from) if rows else ():
         out.write("  " + line)
 
 
-def rate(blocked: int, total: int) -> str:
+def _rate(blocked: int, total: int) -> str:
     return f"{blocked / total * 100:.1f}%" if total else "-"
 
 
@@ -81,32 +77,26 @@ class Command(BaseCommand):
         rows: list[tuple[str, ...]] = [("hour (UTC)", "total", "allowed", "blocked", "block rate", "degraded")]
         for h in summary.hours:
             rows.append((f"{h.hour:%Y-%m-%d %H:00}", f"{h.total:,}", f"{h.allowed:,}", f"{h.blocked:,}",
-                         rate(h.blocked, h.total), f"{h.degraded:,}"))
+                         _rate(h.blocked, h.total), f"{h.degraded:,}"))
         rows.append(("total", f"{summary.total:,}", f"{summary.allowed:,}", f"{summary.blocked:,}",
-                     rate(summary.blocked, summary.total), f"{summary.degraded:,}"))
-        for line in table(rows):
+                     _rate(summary.blocked, summary.total), f"{summary.degraded:,}"))
+        for line in _table(rows):
             out.write(line)
         out.write("")
-        section(out, "Per tier:", "Per tier: no traffic", ("tier", "allowed", "blocked", "block rate"),
-                [(t.tier, f"{t.allowed:,}", f"{t.blocked:,}", rate(t.blocked, t.total)) for t in summary.tiers])
-        section(out, "Blocked by policy:", "Blocked by policy: nothing blocked", ("policy", "blocked"),
+        _section(out, "Per tier:", "Per tier: no traffic", ("tier", "allowed", "blocked", "block rate"),
+                [(t.tier, f"{t.allowed:,}", f"{t.blocked:,}", _rate(t.blocked, t.total)) for t in summary.tiers])
+        _section(out, "Blocked by policy:", "Blocked by policy: nothing blocked", ("policy", "blocked"),
                 [(p.policy, f"{p.blocked:,}") for p in summary.policies])
-        section(out, "Top blocked (UTC days of the range):", "Top blocked: nothing blocked", ("identity", "blocked"),
-                identity_rows(summary.top_blocked))
+        _section(out, "Top blocked (UTC days of the range):", "Top blocked: nothing blocked", ("identity", "blocked"),
+                _identity_rows(summary.top_blocked))
         if summary.degraded:
             out.write(f"Degraded decisions (made without Redis): {summary.degraded:,}, "
                       f"of which refused: {summary.degraded_blocked:,}")
         if summary.shadow:
-            out.write("Shadow limits would have blocked:")
-            shadow: list[tuple[str, ...]] = [("tier", "policy", "requests")]
-            shadow += [(item.tier, item.policy, f"{item.count:,}") for item in summary.shadow]
-            for line in table(shadow, numeric_from=2):
-                out.write("  " + line)
-            would: list[tuple[str, ...]] = [("identity", "requests")]
-            would += identity_rows(summary.top_shadow_blocked)
-            out.write("Top would-be-blocked (UTC days of the range):")
-            for line in table(would):
-                out.write("  " + line)
+            _section(out, "Shadow limits would have blocked:", "", ("tier", "policy", "requests"),
+                     [(item.tier, item.policy, f"{item.count:,}") for item in summary.shadow], numeric_from=2)
+            _section(out, "Top would-be-blocked (UTC days of the range):", "Top would-be-blocked: none",
+                     ("identity", "requests"), _identity_rows(summary.top_shadow_blocked))
         if summary.allowed_by_list or summary.denied_by_list:
             out.write(f"Allow/deny rules: {summary.allowed_by_list:,} allowed without limits, "
                       f"{summary.denied_by_list:,} refused (403)")

@@ -1,11 +1,5 @@
-"""`manage.py ratelimit_reset IDENTITY_OR_KEY_PREFIX [--yes]`: clear its rate-limit counters.
-
-Accepts what `ratelimit_status` accepts. Lists what will be cleared and asks for confirmation unless
-`--yes` is given (without a terminal, `--yes` is required). Clears the state in Redis and in this
-process, and announces the reset: every app server drops the denials its local deny cache holds within
-RESET_CHECK_INTERVAL (0.5 s; see ratelimit_app.service.denycache), so the client is served again everywhere
-within a second of the success message.
-"""
+"""`manage.py ratelimit_reset TARGET [--yes]`: clear a target's counters in Redis and in this process, and
+announce the reset to the other app servers' deny caches (docs/observability.md)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""`manage.py ratelimit_status IDENTITY_OR_KEY_PREFIX`: the tier, and remaining / reset of each limit.
-
-Accepts an API key prefix ("AbCd1234" or "key:AbCd1234"), "user:<id>" or "ip:<address>" (see
-`_targets`). The limits shown are the effective set: the tier's with the key's or user's overrides
-applied; shadow (dry-run) limits are marked "shadow" (and "would deny" where they would refuse).
-An allow or deny rule (ClientRule) that names the target is reported first. Reads Redis without
-charging anything (a peek per identity). Exits with an error when the target is unknown or Redis does not answer.
-"""
+"""`manage.py ratelimit_status TARGET`: the tier, and where the target stands in each effective limit
+(a peek: nothing is charged), with any allow or deny rule that names it (docs/observability.md)."""
 
 from __future__ import annotations
 
@@ -16,16 +10,16 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from ratelimit_app.conf.settings import ratelimit_settings
+from ratelimit_app.core.clientrules import ALLOW
 from ratelimit_app.core.exceptions import RateLimiterError
 from ratelimit_app.core.policies import Policy
-from ratelimit_app.plans.clientrules import ALLOW
 from ratelimit_app.plans.lookups import get_lookups
 from ratelimit_app.service.limiter import get_limiter
 
 from ._targets import resolve
 
 
-def seconds(value: float | None) -> str:
+def _seconds(value: float | None) -> str:
     """A duration for a table cell: "-" for None, "never" for infinity, else "12.3s", "4m 05s", "10h 36m"."""
     if value is None:
         return "-"
@@ -39,7 +33,7 @@ def seconds(value: float | None) -> str:
     return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
 
 
-def describe(policy: Policy) -> str:
+def _describe(policy: Policy) -> str:
     """A policy as "20/m" with its burst, "1000/calendar-month@Europe/Paris" for a calendar quota (and
     "shadow" for a dry-run limit), for a table cell."""
     burst = f" burst {policy.burst}" if policy.burst is not None else ""
@@ -49,23 +43,23 @@ def describe(policy: Policy) -> str:
     return f"{policy.rate}{burst}{shadow}"
 
 
-ALLOW_LISTED = "allow-listed: never limited"
-DENY_LISTED = "deny-listed: refused with 403 before any limit"
+_ALLOW_LISTED = "allow-listed: never limited"
+_DENY_LISTED = "deny-listed: refused with 403 before any limit"
 
 
-def listing(identity: str) -> str | None:
+def _listing(identity: str) -> str | None:
     """The allow or deny rule that names this target (an API key, or the network of an address)."""
     rules = get_lookups().client_rules()
     kind, _, value = identity.partition(":")
     if kind == "key":
         if value in rules.deny_keys:
-            return DENY_LISTED
+            return _DENY_LISTED
         if value in rules.allow_keys:
-            return ALLOW_LISTED
+            return _ALLOW_LISTED
     elif kind == "ip" and "/" not in value:
         action = rules.for_address(value)
         if action is not None:
-            return ALLOW_LISTED if action == ALLOW else DENY_LISTED
+            return _ALLOW_LISTED if action == ALLOW else _DENY_LISTED
     return None
 
 
@@ -82,7 +76,7 @@ class Command(BaseCommand):
         if target.tier is not None:
             mode = target.tier.fail_mode or f"default ({ratelimit_settings.FAIL_MODE})"
             self.stdout.write(f"Tier:      {target.tier.slug} ({target.tier.name}), fail mode {mode}")
-        listed = listing(target.checks[0].identity) if target.checks else None
+        listed = _listing(target.checks[0].identity) if target.checks else None
         if listed is not None:
             self.stdout.write(f"Rule:      {listed}")
         rows = [("identity", "policy", "algorithm", "limit", "remaining", "full in", "next request")]
@@ -98,9 +92,9 @@ class Command(BaseCommand):
             for policy in check.policies:
                 result = by_name[policy.name]
                 verdict = "allowed" if result.allowed else (
-                    f"{'would deny (shadow)' if policy.shadow else 'denied'}, retry in {seconds(result.retry_after)}")
-                rows.append((check.identity, policy.name, policy.algorithm, describe(policy),
-                             f"{result.remaining}/{result.limit}", seconds(result.reset_after), verdict))
+                    f"{'would deny (shadow)' if policy.shadow else 'denied'}, retry in {_seconds(result.retry_after)}")
+                rows.append((check.identity, policy.name, policy.algorithm, _describe(policy),
+                             f"{result.remaining}/{result.limit}", _seconds(result.reset_after), verdict))
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
         for row in rows:
             self.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

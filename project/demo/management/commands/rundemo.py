@@ -19,7 +19,7 @@ from django.db.models import Min
 
 from devtools.embedded import redis_source
 from ratelimit_app.conf.settings import ratelimit_settings
-from ratelimit_app.models import ApiKey, Tier
+from ratelimit_app.models import ApiKey, Tier, TierLimit
 from ratelimit_app.service.connection import redacted_url
 
 DEMO_KEY_PREFIX = "demo key for "
@@ -69,6 +69,7 @@ class Command(BaseCommand):
             f"  curl -i {base}/public/quote\n"
             f"  curl -i {base}/health\n"
         )
+        self.write_websockets(base, free_key)
         if everywhere:
             self.stdout.write(f"Listening on every address ({options['addrport']}): other machines reach the "
                               f"demo by this machine's address or name, with the same paths.\n")
@@ -79,6 +80,19 @@ class Command(BaseCommand):
         # --noreload: one process, so an embedded Redis started by the settings is the one served;
         # insecure_serving: the admin's static files without collectstatic (DEBUG is off).
         call_command("runserver", options["addrport"], use_reloader=False, insecure_serving=True)
+
+    def write_websockets(self, base: str, free_key: str) -> None:
+        """The tiers' WebSocket limits, and how to try the echo under ASGI (runserver serves no WebSocket)."""
+        self.stdout.write("WebSocket limits (docs/websockets.md):")
+        for slug, limits in websocket_limits().items():
+            self.stdout.write(f"  {slug:<11} {'; '.join(limits)}")
+        port = base.rsplit(":", 1)[1]
+        socket = base.replace("http://", "ws://", 1)
+        self.stdout.write(
+            f"Try, serving the demo under ASGI instead (after --no-serve; REDIS_URL: a Redis both workers share):\n"
+            f"  .venv/bin/uvicorn project.asgi:application --port {port} --workers 2\n"
+            f"  .venv/bin/python -m websockets '{socket}/ws/echo/?key={free_key}'\n"
+        )
 
     def redis_description(self) -> str:
         """The Redis the limiter uses (password masked), where it comes from, and how to pick another."""
@@ -109,3 +123,20 @@ class Command(BaseCommand):
         user.set_password(password)
         user.save()
         return password
+
+
+#: How the demo names the WebSocket scopes' limits (ratelimit_app.channels: the middleware's default scopes).
+_SCOPE_WORDS = {"websocket": "per connect", "websocket_message": "per message"}
+
+
+def websocket_limits() -> dict[str, list[str]]:
+    """Each tier's enabled WebSocket limits as the demo prints them: {slug: ["connects: 5/60s per connect", ...]}."""
+    found: dict[str, list[str]] = {}
+    rows = TierLimit.objects.filter(scope__in=_SCOPE_WORDS, enabled=True).select_related("tier")
+    for limit in rows.order_by("tier__slug", "scope", "name"):
+        if limit.algorithm == "concurrency":
+            text = f"{limit.name}: {limit.limit} at once ({limit.period}s lease, renewed while open)"
+        else:
+            text = f"{limit.name}: {limit.limit}/{limit.period}s {_SCOPE_WORDS[limit.scope]}"
+        found.setdefault(limit.tier.slug, []).append(text)
+    return found

@@ -16,7 +16,7 @@ import secrets
 import string
 
 PREFIX_LENGTH = 8
-SECRET_BYTES = 32
+_SECRET_BYTES = 32
 #: Longest string `parse_key` looks at: anything longer is refused before any other work.
 MAX_KEY_LENGTH = 128
 
@@ -29,7 +29,7 @@ _KEY_SHAPE = re.compile(rf"([A-Za-z0-9]{{{PREFIX_LENGTH}}})\.[A-Za-z0-9_-]{{32,8
 def generate_key() -> tuple[str, str]:
     """Return a new random `(prefix, full_key)`; the full key is `prefix + "." + secret`."""
     prefix = "".join(secrets.choice(_PREFIX_ALPHABET) for _ in range(PREFIX_LENGTH))
-    return prefix, f"{prefix}.{secrets.token_urlsafe(SECRET_BYTES)}"
+    return prefix, f"{prefix}.{secrets.token_urlsafe(_SECRET_BYTES)}"
 
 
 def hash_key(key: str) -> str:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from ratelimit_app.plans import apikeys
+from ratelimit_app.core import apikeys
 
 
 def test_generated_keys_are_prefix_dot_secret_and_unique() -> None:

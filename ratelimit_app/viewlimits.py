@@ -12,27 +12,28 @@ from typing import Any, cast
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 
-from ..core.decision import Decision
-from ..core.policies import Policy
-from ..service import events
-from ..service.limiter import get_limiter
-from ..service.limiter_async import get_async_limiter
-from . import concurrency_async, limiting_async, planning_async
-from .concurrency import release_after
-from .headers import apply_headers
-from .identity import authenticated_user, request_ip_identity, user_identity
-from .limitcheck import LimitCheck, identity_digest
-from .limiting import decide, limit_config, safely
-from .outcome import ALLOWED, DENIED, NOT_LIMITED, UNAVAILABLE, LimitOutcome
-from .planning import RequestPlan
-from .responses import REQUEST_ATTRIBUTE, limiter_unavailable, too_many_requests
-from .routes import VIEW_LIMIT_ATTRIBUTE, ViewT
+from .apply import limiting_async, planning_async
+from .apply.admission import outcome_of, release_after
+from .apply.admission_async import arelease_after
+from .apply.headers import apply_headers
+from .apply.identity import authenticated_user, request_ip_identity, user_identity
+from .apply.limitcheck import LimitCheck, identity_digest
+from .apply.limiting import decide, limit_config, safely
+from .apply.outcome import ALLOWED, DENIED, NOT_LIMITED, UNAVAILABLE, LimitOutcome
+from .apply.planning import RequestPlan
+from .apply.responses import limiter_unavailable, too_many_requests
+from .apply.routes import VIEW_LIMIT_ATTRIBUTE, ViewT
+from .core.decision import Decision
+from .core.policies import Policy
+from .service import events
+from .service.limiter import get_limiter
+from .service.limiter_async import get_async_limiter
 
 KeyFunction = Callable[[HttpRequest], "str | None"]
 CountIf = Callable[[HttpResponseBase], bool]
 
 #: `tier` label of the decorator's decisions in the metrics.
-DECORATOR_TIER = "decorator"
+_DECORATOR_TIER = "decorator"
 
 
 def key_function_for(key: str | KeyFunction) -> KeyFunction:
@@ -110,7 +111,7 @@ class DecoratorLimit:
         if check is None:
             return None
         client = check.identity.partition("|")[2]
-        return RequestPlan((check,), None, self.label_of(client), limit_config().fail_mode, label=DECORATOR_TIER)
+        return RequestPlan((check,), None, self.label_of(client), limit_config().fail_mode, label=_DECORATOR_TIER)
 
     def decide_alone(self, request: HttpRequest) -> LimitOutcome:
         """Charge this view's limit alone; the outcome's decision is None when the key function says
@@ -133,7 +134,7 @@ class DecoratorLimit:
         """Counted by outcome, before the view: the outcome of the peek (a refusal is counted)."""
         if decision.allowed:
             return LimitOutcome(ALLOWED, decision, self.policies, None, label, charged=False)
-        events.record_decision(allowed=False, tier=DECORATOR_TIER, policy=decision.policy,
+        events.record_decision(allowed=False, tier=_DECORATOR_TIER, policy=decision.policy,
                                 degraded=decision.degraded, identity=label)
         return LimitOutcome(UNAVAILABLE if decision.degraded else DENIED, decision, self.policies, None, label,
                             charged=False)
@@ -149,7 +150,7 @@ class DecoratorLimit:
         return self._before(decision, label)
 
     def _count_after(self, label: str) -> None:
-        events.record_decision(allowed=True, tier=DECORATOR_TIER, policy=None, degraded=False, identity=label)
+        events.record_decision(allowed=True, tier=_DECORATOR_TIER, policy=None, degraded=False, identity=label)
 
     def charge_after(self, check: LimitCheck, label: str, counted: bool) -> LimitOutcome:
         """Counted by outcome, after the view: count the request, and charge it when it matched."""
@@ -209,7 +210,7 @@ class DecoratorLimit:
     def _joint_decision(self, request: HttpRequest) -> tuple[bool, Decision | None]:
         """(True, the decision) when the middleware decided this view's limit with its own; else
         (False, None): the view decides it alone."""
-        joint: LimitOutcome | None = request.__dict__.get(REQUEST_ATTRIBUTE)
+        joint = outcome_of(request)
         if joint is not None and joint.owns(self.owner):
             return True, joint.decision_for(self.owner)
         return False, None
@@ -257,7 +258,7 @@ class DecoratorLimit:
             if slots is not None:
                 await slots.arelease()  # no response will be closed
             raise
-        await concurrency_async.release_after(request, response, slots)
+        await arelease_after(request, response, slots)
         return self._with_headers(response, decision)
 
     def _refused(self, decision: Decision | None) -> HttpResponseBase:

@@ -1,70 +1,24 @@
-"""`JointThrottle`: the base of ratelimit_app's DRF throttles (ratelimit_app.throttling), which decide
-together: every throttle of ours on one view, and the middleware's per-IP and tier limits when they are
-left to the throttles, in ONE all-or-nothing call made when DRF asks the first of them. Also the
-exceptions they raise (401, 403, 503)."""
+"""`JointThrottle`: the base of our DRF throttles (ratelimit_app.throttling), which decide together:
+every throttle of ours on one view, and the request's own limits (per-IP and tier) when a
+TierRateThrottle asks for them or RateLimitMiddleware left them to the throttles, in ONE
+all-or-nothing call made when DRF asks the first of them (ratelimit_app.apply.joint)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, ClassVar
 
 from django.http import HttpRequest
 from rest_framework import throttling as drf_throttling
-from rest_framework.exceptions import APIException
 from rest_framework.request import Request
 
+from ..apply.headers import retry_after_seconds
+from ..apply.identity import authenticated_user
+from ..apply.joint import Joint, JointCall, ThrottleHooks, decide_jointly, joint_of, request_charge, retry_wait
+from ..apply.limitcheck import LimitCheck
+from ..apply.outcome import FORBIDDEN, SHED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
+from ..apply.routes import ResolvedView, register_view_finder
 from ..core.decision import Decision
-from .headers import retry_after_seconds
-from .identity import authenticated_user
-from .joint import Joint, JointCall, ThrottleHooks, decide_jointly
-from .limitcheck import LimitCheck
-from .outcome import FORBIDDEN, SHED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
-from .routes import DEFERRED_ATTRIBUTE, route_for_view
-from .shedding import shed_config
-
-#: Attribute of a DRF Request holding the joint decision of our throttles for that dispatch.
-_JOINT_ATTRIBUTE = "_ratelimit_throttles"
-
-
-class InvalidApiKey(APIException):
-    """401: the request's API key is missing (where one is required), malformed, unknown, revoked or expired."""
-
-    status_code = 401
-    default_detail = "A valid API key is required."
-    default_code = "invalid_api_key"
-    auth_header = 'Bearer realm="api"'
-
-
-class ClientRefused(APIException):
-    """403: a deny rule (ClientRule) refuses the client's network or API key."""
-
-    status_code = 403
-    default_detail = "Refused by an access rule."
-    default_code = "client_refused"
-
-
-class LimiterUnavailable(APIException):
-    """503: the limiter cannot decide and the fail mode refuses; `wait` becomes `Retry-After`."""
-
-    status_code = 503
-    default_detail = "Rate limiter unavailable."
-    default_code = "rate_limiter_unavailable"
-
-    def __init__(self, wait: int = 1) -> None:
-        super().__init__()
-        self.wait = wait
-
-
-class Overloaded(APIException):
-    """503: the load shedder refused the request (too many requests in flight for its priority)."""
-
-    status_code = 503
-    default_detail = "Service overloaded: request shed."
-    default_code = "overloaded"
-
-    def __init__(self, priority: str) -> None:
-        super().__init__(f"Service overloaded: {priority}-priority request shed.")
-        self.wait = retry_after_seconds(shed_config().retry_after)
+from .exceptions import ClientRefused, InvalidApiKey, LimiterUnavailable, Overloaded
 
 
 def django_request_of(request: Any) -> HttpRequest:
@@ -79,8 +33,6 @@ class JointThrottle(ThrottleHooks, drf_throttling.BaseThrottle):
     request, or None when it refuses it outright (a rate of 0).
     """
 
-    #: Read by RateLimitMiddleware (routes.JOINT_THROTTLE_ATTRIBUTE) to leave a view's decision to us.
-    decides_with_request_limits: ClassVar[bool] = True
     #: True for the throttle that carries the request's own limits (per-IP and tier).
     carries_request_limits: ClassVar[bool] = False
     decision: Decision | None = None
@@ -92,12 +44,13 @@ class JointThrottle(ThrottleHooks, drf_throttling.BaseThrottle):
         return f"throttle:{type(self).__module__}.{type(self).__qualname__}"
 
     def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
+        """This throttle's checks for `request` ([]: it does not limit it; None: it refuses it outright)."""
         raise NotImplementedError(".limit_checks() must be overridden")
 
     def allow_request(self, request: Request, view: Any) -> bool:
         """Decide (once per request, for all our throttles on the view) and answer for this throttle's
-        limits. Raises InvalidApiKey (401) or LimiterUnavailable (503) from the throttle that carries the
-        request's own limits."""
+        limits. The throttle that carries the request's own limits raises the exception of a refusal other
+        than over a rate (ratelimit_app.drf.exceptions: 401, 403, 503)."""
         joint = _joint_decision(request, view, self)
         self.outcome = joint.outcome
         if joint.carrier == self.owner:
@@ -109,10 +62,7 @@ class JointThrottle(ThrottleHooks, drf_throttling.BaseThrottle):
 
     def wait(self) -> float | None:
         """Seconds until this throttle would allow the request again (None: never, or not refused)."""
-        decision = self.decision
-        if decision is None or decision.allowed or decision.retry_after is None or math.isinf(decision.retry_after):
-            return None
-        return max(decision.retry_after, 1.0)
+        return retry_wait(self.decision, 1.0)
 
 
 def _raise_for(outcome: LimitOutcome) -> None:
@@ -131,25 +81,20 @@ def _raise_for(outcome: LimitOutcome) -> None:
 def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> Joint:
     """The decision over every throttle of ours on `view` and the request's own limits, made on the
     first call of a dispatch and reused by the others."""
-    joint: Joint | None = request.__dict__.get(_JOINT_ATTRIBUTE)
-    if joint is not None and joint.handler is view:
+    django_request = django_request_of(request)
+    joint = joint_of(django_request, view)
+    if joint is not None:
         return joint
     throttles = _our_throttles(view, caller)
-    django_request = django_request_of(request)
-    deferred = django_request.__dict__.pop(DEFERRED_ATTRIBUTE, None)
-    route = route_for_view(type(view))
-    if deferred is not None:
-        cost, scope = deferred
-    else:
-        cost, scope = route.cost_for(request.method), getattr(view, "throttle_scope", None) or route.scope
+    cost, scope, deferred = request_charge(django_request, type(view))
+    if not deferred:
+        scope = getattr(view, "throttle_scope", None) or scope
     # The request's own limits are decided here when a TierRateThrottle asks for them, or when the
     # middleware left them to us; the carrier answers for them.
-    with_request_limits = any(t.carries_request_limits for t in throttles) or deferred is not None
+    with_request_limits = deferred or any(t.carries_request_limits for t in throttles)
     call = JointCall(django_request, view, throttles, lambda throttle: throttle.limit_checks(request, view),
                      cost, scope if isinstance(scope, str) else "", authenticated_user(request), with_request_limits)
-    joint = decide_jointly(call, where=f"throttles of {type(view).__qualname__}")
-    request.__dict__[_JOINT_ATTRIBUTE] = joint
-    return joint
+    return decide_jointly(call, where=f"throttles of {type(view).__qualname__}")
 
 
 def _our_throttles(view: Any, caller: JointThrottle) -> list[JointThrottle]:
@@ -158,3 +103,16 @@ def _our_throttles(view: Any, caller: JointThrottle) -> list[JointThrottle]:
     found = [t for t in get_throttles() if isinstance(t, JointThrottle)] if callable(get_throttles) else []
     throttles = [caller if type(t) is type(caller) else t for t in found]
     return throttles if caller in throttles else [caller]
+
+
+def _find_view(view_func: Any, request: HttpRequest) -> ResolvedView | None:
+    """The ViewFinder of DRF views: a view whose throttles include one of ours is deferred to them (they
+    decide the request's own limits after DRF's authentication, with theirs, in one call)."""
+    view_class = getattr(view_func, "cls", None)
+    throttles = getattr(view_class, "throttle_classes", None) or ()
+    if any(isinstance(t, type) and issubclass(t, JointThrottle) for t in throttles):
+        return ResolvedView(view_func, True)
+    return None  # not a DRF view, or one RateLimitMiddleware decides itself
+
+
+register_view_finder(_find_view)

@@ -127,7 +127,7 @@ def test_a_shadow_per_ip_limit_never_refuses(client: Client, settings: Any) -> N
 
 
 def test_the_label_of_an_identity_with_user_data_says_what_it_is_and_shows_a_digest() -> None:
-    from ratelimit_app.apply.viewlimits import digest_label
+    from ratelimit_app.viewlimits import digest_label
 
     header = digest_label("header:x-device-id:phone-of-alice")
     assert header.startswith("header:x-device-id:#") and len(header) == len("header:x-device-id:#") + 12

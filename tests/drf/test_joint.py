@@ -1,7 +1,6 @@
-"""ratelimit_app.apply.drf: `JointThrottle` (every throttle of ours on a view decided in one call, each
-answering for its own limits, DRF's hooks called as DRF calls them), the exceptions its carrier raises
-(401, 403, 503) and `wait`, with views dispatched directly (no middleware) against the real Redis and
-database."""
+"""ratelimit_app.drf.joint: `JointThrottle` (every throttle of ours on a view decided in one call, each
+answering for its own limits, DRF's hooks called as DRF calls them) and `wait`, with views dispatched
+directly (no middleware) against the real Redis and database."""
 
 from __future__ import annotations
 
@@ -11,29 +10,29 @@ from typing import Any, ClassVar
 
 import pytest
 import redis
+from django.test import Client
+from django.urls import path
+from django.views import View
+from rest_framework import throttling as drf_throttling
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
 from devtools.embedded import RedisProcess
-from ratelimit_app import Decision, Policy, PolicyResult, new_lease_token
-from ratelimit_app.apply import shedding
-from ratelimit_app.apply.drf import (
-    ClientRefused,
-    InvalidApiKey,
-    JointThrottle,
-    LimiterUnavailable,
-    Overloaded,
-    django_request_of,
-)
+from ratelimit_app import Decision, Policy, PolicyResult
 from ratelimit_app.apply.limitcheck import LimitCheck
-from ratelimit_app.apply.shedding import FLEET_IDENTITY, LOW, shed_config
+from ratelimit_app.apply.routes import ResolvedView, resolve_view
 from ratelimit_app.decorators import limit_cost
-from ratelimit_app.models import ClientRule
+from ratelimit_app.drf.joint import JointThrottle, django_request_of
 from ratelimit_app.service import events
 from ratelimit_app.service.limiter import get_limiter
-from ratelimit_app.throttling import TierRateThrottle
+from ratelimit_app.throttling import (
+    AnonRateThrottle,
+    ConcurrencyThrottle,
+    ScopedRateThrottle,
+    TierRateThrottle,
+)
 from tests.support.limits_support import make_key, make_tier
 from tests.support.topology import command_calls
 
@@ -200,47 +199,58 @@ def test_django_request_of_unwraps_a_drf_request() -> None:
     assert django_request_of(django_request) is django_request
 
 
-# -- what the carrier of the request's own limits raises --------------------------------------------
+@pytest.mark.parametrize(("throttles", "defers"), [
+    ((TierRateThrottle,), True), ((ScopedRateThrottle,), True), ((drf_throttling.AnonRateThrottle,), False),
+    ((drf_throttling.UserRateThrottle, ConcurrencyThrottle), True), ((Counted,), True), ((), False),
+])
+def test_a_drf_view_is_deferred_to_its_throttles_when_one_of_ours_is_among_them(throttles: tuple[type, ...],
+                                                                               defers: bool) -> None:
+    view = view_of(*throttles)
+    request = factory.get("/api/things")
+    assert resolve_view(view, request) == ResolvedView(view, defers)
+
+
+def test_other_views_are_not_deferred() -> None:
+    def plain(request: Any) -> None: ...
+
+    request = factory.get("/api/things")
+    assert resolve_view(plain, request) == ResolvedView(plain, False)
+    page = View.as_view()
+    assert resolve_view(page, request) == ResolvedView(page, False)
+
+
+class Anon(AnonRateThrottle):
+    THROTTLE_RATES = {"anon": "50/m"}
+
+
+class Scoped(ScopedRateThrottle):
+    THROTTLE_RATES = {"things": "50/m"}
+
+
+class Slots(ConcurrencyThrottle):
+    slots = 5
+    scope = "drf-joint-slots"
+
+
+class Everything(APIView):
+    throttle_classes = [TierRateThrottle, Anon, Scoped, Slots]
+    throttle_scope = "things"
+
+    def get(self, request: Any) -> Response:
+        return Response("ok")
+
+
+urlpatterns = [path("api/everything", Everything.as_view())]
+
 
 @pytest.mark.django_db
-def test_an_unusable_key_is_a_401_with_a_bearer_challenge() -> None:
-    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY="not-a-key")
-    assert response.status_code == 401 and response["WWW-Authenticate"] == InvalidApiKey.auth_header
-    assert response.data == {"detail": "malformed API key"}
-    assert response.data["detail"].code == "invalid_api_key"
-
-
-@pytest.mark.django_db
-def test_a_deny_rule_is_a_403() -> None:
-    key = make_key(make_tier("drfdeny", [("minute", "fixed_window", 10, 60, None, "")]))
-    ClientRule.objects.create(action="deny", network="192.0.2.0/24")
-    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY=key)
-    assert response.status_code == 403 and response.data["detail"].code == ClientRefused.default_code
-
-
-@pytest.mark.django_db
-def test_a_limiter_that_cannot_decide_under_the_closed_fail_mode_is_a_503_with_retry_after(
-    settings: Any, server: RedisProcess
-) -> None:
-    key = make_key(make_tier("drfdown", [("minute", "fixed_window", 10, 60, None, "")]))
-    settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": server.url, "FAIL_MODE": "closed",
-                          "BREAKER_FAILURES": 1, "BREAKER_COOLDOWN": 7.0, "BREAKER_MAX_COOLDOWN": 7.0}
-    server.stop()
-    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY=key)
-    assert response.status_code == 503 and response.data["detail"].code == LimiterUnavailable.default_code
-    assert response["Retry-After"] == "7"  # when the breaker will try Redis again
-
-
-@pytest.mark.django_db
-def test_a_shed_request_is_a_503_overloaded_with_the_shedders_retry_after(settings: Any,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shedding, "fleet_episode", shedding._Episode("fleet"))  # this test's episode alone
-    key = make_key(make_tier("drfshed", [("minute", "fixed_window", 10, 60, None, "")]))
-    settings.RATELIMIT = {**settings.RATELIMIT, "SHED_CAPACITY": 2, "SHED_LOW_AT": 0.5, "SHED_RETRY_AFTER": 3,
-                          "SHED_PRIORITIES": {"/api/things": "low"}}
-    low = shed_config().thresholds[LOW]  # one low-priority request in flight fills it
-    assert get_limiter().hit(FLEET_IDENTITY, (low,), lease=new_lease_token()).allowed
-    response = get(view_of(TierRateThrottle), HTTP_X_API_KEY=key)
-    assert response.status_code == 503 and response.data["detail"].code == Overloaded.default_code
-    assert str(response.data["detail"]) == "Service overloaded: low-priority request shed."
-    assert response["Retry-After"] == "3"
+@pytest.mark.urls(__name__)
+def test_under_the_middleware_the_tier_and_every_throttle_cost_one_call_per_request(private: redis.Redis) -> None:
+    key = make_key(make_tier("drfjoint", [("minute", "fixed_window", 50, 60, None, "")]))
+    client = Client()
+    assert client.get("/api/everything", HTTP_X_API_KEY=key).status_code == 200  # loads the script, connects
+    before = command_calls(private, "evalsha")
+    responses = [client.get("/api/everything", HTTP_X_API_KEY=key) for _ in range(3)]
+    assert [r.status_code for r in responses] == [200] * 3
+    assert command_calls(private, "evalsha") - before == 3  # one per request: per-IP, tier, 3 throttles
+    assert responses[-1]["X-RateLimit-Tier"] == "drfjoint"

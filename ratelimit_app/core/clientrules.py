@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..core.logs import log_once
+from .logs import log_once
 
 #: An address or network of either family (client addresses, allow/deny lists, trusted proxies).
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -94,4 +94,3 @@ class ClientRules:
         return cls(tuple(networks[ALLOW]), tuple(networks[DENY]), frozenset(keys[ALLOW]), frozenset(keys[DENY]))
 
 
-NO_RULES = ClientRules()

@@ -1,0 +1,68 @@
+"""How a WebSocket is told it was refused: before accept, an HTTP answer through the ASGI denial response
+extension (or a close where the server lacks it); after accept, an error frame per refused message and a
+close once too many were refused.
+
+Close codes (RFC 6455 leaves 4000-4999 to applications):
+
+- 4429: the connection sent more refused messages than the middleware's `max_refusals` allows;
+- 4503: a refused connect on a server without the denial response extension, when the limiter could not
+  decide and the fail mode refuses (a handshake closed before accept is answered 403 by the server; the
+  code is what an ASGI test client such as Channels' WebsocketCommunicator reads);
+- 4429, 4401, 4403 likewise for a connect refused by a limit, for want of a usable key, or by a deny rule.
+
+A refused message's error frame is a JSON text frame:
+
+    {"type": "ratelimit.refused", "error": "rate limit exceeded", "tier": "free",
+     "policy": "websocket_message.messages", "retry_after": 4.21}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.http import HttpResponseBase
+
+from ..apply.outcome import DENIED, FORBIDDEN, UNAUTHORIZED, LimitOutcome
+
+#: Close code after too many refused messages on one connection.
+TOO_MANY_REFUSED = 4429
+#: The extension a server lists in scope["extensions"] when it can answer a handshake with an HTTP response.
+DENIAL_EXTENSION = "websocket.http.response"
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def close_code(status: int) -> int:
+    """The close code of a connect refused with HTTP `status` (429 -> 4429, 401 -> 4401, 403 -> 4403, 503 -> 4503)."""
+    return 4000 + status if status in (401, 403, 429, 503) else 4000
+
+
+async def deny(scope: dict[str, Any], send: Send, response: HttpResponseBase) -> None:
+    """Refuse the handshake of `scope` with `response` (429/401/403/503, its headers and JSON body) where the
+    server offers the denial response extension; else close it with `close_code(status)`."""
+    if DENIAL_EXTENSION not in (scope.get("extensions") or {}):
+        await send({"type": "websocket.close", "code": close_code(response.status_code)})
+        return
+    headers = [(name.lower().encode("latin-1"), str(value).encode("latin-1")) for name, value in response.items()]
+    await send({"type": "websocket.http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": bytes(getattr(response, "content", b""))})
+
+
+def error_frame(outcome: LimitOutcome) -> str:
+    """The JSON text frame answering a refused message (its policy and the seconds to wait, never a key)."""
+    decision = outcome.decision
+    retry_after = decision.retry_after if decision is not None else None
+    if outcome.status == DENIED:
+        error = "rate limit exceeded"
+    elif outcome.status in (UNAUTHORIZED, FORBIDDEN):
+        error = outcome.message or "refused"
+    else:
+        error = "rate limiter unavailable"
+    return json.dumps({
+        "type": "ratelimit.refused", "error": error, "tier": outcome.tier_slug,
+        "policy": decision.policy if decision is not None else "",
+        "retry_after": round(retry_after, 3) if retry_after is not None and not math.isinf(retry_after) else None,
+    })
