@@ -226,7 +226,7 @@ def get_redis() -> RedisClient:
 # the whole call (see service_async), so these clients need no budget-aware connection classes.
 
 def _async_client_options() -> dict[str, Any]:
-    """`client_options()` for redis.asyncio clients: the same timeouts and handshake, no retries."""
+    """`_client_options()` for redis.asyncio clients: the same timeouts and handshake, no retries."""
     from redis.asyncio.retry import Retry as AsyncRetry
 
     return {**_client_options(), "retry": AsyncRetry(NoBackoff(), 0)}
@@ -276,6 +276,6 @@ def _async_client_from_cache_alias(alias: str) -> AsyncRedisClient:
 
 def get_async_redis() -> AsyncRedisClient:
     """A new redis.asyncio client for rate limiting, configured from settings (REDIS_URL, else the
-    django-redis cache of CACHE_ALIAS). Use it from one event loop; see `build_async_client`."""
+    django-redis cache of CACHE_ALIAS). Use it from one event loop; see `_build_async_client`."""
     url = ratelimit_settings.REDIS_URL
     return _build_async_client(url) if url else _async_client_from_cache_alias(ratelimit_settings.CACHE_ALIAS)
