@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from project.demo import views
+from project.demo import llm, views
 from project.demo.ninja_api import api as ninja_api
 
 router = SimpleRouter()
@@ -20,6 +20,7 @@ urlpatterns = [
     path("api/export", views.export, name="export"),
     path("api/checkout", views.checkout, name="checkout"),
     path("api/stream", views.stream, name="stream"),
+    path("api/llm/chat", llm.chat, name="llm-chat"),  # usage limits: tokens (project/demo/llm.py)
     path("public/single", views.single, name="single"),
     path("drf/", include(router.urls)),
     path("ninja/", ninja_api.urls),  # a Django Ninja API (project/demo/ninja_api.py)

@@ -22,7 +22,7 @@ from .plans.checks import row_problem
 from .plans.compile import OVERRIDE_FIELDS, TierInfo, apply_overrides
 from .plans.lookups import get_lookups
 
-_LIMIT_FIELDS = ("name", "algorithm", "limit", "period", "burst", "calendar", "scope", "enabled", "shadow")
+_LIMIT_FIELDS = ("name", "algorithm", "limit", "unit", "period", "burst", "calendar", "scope", "enabled", "shadow")
 
 #: The calendar choices as a limit row shows them (the column's help text says the rest), short enough
 #: for a tier's rows to fit a 1,366 px window (a week starts on Monday); the model's own labels are unchanged.

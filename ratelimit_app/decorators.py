@@ -11,8 +11,11 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from django.http import HttpRequest
+
 from .apply.routes import ATTRIBUTE, RouteLimit, ViewT, validate_cost, validate_scope, view_name
 from .apply.shedding import validate_priority
+from .apply.usage import declare as declare_usage
 from .core.policies import CONCURRENCY, InvalidPolicy, Policy
 from .viewlimits import (
     ConcurrencyLimit,
@@ -136,3 +139,25 @@ def _methods(methods: Iterable[str] | None) -> frozenset[str] | None:
     if isinstance(methods, str) or not all(isinstance(m, str) and m.isalpha() for m in methods):
         raise ValueError(f"methods: {methods!r} must be a list of HTTP method names such as ['POST']")
     return frozenset(m.upper() for m in methods)
+
+
+def usage(**estimators: Callable[[HttpRequest], int]) -> Callable[[ViewT], ViewT]:
+    """Declare that a view (function or class) reserves usage for RateLimitMiddleware: each keyword is a unit
+    ("tokens") and a function of the request giving its estimate (a whole number >= 1), reserved against the
+    usage limits of that unit in the view's scope (`@limit_cost(scope=...)`) in the request's one decision.
+    The view reports what it used with `request.ratelimit.report_usage(unit, count)`; the estimate is settled
+    at that when the response ends (a stream: when it finishes or is cut off). An estimator that raises
+    ValueError answers 400 with its message. Raises ValueError when applied for a unit that is not one.
+
+        @limit_cost(scope="llm")
+        @usage(tokens=lambda request: json.loads(request.body)["max_tokens"])
+        def chat(request): ...
+    """
+
+    def decorate(view: ViewT) -> ViewT:
+        try:
+            return declare_usage(view, estimators)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"@usage on {view_name(view)}: {exc}") from exc
+
+    return decorate

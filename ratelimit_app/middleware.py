@@ -19,7 +19,8 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.http import HttpRequest, HttpResponseBase
 
 from .apply import shedding
-from .apply.admission import Extra, admit, end, finish, state_if_any, state_of
+from .apply import usage as usage_limits
+from .apply.admission import Extra, admit, end, finish, settings_of, state_if_any, state_of
 from .apply.admission_async import aadmit, aend, afinish
 from .apply.concurrency import release_later
 from .apply.identity import request_ip_identity
@@ -85,7 +86,10 @@ class RateLimitMiddleware:
         limits = _view_limits(request, view_func)
         if not isinstance(limits, _ViewLimits):
             return limits
-        return admit(request, cost=limits.cost, scope=limits.scope, extra=limits.checks_for(request))
+        usage = limits.usage_of(request)
+        if not isinstance(usage, tuple):
+            return usage  # the estimate could not be made: 400
+        return admit(request, cost=limits.cost, scope=limits.scope, extra=limits.checks_for(request), usage=usage)
 
     async def aprocess_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
                             view_kwargs: Any) -> HttpResponseBase | None:
@@ -93,7 +97,11 @@ class RateLimitMiddleware:
         limits = _view_limits(request, view_func)
         if not isinstance(limits, _ViewLimits):
             return limits
-        return await aadmit(request, cost=limits.cost, scope=limits.scope, extra=limits.checks_for(request))
+        usage = limits.usage_of(request)
+        if not isinstance(usage, tuple):
+            return usage
+        return await aadmit(request, cost=limits.cost, scope=limits.scope, extra=limits.checks_for(request),
+                            usage=usage)
 
 
 class _ViewLimits(NamedTuple):
@@ -103,6 +111,13 @@ class _ViewLimits(NamedTuple):
     cost: int
     scope: str
     view_limit: Any
+    estimators: Any = None
+
+    def usage_of(self, request: HttpRequest) -> tuple[tuple[str, int], ...] | HttpResponseBase:
+        """The usage the view estimates for `request` (ratelimit_app.apply.usage), or its 400."""
+        if self.estimators is None or not settings_of(request).enabled:
+            return ()
+        return usage_limits.estimate(request, self.estimators)
 
     def checks_for(self, request: HttpRequest) -> Extra:
         """The view's own checks for `request`, given once the request's user is known (a key function
@@ -127,7 +142,7 @@ def _view_limits(request: HttpRequest, view_func: Callable[..., Any]) -> _ViewLi
     if found.deferred:
         state_of(request).deferred = (found.cost, found.route.scope)
         return None
-    return _ViewLimits(found.cost, found.route.scope, found.view_limit)
+    return _ViewLimits(found.cost, found.route.scope, found.view_limit, usage_limits.estimators_of(view_func))
 
 
 def _late_charge(request: HttpRequest) -> tuple[int, str] | None:

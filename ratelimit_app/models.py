@@ -32,8 +32,9 @@ FAIL_MODE_CHOICES = [("", "Default (RATELIMIT['FAIL_MODE'])"), ("open", "Open: a
 CALENDAR_CHOICES = [("", "No: a rolling or epoch-aligned period"), ("day", "Calendar day"),
                     ("week", "Calendar week (from Monday)"), ("month", "Calendar month")]
 _name_validator = RegexValidator(r"^[A-Za-z0-9_-]{1,30}$", "Use 1-30 letters, digits, '_' or '-'.", code="invalid_name")
-#: A character no limit name, scope or slug may hold: searched for, since "^...$" lets a trailing newline through
-_NOT_IN_NAME = r"[^A-Za-z0-9_-]"
+_unit_validator = RegexValidator(r"^[a-z][a-z0-9_]{0,31}$", "Use lowercase letters, digits or '_', such as tokens.",
+                                 code="invalid_unit")
+_NOT_IN_NAME = r"[^A-Za-z0-9_-]"  # searched for in a name, scope or slug ("^...$" lets a trailing newline in)
 
 
 def _check(condition: models.Q, name: str, message: str) -> models.CheckConstraint:
@@ -49,10 +50,8 @@ def _safe(field: str, *, blank: bool = False) -> models.Q:
 
 
 def _limit_constraints(model: str, owner: str, unique: str) -> list[models.BaseConstraint]:
-    """What the database refuses in a limit row (`model`: tierlimit, apikeylimit, usertierlimit), one limit per
-    name and scope of its `owner` (the constraint `unique`) included. The algorithm is left to validation,
-    `manage.py check` and the compiler (which skips such a row), as what only the policy can tell is: a
-    constraint naming the registry's algorithms would need a migration per algorithm."""
+    """What the database refuses in a limit row (`model`), one limit per name and scope of its `owner` included.
+    Not the algorithm: a constraint naming the registry's algorithms would need a migration per algorithm."""
     rules = [
         ("limit", models.Q(limit__gte=1, limit__lte=MAX_LIMIT), f"The limit is from 1 to {MAX_LIMIT}."),
         ("period", models.Q(period__gte=1, period__lte=MAX_PERIOD_SECONDS),
@@ -63,6 +62,8 @@ def _limit_constraints(model: str, owner: str, unique: str) -> list[models.BaseC
          f"A calendar quota ({', '.join(CALENDARS)}) uses fixed window."),
         ("name", _safe("name"), "A limit name is letters, digits, '_' or '-'."),
         ("scope", _safe("scope", blank=True), "A scope is letters, digits, '_' or '-'."),
+        ("unit", models.Q(unit="") | ~models.Q(algorithm=CONCURRENCY) & _safe("unit"),
+         "A unit (tokens) is letters, digits or '_', and requests in flight have none."),
     ]
     return [models.UniqueConstraint(fields=[owner, "scope", "name"], name=unique),
             *(_check(condition, f"ratelimit_{model}_{field}", message) for field, condition, message in rules)]
@@ -135,6 +136,8 @@ class LimitShape(models.Model):
                                         help_text="Bucket size for token bucket and GCRA; empty means the limit.")
     scope = models.CharField(max_length=30, blank=True, default="", validators=[_name_validator],
                              help_text="Empty: every route. Otherwise only views that declare this scope.")
+    unit = models.CharField(max_length=32, blank=True, default="", validators=[_unit_validator], help_text=(
+        "Empty: requests. A unit of usage (tokens): charged only by what requests report using."))
 
     class Meta:
         abstract = True
@@ -157,8 +160,7 @@ class TierLimit(LimitShape):
         ordering = ["scope", "period", "id"]
         constraints = [
             *_limit_constraints("tierlimit", "tier", "ratelimit_unique_limit_name"),
-            # the form refuses it too (clean), but so does the database, for writes that skip the form
-            _check(~models.Q(name=IP_POLICY_NAME, scope=""), "ratelimit_limit_name_not_ip",
+            _check(~models.Q(name=IP_POLICY_NAME, scope=""), "ratelimit_limit_name_not_ip",  # the form's rule too
                    f"'{IP_POLICY_NAME}' is reserved for the per-IP limit."),
         ]
 
@@ -170,7 +172,8 @@ class TierLimit(LimitShape):
             return f"{self.name}: {self.limit} per calendar {self.calendar}{scope}{shadow}"
         if self.algorithm == CONCURRENCY:  # requests in flight; the period is each slot's lease
             return f"{self.name}: {self.limit} at once, {self.period}s lease{scope}{shadow}"
-        return f"{self.name}: {self.limit}/{self.period}s {self.algorithm}{burst}{scope}{shadow}"
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{self.name}: {self.limit}{unit}/{self.period}s {self.algorithm}{burst}{scope}{shadow}"
 
     @property
     def policy_name(self) -> str:
@@ -178,15 +181,14 @@ class TierLimit(LimitShape):
         return f"{self.scope}.{self.name}" if self.scope else self.name
 
     def to_policy(self, time_zone: str | None = None) -> Policy:
-        """The engine policy for this limit (raises InvalidPolicy when the values cannot be enforced).
-        `time_zone` is its tier's (read from the tier when None) and matters only for calendar quotas,
-        whose period is their calendar's, whatever the row stores."""
+        """The engine policy for this limit (InvalidPolicy when it cannot be enforced); `time_zone` (the tier's
+        when None) matters only for calendar quotas, whose period is their calendar's."""
         calendar: dict[str, Any] = {}
         if self.calendar:
             calendar = {"calendar": self.calendar, "time_zone": time_zone or (
                 self.tier.time_zone if self.tier_id is not None else "UTC")}
         return Policy(self.policy_name, self.algorithm, limit=self.limit, burst=self.burst, shadow=bool(self.shadow),
-                      period=CALENDAR_PERIODS.get(self.calendar, self.period), **calendar)
+                      unit=self.unit, period=CALENDAR_PERIODS.get(self.calendar, self.period), **calendar)
 
     def clean(self) -> None:
         """Refuse values the engine cannot enforce, naming the field at fault."""
@@ -213,7 +215,8 @@ class TierLimit(LimitShape):
             self.to_policy()
         except InvalidPolicy as exc:
             field, _, message = str(exc).partition(": ")
-            raise ValidationError({field if field in ("limit", "period", "burst") else "__all__": message}) from exc
+            field = field if field in ("limit", "period", "burst", "unit") else "__all__"
+            raise ValidationError({field: message}) from exc
 
 
 class ApiKeyManager(models.Manager["ApiKey"]):
@@ -315,7 +318,7 @@ class OverrideLimit(LimitShape):
         """This override as an unsaved TierLimit (the same validation and policy)."""
         return TierLimit(name=self.name, algorithm=self.algorithm, limit=self.limit, period=self.period,
                          burst=self.burst, scope=self.scope, enabled=self.enabled, shadow=self.shadow,
-                         calendar=self.calendar)
+                         calendar=self.calendar, unit=self.unit)
 
     @property
     def policy_name(self) -> str:

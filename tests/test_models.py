@@ -38,8 +38,11 @@ def test_migration_seeds_free_pro_and_enterprise() -> None:
         ("minute", "sliding_window", 20, 60, None, "", True),
         ("day", "fixed_window", 1_000, 86_400, None, "", True),
     ]
-    assert [(n, lim, b) for n, _, lim, _, b, _, _ in limits_of("pro")] == [
+    assert [(n, lim, b) for n, _, lim, _, b, scope, _ in limits_of("pro") if not scope] == [
         ("burst", 200, 50), ("minute", 200, None), ("day", 50_000, None)]
+    # and a usage limit, for the routes of the scope "llm" only (the demo's chat endpoint)
+    assert [(t.policy_name, t.unit, t.limit, t.period, t.algorithm) for t in TierLimit.objects.filter(
+        tier__slug="pro", scope="llm")] == [("llm.tokens", "tokens", 2_000, 60, "sliding_window")]
     assert [(n, lim, b) for n, _, lim, _, b, _, _ in limits_of("enterprise")] == [
         ("burst", 2_000, 200), ("minute", 2_000, None), ("day", 1_000_000, None)]
     # no concurrency limit: a slot costs a second round trip per request (docs/protection.md)

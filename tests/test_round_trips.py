@@ -26,7 +26,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections
 from django.test import AsyncClient
 
-from ratelimit_app.core.scripts import decide_sha
+from ratelimit_app.core.scripts import decide_sha, settle_sha
 from ratelimit_app.service.limiter_async import get_async_limiter
 from tests.support.limits_support import add_slots, make_key, parse_ietf, redis_commands, seed_tiers
 
@@ -112,3 +112,23 @@ def test_a_key_this_process_has_not_looked_up_costs_a_peek_at_the_per_ip_limit_f
     # the peek names the address's key alone; the decision then names the tier's keys too
     assert [command.split()[2] for command in decisions] == ["1", "3"], decisions
     assert names(on_a_request_path(warm, key_prefix)) == ["EVALSHA"]
+
+
+def test_a_request_that_reserves_usage_pays_one_more_round_trip_to_settle_it(
+        client: Any, redis_url: str, key_prefix: str, seeded_keys: dict[str, str]) -> None:
+    """docs/usage.md: the estimate is reserved in the decision's one EVALSHA; the settlement is one more."""
+    key = seeded_keys["pro"]
+
+    def chat() -> Any:
+        response = client.post("/api/llm/chat", b'{"max_tokens": 50, "use": 3}', content_type="application/json",
+                               HTTP_X_API_KEY=key)
+        b"".join(response.streaming_content)
+        response.close()
+        return response
+
+    assert chat().status_code == 200  # warm: the settling script loaded
+    with redis_commands(redis_url, key_prefix) as seen:
+        response = chat()
+    commands = on_a_request_path(seen, key_prefix)
+    assert response.status_code == 200 and names(commands) == ["EVALSHA", "EVALSHA"], commands
+    assert decide_sha() in commands[0] and settle_sha() in commands[1]

@@ -42,6 +42,7 @@ from rest_framework.response import Response
 
 from ratelimit_app.apply.admission import outcome_of
 from ratelimit_app.apply.limiting import limit_request
+from ratelimit_app.apply.usage import usage_status
 from ratelimit_app.conf.settings import ratelimit_settings
 from ratelimit_app.core.exceptions import REDIS_CLIENT_ERRORS
 from ratelimit_app.core.policies import CONCURRENCY
@@ -115,6 +116,7 @@ def rate_limit_status(request: HttpRequest) -> JsonResponse:
             "remaining": result.remaining if result else None,
             "reset": round(result.reset_after, 3) if result else None,
         })
+    limits += usage_status(outcome)  # the tier's usage limits (tokens), each scope's, with what remains
     return JsonResponse({
         "tier": outcome.tier_slug, "identity": outcome.identity,
         "degraded": bool(decision and decision.degraded), "limits": limits,

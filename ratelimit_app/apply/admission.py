@@ -14,6 +14,8 @@ from typing import Any, cast
 from django.http import HttpRequest, HttpResponseBase
 
 from ..conf.snapshot import Snapshot, request_settings
+from ..core.engine import Usage
+from . import usage as usage_limits
 from .concurrency import HeldSlots, middleware_installed, release_with
 from .limitcheck import LimitCheck
 from .limiting import failure_outcome, limit_request
@@ -23,6 +25,8 @@ from .responses import add_headers, refusal
 #: The one request attribute of ours.
 _ATTRIBUTE = "ratelimit"
 
+#: The name under which a request's state holds what it reserved (ratelimit_app.apply.usage.UsageMeter).
+USAGE_ENTRY = "usage"
 #: The extra checks of `admit`: a sequence, or a callable giving it once the request's user is known.
 Extra = Sequence[LimitCheck] | Callable[[], Sequence[LimitCheck]]
 
@@ -69,6 +73,13 @@ class RequestState:
         closers, self._closers = self._closers, []
         return closers
 
+    def report_usage(self, unit: str, count: int) -> None:
+        """Add `count` units of `unit` to what this request used (ratelimit_app.apply.usage): settled when
+        it ends. Nothing happens for a unit it reserved nothing of."""
+        meter = self.entry.get(USAGE_ENTRY)
+        if meter is not None:
+            meter.report(unit, count)
+
     def take_deferred(self) -> tuple[int, str] | None:
         """The (cost, scope) left to a framework's throttles, once."""
         deferred, self.deferred = self.deferred, None
@@ -100,19 +111,35 @@ def outcome_of(request: Any) -> LimitOutcome | None:
 
 
 def admit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra = (),
-          path: str | None = None, where: str = "middleware") -> HttpResponseBase | None:
+          path: str | None = None, where: str = "middleware", usage: Usage = ()) -> HttpResponseBase | None:
     """Plan and decide `request` at `cost` in `scope`, with the `extra` checks in the same call; hold
     the slots it took and record the outcome on its state. `path`: the path planned for (a gateway's
     described request; default the request's own). The refusal to send (401, 403, 429, 503),
     or None when admitted. Never raises because of the limiter: a failure follows the fail mode
-    (logged as from `where`); RATELIMIT['ENABLED'] = False admits without deciding anything."""
+    (logged as from `where`); RATELIMIT['ENABLED'] = False admits without deciding anything. `usage`:
+    the estimates it reserves (ratelimit_app.apply.usage), settled when it ends."""
     settings = settings_of(request)
     try:  # RATELIMIT['ENABLED'] always has a reading (an invalid one reads as True)
-        outcome = limit_request(request, cost=cost, scope=scope, extra=extra() if callable(extra) else extra,
-                                path=path, settings=settings) if settings.enabled else NOT_LIMITED
+        if not settings.enabled:
+            outcome = NOT_LIMITED
+        elif usage:
+            outcome, meter = usage_limits.limit_request(request, cost=cost, scope=scope, usage=usage, extra=extra,
+                                                        path=path, settings=settings)
+            hold_usage(request, meter)
+        else:
+            outcome = limit_request(request, cost=cost, scope=scope, extra=extra() if callable(extra) else extra,
+                                    path=path, settings=settings)
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
     return record(request, outcome, cost)
+
+
+def hold_usage(request: HttpRequest, meter: usage_limits.UsageMeter | None) -> None:
+    """Keep what `request` reserved (`meter`) until it ends, when it is settled."""
+    if meter is not None:
+        state = state_of(request)
+        state.entry[USAGE_ENTRY] = meter
+        state.at_end(meter.settle)
 
 
 def settings_of(request: HttpRequest) -> Snapshot:
@@ -143,6 +170,8 @@ def finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase
         return response
     if state.outcome is not None:
         add_headers(response, state.outcome, state.settings)
+        if USAGE_ENTRY in state.entry:
+            usage_limits.finish(response, state.outcome, state.entry[USAGE_ENTRY], state.settings)
     if state.slots:
         for slots in state.take_slots():
             release_with(response, slots)

@@ -8,21 +8,29 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
 
-from . import limiting_async
-from .admission import Extra, finish, record, release_after, settings_of, state_if_any
+from ..core.engine import Usage
+from . import limiting_async, usage_async
+from .admission import USAGE_ENTRY, Extra, finish, hold_usage, record, release_after, settings_of, state_if_any
 from .concurrency import HeldSlots, middleware_installed
 from .limiting import failure_outcome
 from .outcome import NOT_LIMITED
 
 
 async def aadmit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra = (),
-                 path: str | None = None, where: str = "middleware") -> HttpResponseBase | None:
+                 path: str | None = None, where: str = "middleware", usage: Usage = ()) -> HttpResponseBase | None:
     """`admission.admit` on the event loop (`extra`, when a callable, is called once the request's user
     is known)."""
     settings = settings_of(request)
     try:  # RATELIMIT['ENABLED'] always has a reading (an invalid one reads as True)
-        outcome = await limiting_async.limit_request(request, cost=cost, scope=scope, extra=extra, path=path,
-                                                     settings=settings) if settings.enabled else NOT_LIMITED
+        if not settings.enabled:
+            outcome = NOT_LIMITED
+        elif usage:
+            outcome, meter = await usage_async.limit_request(request, cost=cost, scope=scope, usage=usage,
+                                                             extra=extra, path=path, settings=settings)
+            hold_usage(request, meter)
+        else:
+            outcome = await limiting_async.limit_request(request, cost=cost, scope=scope, extra=extra, path=path,
+                                                         settings=settings)
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
     return record(request, outcome, cost)
@@ -40,6 +48,9 @@ async def aend(request: HttpRequest) -> None:
         return
     for slots in state.take_slots():
         await slots.arelease()
+    meter = state.entry.get(USAGE_ENTRY)
+    if meter is not None:
+        await meter.asettle()  # on the event loop; its closer below then finds it settled
     for closer in state.take_closers():
         closer()
 

@@ -19,7 +19,8 @@ t (seconds until the quota resets). For token_bucket and gcra, q is the burst an
 takes to refill at the sustained rate, so q/w is the sustained rate. A concurrency policy is
 `"concurrency";q=2;qu="concurrent-requests"` (q slots, no window); in `RateLimit` its r is the free
 slots and t the time until the last lease held runs out (an upper bound: slots are usually given back
-sooner). The legacy trio of an allowed request describes the rate limits, not the slots.
+sooner). A usage limit carries its unit: `"llm.tokens";q=2000;w=60;qu="tokens"`. The legacy trio of an
+allowed request describes the rate limits, not the slots.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def _sf_string(name: str) -> str:
 def policy_field(policies: tuple[Policy, ...]) -> str:
     """The `RateLimit-Policy` value for a set of policies (computed once per distinct set)."""
     return ", ".join(f'{_sf_string(p.name)};q={p.capacity};qu="concurrent-requests"' if p.algorithm == CONCURRENCY
-                     else f"{_sf_string(p.name)};q={p.capacity};w={window_seconds(p)}" for p in policies)
+                     else f"{_sf_string(p.name)};q={p.capacity};w={window_seconds(p)}" +
+                     (f";qu={_sf_string(p.unit)}" if p.unit else "") for p in policies)
 
 
 def ratelimit_field(results: Sequence[PolicyResult]) -> str:

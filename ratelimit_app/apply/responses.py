@@ -77,19 +77,22 @@ def _violated_policies(decision: Decision) -> list[str]:
     return names or ([decision.policy] if decision.policy else [])
 
 
-def too_many_requests(decision: Decision, tier: str | None, cost: int = 1) -> JsonResponse:
-    """429 for a denied decision (with Retry-After unless the request can never be allowed)."""
+def too_many_requests(decision: Decision, tier: str | None, cost: int = 1, unit: str = "") -> JsonResponse:
+    """429 for a denied decision (with Retry-After unless the request can never be allowed); `unit`, that of
+    the refusing policy when it is a usage limit (its body then names it: "unit")."""
     retry_after = decision.retry_after
+    units = {"unit": unit} if unit else {}
     if retry_after is not None and math.isinf(retry_after):
+        asked = f"the {unit} this request reserves exceed" if unit else f"request cost {cost} exceeds"
         body = {
-            "error": (f"request cost {cost} exceeds what policy '{decision.policy}' can ever allow "
+            "error": (f"{asked} what policy '{decision.policy}' can ever allow "
                       f"({decision.limit}); it will never be allowed"),
-            "tier": tier, "policy": decision.policy, "retry_after": None,
+            "tier": tier, "policy": decision.policy, **units, "retry_after": None,
         }
         return _answer(429, body, problem_type=QUOTA_EXCEEDED, violated=_violated_policies(decision))
     response = _answer(429, {
-        "error": "rate limit exceeded", "tier": tier, "policy": decision.policy,
-        "retry_after": round(retry_after, 3) if retry_after is not None else None,
+        "error": f"{unit} limit exceeded" if unit else "rate limit exceeded", "tier": tier, "policy": decision.policy,
+        **units, "retry_after": round(retry_after, 3) if retry_after is not None else None,
     }, problem_type=QUOTA_EXCEEDED, violated=_violated_policies(decision))
     response["Retry-After"] = str(retry_after_seconds(retry_after))
     return response
@@ -158,7 +161,8 @@ def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
     elif outcome.status == SHED:
         return overloaded(outcome.message, shedding.shed_config().retry_after)  # no rate-limit headers
     elif outcome.status == DENIED and decision is not None:
-        response = too_many_requests(decision, outcome.tier_slug, cost)
+        unit = next((p.unit for p in outcome.policies if p.name == decision.policy), "")
+        response = too_many_requests(decision, outcome.tier_slug, cost, unit)
     else:
         response = limiter_unavailable(decision, outcome.tier_slug)
     add_headers(response, outcome)

@@ -114,6 +114,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ANONYMOUS_TIER": _TIER,
     "HEADERS": (lambda value: value in ("legacy", "ietf", "both"), "one of 'legacy', 'ietf', 'both'"),
     "HEADER_DRAFT": (lambda value: value in ("draft-11",), "'draft-11' (the only revision supported)"),
+    "USAGE_HEADERS": _BOOLEAN,
     "ERROR_FORMAT": (lambda value: value in ("json", "problem"), "one of 'json', 'problem'"),
     "NINJA_ERROR_FORMAT": (lambda value: value in ("ninja", "ratelimit"), "one of 'ninja', 'ratelimit'"),
     "TRUSTED_PROXIES": (lambda value: integer(value, 0) or _narrow_networks(value),
@@ -270,6 +271,7 @@ READINGS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "REQUIRE_API_KEY": _read_switch,
     "HEADERS": _choice(("legacy", "ietf", "both"), "both"),
     "HEADER_DRAFT": _choice(("draft-11",), "draft-11"),
+    "USAGE_HEADERS": lambda value, values: False,  # the standard headers still say where the client stands
     "ERROR_FORMAT": _choice(("json", "problem"), "json"),  # a refusal must be answered in some format
     "NINJA_ERROR_FORMAT": _choice(("ninja", "ratelimit"), "ninja"),
     "TRUSTED_PROXIES": _read_proxies,

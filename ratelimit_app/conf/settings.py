@@ -59,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "ANONYMOUS_TIER": None,  # tier for clients with no key and no user, per IP; None: the per-IP limit alone
     "HEADERS": "both",  # "legacy" (X-RateLimit-*), "ietf" (RateLimit, RateLimit-Policy) or "both"
     "HEADER_DRAFT": "draft-11",  # the draft-ietf-httpapi-ratelimit-headers revision the IETF fields follow
+    "USAGE_HEADERS": False,  # True: x-ratelimit-{limit,remaining,reset}-<unit> on responses that reserve usage
     "ERROR_FORMAT": "json",  # body of 429/503/401/403: "json" or "problem" (RFC 9457 problem+json)
     "NINJA_ERROR_FORMAT": "ninja",  # 429 of our Django Ninja throttles: Ninja's answer, or "ratelimit" (ours)
     "TRUSTED_PROXIES": 0,  # number of trusted proxy hops, or a list of trusted CIDRs

@@ -18,7 +18,7 @@ from .exceptions import BackendError, scripts_refused
 from .keys import digest, release_keys
 from .policies import Policy
 from .scripts import decide_sha
-from .wire import HIT, PEEK, RESET, CallPlan, bulk, call_plan, decisions
+from .wire import HIT, PEEK, RESET, CallPlan, Usage, bulk, call_plan, decisions
 
 #: An identity and the policies it is checked against.
 Check = tuple[str, Sequence[Policy]]
@@ -85,22 +85,23 @@ def new_lease_token() -> str:
 
 
 def prepare_call(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool,
-                 lease: str | None = None, reset: bool = False, shift: int = 0) -> PreparedCall:
+                 lease: str | None = None, reset: bool = False, shift: int = 0, usage: Usage = ()) -> PreparedCall:
     """Build the EVALSHA of decide.lua for these checks (see its header for KEYS and ARGV). A call that
     charges a concurrency policy needs `lease`, the token its slots are held under (ValueError without).
-    With `reset`, it forgets the checks' states (and reports, as peek does); `shift` ms are added to Redis' time."""
+    With `reset`, it forgets the checks' states (and reports, as peek does); `shift` ms are added to Redis' time.
+    `usage` (unit, estimate) pairs: what each usage limit of that unit reserves (see ratelimit_app.core.usage)."""
     if type(cost) is not int or cost < 1 or type(shift) is not int or abs(shift) > MAX_CLOCK_SHIFT_MS:
         raise ValueError(f"cost: {cost!r} must be an integer >= 1, and clock_shift_ms: {shift!r} an integer "
                          f"within +-{MAX_CLOCK_SHIFT_MS} (ms added to Redis' time, for tests)")
     mode = RESET if reset else HIT if charge else PEEK
     if len(checks) == 1:  # the usual case, kept short: it runs on every request
         identity, policies = checks[0]
-        plan = call_plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, mode, shift)
+        plan = call_plan(prefix, (policies if type(policies) is tuple else tuple(policies),), cost, mode, shift, usage)
         hashed = digest(identity)
         call = PreparedCall(plan, [hashed], hashed.join(plan.pieces))
         return _with_lease(call, lease) if plan.leases else call
     policy_sets = tuple(policies if type(policies) is tuple else tuple(policies) for _, policies in checks)
-    plan = call_plan(prefix, policy_sets, cost, mode, shift)
+    plan = call_plan(prefix, policy_sets, cost, mode, shift, usage)
     digests = [digest(identity) for identity, _ in checks]
     pieces = plan.pieces
     parts = [pieces[0]]
@@ -193,9 +194,10 @@ def peek_steps(prefix: str, identity: str, policies: Sequence[Policy], cost: int
 
 
 def hit_many_steps(prefix: str, checks: Sequence[Check], cost: int, lease: str | None,
-                   cluster: bool, shift: int = 0) -> Steps[list[Decision]]:
+                   cluster: bool, shift: int = 0, usage: Usage = ()) -> Steps[list[Decision]]:
     """`hit_many`: several identities in one call, all-or-nothing; one call per identity on a `cluster`."""
-    return decision_steps(prefix, checks, cost, charge=True, one_slot_per_call=cluster, lease=lease, shift=shift)
+    return decision_steps(prefix, checks, cost, charge=True, one_slot_per_call=cluster, lease=lease, shift=shift,
+                          usage=usage)
 
 
 def reset_steps(prefix: str, identity: str, policies: Sequence[Policy]) -> Steps[None]:
@@ -216,7 +218,8 @@ def _first(steps: Steps[list[Decision]], keep: bool = True) -> Steps[Any]:
 
 
 def decision_steps(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool = False,
-                   lease: str | None = None, reset: bool = False, shift: int = 0) -> Steps[list[Decision]]:
+                   lease: str | None = None, reset: bool = False, shift: int = 0,
+                   usage: Usage = ()) -> Steps[list[Decision]]:
     """The steps of one decision over `checks`.
 
     Normally one call decides every check, all-or-nothing. With `one_slot_per_call` (Redis Cluster,
@@ -227,8 +230,9 @@ def decision_steps(prefix: str, checks: Sequence[Check], cost: int, *, charge: b
     """
     if one_slot_per_call and len(checks) > 1:
         return _one_by_one([prepare_call(prefix, (check,), cost, charge=charge, lease=lease, reset=reset,
-                                         shift=shift) for check in checks])
-    return _exchange(prepare_call(prefix, checks, cost, charge=charge, lease=lease, reset=reset, shift=shift))
+                                         shift=shift, usage=usage) for check in checks])
+    return _exchange(prepare_call(prefix, checks, cost, charge=charge, lease=lease, reset=reset, shift=shift,
+                                  usage=usage))
 
 
 def _one_by_one(calls: list[PreparedCall]) -> Steps[list[Decision]]:

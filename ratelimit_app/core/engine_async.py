@@ -6,7 +6,8 @@ Decision for the same state, the same failures).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, Union, cast
 
 import redis.asyncio
@@ -23,6 +24,7 @@ from .keys import check_prefix, state_keys
 from .policies import Policy
 from .redispy import BINARY_REPLY, acheckout, aclosed_or_dirty
 from .scripts import decide_source
+from .usage import Reservation, asettle, charged, reservation, usage_pairs
 
 AsyncRedisClient = Union[redis.asyncio.Redis, AsyncRedisCluster]  # noqa: UP007 (a runtime alias)
 T = TypeVar("T")
@@ -83,12 +85,24 @@ class AsyncRateLimiter:
         """Report what `hit` would decide for `cost`, with remaining counted now; charges nothing."""
         return await self._run(engine.peek_steps(self.prefix, identity, policies, cost, clock_shift_ms))
 
-    async def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
-                       lease: str | None = None, clock_shift_ms: int = 0) -> list[Decision]:
+    async def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None,
+                       clock_shift_ms: int = 0, usage: engine.Usage = ()) -> list[Decision]:
         """Decide several identities together; all-or-nothing on a single Redis, one after another on
         Redis Cluster (see `RateLimiter.hit_many`). `lease` and `clock_shift_ms` as in `hit`."""
         return await self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster,
-                                                     clock_shift_ms))
+                                                     clock_shift_ms, usage))
+
+    async def reserve(self, identity: str, policies: Sequence[Policy], usage: Mapping[str, int], cost: int = 1, *,
+                      lease: str | None = None, clock_shift_ms: int = 0) -> tuple[Decision, Reservation]:
+        """`hit`, charging each usage limit the estimate of its unit in `usage` (see `RateLimiter.reserve`)."""
+        started, pairs = time.monotonic(), usage_pairs(usage)
+        checks = [(identity, charged(policies, pairs))]
+        decisions = await self.hit_many(checks, cost, lease=lease, clock_shift_ms=clock_shift_ms, usage=pairs)
+        return decisions[0], reservation(self.prefix, checks, pairs, started, clock_shift_ms, decisions)
+
+    async def settle(self, reservation: Reservation, used: Mapping[str, int]) -> int:
+        """Settle a reservation at the units `used` (see `RateLimiter.settle`)."""
+        return await asettle(self.client, reservation, used)
 
     async def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         """Give back the concurrency slots held under `lease` (see `RateLimiter.release`): one round

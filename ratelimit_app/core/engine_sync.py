@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, Union, cast
 
 import redis
@@ -29,6 +29,7 @@ from .keys import check_prefix, state_keys
 from .policies import Policy
 from .redispy import BINARY_REPLY, checkout, connected, stale
 from .scripts import decide_source
+from .usage import Reservation, charged, reservation, settle, usage_pairs
 
 RedisClient = Union[redis.Redis, RedisCluster]  # noqa: UP007 (a runtime alias, kept readable)
 #: A thread's connection unused for longer than this (seconds) is checked for a server-side close
@@ -77,19 +78,15 @@ def _count_fork() -> None:
 os.register_at_fork(after_in_child=_count_fork)
 
 
-#: The most idle connections a limiter keeps for new threads (see `_Owned`).
-MAX_SHELVED = 64
+MAX_SHELVED = 64  # the most idle connections a limiter keeps for new threads (see `_Owned`)
 
 
 class _Owned:
-    """Holds a thread's connection and lets go of it as soon as it is dropped: when its thread ends (the
-    thread's slot of the thread-local is cleared at once), not when a garbage collection finds the
-    connection's own reference cycles.
-
-    A connection let go of goes on its limiter's shelf, where the next new thread takes it, so servers
-    that run each request in a thread of its own (Django's ASGI handler does, for sync code) reuse a
-    few connections instead of opening one per request; beyond MAX_SHELVED, or in a forked child (whose
-    copy of a parent's connection must never be written to), it is closed.
+    """Holds a thread's connection and lets go of it as soon as it is dropped: when its thread ends (its
+    slot of the thread-local is cleared at once), not when a garbage collection finds its reference cycles.
+    A connection let go of goes on its limiter's shelf for the next new thread, so servers that run each
+    request in a thread of its own (Django's ASGI handler, for sync code) reuse a few connections; beyond
+    MAX_SHELVED, or in a forked child (whose copy of a parent's connection is never written to), it is closed.
     """
 
     __slots__ = ("connection", "forks", "shelf")
@@ -120,18 +117,15 @@ class _ThreadConnection(threading.local):
 class RateLimiter:
     """Decides requests against policies using Redis as the one shared state.
 
-    `client` is a `redis.Redis` or a `redis.cluster.RedisCluster`. Each call makes one round trip
-    (EVALSHA of the decision script, plus a SCRIPT LOAD when Redis has lost the script). Redis
-    failures raise `BackendError`; a call whose reply is lost after it was sent is never resent,
-    because Redis may already have charged it (the client's own retries are bypassed: the EVALSHA
-    is written on one connection, or sent to one cluster node, exactly once).
+    `client` is a `redis.Redis` or a `redis.cluster.RedisCluster`. Each call makes one round trip (EVALSHA
+    of the decision script, plus a SCRIPT LOAD when Redis lost it). Redis failures raise `BackendError`; a
+    call whose reply is lost after it was sent is never resent, as Redis may have charged it (the client's
+    retries are bypassed: the EVALSHA is written on one connection, or sent to one cluster node, once).
 
-    `connections` chooses how a standalone Redis (or Sentinel master) is reached: "own",
-    "pool" or "auto" (see the module docstring). With "own" each thread that decides keeps
-    one connection of its own, made from the client's connection settings (its pool's connection
-    class and options) and not counted by its pool. A connection idle for more than
-    IDLE_CHECK_AFTER seconds is checked for a server-side close before use, as a pool checkout does;
-    a connection that failed is closed and made again on next use.
+    `connections`: "own", "pool" or "auto" (see the module docstring). With "own" each thread that decides
+    keeps one connection of its own, made from the client's connection settings and not counted by its
+    pool; one idle for more than IDLE_CHECK_AFTER seconds is checked for a server-side close before use,
+    as a pool checkout does; one that failed is closed and made again on next use.
     """
 
     def __init__(self, client: RedisClient, prefix: str = "rl", *, connections: str = "auto") -> None:
@@ -162,7 +156,7 @@ class RateLimiter:
         return self._run(engine.peek_steps(self.prefix, identity, policies, cost, clock_shift_ms))
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None,
-                 clock_shift_ms: int = 0) -> list[Decision]:
+                 clock_shift_ms: int = 0, usage: engine.Usage = ()) -> list[Decision]:
         """Decide several identities together (for example a client IP and its API key).
 
         On a single Redis this is one round trip and all-or-nothing across every identity. On Redis
@@ -170,7 +164,21 @@ class RateLimiter:
         the first denial stops the rest (identities already charged stay charged; the list is then
         shorter than `checks`). `lease` and `clock_shift_ms` as in `hit`.
         """
-        return self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster, clock_shift_ms))
+        return self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster, clock_shift_ms, usage))
+
+    def reserve(self, identity: str, policies: Sequence[Policy], usage: Mapping[str, int], cost: int = 1, *,
+                lease: str | None = None, clock_shift_ms: int = 0) -> tuple[Decision, Reservation]:
+        """`hit`, each usage limit (a policy with a unit) charged the estimate of its unit in `usage` ({"tokens":
+        500}; one of a unit not named is left out); the Reservation is what `settle` needs (empty if refused)."""
+        started, pairs = time.monotonic(), usage_pairs(usage)
+        checks = [(identity, charged(policies, pairs))]
+        decisions = self.hit_many(checks, cost, lease=lease, clock_shift_ms=clock_shift_ms, usage=pairs)
+        return decisions[0], reservation(self.prefix, checks, pairs, started, clock_shift_ms, decisions)
+
+    def settle(self, reservation: Reservation, used: Mapping[str, int]) -> int:
+        """Settle a reservation at the units `used` ({"tokens": 120}): each estimate's unused part given back, an
+        overrun charged (lua/settle.lua, one call per identity); how many changed. BackendError if Redis fails."""
+        return settle(self.client, reservation, used)
 
     def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         """Give back the concurrency slots held under `lease`: each (identity, concurrency policy) of

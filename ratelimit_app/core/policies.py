@@ -32,6 +32,8 @@ _UNIT_WORDS = {
 }
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([a-z]+)\s*$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: A unit of usage ("tokens"): lowercase letters, digits and '_', starting with a letter.
+_UNIT = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 # Lua numbers are doubles: integers stay exact up to 2**53, and every algorithm's state must stay below.
 _MAX_EXACT = 2**53
@@ -84,6 +86,8 @@ class Policy:
     A `calendar` policy ("day", "week" or "month"; fixed_window only, its period the calendar's longest,
     `CALENDAR_PERIODS`) counts per calendar period in `time_zone` (see ratelimit_app.core.calendars);
     `clock_shift_ms` moves the Redis time such a policy is decided at, for tests only (0 in production).
+    A policy with a `unit` ("tokens"; blank: requests) is a usage limit: it counts units of usage, is
+    charged only by a reservation (`RateLimiter.reserve`, settled later) and never by a plain request.
     Invalid values raise InvalidPolicy.
     """
 
@@ -96,6 +100,7 @@ class Policy:
     calendar: str = ""
     time_zone: str = "UTC"
     clock_shift_ms: int = 0
+    unit: str = ""
     period_ms: int = field(init=False, repr=False, compare=False)
     #: the calendar rule sent to the script (0 for other policies); part of equality, so a new rule
     #: (after a DST change) is a new policy set for the engine's caches
@@ -129,9 +134,11 @@ class Policy:
             raise InvalidPolicy(f"shadow: {self.shadow!r} for policy {self.name!r} must be True or False")
         if self.calendar:
             self._check_calendar()
+        if self.unit:
+            self._check_unit()
         # hashed on every decision (the engine caches its packed commands by policy set), so once here
         object.__setattr__(self, "_hash", hash((self.name, self.algorithm, self.limit, self.period, self.burst,
-                                                         self.shadow, self.calendar_rule, self.clock_shift_ms)))
+                                                self.shadow, self.calendar_rule, self.clock_shift_ms, self.unit)))
         if self.burst is not None:
             if self.algorithm not in BURST_ALGORITHMS:
                 raise InvalidPolicy(
@@ -167,13 +174,20 @@ class Policy:
         rule = rule_at(self.calendar, self.time_zone, time.time() + self.clock_shift_ms / 1000)
         object.__setattr__(self, "calendar_rule", rule)
 
+    def _check_unit(self) -> None:
+        if not isinstance(self.unit, str) or not _UNIT.match(self.unit) or self.unit == "requests":
+            raise InvalidPolicy(f"unit: {self.unit!r:.40} for policy {self.name!r} must be a unit of usage such as "
+                                "'tokens' (1-32 lowercase letters, digits or '_'), or blank for requests")
+        if self.algorithm == CONCURRENCY:
+            raise InvalidPolicy(f"unit: policy {self.name!r} counts requests in flight, which have no unit")
+
     def __hash__(self) -> int:
         return self._hash
 
     def __reduce__(self) -> tuple[Any, ...]:
         # rebuilt, not copied: the cached hash of another process (string hashes are salted) is wrong here
         return (Policy, (self.name, self.algorithm, self.limit, self.period, self.burst, self.shadow,
-                         self.calendar, self.time_zone, self.clock_shift_ms))
+                         self.calendar, self.time_zone, self.clock_shift_ms, self.unit))
 
     @property
     def capacity(self) -> int:

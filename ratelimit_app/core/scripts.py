@@ -94,3 +94,26 @@ def renew_source() -> str:
     """The lease-renewing script (lua/renew.lua): KEYS one identity's sorted sets of leases, ARGV the
     token and each key's new lease length in ms."""
     return read_lua(RENEW_FILE)
+
+
+#: The script that settles a reservation's real usage (run with EVALSHA, loaded on NOSCRIPT).
+SETTLE_FILE = "settle.lua"
+
+
+@cache
+def settle_source() -> str:
+    """The settling script: the prelude, the codes of the algorithms it settles (from the registry), then
+    lua/settle.lua."""
+    codes = {algorithm.name: algorithm.code for algorithm in SCRIPTED}
+    (log,) = (algorithm for algorithm in SCRIPTED if algorithm.long_state_from)
+    return "\n".join((read_lua(_PRELUDE_FILE), (
+        f"local FIXED_CODE, LOG_CODE, COUNTER_CODE = {codes['fixed_window']}, {log.code}, "
+        f"{codes['sliding_window_counter']}\n"
+        f"local BUCKET_CODE, GCRA_CODE, LONG_LOG_UNITS = {codes['token_bucket']}, {codes['gcra']}, "
+        f"{log.long_state_from}\n"), read_lua(SETTLE_FILE)))
+
+
+@cache
+def settle_sha() -> str:
+    """SHA1 of the settling script."""
+    return hashlib.sha1(settle_source().encode("utf-8"), usedforsecurity=False).hexdigest()

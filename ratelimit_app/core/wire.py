@@ -20,16 +20,20 @@ _REPLY_NUMBERS = struct.Struct(">qqq")  # remaining, reset in ms, retry in ms
 PEEK, HIT, RESET = 0, 1, 2
 #: Added to the algorithm code of a shadow policy: decide.lua counts it but never lets it refuse.
 SHADOW_FLAG = 64
+#: The code of a policy charged apart from the call's cost adds this many times that cost (a usage limit's estimate).
+OWN_COST_STEP = 128
+#: (unit, estimate) pairs: what a usage limit of each unit reserves.
+Usage = tuple[tuple[str, int], ...]
 
 
-def _numbers(policy: Policy) -> tuple[int, int, int, int]:
-    """The code, limit, period and extra number of `policy` in ARGV[1] of decide.lua."""
+def _numbers(policy: Policy, own_cost: int) -> tuple[int, int, int, int]:
+    """The code, limit, period, extra of `policy` in ARGV[1] of decide.lua; `own_cost`: its own (0: the call's)."""
     if policy.calendar:
         code, period, extra = CALENDAR_WINDOW.code, policy.calendar_rule, policy.clock_shift_ms
     else:
         algorithm = BY_NAME[policy.algorithm]
         code, period, extra = algorithm.code, policy.period_ms, policy.capacity if algorithm.takes_burst else 0
-    return code + (SHADOW_FLAG if policy.shadow else 0), policy.limit, period, extra
+    return code + (SHADOW_FLAG if policy.shadow else 0) + OWN_COST_STEP * own_cost, policy.limit, period, extra
 
 
 def bulk(value: bytes) -> bytes:
@@ -38,7 +42,7 @@ def bulk(value: bytes) -> bytes:
 
 
 class CallPlan:
-    """Everything about a call but its identities: the prefix, the policy sets, the cost, the mode, the shift.
+    """Everything about a call but its identities: the prefix, the policy sets, cost, mode, shift, usage.
 
     `pieces` is the packed EVALSHA command cut where each key's identity digest goes: the command is
     `pieces[0] + digest(owner 0) + pieces[1] + ... + pieces[-1]`, with `owners[i]` the index of the
@@ -49,8 +53,9 @@ class CallPlan:
                  "policy_count", "prefix")
 
     def __init__(self, prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int,
-                 shift: int) -> None:
+                 shift: int, usage: Usage = ()) -> None:
         self.prefix = prefix
+        estimates = dict(usage)
         # KEYS: the state key of each identity, then the key of its own of each policy sent one
         layout: list[tuple[int, str]] = [(check, ":{%s}") for check in range(len(policy_sets))]
         numbers = [_CALL_NUMBERS.pack(cost, mode, len(policy_sets), shift)]
@@ -65,7 +70,10 @@ class CallPlan:
                 name = tag(p)
                 if is_sent_its_key(p):
                     layout.append((check, ":{%s}" + name))
-                numbers.append(_POLICY_NUMBERS.pack(*_numbers(p), check + 1, len(name)) + name.encode())
+                if p.unit and p.unit not in estimates and mode == HIT:
+                    raise ValueError(f"policies: {p.name!r} counts {p.unit}, charged only by reserve(usage=...)")
+                numbers.append(_POLICY_NUMBERS.pack(*_numbers(p, estimates.get(p.unit, 0) if p.unit else 0),
+                                                    check + 1, len(name)) + name.encode())
         self.policy_count = sum(len(policies) for policies in policy_sets)
         self.key_layout = tuple(layout)
         self.named_capacities = tuple(tuple((p.name, p.capacity, p.shadow) for p in policies)
@@ -92,9 +100,10 @@ class CallPlan:
 
 
 @lru_cache(maxsize=1024)
-def call_plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int, shift: int) -> CallPlan:
+def call_plan(prefix: str, policy_sets: tuple[tuple[Policy, ...], ...], cost: int, mode: int, shift: int,
+              usage: Usage = ()) -> CallPlan:
     """The plan of a call, built once per distinct one (a call then only splices in its digests)."""
-    return CallPlan(prefix, policy_sets, cost, mode, shift)
+    return CallPlan(prefix, policy_sets, cost, mode, shift, usage)
 
 
 def decisions(plan: CallPlan, reply: object) -> list[Decision] | None:

@@ -55,6 +55,6 @@ def unseed_websocket_limits(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("ratelimit_app", "0003_tier_ip_rate")]
+    dependencies = [("ratelimit_app", "0004_usage_units")]
 
     operations = [migrations.RunPython(seed_websocket_limits, unseed_websocket_limits)]

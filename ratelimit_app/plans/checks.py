@@ -114,8 +114,8 @@ def _capped_tier_messages() -> list[checks.CheckMessage]:
             continue  # no per-IP limit, or one that never refuses
         ip = applied[0]
         source = f"the tier's per-IP rate {ip.rate}" if own else f"RATELIMIT['IP_RATE'] {ip.rate}"
-        capped = [p for p in tier.every_policy() if p.algorithm != CONCURRENCY and not p.shadow
-                  and p.limit / p.period > ip.limit / ip.period]
+        capped = [p for p in tier.every_policy() if p.algorithm != CONCURRENCY and not p.shadow and not p.unit
+                  and p.limit / p.period > ip.limit / ip.period]  # (a usage limit counts units, not requests)
         if capped:
             messages.append(checks.Warning(
                 f"tier {tier.slug!r}: its per-IP limit ({source}) refuses one client address before its limit "

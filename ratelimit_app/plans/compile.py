@@ -35,6 +35,18 @@ class TierInfo:
     scoped: dict[str, tuple[Policy, ...]] = field(default_factory=dict, hash=False, compare=False)
     time_zone: str = "UTC"
     ip_policies: tuple[Policy, ...] | None = None
+    #: the usage limits (policies with a unit) of each scope ("" for none), kept out of `policies_for`
+    usage: dict[str, tuple[Policy, ...]] = field(init=False, hash=False, compare=False, repr=False)
+    _requests: dict[str, tuple[Policy, ...]] = field(init=False, hash=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        usage, requests = {}, {}
+        for scope, policies in (("", self.policies), *self.scoped.items()):
+            if any(policy.unit for policy in policies):
+                usage[scope] = tuple(policy for policy in policies if policy.unit)
+                requests[scope] = tuple(policy for policy in policies if not policy.unit)
+        object.__setattr__(self, "usage", usage)
+        object.__setattr__(self, "_requests", requests)
 
     def every_policy(self) -> tuple[Policy, ...]:
         """Every policy of the tier: the unscoped ones, then each scope's own, each once."""
@@ -47,10 +59,16 @@ class TierInfo:
         return tuple(seen.values())
 
     def policies_for(self, scope: str | None) -> tuple[Policy, ...]:
-        """The policies a request to a route declaring `scope` (None or "" for none) is checked against."""
-        if scope:
-            return self.scoped.get(scope, self.policies)
-        return self.policies
+        """The policies a request to a route declaring `scope` (None or "" for none) is checked against;
+        its usage limits (`usage_for`) only when it reserves usage."""
+        policies = self.scoped.get(scope, self.policies) if scope else self.policies
+        if self._requests:
+            return self._requests.get(scope if scope and scope in self.scoped else "", policies)
+        return policies
+
+    def usage_for(self, scope: str | None) -> tuple[Policy, ...]:
+        """The usage limits of a route declaring `scope`: charged only by what a request reserves."""
+        return self.usage.get(scope if scope and scope in self.scoped else "", ()) if self.usage else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +107,7 @@ def load_tier_row(slug: str) -> tuple[Any, ...] | None:
     limits = list(
         TierLimit.objects.filter(tier_id=tier[0], enabled=True)
         .order_by("scope", "period", "id")
-        .values_list("name", "algorithm", "limit", "period", "burst", "scope", "shadow", "calendar")
+        .values_list("name", "algorithm", "limit", "period", "burst", "scope", "shadow", "calendar", "unit")
     )
     return (*tier[1:4], limits, *tier[4:])
 
@@ -113,9 +131,9 @@ def build_tier(row: tuple[Any, ...]) -> TierInfo:
     slug, name, fail_mode, limit_rows, time_zone, ip_rate = row
     base: list[Policy] = []
     by_scope: dict[str, list[Policy]] = {}
-    for limit_name, algorithm, limit, period, burst, scope, shadow, calendar in limit_rows:
+    for limit_name, algorithm, limit, period, burst, scope, shadow, calendar, unit in limit_rows:
         policy = _policy_or_skip(TierLimit(name=limit_name, algorithm=algorithm, limit=limit, period=period,
-                                           burst=burst, scope=scope, shadow=shadow, calendar=calendar),
+                                           burst=burst, scope=scope, shadow=shadow, calendar=calendar, unit=unit),
                                  time_zone, slug)
         if policy is None:
             continue
@@ -139,7 +157,8 @@ def _ip_policies(ip_rate: str, tier: str) -> tuple[Policy, ...] | None:
 
 
 #: The columns of an override limit (ApiKeyLimit, UserTierLimit), in the order `apply_overrides` reads.
-OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar")
+OVERRIDE_FIELDS = ("name", "algorithm", "limit", "period", "burst", "scope", "enabled", "shadow", "calendar",
+                   "unit")
 
 
 def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...], client: str = "") -> TierInfo:
@@ -154,9 +173,9 @@ def apply_overrides(tier: TierInfo, overrides: tuple[tuple[Any, ...], ...], clie
     base = list(tier.policies)
     own = {scope: list(policies[len(tier.policies):]) for scope, policies in tier.scoped.items()}
     ip_policies = tier.ip_policies
-    for name, algorithm, limit, period, burst, scope, enabled, shadow, *calendar in overrides:
+    for name, algorithm, limit, period, burst, scope, enabled, shadow, *rest in overrides:
         row = TierLimit(name=name, algorithm=algorithm, limit=limit, period=period, burst=burst, scope=scope,
-                        shadow=shadow, calendar=calendar[0] if calendar else "")
+                        shadow=shadow, calendar=rest[0] if rest else "", unit=rest[1] if len(rest) > 1 else "")
         policy = _policy_or_skip(row, tier.time_zone, tier.slug, client) if enabled else None
         if enabled and policy is None:
             continue

@@ -14,15 +14,16 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from ..conf.settings import ratelimit_settings
 from ..core.decision import Decision, degraded_decision
-from ..core.engine import Check, prepare_call
+from ..core.engine import Check, Usage, prepare_call
 from ..core.exceptions import BACKEND_ERRORS, BackendError, ScriptsRefused
 from ..core.logs import log_event, log_once
 from ..core.policies import CONCURRENCY, Policy
+from ..core.usage import Reservation
 from . import clock, events
 from .breaker import CLOSED, PROBE, SKIP, CircuitBreaker
 from .breaker import OPEN as BREAKER_OPEN
@@ -111,12 +112,13 @@ class RedisGuard:
 
     # -- the steps (driven by the services) ---------------------------------------------------------
     def decide(self, engine: Any, checks: Sequence[Check], cost: int, fail_mode: str | None, charge: bool,
-               fresh: bool = False, lease: str | None = None) -> Steps[list[Decision]]:
+               fresh: bool = False, lease: str | None = None, usage: Usage = ()) -> Steps[list[Decision]]:
         """One decision: the deny cache (after a read of the reset epoch when one is due: see ResetWatch),
         the breaker, then Redis (`hit_many`, or `peek` when not `charge`); the fail mode answers when Redis
         cannot. `engine` is the service's engine if built yet (the reset epoch is read only through one
-        of Redis). A decision that may have run without its reply gives back every slot it may have
-        taken (its lease is cancelled once Redis answers again)."""
+        of Redis). `usage` reserves estimates (see LimiterService.reserve_many; the memory backend has
+        none: a usage limit counts the request's cost there). A decision that may have run without its
+        reply gives back every slot it may have taken (its lease is cancelled once Redis answers again)."""
         mode = self.fail_mode if fail_mode is None else check_fail_mode(fail_mode)
         key, cache = None, self.deny_cache
         if len(cache) and not fresh:
@@ -130,8 +132,9 @@ class RedisGuard:
         started, shift = time.monotonic(), clock.offset_ms()
         try:
             if charge:
-                decisions = yield (lambda engine: engine.hit_many(checks, cost, lease=lease, clock_shift_ms=shift)), \
-                    started
+                decisions = yield (lambda engine: engine.hit_many(
+                    checks, cost, lease=lease, clock_shift_ms=shift,
+                    **({"usage": usage} if usage and _client(engine) is not None else {}))), started
             else:
                 identity, policies = checks[0]
                 decisions = [(yield (lambda engine: engine.peek(identity, policies, cost, clock_shift_ms=shift)),
@@ -195,6 +198,12 @@ class RedisGuard:
         if not answered and self._settler is not None:
             self.lost_leases.release(held, lease)
         return answered
+
+    def settle(self, reservation: Reservation, used: Mapping[str, int]) -> Steps[bool]:
+        """Settle a reservation (see LimiterService.settle): False when Redis could not be asked."""
+        if not reservation.held:
+            return True
+        return (yield from self._attempted(lambda engine: engine.settle(reservation, used)))
 
     def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None,
               local: bool) -> Steps[bool | None]:

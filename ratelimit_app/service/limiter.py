@@ -8,15 +8,18 @@ for within the time budget. Its twin for asyncio code is `AsyncLimiterService` (
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.budget import within_budget
 from ..core.decision import Decision
-from ..core.engine import Check
+from ..core.engine import Check, Usage
 from ..core.engine_sync import RateLimiter
 from ..core.policies import Policy
+from ..core.usage import NO_RESERVATION, Reservation, reservation
+from . import clock
 from .connection import get_redis
 from .guard import RedisGuard
 from .memory import MemoryLimiter, memory_limiter
@@ -81,6 +84,25 @@ class LimiterService:
         `lease` (in Redis, or in the local fallback when the decision is local: `release` with the
         same `local`)."""
         return self._drive(self.guard.decide(self._engine, checks, cost, fail_mode, True, lease=lease))
+
+    def reserve_many(self, checks: Sequence[Check], cost: int, usage: Usage, *, fail_mode: str | None = None,
+                     lease: str | None = None) -> tuple[list[Decision], Reservation]:
+        """`hit_many`, each usage limit of `checks` charged the estimate of its unit in `usage` (see
+        RateLimiter.reserve), with what `settle` needs: nothing when refused or decided without Redis (the
+        fail mode, the memory backend). The deny cache is not read: an estimate's refusal says nothing of
+        another estimate's, and a settlement may give back units at any moment."""
+        started = time.monotonic()
+        decisions = self._drive(self.guard.decide(self._engine, checks, cost, fail_mode, True, fresh=True,
+                                                  lease=lease, usage=usage))
+        engine = self._engine
+        if not isinstance(engine, RateLimiter) or any(decision.degraded for decision in decisions):
+            return decisions, NO_RESERVATION
+        return decisions, reservation(engine.prefix, checks, usage, started, clock.offset_ms(), decisions)
+
+    def settle(self, reservation: Reservation, used: Mapping[str, int]) -> bool:
+        """Settle what a request reserved at the units it `used` (see RateLimiter.settle), within the time
+        budget and through the breaker; False when Redis could not be asked (the estimate stays charged)."""
+        return self._drive(self.guard.settle(reservation, used))
 
     def release(self, held: Sequence[tuple[str, Policy]], lease: str, *, local: bool = False) -> bool:
         """Give back the concurrency slots of `held` taken under `lease`: in Redis (one round trip,

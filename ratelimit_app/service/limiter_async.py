@@ -12,16 +12,18 @@ import asyncio
 import sys
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
 from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.budget import within_budget
 from ..core.decision import Decision
-from ..core.engine import Check
+from ..core.engine import Check, Usage
 from ..core.engine_async import AsyncRateLimiter
 from ..core.policies import Policy
 from ..core.redispy import close_client
+from ..core.usage import NO_RESERVATION, Reservation, reservation
+from . import clock
 from .connection import get_async_redis
 from .guard import RedisGuard
 from .limiter import get_limiter
@@ -84,6 +86,21 @@ class AsyncLimiterService:
                        fail_mode: str | None = None, lease: str | None = None) -> list[Decision]:
         """Decide several identities together (see LimiterService.hit_many)."""
         return await self._drive(self.guard.decide(self._built(), checks, cost, fail_mode, True, lease=lease))
+
+    async def reserve_many(self, checks: Sequence[Check], cost: int, usage: Usage, *, fail_mode: str | None = None,
+                           lease: str | None = None) -> tuple[list[Decision], Reservation]:
+        """`hit_many` with usage estimates reserved (see LimiterService.reserve_many)."""
+        started = time.monotonic()
+        decisions = await self._drive(self.guard.decide(self._built(), checks, cost, fail_mode, True, fresh=True,
+                                                        lease=lease, usage=usage))
+        engine = self._built()
+        if not isinstance(engine, AsyncRateLimiter) or any(decision.degraded for decision in decisions):
+            return decisions, NO_RESERVATION
+        return decisions, reservation(engine.prefix, checks, usage, started, clock.offset_ms(), decisions)
+
+    async def settle(self, reservation: Reservation, used: Mapping[str, int]) -> bool:
+        """Settle what a request reserved (see LimiterService.settle)."""
+        return await self._drive(self.guard.settle(reservation, used))
 
     async def release(self, held: Sequence[tuple[str, Policy]], lease: str, *, local: bool = False) -> bool:
         """Give back the concurrency slots of `held` taken under `lease` (see LimiterService.release)."""

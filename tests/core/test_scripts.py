@@ -16,10 +16,13 @@ from ratelimit_app.core.scripts import (
     CANCEL_FILE,
     ENTRY_FILE,
     RENEW_FILE,
+    SETTLE_FILE,
     decide_sha,
     decide_source,
     read_lua,
     renew_source,
+    settle_sha,
+    settle_source,
 )
 from ratelimit_app.service.fallback_models import MODELS
 
@@ -27,8 +30,9 @@ from ratelimit_app.service.fallback_models import MODELS
 #: Update deliberately when a script changes (and say why in the commit).
 PINNED = {
     "prelude.lua": "002b3108a4d9b7df3a11ddec6b915aaaeae97a9b",
-    "decide.lua": "faa2538d49544de22160ce75741631ef9fd4bd8a",
+    "decide.lua": "cb6d237a4ea33a337a3982dcfec1e074e825d6a5",
     "cancel.lua": "ae0100ce411fc4ef714929e7c5680034b76431d1",
+    "settle.lua": "c5663566d2fd012f018784c7ae7694dbefc7e645",
     "renew.lua": "c4fe159073bceea098516e9d6247d6455f48c9ef",
 }
 
@@ -47,6 +51,13 @@ def test_every_lua_file_is_pinned_by_the_registry_or_here() -> None:
 
 def test_redis_names_the_decision_script_as_the_engine_does(redis_client: redis.Redis) -> None:
     assert redis_client.script_load(decide_source()) == decide_sha()
+
+
+def test_settle_script_hash_is_pinned_and_documents_its_interface(redis_client: redis.Redis) -> None:
+    assert redis_client.script_load(settle_source()) == settle_sha()
+    header = read_lua(SETTLE_FILE).split("local numbers", 1)[0]
+    for word in ("ARGV[1]", "'>i8i8i8i8i8i8i8Bc0'", "KEYS[1]", "KEYS[1 + i]", "Reply:", "calendar"):
+        assert word in header, f"{SETTLE_FILE} header does not document {word}"
 
 
 def test_every_script_documents_its_interface() -> None:

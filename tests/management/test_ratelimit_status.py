@@ -11,7 +11,7 @@ import re
 import pytest
 from django.core.management import call_command
 
-from ratelimit_app import Policy
+from ratelimit_app import Policy, RateLimiter
 from ratelimit_app.management.commands.ratelimit_status import (
     _ALLOW_LISTED,
     _DENY_LISTED,
@@ -45,6 +45,7 @@ def test_describe_shows_the_rate_its_burst_a_calendar_and_shadow() -> None:
     month = Policy("month", "fixed_window", limit=1000, period=2678400, calendar="month", time_zone="Europe/Paris",
                    shadow=True)
     assert _describe(month) == "1000/calendar-month@Europe/Paris shadow"
+    assert _describe(Policy("tokens", "sliding_window", limit=40_000, period=60, unit="tokens")) == "40000/m tokens"
 
 
 @pytest.mark.django_db
@@ -81,3 +82,22 @@ def test_a_tiers_own_fail_mode_a_shadow_limit_that_would_deny_and_a_tier_without
     out = status(bare.partition(".")[0])
     assert "fail mode default (open)" in out
     assert f"key:{bare.partition('.')[0]}: tier bare has no enabled limits (unlimited)" in out
+
+
+@pytest.mark.django_db
+def test_a_usage_limit_is_listed_with_its_unit_and_what_remains() -> None:
+    tier = make_tier("metered", [("minute", "fixed_window", 5, 60, None, "")])
+    TierLimit.objects.create(tier=tier, name="tokens", algorithm="sliding_window", limit=2000, period=60,
+                             scope="llm", unit="tokens")
+    key = make_key(tier)
+    prefix = key.partition(".")[0]
+    tokens = Policy("llm.tokens", "sliding_window", limit=2000, period=60, unit="tokens")
+    engine = get_limiter().limiter()
+    assert isinstance(engine, RateLimiter)
+    _, reservation = engine.reserve(f"key:{prefix}", [tokens], {"tokens": 500})
+    assert _describe(tokens) == "2000/m tokens"
+    [row] = [line for line in status(prefix).splitlines() if re.match(rf"key:{prefix}\s+llm.tokens\s", line)]
+    assert "2000/m tokens" in row and "1500/2000" in row
+    get_limiter().settle(reservation, {"tokens": 120})
+    [row] = [line for line in status(prefix).splitlines() if re.match(rf"key:{prefix}\s+llm.tokens\s", line)]
+    assert "1880/2000" in row

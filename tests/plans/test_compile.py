@@ -116,7 +116,7 @@ def test_a_keys_row_carries_its_expiry_as_unix_time_and_its_own_limits(django_us
     assert (info.prefix, info.name, info.tier_slug, info.revoked, info.owner_id) == \
         (prefix, "mobile", "keyed", False, owner.pk)
     assert info.expires_at == expires.timestamp() and info.hashed_key == api_key.hashed_key
-    assert info.overrides == (("minute", "fixed_window", 99, 60, None, "", True, False, ""),)
+    assert info.overrides == (("minute", "fixed_window", 99, 60, None, "", True, False, "", ""),)
     assert key not in repr(row)  # never the key itself
     assert load_key_row("Zz9Zz9Zz") is None
 
@@ -129,7 +129,7 @@ def test_a_users_plan_is_their_tier_and_own_limits(django_user_model: Any) -> No
     assignment = UserTier.objects.create(user=erin, tier=tier)
     UserTierLimit.objects.create(user_tier=assignment, name="day", algorithm="fixed_window", limit=7, period=86400,
                                  shadow=True)
-    assert load_user_plan(str(erin.pk)) == ("users", (("day", "fixed_window", 7, 86400, None, "", True, True, ""),))
+    assert load_user_plan(str(erin.pk)) == ("users", (("day", "fixed_window", 7, 86400, None, "", True, True, "", ""),))
 
 
 @pytest.mark.django_db

@@ -19,7 +19,7 @@ from ratelimit_app.observability import recorder
 from ratelimit_app.service import memory
 from ratelimit_app.service.limiter import get_limiter
 from ratelimit_app.service.limiter_async import get_async_limiter
-from tests.support.limits_support import add_slots, make_key
+from tests.support.limits_support import add_slots, make_key, seed_tiers
 from tests.support.tcp_proxy import TcpProxy, tcp_proxy
 
 HOUR = Policy("hour", "fixed_window", limit=2, period=3600)
@@ -106,3 +106,26 @@ def test_a_prefixs_store_outlives_settings_changes_until_it_is_forgotten(setting
     settings.RATELIMIT = {**settings.RATELIMIT, "KEY_PREFIX": own}
     memory.forget(own)
     assert get_limiter().hit("k", [HOUR]).remaining == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_route_that_reserves_usage_is_answered_without_redis(in_memory: None, proxy: TcpProxy) -> None:
+    """The memory backend keeps no estimates: a usage limit counts the request's cost there, nothing is
+    settled, and the request is answered (never the fail mode's answer to an error)."""
+    seed_tiers()
+    key = make_key("pro")
+    body = b'{"max_tokens": 500, "use": 2}'
+    response = Client().post("/api/llm/chat", body, content_type="application/json", HTTP_X_API_KEY=key)
+    assert response.status_code == 200 and '"llm.tokens";r=1999;' in response["RateLimit"]
+    b"".join(response.streaming_content)  # type: ignore[attr-defined]
+    response.close()
+
+    async def asynchronous() -> int:
+        answer = await AsyncClient().post("/api/llm/chat", body, content_type="application/json",
+                                          headers={"X-API-Key": key})
+        async for _ in answer.streaming_content:  # type: ignore[attr-defined]
+            pass
+        return answer.status_code
+
+    assert asyncio.run(asynchronous()) == 200
+    assert (proxy.connections, bytes(proxy.from_clients)) == (0, b"")

@@ -1,5 +1,5 @@
 """ratelimit_app.service.servicecall: `request_key` (what makes two requests the same for the deny cache),
-`ServiceStats` (the service's counters) and `ServiceCall`'s starting state."""
+and `ServiceStats` (the service's counters)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,9 @@
 --                         never names: a new algorithm leaves it as it is); plus 64 for a shadow
 --                         policy (wire.SHADOW_FLAG): it is checked like the others and never refuses the
 --                         call; it is charged when the call is charged and it allows, and not when it
---                         would have refused, so its count stays what it would be if it were enforced
+--                         would have refused, so its count stays what it would be if it were enforced;
+--                         plus 128 x its own cost for a policy charged apart from the call's cost (a
+--                         usage limit, charged the estimate it reserves; wire.OWN_COST_STEP)
 --                  limit, period, extra   the policy's numbers (integers), as its algorithm's file
 --                         says: limit is its units (or slots) per period; period the period's length
 --                         in ms (a calendar quota's calendar rule); extra a bucket's size (the burst of
@@ -130,12 +132,12 @@ if m > 1 then
   end
 end
 
--- 2. check every policy; result[9(i-1) + 1..9] holds policy i's results (see "The algorithms"), its
--- tag, its identity and its key of its own. Lua 5.1 has no table.new, but a constructor listing nils
+-- 2. check every policy; result[10(i-1) + 1..10] holds policy i's results (see "The algorithms"), its
+-- tag, its identity, its key of its own and its cost. Lua 5.1 has no table.new, but a constructor listing nils
 -- allocates that many slots at once (growing a table slot by slot costs Redis more than a policy's
 -- arithmetic).
 local result = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-  nil, nil, nil, nil, nil, nil, nil, nil, nil}
+  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 local all_allowed = true
 local n, keyed, position = 0, 0, 19
 while position <= #numbers do
@@ -144,6 +146,8 @@ while position <= #numbers do
   n = n + 1
   if j > m then return redis.error_reply('ERR ratelimit decide: bad arguments') end
   if owner then j = owner[j] end
+  local own = cost
+  if code >= 128 then own, code = floor(code / 128), code % 128 end
   local shadow = code >= 64
   if shadow then code = code - 64 end
   local key = false
@@ -162,14 +166,14 @@ while position <= #numbers do
       stored = states[tag] or false
       if stored and #stored == 7 and code ~= TEXT_STATE_CODE then stored = unpack('>I7', stored) end
     end
-    allowed, remaining, reset_us, retry_us, write, charged_reset_us = check(code, stored, key, now_us, cost,
+    allowed, remaining, reset_us, retry_us, write, charged_reset_us = check(code, stored, key, now_us, own,
       limit, period, extra)
     if allowed == nil then return redis.error_reply('ERR ratelimit decide: unknown algorithm') end
   end
-  local base = 9 * (n - 1)
+  local base = 10 * (n - 1)
   result[base + 1], result[base + 2], result[base + 3], result[base + 4] = allowed, remaining, reset_us, retry_us
   result[base + 5], result[base + 6], result[base + 7], result[base + 8] = write, charged_reset_us, tag, j
-  result[base + 9] = key
+  result[base + 9], result[base + 10] = key, own
   if not allowed and not shadow then all_allowed = false end
 end
 if n < 1 or key_count ~= m + keyed then
@@ -181,7 +185,7 @@ end
 local charged = charge and all_allowed
 local reply = ''
 for i = 1, n do
-  local base = 9 * (i - 1)
+  local base = 10 * (i - 1)
   local allowed, remaining, reset_us, retry_ms = result[base + 1], result[base + 2], result[base + 3], 0
   local write, tag, j = result[base + 5], result[base + 7], result[base + 8]
   if charged and allowed then
@@ -205,7 +209,7 @@ for i = 1, n do
       end
       if expiry > identity[at] then identity[at] = expiry end
       if identity[at - 4] then identity[at - 4][tag] = nil end  -- replaced
-      remaining = remaining - cost
+      remaining = remaining - result[base + 10]
     end
   elseif not allowed then
     -- refused by policy i; reported for a shadow policy too, although it did not refuse the call

@@ -34,10 +34,10 @@ def _seconds(value: float | None) -> str:
 
 
 def _describe(policy: Policy) -> str:
-    """A policy as "20/m" with its burst, "1000/calendar-month@Europe/Paris" for a calendar quota (and
-    "shadow" for a dry-run limit), for a table cell."""
+    """A policy as "20/m" with its burst, "1000/calendar-month@Europe/Paris" for a calendar quota (and its
+    unit for a usage limit, "2000/m tokens", and "shadow" for a dry-run limit), for a table cell."""
     burst = f" burst {policy.burst}" if policy.burst is not None else ""
-    shadow = " shadow" if policy.shadow else ""
+    shadow = (f" {policy.unit}" if policy.unit else "") + (" shadow" if policy.shadow else "")
     if policy.calendar:
         return f"{policy.limit}/calendar-{policy.calendar}@{policy.time_zone}{shadow}"
     return f"{policy.rate}{burst}{shadow}"
