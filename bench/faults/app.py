@@ -30,7 +30,8 @@ def ledger() -> redis.Redis:
 
 def charged_window(request: HttpRequest, now: float) -> tuple[str, int, bool]:
     """The identity, the window index and whether the decision was degraded, for the ledger."""
-    outcome = getattr(request, "ratelimit", None)
+    state = getattr(request, "ratelimit", None)
+    outcome = state.outcome if state is not None else None
     decision = outcome.decision if outcome is not None else None
     identity = outcome.identity if outcome is not None else "unlimited"
     degraded = decision is None or decision.degraded

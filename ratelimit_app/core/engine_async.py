@@ -1,9 +1,6 @@
-"""The asyncio transport of the engine: `AsyncRateLimiter` carries out the steps of ratelimit_app.core.engine.
-
-It is the twin of `ratelimit_app.core.engine_sync.RateLimiter`: the same methods in the same order,
-each of them only the I/O of a step that the sans-IO engine builds (the calls, the arguments'
-validation, the NOSCRIPT recovery, the replies and the errors' wording live there, once). So the two
-return the same `Decision` for the same state, and fail the same way.
+"""The asyncio transport of the engine: `AsyncRateLimiter` carries out the steps of ratelimit_app.core.engine over
+a redis.asyncio client (the twin of engine_sync.RateLimiter: the same methods in the same order, the same
+Decision for the same state, the same failures).
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from typing import Any, TypeVar, Union, cast
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.client import NEVER_DECODE
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -26,37 +22,12 @@ from .engine import LOAD_SCRIPT, NOSCRIPT, Check, PreparedCall, Steps
 from .exceptions import REDIS_CLIENT_ERRORS
 from .keys import check_prefix, state_keys
 from .policies import Policy
+from .redispy import BINARY_REPLY, acheckout, aclosed_or_dirty
 from .scripts import decide_source
 from .usage import Reservation, asettle, charged, reservation, usage_pairs
 
 AsyncRedisClient = Union[redis.asyncio.Redis, AsyncRedisCluster]  # noqa: UP007 (a runtime alias)
 T = TypeVar("T")
-
-#: The values of AsyncRateLimiter's `connections`.
-
-
-async def close_client(client: Any) -> None:
-    """Close a redis.asyncio client: `aclose()`, or `close()` on redis-py 5.0.0, which lacks it."""
-    close = getattr(client, "aclose", None) or client.close
-    await close()
-
-
-async def _checkout(pool: Any) -> Any:
-    """A connection of an asyncio pool (redis-py 5 wants a command name, which redis-py 6+ deprecates)."""
-    try:
-        return await pool.get_connection()
-    except TypeError:
-        return await pool.get_connection("EVALSHA")
-
-
-async def _closed_or_dirty(connection: Any) -> bool:
-    """True when the server closed this idle connection or left bytes on it: `can_read()` (redis-py 8)
-    or `can_read_destructive()` (5 to 7; reading is harmless here: such a connection is dropped)."""
-    can_read = getattr(connection, "can_read", None) or connection.can_read_destructive
-    try:
-        return bool(await can_read())
-    except REDIS_CLIENT_ERRORS:  # redis-py 5 to 7 report a closed connection by raising
-        return True
 
 
 class AsyncRateLimiter:
@@ -141,6 +112,11 @@ class AsyncRateLimiter:
         if keys:
             await self._release(keys, lease)
 
+    async def cancel(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
+        """Make sure `lease` holds none of the slots of `held`, now or later (see `RateLimiter.cancel`).
+        Raises BackendError when Redis cannot be asked."""
+        await leases.acancel(self.client, self.prefix, held, lease)
+
     async def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None = None) -> int:
         """Make the live slots of `held` under `lease` end `lease_ms` from now, or a full period from now
         (see `RateLimiter.renew`); how many were live. Raises BackendError when Redis cannot be asked."""
@@ -194,7 +170,7 @@ class AsyncRateLimiter:
             raise engine.unreachable(exc) from exc
         try:
             return await client.execute_command(*call.command(), target_nodes=node,
-                                                **{NEVER_DECODE: True})  # the reply is binary
+                                                **BINARY_REPLY)
         except NoScriptError:
             return NOSCRIPT
         except REDIS_CLIENT_ERRORS as exc:
@@ -204,7 +180,7 @@ class AsyncRateLimiter:
         """The reference path: a connection of the client's pool, redis-py's own command packing."""
         pool = cast(redis.asyncio.Redis, self.client).connection_pool
         try:
-            connection = await _checkout(pool)
+            connection = await acheckout(pool)
         except REDIS_CLIENT_ERRORS as exc:
             raise engine.unreachable(exc) from exc
         try:
@@ -234,7 +210,7 @@ class AsyncRateLimiter:
             try:
                 # can_read() only looks at what the event loop already received: True means the server
                 # closed this connection while it was idle, or left bytes on it; either way, replace it
-                if connection.is_connected and await _closed_or_dirty(connection):
+                if connection.is_connected and await aclosed_or_dirty(connection):
                     await connection.disconnect()
                 if not connection.is_connected:
                     await connection.connect()

@@ -1,17 +1,11 @@
-"""The synchronous transport of the engine: `RateLimiter` carries out the steps of ratelimit_app.core.engine.
+"""The synchronous transport of the engine: `RateLimiter` carries out the steps of ratelimit_app.core.engine over
+a redis-py client (the twin of engine_async.AsyncRateLimiter: the same methods in the same order).
 
-The twin of `ratelimit_app.core.engine_async.AsyncRateLimiter`: the same methods in the same order, each
-only the I/O of a step the sans-IO engine builds (calls, validation, NOSCRIPT recovery, replies, errors).
-
-Two ways reach a standalone Redis (or a Sentinel master), chosen by `connections`:
-- "own", the speed path: each thread writes the call's packed command on a connection of its own (one
-  write, one read, no pool checkout); an ended thread's connection is kept for the next new thread (at
-  most MAX_SHELVED idle), so a server that runs each request in a new thread does not open one per request;
-- "pool", the reference path: each decision checks a connection out of the client's pool and sends the
-  EVALSHA with redis-py's `send_command`. Under gevent or eventlet a thread-local is per greenlet, so
-  connections of their own would grow with greenlets; the pool keeps them within its `max_connections`.
-"auto" (the default) is "pool" when gevent or eventlet has patched threading, "own" otherwise. On Redis
-Cluster both send through the cluster client's node pools.
+It reaches a standalone Redis (or a Sentinel master) one of two ways, chosen by `connections`: "own", the
+speed path (each thread writes the packed command on a connection of its own: one write and one read, no
+pool checkout), or "pool", the reference path (a connection of the client's pool per call, which keeps
+connections within `max_connections` under gevent or eventlet, whose thread-locals are per greenlet).
+"auto" is "pool" when gevent or eventlet has patched threading, "own" otherwise.
 """
 
 from __future__ import annotations
@@ -24,9 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, Union, cast
 
 import redis
-from redis.client import NEVER_DECODE
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
 from . import engine, leases
 from .decision import Decision
@@ -34,6 +27,7 @@ from .engine import LOAD_SCRIPT, NOSCRIPT, Check, PreparedCall, Steps
 from .exceptions import REDIS_CLIENT_ERRORS
 from .keys import check_prefix, state_keys
 from .policies import Policy
+from .redispy import BINARY_REPLY, checkout, connected, stale
 from .scripts import decide_source
 from .usage import Reservation, charged, reservation, settle, usage_pairs
 
@@ -61,19 +55,6 @@ def resolve_connections(connections: str) -> str:
     return connections
 
 
-def _connected(connection: Any) -> bool:
-    """True when the connection holds a socket (redis-py 8's `is_connected`, which redis-py 5-7 lack)."""
-    return connection._sock is not None
-
-
-def _checkout(pool: Any) -> Any:
-    """A connection of `pool` (redis-py 5 wants a command name, which redis-py 6+ deprecates)."""
-    try:
-        return pool.get_connection()
-    except TypeError:
-        return pool.get_connection("EVALSHA")
-
-
 def _zrem_each(connection: Any, keys: list[str], lease: str) -> None:
     """Remove `lease` from each key, pipelined on `connection`: one write, then the replies. A failure
     closes the connection (its state is unknown) and raises BackendError."""
@@ -84,14 +65,6 @@ def _zrem_each(connection: Any, keys: list[str], lease: str) -> None:
     except REDIS_CLIENT_ERRORS as exc:
         connection.disconnect()
         raise engine.release_failed(lease, exc) from exc
-
-
-def _stale(connection: Any) -> bool:
-    """True when the server closed this idle connection (restart, idle timeout) or it holds stray data."""
-    try:
-        return bool(connection.can_read())
-    except (RedisError, OSError):  # redis-py reports a closed connection by raising
-        return True
 
 
 _forks = 0  # forks this process has come from: a child never writes to a connection of its parent
@@ -283,7 +256,7 @@ class RateLimiter:
             raise engine.unreachable(exc) from exc
         try:
             return client.execute_command(*call.command(), target_nodes=node,
-                                          **{NEVER_DECODE: True})  # the reply is binary
+                                          **BINARY_REPLY)
         except NoScriptError:
             return NOSCRIPT
         except REDIS_CLIENT_ERRORS as exc:
@@ -293,7 +266,7 @@ class RateLimiter:
         """The reference path: a connection of the client's pool, redis-py's own command packing."""
         pool = cast(redis.Redis, self.client).connection_pool
         try:
-            connection = _checkout(pool)
+            connection = checkout(pool)
         except REDIS_CLIENT_ERRORS as exc:
             raise engine.unreachable(exc) from exc
         try:
@@ -315,7 +288,7 @@ class RateLimiter:
         redis-py's error raised)."""
         connection = self._connection()
         try:
-            if not _connected(connection):
+            if not connected(connection):
                 connection.connect()
         except REDIS_CLIENT_ERRORS:
             connection.disconnect()
@@ -352,7 +325,7 @@ class RateLimiter:
         """The ZREMs, pipelined on a connection of the client's pool."""
         pool = cast(redis.Redis, self.client).connection_pool
         try:
-            connection = _checkout(pool)
+            connection = checkout(pool)
         except REDIS_CLIENT_ERRORS as exc:
             raise engine.release_failed(lease, exc, sent=False) from exc
         try:
@@ -377,11 +350,11 @@ class RateLimiter:
         if owned is None or thread.forks != _forks:
             connection = self._new_thread_connection()
             thread.owned, thread.forks = _Owned(connection, self._shelf), _forks
-            if _connected(connection) and _stale(connection):
+            if connected(connection) and stale(connection):
                 connection.disconnect()  # a shelved connection the server closed meanwhile
         else:
             connection = owned.connection
-            if now - thread.last_used > IDLE_CHECK_AFTER and _connected(connection) and _stale(connection):
+            if now - thread.last_used > IDLE_CHECK_AFTER and connected(connection) and stale(connection):
                 connection.disconnect()  # connected again before anything is sent
         thread.last_used = now
         return connection

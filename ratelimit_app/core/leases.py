@@ -1,5 +1,5 @@
 """The lease scripts, sent through a Redis client: cancelling a lease token (lua/cancel.lua) and renewing
-its live slots (lua/renew.lua), the sync calls and their async twin.
+its live slots (lua/renew.lua), the sync calls and their async twins.
 
 Both are rare next to decisions (a lost reply; a gateway's request), so they go through the client's own
 `eval` (one call per key for a cancellation, one per identity for a renewal: on Redis Cluster every call
@@ -27,6 +27,16 @@ def cancel(client: Any, prefix: str, held: Sequence[tuple[str, Policy]], lease: 
     try:
         for key, period_ms in cancel_keys(prefix, held):
             client.eval(cancel_source(), 1, key, lease, period_ms)
+    except REDIS_CLIENT_ERRORS as exc:
+        raise engine.release_failed(lease, exc) from exc
+
+
+async def acancel(client: Any, prefix: str, held: Sequence[tuple[str, Policy]], lease: str) -> None:
+    """`cancel` through an asyncio client."""
+    engine.check_lease(lease)
+    try:
+        for key, period_ms in cancel_keys(prefix, held):
+            await client.eval(cancel_source(), 1, key, lease, period_ms)
     except REDIS_CLIENT_ERRORS as exc:
         raise engine.release_failed(lease, exc) from exc
 

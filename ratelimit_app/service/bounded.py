@@ -1,7 +1,7 @@
 """Blocking calls a request waits for no longer than the time budget: `bounded_calls.call(fn, seconds)`.
 
 The limiter's own Redis connections respect RATELIMIT['BUDGET_MS'] socket by socket
-(ratelimit_app.core.budget). A call into code that owns its sockets (Django's cache: django-redis,
+(ratelimit_app.core.redispy). A call into code that owns its sockets (Django's cache: django-redis,
 Django's RedisCache, memcached) cannot be clipped that way; it runs here instead, on a thread of its
 own, and the caller waits for it at most the budget. A call still running when its caller stopped
 waiting is *overdue*: it is left to finish on its thread (its result is dropped), and while any call

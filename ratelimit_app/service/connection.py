@@ -1,19 +1,11 @@
-"""The Redis client the limiter uses, built once from settings (REDIS_URL or a django-redis alias).
-
-Every client built here has explicit timeouts, no retries (a retried EVALSHA could charge twice) and
-connections that respect the limiter's time budget (ratelimit_app.core.budget): no sequence of steps
-inside one decision can add up past RATELIMIT['BUDGET_MS'].
-
-When the sync engine takes the "pool" path (RATELIMIT['CONNECTIONS']: "pool", or "auto" under gevent or
-eventlet), a standalone client's pool holds at most `max_connections` (the REDIS_URL's
-`?max_connections=N`, else POOL_MAX_CONNECTIONS) and a caller that finds them all in use waits for one
-to come back, within the budget, instead of failing: 200 greenlets deciding at once share 50
-connections.
+"""The Redis clients the limiter uses, built from settings (REDIS_URL or a django-redis alias): explicit
+timeouts, no retries (a retried EVALSHA could charge twice), and connections that keep each call within
+the time budget (ratelimit_app.core.redispy). On the sync engine's "pool" path a standalone client's pool
+is a blocking one: a caller that finds every connection in use waits for one, within the budget.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -21,44 +13,27 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.connection import Connection, ConnectionPool
+from redis.connection import ConnectionPool
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from ..conf.redisurl import CLUSTER_SCHEME, SENTINEL_SCHEME
 from ..conf.settings import SettingsCached, ratelimit_settings
-from ..core.budget import (
+from ..core.engine_async import AsyncRedisClient
+from ..core.engine_sync import RedisClient, resolve_connections
+from ..core.redispy import (
+    HANDSHAKE,
+    BudgetBlockingConnectionPool,
     BudgetConnection,
     BudgetSSLConnection,
     BudgetUnixConnection,
+    async_connection_class,
     budget_class_for,
-    time_left,
 )
-from ..core.engine_async import AsyncRedisClient
-from ..core.engine_sync import RedisClient, resolve_connections
 from .sentinel import async_sentinel_master, host_ports, sentinel_master
 
 #: Connections of the limiter's pool on the "pool" path when REDIS_URL names no `max_connections`.
 POOL_MAX_CONNECTIONS = 50
-
-
-class BudgetBlockingConnectionPool(redis.BlockingConnectionPool):
-    """A pool of at most `max_connections` whose callers, when every connection is in use, wait for one
-    to come back: for at most `timeout` seconds, and never past the running limiter call's budget
-    (`time_left()`); then redis.ConnectionError, which the limiter's fail mode answers."""
-
-    @property
-    def timeout(self) -> float | None:
-        """How long a caller of now may wait for a free connection."""
-        left = time_left()
-        if left is None:
-            return self._wait
-        left = max(left, 0.0)
-        return left if self._wait is None else min(self._wait, left)
-
-    @timeout.setter
-    def timeout(self, value: float | None) -> None:
-        self._wait = value
 
 
 def _pool_path() -> bool:
@@ -70,41 +45,26 @@ def _no_retry() -> Retry:
     return Retry(NoBackoff(), 0)
 
 
-def _no_handshake_options() -> dict[str, Any]:
-    # A new connection should cost the TCP connect and nothing more: with RESP3 (the default of recent
-    # redis-py) it would first send HELLO and CLIENT MAINT_NOTIFICATIONS, and CLIENT SETINFO twice:
-    # up to four round trips that the budget cannot spare when connections are re-established after
-    # an outage. The limiter's replies are flat integer arrays, the same in RESP2. redis-py >= 7 names
-    # the SETINFO option driver_info.
-    base = getattr(redis.connection, "AbstractConnection", Connection)
-    if "driver_info" in inspect.signature(base.__init__).parameters:
-        return {"protocol": 2, "driver_info": None}
-    return {"protocol": 2, "lib_name": None, "lib_version": None}
-
-
-_HANDSHAKE = _no_handshake_options()
-
-
-def budget_seconds() -> float:
+def _budget_seconds() -> float:
     """RATELIMIT['BUDGET_MS'] in seconds."""
     return float(ratelimit_settings.BUDGET_MS) / 1000.0
 
 
 def socket_timeouts() -> tuple[float, float]:
     """(connect timeout, read timeout) in seconds: the settings, never longer than the budget."""
-    budget = budget_seconds()
+    budget = _budget_seconds()
     return (min(float(ratelimit_settings.SOCKET_CONNECT_TIMEOUT), budget),
             min(float(ratelimit_settings.SOCKET_TIMEOUT), budget))
 
 
-def client_options() -> dict[str, Any]:
+def _client_options() -> dict[str, Any]:
     """Connection options shared by every client the limiter builds: explicit timeouts, no retries."""
     connect_timeout, read_timeout = socket_timeouts()
     return {
         "socket_connect_timeout": connect_timeout,
         "socket_timeout": read_timeout,
         "retry": _no_retry(),
-        **_HANDSHAKE,
+        **HANDSHAKE,
     }
 
 
@@ -125,7 +85,7 @@ def _cluster_client(url: str) -> RedisCluster:
     """A RedisCluster for "redis+cluster://[user:pass@]host:port[,host:port...]" or a plain redis:// URL."""
     parts = urlsplit(url)
     scheme = "redis" if parts.scheme == CLUSTER_SCHEME else parts.scheme
-    options = client_options()
+    options = _client_options()
     options["connection_class"] = _scheme_connection_class(scheme)
     # Each node gets its own pool of budget-respecting connections; the cluster client itself never
     # retries, so a decision whose reply was lost is never resent to another node.
@@ -148,7 +108,7 @@ def build_client(url: str) -> RedisClient:
     if parts.scheme == CLUSTER_SCHEME or (ratelimit_settings.CLUSTER and parts.scheme in ("redis", "rediss")):
         return _cluster_client(url)
     if parts.scheme == SENTINEL_SCHEME:
-        return sentinel_master(url, client_options())
+        return sentinel_master(url, _client_options())
     if parts.scheme not in ("redis", "rediss", "unix"):
         raise ImproperlyConfigured(
             f"RATELIMIT['REDIS_URL'] has scheme {parts.scheme!r}; expected redis, rediss, unix, "
@@ -157,10 +117,10 @@ def build_client(url: str) -> RedisClient:
     connection_class = _scheme_connection_class(parts.scheme)
     if _pool_path():  # the URL's own max_connections, if any, wins over the default
         pool = BudgetBlockingConnectionPool.from_url(url, connection_class=connection_class,
-                                                     max_connections=POOL_MAX_CONNECTIONS, timeout=budget_seconds(),
-                                                     **client_options())
+                                                     max_connections=POOL_MAX_CONNECTIONS, timeout=_budget_seconds(),
+                                                     **_client_options())
         return redis.Redis(connection_pool=pool)
-    return redis.Redis.from_url(url, connection_class=connection_class, **client_options())
+    return redis.Redis.from_url(url, connection_class=connection_class, **_client_options())
 
 
 _ALIAS_KEYS = frozenset({
@@ -198,9 +158,9 @@ def _client_from_cache_alias(alias: str) -> RedisClient:
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _ALIAS_KEYS or k.startswith("ssl_")}
     if _pool_path():
         return redis.Redis(connection_pool=BudgetBlockingConnectionPool(
-            connection_class=budget_class, max_connections=POOL_MAX_CONNECTIONS, timeout=budget_seconds(), **kwargs,
-            **client_options()))
-    return redis.Redis(connection_pool=ConnectionPool(connection_class=budget_class, **kwargs, **client_options()))
+            connection_class=budget_class, max_connections=POOL_MAX_CONNECTIONS, timeout=_budget_seconds(), **kwargs,
+            **_client_options()))
+    return redis.Redis(connection_pool=ConnectionPool(connection_class=budget_class, **kwargs, **_client_options()))
 
 
 def redacted_url(url: str) -> str:
@@ -265,21 +225,21 @@ def get_redis() -> RedisClient:
 # learns its slots on first use). The time budget of an async decision is one asyncio timeout around
 # the whole call (see service_async), so these clients need no budget-aware connection classes.
 
-def async_client_options() -> dict[str, Any]:
-    """`client_options()` for redis.asyncio clients: the same timeouts and handshake, no retries."""
+def _async_client_options() -> dict[str, Any]:
+    """`_client_options()` for redis.asyncio clients: the same timeouts and handshake, no retries."""
     from redis.asyncio.retry import Retry as AsyncRetry
 
-    return {**client_options(), "retry": AsyncRetry(NoBackoff(), 0)}
+    return {**_client_options(), "retry": AsyncRetry(NoBackoff(), 0)}
 
 
-def build_async_client(url: str) -> AsyncRedisClient:
+def _build_async_client(url: str) -> AsyncRedisClient:
     """A redis.asyncio client for `url` with the limiter's timeouts (the schemes of `build_client`)."""
     import redis.asyncio
     from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
     from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
     parts = urlsplit(url)
-    options = async_client_options()
+    options = _async_client_options()
     if parts.scheme == CLUSTER_SCHEME or (ratelimit_settings.CLUSTER and parts.scheme in ("redis", "rediss")):
         nodes = [AsyncClusterNode(host, port) for host, port in _cluster_nodes(parts.netloc)]
         return AsyncRedisCluster(startup_nodes=nodes, username=unquote(parts.username) if parts.username else None,
@@ -302,11 +262,7 @@ def _async_client_from_cache_alias(alias: str) -> AsyncRedisClient:
 
     client = _client_from_cache_alias(alias)
     pool = getattr(client, "connection_pool", None)
-    classes: dict[type[Any], type[Any]] = {
-        BudgetConnection: aio.Connection, BudgetSSLConnection: aio.SSLConnection,
-        BudgetUnixConnection: aio.UnixDomainSocketConnection,
-    }
-    connection_class = classes.get(pool.connection_class) if pool is not None else None
+    connection_class = async_connection_class(pool) if pool is not None else None
     if pool is None or connection_class is None:
         raise ImproperlyConfigured(
             f"RATELIMIT['CACHE_ALIAS'] = {alias!r} is a Sentinel or cluster cache, which the async limiter "
@@ -315,11 +271,11 @@ def _async_client_from_cache_alias(alias: str) -> AsyncRedisClient:
     kwargs = {k: v for k, v in pool.connection_kwargs.items()
               if k in _ALIAS_KEYS or k.startswith("ssl_")}
     return redis.asyncio.Redis(connection_pool=aio.ConnectionPool(connection_class=connection_class, **kwargs,
-                                                                  **async_client_options()))
+                                                                  **_async_client_options()))
 
 
 def get_async_redis() -> AsyncRedisClient:
     """A new redis.asyncio client for rate limiting, configured from settings (REDIS_URL, else the
-    django-redis cache of CACHE_ALIAS). Use it from one event loop; see `build_async_client`."""
+    django-redis cache of CACHE_ALIAS). Use it from one event loop; see `_build_async_client`."""
     url = ratelimit_settings.REDIS_URL
-    return build_async_client(url) if url else _async_client_from_cache_alias(ratelimit_settings.CACHE_ALIAS)
+    return _build_async_client(url) if url else _async_client_from_cache_alias(ratelimit_settings.CACHE_ALIAS)

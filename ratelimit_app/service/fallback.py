@@ -31,11 +31,11 @@ from .fallback_models import MODELS, Store
 #: A clock returning microseconds since the Unix epoch (the scripts use Redis TIME the same way).
 Clock = Callable[[], int]
 
-DEFAULT_MAX_KEYS = 100_000
-DEFAULT_MAX_UNITS = 1_000_000
+_DEFAULT_MAX_KEYS = 100_000
+_DEFAULT_MAX_UNITS = 1_000_000
 
 
-def wall_clock_us() -> int:
+def _wall_clock_us() -> int:
     """Microseconds since the Unix epoch from this machine's clock (windows align to the epoch)."""
     return time.time_ns() // 1000
 
@@ -70,8 +70,8 @@ class LocalLimiter:
     sliding-window logs together.
     """
 
-    def __init__(self, *, app_servers: int = 1, clock: Clock = wall_clock_us,
-                 max_keys: int = DEFAULT_MAX_KEYS, max_units: int = DEFAULT_MAX_UNITS) -> None:
+    def __init__(self, *, app_servers: int = 1, clock: Clock = _wall_clock_us,
+                 max_keys: int = _DEFAULT_MAX_KEYS, max_units: int = _DEFAULT_MAX_UNITS) -> None:
         if isinstance(app_servers, bool) or not isinstance(app_servers, int) or app_servers < 1:
             raise ValueError(f"app_servers: {app_servers!r} must be an integer >= 1")
         for name, value in (("max_keys", max_keys), ("max_units", max_units)):

@@ -85,13 +85,13 @@ def fixed_window(store: Store, key: str, now_us: float, limit: float, period_ms:
     period_us = period_ms * 1000
     window = math.floor(now_us / period_us)
     reset_us = (window + 1) * period_us - now_us
-    return count_in_window(store, key, now_us, window, reset_us, limit, cost)
+    return _count_in_window(store, key, now_us, window, reset_us, limit, cost)
 
 
-def count_in_window(store: Store, key: str, now_us: float, window: int, reset_us: float, limit: float,
+def _count_in_window(store: Store, key: str, now_us: float, window: int, reset_us: float, limit: float,
                     cost: float) -> Outcome:
     """The decision of a counter per window (fixed_window, calendar_window): the prelude's
-    count_in_window. The state is (the window's index, units used); another window's count is none."""
+    _count_in_window. The state is (the window's index, units used); another window's count is none."""
     stored = store.get(key, now_us)
     used: float = stored[1] if stored is not None and stored[0] == window else 0
     remaining = max(limit - used, 0)
@@ -286,7 +286,7 @@ def _civil_from_days(days: int) -> tuple[int, int]:
     return yoe + era * 400 + (1 if m <= 2 else 0), m
 
 
-def calendar_period(rule: int, now_s: int) -> tuple[int, int]:
+def _calendar_period(rule: int, now_s: int) -> tuple[int, int]:
     """(the period's index, the Unix second the next period starts) of a calendar rule at `now_s`: the
     local day number, Monday's day number or year * 12 + month - 1, as calendar_window.lua counts them."""
     change_s = rule % _RULE_UNIT * 60
@@ -311,7 +311,7 @@ def calendar_window(store: Store, key: str, now_us: float, limit: float, period_
     """ratelimit_app/core/lua/calendar_window.lua: `period_ms` is the calendar rule and `capacity` the
     policy's own clock shift in ms, as the script gets them (the state: the period's index, units used)."""
     local_us = now_us + capacity * 1000
-    window, next_s = calendar_period(int(period_ms), math.floor(local_us / 1_000_000))
+    window, next_s = _calendar_period(int(period_ms), math.floor(local_us / 1_000_000))
     reset_us = max(next_s * 1_000_000 - local_us, 1000)
-    return count_in_window(store, key, now_us, window % 65536, reset_us, limit, cost)
+    return _count_in_window(store, key, now_us, window % 65536, reset_us, limit, cost)
 

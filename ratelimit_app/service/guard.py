@@ -1,43 +1,29 @@
-"""What stands between a decision and Redis, shared by the sync and the async limiter services.
+"""What stands between a decision and Redis: `RedisGuard`, one process' failure handling, shared by the sync
+and the async limiter services (docs/operations.md tells the whole story).
 
-`RedisGuard` holds one process' failure handling (docs/operations.md tells the whole story):
-
-- the time budget (RATELIMIT['BUDGET_MS']) each Redis call may spend;
-- a circuit breaker (ratelimit_app.service.breaker): after BREAKER_FAILURES consecutive failures,
-  decisions skip Redis until a single probe finds it answering again;
-- the fail modes, for decisions Redis cannot make: "open" (allow, degraded), "closed" (refuse,
-  degraded: HTTP 503 with Retry-After) or "local" (the in-process limiter of
-  ratelimit_app.service.fallback, each policy divided by APP_SERVERS);
-- a local deny cache (ratelimit_app.service.denycache): a request Redis denied until T is denied in
-  process until T, without a Redis call; a reset in any process clears it everywhere within
-  RESET_CHECK_INTERVAL (the deny cache reads the reset epoch at most that often, see ResetWatch);
-- the slots nobody could give back while Redis did not answer (ratelimit_app.service.lostleases): a
-  decision whose reply was lost has its lease cancelled, a release that failed is sent again, once
-  Redis answers, over the sync engine of the service that `settle_with` names.
-
-A service drives one decision through it: `open` before the Redis call (deny cache, breaker); when
-`open` leaves `call.watch` set, the service reads the reset epoch and hands it to `epoch_read`; then,
-when no answer is known yet, the service asks Redis and ends with exactly one of `answered`, `failed`
-or `abandoned`. Only the I/O is the service's: `LimiterService` (sync) and `AsyncLimiterService`
-(asyncio) are twins around one guard per process.
+It holds the time budget, the circuit breaker, the fail modes (the one place they are interpreted), the
+deny cache and its reset epoch, the local fallback and the lost leases, and writes each operation's
+failure policy once, as steps (sans-IO generators, like the engine's): the steps yield the Redis calls
+to make (an `Ask`) and decide from their replies or failures. `LimiterService` and `AsyncLimiterService`
+only drive them, one with plain calls and one awaited, so the twins cannot drift.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from ..conf.settings import ratelimit_settings
-from ..core.budget import within_budget
 from ..core.decision import Decision, degraded_decision
-from ..core.engine import Check, prepare_call
-from ..core.engine_sync import RateLimiter
+from ..core.engine import Check, Usage, prepare_call
 from ..core.exceptions import BACKEND_ERRORS, BackendError, ScriptsRefused
 from ..core.logs import log_event, log_once
 from ..core.policies import CONCURRENCY, Policy
+from ..core.usage import Reservation
 from . import clock, events
 from .breaker import CLOSED, PROBE, SKIP, CircuitBreaker
 from .breaker import OPEN as BREAKER_OPEN
@@ -45,13 +31,17 @@ from .connection import redis_location
 from .denycache import DenyCache, ResetWatch
 from .fallback import LocalLimiter
 from .lostleases import CANCEL, RETRY_INTERVAL, LostLease, LostLeases
-from .servicecall import ServiceCall, ServiceStats, request_key
+from .servicecall import ServiceStats, Steps, T, request_key
 
 OPEN, CLOSED_MODE, LOCAL = "open", "closed", "local"
-FAIL_MODES = (OPEN, CLOSED_MODE, LOCAL)
+_FAIL_MODES = (OPEN, CLOSED_MODE, LOCAL)
 #: What requests get in each fail mode while Redis does not answer (the log line of an outage says it).
-FAIL_MODE_EFFECTS = {OPEN: "admitted without limits", CLOSED_MODE: "refused with 503",
+_FAIL_MODE_EFFECTS = {OPEN: "admitted without limits", CLOSED_MODE: "refused with 503",
                      LOCAL: "limited by each process alone"}
+
+#: Redis could not answer: the engine's errors, or the budget's timeout (asyncio.TimeoutError is the built-in
+#: TimeoutError from Python 3.11 on, an OSError; before, a class of its own).
+_FAILURES: tuple[type[BaseException], ...] = (*BACKEND_ERRORS, asyncio.TimeoutError)
 
 #: The answer of the "open" fail mode: allowed, made without Redis, nothing known about the limits.
 OPEN_DECISION = degraded_decision(True)
@@ -59,8 +49,8 @@ OPEN_DECISION = degraded_decision(True)
 
 def check_fail_mode(mode: str) -> str:
     """`mode` when it is a fail mode; ValueError naming the choices otherwise."""
-    if mode not in FAIL_MODES:
-        raise ValueError(f"fail_mode: {mode!r} is not one of {', '.join(FAIL_MODES)}")
+    if mode not in _FAIL_MODES:
+        raise ValueError(f"fail_mode: {mode!r} is not one of {', '.join(_FAIL_MODES)}")
     return mode
 
 
@@ -99,7 +89,7 @@ class RedisGuard:
         self._counts = {"open": 0, "closed": 0, "local_allowed": 0, "local_denied": 0}
         #: slots nobody could give back while Redis did not answer
         self.lost_leases = LostLeases(self._settle, self._retry_pause)
-        self._settler: Callable[[], RateLimiter] | None = None
+        self._settler: Callable[[Steps[bool]], bool] | None = None
 
     @classmethod
     def shared_or_new(cls, guard: RedisGuard | None, options: dict[str, Any]) -> RedisGuard:
@@ -120,97 +110,180 @@ class RedisGuard:
                             counts["local_allowed"], counts["local_denied"], self.deny_cache.hits,
                             len(self.deny_cache), len(self.fallback))
 
-    # -- one decision ------------------------------------------------------------------------------
-    def open(self, checks: Sequence[Check], cost: int, fail_mode: str | None, charge: bool, fresh: bool,
-             prefix: str | None, lease: str | None = None) -> ServiceCall:
-        """A call on its way to Redis, or with its `answer` already known (deny cache, breaker open).
-
-        `prefix` is the key prefix of the caller's engine, None when it has none yet (the reset epoch
-        is then not read). A cached denial comes with `call.watch` set when the reset epoch is due to
-        be read first (see ResetWatch): the answer stands unless `epoch_read` finds it changed.
-        """
+    # -- the steps (driven by the services) ---------------------------------------------------------
+    def decide(self, engine: Any, checks: Sequence[Check], cost: int, fail_mode: str | None, charge: bool,
+               fresh: bool = False, lease: str | None = None, usage: Usage = ()) -> Steps[list[Decision]]:
+        """One decision: the deny cache (after a read of the reset epoch when one is due: see ResetWatch),
+        the breaker, then Redis (`hit_many`, or `peek` when not `charge`); the fail mode answers when Redis
+        cannot. `engine` is the service's engine if built yet (the reset epoch is read only through one
+        of Redis). `usage` reserves estimates (see LimiterService.reserve_many; the memory backend has
+        none: a usage limit counts the request's cost there). A decision that may have run without its
+        reply gives back every slot it may have taken (its lease is cancelled once Redis answers again)."""
         mode = self.fail_mode if fail_mode is None else check_fail_mode(fail_mode)
-        call = ServiceCall(checks, cost, mode, charge, lease)
-        cache = self.deny_cache
+        key, cache = None, self.deny_cache
         if len(cache) and not fresh:
-            call.key = request_key(checks, cost)
-            # (a denial cached until T is over once the clock, shifted by a test's `advance`, passes T)
-            call.answer = cache.get(call.key, time.monotonic() + clock.offset_ms() / 1000)
-            if call.answer is not None:
-                # never while the breaker is open; when Redis cannot answer, the cache keeps answering
-                if prefix is not None and self.breaker.state == CLOSED:
-                    watch = self.reset_watch(prefix)
-                    if watch.due(time.monotonic()):
-                        call.watch = watch
-                return call
-        return self._to_redis(call)
-
-    def epoch_read(self, call: ServiceCall, epoch: Any, failed: bool = False) -> ServiceCall:
-        """The reset epoch was read (or could not be): keep the cached denial, unless some process
-        announced a reset since this one last looked; then the deny cache is cleared and the call
-        goes on to Redis."""
-        watch, call.watch = call.watch, None
-        if failed or watch is None or not watch.changed(epoch):
-            return call
-        self.deny_cache.clear()
-        return self._to_redis(call)
-
-    def _to_redis(self, call: ServiceCall) -> ServiceCall:
-        call.answer = None
-        call.generation = self.deny_cache.generation
-        call.step = self.breaker.before_call()
-        if call.step == SKIP:
-            call.answer = self.degraded(call.mode, call.checks, call.cost, call.charge, call.lease)
-        else:
-            call.started = time.monotonic()
-        return call
-
-    def answered(self, call: ServiceCall, decisions: list[Decision]) -> list[Decision]:
-        """Redis decided: count the latency and the success; a denial goes into the deny cache, unless
-        a concurrency slot refused it (a slot can free at any moment: a response finishes)."""
-        events.observe_latency(time.monotonic() - call.started)
-        self.breaker.record_success(probe=call.step == PROBE)
-        if decisions and not decisions[-1].allowed and not _refused_for_slots(call.checks, decisions):
-            self.deny_cache.remember(request_key(call.checks, call.cost) if call.key is None else call.key,
-                                     tuple(identity for identity, _ in call.checks), decisions,
-                                     call.started + clock.offset_ms() / 1000, call.generation)
+            key = request_key(checks, cost)
+            cached = yield from self._cached(engine, key)
+            if cached is not None:
+                return cached
+        generation, step = cache.generation, self.breaker.before_call()
+        if step == SKIP:
+            return self.degraded(mode, checks, cost, charge, lease)
+        started, shift = time.monotonic(), clock.offset_ms()
+        try:
+            if charge:
+                decisions = yield (lambda engine: engine.hit_many(
+                    checks, cost, lease=lease, clock_shift_ms=shift,
+                    **({"usage": usage} if usage and _client(engine) is not None else {}))), started
+            else:
+                identity, policies = checks[0]
+                decisions = [(yield (lambda engine: engine.peek(identity, policies, cost, clock_shift_ms=shift)),
+                              started)]
+        except _FAILURES as exc:
+            events.observe_latency(time.monotonic() - started)
+            return self._failed(step, exc, mode, checks, cost, charge, lease)
+        except BaseException as exc:  # bad input, or cancelled: may have been sent, then lost like a reply
+            self._abandoned(step)
+            if charge and not isinstance(exc, Exception):
+                self._lost(checks, lease)
+            raise
+        events.observe_latency(time.monotonic() - started)
+        self.breaker.record_success(probe=step == PROBE)
+        # a denial goes into the deny cache, unless a concurrency slot refused it (a slot can free at any
+        # moment: a response finishes)
+        if decisions and not decisions[-1].allowed and not _refused_for_slots(checks, decisions):
+            cache.remember(request_key(checks, cost) if key is None else key,
+                           tuple(identity for identity, _ in checks), decisions,
+                           started + clock.offset_ms() / 1000, generation)
         return decisions
 
-    def failed(self, call: ServiceCall, error: BaseException) -> list[Decision]:
-        """Redis could not decide (an error, or the budget ran out): count it; the fail mode answers.
-        A decision that may have run takes no slot for good: its lease is cancelled (`_lost`)."""
-        events.observe_latency(time.monotonic() - call.started)
-        self.count_failure(call.step, error)
-        if isinstance(error, ScriptsRefused):  # not an outage: the server as configured cannot decide
-            log_once("ratelimit.scripts_refused", logging.ERROR, error=str(error), fail_mode=call.mode)
-        if not isinstance(error, BackendError) or error.maybe_applied:
-            self._lost(call)
-        return self.degraded(call.mode, call.checks, call.cost, call.charge, call.lease)
+    def _cached(self, engine: Any, key: Hashable) -> Steps[list[Decision] | None]:
+        """The deny cache's answer, unless a reset some process announced since this one last read the
+        reset epoch (read when due, never while the breaker is open) clears the cache."""
+        cache = self.deny_cache
+        # (a denial cached until T is over once the clock, shifted by a test's `advance`, passes T)
+        cached = cache.get(key, time.monotonic() + clock.offset_ms() / 1000)
+        # when Redis cannot answer, the cache keeps answering
+        if cached is None or _client(engine) is None or self.breaker.state != CLOSED:
+            return cached
+        watch = self.reset_watch(engine.prefix)
+        if not watch.due(time.monotonic()):
+            return cached
+        try:
+            epoch = yield (lambda engine: engine.client.get(watch.key)), None
+        except _FAILURES:
+            return cached
+        if not watch.changed(epoch):
+            return cached
+        cache.clear()
+        return None
 
-    def abandoned(self, step: int) -> None:
-        """A call made at breaker `step` ended without an answer from Redis or a Redis failure (bad
-        input, cancellation)."""
+    def _failed(self, step: int, error: BaseException, mode: str, checks: Sequence[Check], cost: int,
+                charge: bool, lease: str | None) -> list[Decision]:
+        """Redis could not decide (an error, or the budget ran out): counted; the fail mode answers."""
+        self._count_failure(step, error)
+        if isinstance(error, ScriptsRefused):  # not an outage: the server as configured cannot decide
+            log_once("ratelimit.scripts_refused", logging.ERROR, error=str(error), fail_mode=mode)
+        if charge and (not isinstance(error, BackendError) or error.maybe_applied):
+            self._lost(checks, lease)
+        return self.degraded(mode, checks, cost, charge, lease)
+
+    def release(self, held: Sequence[tuple[str, Policy]], lease: str, local: bool) -> Steps[bool]:
+        """Give back slots (see LimiterService.release): False when Redis could not be asked; the release
+        is then sent again once it answers, unless the lease has run out by then."""
+        if local:
+            self.fallback.release(held, lease)
+            return True
+        answered, _ = yield from self._attempt(lambda engine: engine.release(held, lease))
+        if not answered and self._settler is not None:
+            self.lost_leases.release(held, lease)
+        return answered
+
+    def settle(self, reservation: Reservation, used: Mapping[str, int]) -> Steps[bool]:
+        """Settle a reservation (see LimiterService.settle): False when Redis could not be asked."""
+        if not reservation.held:
+            return True
+        return (yield from self._attempted(lambda engine: engine.settle(reservation, used)))
+
+    def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None,
+              local: bool) -> Steps[bool | None]:
+        """Renew slots (see LimiterService.renew): whether all were live, None when Redis was not asked."""
+        if local:
+            self.fallback.renew(held, lease, lease_ms)
+            return True
+        answered, live = yield from self._attempt(lambda engine: engine.renew(held, lease, lease_ms))
+        return live == len(held) if answered else None
+
+    def reset(self, identity: str, policies: Sequence[Policy]) -> Steps[None]:
+        """Forget a state (see LimiterService.reset): here, then in Redis, then announced to the other
+        processes (after the delete: see ResetWatch); BackendError when Redis cannot within the budget."""
+        self.deny_cache.forget(identity)
+        self.fallback.reset(identity, policies)
+        started = time.monotonic()
+        try:
+            yield (lambda engine: engine.reset(identity, policies)), started
+            yield self._announce_reset, started
+        except asyncio.TimeoutError as exc:
+            raise BackendError(f"could not reset {identity!r:.80}: the time budget ran out",
+                               maybe_applied=True) from exc
+
+    def _announce_reset(self, engine: Any) -> Any:
+        client = _client(engine)
+        return None if client is None else self.reset_watch(engine.prefix).announce(client)
+
+    def command(self, command: Callable[[Any], T]) -> Steps[T]:
+        """`command(client)` on the engine's Redis client (see LimiterService.call_redis): not a decision,
+        it neither counts as one nor moves the breaker."""
+        if self.breaker.state is not CLOSED:
+            raise BackendError("the limiter's circuit breaker is open: Redis is not asked", maybe_applied=False)
+        reply: T = yield (lambda engine: command(_client(engine) or _no_redis())), None
+        return reply
+
+    def settle_with(self, drive: Callable[[Steps[bool]], bool]) -> None:
+        """Send lost leases' cancellations and releases through `drive` (the sync service's: the first
+        service that names one)."""
+        if self._settler is None:
+            self._settler = drive
+
+    def _attempt(self, run: Callable[[Any], Any]) -> Steps[tuple[bool, Any]]:
+        """One call to Redis that is not a decision, through the breaker: (True, its reply) when Redis
+        answered; (False, None) when the breaker skipped it or it failed (counted). Anything else it
+        raises goes on up."""
+        step = self.breaker.before_call()
+        if step == SKIP:
+            return False, None
+        try:
+            reply = yield run, None
+        except _FAILURES as exc:
+            self._count_failure(step, exc)
+            return False, None
+        except BaseException:
+            self._abandoned(step)
+            raise
+        self.breaker.record_success(probe=step == PROBE)
+        return True, reply
+
+    def _count_failure(self, step: int, error: BaseException) -> None:
+        with self._stats_lock:
+            self._redis_failures += 1
+        self.breaker.record_failure(error, probe=step == PROBE)
+
+    def _abandoned(self, step: int) -> None:
+        """A call made at breaker `step` ended without an answer or a Redis failure (bad input, cancelled)."""
         if step == PROBE:
             self.breaker.abandon_probe()
 
-    def abandoned_call(self, call: ServiceCall, error: BaseException) -> None:
-        """`abandoned` for a decision that raised `error`: a cancelled one (CancelledError,
-        KeyboardInterrupt) may have been sent, and its lease is cancelled like a lost reply's."""
-        self.abandoned(call.step)
-        if not isinstance(error, Exception):
-            self._lost(call)
-
-    def _lost(self, call: ServiceCall) -> None:
-        """The reply of `call` was lost after it was sent: Redis may have run it, now or later. Every
+    def _lost(self, checks: Sequence[Check], lease: str | None) -> None:
+        """The reply of a decision was lost after it was sent: Redis may have run it, now or later. Every
         concurrency slot it may have taken is cancelled under its lease once Redis answers again."""
-        if call.lease is None or not call.charge or self._settler is None:
+        if lease is None or self._settler is None:
             return
-        held = [(identity, policy) for identity, policies in call.checks for policy in policies
+        held = [(identity, policy) for identity, policies in checks for policy in policies
                 if policy.algorithm == CONCURRENCY]
-        self.lost_leases.cancel(held, call.lease)
+        self.lost_leases.cancel(held, lease)
 
     def degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool,
-                 lease: str | None = None) -> list[Decision]:
+                  lease: str | None = None) -> list[Decision]:
         """The answer of `mode` when Redis cannot decide `checks`.
 
         A decision made without Redis has `degraded=True`; a degraded denial means "refused because the
@@ -233,71 +306,23 @@ class RedisGuard:
         retry_after = self.breaker.retry_in() or self.breaker.base_cooldown
         return [degraded_decision(False, retry_after)] * len(checks)
 
-    # -- other calls to Redis ----------------------------------------------------------------------
-    def step(self) -> int | None:
-        """The breaker's step for a call that is not a decision (a release): None when Redis is skipped."""
-        step = self.breaker.before_call()
-        return None if step == SKIP else step
-
-    def succeeded(self, step: int) -> None:
-        """A call made at breaker `step` got its answer from Redis."""
-        self.breaker.record_success(probe=step == PROBE)
-
-    def count_failure(self, step: int, error: BaseException) -> None:
-        """A call made at breaker `step` failed or timed out."""
-        with self._stats_lock:
-            self._redis_failures += 1
-        self.breaker.record_failure(error, probe=step == PROBE)
-
-    def release_failed(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
-        """Redis could not be asked to release these slots (the breaker skipped it, or it failed): the
-        release is sent again once Redis answers, unless the lease has run out by then."""
-        if self._settler is not None:
-            self.lost_leases.release(held, lease)
-
-    def settle_with(self, engine: Callable[[], RateLimiter]) -> None:
-        """Send lost leases' cancellations and releases over `engine()` (the sync service's engine: the
-        first service that names one)."""
-        if self._settler is None:
-            self._settler = engine
-
-    def attempt(self, call: Callable[[], object]) -> bool:
-        """Make one call to Redis that is not a decision (a release, a lost lease's settlement) through the
-        breaker and within the budget: True when Redis answered, False when the breaker skipped it or it
-        failed (counted). Anything else `call` raises goes on up."""
-        step = self.step()
-        if step is None:
-            return False
-        try:
-            with within_budget(self.budget):
-                call()
-        except BACKEND_ERRORS as exc:
-            self.count_failure(step, exc)
-            return False
-        except BaseException:
-            self.abandoned(step)
-            raise
-        self.succeeded(step)
-        return True
-
     def _settle(self, lost: LostLease) -> bool:
         """Send one lost lease's cancellation or release (from the thread of `lost_leases`): True when
         Redis took it."""
-        settler = self._settler
-        if settler is None:
+        drive = self._settler
+        if drive is None:
             return False
         if lost.kind == CANCEL:
-            return self.attempt(lambda: settler().cancel(lost.held, lost.lease))
-        return self.attempt(lambda: settler().release(lost.held, lost.lease))
+            return drive(self._attempted(lambda engine: engine.cancel(lost.held, lost.lease)))
+        return drive(self._attempted(lambda engine: engine.release(lost.held, lost.lease)))
+
+    def _attempted(self, run: Callable[[Any], Any]) -> Steps[bool]:
+        answered, _ = yield from self._attempt(run)
+        return answered
 
     def _retry_pause(self) -> float:
         """Seconds lost leases wait after a failed attempt: until the breaker lets a call through again."""
         return max(RETRY_INTERVAL, self.breaker.retry_in())
-
-    def forget_locally(self, identity: str, policies: Sequence[Policy]) -> None:
-        """The in-process half of a reset: the deny cache's entries and the fallback's state."""
-        self.deny_cache.forget(identity)
-        self.fallback.reset(identity, policies)
 
     def reset_watch(self, prefix: str) -> ResetWatch:
         """The reset epoch of this key prefix (see ratelimit_app.service.denycache.ResetWatch)."""
@@ -317,13 +342,22 @@ class RedisGuard:
         if state == BREAKER_OPEN and detail["previous"] == CLOSED:  # (a failed probe: still down, said once)
             log_event("ratelimit.redis_unavailable", logging.WARNING, redis=redis_location(),
                       error=detail.get("error_class", ""), fail_mode=self.fail_mode,
-                      requests=f"{FAIL_MODE_EFFECTS[self.fail_mode]} until Redis answers")
+                      requests=f"{_FAIL_MODE_EFFECTS[self.fail_mode]} until Redis answers")
         elif state == CLOSED:
             log_event("ratelimit.redis_available", logging.INFO, redis=redis_location(),
                       outage_seconds=detail.get("outage_seconds", 0))
         if state == CLOSED:
             # Redis is back: the next outage starts from a clean local state (and frees the memory)
             self.fallback.clear()
+
+
+def _client(engine: Any) -> Any:
+    """The Redis client of an engine (None for the memory backend's, or before one is built)."""
+    return getattr(engine, "client", None)
+
+
+def _no_redis() -> Any:
+    raise BackendError("RATELIMIT['BACKEND'] is 'memory': there is no Redis to ask", maybe_applied=False)
 
 
 def _refused_for_slots(checks: Sequence[Check], decisions: Sequence[Decision]) -> bool:

@@ -1,16 +1,8 @@
-"""The process-wide limiter service: what the middleware, throttles, decorator and commands call.
+"""The process-wide limiter service: `get_limiter()`, what request handling and the commands call.
 
-`get_limiter()` returns a `LimiterService`: the engine (`RateLimiter`) configured from settings, behind
-the process' `RedisGuard` (ratelimit_app.service.guard: the time budget, the circuit breaker, the fail
-modes, the deny cache and the local fallback). Every connect and read of one decision waits at most for
-what is left of the budget (see ratelimit_app.service.connection), so no request hangs on Redis.
-
-Its twin for asyncio code is `AsyncLimiterService` (ratelimit_app.service.limiter_async): the same
-methods in the same order, around the same guard; only the I/O differs.
-
-With RATELIMIT['BACKEND'] = "memory" the engine is this process' own limiter instead of Redis
-(ratelimit_app.service.memory), behind the same API. Every decision carries the test kit's clock shift
-(ratelimit_app.service.clock: 0 outside tests).
+`LimiterService` is the engine (`RateLimiter`, or this process' own limiter with RATELIMIT['BACKEND'] =
+"memory") behind the process' `RedisGuard`: it drives the guard's steps, making each Redis call they ask
+for within the time budget. Its twin for asyncio code is `AsyncLimiterService` (limiter_async.py).
 """
 
 from __future__ import annotations
@@ -18,26 +10,23 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from ..conf.settings import SettingsCached, ratelimit_settings
 from ..core.budget import within_budget
 from ..core.decision import Decision
 from ..core.engine import Check, Usage
 from ..core.engine_sync import RateLimiter
-from ..core.exceptions import BACKEND_ERRORS, BackendError
 from ..core.policies import Policy
 from ..core.usage import NO_RESERVATION, Reservation, reservation
 from . import clock
-from .breaker import CLOSED
 from .connection import get_redis
 from .guard import RedisGuard
 from .memory import MemoryLimiter, memory_limiter
-from .servicecall import ServiceStats
+from .servicecall import ServiceStats, Steps, T
 
-T = TypeVar("T")
 #: What decides: the engine over Redis, or this process' own limiter (RATELIMIT['BACKEND'] = "memory").
-Engine = RateLimiter | MemoryLimiter
+_Engine = RateLimiter | MemoryLimiter
 
 
 class LimiterService:
@@ -54,11 +43,11 @@ class LimiterService:
     policy) raise ValueError/TypeError.
     """
 
-    def __init__(self, limiter: Engine | Callable[[], Engine] | None = None, *,
+    def __init__(self, limiter: _Engine | Callable[[], _Engine] | None = None, *,
                  guard: RedisGuard | None = None, **options: Any) -> None:
         self.guard = RedisGuard.shared_or_new(guard, options)
-        self._engine: Engine | None = None
-        self._build: Callable[[], Engine]
+        self._engine: _Engine | None = None
+        self._build: Callable[[], _Engine]
         if isinstance(limiter, (RateLimiter, MemoryLimiter)):
             self._engine = limiter
             self._build = lambda: limiter
@@ -69,17 +58,10 @@ class LimiterService:
         else:
             self._build = limiter
         self._build_lock = threading.Lock()
-        self.guard.settle_with(self._redis_engine)  # lost leases are settled over this engine
-
-    def _redis_engine(self) -> RateLimiter:
-        """The engine lost leases are settled over: a Redis one (the memory backend never loses a reply)."""
-        engine = self.limiter()
-        if not isinstance(engine, RateLimiter):
-            raise TypeError("the memory backend has no lost leases to settle")
-        return engine
+        self.guard.settle_with(self._drive)  # lost leases are settled through this service
 
     # -- the public API ----------------------------------------------------------------------------
-    def limiter(self) -> Engine:
+    def limiter(self) -> _Engine:
         """The engine (built on first use; raises what building it raises)."""
         if self._engine is not None:
             return self._engine
@@ -92,7 +74,8 @@ class LimiterService:
             fail_mode: str | None = None, lease: str | None = None) -> Decision:
         """Charge `cost` to every policy if all allow (see RateLimiter.hit); the fail mode applies
         when Redis cannot decide within the budget. `lease` as in `hit_many`."""
-        return self._decide([(identity, policies)], cost, fail_mode, charge=True, lease=lease)[0]
+        return self._drive(self.guard.decide(self._engine, [(identity, policies)], cost, fail_mode, True,
+                                             lease=lease))[0]
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1, *,
                  fail_mode: str | None = None, lease: str | None = None) -> list[Decision]:
@@ -100,7 +83,7 @@ class LimiterService:
         all of them when Redis cannot decide within the budget. Concurrency slots are taken under
         `lease` (in Redis, or in the local fallback when the decision is local: `release` with the
         same `local`)."""
-        return self._decide(checks, cost, fail_mode, charge=True, lease=lease)
+        return self._drive(self.guard.decide(self._engine, checks, cost, fail_mode, True, lease=lease))
 
     def reserve_many(self, checks: Sequence[Check], cost: int, usage: Usage, *, fail_mode: str | None = None,
                      lease: str | None = None) -> tuple[list[Decision], Reservation]:
@@ -109,7 +92,8 @@ class LimiterService:
         fail mode, the memory backend). The deny cache is not read: an estimate's refusal says nothing of
         another estimate's, and a settlement may give back units at any moment."""
         started = time.monotonic()
-        decisions = self._decide(checks, cost, fail_mode, charge=True, fresh=True, lease=lease, usage=usage)
+        decisions = self._drive(self.guard.decide(self._engine, checks, cost, fail_mode, True, fresh=True,
+                                                  lease=lease, usage=usage))
         engine = self._engine
         if not isinstance(engine, RateLimiter) or any(decision.degraded for decision in decisions):
             return decisions, NO_RESERVATION
@@ -118,9 +102,7 @@ class LimiterService:
     def settle(self, reservation: Reservation, used: Mapping[str, int]) -> bool:
         """Settle what a request reserved at the units it `used` (see RateLimiter.settle), within the time
         budget and through the breaker; False when Redis could not be asked (the estimate stays charged)."""
-        if not reservation.held:
-            return True
-        return self.guard.attempt(lambda: self.limiter().settle(reservation, used))  # type: ignore[union-attr]
+        return self._drive(self.guard.settle(reservation, used))
 
     def release(self, held: Sequence[tuple[str, Policy]], lease: str, *, local: bool = False) -> bool:
         """Give back the concurrency slots of `held` taken under `lease`: in Redis (one round trip,
@@ -128,14 +110,7 @@ class LimiterService:
         decision that took them was made by the "local" fail mode). Never raises for Redis failures:
         False when Redis could not be asked; the release is then sent again once Redis answers
         (RedisGuard.release_failed), unless the lease has run out by then."""
-        guard = self.guard
-        if local:
-            guard.fallback.release(held, lease)
-            return True
-        if guard.attempt(lambda: self.limiter().release(held, lease)):
-            return True
-        guard.release_failed(held, lease)
-        return False
+        return self._drive(self.guard.release(held, lease, local))
 
     def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None = None, *,
               local: bool = False) -> bool | None:
@@ -146,34 +121,22 @@ class LimiterService:
         again), None when Redis could not be asked (never raises for it: the slots keep the end they had).
         Slots the "local" fail mode took live in the process that took them, which a renewal may not
         reach: it is True for them."""
-        guard = self.guard
-        if local:
-            guard.fallback.renew(held, lease, lease_ms)
-            return True
-        live: list[int] = []
-        if guard.attempt(lambda: live.append(self.limiter().renew(held, lease, lease_ms))):
-            return live[0] == len(held)
-        return None
+        return self._drive(self.guard.renew(held, lease, lease_ms, local))
 
     def peek(self, identity: str, policies: Sequence[Policy], cost: int = 1, *,
              fail_mode: str | None = None, fresh: bool = False) -> Decision:
         """Report what `hit` would decide, charging nothing (see RateLimiter.peek); the fail mode
         applies when Redis cannot answer. `fresh` skips the deny cache (whose counts are those of the
         moment Redis denied): a report of where a client stands now."""
-        return self._decide([(identity, policies)], cost, fail_mode, charge=False, fresh=fresh)[0]
+        return self._drive(self.guard.decide(self._engine, [(identity, policies)], cost, fail_mode, False,
+                                             fresh=fresh))[0]
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies: in Redis, in this process' deny cache and
         in the local fallback; other processes drop their cached denials within RESET_CHECK_INTERVAL
         (the reset epoch, see ratelimit_app.service.denycache). Raises BackendError or a RedisError when
         Redis cannot be reached (the local state is forgotten anyway)."""
-        guard = self.guard
-        guard.forget_locally(identity, policies)
-        with within_budget(guard.budget):
-            engine = self.limiter()
-            engine.reset(identity, policies)
-            if isinstance(engine, RateLimiter):  # other processes drop their cached denials: see ResetWatch
-                guard.reset_watch(engine.prefix).announce(engine.client)
+        self._drive(self.guard.reset(identity, policies))
 
     def call_redis(self, command: Callable[[Any], T]) -> T:
         """`command(client)`: one small command of the caller's own (a GET or SET of a marker key) on the
@@ -181,53 +144,30 @@ class LimiterService:
         the breaker. Raises BackendError without sending anything while the breaker is not closed (Redis
         is known to be failing) or when there is no Redis (the memory backend), and what the client raises
         (BACKEND_ERRORS) when Redis cannot answer."""
-        guard = self.guard
-        if guard.breaker.state is not CLOSED:
-            raise BackendError("the limiter's circuit breaker is open: Redis is not asked", maybe_applied=False)
-        with within_budget(guard.budget):
-            engine = self.limiter()
-            if not isinstance(engine, RateLimiter):
-                raise BackendError("RATELIMIT['BACKEND'] is 'memory': there is no Redis to ask", maybe_applied=False)
-            return command(engine.client)
+        return self._drive(self.guard.command(command))
 
     def stats(self) -> ServiceStats:
         """A snapshot of the guard's counters (shared with the async service of this process)."""
         return self.guard.stats()
 
-    # -- one decision ------------------------------------------------------------------------------
-    def _decide(self, checks: Sequence[Check], cost: int, fail_mode: str | None, *, charge: bool,
-                fresh: bool = False, lease: str | None = None, usage: Usage = ()) -> list[Decision]:
-        guard, engine = self.guard, self._engine
-        # (the reset epoch is Redis': a memory backend has no other process to hear a reset from)
-        watched = engine.prefix if isinstance(engine, RateLimiter) else None
-        call = guard.open(checks, cost, fail_mode, charge, fresh, watched, lease)
-        if call.watch is not None and isinstance(engine, RateLimiter):
-            try:
-                with within_budget(guard.budget):
-                    epoch = engine.client.get(call.watch.key)
-            except BACKEND_ERRORS:
-                guard.epoch_read(call, None, failed=True)
-            else:
-                guard.epoch_read(call, epoch)
-        if call.answer is not None:
-            return call.answer
+    # -- the I/O of the guard's steps ---------------------------------------------------------------
+    def _drive(self, steps: Steps[T]) -> T:
+        """Carry out the guard's steps: each Redis call they ask for, within the time budget; what they
+        return (see AsyncLimiterService._drive, its twin)."""
+        budget = self.guard.budget
+        reply: Any = None
+        failure: BaseException | None = None
         try:
-            with within_budget(guard.budget, call.started):
-                engine = self.limiter()
-                if charge:
-                    # (the memory backend has no estimates: a usage limit counts the request's cost there)
-                    reserving = {"usage": usage} if usage and isinstance(engine, RateLimiter) else {}
-                    decisions = engine.hit_many(checks, cost, lease=lease, clock_shift_ms=clock.offset_ms(),
-                                                **reserving)
-                else:
-                    identity, policies = checks[0]
-                    decisions = [engine.peek(identity, policies, cost, clock_shift_ms=clock.offset_ms())]
-        except BACKEND_ERRORS as exc:
-            return guard.failed(call, exc)
-        except BaseException as exc:
-            guard.abandoned_call(call, exc)
-            raise
-        return guard.answered(call, decisions)
+            while True:
+                run, started = steps.send(reply) if failure is None else steps.throw(failure)
+                failure = None
+                try:
+                    with within_budget(budget, started):
+                        reply = run(self.limiter())
+                except BaseException as exc:  # the steps decide what it means
+                    failure = exc
+        except StopIteration as done:
+            return done.value
 
 
 _service = SettingsCached(LimiterService)

@@ -42,7 +42,7 @@ MAX_PENDING = 10_000
 RETRY_INTERVAL = 0.1
 
 CANCEL = "cancel"
-RELEASE = "release"
+_RELEASE = "release"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +57,14 @@ class LostLease:
 
 
 #: Carries out one LostLease against Redis (within the budget, through the breaker): True when done.
-Attempt = Callable[[LostLease], bool]
+_Attempt = Callable[[LostLease], bool]
 
 
 class LostLeases:
     """The leases waiting for Redis to answer again (see the module docstring). `attempt` sends one
     (the service's `_settle_lease`); `pause()` says how long to wait after a failed one."""
 
-    def __init__(self, attempt: Attempt, pause: Callable[[], float]) -> None:
+    def __init__(self, attempt: _Attempt, pause: Callable[[], float]) -> None:
         self._attempt = attempt
         self._pause = pause
         self._pending: deque[LostLease] = deque()
@@ -79,7 +79,7 @@ class LostLeases:
     def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:
         """Release `lease` from these slots once Redis answers, unless their lease has run out by then."""
         period = max((policy.period for _, policy in held), default=0)
-        self._add(LostLease(RELEASE, tuple(held), lease, time.monotonic() + period))
+        self._add(LostLease(_RELEASE, tuple(held), lease, time.monotonic() + period))
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -119,7 +119,7 @@ class LostLeases:
                     self._condition.notify_all()
                     return
                 lost = self._pending[0]
-            if lost.kind == RELEASE and time.monotonic() > lost.until:
+            if lost.kind == _RELEASE and time.monotonic() > lost.until:
                 done = True
             else:
                 try:

@@ -9,15 +9,11 @@ import redis
 import redis.asyncio
 from django.core.exceptions import ImproperlyConfigured
 from redis.connection import ConnectionPool
-from redis.sentinel import Sentinel, SentinelManagedConnection
+from redis.sentinel import Sentinel
 
 from ..conf import redisurl
 from ..conf.settings import ratelimit_settings
-from ..core.budget import BudgetConnection, BudgetMixin
-
-
-class BudgetSentinelConnection(BudgetMixin, SentinelManagedConnection):
-    """A connection to the master the sentinels name, respecting the limiter's time budget."""
+from ..core.redispy import BudgetConnection, BudgetSentinelConnection
 
 
 def host_ports(netloc: str, what: str, example: str) -> list[tuple[str, int]]:
@@ -30,7 +26,7 @@ def host_ports(netloc: str, what: str, example: str) -> list[tuple[str, int]]:
     return found
 
 
-def parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int]:
+def _parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int]:
     """Split "redis+sentinel://host:port,host:port/SERVICE[/DB]" into (sentinels, service, db)."""
     parts = urlsplit(url)
     hosts = host_ports(parts.netloc, "sentinel address", "redis+sentinel://host:26379,host:26380/SERVICE/DB")
@@ -49,7 +45,7 @@ def sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
     the master's; the sentinels are asked without one. Each sentinel gets at most an equal share of
     the connect timeout, so asking all of them cannot take longer than connecting to one server.
     """
-    hosts, service, db = parse_sentinel_url(url)
+    hosts, service, db = _parse_sentinel_url(url)
     password = urlsplit(url).password
     share = len(hosts) or 1
     sentinel_options = {**options, "socket_connect_timeout": options["socket_connect_timeout"] / share}
@@ -74,7 +70,7 @@ def async_sentinel_master(url: str, options: dict[str, Any]) -> redis.asyncio.Re
     """
     from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 
-    hosts, service, db = parse_sentinel_url(url)
+    hosts, service, db = _parse_sentinel_url(url)
     password = urlsplit(url).password
     share = len(hosts) or 1
     sentinel_options = {**options, "socket_connect_timeout": options["socket_connect_timeout"] / share}

@@ -1,17 +1,17 @@
-"""What a limiter service keeps about its decisions: its counters (`ServiceStats`), and one decision
-on its way through the service (`ServiceCall`), shared by the sync service (ratelimit_app.service.limiter)
-and the async one (ratelimit_app.service.limiter_async)."""
+"""What the limiter services share besides their guard: the counters (`ServiceStats`), the deny-cache key of a
+request (`request_key`), and the shape of the guard's steps (`Steps`, each yielding an `Ask`: one Redis call
+that the service, sync or async, makes within the time budget)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Generator, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional, TypeVar
 
-from ..core.decision import Decision
 from ..core.engine import Check
-from .breaker import CALL, BreakerState
-from .denycache import ResetWatch
+from .breaker import BreakerState
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -51,28 +51,12 @@ def request_key(checks: Sequence[Check], cost: int) -> Hashable:
     return tuple(parts)
 
 
-class ServiceCall:
-    """One decision on its way through a service: what was asked, and what the service knows so far."""
+#: One Redis call the guard's steps ask for, as (run, started): `run(engine)` makes it (sync), or returns what
+#: to await (async; None: nothing to await), with the budget counted from `started` (a time.monotonic()
+#: value; None: from now). A plain tuple: one is made per decision.
+Ask = tuple[Callable[[Any], Any], Optional[float]]  # noqa: UP045 (a runtime alias on Python 3.10)
 
-    __slots__ = ("answer", "charge", "checks", "cost", "generation", "key", "lease", "mode", "started", "step",
-                 "watch")
 
-    def __init__(self, checks: Sequence[Check], cost: int, mode: str, charge: bool,
-                 lease: str | None = None) -> None:
-        self.checks = checks
-        self.cost = cost
-        self.mode = mode
-        self.charge = charge
-        #: the token concurrency slots are taken under (see LimiterService.hit_many)
-        self.lease = lease
-        #: the deny-cache key, when it was computed
-        self.key: Hashable | None = None
-        #: the decisions, when known without asking Redis (deny cache, breaker open)
-        self.answer: list[Decision] | None = None
-        #: set when the reset epoch must be read before a cached answer stands (see LimiterService._open)
-        self.watch: ResetWatch | None = None
-        #: the deny cache's generation before Redis was asked
-        self.generation = 0
-        #: the breaker's CALL or PROBE
-        self.step = CALL
-        self.started = 0.0
+#: The steps of one operation through the guard (sans-IO): each yields an Ask and is sent its reply, or
+#: thrown what making it raised; what the generator returns is the operation's answer.
+Steps = Generator[Ask, Any, T]

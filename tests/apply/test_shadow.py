@@ -141,7 +141,7 @@ def test_the_async_engine_splits_shadow_results_the_same_way(redis_url: str, key
     import redis.asyncio
 
     from ratelimit_app import AsyncRateLimiter
-    from ratelimit_app.core.engine_async import close_client
+    from ratelimit_app.core.redispy import close_client
 
     async def main() -> list[Any]:
         client: redis.asyncio.Redis = redis.asyncio.Redis.from_url(redis_url, socket_timeout=10)

@@ -16,9 +16,8 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from ratelimit_app import AsyncRateLimiter, Policy, RateLimiter
-from ratelimit_app.core.budget import BudgetConnection
-from ratelimit_app.core.engine_async import close_client
 from ratelimit_app.core.policies import ALGORITHMS
+from ratelimit_app.core.redispy import BudgetConnection, close_client
 from ratelimit_app.observability.pending import PendingCounts, SealedBatch, apply_batch
 from ratelimit_app.observability.queries import recent_metrics
 from ratelimit_app.observability.recorder import flush, record_decision

@@ -20,8 +20,8 @@ import redis.asyncio
 from devtools.embedded import RedisProcess, free_port
 from ratelimit_app import AsyncRateLimiter, BackendError, Policy, RateLimiter
 from ratelimit_app.core.budget import reply_wait, within_budget
-from ratelimit_app.core.engine_async import close_client
 from ratelimit_app.core.policies import ALGORITHMS
+from ratelimit_app.core.redispy import close_client
 from tests.support.tcp_proxy import tcp_proxy
 from tests.support.topology import wait_for
 

@@ -16,8 +16,8 @@ from redis.retry import Retry
 
 from devtools.embedded import free_port
 from ratelimit_app import AsyncRateLimiter, BackendError, Policy, RateLimiter, new_lease_token
-from ratelimit_app.core.engine_async import close_client
 from ratelimit_app.core.keys import renew_calls
+from ratelimit_app.core.redispy import close_client
 
 SLOTS = Policy("concurrency", "concurrency", limit=2, period=60)
 FLEET = Policy("fleet", "concurrency", limit=100, period=30)
@@ -116,3 +116,18 @@ def test_the_async_engine_renews_as_the_sync_one_does(redis_url: str, redis_clie
     first, shortened, full, late = asyncio.run(scenario())
     assert (first, full, late) == (2, 2, 0)
     assert 1000 < shortened <= 1500
+
+
+def test_the_async_engine_cancels_as_the_sync_one_does(redis_url: str, limiter: RateLimiter) -> None:
+    token = take(limiter)
+
+    async def scenario() -> None:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            await AsyncRateLimiter(client, prefix=limiter.prefix).cancel(HELD, token)
+        finally:
+            await close_client(client)
+
+    asyncio.run(scenario())
+    assert limiter.renew(HELD, token) == 0  # given back, and never taken again under this token
+    take(limiter), take(limiter)  # both of the two slots are free (take asserts each is allowed)

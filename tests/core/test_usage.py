@@ -12,7 +12,7 @@ import redis
 import redis.asyncio
 
 from ratelimit_app import AsyncRateLimiter, Policy, RateLimiter
-from ratelimit_app.core.engine_async import close_client
+from ratelimit_app.core.redispy import close_client
 from ratelimit_app.core.usage import NO_RESERVATION, settle_calls, usage_pairs
 
 #: (algorithm, limit) of every usage limit that settles exactly: the sliding log short and long (a key

@@ -13,7 +13,7 @@ import redis
 import redis.asyncio
 
 from ratelimit_app import Decision, PolicyResult
-from ratelimit_app.core.engine_async import close_client
+from ratelimit_app.core.redispy import close_client
 from ratelimit_app.service.denycache import RESET_CHECK_INTERVAL, DenyCache, ResetWatch, reset_epoch_key
 
 

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from devtools.embedded import RedisProcess
-from ratelimit_app import AsyncRateLimiter, Policy
+from ratelimit_app import AsyncRateLimiter, BackendError, Policy
 from ratelimit_app.core.scripts import decide_source
 from ratelimit_app.service.limiter import get_limiter
 from ratelimit_app.service.limiter_async import AsyncLimiterService, get_async_limiter
@@ -288,3 +288,22 @@ def test_the_async_renew_is_none_when_redis_cannot_be_asked(settings: Any, serve
 
     assert run(service, scenario) == [None, None, None]
     assert service.stats().redis_failures == 2  # the open breaker skipped the third
+
+
+def test_call_redis_runs_one_command_of_the_callers_as_the_sync_service_does(settings: Any, server: RedisProcess,
+                                                                             key_prefix: str) -> None:
+    service = configure(settings, server.url, KEY_PREFIX=key_prefix, BREAKER_FAILURES=1)
+    marker = f"{key_prefix}:marker"
+
+    async def calls() -> list[Any]:
+        await service.hit("client", [Policy("minute", "fixed_window", limit=5, period=60)])  # builds the engine
+        said = [await service.call_redis(lambda client: client.set(marker, "1", ex=60)),
+                await service.call_redis(lambda client: client.get(marker))]
+        service.guard.breaker.record_failure(ConnectionError("down"))
+        try:
+            await service.call_redis(lambda client: client.get(marker))
+        except BackendError as exc:
+            said.append(str(exc))
+        return said
+
+    assert run(service, calls) == [True, b"1", "the limiter's circuit breaker is open: Redis is not asked"]

@@ -458,7 +458,7 @@ def test_the_deny_cache_is_bounded(settings: Any, server: RedisProcess) -> None:
 
 def test_the_cache_alias_client_gets_the_limiters_timeouts_and_budget(settings: Any) -> None:
     """REDIS_URL None: the django-redis cache's server, but the limiter's own pool (its cache may retry)."""
-    from ratelimit_app.core.budget import BudgetConnection
+    from ratelimit_app.core.redispy import BudgetConnection
     from ratelimit_app.service.connection import get_redis
 
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": None, "CACHE_ALIAS": "default", "BUDGET_MS": 50,
@@ -479,7 +479,8 @@ def test_the_pool_path_shares_a_bounded_pool_and_every_decision_is_exact(setting
                                                                         admin: redis.Redis) -> None:
     """RATELIMIT['CONNECTIONS'] = "pool": 8 threads deciding through max_connections=2 wait their turn
     for a connection (none fails for want of one), and Redis sees 2 connections at most."""
-    from ratelimit_app.service.connection import BudgetBlockingConnectionPool, get_redis
+    from ratelimit_app.core.redispy import BudgetBlockingConnectionPool
+    from ratelimit_app.service.connection import get_redis
 
     service = configure(settings, f"{server.url}?max_connections=2", CONNECTIONS="pool", BUDGET_MS=5000,
                         SOCKET_TIMEOUT=5.0, SOCKET_CONNECT_TIMEOUT=5.0)
@@ -515,7 +516,8 @@ def test_the_pool_path_waits_for_a_free_connection_no_longer_than_the_budget(set
 
 
 def test_the_cache_alias_client_on_the_pool_path_is_bounded(settings: Any) -> None:
-    from ratelimit_app.service.connection import POOL_MAX_CONNECTIONS, BudgetBlockingConnectionPool, get_redis
+    from ratelimit_app.core.redispy import BudgetBlockingConnectionPool
+    from ratelimit_app.service.connection import POOL_MAX_CONNECTIONS, get_redis
 
     settings.RATELIMIT = {**settings.RATELIMIT, "REDIS_URL": None, "CACHE_ALIAS": "default", "CONNECTIONS": "pool"}
     pool = cast(redis.Redis, get_redis()).connection_pool

@@ -14,10 +14,10 @@ import redis
 from redis.sentinel import SentinelConnectionPool
 
 from ratelimit_app import Decision, Policy
+from ratelimit_app.core.redispy import BudgetSentinelConnection
 from ratelimit_app.core.scripts import decide_source
 from ratelimit_app.service.connection import get_redis
 from ratelimit_app.service.limiter import LimiterService, get_limiter
-from ratelimit_app.service.sentinel import BudgetSentinelConnection
 from tests.support.topology import SentinelTopology, run_threads, start_sentinel_topology, wait_for
 
 BUDGET_MS = 50

@@ -1,11 +1,11 @@
 """ratelimit_app.service.servicecall: `request_key` (what makes two requests the same for the deny cache),
-`ServiceStats` (the service's counters) and `ServiceCall`'s starting state."""
+and `ServiceStats` (the service's counters)."""
 
 from __future__ import annotations
 
 from ratelimit_app import Policy
-from ratelimit_app.service.breaker import CALL, CLOSED, BreakerState
-from ratelimit_app.service.servicecall import ServiceCall, ServiceStats, request_key
+from ratelimit_app.service.breaker import CLOSED, BreakerState
+from ratelimit_app.service.servicecall import ServiceStats, request_key
 
 MINUTE = Policy("minute", "fixed_window", limit=5, period=60)
 DAY = Policy("day", "fixed_window", limit=50, period=86400)
@@ -39,10 +39,3 @@ def test_degraded_counts_every_decision_made_without_redis() -> None:
     stats = ServiceStats(breaker, redis_failures=9, degraded_open=1, degraded_closed=2, local_allowed=3,
                          local_denied=4, deny_cache_hits=100, deny_cache_size=5, local_states=6)
     assert stats.degraded == 10  # not the failures, nor the deny cache's answers (Redis decided those)
-
-
-def test_a_new_call_knows_nothing_yet_and_is_headed_for_redis() -> None:
-    call = ServiceCall([("a", (MINUTE,))], 3, "closed", charge=False, lease="lease-1")
-    assert (call.cost, call.mode, call.charge, call.lease) == (3, "closed", False, "lease-1")
-    assert call.answer is None and call.key is None and call.watch is None
-    assert call.step == CALL and call.generation == 0
