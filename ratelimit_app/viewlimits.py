@@ -26,7 +26,7 @@ from .apply.responses import limiter_unavailable, too_many_requests
 from .apply.routes import VIEW_LIMIT_ATTRIBUTE, ViewT
 from .conf.snapshot import request_settings
 from .core.decision import Decision
-from .core.policies import Policy
+from .core.policies import CONCURRENCY, Policy
 from .core.usage import Reservation
 from .service import events
 from .service.limiter import get_limiter
@@ -105,10 +105,10 @@ class DecoratorLimit:
         self.joins_request_limits = block and count_if is None
         # Counted by outcome, in Redis: each request reserves its cost in one unit of its own in the decision
         # before the view (so requests in flight together never pass one limit), settled to the cost when
-        # the response matches and to 0 when it does not. A calendar quota, which is not settled, and the
-        # memory backend, which keeps no reservations, peek before the view and charge after it.
-        self.reserving = (dataclasses.replace(policy, unit=OUTCOME_UNIT),) \
-            if count_if is not None and not policy.calendar else ()
+        # the response matches and to 0 when it does not. A calendar quota and a shadow limit, which are not
+        # settled, and the memory backend, which keeps no reservations, peek before the view and charge after.
+        settles = not (policy.calendar or policy.shadow or policy.algorithm == CONCURRENCY)
+        self.reserving = (dataclasses.replace(policy, unit=OUTCOME_UNIT),) if count_if is not None and settles else ()
 
     def check_for(self, request: HttpRequest) -> LimitCheck | None:
         """This view's check for `request`, or None when its key function says "not limited"."""

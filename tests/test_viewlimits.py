@@ -54,12 +54,19 @@ async def alogin(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"error": "wrong username or password"}, status=401)
 
 
-urlpatterns = [*demo_urlpatterns, path("login", login), path("alogin", alogin), path("shadowed", shadowed)]
+@csrf_exempt
+@ratelimit(rate="2/15m", key="post:username", group="slogin", shadow=True, count_if=failed)
+def slogin(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [*demo_urlpatterns, path("login", login), path("alogin", alogin), path("shadowed", shadowed),
+               path("slogin", slogin)]
 
 
 def used(username: str, group: str = "login") -> int:
     """Units charged to `username`'s counter, read from Redis."""
-    limit = getattr(alogin if group == "alogin" else login, VIEW_LIMIT_ATTRIBUTE)
+    limit = getattr({"alogin": alogin, "slogin": slogin}.get(group, login), VIEW_LIMIT_ATTRIBUTE)
     engine = get_limiter().limiter()
     assert isinstance(engine, RateLimiter)
     key = engine.keys(f"view:{group}|post:username:{username}", limit.policies)[0]
@@ -127,6 +134,12 @@ def test_a_view_that_raises_leaves_nothing_counted(client: Client) -> None:
     with pytest.raises(RuntimeError):
         client.post("/alogin", {"username": "erin", "password": "boom"})
     assert used("erin", "alogin") == 0
+
+
+@pytest.mark.urls(__name__)
+def test_a_shadow_limit_counted_by_outcome_counts_only_what_matches(client: Client) -> None:
+    assert [client.post("/slogin", {"username": "fay"}).status_code for _ in range(4)] == [200] * 4
+    assert used("fay", "slogin") == 0  # no response matched: nothing counted
 
 
 @pytest.mark.urls(__name__)
