@@ -48,8 +48,8 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
               count_if: CountIf | None = None) -> Callable[[ViewT], ViewT]:
     """Limit a view to `rate` per `key` (docs/usage.md, section 7).
 
-    `shadow=True`: a dry run. `count_if(response) -> bool`: charge only responses that match, after
-    the view (its concurrency bound: docs/plans.md, limits counted by outcome). Every argument is checked when
+    `shadow=True`: a dry run. `count_if(response) -> bool`: count only responses that match (one reserved
+    before the view, settled after it: docs/plans.md, limits counted by outcome). Every argument is checked when
     the decorator is applied: a bad rate, algorithm, burst, cost (an integer >= 1), key, name, group,
     shadow or count_if raises InvalidPolicy / ValueError / TypeError naming the view.
     """

@@ -5,6 +5,7 @@ which check a request makes (its key function), and how the view answers the dec
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, cast
@@ -23,8 +24,10 @@ from .apply.outcome import ALLOWED, DENIED, NOT_LIMITED, UNAVAILABLE, LimitOutco
 from .apply.planning import RequestPlan
 from .apply.responses import limiter_unavailable, too_many_requests
 from .apply.routes import VIEW_LIMIT_ATTRIBUTE, ViewT
+from .conf.snapshot import request_settings
 from .core.decision import Decision
-from .core.policies import Policy
+from .core.policies import CONCURRENCY, Policy
+from .core.usage import Reservation
 from .service import events
 from .service.limiter import get_limiter
 from .service.limiter_async import get_async_limiter
@@ -76,6 +79,10 @@ def digest_label(client: str) -> str:
     return f"{what}:#{identity_digest(client)}"
 
 
+#: The unit in which a limit counted by outcome reserves a request's cost (settled when the view has answered).
+OUTCOME_UNIT = "responses"
+
+
 class DecoratorLimit:
     """The limit of one decorated view (a `routes.ViewLimit`): which check a request makes, and how
     the view answers its decision."""
@@ -96,6 +103,12 @@ class DecoratorLimit:
         # request's other limits must not depend on this one. A limit counted by outcome is charged
         # after the view, on its own.
         self.joins_request_limits = block and count_if is None
+        # Counted by outcome, in Redis: each request reserves its cost in one unit of its own in the decision
+        # before the view (so requests in flight together never pass one limit), settled to the cost when
+        # the response matches and to 0 when it does not. A calendar quota and a shadow limit, which are not
+        # settled, and the memory backend, which keeps no reservations, peek before the view and charge after.
+        settles = not (policy.calendar or policy.shadow or policy.algorithm == CONCURRENCY)
+        self.reserving = (dataclasses.replace(policy, unit=OUTCOME_UNIT),) if count_if is not None and settles else ()
 
     def check_for(self, request: HttpRequest) -> LimitCheck | None:
         """This view's check for `request`, or None when its key function says "not limited"."""
@@ -139,22 +152,40 @@ class DecoratorLimit:
         return LimitOutcome(UNAVAILABLE if decision.degraded else DENIED, decision, self.policies, None, label,
                             charged=False)
 
-    def check_before(self, check: LimitCheck, label: str) -> LimitOutcome:
-        """Counted by outcome, before the view: may one more matching response be charged? (a peek;
-        a refusal is counted in the metrics)."""
+    def _reserves(self) -> bool:
+        return bool(self.reserving) and request_settings().values.get("BACKEND") != "memory"
+
+    def check_before(self, check: LimitCheck, label: str, held: list[Reservation]) -> LimitOutcome:
+        """Counted by outcome, before the view: reserve the request's cost (what it holds is put in `held`),
+        or, where it cannot be settled, peek whether one more matching response fits (a refusal is counted
+        in the metrics)."""
+        if self._reserves():
+            decisions, reservation = get_limiter().reserve_many([(check.identity, self.reserving)], 1,
+                                                                ((OUTCOME_UNIT, self.cost),))
+            held.append(reservation)
+            return self._before(decisions[0], label)
         return self._before(get_limiter().peek(check.identity, self.policies, self.cost, fresh=True), label)
 
-    async def acheck_before(self, check: LimitCheck, label: str) -> LimitOutcome:
+    async def acheck_before(self, check: LimitCheck, label: str, held: list[Reservation]) -> LimitOutcome:
         """`check_before` on the event loop."""
+        if self._reserves():
+            decisions, reservation = await get_async_limiter().reserve_many(
+                [(check.identity, self.reserving)], 1, ((OUTCOME_UNIT, self.cost),))
+            held.append(reservation)
+            return self._before(decisions[0], label)
         decision = await get_async_limiter().peek(check.identity, self.policies, self.cost, fresh=True)
         return self._before(decision, label)
 
     def _count_after(self, label: str) -> None:
         events.record_decision(allowed=True, tier=_DECORATOR_TIER, policy=None, degraded=False, identity=label)
 
-    def charge_after(self, check: LimitCheck, label: str, counted: bool) -> LimitOutcome:
-        """Counted by outcome, after the view: count the request, and charge it when it matched."""
+    def charge_after(self, check: LimitCheck, label: str, counted: bool, held: list[Reservation]) -> LimitOutcome:
+        """Counted by outcome, after the view: count the request; settle what it reserved at its cost when
+        it matched and at 0 when not, or charge it when it matched."""
         self._count_after(label)
+        if held:
+            get_limiter().settle(held.pop(), {OUTCOME_UNIT: self.cost if counted else 0})
+            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=counted)
         if not counted:
             return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
         # A charge that no longer fits (requests in flight passed the check together) is refused by the
@@ -162,9 +193,13 @@ class DecoratorLimit:
         decision = get_limiter().hit(check.identity, self.policies, self.cost)
         return LimitOutcome(ALLOWED, decision, self.policies, None, label)
 
-    async def acharge_after(self, check: LimitCheck, label: str, counted: bool) -> LimitOutcome:
+    async def acharge_after(self, check: LimitCheck, label: str, counted: bool,
+                            held: list[Reservation]) -> LimitOutcome:
         """`charge_after` on the event loop."""
         self._count_after(label)
+        if held:
+            await get_async_limiter().settle(held.pop(), {OUTCOME_UNIT: self.cost if counted else 0})
+            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=counted)
         if not counted:
             return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
         decision = await get_async_limiter().hit(check.identity, self.policies, self.cost)
@@ -176,14 +211,19 @@ class DecoratorLimit:
         if counted is None:
             return view(request, *args, **kwargs)
         check, label = counted
-        before = safely(lambda: self.check_before(check, label), where=self.where)
+        held: list[Reservation] = []
+        before = safely(lambda: self.check_before(check, label, held), where=self.where)
         decision = before.decision
         request.limited = not before.allowed  # type: ignore[attr-defined]
         if not (before.allowed or not self.block):
             return self._refused(decision)
-        response = view(request, *args, **kwargs)
+        try:
+            response = view(request, *args, **kwargs)
+        except BaseException:
+            safely(lambda: self.charge_after(check, label, False, held), where=self.where)  # no outcome: free
+            raise
         matched = self._matches(response)
-        after = safely(lambda: self.charge_after(check, label, matched), where=self.where)
+        after = safely(lambda: self.charge_after(check, label, matched, held), where=self.where)
         return self._with_headers(response, after.decision or decision)
 
     async def aanswer_counted(self, request: HttpRequest, view: Callable[..., Any], args: Any,
@@ -194,14 +234,20 @@ class DecoratorLimit:
         if counted is None:
             return await view(request, *args, **kwargs)
         check, label = counted
-        before = await limiting_async.safely(lambda: self.acheck_before(check, label), where=self.where)
+        held: list[Reservation] = []
+        before = await limiting_async.safely(lambda: self.acheck_before(check, label, held), where=self.where)
         decision = before.decision
         request.limited = not before.allowed  # type: ignore[attr-defined]
         if not (before.allowed or not self.block):
             return self._refused(decision)
-        response = await view(request, *args, **kwargs)
+        try:
+            response = await view(request, *args, **kwargs)
+        except BaseException:
+            await limiting_async.safely(lambda: self.acharge_after(check, label, False, held), where=self.where)
+            raise
         matched = self._matches(response)
-        after = await limiting_async.safely(lambda: self.acharge_after(check, label, matched), where=self.where)
+        after = await limiting_async.safely(lambda: self.acharge_after(check, label, matched, held),
+                                            where=self.where)
         return self._with_headers(response, after.decision or decision)
 
     def _matches(self, response: Any) -> bool:

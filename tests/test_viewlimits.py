@@ -1,16 +1,18 @@
-"""Limits counted by outcome (`@ratelimit(count_if=...)`): checked before the view, charged after it when
-the response matches; the failed-login scenario sequentially and under 8 concurrent clients. Also the
-decorator's and the per-IP limit's shadow mode."""
+"""Limits counted by outcome (`@ratelimit(count_if=...)`): one reserved before the view, settled after it
+to one when the response matches and to none when not; the failed-login scenario sequentially, under 8
+concurrent clients and on an async view, counted exactly. Also the decorator's and the per-IP limit's
+shadow mode."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
 import pytest
 import requests
 from django.http import HttpRequest, JsonResponse
-from django.test import Client
+from django.test import AsyncClient, Client
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
@@ -43,15 +45,31 @@ def shadowed(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
 
 
-urlpatterns = [*demo_urlpatterns, path("login", login), path("shadowed", shadowed)]
+@csrf_exempt
+@ratelimit(rate=f"{LIMIT}/15m", key="post:username", group="alogin", count_if=failed)
+async def alogin(request: HttpRequest) -> JsonResponse:
+    await asyncio.sleep(0.05)  # in flight together: every request is admitted or refused while the others run
+    if request.POST.get("password") == "boom":
+        raise RuntimeError("the view failed")
+    return JsonResponse({"error": "wrong username or password"}, status=401)
 
 
-def used(username: str) -> int:
+@csrf_exempt
+@ratelimit(rate="2/15m", key="post:username", group="slogin", shadow=True, count_if=failed)
+def slogin(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+urlpatterns = [*demo_urlpatterns, path("login", login), path("alogin", alogin), path("shadowed", shadowed),
+               path("slogin", slogin)]
+
+
+def used(username: str, group: str = "login") -> int:
     """Units charged to `username`'s counter, read from Redis."""
-    limit = getattr(login, VIEW_LIMIT_ATTRIBUTE)
+    limit = getattr({"alogin": alogin, "slogin": slogin}.get(group, login), VIEW_LIMIT_ATTRIBUTE)
     engine = get_limiter().limiter()
     assert isinstance(engine, RateLimiter)
-    key = engine.keys(f"view:login|post:username:{username}", limit.policies)[0]
+    key = engine.keys(f"view:{group}|post:username:{username}", limit.policies)[0]
     value = engine.client.get(key)
     entries = state_entries(value) if isinstance(value, bytes) else {}
     return len(entries.get("s" + limit.policies[0].name, (0, b""))[1]) // 7  # the sliding log: 7 bytes a unit
@@ -72,7 +90,7 @@ def test_failed_logins_are_counted_and_successful_ones_are_free(client: Client) 
 
 @pytest.mark.urls(__name__)
 @pytest.mark.django_db(transaction=True)
-def test_eight_concurrent_clients_never_exceed_the_documented_bound(live_server: Any) -> None:
+def test_eight_concurrent_clients_are_served_exactly_the_limit(live_server: Any) -> None:
     clients, attempts = 8, 4
     barrier = threading.Barrier(clients)
     statuses: list[int] = []
@@ -93,10 +111,35 @@ def test_eight_concurrent_clients_never_exceed_the_documented_bound(live_server:
     for thread in threads:
         thread.join()
     assert len(statuses) == clients * attempts and set(statuses) <= {401, 429}
-    admitted = statuses.count(401)
-    # every failed attempt that passed the check is served; those in flight together may all pass it
-    assert LIMIT <= admitted <= LIMIT + clients - 1
-    assert used("carol") == LIMIT  # the counter never goes over: late charges are refused whole
+    # each request reserves one before the view, in flight or not: exactly the limit is served and counted
+    assert statuses.count(401) == LIMIT
+    assert used("carol") == LIMIT
+
+
+@pytest.mark.urls(__name__)
+def test_concurrent_requests_to_an_async_view_are_served_exactly_the_limit() -> None:
+    async def attempts() -> list[int]:
+        client = AsyncClient()
+        responses = await asyncio.gather(*(client.post("/alogin", {"username": "dave", "password": "x"})
+                                           for _ in range(3 * LIMIT)))
+        return [response.status_code for response in responses]
+
+    statuses = asyncio.run(attempts())
+    assert sorted(statuses) == [401] * LIMIT + [429] * (2 * LIMIT)
+    assert used("dave", "alogin") == LIMIT
+
+
+@pytest.mark.urls(__name__)
+def test_a_view_that_raises_leaves_nothing_counted(client: Client) -> None:
+    with pytest.raises(RuntimeError):
+        client.post("/alogin", {"username": "erin", "password": "boom"})
+    assert used("erin", "alogin") == 0
+
+
+@pytest.mark.urls(__name__)
+def test_a_shadow_limit_counted_by_outcome_counts_only_what_matches(client: Client) -> None:
+    assert [client.post("/slogin", {"username": "fay"}).status_code for _ in range(4)] == [200] * 4
+    assert used("fay", "slogin") == 0  # no response matched: nothing counted
 
 
 @pytest.mark.urls(__name__)

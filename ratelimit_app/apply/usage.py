@@ -26,6 +26,7 @@ from ..conf.snapshot import Snapshot
 from ..core.engine import Usage
 from ..core.logs import log_once
 from ..core.usage import NO_RESERVATION, Reservation, usage_pairs
+from ..service import events
 from ..service.limiter import get_limiter
 from ..service.limiter_async import get_async_limiter
 from . import limiting
@@ -122,16 +123,18 @@ def limit_request(request: HttpRequest, *, cost: int, scope: str, usage: Usage, 
     if not usage or planned.refusal:
         return limiting.decide(planned, cost), None
     outcome, reserved = decide(planned, cost, usage)
-    return outcome, UsageMeter(reserved) if reserved.held else None
+    return outcome, UsageMeter(reserved, planned.label) if reserved.held else None
 
 
 class UsageMeter:
-    """What one request reserved, what it reports using, and its settlement (once)."""
+    """What one request reserved (under the usage limits of tier `tier`, its metrics label), what it reports
+    using, and its settlement (once)."""
 
-    __slots__ = ("_lock", "reservation", "settled", "used")
+    __slots__ = ("_lock", "reservation", "settled", "tier", "used")
 
-    def __init__(self, reservation: Reservation) -> None:
+    def __init__(self, reservation: Reservation, tier: str = "") -> None:
         self.reservation = reservation
+        self.tier = tier
         self.used: dict[str, int] = {}
         self.settled = False
         self._lock = threading.Lock()
@@ -145,12 +148,23 @@ class UsageMeter:
                 self.used[unit] = self.used.get(unit, 0) + count
 
     def take(self) -> dict[str, int] | None:
-        """What to settle, once (None: already settled, or nothing reported)."""
+        """What to settle, once (None: already settled, or nothing reported); counted in the metrics then."""
         with self._lock:
             if self.settled:
                 return None
             self.settled = True
-            return dict(self.used) if self.used else None
+            used = dict(self.used)
+        self.count(used)
+        return used or None
+
+    def count(self, used: Mapping[str, int]) -> None:
+        """Report to the metrics the units used under each usage limit held: what was reported, or the
+        estimate (which stays charged) for a unit the request never reported."""
+        charged = {unit: used.get(unit, self.reservation.estimate(unit)) for unit in self.reservation.units}
+        limits = {policy.name: policy.unit for _, policies in self.reservation.held for policy in policies
+                  if policy.unit in charged}
+        events.record_usage(tier=self.tier, used=tuple((name, unit, charged[unit])
+                                                       for name, unit in sorted(limits.items())))
 
     def settle(self) -> None:
         """Settle the reservation at what was reported (never raises: a failure leaves the estimate charged,

@@ -44,4 +44,4 @@ async def limit_request(request: HttpRequest, *, cost: int, scope: str, usage: U
     if not usage or planned.refusal:
         return await limiting_async.decide(planned, cost), None
     outcome, reserved = await decide(planned, cost, usage)
-    return outcome, UsageMeter(reserved) if reserved.held else None
+    return outcome, UsageMeter(reserved, planned.label) if reserved.held else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..core.logs import safe_identity
-from .schema import applied_key, day_key, decision_fields, hour_key, shadow_day_key, shadow_field
+from .schema import applied_key, day_key, decision_fields, hour_key, shadow_day_key, shadow_field, usage_field
 
 #: Distinct blocked identities kept per unflushed batch (memory bound while Redis is down).
 _MAX_PENDING_IDENTITIES = 10_000
@@ -18,6 +18,8 @@ _CountKey = tuple[int, str, str, str, bool]
 _IdentityKey = tuple[int, str]
 # (hour, tier, policy) -> requests a shadow limit would have refused
 _ShadowKey = tuple[int, str, str]
+# (hour, tier, policy, unit) -> units used under a usage limit
+_UsageKey = tuple[int, str, str, str]
 
 # KEYS[1]: the writer's applied marker; KEYS[2..]: the hour hashes ('h') and day sets ('z') to add to.
 # ARGV: the batch's number, the marker's TTL, the counters' TTL, how many members a day set keeps, then
@@ -65,7 +67,7 @@ def add_identity(counts: dict[_IdentityKey, int], key: _IdentityKey, count: int 
 class PendingCounts:
     """Counts not yet in Redis, for one key prefix."""
 
-    __slots__ = ("blocked", "counts", "prefix", "shadow", "shadow_identities")
+    __slots__ = ("blocked", "counts", "prefix", "shadow", "shadow_identities", "usage")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -73,14 +75,15 @@ class PendingCounts:
         self.blocked: dict[_IdentityKey, int] = {}
         self.shadow: dict[_ShadowKey, int] = {}
         self.shadow_identities: dict[_IdentityKey, int] = {}
+        self.usage: dict[_UsageKey, int] = {}
 
     def size(self) -> int:
         """Decisions counted in this batch."""
         return sum(self.counts.values())
 
     def empty(self) -> bool:
-        """Nothing to write: no decision, no blocked identity, no shadow refusal."""
-        return not (self.counts or self.blocked or self.shadow or self.shadow_identities)
+        """Nothing to write: no decision, no blocked identity, no shadow refusal, no usage."""
+        return not (self.counts or self.blocked or self.shadow or self.shadow_identities or self.usage)
 
     def prune(self, oldest_hour: int) -> int:
         """Drop the hours before `oldest_hour` (Redis would have expired them already); returns the
@@ -90,6 +93,8 @@ class PendingCounts:
             dropped += self.counts.pop(count_key)
         for shadow_key in [key for key in self.shadow if key[0] < oldest_hour]:
             del self.shadow[shadow_key]
+        for usage_key in [key for key in self.usage if key[0] < oldest_hour]:
+            del self.usage[usage_key]
         return dropped
 
 
@@ -112,6 +117,10 @@ def _hour_fields(batch: PendingCounts) -> dict[int, dict[str, int]]:
     for (hour, tier, policy), count in batch.shadow.items():
         fields = hours.setdefault(hour, {})
         name = shadow_field(tier, policy)
+        fields[name] = fields.get(name, 0) + count
+    for (hour, tier, policy, unit), count in batch.usage.items():
+        fields = hours.setdefault(hour, {})
+        name = usage_field(tier, policy, unit)
         fields[name] = fields.get(name, 0) + count
     return hours
 

@@ -52,6 +52,13 @@ def _decision_series(snapshot: ProcessMetrics) -> Iterator[Metric]:
     for would_block in snapshot.shadow_blocked:
         shadow.add_metric([would_block.tier, would_block.policy], would_block.count)
     yield shadow
+    usage = CounterMetricFamily(
+        "ratelimit_usage_units", "Units used under usage limits (what requests settled), by this process.",
+        labels=["tier", "policy", "unit"],
+    )
+    for used in snapshot.usage:
+        usage.add_metric([used.tier, used.policy, used.unit], used.count)
+    yield usage
 
 
 def _latency_series(snapshot: ProcessMetrics) -> Iterator[Metric]:

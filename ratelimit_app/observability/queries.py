@@ -26,6 +26,17 @@ class ShadowCount:
 
 
 @dataclass(frozen=True)
+class UsageCount:
+    """Units of `unit` that requests used under usage limit `policy` of `tier` (what was settled, or the
+    estimate where a request reported nothing): counted by this process, or stored for an hour or a range."""
+
+    tier: str
+    policy: str
+    unit: str
+    count: int
+
+
+@dataclass(frozen=True)
 class _Outcomes:
     allowed: int
     blocked: int
@@ -78,6 +89,7 @@ class _Counts(_Outcomes):
     allowed_by_list: int = 0  # allow rules: not in `total`
     denied_by_list: int = 0  # deny rules (403): not in `total`
     shadow: tuple[ShadowCount, ...] = ()  # would-be refusals of shadow limits, most first
+    usage: tuple[UsageCount, ...] = ()  # units used under usage limits, most first
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,9 +135,13 @@ def _parse_hour(index: int, raw: dict[Any, Any]) -> HourMetrics:
     tiers: dict[str, dict[str, int]] = {}
     policies: dict[str, int] = {}
     shadow: dict[tuple[str, str], int] = {}
+    usage: dict[tuple[str, str, str], int] = {}
     for name, value in fields.items():
         kind, _, rest = name.partition(":")
-        if kind == "shadow":
+        if kind == "usage":
+            tier, policy, unit = [*rest.split(":"), "", ""][:3]
+            usage[(tier, policy, unit)] = value
+        elif kind == "shadow":
             tier, _, policy = rest.partition(":")
             shadow[(tier, policy)] = value
         elif kind == "tier":
@@ -137,6 +153,7 @@ def _parse_hour(index: int, raw: dict[Any, Any]) -> HourMetrics:
     counters: dict[str, Any] = {name: fields.get(name, 0) for name in _COUNTERS}
     return HourMetrics(
         hour=_hour_start(index), policies=_sorted_policies(policies), shadow=_sorted_shadow(shadow),
+        usage=_sorted_usage(usage),
         tiers=_sorted_tiers({tier: (c.get("allowed", 0), c.get("blocked", 0)) for tier, c in tiers.items()}),
         **counters,
     )
@@ -145,6 +162,11 @@ def _parse_hour(index: int, raw: dict[Any, Any]) -> HourMetrics:
 def _sorted_shadow(counts: dict[tuple[str, str], int]) -> tuple[ShadowCount, ...]:
     return tuple(ShadowCount(tier, policy, n)
                  for (tier, policy), n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def _sorted_usage(counts: dict[tuple[str, str, str], int]) -> tuple[UsageCount, ...]:
+    return tuple(UsageCount(tier, policy, unit, n)
+                 for (tier, policy, unit), n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def _sorted_tiers(counts: dict[str, tuple[int, int]]) -> tuple[TierCounts, ...]:
@@ -203,6 +225,7 @@ def _range_of(first: int, last: int, hours: tuple[HourMetrics, ...], top_blocked
     tiers: dict[str, tuple[int, int]] = {}
     policies: dict[str, int] = {}
     shadow: dict[tuple[str, str], int] = {}
+    usage: dict[tuple[str, str, str], int] = {}
     for hour in hours:
         for t in hour.tiers:
             allowed, blocked = tiers.get(t.tier, (0, 0))
@@ -211,10 +234,14 @@ def _range_of(first: int, last: int, hours: tuple[HourMetrics, ...], top_blocked
             policies[p.policy] = policies.get(p.policy, 0) + p.blocked
         for item in hour.shadow:
             shadow[(item.tier, item.policy)] = shadow.get((item.tier, item.policy), 0) + item.count
+        for used in hour.usage:
+            usage_key = (used.tier, used.policy, used.unit)
+            usage[usage_key] = usage.get(usage_key, 0) + used.count
     sums: dict[str, Any] = {name: sum(getattr(hour, name) for hour in hours) for name in _COUNTERS}
     return MetricsRange(
         start=_hour_start(first), end=_hour_start(last), hours=hours, tiers=_sorted_tiers(tiers),
-        policies=_sorted_policies(policies), shadow=_sorted_shadow(shadow), top_blocked=top_blocked,
+        policies=_sorted_policies(policies), shadow=_sorted_shadow(shadow), usage=_sorted_usage(usage),
+        top_blocked=top_blocked,
         top_shadow_blocked=top_shadow, **sums,
     )
 

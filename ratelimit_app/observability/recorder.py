@@ -63,6 +63,7 @@ class _ProcessRecorder:
         self.number = 0  # of the last sealed batch
         self.totals: dict[tuple[str, str, str, bool], int] = {}
         self.shadow_totals: dict[tuple[str, str], int] = {}
+        self.usage_totals: dict[tuple[str, str, str], int] = {}
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self.transitions: dict[str, int] = {}
@@ -120,6 +121,23 @@ class _ProcessRecorder:
                 total_key = (tier_label, policy_label)
                 self.shadow_totals[total_key] = self.shadow_totals.get(total_key, 0) + 1
             add_identity(batch.shadow_identities, (hour // 24, identity))
+        if self.thread is None:
+            self.start()
+
+    def record_usage(self, tier: str, used: tuple[tuple[str, str, int], ...]) -> None:
+        """Count the units one request used under the usage limits of `tier`: (policy, unit, count) each."""
+        target = self._counting_target()
+        if target is None or not used:
+            return
+        hour = int(time.time()) // HOUR
+        tier_label = self._label(tier)
+        with self.lock:
+            batch = self._batch(target.prefix)
+            for policy, unit, count in used:
+                total_key = (tier_label, self._label(policy), self._label(unit))
+                hour_key = (hour, *total_key)
+                batch.usage[hour_key] = batch.usage.get(hour_key, 0) + count
+                self.usage_totals[total_key] = self.usage_totals.get(total_key, 0) + count
         if self.thread is None:
             self.start()
 
@@ -314,6 +332,12 @@ def record_shadow_blocked(*, tier: str, policies: tuple[str, ...], identity: str
     """Count one allowed request that the shadow (dry-run) `policies` would have refused, per tier and policy
     and per identity (in process, like `record_decision`)."""
     process_recorder.record_shadow(tier, tuple(policies), identity)
+
+
+def record_usage(*, tier: str, used: tuple[tuple[str, str, int], ...]) -> None:
+    """Count the units one request used, settled when it ended, under the usage limits of `tier`: one
+    (policy, unit, count) per limit (in process, like `record_decision`)."""
+    process_recorder.record_usage(tier, tuple(used))
 
 
 def observe_latency(seconds: float) -> None:

@@ -49,3 +49,8 @@ def decision_fields(tier: str, policy: str, outcome: str, degraded: bool) -> lis
 def shadow_field(tier: str, policy: str) -> str:
     """The field of an hour's hash that counts the requests shadow `policy` of `tier` would have refused."""
     return f"shadow:{tier}:{policy}"
+
+
+def usage_field(tier: str, policy: str, unit: str) -> str:
+    """The field of an hour's hash that counts the units of `unit` used under usage limit `policy` of `tier`."""
+    return f"usage:{tier}:{policy}:{unit}"

@@ -9,7 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..service.breaker import CLOSED
 from ..service.limiter import get_limiter
-from .queries import ShadowCount
+from .queries import ShadowCount, UsageCount
 from .recorder import process_recorder
 
 
@@ -46,6 +46,7 @@ class ProcessMetrics:
     dropped: int
     last_flush: float | None
     shadow_blocked: tuple[ShadowCount, ...] = ()
+    usage: tuple[UsageCount, ...] = ()
 
     @property
     def latency_count(self) -> int:
@@ -89,4 +90,6 @@ def process_metrics() -> ProcessMetrics:
             last_flush=recorder.last_flush,
             shadow_blocked=tuple(ShadowCount(tier, policy, count)
                                  for (tier, policy), count in sorted(recorder.shadow_totals.items())),
+            usage=tuple(UsageCount(tier, policy, unit, count)
+                        for (tier, policy, unit), count in sorted(recorder.usage_totals.items())),
         )

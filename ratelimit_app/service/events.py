@@ -19,6 +19,8 @@ class Recorder(Protocol):
 
     def record_shadow_blocked(self, *, tier: str, policies: tuple[str, ...], identity: str) -> None: ...
 
+    def record_usage(self, *, tier: str, used: tuple[tuple[str, str, int], ...]) -> None: ...
+
     def observe_latency(self, seconds: float) -> None: ...
 
     def record_breaker_change(self, *, previous: str, state: str) -> None: ...
@@ -45,6 +47,13 @@ def record_shadow_blocked(*, tier: str, policies: tuple[str, ...], identity: str
     """Report one allowed request that the shadow (dry-run) `policies` would have refused."""
     if _recorder is not None:
         _recorder.record_shadow_blocked(tier=tier, policies=policies, identity=identity)
+
+
+def record_usage(*, tier: str, used: tuple[tuple[str, str, int], ...]) -> None:
+    """Report the units one request used under the usage limits of `tier`, once, when it was settled:
+    (policy, unit, count) per limit."""
+    if _recorder is not None:
+        _recorder.record_usage(tier=tier, used=used)
 
 
 def observe_latency(seconds: float) -> None:

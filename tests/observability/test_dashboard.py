@@ -19,7 +19,7 @@ from devtools.embedded import free_port
 from ratelimit_app.models import ApiKey, Tier
 from ratelimit_app.observability.dashboard import _build_chart, _days
 from ratelimit_app.observability.queries import HourMetrics, MetricsRange
-from ratelimit_app.observability.recorder import flush, record_decision
+from ratelimit_app.observability.recorder import flush, record_decision, record_usage
 
 pytestmark = pytest.mark.django_db
 
@@ -205,3 +205,14 @@ def test_an_invalid_ratelimit_is_shown_on_the_dashboard_not_raised(staff_client:
         assert 'id="rl-summary"' in html and 'id="rl-error"' not in html
     else:
         assert 'id="rl-error"' in html and shown.replace("'", "&#x27;") in html and "manage.py check" in html
+
+
+def test_units_used_under_usage_limits_are_shown_per_tier_and_policy(staff_client: Client) -> None:
+    record_usage(tier="pro", used=(("llm.tokens", "tokens", 100), ("llm.day", "tokens", 100)))
+    record_usage(tier="pro", used=(("llm.tokens", "tokens", 42),))
+    assert flush()
+    html = staff_client.get(URL).content.decode()
+    rows = re.findall(r"<tr><td>(\w+)</td><td>([\w.]+)</td><td>(\w+)</td><td class=\"num\">(\d+)</td>", html)
+    # the current hour holds them (or, right after the hour turned, the one before it did)
+    assert rows == [("pro", "llm.tokens", "tokens", "142"), ("pro", "llm.day", "tokens", "100")]
+    assert 'id="rl-usage"' in html

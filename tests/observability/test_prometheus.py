@@ -15,6 +15,7 @@ from ratelimit_app.models import ApiKey, Tier
 from ratelimit_app.observability.recorder import flush, observe_latency, record_decision
 from ratelimit_app.service.breaker import PROBE
 from ratelimit_app.service.limiter import get_limiter
+from tests.support.limits_support import make_key, seed_tiers
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -165,3 +166,23 @@ def test_only_get_is_served(client: Client) -> None:
     assert client.post("/metrics").status_code == 405
     assert client.get("/metrics")["Cache-Control"] == "no-store"
 
+
+
+@pytest.mark.django_db
+def test_settled_usage_is_counted_in_units_per_tier_and_policy(client: Client) -> None:
+    seed_tiers()
+    key = make_key("pro")
+    series = {"tier": "pro", "policy": "llm.tokens", "unit": "tokens"}
+    before = value(scrape(client), "ratelimit_usage_units_total", **series)
+    response = client.post("/api/llm/chat", b'{"max_tokens": 500, "use": 100}', content_type="application/json",
+                           HTTP_X_API_KEY=key)
+    assert response.status_code == 200
+    b"".join(response.streaming_content)  # type: ignore[attr-defined]
+    response.close()
+    response.close()  # settled once, however often it is closed
+    assert value(scrape(client), "ratelimit_usage_units_total", **series) - before == 100
+    refused = client.post("/api/llm/chat", b'{"max_tokens": 1950, "use": 100}', content_type="application/json",
+                          HTTP_X_API_KEY=key)
+    assert refused.status_code == 429  # refused: nothing reserved, nothing used
+    assert client.get("/api/users", HTTP_X_API_KEY=key).status_code == 200  # no usage limit on this route
+    assert value(scrape(client), "ratelimit_usage_units_total", **series) - before == 100

@@ -27,6 +27,9 @@ class Collected:
     def record_shadow_blocked(self, **kwargs: Any) -> None:
         self.reports.append(("record_shadow_blocked", kwargs))
 
+    def record_usage(self, **kwargs: Any) -> None:
+        self.reports.append(("record_usage", kwargs))
+
     def observe_latency(self, seconds: float) -> None:
         self.reports.append(("observe_latency", {"seconds": seconds}))
 
@@ -52,6 +55,7 @@ def test_each_report_reaches_the_installed_recorder_with_every_argument(collecte
     events.record_decision(allowed=True, tier="list", policy=None, degraded=False, identity="ip:192.0.2.1",
                            unauthorized=True, listed="allow")
     events.record_shadow_blocked(tier="pro", policies=("minute", "day"), identity="user:7")
+    events.record_usage(tier="pro", used=(("llm.tokens", "tokens", 100),))
     events.observe_latency(0.0025)
     events.record_breaker_change(previous="closed", state="open")
     assert collected.reports == [
@@ -60,6 +64,7 @@ def test_each_report_reaches_the_installed_recorder_with_every_argument(collecte
         ("record_decision", {"allowed": True, "tier": "list", "policy": None, "degraded": False,
                              "identity": "ip:192.0.2.1", "unauthorized": True, "listed": "allow"}),
         ("record_shadow_blocked", {"tier": "pro", "policies": ("minute", "day"), "identity": "user:7"}),
+        ("record_usage", {"tier": "pro", "used": (("llm.tokens", "tokens", 100),)}),
         ("observe_latency", {"seconds": 0.0025}),
         ("record_breaker_change", {"previous": "closed", "state": "open"}),
     ]
@@ -69,6 +74,7 @@ def test_without_a_recorder_every_report_is_dropped_quietly(collected: Collected
     events.install(None)
     events.record_decision(allowed=True, tier="free", policy=None, degraded=False, identity="ip:192.0.2.1")
     events.record_shadow_blocked(tier="free", policies=("minute",), identity="ip:192.0.2.1")
+    events.record_usage(tier="free", used=(("tokens", "tokens", 1),))
     events.observe_latency(0.001)
     events.record_breaker_change(previous="closed", state="open")
     assert collected.reports == []
