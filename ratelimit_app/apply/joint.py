@@ -18,8 +18,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
 
 from ..core.decision import Decision
+from ..core.engine import Usage
 from ..core.policies import Policy
-from .admission import record, state_if_any, state_of
+from . import usage as usage_limits
+from .admission import hold_usage, record, state_if_any, state_of
 from .identity import authenticated_user
 from .limitcheck import REQUEST_LIMITS, LimitCheck, identity_digest
 from .limiting import decide, limit_config, limit_request, safely
@@ -111,8 +113,10 @@ class JointCall(NamedTuple):
     """What one handler's throttles decide for one request: `members` in the framework's order,
     `checks_of(member)` (its checks, [] when it does not limit this request, None when it refuses it
     outright), the cost and tier scope of the request, the authenticated `user` (the framework's),
-    whether the request's own limits are part of the call, and `extra()`, more checks (the view's own
-limit; called during the decision, so it may read the request's user)."""
+    whether the request's own limits are part of the call, `extra()`, more checks (the view's own
+limit; called during the decision, so it may read the request's user), and the `usage` the handler
+estimates (ratelimit_app.apply.usage), reserved with the request's own limits when they are part of the
+call, and settled when the request ends."""
 
     request: HttpRequest
     handler: Any
@@ -123,6 +127,7 @@ limit; called during the decision, so it may read the request's user)."""
     user: Any
     with_request_limits: bool
     extra: Callable[[], Sequence[LimitCheck]] = lambda: ()
+    usage: Usage = ()
 
     @property
     def carrier(self) -> _Member:
@@ -144,6 +149,11 @@ limit; called during the decision, so it may read the request's user)."""
         if denied:  # a rate of 0: refused without asking Redis, nothing charged
             return LimitOutcome(DENIED, None, (), None, "")
         extra.extend(self.extra())
+        if self.with_request_limits and self.usage:
+            outcome, meter = usage_limits.limit_request(self.request, cost=self.cost, scope=self.scope,
+                                                        usage=self.usage, extra=extra, user=self.user)
+            hold_usage(self.request, meter)
+            return outcome
         if self.with_request_limits:
             return limit_request(self.request, cost=self.cost, scope=self.scope, user=self.user, extra=extra)
         if not extra:

@@ -49,6 +49,9 @@ def declare(view: ViewT, estimators: Mapping[str, Estimator]) -> ViewT:
         if not callable(estimator):
             raise TypeError(f"usage: the estimate of {unit} must be a function of the request, got {estimator!r:.60}")
     setattr(view, ATTRIBUTE, dict(estimators))
+    view_class = getattr(view, "cls", None)  # a DRF @api_view function: its view's throttles read the class
+    if isinstance(view_class, type):
+        setattr(view_class, ATTRIBUTE, dict(estimators))
     return view
 
 
@@ -111,10 +114,12 @@ def decide(plan: RequestPlan, cost: int, usage: Usage) -> tuple[LimitOutcome, Re
 
 
 def limit_request(request: HttpRequest, *, cost: int, scope: str, usage: Usage, extra: Any = (),
-                  path: str | None = None, settings: Snapshot | None = None) -> tuple[LimitOutcome, UsageMeter | None]:
+                  path: str | None = None, settings: Snapshot | None = None,
+                  user: Any = FROM_REQUEST) -> tuple[LimitOutcome, UsageMeter | None]:
     """`limiting.limit_request` for a request that reserves `usage`: the outcome, and the meter to settle
-    when the request ends (None when it reserved nothing)."""
-    planned = plan_request(request, cost=cost, scope=scope, user=FROM_REQUEST, path=path, settings=settings)
+    when the request ends (None when it reserved nothing). `user`: see `plan_request` (a framework's
+    authenticated user, for the throttles)."""
+    planned = plan_request(request, cost=cost, scope=scope, user=user, path=path, settings=settings)
     if isinstance(planned, LimitOutcome):
         return planned, None
     if not planned.refusal:

@@ -1,5 +1,5 @@
 """The DRF exceptions our throttles raise when the request's own limits refuse it for a reason other
-than a rate (401, 403, 503); DRF's exception handler answers them."""
+than a rate (401, 403, 503), or its usage cannot be estimated (400); DRF's exception handler answers them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,14 @@ from rest_framework.exceptions import APIException
 
 from ..apply.headers import retry_after_seconds
 from ..apply.shedding import shed_config
+
+
+class BadEstimate(APIException):
+    """400: the view's usage estimate (`@usage`) could not be made from the request."""
+
+    status_code = 400
+    default_detail = "The request's usage could not be estimated."
+    default_code = "bad_estimate"
 
 
 class InvalidApiKey(APIException):

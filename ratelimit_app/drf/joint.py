@@ -5,12 +5,15 @@ all-or-nothing call made when DRF asks the first of them (ratelimit_app.apply.jo
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
 from django.http import HttpRequest
 from rest_framework import throttling as drf_throttling
 from rest_framework.request import Request
 
+from ..apply import usage as usage_limits
+from ..apply.admission import settings_of
 from ..apply.headers import retry_after_seconds
 from ..apply.identity import authenticated_user
 from ..apply.joint import Joint, JointCall, ThrottleHooks, decide_jointly, joint_of, request_charge, retry_wait
@@ -18,7 +21,8 @@ from ..apply.limitcheck import LimitCheck
 from ..apply.outcome import FORBIDDEN, SHED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
 from ..apply.routes import ResolvedView, register_view_finder
 from ..core.decision import Decision
-from .exceptions import ClientRefused, InvalidApiKey, LimiterUnavailable, Overloaded
+from ..core.engine import Usage
+from .exceptions import BadEstimate, ClientRefused, InvalidApiKey, LimiterUnavailable, Overloaded
 
 
 def django_request_of(request: Any) -> HttpRequest:
@@ -92,9 +96,23 @@ def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> Joint
     # The request's own limits are decided here when a TierRateThrottle asks for them, or when the
     # middleware left them to us; the carrier answers for them.
     with_request_limits = deferred or any(t.carries_request_limits for t in throttles)
+    usage = _usage_of(request, view) if with_request_limits else ()
     call = JointCall(django_request, view, throttles, lambda throttle: throttle.limit_checks(request, view),
-                     cost, scope if isinstance(scope, str) else "", authenticated_user(request), with_request_limits)
+                     cost, scope if isinstance(scope, str) else "", authenticated_user(request), with_request_limits,
+                     usage=usage)
     return decide_jointly(call, where=f"throttles of {type(view).__qualname__}")
+
+
+def _usage_of(request: Request, view: Any) -> Usage:
+    """The usage `view` estimates for `request` (`@usage` on its class, or above @api_view), reserved with
+    the request's own limits; BadEstimate (400) when the estimate cannot be made."""
+    estimators = usage_limits.estimators_of(view)
+    if estimators is None or not settings_of(django_request_of(request)).enabled:
+        return ()
+    estimated = usage_limits.estimate(request, estimators)  # (a DRF Request: the estimator may read .data)
+    if isinstance(estimated, tuple):
+        return estimated
+    raise BadEstimate(json.loads(estimated.content)["detail"])
 
 
 def _our_throttles(view: Any, caller: JointThrottle) -> list[JointThrottle]:

@@ -14,6 +14,7 @@ from django.test import Client
 from django.urls import path
 from django.views import View
 from rest_framework import throttling as drf_throttling
+from rest_framework.decorators import api_view, throttle_classes
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
@@ -23,13 +24,15 @@ from devtools.embedded import RedisProcess
 from ratelimit_app import Decision, Policy, PolicyResult
 from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.routes import ResolvedView, resolve_view
-from ratelimit_app.decorators import limit_cost
+from ratelimit_app.decorators import limit_cost, usage
 from ratelimit_app.drf.joint import JointThrottle, django_request_of
+from ratelimit_app.models import TierLimit
 from ratelimit_app.service import events
 from ratelimit_app.service.limiter import get_limiter
 from ratelimit_app.throttling import (
     AnonRateThrottle,
     ConcurrencyThrottle,
+    RateLimitHeadersMixin,
     ScopedRateThrottle,
     TierRateThrottle,
 )
@@ -242,7 +245,7 @@ class Everything(APIView):
         return Response("ok")
 
 
-urlpatterns = [path("api/everything", Everything.as_view())]
+urlpatterns = [path("api/everything", Everything.as_view())]  # (chat_function added below)
 
 
 @pytest.mark.django_db
@@ -256,3 +259,66 @@ def test_under_the_middleware_the_tier_and_every_throttle_cost_one_call_per_requ
     assert [r.status_code for r in responses] == [200] * 3
     assert command_calls(private, "evalsha") - before == 3  # one per request: per-IP, tier, 3 throttles
     assert responses[-1]["X-RateLimit-Tier"] == "drfjoint"
+
+
+def _tokens_tier(slug: str) -> str:
+    """A key of a tier of 100 requests and 1,000 tokens a minute (an exact sliding window)."""
+    tier = make_tier(slug, [("minute", "fixed_window", 100, 60, None, "")])
+    TierLimit.objects.create(tier=tier, name="tokens", algorithm="sliding_window", limit=1000, period=60,
+                             unit="tokens")
+    return make_key(tier)
+
+
+@usage(tokens=lambda request: int(request.data["max_tokens"]))  # type: ignore[attr-defined]  # a DRF Request
+class Chat(RateLimitHeadersMixin, APIView):
+    throttle_classes = [TierRateThrottle]
+
+    def post(self, request: Any) -> Response:
+        request.ratelimit.report_usage("tokens", 100)
+        return Response("answered")
+
+
+@usage(tokens=lambda request: int(request.data["max_tokens"]))  # type: ignore[attr-defined]  # a DRF Request
+@api_view(["POST"])
+@throttle_classes([TierRateThrottle])
+def chat_function(request: Any) -> Response:
+    request.ratelimit.report_usage("tokens", 100)
+    return Response("answered")
+
+
+def _through_the_mixin(key: str) -> Any:
+    request = factory.post("/api/chat", {"max_tokens": 500}, format="json", HTTP_X_API_KEY=key)
+    response = Chat.as_view()(request)
+    response.render()
+    response.close()  # the end of the response: its reservation settled at what it used
+    return response
+
+
+def _through_the_middleware(key: str) -> Any:
+    return Client().post("/api/chat", {"max_tokens": 500}, content_type="application/json", HTTP_X_API_KEY=key)
+
+
+@pytest.mark.django_db
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize("send", [_through_the_mixin, _through_the_middleware], ids=["APIView", "api_view"])
+def test_a_drf_view_reserves_its_estimate_in_the_throttles_call_and_settles_what_it_used(
+    send: Any, private: redis.Redis
+) -> None:
+    key = _tokens_tier("drftokens")
+    statuses = [send(key).status_code for _ in range(10)]
+    # as under the middleware alone: 6 admitted (5 x 100 used and 500 reserved fit in 1,000; a 7th would
+    # need 500 more than the 400 left), every reservation settled exactly at the 100 used
+    assert statuses == [200] * 6 + [429] * 4
+    before = command_calls(private, "evalsha")
+    assert send(key).status_code == 429
+    assert command_calls(private, "evalsha") - before == 1  # the throttles' one call decided it
+
+
+@pytest.mark.django_db
+def test_an_estimate_the_request_cannot_give_is_a_400() -> None:
+    key = _tokens_tier("drfbad")
+    response = Chat.as_view()(factory.post("/api/chat", {"max": 1}, format="json", HTTP_X_API_KEY=key))
+    assert response.status_code == 400 and "tokens" in response.data["detail"]
+
+
+urlpatterns.append(path("api/chat", chat_function))
