@@ -142,8 +142,9 @@ def _methods(methods: Iterable[str] | None) -> frozenset[str] | None:
 
 
 def usage(**estimators: Callable[[HttpRequest], int]) -> Callable[[ViewT], ViewT]:
-    """Declare that a view (function or class; a DRF view: its class, or above @api_view) reserves usage for
-    RateLimitMiddleware and the DRF throttles (TierRateThrottle): each keyword is a unit
+    """Declare that a view (function or class; a DRF view: its class, or above @api_view; a Ninja operation:
+    under @api.post) reserves usage for RateLimitMiddleware and the DRF and Ninja throttles (TierRateThrottle):
+    each keyword is a unit
     ("tokens") and a function of the request giving its estimate (a whole number >= 1), reserved against the
     usage limits of that unit in the view's scope (`@limit_cost(scope=...)`) in the request's one decision.
     The view reports what it used with `request.ratelimit.report_usage(unit, count)`; the estimate is settled

@@ -2,7 +2,8 @@
 handler of `ninja.errors.Throttled`; the first time one of our throttles refuses a request of an API,
 `answer_refusals` wraps that handler: a refusal over a rate keeps the API's answer (or gets ours with
 RATELIMIT['NINJA_ERROR_FORMAT'] = "ratelimit") with our headers; a 401, 403 or 503 of the request's own
-limits gets ours; a refusal by another throttle (Ninja's own) keeps the API's answer, untouched.
+limits gets ours; a request whose usage the operation could not estimate (`@usage`) gets its 400; a
+refusal by another throttle (Ninja's own) keeps the API's answer, untouched.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import Throttled
 
+from ..apply.admission import state_if_any
 from ..apply.joint import joint_of
 from ..apply.outcome import DENIED
 from ..apply.responses import add_headers, refusal
 from ..conf.snapshot import request_settings
 
+#: The entry of the request's state holding the 400 of an estimate the request could not give.
+BAD_ESTIMATE = "bad_estimate"
 _answering: weakref.WeakSet[NinjaAPI] = weakref.WeakSet()
 _lock = threading.Lock()
 
@@ -41,6 +45,9 @@ def answer_refusals(api: NinjaAPI) -> None:
 def _answer(previous: Any, request: HttpRequest, exc: Exception) -> HttpResponse:
     """The answer to Ninja's Throttled for `request` (see the module docstring); `previous` is the
     handler the API had, None when it had none (Ninja then raises the exception, as it would)."""
+    state = state_if_any(request)
+    if state is not None and BAD_ESTIMATE in state.entry:
+        return state.entry.pop(BAD_ESTIMATE)
     joint = joint_of(request)
     if joint is None or not joint.refused:
         return _delegate(previous, request, exc)

@@ -25,6 +25,8 @@ from ninja.throttling import AuthRateThrottle as NinjaAuthRateThrottle
 from ninja.throttling import BaseThrottle, SimpleRateThrottle
 from ninja.throttling import UserRateThrottle as NinjaUserRateThrottle
 
+from ..apply import usage as usage_limits
+from ..apply.admission import settings_of, state_of
 from ..apply.identity import throttle_ident
 from ..apply.joint import (
     Joint,
@@ -42,9 +44,10 @@ from ..apply.outcome import ALLOWED, DENIED, SHED, UNAVAILABLE, LimitOutcome
 from ..apply.planning import FROM_REQUEST
 from ..apply.routes import ResolvedView, joined_checks, register_view_finder, validate_scope, view_limit_of
 from ..apply.shedding import shed_config
+from ..core.engine import Usage
 from ..plans.lookups import NeedsIO, local_only
 from .operations import operation_for, request_operation
-from .refusals import answer_refusals
+from .refusals import BAD_ESTIMATE, answer_refusals
 
 T = TypeVar("T")
 _LEAST_WAIT = 0.001  # seconds: Ninja rounds a wait up for Retry-After, which is then at least 1
@@ -126,10 +129,26 @@ def _joint_decision(request: HttpRequest, operation: Operation | None, caller: J
     scope = next((m.tier_scope for m in members if m.tier_scope), scope)
     with_request_limits = deferred or any(m.carries_request_limits for m in members)
     view_limit = view_limit_of(declared)
-    call = JointCall(request, handler, members, lambda member: member.limit_checks(request), cost, scope,
-                     _user_of(request), with_request_limits, lambda: joined_checks(view_limit, request, cost))
+    usage = _usage_of(request, declared) if with_request_limits else ()
+    bad_estimate = usage is None  # every throttle then refuses, nothing asked (answered 400: refusals._answer)
+    call = JointCall(request, handler, members, lambda member: None if bad_estimate else member.limit_checks(request),
+                     cost, scope, _user_of(request), with_request_limits,
+                     lambda: joined_checks(view_limit, request, cost), usage or ())
     where = f"throttles of {getattr(declared, '__qualname__', type(caller).__qualname__)}"
     return decide_jointly(call, where=where, run=_in_sync_code)
+
+
+def _usage_of(request: HttpRequest, operation_function: Any) -> Usage | None:
+    """The usage the operation's function estimates for `request` (`@usage`), reserved with the request's
+    own limits; None when the estimate cannot be made (its 400 kept for the answer: refusals.bad_estimate)."""
+    estimators = usage_limits.estimators_of(operation_function)
+    if estimators is None or not settings_of(request).enabled:
+        return ()
+    estimated = usage_limits.estimate(request, estimators)
+    if isinstance(estimated, tuple):
+        return estimated
+    state_of(request).entry[BAD_ESTIMATE] = estimated
+    return None
 
 
 def _in_sync_code(decide_now: Callable[[], T]) -> T:

@@ -6,6 +6,7 @@ on one operation, API, router and operation levels; sync and `async def` operati
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -21,6 +22,8 @@ from django.urls import path
 from ninja import NinjaAPI, Router
 from ninja.security import APIKeyHeader, django_auth
 
+from ratelimit_app.decorators import usage
+from ratelimit_app.models import TierLimit
 from ratelimit_app.ninja import AnonRateThrottle, AuthRateThrottle, TierRateThrottle, UserRateThrottle
 from ratelimit_app.ninja.throttles import _in_sync_code
 from ratelimit_app.plans.lookups import require_io
@@ -125,6 +128,13 @@ async def async_tier_data(request: HttpRequest) -> dict[str, bool]:
 
 @tiered.get("/session", auth=django_auth)
 def session_data(request: HttpRequest) -> dict[str, bool]:
+    return {"ok": True}
+
+
+@tiered.post("/chat")
+@usage(tokens=lambda request: int(json.loads(request.body)["max_tokens"]))
+def chat(request: HttpRequest) -> dict[str, bool]:
+    request.ratelimit.report_usage("tokens", 100)  # type: ignore[attr-defined]
     return {"ok": True}
 
 
@@ -366,3 +376,18 @@ def test_in_sync_code_runs_in_place_unless_it_needs_io_on_an_event_loop() -> Non
 
     with pytest.raises(ValueError, match="raised in the thread"):
         asyncio.run(failing())
+
+
+@pytest.mark.django_db
+def test_an_operation_reserves_its_estimate_in_the_throttles_call_and_settles_what_it_used(client: Any) -> None:
+    tier = make_tier("ninjatokens", [("minute", "fixed_window", 100, 60, None, "")])
+    TierLimit.objects.create(tier=tier, name="tokens", algorithm="sliding_window", limit=1000, period=60,
+                             unit="tokens")
+    key = make_key(tier)
+    statuses = [client.post("/tiered/chat", {"max_tokens": 500}, content_type="application/json",
+                            HTTP_X_API_KEY=key).status_code for _ in range(10)]
+    # as under the middleware alone: 6 admitted (5 x 100 used and 500 reserved fit in 1,000; a 7th would
+    # need 500 more than the 400 left), every reservation settled exactly at the 100 used
+    assert statuses == [200] * 6 + [429] * 4
+    bad = client.post("/tiered/chat", {"max": 1}, content_type="application/json", HTTP_X_API_KEY=key)
+    assert bad.status_code == 400 and "tokens" in bad.json()["detail"]
