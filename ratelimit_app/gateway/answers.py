@@ -2,7 +2,7 @@
 
 Allowed: 200 with an empty body and every rate limit header the middleware would add (for the gateway
 to copy onto the service's response), and `X-RateLimit-Lease`: the concurrency slots the request took
-(ratelimit_app.gateway.lease), empty when it took none.
+and the usage it reserved (ratelimit_app.gateway.lease), empty when it took and reserved none.
 Refused: the very answer the middleware gives (`ratelimit_app.apply.responses.refusal`: 429, 503, 401
 or 403, its JSON or problem+json body, Retry-After and the rate limit headers), which Caddy, Traefik and
 Envoy pass to the client as it is.
@@ -20,6 +20,7 @@ from django.http import HttpResponse, HttpResponseBase
 
 from ..apply.outcome import ALLOWED, LimitOutcome
 from ..apply.responses import add_headers, refusal
+from ..core.usage import Reservation
 from .describe import AUTH_REQUEST
 from .lease import LEASE_HEADER, lease_value
 
@@ -27,15 +28,16 @@ STATUS_HEADER = "X-RateLimit-Status"
 BODY_HEADER = "X-RateLimit-Body"
 
 
-def answer(outcome: LimitOutcome, cost: int) -> HttpResponseBase:
-    """The answer to a decided request: 200 with the rate limit headers (and the lease of its slots),
-    or the middleware's refusal."""
+def answer(outcome: LimitOutcome, cost: int, reservation: Reservation | None = None) -> HttpResponseBase:
+    """The answer to a decided request: 200 with the rate limit headers (and the lease of its slots and
+    of the usage `reservation`), or the middleware's refusal."""
     if outcome.status != ALLOWED:
         return refusal(outcome, cost)
     response = HttpResponse(status=200)
     add_headers(response, outcome)
     # always there, empty when no slot was taken: a gateway that copies it never copies a missing header
-    response[LEASE_HEADER] = lease_value(outcome.slots) if outcome.slots is not None else ""
+    held = outcome.slots is not None or (reservation is not None and reservation.held)
+    response[LEASE_HEADER] = lease_value(outcome.slots, reservation) if held else ""
     return response
 
 

@@ -13,7 +13,10 @@ own; the request to decide is described in it:
 - the service: `X-RateLimit-Service`, set by the gateway for the routes of one service; it selects the
   tier limits of that scope (a tier's unscoped limits apply to every service, its limits with scope
   "orders" to the service "orders" only);
-- the cost: `X-RateLimit-Cost`, set by the gateway for costly routes (default 1).
+- the cost: `X-RateLimit-Cost`, set by the gateway for costly routes (default 1);
+- the usage estimate: `X-RateLimit-Usage` ("tokens=500", several units separated by commas), set by
+  the gateway for routes whose service reports usage: reserved against the tier's usage limits of those
+  units in the service's scope, and settled at what the service reports with its release (`used_of`).
 
 Who the client is comes from the authorization request itself, as for any request Django limits: the
 API key header (the gateway passes the client's headers on), the client address through
@@ -33,7 +36,9 @@ from urllib.parse import unquote, urlsplit
 from django.http import HttpRequest
 
 from ..apply.routes import validate_cost, validate_scope
+from ..core.engine import Usage
 from ..core.policies import MAX_LIMIT
+from ..core.usage import usage_pairs
 
 #: The contract of nginx's auth_request (X-Original-*; every answer but 200 is a 403, see answers).
 AUTH_REQUEST = "auth-request"
@@ -42,6 +47,8 @@ AUTHORIZE = "authorize"
 
 SERVICE_HEADER = "X-RateLimit-Service"
 COST_HEADER = "X-RateLimit-Cost"
+USAGE_HEADER = "X-RateLimit-Usage"
+_USAGE_ITEM = re.compile(r"^\s*([a-z][a-z0-9_]{0,31})=([0-9]{1,10})\s*$")
 _HEADERS = {
     AUTH_REQUEST: ("X-Original-Method", "X-Original-URI"),
     AUTHORIZE: ("X-Forwarded-Method", "X-Forwarded-Uri"),
@@ -57,13 +64,14 @@ class BadDescription(ValueError):
 @dataclass(frozen=True, slots=True)
 class GatewayRequest:
     """The request a gateway asks about: its method, URI (as the client sent it: path and query), the
-    path (decoded, as Django's `path_info`), the service ("" for none) and the cost."""
+    path (decoded, as Django's `path_info`), the service ("" for none), the cost and the usage estimates."""
 
     method: str
     uri: str
     path: str
     service: str
     cost: int
+    usage: Usage = ()
 
 
 def describe(request: HttpRequest, contract: str, forwarded_path: str | None = None) -> GatewayRequest:
@@ -85,7 +93,8 @@ def describe(request: HttpRequest, contract: str, forwarded_path: str | None = N
         path = _path_of(uri, uri_header)
     if not _METHOD.match(method):
         raise BadDescription(f"{method!r:.40} is not an HTTP method")
-    return GatewayRequest(method.upper(), uri, path, _service(request), _cost(request))
+    return GatewayRequest(method.upper(), uri, path, _service(request), _cost(request),
+                          usage_pairs(usage_of(request, minimum=1)))
 
 
 def _path_of(uri: str, header: str) -> str:
@@ -120,3 +129,20 @@ def _cost(request: HttpRequest) -> int:
         return validate_cost(int(value), minimum=1)
     except ValueError:
         raise BadDescription(f"{COST_HEADER}: {value!r:.40} must be a whole number from 1 to {MAX_LIMIT}") from None
+
+
+def usage_of(request: HttpRequest, *, minimum: int) -> dict[str, int]:
+    """The units of `USAGE_HEADER` ("tokens=500, images=2"; {} without it), each a whole number from
+    `minimum` (1: an estimate; 0: what a request used). Raises BadDescription."""
+    value = request.headers.get(USAGE_HEADER, "")
+    if not value:
+        return {}
+    counts: dict[str, int] = {}
+    for item in value.split(",")[:16]:
+        match = _USAGE_ITEM.match(item)
+        count = int(match[2]) if match else -1
+        if match is None or match[1] in counts or not minimum <= count <= MAX_LIMIT:
+            raise BadDescription(f"{USAGE_HEADER}: {value!r:.60} must be unit=count pairs such as 'tokens=500', "
+                                 f"each unit once, each count a whole number from {minimum} to {MAX_LIMIT}")
+        counts[match[1]] = count
+    return counts

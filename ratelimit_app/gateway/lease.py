@@ -8,18 +8,24 @@ and whoever sees the end of the request (nginx's post_action, or the service its
 with one call to the release endpoint. A slot nobody gives back frees itself when its lease runs out
 (the first lease, or the concurrency limit's period).
 
+When the request reserved usage (`X-RateLimit-Usage`), the value carries that reservation too, so that
+the release settles it at what the service reports (`reservation_of`); a release that never comes leaves
+the estimate charged. It is there when the request took no slot as well.
+
 The value names identity labels ("key:<prefix>", "ip:203.0.113.7"), never an API key; it is signed, not
 encrypted, and meant for the gateway and the service, not for clients.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.core import signing
 
 from ..apply.concurrency import HeldSlots
 from ..core.policies import CONCURRENCY, InvalidPolicy, Policy
+from ..core.usage import Reservation
 
 LEASE_HEADER = "X-RateLimit-Lease"
 _SALT = "ratelimit_app.gateway.lease"
@@ -31,22 +37,59 @@ class BadLease(ValueError):
     """A lease value that this site did not sign, or that holds no slots (answered 400)."""
 
 
-def lease_value(slots: HeldSlots) -> str:
-    """`slots` as one signed, header-safe value (URL-safe base64 and ':')."""
-    held = [[identity, policy.name, policy.limit, policy.period] for identity, policy in slots.held]
-    return signing.dumps({"t": slots.token, "l": slots.local, "h": held}, salt=_SALT, compress=True)
+def lease_value(slots: HeldSlots | None, reservation: Reservation | None = None) -> str:
+    """`slots` (and the usage `reservation`) as one signed, header-safe value (URL-safe base64 and ':')."""
+    held = [[identity, policy.name, policy.limit, policy.period] for identity, policy in slots.held] if slots else []
+    payload: dict[str, Any] = {"t": slots.token if slots else "", "l": bool(slots and slots.local), "h": held}
+    if reservation is not None and reservation.held:
+        # started: a time.monotonic() of this process, sent as wall-clock time for the process that settles
+        wall = time.time() - (time.monotonic() - reservation.started)
+        payload["u"] = [reservation.prefix, [[identity, [_policy_fields(p) for p in policies]]
+                                             for identity, policies in reservation.held],
+                        [list(pair) for pair in reservation.estimates], wall, reservation.shift]
+    return signing.dumps(payload, salt=_SALT, compress=True)
 
 
-def slots_of(value: str) -> HeldSlots:
-    """The slots a lease value names, to be given back (`HeldSlots.release`). Raises BadLease."""
+def _policy_fields(policy: Policy) -> list[Any]:
+    return [policy.name, policy.algorithm, policy.limit, policy.period, policy.burst, policy.calendar,
+            policy.time_zone, policy.clock_shift_ms, policy.unit]
+
+
+def reservation_of(value: str) -> Reservation | None:
+    """The usage reservation a lease value carries (None: none). Raises BadLease."""
+    payload = _payload(value)
+    if "u" not in payload:
+        return None
+    try:
+        prefix, held, estimates, wall, shift = payload["u"]
+        policies = tuple((str(identity), tuple(Policy(name, algorithm, limit=limit, period=period, burst=burst,
+                                                      calendar=calendar, time_zone=zone, clock_shift_ms=clock,
+                                                      unit=unit)
+                                               for name, algorithm, limit, period, burst, calendar, zone, clock, unit
+                                               in fields))
+                         for identity, fields in held)
+        started = time.monotonic() - (time.time() - float(wall))
+        return Reservation(str(prefix), policies, tuple((str(u), int(n)) for u, n in estimates), started, int(shift))
+    except (InvalidPolicy, KeyError, TypeError, ValueError):
+        raise BadLease(f"{LEASE_HEADER} is signed but does not name a reservation") from None
+
+
+def _payload(value: str) -> Any:
     if len(value) > MAX_LEASE:
         raise BadLease(f"{LEASE_HEADER} is longer than {MAX_LEASE} characters")
     try:
-        payload: Any = signing.loads(value, salt=_SALT)
+        return signing.loads(value, salt=_SALT)
+    except signing.BadSignature:
+        raise BadLease(f"{LEASE_HEADER} was not signed by this site (SECRET_KEY)") from None
+
+
+def slots_of(value: str) -> HeldSlots:
+    """The slots a lease value names, to be given back (`HeldSlots.release`; none held: nothing to give
+    back). Raises BadLease."""
+    payload = _payload(value)
+    try:
         held = tuple((str(identity), Policy(str(name), CONCURRENCY, limit=limit, period=period))
                      for identity, name, limit, period in payload["h"])
         return HeldSlots(str(payload["t"]), held, bool(payload["l"]))
-    except signing.BadSignature:
-        raise BadLease(f"{LEASE_HEADER} was not signed by this site (SECRET_KEY)") from None
     except (InvalidPolicy, KeyError, TypeError, ValueError):
         raise BadLease(f"{LEASE_HEADER} is signed but does not name slots") from None

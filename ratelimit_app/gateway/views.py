@@ -16,7 +16,9 @@ soon; nginx's `auth-request` keeps their full lease (its post_action reports eve
 now (204), or, when a first lease had already ended, 409, and whatever is left of the lease is given
 back (the slot may be another request's by now: it is never taken again, and the service refuses the
 request). `release` gives back the concurrency slots named by an `X-RateLimit-Lease` value (one Redis
-round trip); it answers 204 whatever Redis does (a slot not given back frees itself with its lease).
+round trip), and settles the usage the request reserved (`X-RateLimit-Usage` on the authorization
+request) at what the service reports in its own `X-RateLimit-Usage` (one more); it answers 204 whatever
+Redis does (a slot not given back frees itself with its lease; an estimate not settled stays charged).
 
 Each view has an async twin of the same name in ratelimit_app.gateway.views_async (served by
 `ratelimit_app.gateway.async_urls` for a project under ASGI): the same description and answers, the
@@ -34,17 +36,18 @@ from typing import Any, TypeVar
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 
-from ..apply.admission import admit, state_of
+from ..apply.admission import USAGE_ENTRY, admit, state_of
 from ..apply.concurrency import HeldSlots
 from ..apply.identity import client_ip
 from ..apply.outcome import ALLOWED, NOT_LIMITED, LimitOutcome
 from ..apply.responses import bad_request
+from ..apply.usage import UsageMeter
 from ..conf.snapshot import request_settings
 from ..core.logs import log_event
 from .answers import answer, under_contract
-from .describe import AUTH_REQUEST, AUTHORIZE, BadDescription, GatewayRequest, describe
+from .describe import AUTH_REQUEST, AUTHORIZE, BadDescription, GatewayRequest, describe, usage_of
 from .guard import refused
-from .lease import LEASE_HEADER, BadLease, slots_of
+from .lease import LEASE_HEADER, BadLease, reservation_of, slots_of
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
 
@@ -86,8 +89,12 @@ def release(request: HttpRequest) -> HttpResponseBase:
     slots = lease_of(request)
     if not isinstance(slots, HeldSlots):
         return slots
-    slots.release()  # never raises
-    return HttpResponse(status=204)
+    if slots.held:
+        slots.release()  # never raises
+    meter = usage_to_settle(request)
+    if isinstance(meter, UsageMeter):
+        meter.settle()  # never raises
+    return meter if isinstance(meter, HttpResponseBase) else HttpResponse(status=204)
 
 
 def _decide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpResponseBase:
@@ -95,20 +102,39 @@ def _decide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpR
     if not isinstance(gateway_request, GatewayRequest):
         return gateway_request
     admit(request, cost=gateway_request.cost, scope=gateway_request.service, path=gateway_request.path,
-          where="gateway")
-    outcome = handed_over(request)
+          where="gateway", usage=gateway_request.usage)
+    outcome, meter = handed_over(request)
     first = first_lease(outcome, contract)
     if first is not None and outcome.slots is not None:
         outcome.slots.renew(first)  # never raises; Redis not asked: the slots keep their full lease
-    return under_contract(answer(outcome, gateway_request.cost), contract)
+    return under_contract(answer(outcome, gateway_request.cost, meter.reservation if meter else None), contract)
 
 
-def handed_over(request: HttpRequest) -> LimitOutcome:
-    """The outcome `admit` recorded for the gateway's request, its slots no longer held by the request:
-    they go to the gateway in the lease, and outlive this answer."""
+def handed_over(request: HttpRequest) -> tuple[LimitOutcome, UsageMeter | None]:
+    """The outcome `admit` recorded for the gateway's request, and what it reserved, no longer held by the
+    request: its slots and its reservation go to the gateway in the lease, and outlive this answer."""
     state = state_of(request)
     state.take_slots()
-    return state.outcome or NOT_LIMITED
+    state.take_closers()  # (the reservation's settlement: the release's, not this answer's end)
+    meter: UsageMeter | None = state.entry.pop(USAGE_ENTRY, None)
+    return state.outcome or NOT_LIMITED, meter
+
+
+def usage_to_settle(request: HttpRequest) -> UsageMeter | HttpResponseBase | None:
+    """The usage reservation the release's lease carries, with what the service used (its
+    `X-RateLimit-Usage`; a unit it leaves out stays charged at its estimate); None when there is
+    nothing to settle; the 400 of a usage header that cannot be read."""
+    try:
+        used = usage_of(request, minimum=0)
+        reservation = reservation_of(request.headers.get(LEASE_HEADER, ""))
+    except (BadDescription, BadLease) as exc:
+        return bad_request(str(exc))
+    if reservation is None or not used:
+        return None
+    meter = UsageMeter(reservation, "gateway")
+    for unit, count in used.items():
+        meter.report(unit, count)
+    return meter
 
 
 def first_lease(outcome: LimitOutcome, contract: str) -> float | None:

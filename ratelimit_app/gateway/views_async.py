@@ -8,9 +8,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from ..apply.admission_async import aadmit
 from ..apply.concurrency import HeldSlots
+from ..apply.usage import UsageMeter
 from .answers import answer, under_contract
 from .describe import AUTH_REQUEST, AUTHORIZE, GatewayRequest
-from .views import confirmed, csrf_exempt_view, described, first_lease, handed_over, lease_of
+from .views import confirmed, csrf_exempt_view, described, first_lease, handed_over, lease_of, usage_to_settle
 
 
 @csrf_exempt_view
@@ -43,8 +44,12 @@ async def release(request: HttpRequest) -> HttpResponseBase:
     slots = lease_of(request)
     if not isinstance(slots, HeldSlots):
         return slots
-    await slots.arelease()  # never raises
-    return HttpResponse(status=204)
+    if slots.held:
+        await slots.arelease()  # never raises
+    meter = usage_to_settle(request)
+    if isinstance(meter, UsageMeter):
+        await meter.asettle()  # never raises
+    return meter if isinstance(meter, HttpResponseBase) else HttpResponse(status=204)
 
 
 async def _decide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpResponseBase:
@@ -52,9 +57,9 @@ async def _decide(request: HttpRequest, contract: str, forwarded: str | None) ->
     if not isinstance(gateway_request, GatewayRequest):
         return gateway_request
     await aadmit(request, cost=gateway_request.cost, scope=gateway_request.service, path=gateway_request.path,
-                 where="gateway")
-    outcome = handed_over(request)
+                 where="gateway", usage=gateway_request.usage)
+    outcome, meter = handed_over(request)
     first = first_lease(outcome, contract)
     if first is not None and outcome.slots is not None:
         await outcome.slots.arenew(first)  # never raises
-    return under_contract(answer(outcome, gateway_request.cost), contract)
+    return under_contract(answer(outcome, gateway_request.cost, meter.reservation if meter else None), contract)

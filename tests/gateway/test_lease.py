@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -9,7 +10,8 @@ from django.core import signing
 
 from ratelimit_app.apply.concurrency import HeldSlots
 from ratelimit_app.core.policies import Policy
-from ratelimit_app.gateway.lease import MAX_LEASE, BadLease, lease_value, slots_of
+from ratelimit_app.core.usage import Reservation
+from ratelimit_app.gateway.lease import MAX_LEASE, BadLease, lease_value, reservation_of, slots_of
 
 
 def test_a_lease_names_its_slots_and_their_token() -> None:
@@ -38,3 +40,20 @@ def test_a_signed_value_that_names_no_slots_is_refused(payload: Any) -> None:
 def test_an_oversized_value_is_refused_before_it_is_read() -> None:
     with pytest.raises(BadLease, match=f"longer than {MAX_LEASE}"):
         slots_of("a" * (MAX_LEASE + 1))
+
+
+def test_a_lease_carries_a_usage_reservation_to_the_process_that_settles_it() -> None:
+    tokens = Policy("llm.tokens", "sliding_window", limit=2000, period=60, unit="tokens")
+    daily = Policy("day", "fixed_window", limit=10**6, period=86400, calendar="day", time_zone="Europe/Paris",
+                   unit="tokens")
+    reserved = Reservation("rl", (("key:abc", (tokens, daily)),), (("tokens", 500),), time.monotonic() - 2.0, 7)
+    value = lease_value(None, reserved)
+    assert slots_of(value).held == ()  # no slot taken: nothing to give back
+    carried = reservation_of(value)
+    assert carried is not None
+    assert (carried.prefix, carried.held, carried.estimates, carried.shift) == ("rl", reserved.held,
+                                                                                 reserved.estimates, 7)
+    assert abs(carried.started - reserved.started) < 0.5  # its age, through wall-clock time
+    assert reservation_of(lease_value(HeldSlots("t", (), False))) is None
+    with pytest.raises(BadLease, match="does not name a reservation"):
+        reservation_of(signing.dumps({"t": "", "l": False, "h": [], "u": [1]}, salt="ratelimit_app.gateway.lease"))

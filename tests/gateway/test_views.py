@@ -20,7 +20,7 @@ from ratelimit_app.apply import shedding
 from ratelimit_app.core.keys import state_keys
 from ratelimit_app.gateway import views
 from ratelimit_app.gateway.lease import slots_of
-from ratelimit_app.models import ClientRule
+from ratelimit_app.models import ClientRule, TierLimit
 from tests.support.limits_support import add_slots, check_free_burst, make_key, make_tier, parse_ietf, seed_tiers
 
 pytestmark = pytest.mark.django_db
@@ -427,3 +427,56 @@ def test_a_confirmation_redis_cannot_answer_is_204_and_the_slots_keep_their_firs
     use(settings, REDIS_URL=f"redis://127.0.0.1:{free_port()}/0", FAIL_MODE="open")
     assert confirm(client, answer) == 204  # the service goes on; nothing to refuse it for
     assert 0 < lease_ends_in_ms(redis_client, key_prefix, answer) <= 5000
+
+
+def tokens_key(slug: str) -> str:
+    """A key of a tier of 100 requests and 1,000 tokens a minute (an exact sliding window)."""
+    tier = make_tier(slug, [("minute", "fixed_window", 100, 60, None, "")])
+    TierLimit.objects.create(tier=tier, name="tokens", algorithm="sliding_window", limit=1000, period=60,
+                             unit="tokens")
+    return make_key(tier)
+
+
+def release_with_usage(client: Client, answer: Answer, used: str) -> int:
+    """The service's release of an admitted request, with what it used."""
+    sent = {"X-RateLimit-Lease": answer.headers.get("X-RateLimit-Lease", ""), "X-RateLimit-Usage": used}
+    return int(client.post("/ratelimit/release", headers=sent).status_code)
+
+
+def test_an_estimate_is_reserved_at_authorization_and_settled_by_the_release(client: Client) -> None:
+    key = tokens_key("gwtokens")
+    statuses = []
+    for _ in range(10):
+        answer = forward_auth(client, key, **{"X-RateLimit-Usage": "tokens=500"})
+        statuses.append(answer.status_code)
+        if answer.status_code == 200:
+            assert answer.headers["X-RateLimit-Lease"]  # the reservation, though no slot was taken
+            assert release_with_usage(client, answer, "tokens=100") == 204
+    # as the middleware: 6 admitted (5 x 100 used and 500 reserved fit in 1,000; a 7th would need 500 more
+    # than the 400 left), every reservation settled exactly at the 100 used
+    assert statuses == [200] * 6 + [429] * 4
+    assert forward_auth(client, key).status_code == 200  # a request without an estimate: no usage limit
+
+
+def test_a_release_that_never_comes_leaves_the_estimate_charged(client: Client) -> None:
+    key = tokens_key("gwunreleased")
+    assert forward_auth(client, key, **{"X-RateLimit-Usage": "tokens=500"}).status_code == 200  # never released
+    answer = forward_auth(client, key, **{"X-RateLimit-Usage": "tokens=400"})
+    assert answer.status_code == 200
+    assert release(client, answer) == 204  # released without a usage header: its 400 stay charged too
+    assert forward_auth(client, key, **{"X-RateLimit-Usage": "tokens=101"}).status_code == 429
+    assert forward_auth(client, key, **{"X-RateLimit-Usage": "tokens=100"}).status_code == 200
+
+
+@pytest.mark.parametrize("value", ["tokens=0", "tokens=-5", "tokens=abc", "tokens", "Tokens=5", "tokens=5,tokens=6"])
+def test_an_estimate_that_cannot_be_read_is_400(client: Client, value: str) -> None:
+    answer = forward_auth(client, tokens_key("gwbad"), **{"X-RateLimit-Usage": value})
+    assert answer.status_code == 400 and "X-RateLimit-Usage" in answer.json()["error"]
+
+
+def test_a_usage_report_that_cannot_be_read_is_400_and_the_estimate_stays_charged(client: Client) -> None:
+    key = tokens_key("gwbadreport")
+    answer = forward_auth(client, key, **{"X-RateLimit-Usage": "tokens=600"})
+    assert release_with_usage(client, answer, "tokens=-1") == 400
+    assert release_with_usage(client, answer, "tokens=0") == 204  # what it used: nothing
+    assert forward_auth(client, key, **{"X-RateLimit-Usage": "tokens=1000"}).status_code == 200

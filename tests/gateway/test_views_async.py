@@ -14,7 +14,7 @@ from django.urls import include, path
 
 from project.urls import urlpatterns as demo_urlpatterns
 from ratelimit_app.gateway import views_async
-from tests.gateway.test_views import CLIENT, Answer, lease_ends_in_ms
+from tests.gateway.test_views import CLIENT, Answer, lease_ends_in_ms, tokens_key
 from tests.support.limits_support import (
     add_slots,
     check_free_burst,
@@ -98,3 +98,25 @@ def test_the_async_twins_hold_the_first_lease_and_confirm_it(settings: Any, redi
 
 def _lease(answer: Answer) -> dict[str, str]:
     return {"X-RateLimit-Lease": answer.headers["X-RateLimit-Lease"]}
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_the_async_twins_reserve_an_estimate_and_settle_it_with_the_release() -> None:
+    key = tokens_key("gwasynctokens")
+    sent = {"X-API-Key": key, "X-Forwarded-For": CLIENT, "X-Forwarded-Method": "POST", "X-Forwarded-Uri": "/chat",
+            "X-RateLimit-Usage": "tokens=500"}
+
+    async def scenario() -> list[int]:
+        client = AsyncClient()
+        statuses = []
+        for _ in range(10):
+            answer = Answer(await client.get("/ratelimit/authorize", headers=sent))
+            statuses.append(answer.status_code)
+            if answer.status_code == 200:
+                used = {"X-RateLimit-Lease": answer.headers["X-RateLimit-Lease"], "X-RateLimit-Usage": "tokens=100"}
+                assert (await client.post("/ratelimit/release", headers=used)).status_code == 204
+        return statuses
+
+    # 6 admitted: 5 x 100 used and 500 reserved fit in 1,000, a 7th would need 500 more than the 400 left
+    assert run(scenario) == [200] * 6 + [429] * 4
