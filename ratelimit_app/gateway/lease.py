@@ -9,8 +9,10 @@ with one call to the release endpoint. A slot nobody gives back frees itself whe
 (the first lease, or the concurrency limit's period).
 
 When the request reserved usage (`X-RateLimit-Usage`), the value carries that reservation too, so that
-the release settles it at what the service reports (`reservation_of`); a release that never comes leaves
-the estimate charged. It is there when the request took no slot as well.
+the release settles it at what the service reports (`usage_of`), once: the first release that reports
+usage marks the lease settled in Redis (a key of its own, for as long as the reservation's longest
+limit period), and a replayed release settles nothing more. A release that never comes leaves the
+estimate charged. The value is there when the request took no slot as well.
 
 The value names identity labels ("key:<prefix>", "ip:203.0.113.7"), never an API key; it is signed, not
 encrypted, and meant for the gateway and the service, not for clients.
@@ -18,8 +20,9 @@ encrypted, and meant for the gateway and the service, not for clients.
 
 from __future__ import annotations
 
+import secrets
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core import signing
 
@@ -31,6 +34,16 @@ LEASE_HEADER = "X-RateLimit-Lease"
 _SALT = "ratelimit_app.gateway.lease"
 #: The longest value accepted (a request holds a few slots: its tier's, its key's own, the fleet's).
 MAX_LEASE = 4096
+
+
+class CarriedUsage(NamedTuple):
+    """The usage reservation a lease carries, the Redis key that marks it settled (set once, by the
+    first release that settles it: `SET NX`), and how long that mark lasts (ms: the reservation's
+    longest limit period, after which a settlement changes nothing)."""
+
+    reservation: Reservation
+    marker: str
+    marker_ms: int
 
 
 class BadLease(ValueError):
@@ -46,7 +59,8 @@ def lease_value(slots: HeldSlots | None, reservation: Reservation | None = None)
         wall = time.time() - (time.monotonic() - reservation.started)
         payload["u"] = [reservation.prefix, [[identity, [_policy_fields(p) for p in policies]]
                                              for identity, policies in reservation.held],
-                        [list(pair) for pair in reservation.estimates], wall, reservation.shift]
+                        [list(pair) for pair in reservation.estimates], wall, reservation.shift,
+                        secrets.token_hex(12)]
     return signing.dumps(payload, salt=_SALT, compress=True)
 
 
@@ -55,13 +69,13 @@ def _policy_fields(policy: Policy) -> list[Any]:
             policy.time_zone, policy.clock_shift_ms, policy.unit]
 
 
-def reservation_of(value: str) -> Reservation | None:
+def usage_of(value: str) -> CarriedUsage | None:
     """The usage reservation a lease value carries (None: none). Raises BadLease."""
     payload = _payload(value)
     if "u" not in payload:
         return None
     try:
-        prefix, held, estimates, wall, shift = payload["u"]
+        prefix, held, estimates, wall, shift, nonce = payload["u"]
         policies = tuple((str(identity), tuple(Policy(name, algorithm, limit=limit, period=period, burst=burst,
                                                       calendar=calendar, time_zone=zone, clock_shift_ms=clock,
                                                       unit=unit)
@@ -69,7 +83,10 @@ def reservation_of(value: str) -> Reservation | None:
                                                in fields))
                          for identity, fields in held)
         started = time.monotonic() - (time.time() - float(wall))
-        return Reservation(str(prefix), policies, tuple((str(u), int(n)) for u, n in estimates), started, int(shift))
+        reservation = Reservation(str(prefix), policies, tuple((str(u), int(n)) for u, n in estimates), started,
+                                  int(shift))
+        longest = max(policy.period for _, limits in policies for policy in limits)
+        return CarriedUsage(reservation, f"{prefix}:settled:{str(nonce)[:32]}", max(int(longest * 1000), 1000))
     except (InvalidPolicy, KeyError, TypeError, ValueError):
         raise BadLease(f"{LEASE_HEADER} is signed but does not name a reservation") from None
 

@@ -17,8 +17,9 @@ now (204), or, when a first lease had already ended, 409, and whatever is left o
 back (the slot may be another request's by now: it is never taken again, and the service refuses the
 request). `release` gives back the concurrency slots named by an `X-RateLimit-Lease` value (one Redis
 round trip), and settles the usage the request reserved (`X-RateLimit-Usage` on the authorization
-request) at what the service reports in its own `X-RateLimit-Usage` (one more); it answers 204 whatever
-Redis does (a slot not given back frees itself with its lease; an estimate not settled stays charged).
+request) at what the service reports in its own `X-RateLimit-Usage`, once (two more: the lease marked
+settled, then the settlement); it answers 204 whatever Redis does (a slot not given back frees itself
+with its lease; an estimate not settled stays charged).
 
 Each view has an async twin of the same name in ratelimit_app.gateway.views_async (served by
 `ratelimit_app.gateway.async_urls` for a project under ASGI): the same description and answers, the
@@ -43,11 +44,13 @@ from ..apply.outcome import ALLOWED, NOT_LIMITED, LimitOutcome
 from ..apply.responses import bad_request
 from ..apply.usage import UsageMeter
 from ..conf.snapshot import request_settings
-from ..core.logs import log_event
+from ..core.logs import log_event, log_once
+from ..service.limiter import get_limiter
 from .answers import answer, under_contract
 from .describe import AUTH_REQUEST, AUTHORIZE, BadDescription, GatewayRequest, describe, usage_of
 from .guard import refused
-from .lease import LEASE_HEADER, BadLease, reservation_of, slots_of
+from .lease import LEASE_HEADER, BadLease, CarriedUsage, slots_of
+from .lease import usage_of as carried_usage_of
 
 ViewT = TypeVar("ViewT", bound=Callable[..., Any])
 
@@ -91,10 +94,12 @@ def release(request: HttpRequest) -> HttpResponseBase:
         return slots
     if slots.held:
         slots.release()  # never raises
-    meter = usage_to_settle(request)
-    if isinstance(meter, UsageMeter):
-        meter.settle()  # never raises
-    return meter if isinstance(meter, HttpResponseBase) else HttpResponse(status=204)
+    settling = usage_to_settle(request)
+    if isinstance(settling, HttpResponseBase):
+        return settling
+    if settling is not None and _first_settlement(settling[1]):
+        settling[0].settle()  # never raises
+    return HttpResponse(status=204)
 
 
 def _decide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpResponseBase:
@@ -120,21 +125,32 @@ def handed_over(request: HttpRequest) -> tuple[LimitOutcome, UsageMeter | None]:
     return state.outcome or NOT_LIMITED, meter
 
 
-def usage_to_settle(request: HttpRequest) -> UsageMeter | HttpResponseBase | None:
-    """The usage reservation the release's lease carries, with what the service used (its
+def usage_to_settle(request: HttpRequest) -> tuple[UsageMeter, CarriedUsage] | HttpResponseBase | None:
+    """The usage reservation the release's lease carries, as a meter of what the service used (its
     `X-RateLimit-Usage`; a unit it leaves out stays charged at its estimate); None when there is
     nothing to settle; the 400 of a usage header that cannot be read."""
     try:
         used = usage_of(request, minimum=0)
-        reservation = reservation_of(request.headers.get(LEASE_HEADER, ""))
+        carried = carried_usage_of(request.headers.get(LEASE_HEADER, ""))
     except (BadDescription, BadLease) as exc:
         return bad_request(str(exc))
-    if reservation is None or not used:
+    if carried is None or not used:
         return None
-    meter = UsageMeter(reservation, "gateway")
+    meter = UsageMeter(carried.reservation, "gateway")
     for unit, count in used.items():
         meter.report(unit, count)
-    return meter
+    return meter, carried
+
+
+def _first_settlement(carried: CarriedUsage) -> bool:
+    """Mark the lease's reservation settled in Redis: True for the first release that does (it settles),
+    False for a replay, or when Redis cannot be asked (the estimate then stays charged; logged once)."""
+    try:
+        return bool(get_limiter().call_redis(lambda client: client.set(carried.marker, 1, nx=True,
+                                                                        px=carried.marker_ms)))
+    except Exception as exc:
+        log_once("ratelimit.settle_failed", logging.WARNING, reason=f"{type(exc).__name__}: {exc}"[:200])
+        return False
 
 
 def first_lease(outcome: LimitOutcome, contract: str) -> float | None:

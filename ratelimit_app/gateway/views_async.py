@@ -4,13 +4,17 @@ awaited on the event loop (`aadmit`) and slots given back through the async serv
 
 from __future__ import annotations
 
+import logging
+
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from ..apply.admission_async import aadmit
 from ..apply.concurrency import HeldSlots
-from ..apply.usage import UsageMeter
+from ..core.logs import log_once
+from ..service.limiter_async import get_async_limiter
 from .answers import answer, under_contract
 from .describe import AUTH_REQUEST, AUTHORIZE, GatewayRequest
+from .lease import CarriedUsage
 from .views import confirmed, csrf_exempt_view, described, first_lease, handed_over, lease_of, usage_to_settle
 
 
@@ -46,10 +50,22 @@ async def release(request: HttpRequest) -> HttpResponseBase:
         return slots
     if slots.held:
         await slots.arelease()  # never raises
-    meter = usage_to_settle(request)
-    if isinstance(meter, UsageMeter):
-        await meter.asettle()  # never raises
-    return meter if isinstance(meter, HttpResponseBase) else HttpResponse(status=204)
+    settling = usage_to_settle(request)
+    if isinstance(settling, HttpResponseBase):
+        return settling
+    if settling is not None and await _first_settlement(settling[1]):
+        await settling[0].asettle()  # never raises
+    return HttpResponse(status=204)
+
+
+async def _first_settlement(carried: CarriedUsage) -> bool:
+    """`views._first_settlement` through the async service."""
+    try:
+        return bool(await get_async_limiter().call_redis(lambda client: client.set(carried.marker, 1, nx=True,
+                                                                                    px=carried.marker_ms)))
+    except Exception as exc:
+        log_once("ratelimit.settle_failed", logging.WARNING, reason=f"{type(exc).__name__}: {exc}"[:200])
+        return False
 
 
 async def _decide(request: HttpRequest, contract: str, forwarded: str | None) -> HttpResponseBase:

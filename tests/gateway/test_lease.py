@@ -11,7 +11,7 @@ from django.core import signing
 from ratelimit_app.apply.concurrency import HeldSlots
 from ratelimit_app.core.policies import Policy
 from ratelimit_app.core.usage import Reservation
-from ratelimit_app.gateway.lease import MAX_LEASE, BadLease, lease_value, reservation_of, slots_of
+from ratelimit_app.gateway.lease import MAX_LEASE, BadLease, lease_value, slots_of, usage_of
 
 
 def test_a_lease_names_its_slots_and_their_token() -> None:
@@ -49,11 +49,14 @@ def test_a_lease_carries_a_usage_reservation_to_the_process_that_settles_it() ->
     reserved = Reservation("rl", (("key:abc", (tokens, daily)),), (("tokens", 500),), time.monotonic() - 2.0, 7)
     value = lease_value(None, reserved)
     assert slots_of(value).held == ()  # no slot taken: nothing to give back
-    carried = reservation_of(value)
+    carried = usage_of(value)
     assert carried is not None
-    assert (carried.prefix, carried.held, carried.estimates, carried.shift) == ("rl", reserved.held,
-                                                                                 reserved.estimates, 7)
-    assert abs(carried.started - reserved.started) < 0.5  # its age, through wall-clock time
-    assert reservation_of(lease_value(HeldSlots("t", (), False))) is None
+    got = carried.reservation
+    assert (got.prefix, got.held, got.estimates, got.shift) == ("rl", reserved.held, reserved.estimates, 7)
+    assert abs(got.started - reserved.started) < 0.5  # its age, through wall-clock time
+    # settled once: marked by a key of its own for the longest period, another lease's mark another key
+    assert carried.marker.startswith("rl:settled:") and carried.marker_ms == 86_400_000
+    assert usage_of(lease_value(None, reserved)).marker != carried.marker  # type: ignore[union-attr]
+    assert usage_of(lease_value(HeldSlots("t", (), False))) is None
     with pytest.raises(BadLease, match="does not name a reservation"):
-        reservation_of(signing.dumps({"t": "", "l": False, "h": [], "u": [1]}, salt="ratelimit_app.gateway.lease"))
+        usage_of(signing.dumps({"t": "", "l": False, "h": [], "u": [1]}, salt="ratelimit_app.gateway.lease"))

@@ -480,3 +480,12 @@ def test_a_usage_report_that_cannot_be_read_is_400_and_the_estimate_stays_charge
     assert release_with_usage(client, answer, "tokens=-1") == 400
     assert release_with_usage(client, answer, "tokens=0") == 204  # what it used: nothing
     assert forward_auth(client, key, **{"X-RateLimit-Usage": "tokens=1000"}).status_code == 200
+
+
+def test_a_replayed_release_settles_nothing_more(client: Client) -> None:
+    key = tokens_key("gwreplay")
+    answer = forward_auth(client, key, **{"X-RateLimit-Usage": "tokens=500"})
+    assert [release_with_usage(client, answer, "tokens=100") for _ in range(3)] == [204] * 3
+    # 100 used (settled once: a replay would have given 400 back again); 900 more fit, then nothing
+    assert forward_auth(client, key, **{"X-RateLimit-Usage": "tokens=900"}).status_code == 200
+    assert forward_auth(client, key, **{"X-RateLimit-Usage": "tokens=1"}).status_code == 429
