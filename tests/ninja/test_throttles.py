@@ -138,6 +138,13 @@ def chat(request: HttpRequest) -> dict[str, bool]:
     return {"ok": True}
 
 
+@tiered.post("/async-chat")
+@usage(tokens=lambda request: int(json.loads(request.body)["max_tokens"]))
+async def async_chat(request: HttpRequest) -> dict[str, bool]:
+    request.ratelimit.report_usage("tokens", 100)  # type: ignore[attr-defined]
+    return {"ok": True}
+
+
 urlpatterns = [path("ninja/", api.urls), path("tiered/", tiered.urls)]
 
 
@@ -378,12 +385,17 @@ def test_in_sync_code_runs_in_place_unless_it_needs_io_on_an_event_loop() -> Non
         asyncio.run(failing())
 
 
-@pytest.mark.django_db
-def test_an_operation_reserves_its_estimate_in_the_throttles_call_and_settles_what_it_used(client: Any) -> None:
-    tier = make_tier("ninjatokens", [("minute", "fixed_window", 100, 60, None, "")])
+def tokens_key(slug: str) -> str:
+    """A key of a tier of 100 requests and 1,000 tokens a minute (an exact sliding window)."""
+    tier = make_tier(slug, [("minute", "fixed_window", 100, 60, None, "")])
     TierLimit.objects.create(tier=tier, name="tokens", algorithm="sliding_window", limit=1000, period=60,
                              unit="tokens")
-    key = make_key(tier)
+    return make_key(tier)
+
+
+@pytest.mark.django_db
+def test_an_operation_reserves_its_estimate_in_the_throttles_call_and_settles_what_it_used(client: Any) -> None:
+    key = tokens_key("ninjatokens")
     statuses = [client.post("/tiered/chat", {"max_tokens": 500}, content_type="application/json",
                             HTTP_X_API_KEY=key).status_code for _ in range(10)]
     # as under the middleware alone: 6 admitted (5 x 100 used and 500 reserved fit in 1,000; a 7th would
@@ -391,3 +403,14 @@ def test_an_operation_reserves_its_estimate_in_the_throttles_call_and_settles_wh
     assert statuses == [200] * 6 + [429] * 4
     bad = client.post("/tiered/chat", {"max": 1}, content_type="application/json", HTTP_X_API_KEY=key)
     assert bad.status_code == 400 and "tokens" in bad.json()["detail"]
+
+
+def test_an_async_operation_under_asgi_reserves_and_settles_alike(transactional_db: Any) -> None:
+    key = tokens_key("ninjaasynctokens")
+
+    async def scenario() -> list[int]:
+        client = AsyncClient()
+        return [(await client.post("/tiered/async-chat", {"max_tokens": 500}, content_type="application/json",
+                                   headers={"X-API-Key": key})).status_code for _ in range(10)]
+
+    assert run(scenario) == [200] * 6 + [429] * 4  # settled at 100 each as the response ended
