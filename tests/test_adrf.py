@@ -26,6 +26,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from ratelimit_app.core.policies import CONCURRENCY, Policy
+from ratelimit_app.decorators import usage
+from ratelimit_app.models import TierLimit
 from ratelimit_app.service.limiter import get_limiter
 from ratelimit_app.throttling import (
     AnonRateThrottle,
@@ -108,6 +110,15 @@ class BrokenView(RateLimitHeadersMixin, adrf_views.APIView):  # type: ignore[nam
         raise Broken("the view failed")
 
 
+@usage(tokens=lambda request: 500)
+class BrokenChat(RateLimitHeadersMixin, adrf_views.APIView):  # type: ignore[name-defined]
+    throttle_classes = [TierRateThrottle]
+
+    async def get(self, request: Request) -> Response:
+        request.ratelimit.report_usage("tokens", 100)
+        raise Broken("the view failed after using 100 tokens")
+
+
 class SyncTierView(RateLimitHeadersMixin, APIView):
     """A plain DRF view, which Django runs in sync_to_async under ASGI."""
 
@@ -125,6 +136,7 @@ urlpatterns = [
     path("adrf/reports", ScopedTierView.as_view()),
     path("adrf/slow", SlowView.as_view()),
     path("adrf/broken", BrokenView.as_view()),
+    path("adrf/broken-chat", BrokenChat.as_view()),
 ]
 
 
@@ -264,3 +276,15 @@ def test_an_async_view_that_raises_gives_its_slot_back_without_blocking_the_loop
         # given back by the releasing thread (adrf answers the exception on the event loop)
         assert poll(lambda: get_limiter().peek("throttle:adrf-one-slot:ip:127.0.0.1", (slot,)).remaining == 1,
                     10.0)
+
+
+def test_an_async_view_that_raises_settles_the_usage_it_reported_without_blocking_the_loop() -> None:
+    tier = make_tier("adrftokens", [("minute", "fixed_window", 100, 60, None, "")])
+    TierLimit.objects.create(tier=tier, name="tokens", algorithm="sliding_window", limit=1000, period=60,
+                             unit="tokens")
+    key = make_key(tier)
+    tokens = Policy("tokens", "sliding_window", limit=1000, period=60, unit="tokens")
+    with pytest.raises(Broken):
+        run(get("/adrf/broken-chat", key))
+    # settled at the 100 it reported, in a worker thread (adrf answers the exception on the event loop)
+    assert poll(lambda: get_limiter().peek(f"key:{key.partition('.')[0]}", (tokens,)).remaining == 900, 10.0)
