@@ -115,7 +115,7 @@ class BrokenChat(RateLimitHeadersMixin, adrf_views.APIView):  # type: ignore[nam
     throttle_classes = [TierRateThrottle]
 
     async def get(self, request: Request) -> Response:
-        request.ratelimit.report_usage("tokens", 100)
+        request.ratelimit.report_usage("tokens", 100)  # type: ignore[attr-defined]
         raise Broken("the view failed after using 100 tokens")
 
 
