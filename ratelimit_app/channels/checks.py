@@ -71,14 +71,27 @@ def _scopes_with_limits() -> set[str] | None:
 
 
 @checks.register("ratelimit")
-def check_channels_middleware(app_configs: Any = None, databases: Any = None,
-                              **kwargs: Any) -> list[checks.CheckMessage]:
-    """W080 and W081 for each WebSocketRateLimitMiddleware of settings.ASGI_APPLICATION."""
+def check_channels_middleware(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W080 for each WebSocketRateLimitMiddleware of settings.ASGI_APPLICATION."""
+    return _channels_messages(None)
+
+
+@checks.register("ratelimit", checks.Tags.database)
+def check_channels_message_scope(app_configs: Any = None, databases: Any = None,
+                                 **kwargs: Any) -> list[checks.CheckMessage]:
+    """W081 (a database check: the tiers' scopes are read from the database)."""
+    if not databases:
+        return []
+    return [message for message in _channels_messages(_scopes_with_limits()) if message.id == "ratelimit.W081"]
+
+
+def _channels_messages(scopes: set[str] | None) -> list[checks.CheckMessage]:
+    """W080 for each WebSocketRateLimitMiddleware of settings.ASGI_APPLICATION, and W081 when `scopes` (the
+    scopes some tier limits) is known."""
     application = _application()
     if application is None:
         return []
     messages: list[checks.CheckMessage] = []
-    scopes = _scopes_with_limits() if databases else None
     for limiter, outer in _limiters(application):
         if _inside(limiter, "AuthMiddleware"):
             messages.append(checks.Warning(
