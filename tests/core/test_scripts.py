@@ -29,10 +29,10 @@ from ratelimit_app.service.fallback_models import MODELS
 #: The SHA1 of each Lua file that is not an algorithm's (an algorithm's is its registry entry's `sha1`).
 #: Update deliberately when a script changes (and say why in the commit).
 PINNED = {
-    "prelude.lua": "002b3108a4d9b7df3a11ddec6b915aaaeae97a9b",
-    "decide.lua": "cb6d237a4ea33a337a3982dcfec1e074e825d6a5",
+    "prelude.lua": "4fadd6ff332cdbb0c12c4c1bd97e214b90705bab",
+    "decide.lua": "aac6b52d9a70941d1a80246ccf68c6744f236e52",
     "cancel.lua": "ae0100ce411fc4ef714929e7c5680034b76431d1",
-    "settle.lua": "c5663566d2fd012f018784c7ae7694dbefc7e645",
+    "settle.lua": "f1cf839ed9194123bc48d06f4df94c2a2c3f7974",
     "renew.lua": "c4fe159073bceea098516e9d6247d6455f48c9ef",
 }
 

@@ -108,16 +108,7 @@ for j = 1, m do
   local value, base = values[j], 5 * (j - 1)
   identity[base + 1], identity[base + 2], identity[base + 3], identity[base + 4], identity[base + 5] =
     false, false, 0, '', 0
-  if value then
-    local states, expiries, latest, position = {}, {}, 0, 1
-    while position <= #value do
-      local tag, expiry, state
-      tag, expiry, state, position = unpack('>Bc0I6I4c0', value, position)
-      if expiry >= now_ms then states[tag], expiries[tag] = state, expiry end
-      if expiry > latest then latest = expiry end
-    end
-    identity[base + 1], identity[base + 2], identity[base + 3] = states, expiries, latest
-  end
+  if value then identity[base + 1], identity[base + 2], identity[base + 3] = read_entries(value, now_ms) end
 end
 -- one identity decided twice in a call (its per-IP limit and its tier, say) has one key: owner[j] is
 -- the first identity with identity j's key, whose entries both share

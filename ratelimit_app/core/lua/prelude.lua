@@ -1,4 +1,5 @@
--- prelude: locals shared by every file of the decision script (scripts.py puts this file first).
+-- prelude: locals shared by every file of the decision script and by the settling script (scripts.py
+-- puts this file first).
 -- Each global function reached through its table (math.ceil) costs Redis two table lookups per use;
 -- as locals they cost none, and the decision script runs on every request.
 local call, ceil, floor, format = redis.call, math.ceil, math.floor, string.format
@@ -21,4 +22,76 @@ local function count_in_window(stored, window, modulus, reset_us, cost, limit)
     return false, remaining, reset_us, reset_us
   end
   return true, remaining, reset_us, 0, (used + cost) * modulus + window % modulus, reset_us
+end
+
+-- The live entries of an identity's key (decide.lua's "State"): state and expiry by tag, and the
+-- latest expiry among all of them, live or not.
+local function read_entries(value, now_ms)
+  local states, expiries, latest, position = {}, {}, 0, 1
+  while position <= #value do
+    local tag, expiry, state
+    tag, expiry, state, position = unpack('>Bc0I6I4c0', value, position)
+    if expiry >= now_ms then states[tag], expiries[tag] = state, expiry end
+    if expiry > latest then latest = expiry end
+  end
+  return states, expiries, latest
+end
+
+-- A token bucket's state (token_bucket.lua's "State"), read: the units in a bucket of `full` units and
+-- the time of its last refill (ms); written: the units missing from full, that time, and the time until
+-- the bucket is full again (its entry's TTL, which sets the span the time is kept modulo).
+local function bucket_read(stored, now_ms, full)
+  if not stored then return full, now_ms end
+  local missing, stamp_mod, span
+  if type(stored) == 'number' then
+    local bits = stored % 64
+    local value = (stored - bits) / 64
+    span = 2 ^ bits
+    stamp_mod = value % span
+    missing = (value - stamp_mod) / span
+  else
+    missing, stamp_mod = unpack('>I7I5', stored)
+    span = 1099511627776
+  end
+  local units = full - missing
+  if units < 0 then units = 0 end
+  local since = (now_ms - stamp_mod) % span
+  if since < span / 2 then return units, now_ms - since end
+  return units, now_ms + span - since
+end
+
+local function bucket_write(missing, stamp, to_full_ms)
+  -- the span: the least power of two above twice the TTL (plus a millisecond for Redis's expiry check)
+  local _, bits = frexp(to_full_ms + 1)
+  bits = bits + 1
+  local span = 2 ^ bits
+  if missing * span < 140737488355328 then  -- 2^47: the integer stays below 2^53, exact in Lua
+    return (missing * span + stamp % span) * 64 + bits
+  end
+  return pack('>I7I5', missing, stamp % 1099511627776)
+end
+
+-- A sliding window counter's state (sliding_window_counter.lua's "State"), read: the counts of window
+-- `window` and of the one before it; written: the state of those counts.
+local function counter_read(stored, window)
+  if not stored then return 0, 0 end
+  local stored_window, current, previous
+  if type(stored) == 'number' then
+    stored_window = stored % 4
+    local counts = (stored - stored_window) / 4
+    previous = counts % 33554432
+    current = (counts - previous) / 33554432
+  else
+    stored_window, current, previous = unpack('>BI4I4', stored)
+  end
+  if stored_window == window % 4 then return current, previous end
+  if stored_window == (window - 1) % 4 then return 0, current end
+  return 0, 0
+end
+
+local function counter_write(window, current, previous)
+  if current < 67108864 and previous < 33554432 then  -- the integer stays below 2^53
+    return (current * 33554432 + previous) * 4 + window % 4
+  end
+  return pack('>BI4I4', window % 4, current, previous)
 end

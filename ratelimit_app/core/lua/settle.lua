@@ -38,17 +38,7 @@ local time = call('TIME')
 local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2]) + shift * 1000
 local now_ms = floor(now_us / 1000)
 
-local value = call('GET', KEYS[1])
-local states, expiries, old_latest = {}, {}, 0
-if value then
-  local at = 1
-  while at <= #value do
-    local tag, expiry, state
-    tag, expiry, state, at = unpack('>Bc0I6I4c0', value, at)
-    if expiry >= now_ms then states[tag], expiries[tag] = state, expiry end
-    if expiry > old_latest then old_latest = expiry end
-  end
-end
+local states, expiries, old_latest = read_entries(call('GET', KEYS[1]) or '', now_ms)
 
 -- the index (0-based) of the first unit of `log` stamped above `after`: the log is sorted
 local function first_above(log, after)
@@ -103,53 +93,16 @@ local function sliding_window_counter(stored, delta, since_us, period)
   local window_us = period * 1000
   local window = floor(now_us / window_us)
   if delta < 0 and floor(since_us / window_us) ~= window then return nil end
-  local current, previous = 0, 0
-  if stored then
-    local stored_window, stored_current, stored_previous
-    if type(stored) == 'number' then
-      stored_window = stored % 4
-      local counts = (stored - stored_window) / 4
-      stored_previous = counts % 33554432
-      stored_current = (counts - stored_previous) / 33554432
-    else
-      stored_window, stored_current, stored_previous = unpack('>BI4I4', stored)
-    end
-    if stored_window == window % 4 then
-      current, previous = stored_current, stored_previous
-    elseif stored_window == (window - 1) % 4 then
-      previous = stored_current
-    end
-  end
+  local current, previous = counter_read(stored, window)
   current = current + delta
   if current < 0 then current = 0 end
   if current == 0 and previous == 0 then return false end
-  local expiry = ceil((window + 2) * window_us / 1000)
-  if current < 67108864 and previous < 33554432 then
-    return (current * 33554432 + previous) * 4 + window % 4, expiry
-  end
-  return pack('>BI4I4', window % 4, current, previous), expiry
+  return counter_write(window, current, previous), ceil((window + 2) * window_us / 1000)
 end
 
 local function token_bucket(stored, delta, limit, period, burst)
   local full = burst * period
-  local units, stamp = full, now_ms
-  if stored then
-    local missing, stamp_mod, span
-    if type(stored) == 'number' then
-      local bits = stored % 64
-      local packed = (stored - bits) / 64
-      span = 2 ^ bits
-      stamp_mod = packed % span
-      missing = (packed - stamp_mod) / span
-    else
-      missing, stamp_mod = unpack('>I7I5', stored)
-      span = 1099511627776
-    end
-    units = full - missing
-    if units < 0 then units = 0 end
-    local since = (now_ms - stamp_mod) % span
-    if since < span / 2 then stamp = now_ms - since else stamp = now_ms + span - since end
-  end
+  local units, stamp = bucket_read(stored, now_ms, full)
   if now_ms > stamp then
     units = units + (now_ms - stamp) * limit
     stamp = now_ms
@@ -159,13 +112,7 @@ local function token_bucket(stored, delta, limit, period, burst)
   if units >= full then return false end
   local missing = full - units
   local to_full_ms = ceil(missing / limit)
-  local _, bits = frexp(to_full_ms + 1)
-  bits = bits + 1
-  local span = 2 ^ bits
-  if missing * span < 140737488355328 then
-    return (missing * span + stamp % span) * 64 + bits, now_ms + to_full_ms
-  end
-  return pack('>I7I5', missing, stamp % 1099511627776), now_ms + to_full_ms
+  return bucket_write(missing, stamp, to_full_ms), now_ms + to_full_ms
 end
 
 local function gcra(stored, delta, limit, period)

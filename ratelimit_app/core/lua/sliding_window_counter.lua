@@ -14,23 +14,7 @@ local function sliding_window_counter(stored, key, now_us, cost, limit, period, 
   local window_us = period * 1000
   local window = floor(now_us / window_us)
   local elapsed = now_us - window * window_us
-  local current, previous = 0, 0
-  if stored then
-    local stored_window, stored_current, stored_previous
-    if type(stored) == 'number' then
-      stored_window = stored % 4
-      local counts = (stored - stored_window) / 4
-      stored_previous = counts % 33554432
-      stored_current = (counts - stored_previous) / 33554432
-    else
-      stored_window, stored_current, stored_previous = unpack('>BI4I4', stored)
-    end
-    if stored_window == window % 4 then
-      current, previous = stored_current, stored_previous
-    elseif stored_window == (window - 1) % 4 then
-      previous = stored_current
-    end
-  end
+  local current, previous = counter_read(stored, window)
   local weight = (window_us - elapsed) / window_us
   local estimate = previous * weight + current
   local remaining = floor(limit - estimate)
@@ -60,11 +44,6 @@ local function sliding_window_counter(stored, key, now_us, cost, limit, period, 
     if retry_us < 1 then retry_us = 1 end
     return false, remaining, reset_us, retry_us
   end
-  local value
-  if current + cost < 67108864 and previous < 33554432 then  -- the integer stays below 2^53
-    value = ((current + cost) * 33554432 + previous) * 4 + window % 4
-  else
-    value = pack('>BI4I4', window % 4, current + cost, previous)
-  end
+  local value = counter_write(window, current + cost, previous)
   return true, remaining, reset_us, 0, value, 2 * window_us - elapsed
 end

@@ -17,24 +17,7 @@ local function token_bucket(stored, key, now_us, cost, limit, period, extra)
   local refill_ms, burst = period, extra
   local now_ms = floor(now_us / 1000)
   local full = burst * refill_ms
-  local units, stamp = full, now_ms
-  if stored then
-    local missing, stamp_mod, span
-    if type(stored) == 'number' then
-      local bits = stored % 64
-      local value = (stored - bits) / 64
-      span = 2 ^ bits
-      stamp_mod = value % span
-      missing = (value - stamp_mod) / span
-    else
-      missing, stamp_mod = unpack('>I7I5', stored)
-      span = 1099511627776
-    end
-    units = full - missing
-    if units < 0 then units = 0 end
-    local since = (now_ms - stamp_mod) % span
-    if since < span / 2 then stamp = now_ms - since else stamp = now_ms + span - since end
-  end
+  local units, stamp = bucket_read(stored, now_ms, full)
   local elapsed = now_ms - stamp
   if elapsed < 0 then elapsed = 0 end
   units = units + elapsed * limit
@@ -54,16 +37,6 @@ local function token_bucket(stored, key, now_us, cost, limit, period, extra)
   end
   local left = units - need
   local to_full_ms = ceil((full - left) / limit)
-  -- the span: the least power of two above twice the TTL (plus a millisecond for Redis's expiry check)
-  local _, bits = frexp(to_full_ms + 1)
-  bits = bits + 1
-  local span = 2 ^ bits
-  local value
-  local missing = full - left
-  if missing * span < 140737488355328 then  -- 2^47: the integer stays below 2^53, exact in Lua
-    value = (missing * span + stamp % span) * 64 + bits
-  else
-    value = pack('>I7I5', missing, stamp % 1099511627776)
-  end
+  local value = bucket_write(full - left, stamp, to_full_ms)
   return true, remaining, reset_us, 0, value, to_full_ms * 1000
 end
