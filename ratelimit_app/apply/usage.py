@@ -1,15 +1,6 @@
 """Usage limits in request handling: a view declares how to estimate its usage (`@usage(tokens=...)`), the
-request reserves the estimate in its one decision, and what it reports using is settled when it ends.
-
-    @usage(tokens=lambda request: prompt_tokens(request) + max_tokens(request))
-    def chat(request): ...
-        request.ratelimit.report_usage("tokens", n)   # as it goes (a stream: chunk by chunk)
-
-The estimate is reserved only against the usage limits of its unit that apply to the route (a tier limit
-with that unit, in the route's scope or unscoped); a route with none makes a plain decision, as any other
-route. The settlement (`UsageMeter.settle`, one call) runs once the response ends, however it ends: the
-view returned, a stream finished or was cut off, the view raised. Units the view never reported stay
-charged at their estimate. The async twin is ratelimit_app.apply.usage_async.
+request reserves the estimate in its one decision, and what it reports using is settled once the response
+ends, however it ends (docs/usage.md). The async twin is ratelimit_app.apply.usage_async.
 """
 
 from __future__ import annotations
@@ -25,7 +16,7 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHt
 from ..conf.snapshot import Snapshot
 from ..core.engine import Usage
 from ..core.logs import log_once
-from ..core.usage import NO_RESERVATION, Reservation, usage_pairs
+from ..core.usage import Reservation, usage_pairs
 from ..service import events
 from ..service.limiter import get_limiter
 from ..service.limiter_async import get_async_limiter
@@ -58,14 +49,12 @@ def declare(view: ViewT, estimators: Mapping[str, Estimator]) -> ViewT:
 def estimators_of(view: Any) -> dict[str, Estimator] | None:
     """What `view` (or its class-based view's class) declared with `declare`, or None."""
     found = getattr(view, ATTRIBUTE, None)
-    if found is None:
-        found = getattr(getattr(view, "view_class", None), ATTRIBUTE, None)
-    return found
+    return getattr(getattr(view, "view_class", None), ATTRIBUTE, None) if found is None else found
 
 
 def estimate(request: HttpRequest, estimators: Mapping[str, Estimator]) -> Usage | JsonResponse:
-    """The request's estimates, or a 400 JSON answer when one cannot be made from it (the view's
-    estimator raised ValueError, its message shown, or another error; or gave no whole number >= 1)."""
+    """The request's estimates, or a 400 JSON answer when one cannot be made from it (an estimator raised,
+    or gave no whole number >= 1)."""
     counts: dict[str, int] = {}
     for unit, estimator in estimators.items():
         try:
@@ -84,13 +73,15 @@ def _bad_estimate(unit: str, problem: str) -> JsonResponse:
     return JsonResponse({"detail": f"The request's {unit} {problem}."[:300], "unit": unit}, status=400)
 
 
-def with_usage(plan: RequestPlan, scope: str, usage: Usage) -> tuple[RequestPlan, Usage]:
-    """`plan` with the usage limits the estimates of `usage` reserve (those of the tier's check), and the
-    estimates that have such a limit: () when none applies (the decision is then a plain one)."""
-    tier = plan.tier
-    limits = tier.usage_for(scope) if tier is not None and usage else ()
-    units = {unit for unit, _ in usage}
-    limits = tuple(policy for policy in limits if policy.unit in units)
+def reserving(plan: RequestPlan, scope: str, usage: Usage, extra: Any) -> tuple[RequestPlan, Usage]:
+    """`plan` with its `extra` checks (or what a callable `extra` gives) and the usage limits the estimates
+    of `usage` reserve (the tier's, in `scope` or unscoped), and the estimates that have such a limit: ()
+    when none applies, or the plan refuses (the decision is then a plain one)."""
+    if plan.refusal:
+        return plan, ()
+    plan = plan.plus(extra() if callable(extra) else extra)
+    tier, units = plan.tier, {unit for unit, _ in usage}
+    limits = tuple(policy for policy in tier.usage_for(scope) if policy.unit in units) if tier is not None else ()
     if not limits:
         return plan, ()
     checks = tuple(LimitCheck(check.identity, (*check.policies, *limits), check.owner, check.label)
@@ -100,40 +91,41 @@ def with_usage(plan: RequestPlan, scope: str, usage: Usage) -> tuple[RequestPlan
     return plan._replace(checks=checks), tuple((unit, count) for unit, count in usage if unit in held)
 
 
-def decide(plan: RequestPlan, cost: int, usage: Usage) -> tuple[LimitOutcome, Reservation]:
-    """`limiting.decide` with the estimates of `usage` reserved in the same call; what to settle later."""
+def reserving_call(plan: RequestPlan, cost: int) -> limiting.PlannedCall | LimitOutcome:
+    """`limiting.planned_call` for a decision that reserves usage: it always charges (a cost of at least 1)."""
     call = limiting.planned_call(plan, cost)
-    if isinstance(call, LimitOutcome):
-        return call, NO_RESERVATION
-    decisions, reserved = get_limiter().reserve_many(call.pairs, max(call.cost, 1), usage,
-                                                     fail_mode=plan.tier_fail_mode, lease=call.lease)
-    outcome, unwanted = limiting.conclude(call._replace(cost=max(call.cost, 1)), decisions)
-    if unwanted is not None:
-        unwanted.release()
-    return outcome, reserved
+    return call if isinstance(call, LimitOutcome) else call._replace(cost=max(call.cost, 1))
+
+
+def metered(plan: RequestPlan, reserved: Reservation) -> UsageMeter | None:
+    """The meter of what a decision over `plan` reserved (None: nothing)."""
+    return UsageMeter(reserved, plan.label) if reserved.held else None
 
 
 def limit_request(request: HttpRequest, *, cost: int, scope: str, usage: Usage, extra: Any = (),
                   path: str | None = None, settings: Snapshot | None = None,
                   user: Any = FROM_REQUEST) -> tuple[LimitOutcome, UsageMeter | None]:
-    """`limiting.limit_request` for a request that reserves `usage`: the outcome, and the meter to settle
-    when the request ends (None when it reserved nothing). `user`: see `plan_request` (a framework's
-    authenticated user, for the throttles)."""
+    """`limiting.limit_request` for a request that reserves `usage`, in the same call as its other limits:
+    the outcome, and the meter to settle when the request ends (None when it reserved nothing)."""
     planned = plan_request(request, cost=cost, scope=scope, user=user, path=path, settings=settings)
     if isinstance(planned, LimitOutcome):
         return planned, None
-    if not planned.refusal:
-        planned = planned.plus(extra() if callable(extra) else extra)
-    planned, usage = with_usage(planned, scope, usage)
-    if not usage or planned.refusal:
-        return limiting.decide(planned, cost), None
-    outcome, reserved = decide(planned, cost, usage)
-    return outcome, UsageMeter(reserved, planned.label) if reserved.held else None
+    plan, usage = reserving(planned, scope, usage, extra)
+    if not usage:
+        return limiting.decide(plan, cost), None
+    call = reserving_call(plan, cost)
+    if isinstance(call, LimitOutcome):
+        return call, None
+    decisions, reserved = get_limiter().reserve_many(call.pairs, call.cost, usage, fail_mode=plan.tier_fail_mode,
+                                                     lease=call.lease)
+    outcome, unwanted = limiting.conclude(call, decisions)
+    if unwanted is not None:
+        unwanted.release()
+    return outcome, metered(plan, reserved)
 
 
 class UsageMeter:
-    """What one request reserved (under the usage limits of tier `tier`, its metrics label), what it reports
-    using, and its settlement (once)."""
+    """What one request reserved (`tier`: its metrics label), what it reports using, and its settlement (once)."""
 
     __slots__ = ("_lock", "reservation", "settled", "tier", "used")
 
@@ -153,7 +145,7 @@ class UsageMeter:
                 self.used[unit] = self.used.get(unit, 0) + count
 
     def take(self) -> dict[str, int] | None:
-        """What to settle, once (None: already settled, or nothing reported); counted in the metrics then."""
+        """What to settle, once (None: already settled, or nothing reported); counted in the metrics."""
         with self._lock:
             if self.settled:
                 return None
@@ -163,8 +155,7 @@ class UsageMeter:
         return used or None
 
     def count(self, used: Mapping[str, int]) -> None:
-        """Report to the metrics the units used under each usage limit held: what was reported, or the
-        estimate (which stays charged) for a unit the request never reported."""
+        """Report to the metrics the units used under each limit held (a unit never reported: its estimate)."""
         charged = {unit: used.get(unit, self.reservation.estimate(unit)) for unit in self.reservation.units}
         limits = {policy.name: policy.unit for _, policies in self.reservation.held for policy in policies
                   if policy.unit in charged}
@@ -172,8 +163,7 @@ class UsageMeter:
                                                        for name, unit in sorted(limits.items())))
 
     def settle(self) -> None:
-        """Settle the reservation at what was reported (never raises: a failure leaves the estimate charged,
-        logged once)."""
+        """Settle the reservation at what was reported (never raises: a failure is logged once)."""
         used = self.take()
         if used is None:
             return
@@ -201,9 +191,8 @@ def _settle_failed(reason: str) -> None:
 
 def finish(response: HttpResponseBase, outcome: LimitOutcome | None, meter: UsageMeter,
            settings: Snapshot | None) -> None:
-    """What a response of a request that reserved usage gets: the usage headers, and for a stream, its
-    settlement as soon as its last chunk is made (before the server ends the response, so a client's next
-    request finds it settled). A stream cut off, and any other response, is settled when it is closed."""
+    """The usage headers, and for a stream, its settlement as soon as its last chunk is made (so that the
+    client's next request finds it settled); any other response is settled when it is closed."""
     if settings is not None and settings.values.get("USAGE_HEADERS") is True:
         add_usage_headers(response, outcome)
     if isinstance(response, StreamingHttpResponse):
@@ -235,9 +224,8 @@ def _duration(seconds: float) -> str:
 
 
 def add_usage_headers(response: HttpResponseBase, outcome: LimitOutcome | None) -> None:
-    """The headers LLM API clients read (RATELIMIT['USAGE_HEADERS']), for each usage limit the request
-    reserved against: x-ratelimit-limit-<unit>, x-ratelimit-remaining-<unit>, x-ratelimit-reset-<unit>
-    (of the limit nearest to refusing, when several of one unit apply)."""
+    """The x-ratelimit-{limit,remaining,reset}-<unit> headers LLM API clients read (RATELIMIT['USAGE_HEADERS']),
+    of the limit of each unit nearest to refusing."""
     if outcome is None or outcome.decision is None:
         return
     units = {policy.name: policy.unit for policy in outcome.policies if policy.unit}
@@ -252,8 +240,7 @@ def add_usage_headers(response: HttpResponseBase, outcome: LimitOutcome | None) 
 
 
 def usage_status(outcome: LimitOutcome) -> list[dict[str, Any]]:
-    """Every usage limit of the client's tier (each scope's), with what remains now: one peek per scope
-    that has any (the status endpoint's and `ratelimit_status`'s rows)."""
+    """Every usage limit of the client's tier, with what remains now: one peek per scope (the status rows)."""
     tier = outcome.tier
     if tier is None or not tier.usage or not outcome.identity:
         return []
