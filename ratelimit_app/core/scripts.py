@@ -1,5 +1,6 @@
 """The Lua scripts shipped in lua/: the decision script assembled from the registry of algorithms (each
-algorithm's function a branch of one `check`, which decide.lua calls), and the lease scripts."""
+algorithm's function a branch of one `check`, which decide.lua calls), the settling script, and the lease
+scripts."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import hashlib
 from functools import cache
 from importlib import resources
 
-from .algorithms import SCRIPTED
+from .algorithms import SCRIPTED, Algorithm
 
 #: Algorithm files, each ending with the function of its algorithm.
 ALGORITHM_FILES: tuple[str, ...] = tuple(algorithm.lua_file for algorithm in SCRIPTED)
@@ -16,7 +17,9 @@ ENTRY_FILE = "decide.lua"
 CANCEL_FILE = "cancel.lua"
 #: The script that sets when a lease token's live slots end (run with EVAL: a gateway's request only).
 RENEW_FILE = "renew.lua"
-#: Locals every other file uses; it comes first.
+#: The script that settles a reservation's real usage (run with EVALSHA, loaded on NOSCRIPT).
+SETTLE_FILE = "settle.lua"
+#: Locals the decision and settling scripts share; it comes first.
 _PRELUDE_FILE = "prelude.lua"
 #: The parameters of every algorithm function, in this order (see "The algorithms" in decide.lua).
 ALGORITHM_PARAMETERS = "(stored, key, now_us, cost, limit, period, extra)"
@@ -27,13 +30,18 @@ def read_lua(name: str) -> str:
     return (resources.files("ratelimit_app.core") / "lua" / name).read_text(encoding="utf-8")
 
 
+def _the(kind: str) -> Algorithm:
+    """The one scripted algorithm of a kind decide.lua treats apart (an attribute of Algorithm that is set)."""
+    (algorithm,) = (algorithm for algorithm in SCRIPTED if getattr(algorithm, kind))
+    return algorithm
+
+
 def _check_function() -> str:
     """Every algorithm as one branch of one function, check(code, ...), which decide.lua calls.
 
     Each algorithm file ends with `local function <its name>(stored, key, ...)`; what precedes that
-    (its header, its helpers) stays as it is, and the function's body becomes the branch of its code.
-    Redis runs the whole script for every call, and each function it defines is a closure made anew:
-    one function for all the algorithms is made once, where seven were made on every request.
+    stays as it is, and the function's body becomes the branch of its code. Redis runs the whole script
+    for every call, making each function it defines anew: one function is made, where seven were.
     """
     preambles: list[str] = []
     branches: list[str] = []
@@ -52,68 +60,51 @@ def _check_function() -> str:
         f"\nlocal function check(code, {ALGORITHM_PARAMETERS[1:]}\n" + "".join(branches) + "  end\nend\n"
 
 
-def _kinds() -> str:
-    """The kinds of policy decide.lua treats apart, named by the registry rather than by decide.lua:
-    the algorithm whose state is only a key of its own (requests in flight), the one whose state moves
-    to a key of its own from a limit on (a sliding log) and the one whose state is never an integer."""
-    (slots,) = (algorithm for algorithm in SCRIPTED if algorithm.concurrency)
-    (log,) = (algorithm for algorithm in SCRIPTED if algorithm.long_state_from)
-    (text,) = (algorithm for algorithm in SCRIPTED if algorithm.text_state)
-    return (f"local SLOTS_CODE, LOG_CODE, LONG_LOG_UNITS = {slots.code}, {log.code}, {log.long_state_from}\n"
-            f"local TEXT_STATE_CODE = {text.code}\n")
-
-
-def _slots_charge() -> str:
-    """The charge of a slot (the `<name>_charge` function of the algorithm of requests in flight)."""
-    (slots,) = (algorithm for algorithm in SCRIPTED if algorithm.concurrency)
-    return f"local slots_charge = {slots.name}_charge\n"
+@cache
+def decide_source() -> str:
+    """The complete decision script: the prelude, the kinds of policy decide.lua treats apart (named by
+    the registry), the algorithms as one function, the charge of a slot, then decide.lua."""
+    slots, log = _the("concurrency"), _the("long_state_from")
+    kinds = (f"local SLOTS_CODE, LOG_CODE, LONG_LOG_UNITS = {slots.code}, {log.code}, {log.long_state_from}\n"
+             f"local TEXT_STATE_CODE = {_the('text_state').code}\n")
+    return "\n".join((read_lua(_PRELUDE_FILE), kinds, _check_function(),
+                      f"local slots_charge = {slots.name}_charge\n", read_lua(ENTRY_FILE)))
 
 
 @cache
-def decide_source() -> str:
-    """The complete decision script: the prelude, the kinds of policy, the algorithms as one function,
-    then decide.lua."""
-    return "\n".join((read_lua(_PRELUDE_FILE), _kinds(), _check_function(), _slots_charge(), read_lua(ENTRY_FILE)))
+def settle_source() -> str:
+    """The settling script: the prelude, the codes of the algorithms it settles, then lua/settle.lua."""
+    codes, log = {algorithm.name: algorithm.code for algorithm in SCRIPTED}, _the("long_state_from")
+    constants = (f"local FIXED_CODE, LOG_CODE, COUNTER_CODE = {codes['fixed_window']}, {log.code}, "
+                 f"{codes['sliding_window_counter']}\n"
+                 f"local BUCKET_CODE, GCRA_CODE, LONG_LOG_UNITS = {codes['token_bucket']}, {codes['gcra']}, "
+                 f"{log.long_state_from}\n")
+    return "\n".join((read_lua(_PRELUDE_FILE), constants, read_lua(SETTLE_FILE)))
+
+
+def _sha(source: str) -> str:
+    return hashlib.sha1(source.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 
 @cache
 def decide_sha() -> str:
     """SHA1 of the decision script, as Redis names it in EVALSHA and SCRIPT LOAD."""
-    return hashlib.sha1(decide_source().encode("utf-8"), usedforsecurity=False).hexdigest()
-
-
-@cache
-def cancel_source() -> str:
-    """The lease-cancelling script (lua/cancel.lua): KEYS[1] a concurrency policy's sorted set of leases,
-    ARGV the token and the lease period in ms."""
-    return read_lua(CANCEL_FILE)
-
-
-@cache
-def renew_source() -> str:
-    """The lease-renewing script (lua/renew.lua): KEYS one identity's sorted sets of leases, ARGV the
-    token and each key's new lease length in ms."""
-    return read_lua(RENEW_FILE)
-
-
-#: The script that settles a reservation's real usage (run with EVALSHA, loaded on NOSCRIPT).
-SETTLE_FILE = "settle.lua"
-
-
-@cache
-def settle_source() -> str:
-    """The settling script: the prelude, the codes of the algorithms it settles (from the registry), then
-    lua/settle.lua."""
-    codes = {algorithm.name: algorithm.code for algorithm in SCRIPTED}
-    (log,) = (algorithm for algorithm in SCRIPTED if algorithm.long_state_from)
-    return "\n".join((read_lua(_PRELUDE_FILE), (
-        f"local FIXED_CODE, LOG_CODE, COUNTER_CODE = {codes['fixed_window']}, {log.code}, "
-        f"{codes['sliding_window_counter']}\n"
-        f"local BUCKET_CODE, GCRA_CODE, LONG_LOG_UNITS = {codes['token_bucket']}, {codes['gcra']}, "
-        f"{log.long_state_from}\n"), read_lua(SETTLE_FILE)))
+    return _sha(decide_source())
 
 
 @cache
 def settle_sha() -> str:
     """SHA1 of the settling script."""
-    return hashlib.sha1(settle_source().encode("utf-8"), usedforsecurity=False).hexdigest()
+    return _sha(settle_source())
+
+
+@cache
+def cancel_source() -> str:
+    """The lease-cancelling script (lua/cancel.lua)."""
+    return read_lua(CANCEL_FILE)
+
+
+@cache
+def renew_source() -> str:
+    """The lease-renewing script (lua/renew.lua)."""
+    return read_lua(RENEW_FILE)

@@ -1,11 +1,6 @@
-"""Usage limits: an estimate reserved when a request is admitted, its real usage settled when it ends.
-
-A usage limit is a Policy with a `unit` ("tokens"). A request that declares an estimate of that unit is
-charged the estimate by the decision that admits it, in the same all-or-nothing call as its other
-limits (decide.lua: the policy's own cost, `wire.OWN_COST_STEP`); a request that declares none is not
-charged by it at all. When the request ends, `settle` sends what it used (lua/settle.lua, one call per
-identity): the unused part is given back, an overrun charged. A settlement that never comes (the
-process died) leaves the estimate charged; the state expires as any other, with nothing to clean up.
+"""Usage limits (a Policy with a `unit`, "tokens"): an estimate reserved by the decision that admits a
+request (decide.lua: the policy's own cost), its real usage settled when it ends (lua/settle.lua: the
+unused part given back, an overrun charged). A settlement that never comes leaves the estimate charged.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ _UNIT = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _SHIFT = struct.Struct(">q")
 _POLICY = struct.Struct(">qqqqqqqB")  # code, limit, period, extra, estimate, used, age in us, tag length
 #: Added to the age of a reservation sent to lua/settle.lua (us): the time the settling call may take to
-#: reach Redis, so that "reserved at or after now - age" holds there (a margin that errs strict: see settle.lua).
+#: reach Redis, so that "reserved at or after now - age" holds there (see settle.lua).
 AGE_MARGIN_US = 100_000
 
 
@@ -50,7 +45,7 @@ def usage_pairs(usage: Mapping[str, int]) -> Usage:
 
 def charged(policies: Sequence[Policy], usage: Usage) -> tuple[Policy, ...]:
     """`policies` but the usage limits of a unit `usage` has no estimate of (a request is charged only what
-    it reserves; a plain request, none of them)."""
+    it reserves)."""
     units = {unit for unit, _ in usage}
     return tuple(policy for policy in policies if not policy.unit or policy.unit in units)
 
@@ -59,7 +54,7 @@ def charged(policies: Sequence[Policy], usage: Usage) -> tuple[Policy, ...]:
 class Reservation:
     """What an admitted request reserved: for each identity, its usage limits charged an estimate of
     their unit (`estimates`); `started`, time.monotonic() before the decision was sent; `shift`, the
-    decision's clock shift (tests). Empty (nothing to settle) when the request was refused."""
+    decision's clock shift (tests). Empty when the request was refused."""
 
     prefix: str = ""
     held: tuple[tuple[str, tuple[Policy, ...]], ...] = ()
@@ -73,7 +68,7 @@ class Reservation:
 
     @property
     def units(self) -> tuple[str, ...]:
-        """The units this reservation holds an estimate of, each limited by at least one policy."""
+        """The units this reservation holds an estimate of, each limited by a policy."""
         held = {policy.unit for _, policies in self.held for policy in policies}
         return tuple(unit for unit, _ in self.estimates if unit in held)
 
@@ -95,7 +90,7 @@ def reservation(prefix: str, checks: Sequence[Check], usage: Usage, started: flo
 
 
 def _code(policy: Policy) -> tuple[int, int, int]:
-    """The code, period and extra number of `policy`, as decide.lua reads them."""
+    """The code, period and extra number of `policy`, as the scripts read them."""
     if policy.calendar:
         return CALENDAR_WINDOW.code, policy.calendar_rule, policy.clock_shift_ms
     algorithm = BY_NAME[policy.algorithm]
@@ -105,7 +100,7 @@ def _code(policy: Policy) -> tuple[int, int, int]:
 def settle_calls(reservation: Reservation, used: Mapping[str, int],
                  now: float | None = None) -> list[tuple[list[str], bytes]]:
     """The KEYS and ARGV[1] of lua/settle.lua for each identity of `reservation`, settling each unit at
-    `used[unit]` (a unit missing from `used` stays charged at its estimate); ValueError for a bad count."""
+    `used[unit]` (a unit missing from it stays charged at its estimate); ValueError for a bad count."""
     for unit, count in used.items():
         if type(count) is not int or not 0 <= count <= MAX_LIMIT:
             raise ValueError(f"used: {unit}={count!r:.40} must be an integer from 0 to {MAX_LIMIT}")
@@ -128,14 +123,6 @@ def settle_calls(reservation: Reservation, used: Mapping[str, int],
     return calls
 
 
-def _failed(exc: BaseException) -> BackendError:
-    return BackendError(f"could not settle usage: {exc}", maybe_applied=True)
-
-
-def _is_noscript(exc: BaseException) -> bool:
-    return isinstance(exc, NoScriptError)
-
-
 def settle(client: Any, reservation: Reservation, used: Mapping[str, int]) -> int:
     """Settle `reservation` at `used` through a redis-py client (one EVALSHA per identity; the script
     loaded on NOSCRIPT); how many policies changed. Raises BackendError when Redis cannot be asked."""
@@ -144,12 +131,10 @@ def settle(client: Any, reservation: Reservation, used: Mapping[str, int]) -> in
         for keys, numbers in settle_calls(reservation, used):
             try:
                 changed += int(client.evalsha(settle_sha(), len(keys), *keys, numbers))
-            except REDIS_CLIENT_ERRORS as exc:
-                if not _is_noscript(exc):
-                    raise
+            except NoScriptError:
                 changed += int(client.eval(settle_source(), len(keys), *keys, numbers))
     except REDIS_CLIENT_ERRORS as exc:
-        raise _failed(exc) from exc
+        raise BackendError(f"could not settle usage: {exc}", maybe_applied=True) from exc
     return changed
 
 
@@ -160,10 +145,8 @@ async def asettle(client: Any, reservation: Reservation, used: Mapping[str, int]
         for keys, numbers in settle_calls(reservation, used):
             try:
                 changed += int(await client.evalsha(settle_sha(), len(keys), *keys, numbers))
-            except REDIS_CLIENT_ERRORS as exc:
-                if not _is_noscript(exc):
-                    raise
+            except NoScriptError:
                 changed += int(await client.eval(settle_source(), len(keys), *keys, numbers))
     except REDIS_CLIENT_ERRORS as exc:
-        raise _failed(exc) from exc
+        raise BackendError(f"could not settle usage: {exc}", maybe_applied=True) from exc
     return changed
