@@ -72,14 +72,12 @@ def period_bounds(unit: str, time_zone: str, at: float) -> tuple[datetime, datet
     start = local.replace(hour=0, minute=0, second=0, microsecond=0)
     if unit == "week":
         start -= timedelta(days=start.weekday())
+        end = start + timedelta(days=7)
     elif unit == "month":
         start = start.replace(day=1)
-    if unit == "day":
-        end = start + timedelta(days=1)
-    elif unit == "week":
-        end = start + timedelta(days=7)
-    else:
         end = (start.replace(day=28) + timedelta(days=4)).replace(day=1)
+    else:
+        end = start + timedelta(days=1)
     # wall-clock arithmetic, then back through UTC so each end carries the offset in force then
     start = start.replace(tzinfo=None).replace(tzinfo=zone).astimezone(timezone.utc).astimezone(zone)
     end = end.replace(tzinfo=None).replace(tzinfo=zone).astimezone(timezone.utc).astimezone(zone)
