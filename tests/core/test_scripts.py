@@ -29,10 +29,10 @@ from ratelimit_app.service.fallback_models import MODELS
 #: The SHA1 of each Lua file that is not an algorithm's (an algorithm's is its registry entry's `sha1`).
 #: Update deliberately when a script changes (and say why in the commit).
 PINNED = {
-    "prelude.lua": "4fadd6ff332cdbb0c12c4c1bd97e214b90705bab",
-    "decide.lua": "aac6b52d9a70941d1a80246ccf68c6744f236e52",
+    "prelude.lua": "2983a8b34cf4da887dcb9242790ab3420bc8e20a",
+    "decide.lua": "36f6c1af85adec5d1ece76aa4be790b372f18680",
     "cancel.lua": "ae0100ce411fc4ef714929e7c5680034b76431d1",
-    "settle.lua": "f1cf839ed9194123bc48d06f4df94c2a2c3f7974",
+    "settle.lua": "c27ae7b6712863c2d98c174a9620bda238107bec",
     "renew.lua": "c4fe159073bceea098516e9d6247d6455f48c9ef",
 }
 

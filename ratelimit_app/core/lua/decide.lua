@@ -101,11 +101,13 @@ local now_ms = floor(now_us / 1000)
 -- 1. read the key of each identity j into identity[5(j-1) + 1..5]: its live entries (state by tag,
 -- expiry by tag; false when it has none), the key's expiry (its latest entry's), then the entries
 -- this call writes and the latest expiry among all it keeps
-local values
-if m == 1 then values = {call('GET', KEYS[1])} else values = call('MGET', unpack_list(KEYS, 1, m)) end
+-- (one identity, the common case, is read by GET: no table of values is made for it)
+local values = false
+if m > 1 then values = call('MGET', unpack_list(KEYS, 1, m)) end
 local identity = {false, false, 0, '', 0}
 for j = 1, m do
-  local value, base = values[j], 5 * (j - 1)
+  local value, base = false, 5 * (j - 1)
+  if values then value = values[j] else value = call('GET', KEYS[1]) end
   identity[base + 1], identity[base + 2], identity[base + 3], identity[base + 4], identity[base + 5] =
     false, false, 0, '', 0
   if value then identity[base + 1], identity[base + 2], identity[base + 3] = read_entries(value, now_ms) end
@@ -228,7 +230,7 @@ if charged or forget then
         end
       end
       if value == '' then
-        if values[j] then call('DEL', KEYS[j]) end
+        if identity[base + 3] > 0 then call('DEL', KEYS[j]) end  -- (the key had entries)
       elseif latest > identity[base + 3] then
         call('SET', KEYS[j], value, 'PXAT', format('%d', latest))
       else

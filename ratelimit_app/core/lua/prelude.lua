@@ -37,9 +37,8 @@ local function read_entries(value, now_ms)
   return states, expiries, latest
 end
 
--- A token bucket's state (token_bucket.lua's "State"), read: the units in a bucket of `full` units and
--- the time of its last refill (ms); written: the units missing from full, that time, and the time until
--- the bucket is full again (its entry's TTL, which sets the span the time is kept modulo).
+-- A token bucket's state (token_bucket.lua's "State"): the units in a bucket of `full` units and the
+-- time of its last refill (ms).
 local function bucket_read(stored, now_ms, full)
   if not stored then return full, now_ms end
   local missing, stamp_mod, span
@@ -60,19 +59,8 @@ local function bucket_read(stored, now_ms, full)
   return units, now_ms + span - since
 end
 
-local function bucket_write(missing, stamp, to_full_ms)
-  -- the span: the least power of two above twice the TTL (plus a millisecond for Redis's expiry check)
-  local _, bits = frexp(to_full_ms + 1)
-  bits = bits + 1
-  local span = 2 ^ bits
-  if missing * span < 140737488355328 then  -- 2^47: the integer stays below 2^53, exact in Lua
-    return (missing * span + stamp % span) * 64 + bits
-  end
-  return pack('>I7I5', missing, stamp % 1099511627776)
-end
-
--- A sliding window counter's state (sliding_window_counter.lua's "State"), read: the counts of window
--- `window` and of the one before it; written: the state of those counts.
+-- A sliding window counter's state (sliding_window_counter.lua's "State"): the counts of window
+-- `window` and of the one before it.
 local function counter_read(stored, window)
   if not stored then return 0, 0 end
   local stored_window, current, previous
@@ -89,9 +77,3 @@ local function counter_read(stored, window)
   return 0, 0
 end
 
-local function counter_write(window, current, previous)
-  if current < 67108864 and previous < 33554432 then  -- the integer stays below 2^53
-    return (current * 33554432 + previous) * 4 + window % 4
-  end
-  return pack('>BI4I4', window % 4, current, previous)
-end

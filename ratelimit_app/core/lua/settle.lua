@@ -97,7 +97,11 @@ local function sliding_window_counter(stored, delta, since_us, period)
   current = current + delta
   if current < 0 then current = 0 end
   if current == 0 and previous == 0 then return false end
-  return counter_write(window, current, previous), ceil((window + 2) * window_us / 1000)
+  local expiry = ceil((window + 2) * window_us / 1000)
+  if current < 67108864 and previous < 33554432 then
+    return (current * 33554432 + previous) * 4 + window % 4, expiry
+  end
+  return pack('>BI4I4', window % 4, current, previous), expiry
 end
 
 local function token_bucket(stored, delta, limit, period, burst)
@@ -112,7 +116,13 @@ local function token_bucket(stored, delta, limit, period, burst)
   if units >= full then return false end
   local missing = full - units
   local to_full_ms = ceil(missing / limit)
-  return bucket_write(missing, stamp, to_full_ms), now_ms + to_full_ms
+  local _, bits = frexp(to_full_ms + 1)
+  bits = bits + 1
+  local span = 2 ^ bits
+  if missing * span < 140737488355328 then
+    return (missing * span + stamp % span) * 64 + bits, now_ms + to_full_ms
+  end
+  return pack('>I7I5', missing, stamp % 1099511627776), now_ms + to_full_ms
 end
 
 local function gcra(stored, delta, limit, period)

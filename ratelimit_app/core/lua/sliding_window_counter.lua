@@ -44,6 +44,11 @@ local function sliding_window_counter(stored, key, now_us, cost, limit, period, 
     if retry_us < 1 then retry_us = 1 end
     return false, remaining, reset_us, retry_us
   end
-  local value = counter_write(window, current + cost, previous)
+  local value
+  if current + cost < 67108864 and previous < 33554432 then  -- the integer stays below 2^53
+    value = ((current + cost) * 33554432 + previous) * 4 + window % 4
+  else
+    value = pack('>BI4I4', window % 4, current + cost, previous)
+  end
   return true, remaining, reset_us, 0, value, 2 * window_us - elapsed
 end

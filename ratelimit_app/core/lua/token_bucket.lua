@@ -37,6 +37,16 @@ local function token_bucket(stored, key, now_us, cost, limit, period, extra)
   end
   local left = units - need
   local to_full_ms = ceil((full - left) / limit)
-  local value = bucket_write(full - left, stamp, to_full_ms)
+  -- the span: the least power of two above twice the TTL (plus a millisecond for Redis's expiry check)
+  local _, bits = frexp(to_full_ms + 1)
+  bits = bits + 1
+  local span = 2 ^ bits
+  local value
+  local missing = full - left
+  if missing * span < 140737488355328 then  -- 2^47: the integer stays below 2^53, exact in Lua
+    value = (missing * span + stamp % span) * 64 + bits
+  else
+    value = pack('>I7I5', missing, stamp % 1099511627776)
+  end
   return true, remaining, reset_us, 0, value, to_full_ms * 1000
 end
