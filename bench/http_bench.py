@@ -72,8 +72,9 @@ sys.stdout.write(json.dumps(keys) + "\\n")
 
 def seeded_limits(slug: str) -> list[tuple[str, str, int, int, int | None]]:
     """The limits `migrate` seeds for tier `slug`: (name, algorithm, limit, period seconds, burst)."""
-    seed = importlib.import_module("ratelimit_app.migrations.0002_seed_tiers")
-    return list(seed.SEED_TIERS[slug][1])
+    seed = importlib.import_module("ratelimit_app.migrations.0001_initial")
+    return [(name, algorithm, limit, period, burst)
+            for scope, name, algorithm, limit, period, burst, _ in seed.SEED_TIERS[slug][2] if not scope]
 
 
 def prepare_database(redis_url: str, db_path: Path) -> list[str]:
