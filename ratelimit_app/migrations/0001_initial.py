@@ -25,52 +25,36 @@ UNIT_VALIDATORS = [django.core.validators.RegexValidator('^[a-z][a-z0-9_]{0,31}$
 CALENDAR_CHOICES = [('', 'No: a rolling or epoch-aligned period'), ('day', 'Calendar day'), ('week', 'Calendar week (from Monday)'), ('month', 'Calendar month')]
 NOT_IN_NAME = '[^A-Za-z0-9_-]'  # a character no tier slug, limit name, scope or unit may hold
 
-#: slug -> (name, per-IP rate, [(scope, limit name, algorithm, limit, period seconds, burst, unit)]).
-#: No unscoped concurrency limit: a request of a seeded tier is one EVALSHA (a slot costs a second round
-#: trip, docs/protection.md). Each per-IP rate lets one address send five keys' worth of the tier's
-#: per-minute limit (docs/plans.md). The WebSocket limits (docs/websockets.md) stay under it (W030); a
-#: concurrency limit's period is its lease. Pro's `tokens` applies only to views of scope `llm`.
-SEED_TIERS: dict[str, tuple[str, str, list[tuple[str, str, str, int, int, int | None, str]]]] = {
-    "free": ("Free", "100/m", [
-        ("", "burst", "token_bucket", 20, 60, 10, ""),  # a bucket of 10, refilling 20 per minute
-        ("", "minute", "sliding_window", 20, 60, None, ""),
-        ("", "day", "fixed_window", 1_000, 86_400, None, ""),
-        ("websocket", "connects", "sliding_window", 5, 60, None, ""),
-        ("websocket", "connections", "concurrency", 2, 15, None, ""),
-        ("websocket_message", "messages", "sliding_window", 10, 10, None, ""),
-    ]),
-    "pro": ("Pro", "1000/m", [
-        ("", "burst", "token_bucket", 200, 60, 50, ""),
-        ("", "minute", "sliding_window", 200, 60, None, ""),
-        ("", "day", "fixed_window", 50_000, 86_400, None, ""),
-        ("llm", "tokens", "sliding_window", 2_000, 60, None, "tokens"),
-        ("websocket", "connects", "sliding_window", 60, 60, None, ""),
-        ("websocket", "connections", "concurrency", 20, 15, None, ""),
-        ("websocket_message", "messages", "sliding_window", 100, 10, None, ""),
-    ]),
-    "enterprise": ("Enterprise", "10000/m", [
-        ("", "burst", "token_bucket", 2_000, 60, 200, ""),
-        ("", "minute", "sliding_window", 2_000, 60, None, ""),
-        ("", "day", "fixed_window", 1_000_000, 86_400, None, ""),
-        ("websocket", "connects", "sliding_window", 600, 60, None, ""),
-        ("websocket", "connections", "concurrency", 200, 15, None, ""),
-        ("websocket_message", "messages", "sliding_window", 1_000, 10, None, ""),
-    ]),
-}
+#: slug -> (name, per-IP rate). Each per-IP rate lets one address send five keys' worth of the tier's
+#: per-minute limit (docs/plans.md).
+SEED_TIERS = {"free": ("Free", "100/m"), "pro": ("Pro", "1000/m"), "enterprise": ("Enterprise", "10000/m")}
+#: The seeded limits: (scope, limit name, algorithm, period seconds, unit, the limit of free, pro and
+#: enterprise (None: the tier has none), their bursts). No unscoped concurrency limit: a request of a seeded
+#: tier is one EVALSHA (a slot costs a second round trip, docs/protection.md). Pro's `tokens` applies only to
+#: views of scope `llm`. The WebSocket limits (docs/websockets.md) stay under the per-IP rates (W030); a
+#: concurrency limit's period is its lease.
+SEED_LIMITS: list[tuple[str, str, str, int, str, tuple[int | None, ...], tuple[int, ...] | None]] = [
+    ("", "burst", "token_bucket", 60, "", (20, 200, 2_000), (10, 50, 200)),  # free: a bucket of 10, refilling 20/min
+    ("", "minute", "sliding_window", 60, "", (20, 200, 2_000), None),
+    ("", "day", "fixed_window", 86_400, "", (1_000, 50_000, 1_000_000), None),
+    ("llm", "tokens", "sliding_window", 60, "tokens", (None, 2_000, None), None),
+    ("websocket", "connects", "sliding_window", 60, "", (5, 60, 600), None),
+    ("websocket", "connections", "concurrency", 15, "", (2, 20, 200), None),
+    ("websocket_message", "messages", "sliding_window", 10, "", (10, 100, 1_000), None),
+]
 
 
 def seed_tiers(apps: Any, schema_editor: Any = None) -> None:
     """Create (or restore: tests call it after flushing the tables) the seeded tiers and their limits."""
     tier_model = apps.get_model("ratelimit_app", "Tier")
     limit_model = apps.get_model("ratelimit_app", "TierLimit")
-    for slug, (name, ip_rate, limits) in SEED_TIERS.items():
+    for index, (slug, (name, ip_rate)) in enumerate(SEED_TIERS.items()):
         tier, _ = tier_model.objects.update_or_create(slug=slug, defaults={"name": name, "ip_rate": ip_rate})
-        for scope, limit_name, algorithm, limit, period, burst, unit in limits:
-            limit_model.objects.update_or_create(
-                tier=tier, scope=scope, name=limit_name,
-                defaults={"algorithm": algorithm, "limit": limit, "period": period, "burst": burst, "unit": unit,
-                          "enabled": True},
-            )
+        for scope, limit_name, algorithm, period, unit, limits, bursts in SEED_LIMITS:
+            if limits[index] is not None:
+                limit_model.objects.update_or_create(tier=tier, scope=scope, name=limit_name, defaults={
+                    "algorithm": algorithm, "limit": limits[index], "period": period,
+                    "burst": bursts[index] if bursts else None, "unit": unit, "enabled": True})
 
 
 def check(condition, name, message):
