@@ -148,11 +148,7 @@ def _topology_errors(client: Any) -> list[checks.CheckMessage]:
 def _version_errors(client: Any) -> list[checks.CheckMessage]:
     """E005 when a server (every node of a cluster) is older than _MIN_REDIS_VERSION."""
     try:
-        if isinstance(client, RedisCluster):
-            info = client.info("server", target_nodes=RedisCluster.ALL_NODES)
-        else:
-            info = client.info("server")
-        too_old = _old_servers(_server_versions(info))
+        too_old = _old_servers(_server_versions(_server_info(client)))
     except REDIS_CLIENT_ERRORS:
         return []  # INFO renamed or denied by an ACL: the version cannot be read, and is not guessed
     return [checks.Error(
@@ -176,6 +172,13 @@ def _scripting_errors(client: Any) -> list[checks.CheckMessage]:
                                  "that allows @scripting)"),
             id="ratelimit.E007")]
     return []
+
+
+def _server_info(client: Any) -> dict[str, Any]:
+    """INFO server of the client's server, or of every node of a cluster client (redis-py asks one by default)."""
+    if isinstance(client, RedisCluster):
+        return client.info("server", target_nodes=RedisCluster.ALL_NODES)
+    return client.info("server")
 
 
 def _server_versions(info: dict[str, Any]) -> dict[str, str]:
