@@ -89,15 +89,13 @@ class _UserTierLimitInline(_LimitInline):
 
 
 def _describe(policy: Policy, source: str) -> tuple[str, str, str, str, str]:
-    burst = f" burst {policy.burst}" if policy.burst is not None else ""
     if policy.algorithm == CONCURRENCY:  # a number of requests in flight, each slot leased for the period
         rate = f"{policy.limit} at once ({policy.period:g} s lease)"
     elif policy.calendar:
         rate = f"{policy.limit} per calendar {policy.calendar} ({policy.time_zone})"
     else:
-        rate = f"{policy.rate}{burst}"
-    return (policy.name, rate, policy.algorithm, "shadow (dry run)" if policy.shadow else "enforced",
-            source)
+        rate = policy.rate + (f" burst {policy.burst}" if policy.burst is not None else "")
+    return (policy.name, rate, policy.algorithm, "shadow (dry run)" if policy.shadow else "enforced", source)
 
 
 def _effective_limits_table(tier_slug: str, overrides: QuerySet[Any] | None = None) -> str:
