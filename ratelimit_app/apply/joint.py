@@ -1,8 +1,7 @@
-"""The joint decision of several throttles of ours on one handler (a DRF view, a Ninja operation):
-their checks, the handler's own limit (`@ratelimit`) and the request's own limits (per-IP and tier) when
-they are decided there, in ONE all-or-nothing call made when the framework asks the first of them; then
-what each throttle answers for (`Joint.verdict`). Framework-free: which throttles sit on a handler and
-how each names its checks is the framework's part (ratelimit_app.drf, ratelimit_app.ninja).
+"""What our throttles share whatever the framework (DRF's: ratelimit_app.drf; Django Ninja's:
+ratelimit_app.ninja): `decide_jointly` admits a request for every throttle of ours on one handler in one
+call (`admission.admit`), and `Joint.verdict` is what each of them answers for; the hooks, rates, checks
+and waits of their SimpleRateThrottle contract.
 """
 
 from __future__ import annotations
@@ -20,17 +19,14 @@ from django.http import HttpRequest
 from ..core.decision import Decision
 from ..core.engine import Usage
 from ..core.policies import Policy
-from . import usage as usage_limits
-from .admission import hold_usage, record, state_if_any, state_of
+from .admission import Extra, Throttles, admit, record, state_if_any, state_of
 from .identity import authenticated_user
 from .limitcheck import REQUEST_LIMITS, LimitCheck, identity_digest
-from .limiting import decide, limit_config, limit_request, safely
 from .outcome import ALLOWED, DENIED, LimitOutcome
-from .planning import RequestPlan
 from .routes import DEFAULT_ROUTE, route_for_view
 
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-#: The entry of the request's state (`RequestState.entry`) holding the Joint of the throttles that decided it.
+#: The entry of the request's state holding the Joint of the throttles that decided it.
 _JOINT_ENTRY = "throttles"
 
 
@@ -64,25 +60,21 @@ class ThrottleHooks:
 
 
 class _Member(Protocol):
-    """One of our throttles in a joint decision."""
+    """One of our throttles on a handler: `owner` labels its checks (unique among the handler's)."""
 
     @property
-    def carries_request_limits(self) -> bool:
-        """True for the throttle that carries the request's own limits (per-IP and tier)."""
+    def carries_request_limits(self) -> bool: ...
 
     @property
-    def owner(self) -> str:
-        """The label of this throttle's checks in the joint decision (unique among the handler's)."""
+    def owner(self) -> str: ...
 
-    def metrics_label(self) -> str:
-        """The `tier` label of decisions this throttle leads in the metrics."""
+    def metrics_label(self) -> str: ...
 
 
 class Joint(NamedTuple):
     """One handler's joint decision for one request: the `outcome`, the request's `cost`, the `owners`
     of the handler's throttles of ours, the `carrier` (the owner of the one that answers for the
-    request's own limits, and for a 401, 403 or 503) and the owners refused outright (a rate of 0:
-    refused without asking Redis)."""
+    request's own limits, and for a 401, 403 or 503) and the owners refused outright (a rate of 0)."""
 
     handler: Any
     outcome: LimitOutcome
@@ -104,81 +96,46 @@ class Joint(NamedTuple):
 
     @property
     def refused(self) -> bool:
-        """True when one of the handler's throttles of ours refuses the request: over its own limits, or
-        the carrier for the request's own (over a rate, or a 401, 403 or 503)."""
+        """True when one of the handler's throttles of ours refuses the request (over its own limits, or
+        the carrier for the request's own: over a rate, or a 401, 403 or 503)."""
         return self.outcome.status not in (ALLOWED, DENIED) or any(self.verdict(o)[0] for o in self.owners)
 
 
-class JointCall(NamedTuple):
-    """What one handler's throttles decide for one request: `members` in the framework's order,
-    `checks_of(member)` (its checks, [] when it does not limit this request, None when it refuses it
-    outright), the cost and tier scope of the request, the authenticated `user` (the framework's),
-    whether the request's own limits are part of the call, `extra()`, more checks (the view's own
-limit; called during the decision, so it may read the request's user), and the `usage` the handler
-estimates (ratelimit_app.apply.usage), reserved with the request's own limits when they are part of the
-call, and settled when the request ends."""
-
-    request: HttpRequest
-    handler: Any
-    members: Sequence[_Member]
-    checks_of: Callable[[Any], list[LimitCheck] | None]
-    cost: int
-    scope: str
-    user: Any
-    with_request_limits: bool
-    extra: Callable[[], Sequence[LimitCheck]] = lambda: ()
-    usage: Usage = ()
-
-    @property
-    def carrier(self) -> _Member:
-        """The member that answers for the request's own limits: a TierRateThrottle, else the first."""
-        return next((m for m in self.members if m.carries_request_limits), self.members[0])
-
-    def decide(self, denied: set[str]) -> LimitOutcome:
-        """Every member's checks (and the request's own limits when they are part of the call) in one
-        call; the owners of members whose rate is 0 are added to `denied` (refused, nothing asked)."""
-        extra: list[LimitCheck] = []
-        leader = self.carrier
-        for member in self.members:
-            checks = self.checks_of(member)
-            if checks is None:
-                denied.add(member.owner)
-            elif checks and not extra:
-                leader = member
-            extra.extend(checks or ())
-        if denied:  # a rate of 0: refused without asking Redis, nothing charged
-            return LimitOutcome(DENIED, None, (), None, "")
-        extra.extend(self.extra())
-        if self.with_request_limits and self.usage:
-            outcome, meter = usage_limits.limit_request(self.request, cost=self.cost, scope=self.scope,
-                                                        usage=self.usage, extra=extra, user=self.user)
-            hold_usage(self.request, meter)
-            return outcome
-        if self.with_request_limits:
-            return limit_request(self.request, cost=self.cost, scope=self.scope, user=self.user, extra=extra)
-        if not extra:
-            return LimitOutcome(ALLOWED, None, (), None, "")
-        plan = RequestPlan(tuple(extra), None, _display_identity(extra[0]), limit_config().fail_mode,
-                           label=leader.metrics_label())
-        return decide(plan, self.cost)
-
-
-def decide_jointly(call: JointCall, *, where: str, run: Callable[[Callable[[], LimitOutcome]], LimitOutcome]
-                   = lambda decide_now: decide_now()) -> Joint:
-    """Make `call` (following the fail mode if the limiter fails: `safely`), and keep it on the request's
-    state (`joint_of`). When it decided limits, its outcome is the request's (`admission.record`: the
-    headers, the slots it took held until the request ends); `run` runs the decision (Ninja's runs it
-    where it may be on an event loop)."""
+def decide_jointly(request: HttpRequest, handler: Any, members: Sequence[_Member],
+                   checks_of: Callable[[Any], Sequence[LimitCheck] | None], *, cost: int, scope: str, user: Any,
+                   request_limits: bool, where: str, extra: Extra = (), usage: Usage = (),
+                   run: Callable[[Callable[[], LimitOutcome]], LimitOutcome] | None = None) -> Joint:
+    """Admit `request` for the throttles of ours on `handler` (`members`, in the framework's order; the
+    carrier is the one that carries the request's own limits, else the first): `checks_of(member)` ([]:
+    it does not limit this request; None: it refuses it outright), the request's own limits when
+    `request_limits`, `extra` (the view's own limit) and `usage`, in one call (`admission.admit`). The
+    outcome is recorded on the request only when it decided limits: otherwise RateLimitMiddleware charges
+    a request whose own limits were left to the throttles on the way out. The Joint is kept on the
+    request's state (`joint_of`)."""
+    carrier = next((m for m in members if m.carries_request_limits), members[0])
     denied: set[str] = set()
-    outcome = safely(lambda: run(lambda: call.decide(denied)), where=where)
-    state = state_of(call.request)
-    if outcome.decision is not None and outcome.policies:
-        # (the framework answers a refusal in its own way; when no limit was decided, a request whose own
-        # limits were left to the throttles is charged on the way out by RateLimitMiddleware)
-        record(call.request, outcome, call.cost)
-    joint = Joint(call.handler, outcome, call.cost, tuple(m.owner for m in call.members), call.carrier.owner,
-                  frozenset(denied))
-    state.entry[_JOINT_ENTRY] = joint
+
+    def checks() -> tuple[list[LimitCheck], str] | None:
+        found: list[LimitCheck] = []
+        leader = carrier
+        for member in members:
+            own = checks_of(member)
+            if own is None:
+                denied.add(member.owner)
+            elif own and not found:
+                leader = member
+            found.extend(own or ())
+        return None if denied else (found, leader.metrics_label())
+
+    def keep(request: HttpRequest, outcome: LimitOutcome, cost: int) -> None:
+        if outcome.decision is not None and outcome.policies:
+            record(request, outcome, cost)
+        state_of(request).entry[_JOINT_ENTRY] = Joint(handler, outcome, cost, tuple(m.owner for m in members),
+                                                      carrier.owner, frozenset(denied))
+
+    admit(request, cost=cost, scope=scope, extra=extra, where=where, usage=usage,
+          user=user, throttles=Throttles(checks, request_limits), run=run, answer=keep)
+    joint: Joint = state_of(request).entry[_JOINT_ENTRY]
     return joint
 
 
@@ -214,13 +171,6 @@ def _throttle_policy(scope: str, requests: int, seconds: float, algorithm: str) 
         re.sub(r"[^A-Za-z0-9_.-]", "_", scope)[:50] + "-" + hashlib.blake2b(scope.encode(), digest_size=4).hexdigest()
     )
     return Policy(name, algorithm, limit=requests, period=seconds)
-
-
-def _display_identity(check: LimitCheck) -> str:
-    """What operators read for the identity of a throttle's check: the label its throttle set (see
-    `_throttle_label`), else "throttle:#<digest>" (a throttle of the project's own, whose identity may hold
-    anything)."""
-    return check.label or f"throttle:#{identity_digest(check.identity)}"
 
 
 def retry_wait(decision: Decision | None, floor: float) -> float | None:
