@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
@@ -31,11 +31,14 @@ _JOINT_ENTRY = "throttles"
 
 
 class ThrottleHooks:
-    """What our throttles add to a framework's throttle class, whichever the framework (DRF, Ninja): the
-    `throttle_success()` / `throttle_failure()` hooks, and a class that sets `cache` refused when it is
-    defined (our throttles count in Redis). `cache_throttle` names the framework's own cache throttle."""
+    """What our throttles add to a framework's throttle class, whichever the framework (DRF, Ninja): an
+    `owner` labelling its checks (unique among a handler's), the `throttle_success()` /
+    `throttle_failure()` hooks, and a class that sets `cache` refused when it is defined (ours count in
+    Redis; `cache_throttle` names the framework's own cache throttle)."""
 
     cache_throttle: str = ""
+    #: True for the throttle that carries the request's own limits (per-IP and tier).
+    carries_request_limits: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -46,29 +49,19 @@ class ThrottleHooks:
                 f"{cls.cache_throttle} to keep the framework's cache throttle."
             )
 
+    @property
+    def owner(self) -> str:
+        raise NotImplementedError
+
     def metrics_label(self) -> str:
         """The `tier` label of decisions this throttle leads in the metrics."""
         return "throttle"
 
     def throttle_success(self) -> bool:
-        """Called when this throttle's limits allow the request; returns True."""
         return True
 
     def throttle_failure(self) -> bool:
-        """Called when this throttle's limits refuse the request; returns False."""
         return False
-
-
-class _Member(Protocol):
-    """One of our throttles on a handler: `owner` labels its checks (unique among the handler's)."""
-
-    @property
-    def carries_request_limits(self) -> bool: ...
-
-    @property
-    def owner(self) -> str: ...
-
-    def metrics_label(self) -> str: ...
 
 
 class Joint(NamedTuple):
@@ -101,7 +94,7 @@ class Joint(NamedTuple):
         return self.outcome.status not in (ALLOWED, DENIED) or any(self.verdict(o)[0] for o in self.owners)
 
 
-def decide_jointly(request: HttpRequest, handler: Any, members: Sequence[_Member],
+def decide_jointly(request: HttpRequest, handler: Any, members: Sequence[ThrottleHooks],
                    checks_of: Callable[[Any], Sequence[LimitCheck] | None], *, cost: int, scope: str, user: Any,
                    request_limits: bool, where: str, extra: Extra = (), usage: Usage = (),
                    run: Callable[[Callable[[], LimitOutcome]], LimitOutcome] | None = None) -> Joint:

@@ -4,7 +4,7 @@ one view is admitted in one call when DRF asks the first of them (ratelimit_app.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import Any
 
 from django.http import HttpRequest
 from rest_framework import throttling as drf_throttling
@@ -32,8 +32,6 @@ class JointThrottle(ThrottleHooks, drf_throttling.BaseThrottle):
     """Base of our throttles. A subclass implements `limit_checks(request, view)`: its checks, [] when it
     does not limit this request, or None when it refuses it outright (a rate of 0)."""
 
-    #: True for the throttle that carries the request's own limits (per-IP and tier).
-    carries_request_limits: ClassVar[bool] = False
     decision: Decision | None = None
     outcome: LimitOutcome | None = None
 

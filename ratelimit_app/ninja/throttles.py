@@ -64,8 +64,6 @@ class JointThrottle(ThrottleHooks, BaseThrottle):
     """Base of our Ninja throttles. A subclass implements `limit_checks(request)`: its checks, [] when it
     does not limit this request, or None when it refuses it outright (a rate of 0)."""
 
-    #: True for the throttle that carries the request's own limits (per-IP and tier).
-    carries_request_limits: ClassVar[bool] = False
     #: The tier scope this throttle asks for (TierRateThrottle's), None: the operation's `@limit_cost` scope.
     tier_scope: str | None = None
 

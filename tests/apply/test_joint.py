@@ -58,7 +58,8 @@ class _Member:
 
 def decide(*members: _Member, request: Any = None, with_request_limits: bool = False, extra: Any = (),
            checks_of: Any = None) -> Joint:
-    return decide_jointly(request or factory.get("/api/things", REMOTE_ADDR="192.0.2.44"), "handler", members,
+    throttles: Any = members  # (stands for throttles: the joint decision reads what _Member has)
+    return decide_jointly(request or factory.get("/api/things", REMOTE_ADDR="192.0.2.44"), "handler", throttles,
                           checks_of or (lambda member: member.checks()), cost=1, scope="", user=FROM_REQUEST,
                           request_limits=with_request_limits, where="test", extra=extra)
 
