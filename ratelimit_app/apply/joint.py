@@ -99,12 +99,11 @@ def decide_jointly(request: HttpRequest, handler: Any, members: Sequence[Throttl
                    request_limits: bool, where: str, extra: Extra = (), usage: Usage = (),
                    run: Callable[[Callable[[], LimitOutcome]], LimitOutcome] | None = None) -> Joint:
     """Admit `request` for the throttles of ours on `handler` (`members`, in the framework's order; the
-    carrier is the one that carries the request's own limits, else the first): `checks_of(member)` ([]:
-    it does not limit this request; None: it refuses it outright), the request's own limits when
-    `request_limits`, `extra` (the view's own limit) and `usage`, in one call (`admission.admit`). The
-    outcome is recorded on the request only when it decided limits: otherwise RateLimitMiddleware charges
-    a request whose own limits were left to the throttles on the way out. The Joint is kept on the
-    request's state (`joint_of`)."""
+    carrier is the one carrying the request's own limits, else the first) in one `admission.admit`:
+    `checks_of(member)` ([]: it does not limit this request; None: it refuses it outright), the request's
+    own limits when `request_limits`, `extra` (the view's own limit) and `usage`. The outcome is recorded
+    only when it decided limits (else RateLimitMiddleware charges deferred request limits on the way out);
+    the Joint is kept on the request's state (`joint_of`)."""
     carrier = next((m for m in members if m.carries_request_limits), members[0])
     denied: set[str] = set()
 
@@ -144,8 +143,7 @@ def joint_of(request: HttpRequest, handler: Any = None) -> Joint | None:
 
 def request_charge(request: HttpRequest, declared: Any) -> tuple[int, str, bool]:
     """(cost, scope, deferred) of `request` for the throttles of the handler `declared` (its function or
-    class: see routes.route_for_view): those RateLimitMiddleware left to them when it deferred the
-    request's own limits (`deferred` True), else the handler's declared route's."""
+    class): those RateLimitMiddleware left to them (`deferred` True), else the declared route's."""
     state = state_if_any(request)
     left = state.take_deferred() if state is not None else None
     if left is not None:
@@ -175,10 +173,9 @@ def retry_wait(decision: Decision | None, floor: float) -> float | None:
 
 
 def scope_rate(throttle: Any, framework_base: type, defaults: Mapping[str, Any]) -> Any:
-    """The rate of `throttle`'s scope (DRF's and Ninja's `get_rate`): from a `THROTTLE_RATES` attribute
-    of one of its classes other than `framework_base` (whose copy of the setting was taken at import),
-    else from the framework's setting `defaults`, read now. ImproperlyConfigured, in the frameworks' own
-    words, when there is no scope or no rate for it."""
+    """The rate of `throttle`'s scope (DRF's and Ninja's `get_rate`): from a `THROTTLE_RATES` attribute of
+    one of its classes other than `framework_base` (whose copy was taken at import), else from `defaults`,
+    read now. ImproperlyConfigured, in the frameworks' own words, for no scope or no rate."""
     scope = getattr(throttle, "scope", None)
     if not scope:
         raise ImproperlyConfigured(f"You must set either `.scope` or `.rate` for '{type(throttle).__name__}' throttle")
@@ -212,9 +209,8 @@ class _RateThrottle(Protocol):
 
 def rate_check(throttle: _RateThrottle, request: Any, key: str, identity: str, requests: int,
                seconds: float) -> list[LimitCheck] | None:
-    """The check of `throttle`'s rate (`requests` per `seconds`) on `identity`, where `key` is its cache
-    key for `request` (what operators read for it: `_throttle_label`); None for a rate of 0 (refuse
-    every request)."""
+    """The check of `throttle`'s rate (`requests` per `seconds`) on `identity`, `key` being its cache key
+    for `request`; None for a rate of 0 (refuse every request)."""
     scope = str(throttle.scope or "throttle")
     policy = _throttle_policy(scope, requests, seconds, throttle.algorithm)
     if policy is None:
