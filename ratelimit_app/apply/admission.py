@@ -51,6 +51,7 @@ REFUSED_OUTRIGHT = LimitOutcome(DENIED, None, (), None, "")
 _NOTHING_DECIDED = LimitOutcome(ALLOWED, None, (), None, "")
 
 
+
 class RequestState:
     """What the limiter carries through one request (`request.ratelimit`).
 
@@ -154,10 +155,10 @@ def admit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra 
     try:  # RATELIMIT['ENABLED'] always has a reading (an invalid one reads as True)
         if not settings.enabled:
             outcome = NOT_LIMITED
+        elif run is None:
+            outcome = _decide(request, cost, scope, extra, path, usage, user, throttles, settings)
         else:
-            def decide_now() -> LimitOutcome:
-                return _decide(request, cost, scope, extra, path, usage, user, throttles, settings)
-            outcome = run(decide_now) if run is not None else decide_now()
+            outcome = run(lambda: _decide(request, cost, scope, extra, path, usage, user, throttles, settings))
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
     return answer(request, outcome, cost)
