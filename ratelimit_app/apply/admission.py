@@ -37,7 +37,7 @@ Answer = Callable[[HttpRequest, LimitOutcome, int], HttpResponseBase | None]
 
 class Throttles(NamedTuple):
     """`admit`'s mode for throttles of ours (DRF's, Ninja's). `checks()` gives their checks and the metrics
-    label of the first one that has some; it is asked before anything else, and None (one of them has a
+    label of the throttle leading them; it is asked before anything else, and None (one of them has a
     rate of 0) refuses the request outright, asking nothing. With `request_limits` False, their checks and
     `extra` are decided alone: not the per-IP and tier limits (the middleware decided them, or the path
     is not limited)."""
