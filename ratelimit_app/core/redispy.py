@@ -1,11 +1,6 @@
-"""The one seam to redis-py: every difference between its supported versions (5.0 to 8.x) and every internal
-of it that the limiter relies on (a private attribute or method, a non-public constant) lives here, so the
-rest of the package uses redis-py's public API only.
-
-It holds the connection classes that keep each connect and reply wait within the running time budget
-(ratelimit_app.core.budget), a blocking pool that waits for a free connection within it too, and the small
-shims of the transports (ratelimit_app.core.engine_sync, engine_async).
-"""
+"""The one seam to redis-py: every difference between its supported versions (5.0 to 8.x) and every internal of
+it the limiter relies on, so the rest of the package uses its public API only. It holds the connections
+and the blocking pool that keep each connect and reply wait within the time budget (core.budget)."""
 
 from __future__ import annotations
 

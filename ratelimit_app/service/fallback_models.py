@@ -1,11 +1,6 @@
-"""The algorithms of ratelimit_app/core/lua in Python, one model per algorithm, for the in-process limiter
-(ratelimit_app.service.fallback): the same state, the same arithmetic (in floats, as Lua numbers are doubles)
-and the same results as the Lua function of the same name.
-
-Each model is registered with `@model("<name>")` under the name of its algorithm in
-ratelimit_app.core.algorithms, and returns an `Outcome`: (allowed, remaining now, reset now in us, retry
-in us (0: allowed, -1: never), and `apply`, which charges the request and returns the new reset).
-"""
+"""The algorithms of ratelimit_app/core/lua in Python, one model per algorithm (`@model("<name>")`), with the
+same state, arithmetic (in floats, as Lua numbers are doubles) and results as the Lua function of that name.
+A model returns an `Outcome`; its `apply` charges the request and returns the new reset."""
 
 from __future__ import annotations
 

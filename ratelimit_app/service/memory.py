@@ -1,17 +1,7 @@
-"""RATELIMIT['BACKEND'] = "memory": the limiter's state kept in this process, for test suites without Redis.
-
-Decisions are made by the in-process limiter (ratelimit_app.service.fallback.LocalLimiter with
-`app_servers=1`): the Python models of the Lua scripts, which decide as Redis does (checked against
-them: tests/service/test_fallback_models.py), all-or-nothing over every check of a request, with
-concurrency slots and calendar quotas. The limiter services use it in place of Redis (see
-LimiterService): the middleware, the throttles and the decorators do not know which backend decides.
-
-There is one store per key prefix (RATELIMIT['KEY_PREFIX']), kept for the life of the process, so a
-settings change (`override_settings` in a test) finds the state it left, as it would in Redis;
-`forget(prefix)` drops a store (the test kit does after each test). Nothing is shared with other
-processes: each process counts alone, which is why `manage.py check` warns when this backend is used
-outside DEBUG and tests, or with more than one process (ratelimit.W040).
-"""
+"""RATELIMIT['BACKEND'] = "memory": the limiter's state kept in this process (the in-process limiter with
+`app_servers=1`), for test suites without Redis. One store per key prefix, kept for the life of the process
+so a settings change finds the state it left, as it would in Redis; `forget(prefix)` drops one. Each
+process counts alone (ratelimit.W040)."""
 
 from __future__ import annotations
 

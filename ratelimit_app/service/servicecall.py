@@ -1,6 +1,5 @@
 """What the limiter services share besides their guard: the counters (`ServiceStats`), the deny-cache key of a
-request (`request_key`), and the shape of the guard's steps (`Steps`, each yielding an `Ask`: one Redis call
-that the service, sync or async, makes within the time budget)."""
+request (`request_key`), and the shape of the guard's steps (`Steps`)."""
 
 from __future__ import annotations
 
@@ -16,12 +15,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ServiceStats:
-    """Counters of one LimiterService since it was built (per process).
-
-    `degraded` counts decisions answered without Redis (by fail mode: `degraded_open`,
-    `degraded_closed`, `local_allowed`, `local_denied`); `redis_failures` calls that failed or timed
-    out; `deny_cache_hits` requests denied in process; `local_states` states held by the fallback.
-    """
+    """Counters of one process' guard since it was built (docs/operations.md, "The circuit breaker")."""
 
     breaker: BreakerState
     redis_failures: int
@@ -60,3 +54,13 @@ Ask = tuple[Callable[[Any], Any], Optional[float]]  # noqa: UP045 (a runtime ali
 #: The steps of one operation through the guard (sans-IO): each yields an Ask and is sent its reply, or
 #: thrown what making it raised; what the generator returns is the operation's answer.
 Steps = Generator[Ask, Any, T]
+
+#: What the last Ask came to: (its reply, None), or (None, what making it raised).
+Outcome = tuple[Any, Optional[BaseException]]  # noqa: UP045 (a runtime alias on Python 3.10)
+
+
+def next_call(steps: Steps[T], outcome: Outcome) -> Ask:
+    """The next call `steps` ask for, once given the outcome of the last (StopIteration with the operation's
+    answer when they are done)."""
+    reply, failure = outcome
+    return steps.send(reply) if failure is None else steps.throw(failure)
