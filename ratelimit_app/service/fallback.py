@@ -53,9 +53,7 @@ class LocalLimiter:
 
     def __init__(self, *, app_servers: int = 1, clock: Clock = _wall_clock_us,
                  max_keys: int = _DEFAULT_MAX_KEYS, max_units: int = _DEFAULT_MAX_UNITS) -> None:
-        if isinstance(app_servers, bool) or not isinstance(app_servers, int) or app_servers < 1:
-            raise ValueError(f"app_servers: {app_servers!r} must be an integer >= 1")
-        for name, value in (("max_keys", max_keys), ("max_units", max_units)):
+        for name, value in (("app_servers", app_servers), ("max_keys", max_keys), ("max_units", max_units)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: {value!r} must be an integer >= 1")
         self.app_servers = app_servers

@@ -1,5 +1,5 @@
-"""The algorithms of ratelimit_app/core/lua in Python, one model per algorithm (`@model("<name>")`), with the
-same state, arithmetic (in floats, as Lua numbers are doubles) and results as the Lua function of that name.
+"""The algorithms of ratelimit_app/core/lua in Python, one model per algorithm (`MODELS`), with the same state,
+arithmetic (in floats, as Lua numbers are doubles) and results as the Lua function of the same name.
 A model returns an `Outcome`; its `apply` charges the request and returns the new reset."""
 
 from __future__ import annotations
@@ -14,25 +14,11 @@ from typing import Any
 # allowed, remaining now, reset now (us), retry (us; 0 allowed, -1 never), apply (commit -> reset us)
 Outcome = tuple[bool, float, float, float, Callable[[], float] | None]
 
-#: The model of each algorithm, by name (filled by `@model`; tests/core/test_scripts.py checks that every
-#: algorithm of ratelimit_app.core.algorithms has one).
-MODELS: dict[str, Callable[..., Outcome]] = {}
-
-
-def model(name: str) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
-    """Register the function below as the model of algorithm `name` (the mirror of its Lua file)."""
-    def register(function: Callable[..., Outcome]) -> Callable[..., Outcome]:
-        MODELS[name] = function
-        return function
-    return register
-
 
 class Store:
-    """Key -> state with a TTL (like the Redis keys the scripts write), bounded, least recently written out.
-
-    Each state weighs 1, a sliding-window log its number of entries; the store keeps at most `max_keys`
-    states and a total weight of at most `max_units` (always at least the newest state).
-    """
+    """Key -> state with a TTL (like the Redis keys the scripts write), bounded, least recently written out:
+    at most `max_keys` states and a total weight of `max_units` (a state weighs 1, a sliding-window log its
+    number of entries), always at least the newest state."""
 
     def __init__(self, max_keys: int, max_units: int) -> None:
         self.max_keys = max_keys
@@ -73,7 +59,6 @@ class Store:
         return len(self._data)
 
 
-@model("fixed_window")
 def fixed_window(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                  cost: float) -> Outcome:
     """ratelimit_app/core/lua/fixed_window.lua."""
@@ -102,7 +87,6 @@ def _count_in_window(store: Store, key: str, now_us: float, window: int, reset_u
     return True, remaining, reset_us, 0, apply
 
 
-@model("sliding_window")
 def sliding_window(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                    cost: float) -> Outcome:
     """ratelimit_app/core/lua/sliding_window.lua (its log of 7-byte admission times is a sorted array here)."""
@@ -134,7 +118,6 @@ def sliding_window(store: Store, key: str, now_us: float, limit: float, period_m
     return True, remaining, reset_us, 0, apply
 
 
-@model("sliding_window_counter")
 def sliding_window_counter(store: Store, key: str, now_us: float, limit: float, period_ms: float,
                            capacity: float, cost: float) -> Outcome:
     """ratelimit_app/core/lua/sliding_window_counter.lua."""
@@ -179,7 +162,6 @@ def sliding_window_counter(store: Store, key: str, now_us: float, limit: float, 
     return True, remaining, reset_us, 0, apply
 
 
-@model("token_bucket")
 def token_bucket(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                  cost: float) -> Outcome:
     """ratelimit_app/core/lua/token_bucket.lua (the string "<units>:<stamp>" is a tuple here)."""
@@ -212,7 +194,6 @@ def token_bucket(store: Store, key: str, now_us: float, limit: float, period_ms:
     return True, remaining, reset_us, 0, apply
 
 
-@model("gcra")
 def gcra(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
          cost: float) -> Outcome:
     """ratelimit_app/core/lua/gcra.lua."""
@@ -236,7 +217,6 @@ def gcra(store: Store, key: str, now_us: float, limit: float, period_ms: float, 
     return True, remaining, reset_us, 0, apply
 
 
-@model("concurrency")
 def concurrency(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                 cost: float, lease: str | None = None) -> Outcome:
     """ratelimit_app/core/lua/concurrency.lua (the sorted set is a dict of lease token -> expiry in us)."""
@@ -300,7 +280,6 @@ def _calendar_period(rule: int, now_s: int) -> tuple[int, int]:
     return window, next_s if next_s < change_s else next_day * 86400 - offset_next
 
 
-@model("calendar_window")
 def calendar_window(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                     cost: float) -> Outcome:
     """ratelimit_app/core/lua/calendar_window.lua: `period_ms` is the calendar rule and `capacity` the
@@ -310,3 +289,8 @@ def calendar_window(store: Store, key: str, now_us: float, limit: float, period_
     reset_us = max(next_s * 1_000_000 - local_us, 1000)
     return _count_in_window(store, key, now_us, window % 65536, reset_us, limit, cost)
 
+
+#: The model of each algorithm, by name (tests/core/test_scripts.py checks that every algorithm of
+#: ratelimit_app.core.algorithms has one).
+MODELS: dict[str, Callable[..., Outcome]] = {model.__name__: model for model in (
+    fixed_window, sliding_window, sliding_window_counter, token_bucket, gcra, concurrency, calendar_window)}

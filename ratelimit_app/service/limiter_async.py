@@ -5,6 +5,7 @@ of the budget (docs/operations.md, "The async service")."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 import time
 import weakref
@@ -22,11 +23,12 @@ from ..core.usage import Reservation
 from .connection import get_async_redis
 from .guard import RedisGuard
 from .limiter import ServiceBase, get_limiter
-from .memory import AsyncMemoryLimiter, memory_limiter
+from .memory import MemoryLimiter, memory_limiter
 from .servicecall import Outcome, Steps, T, next_call
 
-#: What decides: the async engine over Redis, or this process' own limiter (the memory backend).
-_AsyncEngine = AsyncRateLimiter | AsyncMemoryLimiter
+#: What decides: the async engine over Redis, or this process' own limiter (the memory backend, whose calls do
+#: no I/O: their replies are not awaited).
+_AsyncEngine = AsyncRateLimiter | MemoryLimiter
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _budget
@@ -35,11 +37,11 @@ else:  # redis-py depends on async-timeout below Python 3.11.3
 
 
 class AsyncLimiterService(ServiceBase[_AsyncEngine]):
-    """The async engine (an AsyncRateLimiter or AsyncMemoryLimiter) behind a RedisGuard: the methods of
+    """The async engine (an AsyncRateLimiter or MemoryLimiter) behind a RedisGuard: the methods of
     LimiterService, awaited. A callable `limiter` is called on first use in each event loop; None builds
     an engine per event loop from settings (see ServiceBase)."""
 
-    _engine_types = (AsyncRateLimiter, AsyncMemoryLimiter)
+    _engine_types = (AsyncRateLimiter, MemoryLimiter)
 
     def __init__(self, limiter: _AsyncEngine | Callable[[], _AsyncEngine] | None = None, *,
                  guard: RedisGuard | None = None, **options: Any) -> None:
@@ -51,7 +53,7 @@ class AsyncLimiterService(ServiceBase[_AsyncEngine]):
     def _from_settings(self) -> Callable[[], _AsyncEngine]:
         prefix = ratelimit_settings.KEY_PREFIX
         if ratelimit_settings.BACKEND == "memory":
-            return lambda: AsyncMemoryLimiter(memory_limiter(prefix))
+            return lambda: memory_limiter(prefix)
         return lambda: AsyncRateLimiter(get_async_redis(), prefix=prefix)
 
     def limiter(self) -> _AsyncEngine:
@@ -140,8 +142,8 @@ class AsyncLimiterService(ServiceBase[_AsyncEngine]):
                     # this one ends first (see ratelimit_app.core.budget.reply_wait)
                     with within_budget(budget, started):
                         async with _budget(left):
-                            pending = run(self.limiter())
-                            outcome = (None if pending is None else await pending, None)
+                            reply = run(self.limiter())
+                            outcome = (await reply if inspect.isawaitable(reply) else reply, None)
                 except BaseException as exc:  # the steps decide what it means
                     outcome = (None, exc)
         except StopIteration as done:

@@ -46,8 +46,8 @@ def request_key(checks: Sequence[Check], cost: int) -> Hashable:
 
 
 #: One Redis call the guard's steps ask for, as (run, started): `run(engine)` makes it (sync), or returns what
-#: to await (async; None: nothing to await), with the budget counted from `started` (a time.monotonic()
-#: value; None: from now). A plain tuple: one is made per decision.
+#: to await (async; the memory backend's replies are not awaitable), with the budget counted from `started` (a
+#: time.monotonic() value; None: from now). A plain tuple: one is made per decision.
 Ask = tuple[Callable[[Any], Any], Optional[float]]  # noqa: UP045 (a runtime alias on Python 3.10)
 
 
