@@ -99,8 +99,7 @@ _OVERRUN_TOLERATED = 0.1
 
 
 def _overruns(socket_timeout: float | None, left: float) -> bool:
-    """True when a reply wait with the socket's own timeout could outlast the budget by more than
-    _OVERRUN_TOLERATED of that timeout (always when the socket has none)."""
+    """True when a reply wait with the socket's own timeout could outlast the budget too much."""
     return socket_timeout is None or left < socket_timeout * (1 - _OVERRUN_TOLERATED)
 
 
@@ -111,8 +110,8 @@ else:
 
 
 class BudgetMixin(_ConnectionBase):
-    """Clips each socket connect and each reply wait to the time left in the current budget (see
-    ratelimit_app.core.budget.within_budget). Outside a budget the connection behaves like its base class."""
+    """Clips each socket connect and each reply wait to the time left in the current budget (outside one the
+    connection behaves like its base class)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -24,9 +24,8 @@ _EPOCH_TTL_SECONDS = 86400
 
 
 class _Entry:
-    """One cached denial: denied until `until` (monotonic seconds), decided at or after `started`, the
-    identities it involves, and its decisions as last shifted: (whole milliseconds since `started`, the
-    decisions shifted by them), None before the first lookup."""
+    """One cached denial, until `until` (monotonic seconds); `shifted`: its decisions as last shifted, with the
+    whole milliseconds since `started` they were shifted by (None before the first lookup)."""
 
     __slots__ = ("decisions", "identities", "shifted", "started", "until")
 
