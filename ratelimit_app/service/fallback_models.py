@@ -9,6 +9,7 @@ from array import array
 from bisect import bisect_right, insort
 from collections import OrderedDict
 from collections.abc import Callable
+from datetime import date
 from typing import Any
 
 # allowed, remaining now, reset now (us), retry (us; 0 allowed, -1 never), apply (commit -> reset us)
@@ -239,26 +240,7 @@ def concurrency(store: Store, key: str, now_us: float, limit: float, period_ms: 
 
 # -- calendar quotas (ratelimit_app/core/lua/calendar_window.lua; ratelimit_app.core.calendars has the rule) --
 _RULE_UNIT = 2**27  # the calendar rule: ((unit * 128 + offset_now) * 128 + offset_next) * 2**27 + change_minute
-
-
-def _days_from_civil(y: int, m: int, d: int) -> int:
-    if m <= 2:
-        y -= 1
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * (m - 3 if m > 2 else m + 9) + 2) // 5 + d - 1
-    return era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
-
-
-def _civil_from_days(days: int) -> tuple[int, int]:
-    z = days + 719468
-    era = z // 146097
-    doe = z - era * 146097
-    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    m = mp + 3 if mp < 10 else mp - 9
-    return yoe + era * 400 + (1 if m <= 2 else 0), m
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
 
 
 def _calendar_period(rule: int, now_s: int) -> tuple[int, int]:
@@ -274,8 +256,9 @@ def _calendar_period(rule: int, now_s: int) -> tuple[int, int]:
         window = day - (day + 3) % 7  # 1970-01-01 was a Thursday
         next_day = window + 7
     else:
-        y, m = _civil_from_days(day)
-        window, next_day = y * 12 + m - 1, _days_from_civil(y + (m == 12), m % 12 + 1, 1)
+        civil = date.fromordinal(day + _EPOCH_DAY)  # (the script computes the date by hand)
+        y, m = civil.year, civil.month
+        window, next_day = y * 12 + m - 1, date(y + (m == 12), m % 12 + 1, 1).toordinal() - _EPOCH_DAY
     next_s = next_day * 86400 - offset_now
     return window, next_s if next_s < change_s else next_day * 86400 - offset_next
 
