@@ -60,11 +60,7 @@ def _client_options() -> dict[str, Any]:
 
 
 def _scheme_connection_class(scheme: str) -> type[Any]:
-    if scheme == "rediss":
-        return BudgetSSLConnection
-    if scheme == "unix":
-        return BudgetUnixConnection
-    return BudgetConnection
+    return {"rediss": BudgetSSLConnection, "unix": BudgetUnixConnection}.get(scheme, BudgetConnection)
 
 
 def _cluster_nodes(netloc: str) -> list[tuple[str, int]]:
