@@ -1,5 +1,5 @@
 """What the limiter services share besides their guard: the counters (`ServiceStats`), the deny-cache key of a
-request (`request_key`), and the shape of the guard's steps (`Steps`)."""
+request (`request_key`), and the guard's steps (`Steps`, carried on by `next_call`)."""
 
 from __future__ import annotations
 
