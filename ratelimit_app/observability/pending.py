@@ -4,6 +4,7 @@ the writer's last applied number in the same atomic step (docs/observability.md,
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from typing import Any, NamedTuple
 
 from ..core.logs import safe_identity
@@ -107,31 +108,24 @@ class SealedBatch(NamedTuple):
     sealed_at: float  # time.time() when sealed: a batch is sent again for a bounded time only
 
 
-def _hour_fields(batch: PendingCounts) -> dict[int, dict[str, int]]:
+def _hour_fields(batch: PendingCounts) -> dict[int, Counter[str]]:
     """hour -> field of the hour's hash -> what to add to it."""
-    hours: dict[int, dict[str, int]] = {}
+    hours: defaultdict[int, Counter[str]] = defaultdict(Counter)
     for (hour, tier, policy, outcome, degraded), count in batch.counts.items():
-        fields = hours.setdefault(hour, {})
         for name in decision_fields(tier, policy, outcome, degraded):
-            fields[name] = fields.get(name, 0) + count
+            hours[hour][name] += count
     for (hour, tier, policy), count in batch.shadow.items():
-        fields = hours.setdefault(hour, {})
-        name = shadow_field(tier, policy)
-        fields[name] = fields.get(name, 0) + count
+        hours[hour][shadow_field(tier, policy)] += count
     for (hour, tier, policy, unit), count in batch.usage.items():
-        fields = hours.setdefault(hour, {})
-        name = usage_field(tier, policy, unit)
-        fields[name] = fields.get(name, 0) + count
+        hours[hour][usage_field(tier, policy, unit)] += count
     return hours
 
 
-def _day_members(counts: dict[_IdentityKey, int]) -> dict[int, dict[str, int]]:
+def _day_members(counts: dict[_IdentityKey, int]) -> dict[int, Counter[str]]:
     """day -> identity label (made safe: never a key's secret) -> blocked decisions."""
-    days: dict[int, dict[str, int]] = {}
+    days: defaultdict[int, Counter[str]] = defaultdict(Counter)
     for (day, identity), count in counts.items():
-        members = days.setdefault(day, {})
-        label = safe_identity(identity)
-        members[label] = members.get(label, 0) + count
+        days[day][safe_identity(identity)] += count
     return days
 
 
