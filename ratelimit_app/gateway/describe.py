@@ -51,11 +51,9 @@ class GatewayRequest:
 
 
 def describe(request: HttpRequest, contract: str, forwarded_path: str | None = None) -> GatewayRequest:
-    """The request that `request`, a gateway's authorization request under `contract`, describes.
-
-    `forwarded_path` is the original path Envoy appended to the endpoint's own path (None: the method
-    and URI are in the contract's headers). Raises BadDescription, saying what is missing or wrong.
-    """
+    """The request that `request`, a gateway's authorization request under `contract`, describes: from
+    `forwarded_path`, the path Envoy appended to the endpoint's own, else from the contract's headers.
+    Raises BadDescription, saying what is missing or wrong."""
     if forwarded_path is not None:
         query = request.META.get("QUERY_STRING", "")
         method, uri = request.method or "", forwarded_path + (f"?{query}" if query else "")

@@ -146,13 +146,10 @@ def _script_input(batch: PendingCounts) -> tuple[list[str], list[Any]]:
 
 
 def apply_batch(client: Any, batch: SealedBatch, *, ttl: int, keep: int) -> bool:
-    """Add `batch` to Redis in one script call: hour hashes and daily top sets, each key with `ttl` seconds
-    to live, each top set cut to its `keep` highest; True when it was applied now, False when this writer
-    had applied this number already. The writer's marker lives 2 x `ttl` (a batch is sent again for at
-    most `ttl`, see recorder). Raises what the client raises.
-
-    Every key shares the {metrics} hash tag: on a Redis Cluster the script runs on one slot, atomically.
-    """
+    """Add `batch` to Redis in one script call (one cluster slot: the {metrics} hash tag), each key with `ttl`
+    seconds to live, each top set cut to its `keep` highest; True when applied now, False when this writer
+    had applied this number already. Raises what the client raises."""
+    # the writer's marker lives 2 x `ttl`: the recorder sends a batch again for at most `ttl`
     keys, args = _script_input(batch.counts)
     marker = applied_key(batch.counts.prefix, batch.writer)
     script = client.register_script(_APPLY_SCRIPT)

@@ -102,15 +102,12 @@ class HourMetrics(_Counts):
 
 @dataclass(frozen=True, kw_only=True)
 class MetricsRange(_Counts):
-    """The stored counts of consecutive UTC hours, from `start` to `end` (both hour starts, inclusive).
-
-    `hours` has one entry per hour, oldest first (zeros where nothing was counted); `top_blocked` sums the
-    UTC days the range touches, most blocked first, at most RATELIMIT['TOP_BLOCKED'] entries.
-    """
+    """The stored counts of consecutive UTC hours, from `start` to `end` (both hour starts, inclusive)."""
 
     start: datetime
     end: datetime
-    hours: tuple[HourMetrics, ...]
+    hours: tuple[HourMetrics, ...]  # one per hour, oldest first (zeros where nothing was counted)
+    #: the UTC days the range touches, summed: most blocked first, at most RATELIMIT['TOP_BLOCKED']
     top_blocked: tuple[BlockedIdentity, ...]
     top_shadow_blocked: tuple[BlockedIdentity, ...] = ()  # identities shadow limits would have blocked
 
@@ -167,19 +164,15 @@ def _counts(fields: Counter[str]) -> dict[str, Any]:
 
 
 def get_metrics(hour: datetime | None = None) -> HourMetrics:
-    """The stored counts of the UTC hour containing `hour` (timezone-aware; default: now).
-
-    Reads Redis (one round trip); counts still in some process's memory are not included (see flush).
-    """
+    """The stored counts of the UTC hour containing `hour` (timezone-aware; default: now), in one Redis round
+    trip; counts still in some process's memory are not included (see flush)."""
     index = int(time.time()) // HOUR if hour is None else _hour_index(hour, "hour")
     return _read_range(index, index).hours[0]
 
 
 def get_metrics_range(start: datetime, end: datetime) -> MetricsRange:
-    """The stored counts of every UTC hour from the one containing `start` to the one containing `end`.
-
-    Both are timezone-aware datetimes; at most MAX_RANGE_HOURS hours. One Redis round trip.
-    """
+    """The stored counts of every UTC hour from the one containing `start` to the one containing `end`
+    (timezone-aware; at most MAX_RANGE_HOURS hours), in one Redis round trip."""
     first, last = _hour_index(start, "start"), _hour_index(end, "end")
     if last < first:
         raise ValueError(f"end: {end.isoformat()} is before start {start.isoformat()}")
