@@ -217,7 +217,9 @@ def _read_range(first: int, last: int) -> MetricsRange:
                    for raw in replies[:count]]
     hours = tuple(HourMetrics(hour=_hour_start(index), **_counts(fields))
                   for index, fields in zip(range(first, last + 1), hour_fields, strict=True))
+    summed: Counter[str] = Counter()
+    for fields in hour_fields:
+        summed.update(fields)  # (not `+`, which drops a field counted 0, such as a request that used no units)
     return MetricsRange(start=_hour_start(first), end=_hour_start(last), hours=hours,
                         top_blocked=_top(replies[count:count + len(days)], top),
-                        top_shadow_blocked=_top(replies[count + len(days):], top),
-                        **_counts(sum(hour_fields, Counter())))
+                        top_shadow_blocked=_top(replies[count + len(days):], top), **_counts(summed))
