@@ -72,8 +72,10 @@ sys.stdout.write(json.dumps(keys) + "\\n")
 
 def seeded_limits(slug: str) -> list[tuple[str, str, int, int, int | None]]:
     """The limits `migrate` seeds for tier `slug`: (name, algorithm, limit, period seconds, burst)."""
-    seed = importlib.import_module("ratelimit_app.migrations.0002_seed_tiers")
-    return list(seed.SEED_TIERS[slug][1])
+    seed = importlib.import_module("ratelimit_app.migrations.0001_initial")
+    index = list(seed.SEED_TIERS).index(slug)
+    return [(name, algorithm, limits[index], period, bursts[index] if bursts else None)
+            for scope, name, algorithm, period, _, limits, bursts in seed.SEED_LIMITS if not scope]
 
 
 def prepare_database(redis_url: str, db_path: Path) -> list[str]:

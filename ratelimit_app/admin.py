@@ -1,6 +1,5 @@
-"""The admin of tiers (their limits inline), API keys and user tiers (each with its limit overrides inline and
-its effective limits shown), and allow/deny rules. Saves and deletes reach every app server within about a
-second (docs/plans.md); a new API key is shown once, in the message after it is created."""
+"""The admin of tiers, API keys and user tiers (their limits inline, their effective limits shown) and
+allow/deny rules; a new API key is shown once, in the message after it is created (docs/plans.md)."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ _ROW_CALENDARS = [("", "no"), ("day", "day"), ("week", "week"), ("month", "month
 
 
 class _LimitRowForm(forms.ModelForm):
-    """One limit row of a tier, key or user tier page (sized by templates/admin/ratelimit_app/change_form.html)."""
+    """A limit row (sized by templates/admin/ratelimit_app/change_form.html)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -40,8 +39,7 @@ class _LimitRowForm(forms.ModelForm):
 
 
 def _enforcement(row: Any) -> str:
-    """"not enforced: <why>" for a stored limit that cannot become a policy (a row written around the
-    admin: requests skip it alone), else ""."""
+    """"not enforced: <why>" for a stored limit that cannot become a policy (requests skip it), else ""."""
     problem = row_problem(row) if row.pk is not None else None
     return f"not enforced: {problem}" if problem else ""
 
@@ -53,7 +51,7 @@ class _LimitInline(admin.TabularInline):
 
 
 class _LimitsAdmin(admin.ModelAdmin):
-    """The page of an object with limits: its effective limits, and a warning for each stored limit not enforced."""
+    """An object with limits: its effective limits, and a warning for each stored limit not enforced."""
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> Any:
@@ -67,7 +65,6 @@ class _LimitsAdmin(admin.ModelAdmin):
 
     @admin.display(description="effective limits")
     def effective_limits(self, obj: Tier | ApiKey | UserTier) -> str:
-        """The limits a client gets (as saved): a tier's own, or a key's or user's tier with its overrides."""
         if obj.pk is None:
             return "-"
         if isinstance(obj, Tier):
@@ -92,21 +89,18 @@ class _UserTierLimitInline(_LimitInline):
 
 
 def _describe(policy: Policy, source: str) -> tuple[str, str, str, str, str]:
-    burst = f" burst {policy.burst}" if policy.burst is not None else ""
     if policy.algorithm == CONCURRENCY:  # a number of requests in flight, each slot leased for the period
         rate = f"{policy.limit} at once ({policy.period:g} s lease)"
     elif policy.calendar:
         rate = f"{policy.limit} per calendar {policy.calendar} ({policy.time_zone})"
     else:
-        rate = f"{policy.rate}{burst}"
-    return (policy.name, rate, policy.algorithm, "shadow (dry run)" if policy.shadow else "enforced",
-            source)
+        rate = policy.rate + (f" burst {policy.burst}" if policy.burst is not None else "")
+    return (policy.name, rate, policy.algorithm, "shadow (dry run)" if policy.shadow else "enforced", source)
 
 
 def _effective_limits_table(tier_slug: str, overrides: QuerySet[Any] | None = None) -> str:
-    """An HTML table of the limits a client gets: its tier's, with its overrides applied, and the per-IP
-    limit its requests are counted on (or why it cannot be shown: the page never depends on RATELIMIT
-    being valid). Without `overrides`, the tier's own."""
+    """An HTML table of the limits a client gets: its tier's with `overrides` applied, and its per-IP limit
+    (or why it cannot be shown: the page never depends on RATELIMIT being valid)."""
     try:
         tier = get_lookups().tier(tier_slug)
         default_ip = limit_config().ip_policies
@@ -180,7 +174,6 @@ class ApiKeyAdmin(_LimitsAdmin):
 
     @admin.display(description="status", ordering="revoked")
     def status(self, obj: ApiKey) -> str:
-        """Whether the key is accepted: Active, Revoked (for good) or Expired."""
         if obj.revoked:
             return "Revoked"
         return "Expired" if obj.is_expired else "Active"

@@ -1,6 +1,5 @@
-"""Django system checks (`manage.py check`) of the RATELIMIT settings, the Redis they name, the tiers they
-name, GET /metrics and the shared cache. docs/settings.md, "What `check` validates", lists every id; no
-message shows the value of a setting that can hold a secret."""
+"""System checks of the RATELIMIT settings, the Redis and tiers they name, GET /metrics and the shared cache
+(docs/settings.md, "What `check` validates"). No message shows the value of a secret setting."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ _SETTINGS_HINT = "Fix settings.RATELIMIT; docs/settings.md lists every setting a
 
 @checks.register("ratelimit")
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Validate every RATELIMIT setting, and that the Redis it names is configured and reachable (none is
-    asked for when BACKEND is "memory")."""
+    """Every RATELIMIT setting is valid, and the Redis it names (none with BACKEND "memory") usable."""
     ratelimit_settings.reload()
     values, errors = read_settings()
     if errors:
@@ -52,8 +50,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 
 def _debug_only_messages(values: dict[str, Any]) -> list[checks.CheckMessage]:
-    """ratelimit.E040 (the clock shift outside tests), W040 (the memory backend where it counts alone) and
-    W041 (the limits switched off outside DEBUG and tests)."""
+    """E040 (CLOCK_SHIFT), W040 (the memory backend counting alone) and W041 (ENABLED False) outside tests."""
     messages: list[checks.CheckMessage] = []
     debug_or_tests = bool(django_settings.DEBUG) or in_test_run()
     if values["CLOCK_SHIFT"] and not debug_or_tests:
@@ -94,8 +91,7 @@ def _fail_mode_hint(what: str) -> str:
 
 
 def _unanswered(exc: Exception) -> list[checks.CheckMessage]:
-    """Why a Redis that could not be used did not answer: refused (E020), not the topology configured
-    (E021), or down (W001, which the fail mode covers at run time)."""
+    """Why Redis could not be used: refused (E020), not the topology configured (E021), or down (W001)."""
     if isinstance(exc, (redis.ResponseError, redis.AuthenticationError)):
         return [checks.Error(f"Redis for rate limiting refused the connection: {exc}", id="ratelimit.E020",
                              hint=_fail_mode_hint("Fix the database or the credentials of RATELIMIT['REDIS_URL']"))]
@@ -140,8 +136,7 @@ def _cluster_enabled(client: Any) -> bool | None:
 
 
 def _topology_errors(client: Any) -> list[checks.CheckMessage]:
-    """E021 when a client built for a single server reaches a cluster node (keys of other shards would
-    answer MOVED); nothing when INFO is not allowed."""
+    """E021 when a client built for a single server reaches a cluster node (other shards answer MOVED)."""
     if isinstance(client, RedisCluster) or not _cluster_enabled(client):
         return []
     return [checks.Error(
@@ -151,7 +146,7 @@ def _topology_errors(client: Any) -> list[checks.CheckMessage]:
 
 
 def _version_errors(client: Any) -> list[checks.CheckMessage]:
-    """ratelimit.E005 when a server is older than _MIN_REDIS_VERSION; nothing when INFO is not allowed."""
+    """E005 when a server (every node of a cluster) is older than _MIN_REDIS_VERSION."""
     try:
         too_old = _old_servers(_server_versions(_server_info(client)))
     except REDIS_CLIENT_ERRORS:
@@ -165,8 +160,7 @@ def _version_errors(client: Any) -> list[checks.CheckMessage]:
 
 
 def _scripting_errors(client: Any) -> list[checks.CheckMessage]:
-    """ratelimit.E007 when the server refuses to load the decision script (every master of a cluster is
-    asked); nothing when it does not answer (W001 and the fail mode cover outages)."""
+    """E007 when a server (every master of a cluster) refuses to load the decision script."""
     try:
         client.script_load(decide_source())
     except REDIS_CLIENT_ERRORS as exc:
@@ -181,16 +175,14 @@ def _scripting_errors(client: Any) -> list[checks.CheckMessage]:
 
 
 def _server_info(client: Any) -> dict[str, Any]:
-    """INFO server of the client's server, or of every node of a cluster client (by default redis-py
-    asks one node)."""
+    """INFO server of the client's server, or of every node of a cluster client (redis-py asks one by default)."""
     if isinstance(client, RedisCluster):
         return client.info("server", target_nodes=RedisCluster.ALL_NODES)
     return client.info("server")
 
 
 def _server_versions(info: dict[str, Any]) -> dict[str, str]:
-    """The redis_version of each server in an INFO server reply: {"": version} for one server, or
-    {node: version} for a cluster client's reply (one INFO per node)."""
+    """The redis_version of each server in an INFO server reply: {"": version}, or {node: version}."""
     if "redis_version" in info:
         return {"": str(info["redis_version"])}
     return {str(node): str(reply["redis_version"]) for node, reply in info.items()
@@ -209,7 +201,7 @@ def _old_servers(versions: dict[str, str]) -> list[str]:
 
 @checks.register("ratelimit", checks.Tags.database)
 def check_tiers(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """The tiers that ANONYMOUS_TIER and DEFAULT_USER_TIER name exist (runs with `check --database`)."""
+    """E003: the tiers that ANONYMOUS_TIER and DEFAULT_USER_TIER name exist."""
     from .models import Tier
 
     alias = router.db_for_read(Tier)
@@ -223,27 +215,19 @@ def check_tiers(app_configs: Any = None, databases: Any = None, **kwargs: Any) -
         existing = set(Tier.objects.using(alias).filter(slug__in=set(named.values())).values_list("slug", flat=True))
     except DatabaseError:
         return []  # not migrated yet: `migrate` creates the table (and seeds the default tiers)
-    return [
-        checks.Error(
-            f"RATELIMIT['{name}'] is {slug!r}, which names no tier; expected the slug of an existing tier "
-            f"({', '.join(map(repr, _all_slugs(alias))) or 'there are none yet'}) or None",
-            hint="Create the tier in the admin (Rate limiting > Tiers), or change the setting.",
-            id="ratelimit.E003",
-        )
-        for name, slug in named.items() if slug not in existing
-    ]
-
-
-def _all_slugs(alias: str) -> list[str]:
-    from .models import Tier
-
-    return list(Tier.objects.using(alias).order_by("slug").values_list("slug", flat=True))
+    if set(named.values()) <= existing:
+        return []
+    slugs = ", ".join(map(repr, Tier.objects.using(alias).order_by("slug").values_list("slug", flat=True)))
+    return [checks.Error(f"RATELIMIT['{name}'] is {slug!r}, which names no tier; expected the slug of an existing "
+                         f"tier ({slugs or 'there are none yet'}) or None", id="ratelimit.E003",
+                         hint="Create the tier in the admin (Rate limiting > Tiers), or change the setting.")
+            for name, slug in named.items() if slug not in existing]
 
 
 @checks.register("ratelimit", checks.Tags.urls)
 def check_metrics_endpoint(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """When the URLconf routes GET /metrics: prometheus-client is installed, and someone other than staff
-    sessions (Prometheus) may read it."""
+    """When the URLconf routes GET /metrics: prometheus-client is installed (E004), and Prometheus may read
+    it (W002)."""
     from .observability.metrics_endpoint import get_access, metrics_view, prometheus_missing
 
     if not _routes(metrics_view):
@@ -251,19 +235,15 @@ def check_metrics_endpoint(app_configs: Any = None, **kwargs: Any) -> list[check
     messages: list[checks.CheckMessage] = []
     missing = prometheus_missing()
     if missing is not None:
-        messages.append(checks.Error(
-            f"The URLconf includes ratelimit_app.urls (GET /metrics), but {missing}",
-            hint="Install it, or remove the include; until then GET /metrics answers 501.",
-            id="ratelimit.E004",
-        ))
+        messages.append(checks.Error(f"The URLconf includes ratelimit_app.urls (GET /metrics), but {missing}",
+                                     hint="Install it, or remove the include; until then GET /metrics answers 501.",
+                                     id="ratelimit.E004"))
     if not read_settings()[1] and not get_access().configured:
         messages.append(checks.Warning(
             "GET /metrics answers only to staff sessions: neither RATELIMIT['METRICS_TOKEN'] nor "
             "RATELIMIT['METRICS_ALLOWED_IPS'] is set, so Prometheus gets 403.",
             hint="Set RATELIMIT['METRICS_TOKEN'] (Prometheus sends it as a bearer token) or "
-                 "RATELIMIT['METRICS_ALLOWED_IPS'] (the addresses of your Prometheus servers).",
-            id="ratelimit.W002",
-        ))
+                 "RATELIMIT['METRICS_ALLOWED_IPS'] (the addresses of your Prometheus servers).", id="ratelimit.W002"))
     return messages
 
 
@@ -296,9 +276,8 @@ _CACHE_READ_TIMEOUTS: dict[str, tuple[str, str | None]] = {
 
 @checks.register("ratelimit", checks.Tags.caches)
 def check_shared_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """ratelimit.W020 when the cache the lookups share (CACHE_ALIAS) waits for its server without a
-    timeout. Requests wait for it at most BUDGET_MS (ratelimit_app.service.bounded), but a read that
-    never ends keeps the shared cache out of use in that process until its server answers again."""
+    """W020 when the cache the lookups share (CACHE_ALIAS) waits for its server without a timeout: requests
+    wait at most BUDGET_MS, but a hung read keeps that process off the shared cache until it ends."""
     values, errors = read_settings()
     if errors:
         return []  # check_settings reports them
@@ -316,9 +295,7 @@ def check_shared_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
         "system gives up. Requests wait for it at most RATELIMIT['BUDGET_MS'] and then read the database, "
         "but that process stops using the shared cache until the hung read ends.",
         hint=f"Set CACHES[{alias!r}]['OPTIONS'][{option!r}] (seconds, for example 0.5), and a connect "
-             "timeout likewise.",
-        id="ratelimit.W020",
-    )]
+             "timeout likewise.", id="ratelimit.W020")]
 
 
 def _sets_timeout(config: dict[str, Any], option: str, query: str | None) -> bool:

@@ -1,8 +1,6 @@
-"""The view decorators: `@ratelimit` (one limit of the view's own), `@limit_concurrency` (requests in
-flight) and `@limit_cost` (the cost, scope and priority of a view under RateLimitMiddleware). Each checks
-its arguments when applied, naming the view; how a decorated view decides is in
-ratelimit_app.viewlimits. What a project sees of them is in docs/usage.md (sections 4 and 7) and
-docs/plans.md (limits counted by outcome).
+"""The view decorators: `@ratelimit`, `@limit_concurrency`, `@limit_cost` and `@usage` (docs/usage.md,
+sections 4 and 7; docs/plans.md). Each checks its arguments when applied, naming the view; how a
+decorated view decides is in ratelimit_app.viewlimits.
 """
 
 from __future__ import annotations
@@ -42,17 +40,19 @@ def _policy_name(view: Any, block: Any, name: Any, group: Any) -> str:
     return str(name or _UNSAFE.sub("_", str(group or getattr(view, "__name__", "view")))[:64] or "view")
 
 
+def _label_of(key: str | KeyFunction) -> Callable[[str], str]:
+    # Header values and callable results are user data (a header could even carry an API key): the
+    # metrics see a digest of them, never the value.
+    return plain_label if isinstance(key, str) and key in ("ip", "user") else digest_label
+
+
 def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sliding_window",
               burst: int | None = None, block: bool = True, cost: int = 1, name: str | None = None,
               group: str | None = None, shadow: bool = False,
               count_if: CountIf | None = None) -> Callable[[ViewT], ViewT]:
-    """Limit a view to `rate` per `key` (docs/usage.md, section 7).
-
-    `shadow=True`: a dry run. `count_if(response) -> bool`: count only responses that match (one reserved
-    before the view, settled after it: docs/plans.md, limits counted by outcome). Every argument is checked when
-    the decorator is applied: a bad rate, algorithm, burst, cost (an integer >= 1), key, name, group,
-    shadow or count_if raises InvalidPolicy / ValueError / TypeError naming the view.
-    """
+    """Limit a view to `rate` per `key` (docs/usage.md, section 7). `shadow=True`: a dry run.
+    `count_if(response) -> bool`: count only responses that match (docs/plans.md). A bad argument raises
+    InvalidPolicy / ValueError / TypeError naming the view when the decorator is applied."""
 
     def decorate(view: ViewT) -> ViewT:
         where = f"@ratelimit on {view_name(view)}"
@@ -69,26 +69,17 @@ def ratelimit(rate: str, key: str | KeyFunction = "ip", *, algorithm: str = "sli
             raise InvalidPolicy(f"{where}: {exc}") from exc
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"{where}: {exc}") from exc
-        # Header values and callable results are user data (a header could even carry an API key): the
-        # metrics see a digest of them, never the value.
-        label_of: Callable[[str], str] = (
-            plain_label if isinstance(key, str) and key in ("ip", "user") else digest_label
-        )
-        return wrap_view(view, DecoratorLimit(policy, group or view_name(view), key_function, label_of, block, cost,
-                                          count_if))
+        return wrap_view(view, DecoratorLimit(policy, group or view_name(view), key_function, _label_of(key), block,
+                                              cost, count_if))
 
     return decorate
 
 
 def limit_concurrency(slots: int, key: str | KeyFunction = "user", *, lease: float = 60, block: bool = True,
                       name: str | None = None, group: str | None = None) -> Callable[[ViewT], ViewT]:
-    """Allow at most `slots` requests per `key` in the view at once (docs/usage.md, section 7).
-
-    A request holds its slot until its response is closed (a streaming response: until its stream is),
-    or for `lease` seconds at most when the worker dies. Every argument is checked when the decorator
-    is applied: bad slots, lease, key, name or group raise InvalidPolicy / ValueError / TypeError
-    naming the view.
-    """
+    """Allow at most `slots` requests per `key` in the view at once (docs/usage.md, section 7): a slot is
+    held until the response is closed, `lease` seconds at most if the worker dies. A bad argument raises
+    InvalidPolicy / ValueError / TypeError naming the view when the decorator is applied."""
 
     def decorate(view: ViewT) -> ViewT:
         where = f"@limit_concurrency on {view_name(view)}"
@@ -103,10 +94,8 @@ def limit_concurrency(slots: int, key: str | KeyFunction = "user", *, lease: flo
                                 ) from exc
         except (ValueError, TypeError) as exc:
             raise type(exc)(f"{where}: {exc}") from exc
-        label_of: Callable[[str], str] = (
-            plain_label if isinstance(key, str) and key in ("ip", "user") else digest_label
-        )
-        return wrap_view(view, ConcurrencyLimit(policy, group or view_name(view), key_function, label_of, block, 1))
+        return wrap_view(view, ConcurrencyLimit(policy, group or view_name(view), key_function, _label_of(key), block,
+                                                1))
 
     return decorate
 
@@ -114,12 +103,8 @@ def limit_concurrency(slots: int, key: str | KeyFunction = "user", *, lease: flo
 def limit_cost(cost: int = 1, *, scope: str | None = None, methods: Iterable[str] | None = None,
                priority: str | None = None) -> Callable[[ViewT], ViewT]:
     """Declare the cost, scope and load-shedding priority of a view (function or class) for
-    RateLimitMiddleware.
-
-    Raises ValueError when applied, naming the view, for a cost outside 0..1e9, an invalid scope name,
-    methods that are not a list of HTTP method names, or a priority other than "critical", "normal"
-    and "low".
-    """
+    RateLimitMiddleware. ValueError naming the view for a cost outside 0..1e9, an invalid scope, methods
+    that are not HTTP method names, or a priority other than "critical", "normal" and "low"."""
 
     def decorate(view: ViewT) -> ViewT:
         try:
@@ -142,14 +127,11 @@ def _methods(methods: Iterable[str] | None) -> frozenset[str] | None:
 
 
 def usage(**estimators: Callable[[HttpRequest], int]) -> Callable[[ViewT], ViewT]:
-    """Declare that a view (function or class; a DRF view: its class, or above @api_view; a Ninja operation:
-    under @api.post) reserves usage for RateLimitMiddleware and the DRF and Ninja throttles (TierRateThrottle):
-    each keyword is a unit
-    ("tokens") and a function of the request giving its estimate (a whole number >= 1), reserved against the
-    usage limits of that unit in the view's scope (`@limit_cost(scope=...)`) in the request's one decision.
-    The view reports what it used with `request.ratelimit.report_usage(unit, count)`; the estimate is settled
-    at that when the response ends (a stream: when it finishes or is cut off). An estimator that raises
-    ValueError answers 400 with its message. Raises ValueError when applied for a unit that is not one.
+    """Declare that a view (a DRF view: its class, or above @api_view; a Ninja operation: under @api.post)
+    reserves usage: each keyword is a unit ("tokens") and a function of the request giving its estimate (a
+    whole number >= 1), reserved against that unit's usage limits in the view's scope in the request's one
+    decision, and settled at what the view reports (`request.ratelimit.report_usage(unit, count)`) when the
+    response ends. An estimator raising ValueError answers 400. ValueError when applied for a bad unit.
 
         @limit_cost(scope="llm")
         @usage(tokens=lambda request: json.loads(request.body)["max_tokens"])

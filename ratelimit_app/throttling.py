@@ -1,9 +1,9 @@
 """The DRF throttles backed by the limiter (docs/usage.md, "Django REST framework", is their manual):
 `TierRateThrottle` (the request's tier, as RateLimitMiddleware enforces it), `AnonRateThrottle`,
-`UserRateThrottle` and `ScopedRateThrottle` (drop-ins for DRF's, each decision atomic in Redis, rates read
-at request time), `ConcurrencyThrottle`, and `RateLimitHeadersMixin` for views without the middleware.
-All of ours on one view are decided in one call (ratelimit_app.drf.joint); their `allow_request` stays
-sync, as DRF and adrf call it from a worker thread.
+`UserRateThrottle` and `ScopedRateThrottle` (drop-ins for DRF's, atomic in Redis, rates read at request
+time), `ConcurrencyThrottle`, and `RateLimitHeadersMixin` for views without the middleware. All of ours on
+one view are admitted in one call (ratelimit_app.drf.joint), synchronously: DRF and adrf ask throttles
+from a worker thread.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class TierRateThrottle(JointThrottle):
     carries_request_limits = True
 
     def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
-        return []  # its limits are the request's own: planned by _joint_decision
+        return []  # its limits are the request's own
 
 
 def parse_throttle_rate(rate: str) -> tuple[int, int | float]:
@@ -80,8 +80,7 @@ class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
             self.config_error = exc
 
     def get_rate(self) -> str | None:
-        """The rate of this throttle's scope: from a `THROTTLE_RATES` attribute of a subclass, else
-        from DEFAULT_THROTTLE_RATES read now. ImproperlyConfigured when there is no scope or no rate."""
+        """The rate of this throttle's scope (a subclass' `THROTTLE_RATES`, else DEFAULT_THROTTLE_RATES read now)."""
         return scope_rate(self, drf_throttling.SimpleRateThrottle, api_settings.DEFAULT_THROTTLE_RATES or {})
 
     def parse_rate(self, rate: str | None) -> tuple[int | None, int | float | None]:  # type: ignore[override]
@@ -99,16 +98,13 @@ class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
 
     def get_ident(self, request: Any) -> str | None:  # type: ignore[override]
         # (DRF's stubs say str; DRF's own get_ident returns None too, when REMOTE_ADDR is missing)
-        """The client address. With DRF's NUM_PROXIES set (the project's statement of trust), DRF's rule
-        over X-Forwarded-For; with NUM_PROXIES None (DRF's default, which would trust a spoofable
-        header), RATELIMIT['TRUSTED_PROXIES'] decides, and X-Forwarded-For is ignored without them.
-        IPv6 clients are grouped by RATELIMIT['IPV6_PREFIX']. None when the request has no address."""
+        """The client address: DRF's rule with NUM_PROXIES set; with it None (DRF's default, which would
+        trust a spoofable header), RATELIMIT['TRUSTED_PROXIES'] decides. IPv6 grouped by IPV6_PREFIX."""
         if api_settings.NUM_PROXIES is not None:
             return super().get_ident(request)
         return throttle_ident(django_request_of(request))
 
     def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
-        """This throttle's check: its rate for the identity `get_cache_key` names."""
         if self.config_error is not None:
             raise self.config_error
         rate = self.rate
@@ -126,7 +122,6 @@ class AtomicRateThrottle(JointThrottle, drf_throttling.SimpleRateThrottle):
         return f"throttle.{self.scope or 'throttle'}"
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        """Like DRF: no rate, no limit; else decided jointly (see JointThrottle.allow_request)."""
         if getattr(self, "rate", None) is None and self.config_error is None:
             return True
         return super().allow_request(request, view)
@@ -169,7 +164,6 @@ class ScopedRateThrottle(AtomicRateThrottle, drf_throttling.ScopedRateThrottle):
         return True
 
 
-
 class ConcurrencyThrottle(JointThrottle):
     """At most `slots` requests of one user (anonymous clients: one address) in flight at once in the
     views it throttles; each holds a slot until its response is closed, `lease` seconds at most if its
@@ -194,7 +188,7 @@ class ConcurrencyThrottle(JointThrottle):
             ) from exc
 
     def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
-        """One slot per user, else per client address (None address: not limited)."""
+        """One slot per user, else per client address (no address: not limited)."""
         user = authenticated_user(request)
         if user is not None:
             ident = f"user:{user.pk}"
@@ -210,12 +204,9 @@ class ConcurrencyThrottle(JointThrottle):
 
 
 class RateLimitHeadersMixin:
-    """Add the rate limit headers of the throttles' decision to a DRF view's responses, and give back
-    the concurrency slots they took when the response is closed, or at once when the view raises an
-    exception DRF does not answer.
-
-    Not needed when RateLimitMiddleware is installed (it does both for throttled requests too).
-    """
+    """Add the headers of the throttles' decision to a DRF view's responses, and give back the slots
+    they took when the response is closed, or at once when the view raises an exception DRF does not
+    answer. Not needed with RateLimitMiddleware installed (it does both)."""
 
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
@@ -228,8 +219,8 @@ class RateLimitHeadersMixin:
 
 
 def _end(request: HttpRequest) -> None:
-    """Give back the slots of a request that ended without a response: at once, or from the releasing
-    thread when this runs on an event loop (adrf handles an async view's exception there)."""
+    """`end`; on an event loop (adrf answers an async view's exception there), its slots go back from the
+    releasing thread."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:

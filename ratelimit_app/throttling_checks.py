@@ -39,12 +39,8 @@ from .throttling import (
 
 @checks.register("ratelimit")
 def check_throttle_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """DEFAULT_THROTTLE_RATES parse (ratelimit.E010); every `throttle_scope` of a view with our
-    ScopedRateThrottle has a rate (E011); throttles in use (DEFAULT_THROTTLE_CLASSES and the views of
-    the URLconf) override nothing ours ignore (W010); with our throttles in use, X-Forwarded-For ignored
-    because NUM_PROXIES is None and no RATELIMIT['TRUSTED_PROXIES'] are set (W011); a view whose throttles may take
-    concurrency slots (ConcurrencyThrottle, TierRateThrottle) with neither RateLimitMiddleware nor
-    RateLimitHeadersMixin to give them back (W012)."""
+    """The checks of the module docstring, over the throttles in use (DEFAULT_THROTTLE_CLASSES and the
+    views of the URLconf)."""
     rates = api_settings.DEFAULT_THROTTLE_RATES or {}
     messages = _rate_errors(rates)
     defaults: Any = api_settings.DEFAULT_THROTTLE_CLASSES or ()  # imported classes (the stubs say strings)

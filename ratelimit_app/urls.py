@@ -1,9 +1,4 @@
-"""Opt-in URLs of ratelimit_app: `path("", include("ratelimit_app.urls"))` serves GET /metrics (Prometheus;
-for staff sessions, RATELIMIT['METRICS_TOKEN'] and RATELIMIT['METRICS_ALLOWED_IPS'] only).
-
-The admin dashboard has its own include, to be placed before `admin.site.urls`:
-`path("admin/", include("ratelimit_app.observability.dashboard"))` (see ratelimit_app.observability.dashboard).
-"""
+"""Opt-in URLs: `path("", include("ratelimit_app.urls"))` serves GET /metrics (docs/observability.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The limit of one view decorated with `@ratelimit` or `@limit_concurrency` (ratelimit_app.decorators):
-which check a request makes (its key function), and how the view answers the decision, sync or
-`async def`. The middleware decides such a limit with the request's own limits when it can
-(`DecoratorLimit.joins_request_limits`); otherwise the view decides it alone."""
+"""How a view decorated with `@ratelimit` or `@limit_concurrency` (ratelimit_app.decorators) decides: its
+check, decided with the request's own limits by the middleware when it can
+(`DecoratorLimit.joins_request_limits`), else by the view alone, sync or `async def`."""
 
 from __future__ import annotations
 
@@ -72,8 +71,8 @@ def plain_label(client: str) -> str:
 
 
 def digest_label(client: str) -> str:
-    """The label of an identity that may hold user data: what it is and a digest of it,
-    "header:<name>:#<digest>", "post:<field>:#<digest>", or "custom:#<digest>" (a key function's)."""
+    """The label of an identity that may hold user data: "header:<name>:#<digest>", "post:<field>:#<digest>",
+    or "custom:#<digest>" (a key function's)."""
     scheme, _, rest = client.partition(":")
     what = f"{scheme}:{rest.partition(':')[0]}" if scheme in ("header", "post") else "custom"
     return f"{what}:#{identity_digest(client)}"
@@ -84,8 +83,7 @@ OUTCOME_UNIT = "responses"
 
 
 class DecoratorLimit:
-    """The limit of one decorated view (a `routes.ViewLimit`): which check a request makes, and how
-    the view answers its decision."""
+    """The limit of one decorated view (a `routes.ViewLimit`)."""
 
     def __init__(self, policy: Policy, namespace: str, key_function: KeyFunction,
                  label_of: Callable[[str], str], block: bool, cost: int, count_if: CountIf | None = None) -> None:
@@ -111,15 +109,14 @@ class DecoratorLimit:
         self.reserving = (dataclasses.replace(policy, unit=OUTCOME_UNIT),) if count_if is not None and settles else ()
 
     def check_for(self, request: HttpRequest) -> LimitCheck | None:
-        """This view's check for `request`, or None when its key function says "not limited"."""
+        """This view's check for `request` (None: its key function says "not limited")."""
         client = self.key_function(request)
         if client is None:
             return None
         return LimitCheck(f"view:{self.namespace}|{client}", self.policies, self.owner)
 
     def _plan_alone(self, request: HttpRequest) -> RequestPlan | None:
-        """The plan of this view's limit decided alone (the middleware did not decide it); None when
-        the key function says this request is not limited."""
+        """The plan of this view's limit decided alone (None: not limited)."""
         check = self.check_for(request)
         if check is None:
             return None
@@ -127,8 +124,7 @@ class DecoratorLimit:
         return RequestPlan((check,), None, self.label_of(client), limit_config().fail_mode, label=_DECORATOR_TIER)
 
     def decide_alone(self, request: HttpRequest) -> LimitOutcome:
-        """Charge this view's limit alone; the outcome's decision is None when the key function says
-        this request is not limited."""
+        """Charge this view's limit alone (NOT_LIMITED: its key function says this request is not limited)."""
         plan = self._plan_alone(request)
         return NOT_LIMITED if plan is None else decide(plan, self.cost)
 
@@ -139,7 +135,7 @@ class DecoratorLimit:
         return NOT_LIMITED if plan is None else await limiting_async.decide(plan, self.cost)
 
     def _counted_check(self, request: HttpRequest) -> tuple[LimitCheck, str] | None:
-        """Counted by outcome: this request's check and its label, or None when it is not limited."""
+        """Counted by outcome: this request's check and its label (None: not limited)."""
         check = self.check_for(request)
         return None if check is None else (check, self.label_of(check.identity.partition("|")[2]))
 
@@ -156,9 +152,8 @@ class DecoratorLimit:
         return bool(self.reserving) and request_settings().values.get("BACKEND") != "memory"
 
     def check_before(self, check: LimitCheck, label: str, held: list[Reservation]) -> LimitOutcome:
-        """Counted by outcome, before the view: reserve the request's cost (what it holds is put in `held`),
-        or, where it cannot be settled, peek whether one more matching response fits (a refusal is counted
-        in the metrics)."""
+        """Counted by outcome, before the view: reserve the request's cost (held in `held`), or, where it
+        cannot be settled, peek whether one more matching response fits."""
         if self._reserves():
             decisions, reservation = get_limiter().reserve_many([(check.identity, self.reserving)], 1,
                                                                 ((OUTCOME_UNIT, self.cost),))
@@ -180,8 +175,8 @@ class DecoratorLimit:
         events.record_decision(allowed=True, tier=_DECORATOR_TIER, policy=None, degraded=False, identity=label)
 
     def charge_after(self, check: LimitCheck, label: str, counted: bool, held: list[Reservation]) -> LimitOutcome:
-        """Counted by outcome, after the view: count the request; settle what it reserved at its cost when
-        it matched and at 0 when not, or charge it when it matched."""
+        """Counted by outcome, after the view: settle what it reserved (at its cost when it `counted`, else
+        0), or charge it when it counted."""
         self._count_after(label)
         if held:
             get_limiter().settle(held.pop(), {OUTCOME_UNIT: self.cost if counted else 0})
@@ -254,8 +249,7 @@ class DecoratorLimit:
         return self.count_if is not None and bool(self.count_if(response))
 
     def _joint_decision(self, request: HttpRequest) -> tuple[bool, Decision | None]:
-        """(True, the decision) when the middleware decided this view's limit with its own; else
-        (False, None): the view decides it alone."""
+        """(True, the decision) when the middleware decided this view's limit; else (False, None)."""
         joint = outcome_of(request)
         if joint is not None and joint.owns(self.owner):
             return True, joint.decision_for(self.owner)
@@ -267,8 +261,7 @@ class DecoratorLimit:
         return decision is None or decision.allowed or not self.block
 
     def answer(self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        """Run the view, or refuse, once this view's limit is decided for `request`: the view's result
-        (a response, or the data a Django Ninja operation returns), or the refusal (a response)."""
+        """Decide, then run the view (its result: a response, or a Ninja operation's data) or refuse."""
         if self.count_if is not None:
             return self.answer_counted(request, view, args, kwargs)
         joined, decision = self._joint_decision(request)
@@ -288,7 +281,7 @@ class DecoratorLimit:
         return self._with_headers(response, decision)
 
     async def aanswer(self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        """`answer` for an `async def` view: decided and awaited on the event loop."""
+        """`answer` for an `async def` view, on the event loop."""
         if self.count_if is not None:
             return await self.aanswer_counted(request, view, args, kwargs)
         joined, decision = self._joint_decision(request)
@@ -308,7 +301,7 @@ class DecoratorLimit:
         return self._with_headers(response, decision)
 
     def _refused(self, decision: Decision | None) -> HttpResponseBase:
-        """The 429 (or 503 when the limiter could not decide) for a refused request, with headers."""
+        """The 429 (503: the limiter could not decide), with headers."""
         if decision is None:
             return limiter_unavailable(None, None)
         if decision.degraded:
@@ -318,21 +311,18 @@ class DecoratorLimit:
         return self._with_headers(response, decision)
 
     def _with_headers(self, response: Any, decision: Decision | None) -> Any:
-        """`response` with this limit's headers; what a view returns that is not a response (the data of
-        a Django Ninja operation, which Ninja turns into one) is returned as it is."""
+        """`response` with this limit's headers (a Ninja operation's data is returned as it is)."""
         if decision is not None and decision.results and isinstance(response, HttpResponseBase):
             apply_headers(response, decision, self.policies, None, limit_config().headers)
         return response
 
     @property
-    def where(self) -> str:
-        """Where a failure of this limit is logged from."""
+    def where(self) -> str:  # where a failure of this limit is logged from
         return f"@ratelimit ({self.namespace})"
 
 
 def wrap_view(view: ViewT, limit: DecoratorLimit) -> ViewT:
-    """The view wrapped so that `limit` decides each request: a coroutine function for an `async def`
-    view (decided on the event loop), a plain function otherwise."""
+    """The view wrapped so that `limit` decides each request (a coroutine function for an `async def` view)."""
     if iscoroutinefunction(view):
         @functools.wraps(view)
         async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -350,7 +340,7 @@ def wrap_view(view: ViewT, limit: DecoratorLimit) -> ViewT:
 
 
 class ConcurrencyLimit(DecoratorLimit):
-    """The limit of a view decorated with `@limit_concurrency`: one slot per request in flight. A slot
-    is the same whatever the route costs, so it always joins the middleware's call."""
+    """`@limit_concurrency`'s limit: a slot is the same whatever the route costs, so it always joins the
+    middleware's call."""
 
     joins_at_any_cost = True

@@ -1,15 +1,15 @@
-"""The admission path every entry point is an adapter over: `admit` a request (plan, one all-or-nothing
-decision, the slots it took held, the outcome recorded), then `finish` its response (headers, the held
-slots tied to the response's end), or `end` it when it ends without one. What the limiter carries
-through a request is one `RequestState`, in `request.ratelimit`. The async twins are in
-ratelimit_app.apply.admission_async.
+"""The admission path every entry point is an adapter over: `admit` a request (one all-or-nothing
+decision, the slots it took held, the outcome recorded), then `finish` its response, or `end` it when it
+ends without one. What the limiter carries through a request is one `RequestState`, in
+`request.ratelimit`. The async twins are in ratelimit_app.apply.admission_async; docs/architecture.md
+("The admission path") is the manual.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from django.http import HttpRequest, HttpResponseBase
 
@@ -17,9 +17,10 @@ from ..conf.snapshot import Snapshot, request_settings
 from ..core.engine import Usage
 from . import usage as usage_limits
 from .concurrency import HeldSlots, middleware_installed, release_with
-from .limitcheck import LimitCheck
-from .limiting import failure_outcome, limit_request
-from .outcome import ALLOWED, NOT_LIMITED, LimitOutcome
+from .limitcheck import LimitCheck, identity_digest
+from .limiting import decide, failure_outcome, limit_config, limit_request
+from .outcome import ALLOWED, DENIED, NOT_LIMITED, LimitOutcome
+from .planning import FROM_REQUEST, RequestPlan
 from .responses import add_headers, refusal
 
 #: The one request attribute of ours.
@@ -29,17 +30,36 @@ _ATTRIBUTE = "ratelimit"
 USAGE_ENTRY = "usage"
 #: The extra checks of `admit`: a sequence, or a callable giving it once the request's user is known.
 Extra = Sequence[LimitCheck] | Callable[[], Sequence[LimitCheck]]
+#: How `admit` answers its outcome (decided at a cost): `record` (the refusal to send, or None), or an
+#: entry point's own (throttles answer through their framework).
+Answer = Callable[[HttpRequest, LimitOutcome, int], HttpResponseBase | None]
+
+
+class Throttles(NamedTuple):
+    """`admit`'s mode for throttles of ours (DRF's, Ninja's). `checks()` gives their checks and the metrics
+    label of the throttle leading them; it is asked before anything else, and None (one of them has a
+    rate of 0) refuses the request outright, asking nothing. With `request_limits` False, their checks and
+    `extra` are decided alone: not the per-IP and tier limits (the middleware decided them, or the path
+    is not limited)."""
+
+    checks: Callable[[], tuple[Sequence[LimitCheck], str] | None]
+    request_limits: bool
+
+
+#: Throttles refusing outright: nothing asked, nothing charged.
+REFUSED_OUTRIGHT = LimitOutcome(DENIED, None, (), None, "")
+_NOTHING_DECIDED = LimitOutcome(ALLOWED, None, (), None, "")
+
 
 
 class RequestState:
     """What the limiter carries through one request (`request.ratelimit`).
 
-    `outcome` is what was decided (None until a decision is made); `cost` what the request was charged
-    at; `slots` the concurrency slots it holds until it ends; `deferred` the (cost, scope) an entry point
-    left to a framework's throttles to decide; `in_flight` this process' requests in flight when it
-    arrived (the process shedder's count, None when that shedder is off); `entry` what an entry point
-    carries from admit to finish, by a name of its own; `settings` the settings snapshot the request was
-    admitted under (None before `admit`).
+    `outcome`: what was decided (None until then), at `cost`; `slots`: the concurrency slots it holds
+    until it ends; `deferred`: the (cost, scope) the middleware left to a framework's throttles;
+    `in_flight`: this process' requests in flight when it arrived (None: the process shedder is off);
+    `entry`: what an entry point carries from admit to finish, by a name of its own; `settings`: the
+    snapshot it was admitted under (None before `admit`).
     """
 
     __slots__ = ("_closers", "cost", "deferred", "entry", "in_flight", "outcome", "settings", "slots")
@@ -64,12 +84,10 @@ class RequestState:
         self._closers.append(closer)
 
     def take_slots(self) -> list[HeldSlots]:
-        """The held slots, no longer held here (whoever takes them gives them back)."""
         slots, self.slots = self.slots, []
         return slots
 
     def take_closers(self) -> list[Callable[[], None]]:
-        """What `at_end` registered, no longer registered here."""
         closers, self._closers = self._closers, []
         return closers
 
@@ -81,7 +99,6 @@ class RequestState:
             meter.report(unit, count)
 
     def take_deferred(self) -> tuple[int, str] | None:
-        """The (cost, scope) left to a framework's throttles, once."""
         deferred, self.deferred = self.deferred, None
         return deferred
 
@@ -105,33 +122,74 @@ def state_if_any(request: Any) -> RequestState | None:
 
 
 def outcome_of(request: Any) -> LimitOutcome | None:
-    """What was decided for `request` (None when nothing was)."""
     state = state_if_any(request)
     return state.outcome if state is not None else None
 
 
-def admit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra = (),
-          path: str | None = None, where: str = "middleware", usage: Usage = ()) -> HttpResponseBase | None:
-    """Plan and decide `request` at `cost` in `scope`, with the `extra` checks in the same call; hold
-    the slots it took and record the outcome on its state. `path`: the path planned for (a gateway's
-    described request; default the request's own). The refusal to send (401, 403, 429, 503),
-    or None when admitted. Never raises because of the limiter: a failure follows the fail mode
-    (logged as from `where`); RATELIMIT['ENABLED'] = False admits without deciding anything. `usage`:
-    the estimates it reserves (ratelimit_app.apply.usage), settled when it ends."""
+def record(request: HttpRequest, outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase | None:
+    """Record `outcome` (decided at `cost`) on the request's state and hold its slots: the refusal to
+    send, or None when it allows the request."""
+    state = state_of(request)
+    state.outcome = outcome
+    state.cost = cost
+    if outcome.slots is not None:
+        state.slots.append(outcome.slots)
+    return None if outcome.status == ALLOWED else refusal(outcome, cost)
+
+
+def admit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra = (), path: str | None = None,
+          where: str = "middleware", usage: Usage = (), user: Any = FROM_REQUEST, throttles: Throttles | None = None,
+          run: Callable[[Callable[[], LimitOutcome]], LimitOutcome] | None = None,
+          answer: Answer = record) -> HttpResponseBase | None:
+    """Plan and decide `request` at `cost` in `scope`, with the `extra` checks in the same call; hold the
+    slots it took and `answer` the outcome (default `record`: the refusal to send (401, 403, 429, 503),
+    or None when admitted). Never raises because of the limiter: a failure follows the fail mode (logged
+    as from `where`); RATELIMIT['ENABLED'] = False admits without deciding anything.
+
+    `path`: the path planned for (a gateway's described request; default the request's own). `usage`: the
+    estimates it reserves (ratelimit_app.apply.usage), settled when it ends. `user`: the framework's
+    authenticated user (default the request's). `throttles`: see `Throttles`. `run(decide_now)` runs the
+    decision, and sees its errors before the fail mode does (Ninja's, which may be on an event loop).
+    """
     settings = settings_of(request)
     try:  # RATELIMIT['ENABLED'] always has a reading (an invalid one reads as True)
         if not settings.enabled:
             outcome = NOT_LIMITED
-        elif usage:
-            outcome, meter = usage_limits.limit_request(request, cost=cost, scope=scope, usage=usage, extra=extra,
-                                                        path=path, settings=settings)
-            hold_usage(request, meter)
+        elif run is None:
+            outcome = _decide(request, cost, scope, extra, path, usage, user, throttles, settings)
         else:
-            outcome = limit_request(request, cost=cost, scope=scope, extra=extra() if callable(extra) else extra,
-                                    path=path, settings=settings)
+            outcome = run(lambda: _decide(request, cost, scope, extra, path, usage, user, throttles, settings))
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
-    return record(request, outcome, cost)
+    return answer(request, outcome, cost)
+
+
+def _decide(request: HttpRequest, cost: int, scope: str, extra: Extra, path: str | None, usage: Usage, user: Any,
+            throttles: Throttles | None, settings: Snapshot) -> LimitOutcome:
+    if throttles is not None:
+        found = throttles.checks()
+        if found is None:
+            return REFUSED_OUTRIGHT
+        checks, label = found
+        extra = (*checks, *(extra() if callable(extra) else extra))
+        if not throttles.request_limits:
+            return _decide_alone(extra, label, cost)
+    if usage:
+        outcome, meter = usage_limits.limit_request(request, cost=cost, scope=scope, usage=usage, extra=extra,
+                                                    path=path, settings=settings, user=user)
+        hold_usage(request, meter)
+        return outcome
+    return limit_request(request, cost=cost, scope=scope, user=user, extra=extra() if callable(extra) else extra,
+                         path=path, settings=settings)
+
+
+def _decide_alone(checks: Sequence[LimitCheck], label: str, cost: int) -> LimitOutcome:
+    """`checks` alone in one call, led in the metrics by `label`; shown to operators by the first one's
+    label, else by a digest of its identity (a throttle's identity may hold anything)."""
+    if not checks:
+        return _NOTHING_DECIDED
+    identity = checks[0].label or f"throttle:#{identity_digest(checks[0].identity)}"
+    return decide(RequestPlan(tuple(checks), None, identity, limit_config().fail_mode, label=label), cost)
 
 
 def hold_usage(request: HttpRequest, meter: usage_limits.UsageMeter | None) -> None:
@@ -150,21 +208,9 @@ def settings_of(request: HttpRequest) -> Snapshot:
     return state.settings
 
 
-def record(request: HttpRequest, outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase | None:
-    """Record `outcome` (decided at `cost`) on the request's state and hold its slots: the refusal to
-    send, or None when it allows the request."""
-    state = state_of(request)
-    state.outcome = outcome
-    state.cost = cost
-    if outcome.slots is not None:
-        state.slots.append(outcome.slots)
-    return None if outcome.status == ALLOWED else refusal(outcome, cost)
-
-
 def finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
-    """`response` with the rate limit headers of the request's outcome; the slots it holds (and what
-    `at_end` registered) go with the response, released when it is closed (a stream: when it ends or
-    is cut off) or dropped unclosed."""
+    """`response` with the headers of the request's outcome; the slots it holds (and what `at_end`
+    registered) go with it: released when it is closed (a stream: ended or cut off) or dropped."""
     state = request.__dict__.get(_ATTRIBUTE)
     if state is None:
         return response
@@ -183,8 +229,7 @@ def finish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase
 
 
 def end(request: HttpRequest) -> None:
-    """The request ended without a response to carry its end (the view raised, a connection closed):
-    give back what it holds now."""
+    """The request ended without a response (the view raised, a connection closed): give back what it holds."""
     state = state_if_any(request)
     if state is None:
         return
@@ -195,10 +240,9 @@ def end(request: HttpRequest) -> None:
 
 
 def release_after(request: HttpRequest, result: Any, slots: HeldSlots | None) -> None:
-    """Give `slots` back once the view's `result` is done with: with the response when `result` is one;
-    when it is data that a framework turns into the response later (a Django Ninja operation returns a
-    dict or a model), with the response RateLimitMiddleware finishes, or at once when the middleware
-    is not installed (the view's own work is over)."""
+    """Give back `slots` once the view's `result` is done with: with the response when it is one; when it
+    is data a framework turns into one later (a Ninja operation's), with the response RateLimitMiddleware
+    finishes, or at once without the middleware (the view's own work is over)."""
     if slots is None:
         return
     if isinstance(result, HttpResponseBase):

@@ -1,6 +1,6 @@
-"""The async twins of ratelimit_app.apply.admission: `aadmit`, `afinish`, `aend` and `arelease_after`, the
-same contract awaited on the event loop (the decision through the async service, slots given back
-through it), over the same `RequestState`."""
+"""The async twins of ratelimit_app.apply.admission (`aadmit`, `afinish`, `aend`, `arelease_after`): the
+same contract on the event loop, over the same `RequestState`. Throttles (admit's `throttles=` mode) are
+asked synchronously by every framework, so it has no twin here."""
 
 from __future__ import annotations
 

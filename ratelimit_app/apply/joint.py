@@ -1,8 +1,7 @@
-"""The joint decision of several throttles of ours on one handler (a DRF view, a Ninja operation):
-their checks, the handler's own limit (`@ratelimit`) and the request's own limits (per-IP and tier) when
-they are decided there, in ONE all-or-nothing call made when the framework asks the first of them; then
-what each throttle answers for (`Joint.verdict`). Framework-free: which throttles sit on a handler and
-how each names its checks is the framework's part (ratelimit_app.drf, ratelimit_app.ninja).
+"""What our throttles share whatever the framework (DRF's: ratelimit_app.drf; Django Ninja's:
+ratelimit_app.ninja): `decide_jointly` admits a request for every throttle of ours on one handler in one
+call (`admission.admit`), and `Joint.verdict` is what each of them answers for; the hooks, rates, checks
+and waits of their SimpleRateThrottle contract.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest
@@ -20,26 +19,26 @@ from django.http import HttpRequest
 from ..core.decision import Decision
 from ..core.engine import Usage
 from ..core.policies import Policy
-from . import usage as usage_limits
-from .admission import hold_usage, record, state_if_any, state_of
+from .admission import Extra, Throttles, admit, record, state_if_any, state_of
 from .identity import authenticated_user
 from .limitcheck import REQUEST_LIMITS, LimitCheck, identity_digest
-from .limiting import decide, limit_config, limit_request, safely
 from .outcome import ALLOWED, DENIED, LimitOutcome
-from .planning import RequestPlan
 from .routes import DEFAULT_ROUTE, route_for_view
 
 _POLICY_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-#: The entry of the request's state (`RequestState.entry`) holding the Joint of the throttles that decided it.
+#: The entry of the request's state holding the Joint of the throttles that decided it.
 _JOINT_ENTRY = "throttles"
 
 
 class ThrottleHooks:
-    """What our throttles add to a framework's throttle class, whichever the framework (DRF, Ninja): the
-    `throttle_success()` / `throttle_failure()` hooks, and a class that sets `cache` refused when it is
-    defined (our throttles count in Redis). `cache_throttle` names the framework's own cache throttle."""
+    """What our throttles add to a framework's throttle class, whichever the framework (DRF, Ninja): an
+    `owner` labelling its checks (unique among a handler's), the `throttle_success()` /
+    `throttle_failure()` hooks, and a class that sets `cache` refused when it is defined (ours count in
+    Redis; `cache_throttle` names the framework's own cache throttle)."""
 
     cache_throttle: str = ""
+    #: True for the throttle that carries the request's own limits (per-IP and tier).
+    carries_request_limits: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -50,39 +49,25 @@ class ThrottleHooks:
                 f"{cls.cache_throttle} to keep the framework's cache throttle."
             )
 
+    @property
+    def owner(self) -> str:
+        raise NotImplementedError
+
     def metrics_label(self) -> str:
         """The `tier` label of decisions this throttle leads in the metrics."""
         return "throttle"
 
     def throttle_success(self) -> bool:
-        """Called when this throttle's limits allow the request; returns True."""
         return True
 
     def throttle_failure(self) -> bool:
-        """Called when this throttle's limits refuse the request; returns False."""
         return False
-
-
-class _Member(Protocol):
-    """One of our throttles in a joint decision."""
-
-    @property
-    def carries_request_limits(self) -> bool:
-        """True for the throttle that carries the request's own limits (per-IP and tier)."""
-
-    @property
-    def owner(self) -> str:
-        """The label of this throttle's checks in the joint decision (unique among the handler's)."""
-
-    def metrics_label(self) -> str:
-        """The `tier` label of decisions this throttle leads in the metrics."""
 
 
 class Joint(NamedTuple):
     """One handler's joint decision for one request: the `outcome`, the request's `cost`, the `owners`
     of the handler's throttles of ours, the `carrier` (the owner of the one that answers for the
-    request's own limits, and for a 401, 403 or 503) and the owners refused outright (a rate of 0:
-    refused without asking Redis)."""
+    request's own limits, and for a 401, 403 or 503) and the owners refused outright (a rate of 0)."""
 
     handler: Any
     outcome: LimitOutcome
@@ -104,81 +89,45 @@ class Joint(NamedTuple):
 
     @property
     def refused(self) -> bool:
-        """True when one of the handler's throttles of ours refuses the request: over its own limits, or
-        the carrier for the request's own (over a rate, or a 401, 403 or 503)."""
+        """True when one of the handler's throttles of ours refuses the request (over its own limits, or
+        the carrier for the request's own: over a rate, or a 401, 403 or 503)."""
         return self.outcome.status not in (ALLOWED, DENIED) or any(self.verdict(o)[0] for o in self.owners)
 
 
-class JointCall(NamedTuple):
-    """What one handler's throttles decide for one request: `members` in the framework's order,
-    `checks_of(member)` (its checks, [] when it does not limit this request, None when it refuses it
-    outright), the cost and tier scope of the request, the authenticated `user` (the framework's),
-    whether the request's own limits are part of the call, `extra()`, more checks (the view's own
-limit; called during the decision, so it may read the request's user), and the `usage` the handler
-estimates (ratelimit_app.apply.usage), reserved with the request's own limits when they are part of the
-call, and settled when the request ends."""
-
-    request: HttpRequest
-    handler: Any
-    members: Sequence[_Member]
-    checks_of: Callable[[Any], list[LimitCheck] | None]
-    cost: int
-    scope: str
-    user: Any
-    with_request_limits: bool
-    extra: Callable[[], Sequence[LimitCheck]] = lambda: ()
-    usage: Usage = ()
-
-    @property
-    def carrier(self) -> _Member:
-        """The member that answers for the request's own limits: a TierRateThrottle, else the first."""
-        return next((m for m in self.members if m.carries_request_limits), self.members[0])
-
-    def decide(self, denied: set[str]) -> LimitOutcome:
-        """Every member's checks (and the request's own limits when they are part of the call) in one
-        call; the owners of members whose rate is 0 are added to `denied` (refused, nothing asked)."""
-        extra: list[LimitCheck] = []
-        leader = self.carrier
-        for member in self.members:
-            checks = self.checks_of(member)
-            if checks is None:
-                denied.add(member.owner)
-            elif checks and not extra:
-                leader = member
-            extra.extend(checks or ())
-        if denied:  # a rate of 0: refused without asking Redis, nothing charged
-            return LimitOutcome(DENIED, None, (), None, "")
-        extra.extend(self.extra())
-        if self.with_request_limits and self.usage:
-            outcome, meter = usage_limits.limit_request(self.request, cost=self.cost, scope=self.scope,
-                                                        usage=self.usage, extra=extra, user=self.user)
-            hold_usage(self.request, meter)
-            return outcome
-        if self.with_request_limits:
-            return limit_request(self.request, cost=self.cost, scope=self.scope, user=self.user, extra=extra)
-        if not extra:
-            return LimitOutcome(ALLOWED, None, (), None, "")
-        plan = RequestPlan(tuple(extra), None, _display_identity(extra[0]), limit_config().fail_mode,
-                           label=leader.metrics_label())
-        return decide(plan, self.cost)
-
-
-def decide_jointly(call: JointCall, *, where: str, run: Callable[[Callable[[], LimitOutcome]], LimitOutcome]
-                   = lambda decide_now: decide_now()) -> Joint:
-    """Make `call` (following the fail mode if the limiter fails: `safely`), and keep it on the request's
-    state (`joint_of`). When it decided limits, its outcome is the request's (`admission.record`: the
-    headers, the slots it took held until the request ends); `run` runs the decision (Ninja's runs it
-    where it may be on an event loop)."""
+def decide_jointly(request: HttpRequest, handler: Any, members: Sequence[ThrottleHooks],
+                   checks_of: Callable[[Any], Sequence[LimitCheck] | None], *, cost: int, scope: str, user: Any,
+                   request_limits: bool, where: str, extra: Extra = (), usage: Usage = (),
+                   run: Callable[[Callable[[], LimitOutcome]], LimitOutcome] | None = None) -> Joint:
+    """Admit `request` for the throttles of ours on `handler` (`members`, in the framework's order; the
+    carrier is the one carrying the request's own limits, else the first) in one `admission.admit`:
+    `checks_of(member)` ([]: it does not limit this request; None: it refuses it outright), the request's
+    own limits when `request_limits`, `extra` (the view's own limit) and `usage`. The outcome is recorded
+    only when it decided limits (else RateLimitMiddleware charges deferred request limits on the way out);
+    the Joint is kept on the request's state (`joint_of`)."""
+    carrier = next((m for m in members if m.carries_request_limits), members[0])
     denied: set[str] = set()
-    outcome = safely(lambda: run(lambda: call.decide(denied)), where=where)
-    state = state_of(call.request)
-    if outcome.decision is not None and outcome.policies:
-        # (the framework answers a refusal in its own way; when no limit was decided, a request whose own
-        # limits were left to the throttles is charged on the way out by RateLimitMiddleware)
-        record(call.request, outcome, call.cost)
-    joint = Joint(call.handler, outcome, call.cost, tuple(m.owner for m in call.members), call.carrier.owner,
-                  frozenset(denied))
-    state.entry[_JOINT_ENTRY] = joint
+
+    def checks() -> tuple[list[LimitCheck], str] | None:
+        found: list[LimitCheck] = []
+        leader = carrier
+        for member in members:
+            own = checks_of(member)
+            if own is None:
+                denied.add(member.owner)
+            elif own and not found:
+                leader = member
+            found.extend(own or ())
+        return None if denied else (found, leader.metrics_label())
+
+    def keep(request: HttpRequest, outcome: LimitOutcome, cost: int) -> None:
+        if outcome.decision is not None and outcome.policies:
+            record(request, outcome, cost)
+        state_of(request).entry[_JOINT_ENTRY] = Joint(handler, outcome, cost, tuple(m.owner for m in members),
+                                                      carrier.owner, frozenset(denied))
+
+    admit(request, cost=cost, scope=scope, extra=extra, where=where, usage=usage,
+          user=user, throttles=Throttles(checks, request_limits), run=run, answer=keep)
+    joint: Joint = state_of(request).entry[_JOINT_ENTRY]
     return joint
 
 
@@ -194,8 +143,7 @@ def joint_of(request: HttpRequest, handler: Any = None) -> Joint | None:
 
 def request_charge(request: HttpRequest, declared: Any) -> tuple[int, str, bool]:
     """(cost, scope, deferred) of `request` for the throttles of the handler `declared` (its function or
-    class: see routes.route_for_view): those RateLimitMiddleware left to them when it deferred the
-    request's own limits (`deferred` True), else the handler's declared route's."""
+    class): those RateLimitMiddleware left to them (`deferred` True), else the declared route's."""
     state = state_if_any(request)
     left = state.take_deferred() if state is not None else None
     if left is not None:
@@ -216,13 +164,6 @@ def _throttle_policy(scope: str, requests: int, seconds: float, algorithm: str) 
     return Policy(name, algorithm, limit=requests, period=seconds)
 
 
-def _display_identity(check: LimitCheck) -> str:
-    """What operators read for the identity of a throttle's check: the label its throttle set (see
-    `_throttle_label`), else "throttle:#<digest>" (a throttle of the project's own, whose identity may hold
-    anything)."""
-    return check.label or f"throttle:#{identity_digest(check.identity)}"
-
-
 def retry_wait(decision: Decision | None, floor: float) -> float | None:
     """Seconds until a refusing `decision` allows again, at least `floor` (a throttle's `wait()`); None
     when it did not refuse, or refused for good (a cost over the limit's capacity)."""
@@ -232,10 +173,9 @@ def retry_wait(decision: Decision | None, floor: float) -> float | None:
 
 
 def scope_rate(throttle: Any, framework_base: type, defaults: Mapping[str, Any]) -> Any:
-    """The rate of `throttle`'s scope (DRF's and Ninja's `get_rate`): from a `THROTTLE_RATES` attribute
-    of one of its classes other than `framework_base` (whose copy of the setting was taken at import),
-    else from the framework's setting `defaults`, read now. ImproperlyConfigured, in the frameworks' own
-    words, when there is no scope or no rate for it."""
+    """The rate of `throttle`'s scope (DRF's and Ninja's `get_rate`): from a `THROTTLE_RATES` attribute of
+    one of its classes other than `framework_base` (whose copy was taken at import), else from `defaults`,
+    read now. ImproperlyConfigured, in the frameworks' own words, for no scope or no rate."""
     scope = getattr(throttle, "scope", None)
     if not scope:
         raise ImproperlyConfigured(f"You must set either `.scope` or `.rate` for '{type(throttle).__name__}' throttle")
@@ -269,9 +209,8 @@ class _RateThrottle(Protocol):
 
 def rate_check(throttle: _RateThrottle, request: Any, key: str, identity: str, requests: int,
                seconds: float) -> list[LimitCheck] | None:
-    """The check of `throttle`'s rate (`requests` per `seconds`) on `identity`, where `key` is its cache
-    key for `request` (what operators read for it: `_throttle_label`); None for a rate of 0 (refuse
-    every request)."""
+    """The check of `throttle`'s rate (`requests` per `seconds`) on `identity`, `key` being its cache key
+    for `request`; None for a rate of 0 (refuse every request)."""
     scope = str(throttle.scope or "throttle")
     policy = _throttle_policy(scope, requests, seconds, throttle.algorithm)
     if policy is None:

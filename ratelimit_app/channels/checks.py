@@ -1,13 +1,6 @@
-"""System checks of the Channels middleware, found in settings.ASGI_APPLICATION (Channels' own setting):
-
-- ratelimit.W080: Channels' AuthMiddleware runs inside WebSocketRateLimitMiddleware (the limiter plans
-  before the session user is known: a signed-in user's connects and messages are counted as their IP's),
-  or the limiting middleware is used without RateLimitMiddlewareStack's removal of the key from the
-  server's scope (a server's log line of the connection may then show a `?key=`);
-- ratelimit.W081: no tier limits the middleware's message scope: messages are not limited at all.
-
-Registered by the app when Channels is installed; silent when ASGI_APPLICATION is not set.
-"""
+"""System checks of the Channels middleware in settings.ASGI_APPLICATION: W080, Channels' AuthMiddleware
+runs inside the limiting middleware, or RateLimitMiddlewareStack does not take the key out of the server's
+scope; W081, no tier limits the message scope. Silent when ASGI_APPLICATION is not set."""
 
 from __future__ import annotations
 

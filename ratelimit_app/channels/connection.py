@@ -1,19 +1,7 @@
-"""One WebSocket connection's limits, from its connect to its disconnect: `ConnectionLimits`, an adapter
-over the admission path (ratelimit_app.apply.admission_async).
-
-- The connect is admitted like a request to the connect scope (`aadmit`: the tier's limits, the scope's
-  own, such as "5 connects per minute" and "2 connections at once", and the per-IP limit, in one Redis
-  call); the disconnect ends it like a request without a response (`aend`).
-- A concurrency limit of that scope gives the connection a slot, held for its whole life: renewed every
-  third of its lease while the connection lives, given back when it ends, and given back by its lease
-  when the server dies.
-- Each received message is charged to the message scope's own limits, with its cost, for the identity and
-  tier its connect was admitted under: one decision (`limiting_async.decide`: the same call, deny cache,
-  fail mode and metrics as a request's), answered from the deny cache while a refusal's retry time lasts.
-  A message is not planned again: it is not charged the tier's HTTP limits nor the per-IP limit, which
-  its connect paid. When staff edit a plan (announced to every process: ratelimit_app.plans.edits), the
-  next message plans the connection's client again, so edits reach open connections too.
-"""
+"""One WebSocket connection's limits, from its connect to its disconnect (docs/websockets.md, "The limits,
+per tier"): the connect admitted like a request (`aadmit`), its concurrency slot renewed while it lives,
+each message charged to the message scope's own limits alone (its connect paid the tier's HTTP limits and
+the per-IP limit), planned again after an edit of the plans."""
 
 from __future__ import annotations
 
@@ -129,14 +117,11 @@ def _plans_version() -> tuple[int, int]:
     return lookups.edits.changes, lookups.local.generation
 
 
-def _lease_seconds(held: list[HeldSlots]) -> float:
-    return min(policy.period for slots in held for _, policy in slots.held if policy.algorithm == CONCURRENCY)
-
-
 async def _renew(held: list[HeldSlots]) -> Any:
     """Keep the slots of `held` taken: a full lease again every third of the shortest one, until cancelled
     or given back."""
-    interval = max(_lease_seconds(held) / 3, 0.05)
+    lease = min(policy.period for slots in held for _, policy in slots.held if policy.algorithm == CONCURRENCY)
+    interval = max(lease / 3, 0.05)
     while True:
         await asyncio.sleep(interval)
         live = [slots for slots in held if not slots.released]

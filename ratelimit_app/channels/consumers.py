@@ -1,5 +1,5 @@
-"""`RateLimitedConsumerMixin`: what a Channels consumer adds to set the cost of its messages and read the
-limits of its connection (the middleware, ratelimit_app.channels.middleware, does the limiting)."""
+"""`RateLimitedConsumerMixin`: sets the cost of a Channels consumer's messages and reads its connection's
+limits (the middleware does the limiting)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""The Channels middleware: limits WebSocket connects, connections held and messages with the same tiers,
-keys and Redis state as the HTTP API (docs/websockets.md).
-
-    application = ProtocolTypeRouter({
-        "http": django_asgi_app,
-        "websocket": RateLimitMiddlewareStack(URLRouter(websocket_urlpatterns)),
-    })
-
-`RateLimitMiddlewareStack` is Channels' `AuthMiddlewareStack` (so session users get their tier) with the
-limiting middleware inside it and the key's removal from the server's scope outside it. Every other scope
-type passes through untouched.
-"""
+"""The Channels middleware: `RateLimitMiddlewareStack(inner, **options)` limits WebSocket connects,
+connections held and messages with the same tiers, keys and Redis state as the HTTP API
+(docs/websockets.md). Every other scope type passes through untouched."""
 
 from __future__ import annotations
 
@@ -35,14 +26,9 @@ MESSAGE_SCOPE = "websocket_message"
 
 
 class WebSocketRateLimitMiddleware:
-    """ASGI middleware for the `websocket` scope (inside Channels' AuthMiddlewareStack).
-
-    A connect is refused before accept when the client's limits of `connect_scope` refuse it; an admitted
-    connection holds its concurrency slot until it ends; each received message is charged `message_cost`
-    (the consumer's `ratelimit_message_cost` when it has RateLimitedConsumerMixin) to `message_scope`, and a
-    refused one never reaches the application: it is answered with an error frame, and after
-    `max_refusals` refused messages the connection is closed with code 4429.
-    """
+    """ASGI middleware for the `websocket` scope (inside Channels' AuthMiddlewareStack): connects charged to
+    `connect_scope`, messages to `message_scope`; a refused message never reaches the application, and after
+    `max_refusals` of them the connection is closed with code 4429."""
 
     def __init__(self, inner: ASGIApp, *, connect_scope: str = CONNECT_SCOPE, message_scope: str = MESSAGE_SCOPE,
                  max_refusals: int = 10) -> None:

@@ -1,20 +1,6 @@
-"""How a WebSocket is told it was refused: before accept, an HTTP answer through the ASGI denial response
-extension (or a close where the server lacks it); after accept, an error frame per refused message and a
-close once too many were refused.
-
-Close codes (RFC 6455 leaves 4000-4999 to applications):
-
-- 4429: the connection sent more refused messages than the middleware's `max_refusals` allows;
-- 4503: a refused connect on a server without the denial response extension, when the limiter could not
-  decide and the fail mode refuses (a handshake closed before accept is answered 403 by the server; the
-  code is what an ASGI test client such as Channels' WebsocketCommunicator reads);
-- 4429, 4401, 4403 likewise for a connect refused by a limit, for want of a usable key, or by a deny rule.
-
-A refused message's error frame is a JSON text frame:
-
-    {"type": "ratelimit.refused", "error": "rate limit exceeded", "tier": "free",
-     "policy": "websocket_message.messages", "retry_after": 4.21}
-"""
+"""How a WebSocket is told it was refused (docs/websockets.md, "Refusals"): before accept, an HTTP answer
+through the ASGI denial response extension, else a close with code 4000 + status; after accept, an error
+frame per refused message, and a close with 4429 once too many were refused."""
 
 from __future__ import annotations
 

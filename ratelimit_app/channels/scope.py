@@ -1,15 +1,6 @@
-"""Who is on the other end of a WebSocket: the request the limiter plans for, built from a Channels scope.
-
-A connect is planned like an HTTP request (ratelimit_app.apply.planning), so it gets the same identity:
-our API key, the session user, else the client IP behind trusted proxies. Browsers cannot set headers on a
-WebSocket, so the key may also come from the query string (`?key=<key>`) or from the protocols the client
-offers (`new WebSocket(url, ["chat", key])`); a header (RATELIMIT['API_KEY_HEADER'], `Authorization: Bearer`)
-still counts for clients that can send one.
-
-The key is taken out of what the application sees: the query string loses its `key` parameter and the
-offered protocols (and the Sec-WebSocket-Protocol header) lose the key, in the scope the server holds too
-(its log line of the connection prints that query string), so no consumer, log or echo ever shows it.
-"""
+"""Who is on the other end of a WebSocket: the request the limiter plans a connect as, built from a Channels
+scope, and the API key taken out of its query string or offered protocols, in the server's own scope too
+(its log line prints that query string), so that no consumer, log or echo shows it (docs/websockets.md)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""Request paths as RATELIMIT's path settings (PATH_PREFIXES, EXEMPT_PATHS, SHED_PRIORITIES) describe them.
-
-A path (decoded once, as Django's `request.path_info`) is read two ways: as sent, and normalised
-(`normalize`: repeated slashes merged, dot segments resolved) as nginx and Caddy route it. The service
-behind may route either reading, so each setting applies the stricter of the two (`readings`): a path
-is limited when either reading is (`limited`), and gets the lower of their shedding priorities.
-
-A prefix matches by segment (`PathPrefixes`): "/api/health" matches "/api/health" and "/api/health/db",
-never "/api/healthcare"; a trailing slash changes nothing ("/api/" matches "/api" and "/api/users",
-never "/apis").
-
-`typo` says why a prefix as written looks like a mistake (`manage.py check`: ratelimit.W022).
-"""
+"""Request paths as RATELIMIT's path settings (PATH_PREFIXES, EXEMPT_PATHS, SHED_PRIORITIES) match them:
+by segment, as sent and normalised, the stricter reading winning (docs/settings.md, "How paths match")."""
 
 from __future__ import annotations
 
@@ -20,9 +9,8 @@ from typing import NamedTuple
 
 
 def normalize(path: str) -> str:
-    """`path` with its repeated slashes merged and its "." and ".." segments resolved (RFC 3986 5.2.4;
-    ".." never climbs above "/"); a trailing slash is kept. A path that does not start with "/" ("*")
-    is returned as it is."""
+    """`path` with repeated slashes merged and "." and ".." segments resolved (RFC 3986 5.2.4), as nginx
+    and Caddy route it; a trailing slash is kept, a path not starting with "/" ("*") left as it is."""
     if not path.startswith("/") or ("//" not in path and "/." not in path):
         return path
     kept: list[str] = []
@@ -49,17 +37,13 @@ def prefix_form(prefix: str) -> str:
 
 
 class PathPrefixes(NamedTuple):
-    """Path prefixes as a setting lists them, ready to match one reading of a path segment by segment.
-
-    `forms` are their `prefix_form`s, longest first; `entries` the prefixes as written, in that order.
-    """
+    """Path prefixes as a setting lists them (`entries`) and as matched (`forms`), longest first."""
 
     forms: tuple[str, ...]
     entries: tuple[str, ...]
 
     @classmethod
     def of(cls, entries: Iterable[str]) -> PathPrefixes:
-        """The prefixes `entries` (paths starting with "/"), compiled once."""
         pairs = sorted(((prefix_form(entry), entry) for entry in entries), key=lambda pair: -len(pair[0]))
         return cls(tuple(form for form, _ in pairs), tuple(entry for _, entry in pairs))
 
@@ -77,8 +61,8 @@ class PathPrefixes(NamedTuple):
 
 
 def limited(path: str, prefixes: PathPrefixes, exempt: PathPrefixes) -> bool:
-    """True when a reading of `path` lies under one of `prefixes` and under none of `exempt`: no
-    reading escapes a limit. (The two readings of `readings`, unrolled: this runs for every request.)"""
+    """True when a reading of `path` lies under one of `prefixes` and under none of `exempt` (`readings`
+    unrolled: this runs for every request)."""
     inside, outside = prefixes.forms, exempt.forms
     bounded = path + "/"
     if bounded.startswith(inside) and not bounded.startswith(outside):
@@ -95,8 +79,7 @@ _ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 
 
 def typo(prefix: str) -> str | None:
-    """Why `prefix` (a path prefix a setting lists, starting with "/": conf validates that) looks like a
-    mistake, or None."""
+    """Why `prefix` (starting with "/") looks like a mistake, or None (`check`: ratelimit.W022)."""
     if "?" in prefix or "#" in prefix:
         return "paths never hold a query string or a fragment ('?', '#'): it matches no request"
     if _WHITESPACE.search(prefix):

@@ -1,10 +1,5 @@
-"""What a RATELIMIT['REDIS_URL'] may be: its scheme, address, database and query parameters, checked
-before any client is built (ratelimit_app.conf.settings validates the setting with `url_problem`).
-
-A REDIS_URL can hold a password (in its user info or a `password=` parameter), so nothing here ever
-returns, prints or raises the URL or a part of it that could be one: problems name the part at fault
-("its port", "its query parameter 'db'"), never its text.
-"""
+"""What a RATELIMIT['REDIS_URL'] may be. It can hold a password, so a problem names the part at fault ("its
+port"), never its text."""
 
 from __future__ import annotations
 
@@ -27,9 +22,8 @@ _CERT_REQS = ("none", "optional", "required")
 
 
 def host_ports(netloc: str) -> list[tuple[str, int]] | None:
-    """(host, port) of every "host:port" in the comma-separated network location of a cluster or
-    sentinel URL, or None when one of them is not host:port (the user info, which may hold a
-    password, is left out first)."""
+    """(host, port) of every "host:port" in a cluster or sentinel URL's network location (its user info
+    left out), or None when one is not host:port."""
     found = []
     for item in netloc.rpartition("@")[2].split(","):
         host, _, port = item.rpartition(":")
@@ -64,7 +58,7 @@ def url_problem(url: str) -> str | None:
 
 
 def _query_problem(query: str) -> str | None:
-    """The first query parameter redis-py would refuse (or that would make every connection fail)."""
+    """The first query parameter redis-py would refuse, or that would make every connection fail."""
     for name, value in parse_qsl(query, keep_blank_values=True):
         parser = _PARSERS.get(name)
         if name == "ssl_cert_reqs" and value.lower() not in _CERT_REQS:

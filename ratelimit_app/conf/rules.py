@@ -1,8 +1,5 @@
-"""The rules ratelimit_app.conf.settings validates and reads RATELIMIT by: for each setting, what is
-accepted (`RULES`, with what a harmful value would do), and the cautious reading of an invalid value
-at run time (`READINGS`). settings.py applies them (`setting_errors`, `runtime_values`): the one place
-settings are validated and read.
-"""
+"""The rules settings.py validates and reads RATELIMIT by: what each setting accepts (`RULES`) and the
+cautious reading of an invalid value at run time (`READINGS`)."""
 
 from __future__ import annotations
 
@@ -54,7 +51,7 @@ def path_prefixes(value: Any) -> bool:
 
 
 def _network(text: Any) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
-    """`text` as a network, or None when it is not one or is wider than MIN_PREFIX_LENGTH allows."""
+    """`text` as a network, or None when it is not one or is too wide (MIN_PREFIX_LENGTH)."""
     try:
         network = ipaddress.ip_network(text.strip(), strict=False)
     except (AttributeError, TypeError, ValueError):
@@ -228,8 +225,7 @@ def _read_exempt(value: Any, values: dict[str, Any]) -> list[str]:
 
 
 def _read_networks(value: Any, values: dict[str, Any]) -> list[str]:
-    """The valid, narrow enough networks of a list or lone string: fewer readers of /metrics, fewer
-    trusted proxies (the clients behind the others share their address)."""
+    """The valid, narrow enough networks of a list or lone string (fewer readers, fewer trusted proxies)."""
     return [item for item in _items(value) or () if _network(item) is not None]
 
 
@@ -241,9 +237,8 @@ def _read_proxies(value: Any, values: dict[str, Any]) -> Any:
 
 
 def _read_switch(value: Any, values: dict[str, Any]) -> Any:
-    """A boolean as written (True beside an ANONYMOUS_TIER: the requests it would serve are refused, as
-    written), or as the string or number spells it ('true', 'False', 1, 0: an environment variable read
-    as is); anything else has no reading."""
+    """A boolean as written, or as a string or number spells it ('true', 'False', 1, 0: an environment
+    variable read as is)."""
     if isinstance(value, bool):
         return value
     spelled = value.strip().lower() if isinstance(value, str) else value if value in (0, 1) else None

@@ -1,19 +1,6 @@
-"""Settings: one RATELIMIT dict in the Django settings, read lazily and validated on first use.
-
-Every key has a default here and an entry in docs/settings.md. Every value is validated here, and only
-here (`setting_errors`, by the rules of rules.py): `manage.py check` reports each invalid one
-(ratelimit.E001) naming the setting, what is wrong, what it would do and what is accepted, and unknown
-keys are refused too, so a typo is never silently ignored. No message shows the value of a setting that
-can hold a secret (`rules.SECRET_SETTINGS`).
-
-At run time (a server started without `check`) an invalid setting never makes a request fail and never
-falls back to its default: it is read the most cautious way what was written allows
-(`rules.READINGS`: FAIL_MODE "Closed" is "closed", anything it cannot spell is "closed"; a list
-keeps its valid items when dropping the others limits more), and a setting with no such reading raises
-`InvalidSetting` when it is read, so the part that needs it does not run (the middleware's limits then
-follow the fail mode). One log line per process says which settings are invalid and how each is read
-(`runtime_values`; docs/settings.md, "Invalid settings at run time"). Changing RATELIMIT in tests
-(override_settings) takes effect immediately: the cache is dropped on `setting_changed`.
+"""Settings: one RATELIMIT dict in the Django settings, with a default for every key, validated in one place
+(`setting_errors`, by the rules of rules.py) and read lazily; an invalid setting is read the most cautious
+way it allows at run time (docs/settings.md, "Invalid settings at run time").
 """
 
 from __future__ import annotations
@@ -105,24 +92,20 @@ DEFAULTS: dict[str, Any] = {
 #: never share a Redis key (ratelimit_app.models.TierLimit refuses it, down to a database constraint).
 IP_POLICY_NAME = "ip"
 
-_RATE_EXAMPLES = "a rate 'LIMIT/PERIOD' with LIMIT >= 1, such as '100/m', '10/30s', '5000/h' or '1000/d'"
-
 #: How the error for a RATELIMIT that is not a dict begins (every setting is then invalid).
 NOT_A_DICT = "RATELIMIT must be a dict"
 
 
 @dataclass(frozen=True)
 class SettingError:
-    """One invalid setting: `setting` is its name in RATELIMIT, `message` says what it is and what is
-    accepted ("RATELIMIT['KEY_PREFIX'] is 'has space'; expected 1 to 64 letters, ...")."""
+    """One invalid setting (its name in RATELIMIT) and what is wrong and accepted."""
 
     setting: str
     message: str
 
 
 class InvalidSetting(ImproperlyConfigured):
-    """An invalid setting with no cautious reading was read at run time: the part that needs it cannot
-    run. The message names the setting, never its value."""
+    """An invalid setting with no cautious reading was read at run time; names the setting, never its value."""
 
     def __init__(self, setting: str) -> None:
         super().__init__(f"RATELIMIT['{setting}'] is invalid and cannot be read: `manage.py check` says why")
@@ -130,10 +113,8 @@ class InvalidSetting(ImproperlyConfigured):
 
 
 def ip_rate_problem(rate: str, algorithm: str | None = None) -> str | None:
-    """What keeps `rate` from being a per-IP limit counted under `algorithm` ("rate: 'ten/m' is not a
-    rate ..."), or None. RATELIMIT['IP_RATE'] and a tier's own per-IP rate (Tier.ip_rate) are checked
-    by it, exactly as `ip_policy` parses them. `algorithm` None: RATELIMIT['IP_ALGORITHM'] (its
-    default when it cannot be read)."""
+    """What keeps `rate` (RATELIMIT['IP_RATE'] or a Tier.ip_rate) from being a per-IP limit counted under
+    `algorithm` (None: RATELIMIT['IP_ALGORITHM']), or None."""
     if algorithm is None:
         try:
             algorithm = str(ratelimit_settings.IP_ALGORITHM)
@@ -151,9 +132,8 @@ def ip_rate_problem(rate: str, algorithm: str | None = None) -> str | None:
 
 
 def ip_policy(rate: str) -> Policy:
-    """The per-IP limit of `rate` ("100/m"), counted under RATELIMIT['IP_ALGORITHM'] and a dry run when
-    RATELIMIT['IP_SHADOW'] is True (raises InvalidPolicy for a rate `ip_rate_problem` refuses, and
-    InvalidSetting when IP_ALGORITHM cannot be read)."""
+    """The per-IP limit of `rate` ("100/m") under RATELIMIT['IP_ALGORITHM'] and ['IP_SHADOW']; InvalidPolicy
+    for a rate `ip_rate_problem` refuses."""
     problem = ip_rate_problem(rate, ratelimit_settings.IP_ALGORITHM)
     if problem is not None:
         raise InvalidPolicy(problem)
@@ -162,7 +142,6 @@ def ip_policy(rate: str) -> Policy:
 
 
 def _ip_rate_error(values: dict[str, Any]) -> str | None:
-    """What is wrong with IP_RATE, or None. Parsed exactly as the middleware parses it."""
     rate = values["IP_RATE"]
     if rate is None:
         return None
@@ -170,14 +149,12 @@ def _ip_rate_error(values: dict[str, Any]) -> str | None:
     problem = ip_rate_problem(rate, algorithm)
     if problem is None:
         return None
-    return f"RATELIMIT['IP_RATE'] is {rate!r} ({problem}); expected {_RATE_EXAMPLES}, or None to disable it"
+    return (f"RATELIMIT['IP_RATE'] is {rate!r} ({problem}); expected a rate 'LIMIT/PERIOD' with LIMIT >= 1, such "
+            "as '100/m', '10/30s', '5000/h' or '1000/d', or None to disable it")
 
 
 def setting_errors(values: dict[str, Any]) -> list[SettingError]:
-    """Every invalid value among `values` (all settings, defaults applied), in DEFAULTS order.
-
-    The one place settings are validated: what passes here, the request path can use as it is.
-    """
+    """Every invalid value among `values` (all settings, defaults applied), in DEFAULTS order."""
     errors = [SettingError(name, f"{shown(name, values[name])}; expected {expected}")
               for name, (valid, expected) in RULES.items() if not valid(values[name])]
     url = values["REDIS_URL"]
@@ -216,8 +193,7 @@ def setting_errors(values: dict[str, Any]) -> list[SettingError]:
 
 
 def read_settings() -> tuple[dict[str, Any], list[SettingError]]:
-    """settings.RATELIMIT merged over DEFAULTS (and the test kit's overlay over both: `set_overlay`), and
-    every problem with it (an empty list when valid)."""
+    """settings.RATELIMIT merged over DEFAULTS (and the test kit's overlay: `set_overlay`), and its problems."""
     user = getattr(django_settings, "RATELIMIT", {}) or {}
     if not isinstance(user, dict):  # nothing in it can be read: each setting is read as if written None
         return dict.fromkeys(DEFAULTS), [SettingError("RATELIMIT", f"{NOT_A_DICT}, got {type(user).__name__}")]
@@ -232,31 +208,27 @@ def read_settings() -> tuple[dict[str, Any], list[SettingError]]:
 
 
 def in_test_run() -> bool:
-    """True while Django's test environment is set up (`django.test.utils.setup_test_environment`, which
-    Django's test runner and pytest-django call before the first test and undo after the last)."""
+    """True while Django's test environment is set up (`django.test.utils.setup_test_environment`)."""
     from django.test import utils as test_utils
 
     return hasattr(getattr(test_utils, "_TestState", None), "saved_data")
 
 
 def clock_shift_allowed(values: dict[str, Any]) -> bool:
-    """True when RATELIMIT['CLOCK_SHIFT'] (in `values`) may move the limiter's clock: it is True, and
-    DEBUG is on or a test run is under way. Anywhere else (production) it is refused: `check` errors
-    (ratelimit.E040) and the clock never moves."""
+    """True when RATELIMIT['CLOCK_SHIFT'] is True and honoured: with DEBUG or in a test run (else E040)."""
     return values.get("CLOCK_SHIFT") is True and (bool(getattr(django_settings, "DEBUG", False)) or in_test_run())
 
 
 def runtime_values(values: dict[str, Any], errors: list[SettingError]) -> dict[str, Any]:
-    """`values` with each invalid setting replaced by its cautious reading (rules.READINGS) or, when
-    it has none, UNREADABLE; said in one log line per process (ERROR, "ratelimit.invalid_settings"):
-    which settings are invalid, how each is read, which cannot be read. Never a secret's value."""
+    """`values` with each invalid setting replaced by its cautious reading (rules.READINGS) or UNREADABLE,
+    said in one log line per process ("ratelimit.invalid_settings"), never with a secret's value."""
     invalid = {error.setting for error in errors}
     if any(error.message.startswith(NOT_A_DICT) for error in errors):
         invalid = set(DEFAULTS)
     read = dict(values)
     for name, value in values.items():  # in DEFAULTS order: a reading sees the readings before it
         if name in invalid:
-            read[name] = READINGS.get(name, _no_reading)(value, read)
+            read[name] = READINGS[name](value, read) if name in READINGS else UNREADABLE
     named = [name for name in DEFAULTS if name in invalid]
     log_once("ratelimit.invalid_settings", logging.ERROR,
              invalid=" ".join(sorted(invalid)),
@@ -268,30 +240,16 @@ def runtime_values(values: dict[str, Any], errors: list[SettingError]) -> dict[s
     return read
 
 
-def _no_reading(value: Any, values: dict[str, Any]) -> Any:
-    return UNREADABLE
-
-
 class RateLimitSettings:
-    """Attribute access to the merged RATELIMIT settings: `ratelimit_settings.FAIL_MODE`.
-
-    An invalid setting reads as its cautious reading (`runtime_values`); one with none raises
-    InvalidSetting (an ImproperlyConfigured) naming it.
-    """
+    """The settings as read: `ratelimit_settings.FAIL_MODE` (InvalidSetting for one with no reading)."""
 
     def __init__(self) -> None:
         self._values: dict[str, Any] | None = None
 
-    def _load(self) -> dict[str, Any]:
-        values, errors = read_settings()
-        return runtime_values(values, errors) if errors else values
-
     def __getattr__(self, name: str) -> Any:
         if name not in DEFAULTS:
             raise AttributeError(f"no RATELIMIT setting named {name!r}")
-        if self._values is None:
-            self._values = self._load()
-        value = self._values[name]
+        value = self.values()[name]
         if value is UNREADABLE:
             raise InvalidSetting(name) from None
         return value
@@ -299,7 +257,8 @@ class RateLimitSettings:
     def values(self) -> dict[str, Any]:
         """Every setting as read (an unreadable one is `rules.UNREADABLE`); read and validated on first use."""
         if self._values is None:
-            self._values = self._load()
+            values, errors = read_settings()
+            self._values = runtime_values(values, errors) if errors else values
         return self._values
 
     def reload(self) -> None:
@@ -332,13 +291,9 @@ _overlay: dict[str, Any] = {}
 
 
 def set_overlay(values: dict[str, Any]) -> dict[str, Any]:
-    """Lay `values` over settings.RATELIMIT in this process, in place of the overlay laid before (`{}`
-    removes it), and apply them as a change of RATELIMIT is applied; returns the overlay it replaced.
-
-    For the test kit (ratelimit_app.testing): a test's own key prefix and the permission to move the
-    clock stay in force however the test changes RATELIMIT (`override_settings`, pytest-django's
-    `settings`), and are gone when the test ends. Names that are no setting raise ValueError; values
-    are validated with the rest, when settings are next read."""
+    """Lay `values` over settings.RATELIMIT in this process in place of the previous overlay, which is
+    returned (`{}` removes it). For the test kit: a test's own key prefix and clock stay in force however
+    the test changes RATELIMIT. Names that are no setting raise ValueError."""
     global _overlay
     unknown = sorted(set(values) - set(DEFAULTS))
     if unknown:
@@ -352,12 +307,8 @@ T = TypeVar("T")
 
 
 class SettingsCached(Generic[T]):
-    """A per-process value built from the settings on first use and rebuilt after RATELIMIT changes.
-
-    For everything the request path derives from settings (parsed rates, the Redis client, the limiter
-    service), so no request re-reads or re-validates them. Thread-safe: concurrent first uses build the
-    value once.
-    """
+    """A per-process value built from the settings on first use and again after RATELIMIT changes, so no
+    request re-reads them. Thread-safe: concurrent first uses build it once."""
 
     def __init__(self, build: Callable[[], T]) -> None:
         self._build = build
@@ -368,7 +319,6 @@ class SettingsCached(Generic[T]):
         on_reload(self.clear)
 
     def get(self) -> T:
-        """The value, built now if settings changed since it was last built."""
         value = self._value
         if value is None:
             with self._lock:
@@ -378,6 +328,5 @@ class SettingsCached(Generic[T]):
         return value
 
     def clear(self) -> None:
-        """Forget the value; the next `get` builds it from the current settings."""
         with self._lock:
             self._value = None

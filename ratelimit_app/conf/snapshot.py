@@ -1,7 +1,5 @@
-"""The request path's one reading of the settings: a frozen `Snapshot` of RATELIMIT as read (cautious
-readings included) and of the Django settings it looks at, made on first use and made again when they
-change. What a part parses from it (its rates, networks, path prefixes) is kept with the snapshot
-(`Snapshot.derived`), so it is parsed once per change and dropped with it."""
+"""The request path's one reading of the settings: a frozen `Snapshot`, taken again when they change, with
+what each part parses from it (`Snapshot.derived`)."""
 
 from __future__ import annotations
 
@@ -25,10 +23,8 @@ MIDDLEWARE_PATH = "ratelimit_app.middleware.RateLimitMiddleware"
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The settings as the request path reads them. `enabled`, `fail_mode`, `error_format` and
-    `header_draft` always have a reading; `headers` is None when RATELIMIT['HEADERS'] has none (no
-    header is sent); `get(name)` reads any other setting (InvalidSetting for one with no reading).
-    `middleware_installed`: RateLimitMiddleware is in MIDDLEWARE."""
+    """The settings as the request path reads them; `headers` is None when RATELIMIT['HEADERS'] has no
+    reading (no header is sent), `get(name)` reads any other setting."""
 
     values: Mapping[str, Any]
     enabled: bool
@@ -41,7 +37,6 @@ class Snapshot:
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     def get(self, name: str) -> Any:
-        """The setting `name` as read; InvalidSetting when it has no reading."""
         value = self.values[name]
         if value is UNREADABLE:
             raise InvalidSetting(name)

@@ -1,11 +1,5 @@
-"""API keys: generation, hashing and shape validation. No I/O here; lookups live in `lookups`.
-
-A key is `<prefix>.<secret>`: an 8-character alphanumeric prefix (stored in clear, indexed, shown in the
-admin and in identities such as `key:<prefix>`) and a 43-character URL-safe secret (256 random bits from
-`secrets`). The database keeps the prefix and a SHA-512 hash of the whole key. A fast hash is right
-here: unlike a password, a 256-bit random key cannot be guessed from its hash, so key stretching
-(scrypt, PBKDF2) would only slow down every request.
-"""
+"""API keys, `<prefix>.<secret>`: generation, hashing (SHA-512 of the whole key) and shape validation, with no
+I/O (lookups live in `plans.lookups`; docs/security.md says why a fast hash is right for random keys)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The limiter's time budget: the deadline of the running limiter call, set by the services around each call
-(`within_budget`) and read by what waits for Redis (`time_left`): the sync connections of
-ratelimit_app.core.redispy, which clip each connect and reply wait to it, and the async transport's own
-connections (`reply_wait`), whose service bounds the whole call with one asyncio timeout.
-"""
+"""The limiter's time budget: the deadline of the running limiter call, set around each call (`within_budget`)
+and read by what waits for Redis (`time_left`, `reply_wait`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Allow and deny lists (`ClientRule` rows as request handling sees them), applied before any Redis call.
-
-A request whose client address lies in a deny-listed network, or that presents an API key whose
-prefix is deny-listed, is refused with 403 and counted as "denied_by_list"; nothing is asked of Redis.
-A request from an allow-listed network, or with a *verified* allow-listed key (the full key must match
-its hash, so a guessed prefix allows nothing), is never limited: no limit is charged, no Redis call is
-made, and it is counted as "allowed_by_list". A request both lists match is denied.
-"""
+"""Allow and deny lists (`ClientRule` rows as request handling sees them), applied before any Redis call
+(docs/plans.md, "Allow and deny lists"): a deny-listed network or key prefix is refused with 403; an
+allow-listed network or *verified* key is never limited; a request both lists match is denied."""
 
 from __future__ import annotations
 

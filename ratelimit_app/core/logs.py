@@ -1,6 +1,5 @@
-"""Structured log records of the logger "ratelimit_app", with API keys redacted: every record goes through
-`log_event` (identities through `safe_identity`, keys through `mask_key`), and `JsonFormatter` writes them
-as JSON (docs/observability.md lists the events and their levels)."""
+"""Structured log records of the logger "ratelimit_app", with API keys redacted (`log_event`), and
+`JsonFormatter` (docs/observability.md lists the events and their levels)."""
 
 from __future__ import annotations
 

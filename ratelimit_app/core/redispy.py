@@ -1,11 +1,6 @@
-"""The one seam to redis-py: every difference between its supported versions (5.0 to 8.x) and every internal
-of it that the limiter relies on (a private attribute or method, a non-public constant) lives here, so the
-rest of the package uses redis-py's public API only.
-
-It holds the connection classes that keep each connect and reply wait within the running time budget
-(ratelimit_app.core.budget), a blocking pool that waits for a free connection within it too, and the small
-shims of the transports (ratelimit_app.core.engine_sync, engine_async).
-"""
+"""The one seam to redis-py: every difference between its supported versions (5.0 to 8.x) and every internal of
+it the limiter relies on, so the rest of the package uses its public API only. It holds the connections
+and the blocking pool that keep each connect and reply wait within the time budget (core.budget)."""
 
 from __future__ import annotations
 
@@ -104,8 +99,7 @@ _OVERRUN_TOLERATED = 0.1
 
 
 def _overruns(socket_timeout: float | None, left: float) -> bool:
-    """True when a reply wait with the socket's own timeout could outlast the budget by more than
-    _OVERRUN_TOLERATED of that timeout (always when the socket has none)."""
+    """True when a reply wait with the socket's own timeout could outlast the budget too much."""
     return socket_timeout is None or left < socket_timeout * (1 - _OVERRUN_TOLERATED)
 
 
@@ -116,8 +110,8 @@ else:
 
 
 class BudgetMixin(_ConnectionBase):
-    """Clips each socket connect and each reply wait to the time left in the current budget (see
-    ratelimit_app.core.budget.within_budget). Outside a budget the connection behaves like its base class."""
+    """Clips each socket connect and each reply wait to the time left in the current budget (outside one the
+    connection behaves like its base class)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

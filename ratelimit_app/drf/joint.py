@@ -1,12 +1,10 @@
-"""`JointThrottle`: the base of our DRF throttles (ratelimit_app.throttling), which decide together:
-every throttle of ours on one view, and the request's own limits (per-IP and tier) when a
-TierRateThrottle asks for them or RateLimitMiddleware left them to the throttles, in ONE
-all-or-nothing call made when DRF asks the first of them (ratelimit_app.apply.joint)."""
+"""`JointThrottle`, the base of our DRF throttles (ratelimit_app.throttling): every throttle of ours on
+one view is admitted in one call when DRF asks the first of them (ratelimit_app.apply.joint)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import Any
 
 from django.http import HttpRequest
 from rest_framework import throttling as drf_throttling
@@ -16,7 +14,7 @@ from ..apply import usage as usage_limits
 from ..apply.admission import settings_of
 from ..apply.headers import retry_after_seconds
 from ..apply.identity import authenticated_user
-from ..apply.joint import Joint, JointCall, ThrottleHooks, decide_jointly, joint_of, request_charge, retry_wait
+from ..apply.joint import Joint, ThrottleHooks, decide_jointly, joint_of, request_charge, retry_wait
 from ..apply.limitcheck import LimitCheck
 from ..apply.outcome import FORBIDDEN, SHED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
 from ..apply.routes import ResolvedView, register_view_finder
@@ -31,30 +29,22 @@ def django_request_of(request: Any) -> HttpRequest:
 
 
 class JointThrottle(ThrottleHooks, drf_throttling.BaseThrottle):
-    """Base of our throttles: they decide together (see the module docstring).
+    """Base of our throttles. A subclass implements `limit_checks(request, view)`: its checks, [] when it
+    does not limit this request, or None when it refuses it outright (a rate of 0)."""
 
-    A subclass implements `limit_checks(request, view)`: its checks, [] when it does not limit this
-    request, or None when it refuses it outright (a rate of 0).
-    """
-
-    #: True for the throttle that carries the request's own limits (per-IP and tier).
-    carries_request_limits: ClassVar[bool] = False
     decision: Decision | None = None
     outcome: LimitOutcome | None = None
 
     @property
     def owner(self) -> str:
-        """The label of this throttle's checks in the joint decision."""
         return f"throttle:{type(self).__module__}.{type(self).__qualname__}"
 
     def limit_checks(self, request: Request, view: Any) -> list[LimitCheck] | None:
-        """This throttle's checks for `request` ([]: it does not limit it; None: it refuses it outright)."""
         raise NotImplementedError(".limit_checks() must be overridden")
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        """Decide (once per request, for all our throttles on the view) and answer for this throttle's
-        limits. The throttle that carries the request's own limits raises the exception of a refusal other
-        than over a rate (ratelimit_app.drf.exceptions: 401, 403, 503)."""
+        """Answer for this throttle's limits; the carrier raises the exception of a refusal other than over
+        a rate (ratelimit_app.drf.exceptions: 401, 403, 503)."""
         joint = _joint_decision(request, view, self)
         self.outcome = joint.outcome
         if joint.carrier == self.owner:
@@ -65,7 +55,6 @@ class JointThrottle(ThrottleHooks, drf_throttling.BaseThrottle):
         return self.throttle_failure() if refused else self.throttle_success()
 
     def wait(self) -> float | None:
-        """Seconds until this throttle would allow the request again (None: never, or not refused)."""
         return retry_wait(self.decision, 1.0)
 
 
@@ -83,8 +72,9 @@ def _raise_for(outcome: LimitOutcome) -> None:
 
 
 def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> Joint:
-    """The decision over every throttle of ours on `view` and the request's own limits, made on the
-    first call of a dispatch and reused by the others."""
+    """The decision over every throttle of ours on `view` and the request's own limits (when a
+    TierRateThrottle asks for them, or the middleware left them to us), made on the first call of a
+    dispatch and reused by the others."""
     django_request = django_request_of(request)
     joint = joint_of(django_request, view)
     if joint is not None:
@@ -93,19 +83,15 @@ def _joint_decision(request: Request, view: Any, caller: JointThrottle) -> Joint
     cost, scope, deferred = request_charge(django_request, type(view))
     if not deferred:
         scope = getattr(view, "throttle_scope", None) or scope
-    # The request's own limits are decided here when a TierRateThrottle asks for them, or when the
-    # middleware left them to us; the carrier answers for them.
-    with_request_limits = deferred or any(t.carries_request_limits for t in throttles)
-    usage = _usage_of(request, view) if with_request_limits else ()
-    call = JointCall(django_request, view, throttles, lambda throttle: throttle.limit_checks(request, view),
-                     cost, scope if isinstance(scope, str) else "", authenticated_user(request), with_request_limits,
-                     usage=usage)
-    return decide_jointly(call, where=f"throttles of {type(view).__qualname__}")
+    request_limits = deferred or any(t.carries_request_limits for t in throttles)
+    return decide_jointly(django_request, view, throttles, lambda throttle: throttle.limit_checks(request, view),
+                          cost=cost, scope=scope if isinstance(scope, str) else "", user=authenticated_user(request),
+                          request_limits=request_limits, usage=_usage_of(request, view) if request_limits else (),
+                          where=f"throttles of {type(view).__qualname__}")
 
 
 def _usage_of(request: Request, view: Any) -> Usage:
-    """The usage `view` estimates for `request` (`@usage` on its class, or above @api_view), reserved with
-    the request's own limits; BadEstimate (400) when the estimate cannot be made."""
+    """The usage `view` estimates (`@usage`); BadEstimate (400) when the estimate cannot be made."""
     estimators = usage_limits.estimators_of(view)
     if estimators is None or not settings_of(django_request_of(request)).enabled:
         return ()
@@ -124,8 +110,8 @@ def _our_throttles(view: Any, caller: JointThrottle) -> list[JointThrottle]:
 
 
 def _find_view(view_func: Any, request: HttpRequest) -> ResolvedView | None:
-    """The ViewFinder of DRF views: a view whose throttles include one of ours is deferred to them (they
-    decide the request's own limits after DRF's authentication, with theirs, in one call)."""
+    """The ViewFinder of DRF views: a view with a throttle of ours is deferred to them (they decide the
+    request's own limits after DRF's authentication, with theirs)."""
     view_class = getattr(view_func, "cls", None)
     throttles = getattr(view_class, "throttle_classes", None) or ()
     if any(isinstance(t, type) and issubclass(t, JointThrottle) for t in throttles):

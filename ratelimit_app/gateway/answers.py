@@ -1,18 +1,6 @@
-"""What the endpoint answers a gateway, under each contract.
-
-Allowed: 200 with an empty body and every rate limit header the middleware would add (for the gateway
-to copy onto the service's response), and `X-RateLimit-Lease`: the concurrency slots the request took
-and the usage it reserved (ratelimit_app.gateway.lease), empty when it took and reserved none.
-Refused: the very answer the middleware gives (`ratelimit_app.apply.responses.refusal`: 429, 503, 401
-or 403, its JSON or problem+json body, Retry-After and the rate limit headers), which Caddy, Traefik and
-Envoy pass to the client as it is.
-
-nginx's auth_request passes only 2xx, 401 and 403 (anything else becomes a 500), and never the body.
-Under the `auth-request` contract every answer other than 200 is therefore a 403 that carries the real
-one: `X-RateLimit-Status` (its status) and `X-RateLimit-Body` (its body, one line of JSON), next to its
-own headers. nginx's `error_page 403 = @ratelimit_refused` location then answers the client with that
-status, body and headers (docs/gateway.md).
-"""
+"""What the endpoint answers a gateway: 200 with the rate limit headers and the lease, or the middleware's
+refusal; under nginx's `auth-request` contract (only 2xx, 401 and 403 pass, never a body) every other
+answer is a 403 carrying its status and body in headers (docs/gateway.md, "The contract")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""`manage.py check` for the gateway endpoint, when the URLconf routes it.
-
-- ratelimit.W003: RateLimitMiddleware limits the endpoint's own path (it is under
-  RATELIMIT['PATH_PREFIXES'] and not in EXEMPT_PATHS): every authorization request would be charged
-  to the gateway's address as well as deciding the request it describes.
-- ratelimit.E006: the URLconf routes the endpoint, but neither RATELIMIT['GATEWAY_SECRET'] nor
-  RATELIMIT['GATEWAY_NETWORKS'] is set: it would answer no one (ratelimit_app.gateway.guard refuses every
-  call then, rather than answer anyone who can reach Django).
-"""
+"""`manage.py check` for the gateway endpoint when the URLconf routes it: W003, the middleware limits the
+endpoint's own path; E006, no guard is set, so it answers no one."""
 
 from __future__ import annotations
 

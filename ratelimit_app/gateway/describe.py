@@ -1,31 +1,7 @@
-"""The request a gateway asks about (`GatewayRequest`), read once from its authorization request.
-
-A gateway in front of a service that is not Django sends the endpoint an authorization request of its
-own; the request to decide is described in it:
-
-- the original method and URI: nginx's `X-Original-Method` / `X-Original-URI` (set by its
-  configuration; the `auth-request` contract), Caddy's and Traefik's `X-Forwarded-Method` /
-  `X-Forwarded-Uri` (which they set themselves), or Envoy ext_authz's forwarded path: Envoy appends the
-  original path to its `path_prefix` and keeps the original method (the `authorize` contract). The
-  path is decoded once, as Django's `path_info` is; the shedder reads it as sent and normalised, the
-  lower priority winning (ratelimit_app.conf.paths), so no dot segment, encoded dot or slash, or
-  repeated slash gains a priority the gateway's own routing would not give;
-- the service: `X-RateLimit-Service`, set by the gateway for the routes of one service; it selects the
-  tier limits of that scope (a tier's unscoped limits apply to every service, its limits with scope
-  "orders" to the service "orders" only);
-- the cost: `X-RateLimit-Cost`, set by the gateway for costly routes (default 1);
-- the usage estimate: `X-RateLimit-Usage` ("tokens=500", several units separated by commas), set by
-  the gateway for routes whose service reports usage: reserved against the tier's usage limits of those
-  units in the service's scope, and settled at what the service reports with its release (`used_of`).
-
-Who the client is comes from the authorization request itself, as for any request Django limits: the
-API key header (the gateway passes the client's headers on), the client address through
-RATELIMIT['TRUSTED_PROXIES'] (the gateway is the proxy that adds it to X-Forwarded-For).
-
-The gateway must set or remove these headers: a client that sends them itself, where a gateway passes
-them on, chooses its own cost, charged to limits it shares with others too (the documented nginx and
-Caddy configurations remove them).
-"""
+"""The request a gateway asks about (`GatewayRequest`): method, URI, service, cost and usage estimate, read
+from the headers of its authorization request (docs/gateway.md, "The contract"). Who the client is comes
+from the authorization request itself, as for any request Django limits. The gateway must set or remove
+these headers: a client that sends them itself chooses its own cost."""
 
 from __future__ import annotations
 
@@ -75,11 +51,9 @@ class GatewayRequest:
 
 
 def describe(request: HttpRequest, contract: str, forwarded_path: str | None = None) -> GatewayRequest:
-    """The request that `request`, a gateway's authorization request under `contract`, describes.
-
-    `forwarded_path` is the original path Envoy appended to the endpoint's own path (None: the method
-    and URI are in the contract's headers). Raises BadDescription, saying what is missing or wrong.
-    """
+    """The request that `request`, a gateway's authorization request under `contract`, describes: from
+    `forwarded_path`, the path Envoy appended to the endpoint's own, else from the contract's headers.
+    Raises BadDescription, saying what is missing or wrong."""
     if forwarded_path is not None:
         query = request.META.get("QUERY_STRING", "")
         method, uri = request.method or "", forwarded_path + (f"?{query}" if query else "")

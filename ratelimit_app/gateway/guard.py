@@ -1,18 +1,8 @@
-"""Who may call the gateway endpoint: gateways only.
+"""Who may call the gateway endpoint: gateways only (RATELIMIT['GATEWAY_SECRET'], RATELIMIT['GATEWAY_NETWORKS']).
 
-The endpoint decides requests it is told about, and takes and gives back slots for them: a caller that
-is not a gateway could describe a critical path to hold fleet slots, or a victim's address and a large
-cost to drain the victim's allowance. So every view of the endpoint (`authorize`, `auth-request`,
-`confirm`, `release`) first checks the guards set in RATELIMIT, each of which must pass:
-
-- `GATEWAY_SECRET`: the call carries it in `X-RateLimit-Gateway-Secret` (compared in constant time, as
-  SHA-256 digests: the comparison does not even reveal its length);
-- `GATEWAY_NETWORKS`: the direct peer (`REMOTE_ADDR`, never a forwarded header) is in one of them.
-
-A call that fails one is refused with a 403 JSON body, before anything is planned, charged or held
-(nginx's contract carries it like any refusal). With neither set, or with an invalid GATEWAY_SECRET,
-every call is refused: `manage.py check` reports it (ratelimit.E006, ratelimit.E001). The secret's
-value is never shown or logged.
+A caller that is not a gateway could otherwise describe a critical path to hold fleet slots, or a victim's
+address and a large cost to drain the victim's allowance (docs/gateway.md, "Answer gateways only"). With
+neither guard set, or an invalid secret, every call is refused. The secret is never shown or logged.
 """
 
 from __future__ import annotations
@@ -59,14 +49,9 @@ def _parse_access(snapshot: Snapshot) -> GatewayAccess:
     return GatewayAccess(_digest(secret) if secret is not None else None, networks)
 
 
-def gateway_access() -> GatewayAccess:
-    """The parsed guards (parsed once per settings snapshot)."""
-    return request_settings().derived(_parse_access)
-
-
 def refused(request: HttpRequest) -> JsonResponse | None:
     """None when `request` passes every guard set; else the 403 to answer it with (nothing else done)."""
-    access = gateway_access()
+    access = request_settings().derived(_parse_access)  # parsed once per settings snapshot
     if access.problem:
         return _forbidden(access.problem, "unconfigured")
     peer = str(request.META.get("REMOTE_ADDR") or "")
@@ -74,6 +59,7 @@ def refused(request: HttpRequest) -> JsonResponse | None:
         return _forbidden("the gateway endpoint answers gateways only: this caller's address is not in "
                           "RATELIMIT['GATEWAY_NETWORKS']", "network", peer)
     if access.secret_digest is not None:
+        # compared as SHA-256 digests, in constant time: not even the secret's length is revealed
         presented = request.META.get(_SECRET_META)
         if not isinstance(presented, str) or not hmac.compare_digest(_digest(presented), access.secret_digest):
             return _forbidden(f"the gateway endpoint answers gateways only: {SECRET_HEADER} is missing or "

@@ -1,22 +1,6 @@
-"""Concurrency slots taken for a gateway's request, handed to the gateway as one header value.
-
-When a request's decision takes concurrency slots (a tier's concurrency limit, the load shedder's fleet
-count), the endpoint's 200 carries `X-RateLimit-Lease`: the slots and the token they are held under,
-signed with SECRET_KEY (django.core.signing), so that the service confirms the request with it (the
-confirm endpoint: its slots held their full lease, after the first lease of the `authorize` contract)
-and whoever sees the end of the request (nginx's post_action, or the service itself) gives them back
-with one call to the release endpoint. A slot nobody gives back frees itself when its lease runs out
-(the first lease, or the concurrency limit's period).
-
-When the request reserved usage (`X-RateLimit-Usage`), the value carries that reservation too, so that
-the release settles it at what the service reports (`usage_of`), once: the first release that reports
-usage marks the lease settled in Redis (a key of its own, for as long as the reservation's longest
-limit period), and a replayed release settles nothing more. A release that never comes leaves the
-estimate charged. The value is there when the request took no slot as well.
-
-The value names identity labels ("key:<prefix>", "ip:203.0.113.7"), never an API key; it is signed, not
-encrypted, and meant for the gateway and the service, not for clients.
-"""
+"""`X-RateLimit-Lease`: the concurrency slots a gateway's request took and the usage it reserved, as one
+value signed with SECRET_KEY, for the confirm and release calls (docs/gateway.md, "Concurrency slots",
+"Usage limits"). It names identity labels, never an API key; signed, not encrypted: not for clients."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""URLs of the gateway endpoint: `path("ratelimit/", include("ratelimit_app.gateway.urls"))` serves
-
-    /ratelimit/authorize            Caddy forward_auth, Traefik ForwardAuth (X-Forwarded-Method/-Uri)
-    /ratelimit/authorize/<path>     Envoy ext_authz (path_prefix "/ratelimit/authorize")
-    /ratelimit/auth-request         nginx auth_request (X-Original-Method/-URI)
-    /ratelimit/confirm              the service has the request: its slots held their full lease
-    /ratelimit/release              gives back the concurrency slots an X-RateLimit-Lease names
-
-Keep them out of RATELIMIT['PATH_PREFIXES'] (the endpoint is not limited itself); every view answers
-only calls that pass RATELIMIT['GATEWAY_SECRET'] / RATELIMIT['GATEWAY_NETWORKS'] (ratelimit_app.gateway.guard).
-"""
+"""The gateway endpoint's URLs: `path("ratelimit/", include("ratelimit_app.gateway.urls"))` (docs/gateway.md).
+Keep them out of RATELIMIT['PATH_PREFIXES']: the endpoint is not limited itself."""
 
 from __future__ import annotations
 

@@ -1,32 +1,11 @@
-"""The gateway endpoint's views: decide the request a gateway describes, confirm and give back its slots.
+"""The gateway endpoint's views (docs/gateway.md, "The contract"): `authorize` and `auth_request` decide the
+described request through the admission path, as RateLimitMiddleware does (whatever goes wrong in the
+limiter follows the fail mode: never a 500); `confirm` holds a request's slots their full lease; `release`
+gives them back and settles its usage reservation once. Async twins: views_async.
 
-`authorize` (Caddy forward_auth, Traefik ForwardAuth, Envoy ext_authz) and `auth_request` (nginx) make
-one decision through the admission path, as RateLimitMiddleware (`ratelimit_app.apply.admission`): the client
-identified from the authorization request (API key header, address through TRUSTED_PROXIES), the
-tier's limits for the described service's scope at the described cost, the per-IP limit, allow and
-deny rules, shadow limits, the load shedder, fail modes and the time budget, one Redis round trip,
-counted in the metrics. Whatever goes wrong inside the limiter follows the fail mode (`admit`): the
-endpoint never answers 500 for it.
-
-Under the `authorize` contract (Caddy, Traefik, Envoy: no end-of-request hook) the slots an admitted
-request took are held for the first lease only, RATELIMIT['GATEWAY_FIRST_LEASE'] (one more Redis call:
-HeldSlots.renew), so that a request whose client went away before it reached the service frees them
-soon; nginx's `auth-request` keeps their full lease (its post_action reports every end).
-`confirm` is the service's word that the request reached it: its slots are held their full lease from
-now (204), or, when a first lease had already ended, 409, and whatever is left of the lease is given
-back (the slot may be another request's by now: it is never taken again, and the service refuses the
-request). `release` gives back the concurrency slots named by an `X-RateLimit-Lease` value (one Redis
-round trip), and settles the usage the request reserved (`X-RateLimit-Usage` on the authorization
-request) at what the service reports in its own `X-RateLimit-Usage`, once (two more: the lease marked
-settled, then the settlement); it answers 204 whatever Redis does (a slot not given back frees itself
-with its lease; an estimate not settled stays charged).
-
-Each view has an async twin of the same name in ratelimit_app.gateway.views_async (served by
-`ratelimit_app.gateway.async_urls` for a project under ASGI): the same description and answers, the
-decision awaited on the event loop (`aadmit`), as the middleware does under ASGI.
-
-The views are exempt from CSRF (gateways send whatever method the client used, with no token) and are
-not limited themselves: keep their path out of RATELIMIT['PATH_PREFIXES'] (check: ratelimit.W003).
+Under `authorize` (Caddy, Traefik, Envoy: no end-of-request hook) an admitted request's slots are held for
+the first lease only, so that a request whose client left before it reached the service frees them soon.
+The views are exempt from CSRF: gateways send whatever method the client used, with no token.
 """
 
 from __future__ import annotations
@@ -154,10 +133,8 @@ def _first_settlement(carried: CarriedUsage) -> bool:
 
 
 def first_lease(outcome: LimitOutcome, contract: str) -> float | None:
-    """The seconds an admitted request's slots are held until its service confirms it: under the
-    `authorize` contract (no gateway there reports an end by itself), RATELIMIT['GATEWAY_FIRST_LEASE'];
-    None (their full lease) when nginx's `auth-request` asks (its post_action gives them back), when the
-    setting is None, or when the request holds no slot."""
+    """RATELIMIT['GATEWAY_FIRST_LEASE'] for an admitted request holding slots under `authorize`; None
+    (their full lease) otherwise: nginx's post_action gives them back itself."""
     if contract != AUTHORIZE or outcome.status != ALLOWED or outcome.slots is None:
         return None
     seconds: float | None = request_settings().get("GATEWAY_FIRST_LEASE")
@@ -165,17 +142,11 @@ def first_lease(outcome: LimitOutcome, contract: str) -> float | None:
 
 
 def confirmed(slots: HeldSlots, renewed: bool | None) -> HttpResponseBase:
-    """The answer to a confirmation whose renewal of `slots` gave `renewed` (see HeldSlots.renew): 204,
-    or 409 when a lease had ended, after giving back whatever is left of it (the request lost its place,
-    which another may hold by now: the service refuses it, see docs/gateway.md)."""
+    """The answer to a confirmation whose renewal of `slots` gave `renewed` (HeldSlots.renew): 204, or 409
+    when a lease had ended, after giving back what is left of it (the slot may be another request's now)."""
     if renewed is not False:
         return HttpResponse(status=204)  # confirmed, or Redis not asked (the slots keep their first lease)
     slots.release()
-    return _lease_ended()
-
-
-def _lease_ended() -> HttpResponse:
-    """409: the slots of the lease are no longer held, and may be another request's by now."""
     response = JsonResponse({"error": "lease ended", "detail": "the request's slots are no longer held (its first "
                              "lease, RATELIMIT['GATEWAY_FIRST_LEASE'], ended before this confirmation, or they were "
                              "given back) and may be another request's: refuse the request"}, status=409)

@@ -1,6 +1,5 @@
-"""The async twins of the gateway endpoint's views (ratelimit_app.gateway.views), the same names, served by
-`ratelimit_app.gateway.async_urls` for a project under ASGI: the same description and answers, the decision
-awaited on the event loop (`aadmit`) and slots given back through the async service."""
+"""The async twins of the gateway views (ratelimit_app.gateway.views), served by `async_urls`: the decision
+awaited on the event loop, slots and usage given back through the async service."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""How a NinjaAPI answers a request our throttles refused. Ninja answers a refusal through the API's
-handler of `ninja.errors.Throttled`; the first time one of our throttles refuses a request of an API,
-`answer_refusals` wraps that handler: a refusal over a rate keeps the API's answer (or gets ours with
-RATELIMIT['NINJA_ERROR_FORMAT'] = "ratelimit") with our headers; a 401, 403 or 503 of the request's own
-limits gets ours; a request whose usage the operation could not estimate (`@usage`) gets its 400; a
-refusal by another throttle (Ninja's own) keeps the API's answer, untouched.
+"""How a NinjaAPI answers a request our throttles refused: the first time one of ours refuses a request
+of an API, `answer_refusals` wraps the API's handler of `ninja.errors.Throttled`. A refusal over a rate
+keeps the API's answer (ours with RATELIMIT['NINJA_ERROR_FORMAT'] = "ratelimit"), with our headers; a
+401, 403 or 503 of the request's own limits gets ours; an estimate that could not be made (`@usage`) its
+400; a refusal by another throttle (Ninja's own) keeps the API's answer, untouched.
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ def answer_refusals(api: NinjaAPI) -> None:
 
 
 def _answer(previous: Any, request: HttpRequest, exc: Exception) -> HttpResponse:
-    """The answer to Ninja's Throttled for `request` (see the module docstring); `previous` is the
-    handler the API had, None when it had none (Ninja then raises the exception, as it would)."""
+    """The answer to Ninja's Throttled for `request`; `previous` is the API's handler (None: raise, as Ninja would)."""
     state = state_if_any(request)
     if state is not None and BAD_ESTIMATE in state.entry:
         return state.entry.pop(BAD_ESTIMATE)

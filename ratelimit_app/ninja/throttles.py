@@ -1,11 +1,11 @@
-"""Our Django Ninja throttles (`TierRateThrottle`, the drop-ins and their base `AtomicRateThrottle`) and
-their part of the joint decision (ratelimit_app.apply.joint).
+"""Our Django Ninja throttles (`TierRateThrottle`, the drop-ins and their base `AtomicRateThrottle`),
+admitted together (ratelimit_app.apply.joint).
 
-Ninja makes a throttle once and asks it for every request, from any thread, so a throttle keeps no
-state of a request: the joint decision lives in the request's state, and the answer `wait()` gives back
-is this thread's (Ninja calls `wait()` right after `allow_request` returned False, in the same thread).
-Ninja asks throttles synchronously, for `async def` operations too, on the event loop: the decision is
-then made there without Django I/O, or in a thread of its own when it needs some (`_in_sync_code`).
+Ninja makes a throttle once and asks it for every request, from any thread: the joint decision lives in
+the request's state, and `wait()` answers this thread's last refusal (Ninja calls it right after
+`allow_request` returned False, in the same thread). Ninja asks throttles synchronously, on the event
+loop for `async def` operations: the decision is then made there without Django I/O, or in a thread of
+its own when it needs some (`_in_sync_code`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from ..apply.admission import settings_of, state_of
 from ..apply.identity import throttle_ident
 from ..apply.joint import (
     Joint,
-    JointCall,
     ThrottleHooks,
     decide_jointly,
     joint_of,
@@ -62,30 +61,22 @@ def _waits() -> dict[int, float | None]:
 
 
 class JointThrottle(ThrottleHooks, BaseThrottle):
-    """Base of our Ninja throttles: they decide together (see ratelimit_app.apply.joint).
+    """Base of our Ninja throttles. A subclass implements `limit_checks(request)`: its checks, [] when it
+    does not limit this request, or None when it refuses it outright (a rate of 0)."""
 
-    A subclass implements `limit_checks(request)`: its checks, [] when it does not limit this request,
-    or None when it refuses it outright (a rate of 0).
-    """
-
-    #: True for the throttle that carries the request's own limits (per-IP and tier).
-    carries_request_limits: ClassVar[bool] = False
     #: The tier scope this throttle asks for (TierRateThrottle's), None: the operation's `@limit_cost` scope.
     tier_scope: str | None = None
 
     @property
-    def owner(self) -> str:
-        """The label of this throttle's checks in the joint decision (one per throttle object)."""
+    def owner(self) -> str:  # one per throttle object
         return f"ninja:{type(self).__module__}.{type(self).__qualname__}@{id(self):x}"
 
     def limit_checks(self, request: HttpRequest) -> list[LimitCheck] | None:
-        """This throttle's checks for `request` ([]: it does not limit it; None: it refuses it outright)."""
         raise NotImplementedError(".limit_checks() must be overridden")
 
     def allow_request(self, request: HttpRequest) -> bool:
-        """Decide (once per request, for all our throttles on the operation) and answer for this
-        throttle's limits; the throttle that carries the request's own limits also answers for them,
-        and refuses a request they refuse for any reason (401, 403, 503: ratelimit_app.ninja.refusals)."""
+        """Answer for this throttle's limits; the carrier also refuses a request the request's own limits
+        refuse for any reason (401, 403, 503: ratelimit_app.ninja.refusals)."""
         operation = request_operation(request)
         joint = _joint_decision(request, operation, self)
         refused, decision = joint.verdict(self.owner)
@@ -101,8 +92,7 @@ class JointThrottle(ThrottleHooks, BaseThrottle):
         return self.throttle_failure() if refused else self.throttle_success()
 
     def wait(self) -> float | None:
-        """Seconds until this throttle would allow the request it last refused in this thread (None:
-        never, not refused, or a refusal that waiting does not lift: 401, 403)."""
+        """Seconds until the request it last refused in this thread would be allowed (None: never, or 401, 403)."""
         return _waits().get(id(self))
 
 
@@ -127,20 +117,20 @@ def _joint_decision(request: HttpRequest, operation: Operation | None, caller: J
     declared = operation.view_func if operation is not None else None
     cost, scope, deferred = request_charge(request, declared)
     scope = next((m.tier_scope for m in members if m.tier_scope), scope)
-    with_request_limits = deferred or any(m.carries_request_limits for m in members)
+    request_limits = deferred or any(m.carries_request_limits for m in members)
     view_limit = view_limit_of(declared)
-    usage = _usage_of(request, declared) if with_request_limits else ()
+    usage = _usage_of(request, declared) if request_limits else ()
     bad_estimate = usage is None  # every throttle then refuses, nothing asked (answered 400: refusals._answer)
-    call = JointCall(request, handler, members, lambda member: None if bad_estimate else member.limit_checks(request),
-                     cost, scope, _user_of(request), with_request_limits,
-                     lambda: joined_checks(view_limit, request, cost), usage or ())
-    where = f"throttles of {getattr(declared, '__qualname__', type(caller).__qualname__)}"
-    return decide_jointly(call, where=where, run=_in_sync_code)
+    return decide_jointly(request, handler, members,
+                          lambda member: None if bad_estimate else member.limit_checks(request), cost=cost,
+                          scope=scope, user=_user_of(request), request_limits=request_limits,
+                          extra=lambda: joined_checks(view_limit, request, cost), usage=usage or (),
+                          where=f"throttles of {getattr(declared, '__qualname__', type(caller).__qualname__)}",
+                          run=_in_sync_code)
 
 
 def _usage_of(request: HttpRequest, operation_function: Any) -> Usage | None:
-    """The usage the operation's function estimates for `request` (`@usage`), reserved with the request's
-    own limits; None when the estimate cannot be made (its 400 kept for the answer: refusals.bad_estimate)."""
+    """The usage the operation estimates (`@usage`); None when it cannot (its 400 kept for refusals._answer)."""
     estimators = usage_limits.estimators_of(operation_function)
     if estimators is None or not settings_of(request).enabled:
         return ()
@@ -152,15 +142,10 @@ def _usage_of(request: HttpRequest, operation_function: Any) -> Usage | None:
 
 
 def _in_sync_code(decide_now: Callable[[], T]) -> T:
-    """Run the sync limiting code `decide_now` (plan, then decide) where Ninja asks its throttles, which
-    may be on an event loop (an `async def` operation).
-
-    Off a loop, it simply runs. On a loop, it runs right there when it needs no Django I/O: planning
-    answers from this process' lookup cache (`local_only`) and the decision is one Redis call with the
-    sync engine, bounded like every call by RATELIMIT['BUDGET_MS']. When it would need the database or
-    the shared cache (a cold lookup, a session user not read yet), it runs in a thread of its own
-    instead, the loop waiting for it, whose database connections are closed when it is done.
-    """
+    """Run the decision `decide_now` where Ninja asks its throttles, maybe on an event loop. On a loop it
+    runs right there when it needs no Django I/O (lookups from this process' cache, `local_only`; one Redis
+    call bounded by RATELIMIT['BUDGET_MS']); when it needs the database or the shared cache (a cold lookup,
+    a session user not read yet), in a thread of its own, the loop waiting, its connections then closed."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -193,8 +178,8 @@ def _in_a_thread(decide_now: Callable[[], T]) -> T:
 
 
 def _user_of(request: HttpRequest) -> Any:
-    """The user whose tier applies: `request.auth` when Ninja's authentication gave a user (django_auth,
-    or an authenticator returning one), else the request's user (read when the decision is made)."""
+    """The user whose tier applies: `request.auth` when Ninja's authentication gave a user, else the
+    request's (read when the decision is made)."""
     from django.contrib.auth.base_user import AbstractBaseUser
 
     auth = request.__dict__.get("auth")
@@ -219,7 +204,7 @@ class TierRateThrottle(JointThrottle):
         self.tier_scope = scope
 
     def limit_checks(self, request: HttpRequest) -> list[LimitCheck] | None:
-        return []  # its limits are the request's own: planned with the joint decision
+        return []  # its limits are the request's own
 
 
 class AtomicRateThrottle(JointThrottle, SimpleRateThrottle):
@@ -239,27 +224,22 @@ class AtomicRateThrottle(JointThrottle, SimpleRateThrottle):
     cache_throttle = "ninja.throttling.SimpleRateThrottle"
 
     def get_rate(self) -> str | None:
-        """The rate of this throttle's scope: from a `THROTTLE_RATES` attribute of a subclass, else from
-        NINJA_DEFAULT_THROTTLE_RATES read now. ImproperlyConfigured when there is no scope or no rate."""
+        """The rate of this throttle's scope (a subclass' `THROTTLE_RATES`, else NINJA_DEFAULT_THROTTLE_RATES now)."""
         return scope_rate(self, SimpleRateThrottle, ninja_settings.DEFAULT_THROTTLE_RATES)
 
     def get_ident(self, request: HttpRequest) -> str | None:
-        """The client address. With NINJA_NUM_PROXIES set (the project's statement of trust), Ninja's
-        rule over X-Forwarded-For; with it None (Ninja's default, which would trust a spoofable header),
-        RATELIMIT['TRUSTED_PROXIES'] decides, and X-Forwarded-For is ignored without them. IPv6 clients
-        are grouped by RATELIMIT['IPV6_PREFIX']. None when the request has no address."""
+        """The client address: Ninja's rule with NINJA_NUM_PROXIES set; with it None (Ninja's default, which
+        would trust a spoofable header), RATELIMIT['TRUSTED_PROXIES'] decides. IPv6 grouped by IPV6_PREFIX."""
         if ninja_settings.NUM_PROXIES is not None:
             return super().get_ident(request)
         return throttle_ident(request)
 
     def allow_request(self, request: HttpRequest) -> bool:
-        """Like Ninja; a rate of None limits nothing (Ninja's own would fail the request)."""
-        if self.rate is None:
+        if self.rate is None:  # limits nothing (Ninja's own would fail the request)
             return True
         return super().allow_request(request)
 
     def limit_checks(self, request: HttpRequest) -> list[LimitCheck] | None:
-        """This throttle's check: its rate for the identity `get_cache_key` names."""
         key = self.get_cache_key(request)
         if key is None or self.rate is None or self.num_requests is None or self.duration is None:
             return []
@@ -283,9 +263,8 @@ class UserRateThrottle(AtomicRateThrottle, NinjaUserRateThrottle):
 
 
 def _find_view(view_func: Any, request: HttpRequest) -> ResolvedView | None:
-    """The ViewFinder of Ninja views (registered with ratelimit_app.apply.routes): the operation's
-    function, whose `@limit_cost`, `@ratelimit` and `@limit_concurrency` RateLimitMiddleware reads;
-    deferred when the operation has throttles of ours (they decide the request's own limits)."""
+    """The ViewFinder of Ninja views: the operation's function (whose declarations RateLimitMiddleware
+    reads), deferred when the operation has throttles of ours (they decide the request's own limits)."""
     if getattr(view_func, "__module__", None) != "ninja.operation":
         return None  # not a Ninja view: one attribute read on every request
     operation = operation_for(view_func, request)

@@ -147,30 +147,24 @@ class _BlockedRow:
     name: str
 
 
-def _api_key_pages(identities: Sequence[str], user: Any) -> dict[str, tuple[str, str]]:
-    """prefix -> (admin change URL, key name) for the "key:<prefix>" identities that exist, when `user`
-    may view API keys in the admin."""
+def _blocked_rows(top: Sequence[BlockedIdentity], user: Any) -> tuple[_BlockedRow, ...]:
+    """The top blocked identities as the dashboard lists them to `user`: a "key:<prefix>" identity links to
+    its key's admin page while the key exists and `user` may view API keys."""
     from ..models import ApiKey
 
-    prefixes = [identity[4:] for identity in identities if identity.startswith("key:")]
-    if not prefixes or not (user.has_perm("ratelimit_app.view_apikey") or user.has_perm("ratelimit_app.change_apikey")):
-        return {}  # no key to link, or the link would answer 403
-    pages = {}
-    for pk, prefix, name in ApiKey.objects.filter(prefix__in=prefixes).values_list("pk", "prefix", "name"):
-        try:
-            pages[prefix] = (reverse("admin:ratelimit_app_apikey_change", args=[pk]), name)
-        except NoReverseMatch:
-            continue  # ApiKey not registered with this admin site
-    return pages
-
-
-def _blocked_rows(top: Sequence[BlockedIdentity], user: Any) -> tuple[_BlockedRow, ...]:
-    """The top blocked identities as the dashboard lists them to `user` (key links need view permission)."""
-    pages = _api_key_pages([item.identity for item in top], user)
+    pages: dict[str, tuple[str, str]] = {}  # prefix -> (admin change URL, key name)
+    prefixes = [item.identity[4:] for item in top if item.identity.startswith("key:")]
+    # without the permission the link would answer 403
+    if prefixes and (user.has_perm("ratelimit_app.view_apikey") or user.has_perm("ratelimit_app.change_apikey")):
+        for pk, prefix, name in ApiKey.objects.filter(prefix__in=prefixes).values_list("pk", "prefix", "name"):
+            try:
+                pages[prefix] = (reverse("admin:ratelimit_app_apikey_change", args=[pk]), name)
+            except NoReverseMatch:
+                continue  # ApiKey not registered with this admin site
     rows = []
     for item in top:
-        url, name = pages.get(item.identity[4:], (None, "")) if item.identity.startswith("key:") else (None, "")
-        rows.append(_BlockedRow(item.identity, item.blocked, url, name))
+        page = pages.get(item.identity[4:]) if item.identity.startswith("key:") else None
+        rows.append(_BlockedRow(item.identity, item.blocked, *(page or (None, ""))))
     return tuple(rows)
 
 

@@ -4,6 +4,7 @@ the writer's last applied number in the same atomic step (docs/observability.md,
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from typing import Any, NamedTuple
 
 from ..core.logs import safe_identity
@@ -107,31 +108,24 @@ class SealedBatch(NamedTuple):
     sealed_at: float  # time.time() when sealed: a batch is sent again for a bounded time only
 
 
-def _hour_fields(batch: PendingCounts) -> dict[int, dict[str, int]]:
+def _hour_fields(batch: PendingCounts) -> dict[int, Counter[str]]:
     """hour -> field of the hour's hash -> what to add to it."""
-    hours: dict[int, dict[str, int]] = {}
+    hours: defaultdict[int, Counter[str]] = defaultdict(Counter)
     for (hour, tier, policy, outcome, degraded), count in batch.counts.items():
-        fields = hours.setdefault(hour, {})
         for name in decision_fields(tier, policy, outcome, degraded):
-            fields[name] = fields.get(name, 0) + count
+            hours[hour][name] += count
     for (hour, tier, policy), count in batch.shadow.items():
-        fields = hours.setdefault(hour, {})
-        name = shadow_field(tier, policy)
-        fields[name] = fields.get(name, 0) + count
+        hours[hour][shadow_field(tier, policy)] += count
     for (hour, tier, policy, unit), count in batch.usage.items():
-        fields = hours.setdefault(hour, {})
-        name = usage_field(tier, policy, unit)
-        fields[name] = fields.get(name, 0) + count
+        hours[hour][usage_field(tier, policy, unit)] += count
     return hours
 
 
-def _day_members(counts: dict[_IdentityKey, int]) -> dict[int, dict[str, int]]:
+def _day_members(counts: dict[_IdentityKey, int]) -> dict[int, Counter[str]]:
     """day -> identity label (made safe: never a key's secret) -> blocked decisions."""
-    days: dict[int, dict[str, int]] = {}
+    days: defaultdict[int, Counter[str]] = defaultdict(Counter)
     for (day, identity), count in counts.items():
-        members = days.setdefault(day, {})
-        label = safe_identity(identity)
-        members[label] = members.get(label, 0) + count
+        days[day][safe_identity(identity)] += count
     return days
 
 
@@ -152,13 +146,10 @@ def _script_input(batch: PendingCounts) -> tuple[list[str], list[Any]]:
 
 
 def apply_batch(client: Any, batch: SealedBatch, *, ttl: int, keep: int) -> bool:
-    """Add `batch` to Redis in one script call: hour hashes and daily top sets, each key with `ttl` seconds
-    to live, each top set cut to its `keep` highest; True when it was applied now, False when this writer
-    had applied this number already. The writer's marker lives 2 x `ttl` (a batch is sent again for at
-    most `ttl`, see recorder). Raises what the client raises.
-
-    Every key shares the {metrics} hash tag: on a Redis Cluster the script runs on one slot, atomically.
-    """
+    """Add `batch` to Redis in one script call (one cluster slot: the {metrics} hash tag), each key with `ttl`
+    seconds to live, each top set cut to its `keep` highest; True when applied now, False when this writer
+    had applied this number already. Raises what the client raises."""
+    # the writer's marker lives 2 x `ttl`: the recorder sends a batch again for at most `ttl`
     keys, args = _script_input(batch.counts)
     marker = applied_key(batch.counts.prefix, batch.writer)
     script = client.register_script(_APPLY_SCRIPT)

@@ -4,6 +4,7 @@ without prometheus-client raises ImproperlyConfigured."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 from django.core.exceptions import ImproperlyConfigured
@@ -31,14 +32,12 @@ def _decision_series(snapshot: ProcessMetrics) -> Iterator[Metric]:
         "ratelimit_degraded_decisions", "Requests decided without Redis (fail mode), by this process.",
         labels=["tier", "outcome"],
     )
-    by_labels: dict[tuple[str, str, str], int] = {}
-    degraded_by_labels: dict[tuple[str, str], int] = {}
+    by_labels: Counter[tuple[str, str, str]] = Counter()
+    degraded_by_labels: Counter[tuple[str, str]] = Counter()
     for item in snapshot.decisions:
-        key = (item.tier, item.policy, item.outcome)
-        by_labels[key] = by_labels.get(key, 0) + item.count
+        by_labels[(item.tier, item.policy, item.outcome)] += item.count
         if item.degraded:
-            degraded_key = (item.tier, item.outcome)
-            degraded_by_labels[degraded_key] = degraded_by_labels.get(degraded_key, 0) + item.count
+            degraded_by_labels[(item.tier, item.outcome)] += item.count
     for labels, count in sorted(by_labels.items()):
         decisions.add_metric(list(labels), count)
     for degraded_labels, count in sorted(degraded_by_labels.items()):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -101,15 +102,12 @@ class HourMetrics(_Counts):
 
 @dataclass(frozen=True, kw_only=True)
 class MetricsRange(_Counts):
-    """The stored counts of consecutive UTC hours, from `start` to `end` (both hour starts, inclusive).
-
-    `hours` has one entry per hour, oldest first (zeros where nothing was counted); `top_blocked` sums the
-    UTC days the range touches, most blocked first, at most RATELIMIT['TOP_BLOCKED'] entries.
-    """
+    """The stored counts of consecutive UTC hours, from `start` to `end` (both hour starts, inclusive)."""
 
     start: datetime
     end: datetime
-    hours: tuple[HourMetrics, ...]
+    hours: tuple[HourMetrics, ...]  # one per hour, oldest first (zeros where nothing was counted)
+    #: the UTC days the range touches, summed: most blocked first, at most RATELIMIT['TOP_BLOCKED']
     top_blocked: tuple[BlockedIdentity, ...]
     top_shadow_blocked: tuple[BlockedIdentity, ...] = ()  # identities shadow limits would have blocked
 
@@ -130,68 +128,51 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _parse_hour(index: int, raw: dict[Any, Any]) -> HourMetrics:
-    fields = {_text(name): int(value) for name, value in raw.items()}
-    tiers: dict[str, dict[str, int]] = {}
-    policies: dict[str, int] = {}
-    shadow: dict[tuple[str, str], int] = {}
-    usage: dict[tuple[str, str, str], int] = {}
+def _ranked(counts: Counter[Any]) -> list[tuple[Any, int]]:
+    """The items of `counts`, most first (ties in key order)."""
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _counts(fields: Counter[str]) -> dict[str, Any]:
+    """The `_Counts` fields of an hour's hash, or of the hashes of a range summed field by field."""
+    tiers: dict[str, Counter[str]] = {}
+    policies: Counter[str] = Counter()
+    shadow: Counter[tuple[str, str]] = Counter()
+    usage: Counter[tuple[str, str, str]] = Counter()
     for name, value in fields.items():
         kind, _, rest = name.partition(":")
         if kind == "usage":
             tier, policy, unit = [*rest.split(":"), "", ""][:3]
-            usage[(tier, policy, unit)] = value
+            usage[(tier, policy, unit)] += value
         elif kind == "shadow":
             tier, _, policy = rest.partition(":")
-            shadow[(tier, policy)] = value
+            shadow[(tier, policy)] += value
         elif kind == "tier":
             tier, _, outcome = rest.rpartition(":")
-            tiers.setdefault(tier, {})[outcome] = value
+            tiers.setdefault(tier, Counter())[outcome] += value
         elif kind == "policy":
-            policy, _, _ = rest.rpartition(":")
-            policies[policy] = value
-    counters: dict[str, Any] = {name: fields.get(name, 0) for name in _COUNTERS}
-    return HourMetrics(
-        hour=_hour_start(index), policies=_sorted_policies(policies), shadow=_sorted_shadow(shadow),
-        usage=_sorted_usage(usage),
-        tiers=_sorted_tiers({tier: (c.get("allowed", 0), c.get("blocked", 0)) for tier, c in tiers.items()}),
-        **counters,
-    )
-
-
-def _sorted_shadow(counts: dict[tuple[str, str], int]) -> tuple[ShadowCount, ...]:
-    return tuple(ShadowCount(tier, policy, n)
-                 for (tier, policy), n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
-
-
-def _sorted_usage(counts: dict[tuple[str, str, str], int]) -> tuple[UsageCount, ...]:
-    return tuple(UsageCount(tier, policy, unit, n)
-                 for (tier, policy, unit), n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
-
-
-def _sorted_tiers(counts: dict[str, tuple[int, int]]) -> tuple[TierCounts, ...]:
-    items = [TierCounts(allowed=a, blocked=b, tier=tier) for tier, (a, b) in counts.items()]
-    return tuple(sorted(items, key=lambda t: (-t.total, t.tier)))
-
-
-def _sorted_policies(counts: dict[str, int]) -> tuple[PolicyCounts, ...]:
-    return tuple(PolicyCounts(p, n) for p, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+            policies[rest.rpartition(":")[0]] += value
+    ranked_tiers = sorted((TierCounts(allowed=c["allowed"], blocked=c["blocked"], tier=tier)
+                           for tier, c in tiers.items()), key=lambda t: (-t.total, t.tier))
+    return {
+        **{name: fields[name] for name in _COUNTERS},
+        "tiers": tuple(ranked_tiers),
+        "policies": tuple(PolicyCounts(policy, n) for policy, n in _ranked(policies)),
+        "shadow": tuple(ShadowCount(tier, policy, n) for (tier, policy), n in _ranked(shadow)),
+        "usage": tuple(UsageCount(tier, policy, unit, n) for (tier, policy, unit), n in _ranked(usage)),
+    }
 
 
 def get_metrics(hour: datetime | None = None) -> HourMetrics:
-    """The stored counts of the UTC hour containing `hour` (timezone-aware; default: now).
-
-    Reads Redis (one round trip); counts still in some process's memory are not included (see flush).
-    """
+    """The stored counts of the UTC hour containing `hour` (timezone-aware; default: now), in one Redis round
+    trip; counts still in some process's memory are not included (see flush)."""
     index = int(time.time()) // HOUR if hour is None else _hour_index(hour, "hour")
     return _read_range(index, index).hours[0]
 
 
 def get_metrics_range(start: datetime, end: datetime) -> MetricsRange:
-    """The stored counts of every UTC hour from the one containing `start` to the one containing `end`.
-
-    Both are timezone-aware datetimes; at most MAX_RANGE_HOURS hours. One Redis round trip.
-    """
+    """The stored counts of every UTC hour from the one containing `start` to the one containing `end`
+    (timezone-aware; at most MAX_RANGE_HOURS hours), in one Redis round trip."""
     first, last = _hour_index(start, "start"), _hour_index(end, "end")
     if last < first:
         raise ValueError(f"end: {end.isoformat()} is before start {start.isoformat()}")
@@ -210,40 +191,11 @@ def recent_metrics(hours: int = 48) -> MetricsRange:
 
 def _top(replies_of_days: list[Any], top: int) -> tuple[BlockedIdentity, ...]:
     """The `top` highest identities of the days' sorted sets, summed over the days, most first."""
-    identities: dict[str, int] = {}
+    identities: Counter[str] = Counter()
     for members in replies_of_days:
         for member, score in members or ():
-            label = _text(member)
-            identities[label] = identities.get(label, 0) + int(score)
-    ranked = sorted(identities.items(), key=lambda item: (-item[1], item[0]))[:top]
-    return tuple(BlockedIdentity(identity, count) for identity, count in ranked)
-
-
-def _range_of(first: int, last: int, hours: tuple[HourMetrics, ...], top_blocked: tuple[BlockedIdentity, ...],
-              top_shadow: tuple[BlockedIdentity, ...]) -> MetricsRange:
-    """The range's sums of `hours`, with its top identities."""
-    tiers: dict[str, tuple[int, int]] = {}
-    policies: dict[str, int] = {}
-    shadow: dict[tuple[str, str], int] = {}
-    usage: dict[tuple[str, str, str], int] = {}
-    for hour in hours:
-        for t in hour.tiers:
-            allowed, blocked = tiers.get(t.tier, (0, 0))
-            tiers[t.tier] = (allowed + t.allowed, blocked + t.blocked)
-        for p in hour.policies:
-            policies[p.policy] = policies.get(p.policy, 0) + p.blocked
-        for item in hour.shadow:
-            shadow[(item.tier, item.policy)] = shadow.get((item.tier, item.policy), 0) + item.count
-        for used in hour.usage:
-            usage_key = (used.tier, used.policy, used.unit)
-            usage[usage_key] = usage.get(usage_key, 0) + used.count
-    sums: dict[str, Any] = {name: sum(getattr(hour, name) for hour in hours) for name in _COUNTERS}
-    return MetricsRange(
-        start=_hour_start(first), end=_hour_start(last), hours=hours, tiers=_sorted_tiers(tiers),
-        policies=_sorted_policies(policies), shadow=_sorted_shadow(shadow), usage=_sorted_usage(usage),
-        top_blocked=top_blocked,
-        top_shadow_blocked=top_shadow, **sums,
-    )
+            identities[_text(member)] += int(score)
+    return tuple(BlockedIdentity(identity, count) for identity, count in _ranked(identities)[:top])
 
 
 def _read_range(first: int, last: int) -> MetricsRange:
@@ -261,8 +213,13 @@ def _read_range(first: int, last: int) -> MetricsRange:
         pipe.zrevrange(shadow_day_key(prefix, day), 0, top - 1, withscores=True)
     replies = pipe.execute()
     count = last - first + 1
-    hours = tuple(_parse_hour(index, raw or {})
-                  for index, raw in zip(range(first, last + 1), replies[:count], strict=True))
-    return _range_of(first, last, hours, _top(replies[count:count + len(days)], top),
-                     _top(replies[count + len(days):], top))
-
+    hour_fields = [Counter({_text(name): int(value) for name, value in (raw or {}).items()})
+                   for raw in replies[:count]]
+    hours = tuple(HourMetrics(hour=_hour_start(index), **_counts(fields))
+                  for index, fields in zip(range(first, last + 1), hour_fields, strict=True))
+    summed: Counter[str] = Counter()
+    for fields in hour_fields:
+        summed.update(fields)  # (not `+`, which drops a field counted 0, such as a request that used no units)
+    return MetricsRange(start=_hour_start(first), end=_hour_start(last), hours=hours,
+                        top_blocked=_top(replies[count:count + len(days)], top),
+                        top_shadow_blocked=_top(replies[count + len(days):], top), **_counts(summed))

@@ -26,24 +26,19 @@ class DecisionCount:
 
 @dataclass(frozen=True)
 class ProcessMetrics:
-    """What this process counted since it started (or forked): the source of the Prometheus view.
-
-    `latency_counts[i]` counts limiter calls that took at most `LATENCY_BUCKETS[i]` seconds and more
-    than the bucket before (the last entry: more than the largest bound). `pending` are decisions not
-    yet flushed to Redis; `dropped` decisions whose per-hour or per-identity counts were lost while
-    Redis was unavailable. `breaker_state` is the state of the limiter service's circuit breaker when
-    the snapshot was taken.
-    """
+    """What this process counted since it started (or forked): the source of the Prometheus view."""
 
     decisions: tuple[DecisionCount, ...]
+    #: [i]: limiter calls that took at most LATENCY_BUCKETS[i] seconds and more than the bucket before
+    #: (the last entry: more than the largest bound)
     latency_counts: tuple[int, ...]
     latency_sum: float
-    breaker_state: str
+    breaker_state: str  # of the limiter service's circuit breaker when the snapshot was taken
     breaker_transitions: tuple[tuple[str, int], ...]
     flushes: int
     flush_errors: int
-    pending: int
-    dropped: int
+    pending: int  # decisions not yet flushed to Redis
+    dropped: int  # decisions whose per-hour or per-identity counts were lost while Redis was unavailable
     last_flush: float | None
     shadow_blocked: tuple[ShadowCount, ...] = ()
     usage: tuple[UsageCount, ...] = ()
@@ -55,11 +50,8 @@ class ProcessMetrics:
 
 
 def breaker_state() -> str:
-    """The state of the circuit breaker of this process's limiter service: "closed", "open" or "half_open".
-
-    Read from the service (`get_limiter().stats().breaker`). A settings change rebuilds the service, whose
-    new breaker starts closed. While RATELIMIT is invalid no service (and no breaker) exists: "closed".
-    """
+    """The state of the circuit breaker of this process's limiter service: "closed", "open" or "half_open"
+    ("closed" while RATELIMIT is invalid: no service, no breaker, exists)."""
     try:
         service = get_limiter()
     except ImproperlyConfigured:  # reported by `manage.py check` and by the request path

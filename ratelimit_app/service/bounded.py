@@ -1,14 +1,7 @@
-"""Blocking calls a request waits for no longer than the time budget: `bounded_calls.call(fn, seconds)`.
-
-The limiter's own Redis connections respect RATELIMIT['BUDGET_MS'] socket by socket
-(ratelimit_app.core.redispy). A call into code that owns its sockets (Django's cache: django-redis,
-Django's RedisCache, memcached) cannot be clipped that way; it runs here instead, on a thread of its
-own, and the caller waits for it at most the budget. A call still running when its caller stopped
-waiting is *overdue*: it is left to finish on its thread (its result is dropped), and while any call
-is overdue no other is started (`Unavailable` at once), so a server that hangs costs one budget once,
-then nothing, and never piles up threads. At most MAX_THREADS calls run at once. The threads are made
-on first use in each process (a forked child makes its own).
-"""
+"""Blocking calls into code that owns its sockets (Django's cache), waited for no longer than the time budget:
+`bounded_calls.call(fn, seconds)` runs `fn` on a thread of its own. While a call is overdue (still running
+after its caller stopped waiting) no other starts, so a hung server costs one budget, then nothing, and
+never piles up threads (docs/operations.md, "Time budget and timeouts")."""
 
 from __future__ import annotations
 
@@ -27,7 +20,7 @@ MAX_THREADS = 8
 
 class Unavailable(Exception):
     """The call did not finish within its time, or was not started (an earlier call is overdue, or every
-    thread is busy). What the call raises itself is raised as it is."""
+    thread is busy)."""
 
 
 class _Call:
@@ -41,7 +34,8 @@ class _Call:
 
 
 class BoundedCalls:
-    """Runs blocking calls on threads of its own, waiting for each at most a given time (see above)."""
+    """Runs blocking calls on threads of its own (made on first use in each process), waiting for each at
+    most a given time."""
 
     def __init__(self) -> None:
         self._forked()

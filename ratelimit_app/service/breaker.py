@@ -1,13 +1,6 @@
-"""A circuit breaker in front of Redis: stop waiting on a Redis that keeps failing.
-
-Closed: every decision goes to Redis. After `failures` consecutive failures (errors or timeouts) the
-breaker opens: decisions skip Redis and follow their fail mode at once. When the cool-down has passed
-the breaker lets exactly one call through as a probe (half-open); if it succeeds the breaker closes
-and normal limiting resumes, if it fails the breaker opens again with the cool-down doubled, up to
-`max_cooldown`. Each state change is reported once: to `on_change(state, detail)` when given (the
-limiter service passes it on to ratelimit_app.observability, which counts and logs it), else logged here as
-the event "ratelimit.breaker" on the "ratelimit_app" logger (WARNING when opening, INFO otherwise).
-"""
+"""A circuit breaker in front of Redis: after `failures` consecutive failures it opens and decisions skip Redis;
+after the cool-down one probe goes through, closing it or reopening it with the cool-down doubled (up to
+`max_cooldown`). States and reports: docs/operations.md, "The circuit breaker"."""
 
 from __future__ import annotations
 
@@ -32,12 +25,9 @@ SKIP = 2  # do not call Redis; follow the fail mode
 
 @dataclass(frozen=True)
 class BreakerState:
-    """A snapshot of the breaker, for stats and dashboards.
-
-    `retry_in` is seconds until the next probe may run (0 when closed or probing); `cooldown` the
-    cool-down the breaker uses the next time it opens or has opened with; `opened` how many times it
-    has opened (from closed) since it was created.
-    """
+    """A snapshot of the breaker: `retry_in` is seconds until the next probe may run (0 when closed or
+    probing); `cooldown` the one it opened with or will open with next; `opened` how many times it has
+    opened (from closed)."""
 
     state: str
     consecutive_failures: int
@@ -47,12 +37,10 @@ class BreakerState:
 
 
 class CircuitBreaker:
-    """Thread-safe circuit breaker; see the module docstring for the states.
-
-    `clock` returns seconds (monotonic); it stays a public attribute, so a test can move time by hand.
-    `on_change(state, detail)` is called after each state change (`detail`: the previous state, and the
-    failure count, error and cool-down where they apply); it must not raise. The closed-state fast paths take no lock.
-    """
+    """Thread-safe circuit breaker (the closed-state fast paths take no lock). `clock` returns monotonic
+    seconds (public, so a test can move time). Each state change is reported once: to `on_change(state,
+    detail)` (`detail`: the previous state, and the failure count, error and cool-down where they apply;
+    it must not raise), else logged as "ratelimit.breaker"."""
 
     def __init__(self, failures: int, cooldown: float, max_cooldown: float, *,
                  clock: Callable[[], float] = time.monotonic,

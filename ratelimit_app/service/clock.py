@@ -1,15 +1,7 @@
-"""The limiter's clock shift, for tests: milliseconds added to the time every decision of this process is
-made at, so that windows pass, buckets refill, slots' leases run out and calendar months end without
-waiting.
-
-The test kit's `ratelimit.advance(seconds)` moves it forward (`advance` here). The limiter services
-pass it with each decision: to Redis as the call's clock shift (decide.lua adds it to Redis TIME), to
-the in-process limiter (the memory backend, the "local" fail mode) likewise. It can only be moved while
-RATELIMIT['CLOCK_SHIFT'] is True and DEBUG is on or a test run is under way (`conf.settings.clock_shift_allowed`;
-`manage.py check` reports the setting anywhere else: ratelimit.E040), and it drops back to 0 whenever
-the settings change so that it is no longer allowed. It is this process' own: a server running in
-another process keeps its clock.
-"""
+"""The limiter's clock shift, for tests: milliseconds added to the time of every decision of this process
+(`advance`, which the test kit's `ratelimit.advance` calls), passed to Redis and to the in-process limiter
+with each decision. Only while RATELIMIT['CLOCK_SHIFT'] is allowed (docs/testing.md, "Moving the clock");
+it drops back to 0 when the settings no longer allow it."""
 
 from __future__ import annotations
 

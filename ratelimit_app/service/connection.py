@@ -1,8 +1,6 @@
 """The Redis clients the limiter uses, built from settings (REDIS_URL or a django-redis alias): explicit
-timeouts, no retries (a retried EVALSHA could charge twice), and connections that keep each call within
-the time budget (ratelimit_app.core.redispy). On the sync engine's "pool" path a standalone client's pool
-is a blocking one: a caller that finds every connection in use waits for one, within the budget.
-"""
+timeouts, no retries (a retried EVALSHA could charge twice), and connections that keep each call within the
+time budget (ratelimit_app.core.redispy)."""
 
 from __future__ import annotations
 
@@ -40,10 +38,6 @@ def _pool_path() -> bool:
     """True when the sync engine decides through the client's pool (see engine_sync)."""
     return resolve_connections(ratelimit_settings.CONNECTIONS) == "pool"
 
-def _no_retry() -> Retry:
-    # A retried EVALSHA may be charged twice; failures go to the fail mode instead.
-    return Retry(NoBackoff(), 0)
-
 
 def _budget_seconds() -> float:
     """RATELIMIT['BUDGET_MS'] in seconds."""
@@ -58,22 +52,15 @@ def socket_timeouts() -> tuple[float, float]:
 
 
 def _client_options() -> dict[str, Any]:
-    """Connection options shared by every client the limiter builds: explicit timeouts, no retries."""
+    """Connection options shared by every client the limiter builds: explicit timeouts, no retries (a retried
+    EVALSHA may be charged twice; failures go to the fail mode instead)."""
     connect_timeout, read_timeout = socket_timeouts()
-    return {
-        "socket_connect_timeout": connect_timeout,
-        "socket_timeout": read_timeout,
-        "retry": _no_retry(),
-        **HANDSHAKE,
-    }
+    return {"socket_connect_timeout": connect_timeout, "socket_timeout": read_timeout,
+            "retry": Retry(NoBackoff(), 0), **HANDSHAKE}
 
 
 def _scheme_connection_class(scheme: str) -> type[Any]:
-    if scheme == "rediss":
-        return BudgetSSLConnection
-    if scheme == "unix":
-        return BudgetUnixConnection
-    return BudgetConnection
+    return {"rediss": BudgetSSLConnection, "unix": BudgetUnixConnection}.get(scheme, BudgetConnection)
 
 
 def _cluster_nodes(netloc: str) -> list[tuple[str, int]]:
@@ -102,18 +89,25 @@ def _cluster_client(url: str) -> RedisCluster:
         raise redis.ConnectionError(f"Redis Cluster at {hosts} cannot be reached: {exc}") from exc
 
 
+def _is_cluster(scheme: str) -> bool:
+    return scheme == CLUSTER_SCHEME or (ratelimit_settings.CLUSTER and scheme in ("redis", "rediss"))
+
+
+def _check_scheme(scheme: str) -> None:
+    """ImproperlyConfigured for a scheme no client is built for (cluster and sentinel URLs are handled first)."""
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ImproperlyConfigured(f"RATELIMIT['REDIS_URL'] has scheme {scheme!r}; expected redis, rediss, unix, "
+                                   f"{CLUSTER_SCHEME} or {SENTINEL_SCHEME}")
+
+
 def build_client(url: str) -> RedisClient:
     """Build a client for `url` with the limiter's timeouts (see docs/settings.md for the schemes)."""
     parts = urlsplit(url)
-    if parts.scheme == CLUSTER_SCHEME or (ratelimit_settings.CLUSTER and parts.scheme in ("redis", "rediss")):
+    if _is_cluster(parts.scheme):
         return _cluster_client(url)
     if parts.scheme == SENTINEL_SCHEME:
         return sentinel_master(url, _client_options())
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ImproperlyConfigured(
-            f"RATELIMIT['REDIS_URL'] has scheme {parts.scheme!r}; expected redis, rediss, unix, "
-            f"{CLUSTER_SCHEME} or {SENTINEL_SCHEME}"
-        )
+    _check_scheme(parts.scheme)
     connection_class = _scheme_connection_class(parts.scheme)
     if _pool_path():  # the URL's own max_connections, if any, wins over the default
         pool = BudgetBlockingConnectionPool.from_url(url, connection_class=connection_class,
@@ -127,6 +121,12 @@ _ALIAS_KEYS = frozenset({
     "host", "port", "path", "db", "username", "password", "credential_provider", "client_name",
     "socket_keepalive", "socket_keepalive_options", "encoding", "encoding_errors", "decode_responses",
 })
+
+
+def _where_and_who(pool: ConnectionPool) -> dict[str, Any]:
+    """Where and who a cache's pool connects as; its other keys belong to its own protocol and handlers (RESP3
+    maintenance notifications, for one)."""
+    return {k: v for k, v in pool.connection_kwargs.items() if k in _ALIAS_KEYS or k.startswith("ssl_")}
 
 
 def _client_from_cache_alias(alias: str) -> RedisClient:
@@ -153,9 +153,7 @@ def _client_from_cache_alias(alias: str) -> RedisClient:
     # The same server and credentials as the cache, but the limiter's own pool: its timeouts, no
     # retries, and the time budget (the cache may be configured to retry, which must never resend
     # a decision).
-    # Only where and who to connect as: the cache pool's other keys belong to its own protocol and
-    # handlers (RESP3 maintenance notifications, for one).
-    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _ALIAS_KEYS or k.startswith("ssl_")}
+    kwargs = _where_and_who(pool)
     if _pool_path():
         return redis.Redis(connection_pool=BudgetBlockingConnectionPool(
             connection_class=budget_class, max_connections=POOL_MAX_CONNECTIONS, timeout=_budget_seconds(), **kwargs,
@@ -210,20 +208,16 @@ _client = SettingsCached(_client_from_settings)
 
 
 def get_redis() -> RedisClient:
-    """The process-wide Redis client for rate limiting (created on first use, thread-safe, rebuilt after
-    every settings change).
-
-    Raises ImproperlyConfigured for a bad configuration, and redis.ConnectionError when a Redis
-    Cluster cannot be reached to learn its topology.
-    """
+    """The process-wide Redis client for rate limiting (created on first use, rebuilt after every settings
+    change). Raises ImproperlyConfigured for a bad configuration, and redis.ConnectionError when a Redis
+    Cluster cannot be reached to learn its topology."""
     return _client.get()
 
 
 # -- the asyncio client -----------------------------------------------------------------------------
-# A redis.asyncio client belongs to the event loop it is first used on, so it is not cached here:
-# ratelimit_app.service.limiter_async builds one per event loop. Building one does no I/O (a cluster client
-# learns its slots on first use). The time budget of an async decision is one asyncio timeout around
-# the whole call (see service_async), so these clients need no budget-aware connection classes.
+# A redis.asyncio client belongs to the event loop it is first used on, so it is not cached here (the async
+# service builds one per event loop; building one does no I/O). The budget of an async call is one asyncio
+# timeout around it, so these clients need no budget-aware connection classes.
 
 def _async_client_options() -> dict[str, Any]:
     """`_client_options()` for redis.asyncio clients: the same timeouts and handshake, no retries."""
@@ -240,18 +234,14 @@ def _build_async_client(url: str) -> AsyncRedisClient:
 
     parts = urlsplit(url)
     options = _async_client_options()
-    if parts.scheme == CLUSTER_SCHEME or (ratelimit_settings.CLUSTER and parts.scheme in ("redis", "rediss")):
+    if _is_cluster(parts.scheme):
         nodes = [AsyncClusterNode(host, port) for host, port in _cluster_nodes(parts.netloc)]
         return AsyncRedisCluster(startup_nodes=nodes, username=unquote(parts.username) if parts.username else None,
                                  password=unquote(parts.password) if parts.password else None,
                                  ssl=parts.scheme == "rediss", **options)
     if parts.scheme == SENTINEL_SCHEME:
         return async_sentinel_master(url, options)
-    if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ImproperlyConfigured(
-            f"RATELIMIT['REDIS_URL'] has scheme {parts.scheme!r}; expected redis, rediss, unix, "
-            f"{CLUSTER_SCHEME} or {SENTINEL_SCHEME}"
-        )
+    _check_scheme(parts.scheme)
     return redis.asyncio.Redis.from_url(url, **options)
 
 
@@ -268,8 +258,7 @@ def _async_client_from_cache_alias(alias: str) -> AsyncRedisClient:
             f"RATELIMIT['CACHE_ALIAS'] = {alias!r} is a Sentinel or cluster cache, which the async limiter "
             "cannot copy: set RATELIMIT['REDIS_URL']"
         )
-    kwargs = {k: v for k, v in pool.connection_kwargs.items()
-              if k in _ALIAS_KEYS or k.startswith("ssl_")}
+    kwargs = _where_and_who(pool)
     return redis.asyncio.Redis(connection_pool=aio.ConnectionPool(connection_class=connection_class, **kwargs,
                                                                   **_async_client_options()))
 

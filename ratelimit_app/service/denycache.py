@@ -1,20 +1,6 @@
-"""The local deny cache: a request Redis denied until T is denied in process until T, without Redis.
-
-What is cached, and why it is safe: Redis answered "denied, retry after r" for one exact request (the
-same identities, the same policy sets, the same cost), decided at some moment at or after `started`.
-No other request can make that one allowed earlier (other requests only consume; a denial consumes
-nothing), so until `started + r` Redis would deny it again. The only ways to free it earlier are a
-`reset` of one of its identities, which clears the entries of that identity in this process, or a
-Redis that lost its data; both are documented in docs/operations.md. Only denials of the request's own
-policies are cached (never "refused because a sibling identity denied", never a degraded answer).
-
-The cache is bounded: when full, expired entries are dropped first, then the oldest entries.
-
-A cached denial is answered with its times (reset_after, retry_after) shifted by the whole milliseconds
-since Redis made it: Redis' reply is in whole milliseconds itself, a shifted time is never shorter than
-the exact one (a client that waits it is never early), and every lookup of one entry within the same
-millisecond shares one shifted copy of the (immutable) decisions instead of building its own.
-"""
+"""The local deny cache: a request Redis denied until T is denied in process until T, without Redis; and the
+reset epoch that carries a reset to every process. Why it never denies what Redis would allow, and what
+it costs: docs/operations.md, "The local deny cache"."""
 
 from __future__ import annotations
 
@@ -38,9 +24,8 @@ _EPOCH_TTL_SECONDS = 86400
 
 
 class _Entry:
-    """One cached denial: denied until `until` (monotonic seconds), decided at or after `started`, the
-    identities it involves, and its decisions as last shifted: (whole milliseconds since `started`, the
-    decisions shifted by them), None before the first lookup."""
+    """One cached denial, until `until` (monotonic seconds); `shifted`: its decisions as last shifted, with the
+    whole milliseconds since `started` they were shifted by (None before the first lookup)."""
 
     __slots__ = ("decisions", "identities", "shifted", "started", "until")
 
@@ -51,11 +36,8 @@ class _Entry:
 
 
 class DenyCache:
-    """Decisions of denied requests, keyed by the exact request, until their retry time.
-
-    Keys are built by the caller (see LimiterService): any hashable value naming the identities,
-    the policy sets and the cost of one request. Thread-safe; lookups of an empty cache are free.
-    """
+    """Decisions of denied requests, keyed by the exact request (any hashable value naming its identities,
+    policy sets and cost: servicecall.request_key), until their retry time. Thread-safe."""
 
     def __init__(self, size: int) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -91,10 +73,9 @@ class DenyCache:
 
     def remember(self, key: Hashable, identities: tuple[str, ...], decisions: Sequence[Decision],
                  started: float, generation: int | None = None) -> None:
-        """Cache `decisions` (the answer to one request, started at `started`) if they are a denial
-        by the request's own policies; the entry lasts until the longest retry_after among them.
-        `generation` is `self.generation` read before the request was sent: if entries were dropped
-        since, the denial is not cached."""
+        """Cache `decisions` (the answer to one request, started at `started`) if they are a denial by the
+        request's own policies, until the longest retry_after among them; not when entries were dropped
+        since `generation` (`self.generation` read before the request was sent)."""
         wait = 0.0
         for decision in decisions:
             if not decision.allowed and not decision.degraded and decision.retry_after is not None:
@@ -123,7 +104,6 @@ class DenyCache:
         return len(stale)
 
     def clear(self) -> None:
-        """Drop every entry."""
         with self._lock:
             self._entries.clear()
             self.generation += 1
@@ -138,8 +118,8 @@ _UNSEEN = object()
 
 
 class ResetWatch:
-    """Learns whether any process reset an identity since this process last looked (see the module
-    docstring). `announce` runs after a reset; `due` and `changed` on the request path."""
+    """Learns whether any process reset an identity since this process last looked: `announce` runs after a
+    reset; `due` and `changed` on the request path."""
 
     def __init__(self, prefix: str, interval: float = RESET_CHECK_INTERVAL) -> None:
         self.key = reset_epoch_key(prefix)

@@ -1,10 +1,6 @@
-"""The one interface through which the limiter feeds observability.
-
-Request handling and the limiter service report what they did here; whatever records it (the app's
-metrics recorder, `ratelimit_app.observability.recorder`, installed by the app's `ready()`) sits above
-them and is never imported by them. With no recorder installed (the engine used outside Django, or
-before the app is ready) every report is dropped.
-"""
+"""The one interface through which the limiter feeds observability: request handling and the services report
+here, to the recorder the app installs (`ratelimit_app.observability.recorder`); with none installed every
+report is dropped."""
 
 from __future__ import annotations
 

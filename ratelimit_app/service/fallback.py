@@ -1,18 +1,8 @@
-"""The in-process limiter: the algorithms of ratelimit_app/core/lua, in Python, for Redis outages.
-
-`LocalLimiter` mirrors the Lua scripts line by line: the same state, the same arithmetic (Lua numbers
-are doubles, so this module computes in floats too, and rounds exactly where the scripts do), the same
-all-or-nothing decision over several policies and the same replies. It serves two purposes:
-
-- the `local` fail mode: while Redis is unavailable each app server enforces every policy divided by
-  RATELIMIT['APP_SERVERS'] (`app_servers`), so the fleet as a whole stays near the real limit;
-- a model of the Lua engine: with `app_servers=1` and an injected clock it must decide exactly as
-  Redis does (tests/service/test_fallback_models.py checks this with hypothesis).
-
-It is thread-safe (one lock per limiter) and its memory is bounded: at most `max_keys` states and at
-most `max_units` sliding-window log entries (8 bytes each) are kept; the least recently written state
-is dropped first (which can only make the limiter more lenient).
-"""
+"""The in-process limiter, `LocalLimiter`: the algorithms of ratelimit_app/core/lua in Python (the models of
+fallback_models.py), with the same all-or-nothing decision over several policies and the same replies.
+It serves the "local" fail mode (each server enforces its share of every policy, see `local_share`) and
+the memory backend; with `app_servers=1` it decides as Redis does (tests/service/test_fallback_models.py).
+Thread-safe and bounded (docs/operations.md, "Fail modes")."""
 
 from __future__ import annotations
 
@@ -41,14 +31,9 @@ def _wall_clock_us() -> int:
 
 
 def local_share(policy: Policy, app_servers: int) -> tuple[float, float, float]:
-    """(limit, period_ms, capacity) that one of `app_servers` servers enforces for `policy`.
-
-    Window algorithms get limit // app_servers per period. token_bucket and gcra keep their exact
-    rate divided by app_servers (the period is stretched) and get capacity // app_servers as burst.
-    Shares never drop below 1, so a limit smaller than the number of servers still admits something.
-    A calendar quota gets its share of the limit, its calendar rule and its clock shift, as decide.lua
-    passes them to calendar_window.lua.
-    """
+    """(limit, period_ms, capacity) that one of `app_servers` servers enforces for `policy` (docs/operations.md,
+    "Fail modes"; never below 1). A calendar quota gets its share of the limit, its calendar rule and its clock
+    shift, as decide.lua passes them to calendar_window.lua."""
     if policy.calendar:
         return float(max(policy.limit // app_servers, 1)), float(policy.calendar_rule), float(policy.clock_shift_ms)
     if app_servers == 1:
@@ -61,20 +46,14 @@ def local_share(policy: Policy, app_servers: int) -> tuple[float, float, float]:
 
 
 class LocalLimiter:
-    """Decides requests against policies in this process, with the semantics of the Lua engine.
-
-    The API mirrors `RateLimiter`: `hit`, `peek`, `hit_many` (always all-or-nothing), `release` and
-    `reset`; `clock_shift_ms` moves this limiter's clock for one call, as it moves Redis' (tests only).
-    `clock` returns microseconds since the epoch; `app_servers` divides every policy (see
-    `local_share`); `max_keys` bounds the number of states kept and `max_units` the entries of all
-    sliding-window logs together.
-    """
+    """Decides requests against policies in this process, with the semantics of the Lua engine and the API
+    of `RateLimiter`. `clock` returns microseconds since the epoch; `app_servers` divides every policy (see
+    `local_share`); `max_keys` bounds the states kept and `max_units` the entries of all sliding-window logs
+    together (the least recently written state goes first, which can only admit more)."""
 
     def __init__(self, *, app_servers: int = 1, clock: Clock = _wall_clock_us,
                  max_keys: int = _DEFAULT_MAX_KEYS, max_units: int = _DEFAULT_MAX_UNITS) -> None:
-        if isinstance(app_servers, bool) or not isinstance(app_servers, int) or app_servers < 1:
-            raise ValueError(f"app_servers: {app_servers!r} must be an integer >= 1")
-        for name, value in (("max_keys", max_keys), ("max_units", max_units)):
+        for name, value in (("app_servers", app_servers), ("max_keys", max_keys), ("max_units", max_units)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: {value!r} must be an integer >= 1")
         self.app_servers = app_servers
@@ -105,11 +84,8 @@ class LocalLimiter:
                 key = _state_key(identity_digest(identity), policy)
                 leases = self._store.get(key, now_us)
                 if leases and lease in leases:
-                    kept = {token: expiry for token, expiry in leases.items() if token != lease and expiry > now_us}
-                    if kept:
-                        self._store.set(key, kept, (max(kept.values()) - now_us) / 1000, now_us, len(kept))
-                    else:
-                        self._store.delete(key)
+                    self._keep(key, {token: expiry for token, expiry in leases.items()
+                                     if token != lease and expiry > now_us}, now_us)
 
     def renew(self, held: Sequence[tuple[str, Policy]], lease: str, lease_ms: int | None = None) -> int:
         """Make the live slots of `held` under `lease` end `lease_ms` from now (at most each policy's
@@ -124,9 +100,16 @@ class LocalLimiter:
                     kept = {token: expiry for token, expiry in leases.items() if expiry > now_us}
                     length_ms = policy.period_ms if lease_ms is None else min(lease_ms, policy.period_ms)
                     kept[lease] = now_us + length_ms * 1000
-                    self._store.set(key, kept, (max(kept.values()) - now_us) / 1000, now_us, len(kept))
+                    self._keep(key, kept, now_us)
                     live += 1
         return live
+
+    def _keep(self, key: str, leases: dict[str, float], now_us: float) -> None:
+        """Store a concurrency state's leases (token -> expiry in us) until the last ends; none: delete it."""
+        if leases:
+            self._store.set(key, leases, (max(leases.values()) - now_us) / 1000, now_us, len(leases))
+        else:
+            self._store.delete(key)
 
     def reset(self, identity: str, policies: Sequence[Policy]) -> None:
         """Forget the state of `identity` for these policies."""
@@ -136,12 +119,11 @@ class LocalLimiter:
                 self._store.delete(_state_key(digest, policy))
 
     def clear(self) -> None:
-        """Forget every state (used when Redis is back: the next outage starts afresh)."""
+        """Forget every state."""
         with self._lock:
             self._store.clear()
 
     def __len__(self) -> int:
-        """The number of states held (at most max_keys)."""
         return len(self._store)
 
     def decide(self, checks: Sequence[Check], cost: int, *, charge: bool, lease: str | None = None,

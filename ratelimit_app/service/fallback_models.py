@@ -1,11 +1,6 @@
-"""The algorithms of ratelimit_app/core/lua in Python, one model per algorithm, for the in-process limiter
-(ratelimit_app.service.fallback): the same state, the same arithmetic (in floats, as Lua numbers are doubles)
-and the same results as the Lua function of the same name.
-
-Each model is registered with `@model("<name>")` under the name of its algorithm in
-ratelimit_app.core.algorithms, and returns an `Outcome`: (allowed, remaining now, reset now in us, retry
-in us (0: allowed, -1: never), and `apply`, which charges the request and returns the new reset).
-"""
+"""The algorithms of ratelimit_app/core/lua in Python, one model per algorithm (`MODELS`), with the same state,
+arithmetic (in floats, as Lua numbers are doubles) and results as the Lua function of the same name.
+A model returns an `Outcome`; its `apply` charges the request and returns the new reset."""
 
 from __future__ import annotations
 
@@ -14,30 +9,17 @@ from array import array
 from bisect import bisect_right, insort
 from collections import OrderedDict
 from collections.abc import Callable
+from datetime import date
 from typing import Any
 
 # allowed, remaining now, reset now (us), retry (us; 0 allowed, -1 never), apply (commit -> reset us)
 Outcome = tuple[bool, float, float, float, Callable[[], float] | None]
 
-#: The model of each algorithm, by name (filled by `@model`; tests/core/test_scripts.py checks that every
-#: algorithm of ratelimit_app.core.algorithms has one).
-MODELS: dict[str, Callable[..., Outcome]] = {}
-
-
-def model(name: str) -> Callable[[Callable[..., Outcome]], Callable[..., Outcome]]:
-    """Register the function below as the model of algorithm `name` (the mirror of its Lua file)."""
-    def register(function: Callable[..., Outcome]) -> Callable[..., Outcome]:
-        MODELS[name] = function
-        return function
-    return register
-
 
 class Store:
-    """Key -> state with a TTL (like the Redis keys the scripts write), bounded, least recently written out.
-
-    Each state weighs 1, a sliding-window log its number of entries; the store keeps at most `max_keys`
-    states and a total weight of at most `max_units` (always at least the newest state).
-    """
+    """Key -> state with a TTL (like the Redis keys the scripts write), bounded, least recently written out:
+    at most `max_keys` states and a total weight of `max_units` (a state weighs 1, a sliding-window log its
+    number of entries), always at least the newest state."""
 
     def __init__(self, max_keys: int, max_units: int) -> None:
         self.max_keys = max_keys
@@ -78,7 +60,6 @@ class Store:
         return len(self._data)
 
 
-@model("fixed_window")
 def fixed_window(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                  cost: float) -> Outcome:
     """ratelimit_app/core/lua/fixed_window.lua."""
@@ -107,7 +88,6 @@ def _count_in_window(store: Store, key: str, now_us: float, window: int, reset_u
     return True, remaining, reset_us, 0, apply
 
 
-@model("sliding_window")
 def sliding_window(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                    cost: float) -> Outcome:
     """ratelimit_app/core/lua/sliding_window.lua (its log of 7-byte admission times is a sorted array here)."""
@@ -139,7 +119,6 @@ def sliding_window(store: Store, key: str, now_us: float, limit: float, period_m
     return True, remaining, reset_us, 0, apply
 
 
-@model("sliding_window_counter")
 def sliding_window_counter(store: Store, key: str, now_us: float, limit: float, period_ms: float,
                            capacity: float, cost: float) -> Outcome:
     """ratelimit_app/core/lua/sliding_window_counter.lua."""
@@ -184,7 +163,6 @@ def sliding_window_counter(store: Store, key: str, now_us: float, limit: float, 
     return True, remaining, reset_us, 0, apply
 
 
-@model("token_bucket")
 def token_bucket(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                  cost: float) -> Outcome:
     """ratelimit_app/core/lua/token_bucket.lua (the string "<units>:<stamp>" is a tuple here)."""
@@ -217,7 +195,6 @@ def token_bucket(store: Store, key: str, now_us: float, limit: float, period_ms:
     return True, remaining, reset_us, 0, apply
 
 
-@model("gcra")
 def gcra(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
          cost: float) -> Outcome:
     """ratelimit_app/core/lua/gcra.lua."""
@@ -241,7 +218,6 @@ def gcra(store: Store, key: str, now_us: float, limit: float, period_ms: float, 
     return True, remaining, reset_us, 0, apply
 
 
-@model("concurrency")
 def concurrency(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                 cost: float, lease: str | None = None) -> Outcome:
     """ratelimit_app/core/lua/concurrency.lua (the sorted set is a dict of lease token -> expiry in us)."""
@@ -264,26 +240,7 @@ def concurrency(store: Store, key: str, now_us: float, limit: float, period_ms: 
 
 # -- calendar quotas (ratelimit_app/core/lua/calendar_window.lua; ratelimit_app.core.calendars has the rule) --
 _RULE_UNIT = 2**27  # the calendar rule: ((unit * 128 + offset_now) * 128 + offset_next) * 2**27 + change_minute
-
-
-def _days_from_civil(y: int, m: int, d: int) -> int:
-    if m <= 2:
-        y -= 1
-    era = y // 400
-    yoe = y - era * 400
-    doy = (153 * (m - 3 if m > 2 else m + 9) + 2) // 5 + d - 1
-    return era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
-
-
-def _civil_from_days(days: int) -> tuple[int, int]:
-    z = days + 719468
-    era = z // 146097
-    doe = z - era * 146097
-    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
-    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
-    mp = (5 * doy + 2) // 153
-    m = mp + 3 if mp < 10 else mp - 9
-    return yoe + era * 400 + (1 if m <= 2 else 0), m
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
 
 
 def _calendar_period(rule: int, now_s: int) -> tuple[int, int]:
@@ -299,13 +256,13 @@ def _calendar_period(rule: int, now_s: int) -> tuple[int, int]:
         window = day - (day + 3) % 7  # 1970-01-01 was a Thursday
         next_day = window + 7
     else:
-        y, m = _civil_from_days(day)
-        window, next_day = y * 12 + m - 1, _days_from_civil(y + (m == 12), m % 12 + 1, 1)
+        civil = date.fromordinal(day + _EPOCH_DAY)  # (the script computes the date by hand)
+        y, m = civil.year, civil.month
+        window, next_day = y * 12 + m - 1, date(y + (m == 12), m % 12 + 1, 1).toordinal() - _EPOCH_DAY
     next_s = next_day * 86400 - offset_now
     return window, next_s if next_s < change_s else next_day * 86400 - offset_next
 
 
-@model("calendar_window")
 def calendar_window(store: Store, key: str, now_us: float, limit: float, period_ms: float, capacity: float,
                     cost: float) -> Outcome:
     """ratelimit_app/core/lua/calendar_window.lua: `period_ms` is the calendar rule and `capacity` the
@@ -315,3 +272,8 @@ def calendar_window(store: Store, key: str, now_us: float, limit: float, period_
     reset_us = max(next_s * 1_000_000 - local_us, 1000)
     return _count_in_window(store, key, now_us, window % 65536, reset_us, limit, cost)
 
+
+#: The model of each algorithm, by name (tests/core/test_scripts.py checks that every algorithm of
+#: ratelimit_app.core.algorithms has one).
+MODELS: dict[str, Callable[..., Outcome]] = {model.__name__: model for model in (
+    fixed_window, sliding_window, sliding_window_counter, token_bucket, gcra, concurrency, calendar_window)}

@@ -1,12 +1,7 @@
-"""What stands between a decision and Redis: `RedisGuard`, one process' failure handling, shared by the sync
-and the async limiter services (docs/operations.md tells the whole story).
-
-It holds the time budget, the circuit breaker, the fail modes (the one place they are interpreted), the
-deny cache and its reset epoch, the local fallback and the lost leases, and writes each operation's
-failure policy once, as steps (sans-IO generators, like the engine's): the steps yield the Redis calls
-to make (an `Ask`) and decide from their replies or failures. `LimiterService` and `AsyncLimiterService`
-only drive them, one with plain calls and one awaited, so the twins cannot drift.
-"""
+"""What stands between a decision and Redis: `RedisGuard`, one process' failure handling (time budget, circuit
+breaker, fail modes, deny cache, local fallback, lost leases), shared by the sync and the async service.
+Each operation's failure policy is written once, as sans-IO steps that yield the Redis calls to make; the
+services only drive them (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -62,11 +57,8 @@ def without_limits(mode: str) -> Decision:
 
 
 class RedisGuard:
-    """One process' failure handling around Redis (see the module docstring).
-
-    Every argument defaults to its RATELIMIT setting, read once here (the services are rebuilt when
-    settings change). Invalid arguments (an unknown fail mode, a budget <= 0) raise ValueError.
-    """
+    """One process' failure handling around Redis. Every argument defaults to its RATELIMIT setting, read once
+    here (the services are rebuilt when settings change); invalid ones raise ValueError."""
 
     def __init__(self, *, fail_mode: str | None = None, budget_ms: float | None = None,
                  app_servers: int | None = None, breaker: CircuitBreaker | None = None,
@@ -102,7 +94,6 @@ class RedisGuard:
         return guard
 
     def stats(self) -> ServiceStats:
-        """A snapshot of the counters."""
         with self._stats_lock:
             counts = dict(self._counts)
             failures = self._redis_failures
@@ -113,12 +104,11 @@ class RedisGuard:
     # -- the steps (driven by the services) ---------------------------------------------------------
     def decide(self, engine: Any, checks: Sequence[Check], cost: int, fail_mode: str | None, charge: bool,
                fresh: bool = False, lease: str | None = None, usage: Usage = ()) -> Steps[list[Decision]]:
-        """One decision: the deny cache (after a read of the reset epoch when one is due: see ResetWatch),
-        the breaker, then Redis (`hit_many`, or `peek` when not `charge`); the fail mode answers when Redis
-        cannot. `engine` is the service's engine if built yet (the reset epoch is read only through one
-        of Redis). `usage` reserves estimates (see LimiterService.reserve_many; the memory backend has
-        none: a usage limit counts the request's cost there). A decision that may have run without its
-        reply gives back every slot it may have taken (its lease is cancelled once Redis answers again)."""
+        """One decision: the deny cache (after a read of the reset epoch when due), the breaker, then Redis
+        (`hit_many`, or `peek` when not `charge`); the fail mode answers when Redis cannot. `engine` is the
+        service's engine if built yet. `usage` reserves estimates (the memory backend has none: a usage
+        limit counts the request's cost there). A decision that may have run without its reply has its
+        lease cancelled once Redis answers again."""
         mode = self.fail_mode if fail_mode is None else check_fail_mode(fail_mode)
         key, cache = None, self.deny_cache
         if len(cache) and not fresh:
@@ -284,12 +274,8 @@ class RedisGuard:
 
     def degraded(self, mode: str, checks: Sequence[Check], cost: int, charge: bool,
                   lease: str | None = None) -> list[Decision]:
-        """The answer of `mode` when Redis cannot decide `checks`.
-
-        A decision made without Redis has `degraded=True`; a degraded denial means "refused because the
-        limiter is unavailable" (HTTP 503 with Retry-After). In "local" mode a request over its local
-        share is denied like any rate-limited request (`allowed=False, degraded=False`: HTTP 429).
-        """
+        """The answer of `mode` when Redis cannot decide `checks`: degraded (a degraded denial is a 503 with
+        Retry-After), except a "local" denial, a plain rate-limit answer (429)."""
         if mode == LOCAL:
             decisions = self.fallback.decide(checks, cost, charge=charge, lease=lease, clock_shift_ms=clock.offset_ms())
             allowed = bool(decisions) and decisions[-1].allowed

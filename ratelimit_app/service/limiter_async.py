@@ -1,14 +1,11 @@
-"""The limiter service for asyncio code: `get_async_limiter()`, the twin of `get_limiter()`.
-
-`AsyncLimiterService` has the methods of `LimiterService`, in the same order, awaited, and shares its
-`RedisGuard` (one breaker, one deny cache per process). Its engine is an `AsyncRateLimiter` per event
-loop, and each Redis call the guard's steps ask for runs under one asyncio timeout of what is left of
-the budget, so the event loop is never blocked.
-"""
+"""The limiter service for asyncio code, `get_async_limiter()`: the twin of `get_limiter()`, sharing its
+`RedisGuard`, with an engine per event loop and each Redis call under one asyncio timeout of what is left
+of the budget (docs/operations.md, "The async service")."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 import time
 import weakref
@@ -22,16 +19,16 @@ from ..core.engine import Check, Usage
 from ..core.engine_async import AsyncRateLimiter
 from ..core.policies import Policy
 from ..core.redispy import close_client
-from ..core.usage import NO_RESERVATION, Reservation, reservation
-from . import clock
+from ..core.usage import Reservation
 from .connection import get_async_redis
 from .guard import RedisGuard
-from .limiter import get_limiter
-from .memory import AsyncMemoryLimiter, memory_limiter
-from .servicecall import ServiceStats, Steps, T
+from .limiter import ServiceBase, get_limiter
+from .memory import MemoryLimiter, memory_limiter
+from .servicecall import Outcome, Steps, T, next_call
 
-#: What decides: the async engine over Redis, or this process' own limiter (the memory backend).
-_AsyncEngine = AsyncRateLimiter | AsyncMemoryLimiter
+#: What decides: the async engine over Redis, or this process' own limiter (the memory backend, whose calls do
+#: no I/O: their replies are not awaited).
+_AsyncEngine = AsyncRateLimiter | MemoryLimiter
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _budget
@@ -39,33 +36,26 @@ else:  # redis-py depends on async-timeout below Python 3.11.3
     from async_timeout import timeout as _budget
 
 
-class AsyncLimiterService:
-    """The async engine as request-handling code sees it, behind a RedisGuard (see LimiterService).
+class AsyncLimiterService(ServiceBase[_AsyncEngine]):
+    """The async engine (an AsyncRateLimiter or MemoryLimiter) behind a RedisGuard: the methods of
+    LimiterService, awaited. A callable `limiter` is called on first use in each event loop; None builds
+    an engine per event loop from settings (see ServiceBase)."""
 
-    `limiter` is an AsyncRateLimiter (or an AsyncMemoryLimiter), or a callable that builds one (called
-    on first use in each event loop); None builds one per event loop from settings (RATELIMIT['BACKEND']).
-    `guard` and `options` as for LimiterService.
-    """
+    _engine_types = (AsyncRateLimiter, MemoryLimiter)
 
     def __init__(self, limiter: _AsyncEngine | Callable[[], _AsyncEngine] | None = None, *,
                  guard: RedisGuard | None = None, **options: Any) -> None:
-        self.guard = RedisGuard.shared_or_new(guard, options)
-        self._engine: _AsyncEngine | None = None
-        self._build: Callable[[], _AsyncEngine]
-        if isinstance(limiter, (AsyncRateLimiter, AsyncMemoryLimiter)):
-            self._engine = limiter
-            self._build = lambda: limiter
-        elif limiter is None:
-            prefix = ratelimit_settings.KEY_PREFIX
-            self._build = (lambda: AsyncMemoryLimiter(memory_limiter(prefix))) if ratelimit_settings.BACKEND == \
-                "memory" else (lambda: AsyncRateLimiter(get_async_redis(), prefix=prefix))
-        else:
-            self._build = limiter
+        super().__init__(limiter, guard, options)
         # one engine per event loop, dropped with its loop
         self._engines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncEngine] = (
             weakref.WeakKeyDictionary())
 
-    # -- the public API ----------------------------------------------------------------------------
+    def _from_settings(self) -> Callable[[], _AsyncEngine]:
+        prefix = ratelimit_settings.KEY_PREFIX
+        if ratelimit_settings.BACKEND == "memory":
+            return lambda: memory_limiter(prefix)
+        return lambda: AsyncRateLimiter(get_async_redis(), prefix=prefix)
+
     def limiter(self) -> _AsyncEngine:
         """The engine for the running event loop (built on its first use there)."""
         if self._engine is not None:
@@ -93,10 +83,7 @@ class AsyncLimiterService:
         started = time.monotonic()
         decisions = await self._drive(self.guard.decide(self._built(), checks, cost, fail_mode, True, fresh=True,
                                                         lease=lease, usage=usage))
-        engine = self._built()
-        if not isinstance(engine, AsyncRateLimiter) or any(decision.degraded for decision in decisions):
-            return decisions, NO_RESERVATION
-        return decisions, reservation(engine.prefix, checks, usage, started, clock.offset_ms(), decisions)
+        return self._reserved(self._built(), checks, usage, started, decisions)
 
     async def settle(self, reservation: Reservation, used: Mapping[str, int]) -> bool:
         """Settle what a request reserved (see LimiterService.settle)."""
@@ -128,10 +115,6 @@ class AsyncLimiterService:
         LimiterService.call_redis)."""
         return cast(T, await self._drive(self.guard.command(command)))
 
-    def stats(self) -> ServiceStats:
-        """A snapshot of the guard's counters (shared with the sync service of this process)."""
-        return self.guard.stats()
-
     async def aclose(self) -> None:
         """Close the engine this service built for the running event loop (its connections and its
         client), if any."""
@@ -140,7 +123,6 @@ class AsyncLimiterService:
             await engine.aclose()
             await close_client(engine.client)
 
-    # -- the I/O of the guard's steps ---------------------------------------------------------------
     def _built(self) -> _AsyncEngine | None:
         """The engine of the running event loop, if built yet (the guard reads no reset epoch before)."""
         return self._engine or self._engines.get(asyncio.get_running_loop())
@@ -150,22 +132,20 @@ class AsyncLimiterService:
         under one asyncio timeout of the time left in the budget, so the event loop is never blocked; a
         call cancelled from outside is thrown into the steps like a failure, which they let go on up."""
         budget = self.guard.budget
-        reply: Any = None
-        failure: BaseException | None = None
+        outcome: Outcome = (None, None)
         try:
             while True:
-                run, started = steps.send(reply) if failure is None else steps.throw(failure)
-                failure = None
+                run, started = next_call(steps, outcome)
                 left = budget if started is None else started + budget - time.monotonic()
                 try:
                     # the engine's own connections wait for a reply without a timer of their own when
                     # this one ends first (see ratelimit_app.core.budget.reply_wait)
                     with within_budget(budget, started):
                         async with _budget(left):
-                            pending = run(self.limiter())
-                            reply = None if pending is None else await pending
+                            reply = run(self.limiter())
+                            outcome = (await reply if inspect.isawaitable(reply) else reply, None)
                 except BaseException as exc:  # the steps decide what it means
-                    failure = exc
+                    outcome = (None, exc)
         except StopIteration as done:
             return done.value
 

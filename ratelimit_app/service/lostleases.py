@@ -1,26 +1,7 @@
-"""Concurrency slots that nobody could give back while Redis did not answer: given back once it does.
-
-Two things can leave a slot in Redis that no request holds:
-
-- a decision whose reply was lost (the time budget ran out, the connection broke, the call was
-  cancelled) after it was sent: the request went on with the fail mode's answer and holds no slot,
-  but Redis may have run the decision and taken the slot, or may run it later still: a paused server
-  (SIGSTOP, a long fork, a full network buffer) runs the commands waiting in its sockets when it
-  resumes, whatever became of the clients that sent them;
-- a release that Redis could not be asked for (it failed, or the circuit breaker was open).
-
-Left alone, each such slot would be held until its lease ran out: the key answers 429 (and, for the
-fleet shedder's count, every normal request 503) for a whole lease period with no load at all.
-`LostLeases` keeps them in this process and gives them back as soon as Redis answers again: a lost
-decision's token is *cancelled* (lua/cancel.lua: a slot it took is freed, and a decision under it
-that Redis runs afterwards takes nothing, so the order in which Redis runs the two does not matter);
-a failed release is sent again (removing a lease twice frees nothing else).
-
-Each attempt goes through the service's circuit breaker and time budget, from a thread of its own
-(started when something is pending, ended when nothing is), never on a request's path. A release is
-dropped once its lease has run out anyway; a cancellation is kept until Redis has run it. At most
-MAX_PENDING are kept (the oldest go first, logged once per outage).
-"""
+"""Concurrency slots that nobody could give back while Redis did not answer (a decision whose reply was lost, a
+release Redis could not take), given back from a thread of their own once Redis answers: a lost decision's
+lease is cancelled (lua/cancel.lua), a failed release sent again (docs/operations.md, "What a lost reply
+does to slots")."""
 
 from __future__ import annotations
 
@@ -61,8 +42,9 @@ _Attempt = Callable[[LostLease], bool]
 
 
 class LostLeases:
-    """The leases waiting for Redis to answer again (see the module docstring). `attempt` sends one
-    (the service's `_settle_lease`); `pause()` says how long to wait after a failed one."""
+    """The leases waiting for Redis to answer again: `attempt` sends one (RedisGuard._settle), `pause()` says
+    how long to wait after a failed one. At most MAX_PENDING are kept (the oldest go first, logged once per
+    outage)."""
 
     def __init__(self, attempt: _Attempt, pause: Callable[[], float]) -> None:
         self._attempt = attempt

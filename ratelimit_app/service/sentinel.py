@@ -26,8 +26,9 @@ def host_ports(netloc: str, what: str, example: str) -> list[tuple[str, int]]:
     return found
 
 
-def _parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int]:
-    """Split "redis+sentinel://host:port,host:port/SERVICE[/DB]" into (sentinels, service, db)."""
+def _parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int, str | None]:
+    """Split "redis+sentinel://[:PASSWORD@]host:port,host:port/SERVICE[/DB]" into (sentinels, service, db,
+    the master's password)."""
     parts = urlsplit(url)
     hosts = host_ports(parts.netloc, "sentinel address", "redis+sentinel://host:26379,host:26380/SERVICE/DB")
     segments = [s for s in parts.path.split("/") if s]
@@ -35,20 +36,21 @@ def _parse_sentinel_url(url: str) -> tuple[list[tuple[str, int]], str, int]:
     db_text = segments[1] if len(segments) > 1 else parse_qs(parts.query).get("db", ["0"])[0]
     if not db_text.isdigit():
         raise ImproperlyConfigured(f"RATELIMIT['REDIS_URL']: database {db_text!r} must be a number")
-    return hosts, service, int(db_text)
+    return hosts, service, int(db_text), unquote(parts.password) if parts.password else None
+
+
+def _sentinel_options(hosts: list[tuple[str, int]], options: dict[str, Any]) -> dict[str, Any]:
+    """`options` for asking the sentinels: each gets an equal share of the connect timeout, so asking all of
+    them cannot take longer than connecting to one server."""
+    return {**options, "socket_connect_timeout": options["socket_connect_timeout"] / (len(hosts) or 1)}
 
 
 def sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
-    """A client that always talks to the master that the sentinels currently name.
-
-    `options` are the limiter's client options (timeouts, no retries). The password in the URL is
-    the master's; the sentinels are asked without one. Each sentinel gets at most an equal share of
-    the connect timeout, so asking all of them cannot take longer than connecting to one server.
-    """
-    hosts, service, db = _parse_sentinel_url(url)
-    password = urlsplit(url).password
-    share = len(hosts) or 1
-    sentinel_options = {**options, "socket_connect_timeout": options["socket_connect_timeout"] / share}
+    """A client that always talks to the master the sentinels currently name. `options` are the limiter's
+    client options (timeouts, no retries). The password in the URL is the master's; the sentinels are asked
+    without one."""
+    hosts, service, db, password = _parse_sentinel_url(url)
+    sentinel_options = _sentinel_options(hosts, options)
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_options, **options)
     # the sentinels are asked inside the same time budget as the master (redis.Redis takes no
     # connection class of its own, so each sentinel client gets a pool of budget-aware connections)
@@ -57,22 +59,14 @@ def sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
                                                    **sentinel_options))
         for host, port in hosts
     ]
-    return sentinel.master_for(
-        service, db=db, password=unquote(password) if password else None, connection_class=BudgetSentinelConnection,
-    )
+    return sentinel.master_for(service, db=db, password=password, connection_class=BudgetSentinelConnection)
 
 
 def async_sentinel_master(url: str, options: dict[str, Any]) -> redis.asyncio.Redis:
-    """`sentinel_master` for asyncio: a redis.asyncio client of the master the sentinels name now.
-
-    The sentinels are asked with the same options and the same share of the connect timeout; the
-    async service bounds the whole decision, sentinel lookups included, with one asyncio timeout.
-    """
+    """`sentinel_master` for asyncio (the async service bounds the whole call, sentinel lookups included,
+    with one asyncio timeout)."""
     from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 
-    hosts, service, db = _parse_sentinel_url(url)
-    password = urlsplit(url).password
-    share = len(hosts) or 1
-    sentinel_options = {**options, "socket_connect_timeout": options["socket_connect_timeout"] / share}
-    sentinel = AsyncSentinel(hosts, sentinel_kwargs=sentinel_options, **options)
-    return sentinel.master_for(service, db=db, password=unquote(password) if password else None)
+    hosts, service, db, password = _parse_sentinel_url(url)
+    sentinel = AsyncSentinel(hosts, sentinel_kwargs=_sentinel_options(hosts, options), **options)
+    return sentinel.master_for(service, db=db, password=password)

@@ -1,6 +1,5 @@
 """What the limiter services share besides their guard: the counters (`ServiceStats`), the deny-cache key of a
-request (`request_key`), and the shape of the guard's steps (`Steps`, each yielding an `Ask`: one Redis call
-that the service, sync or async, makes within the time budget)."""
+request (`request_key`), and the guard's steps (`Steps`, carried on by `next_call`)."""
 
 from __future__ import annotations
 
@@ -16,12 +15,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class ServiceStats:
-    """Counters of one LimiterService since it was built (per process).
-
-    `degraded` counts decisions answered without Redis (by fail mode: `degraded_open`,
-    `degraded_closed`, `local_allowed`, `local_denied`); `redis_failures` calls that failed or timed
-    out; `deny_cache_hits` requests denied in process; `local_states` states held by the fallback.
-    """
+    """Counters of one process' guard since it was built (docs/operations.md, "The circuit breaker")."""
 
     breaker: BreakerState
     redis_failures: int
@@ -52,11 +46,21 @@ def request_key(checks: Sequence[Check], cost: int) -> Hashable:
 
 
 #: One Redis call the guard's steps ask for, as (run, started): `run(engine)` makes it (sync), or returns what
-#: to await (async; None: nothing to await), with the budget counted from `started` (a time.monotonic()
-#: value; None: from now). A plain tuple: one is made per decision.
+#: to await (async; the memory backend's replies are not awaitable), with the budget counted from `started` (a
+#: time.monotonic() value; None: from now). A plain tuple: one is made per decision.
 Ask = tuple[Callable[[Any], Any], Optional[float]]  # noqa: UP045 (a runtime alias on Python 3.10)
 
 
 #: The steps of one operation through the guard (sans-IO): each yields an Ask and is sent its reply, or
 #: thrown what making it raised; what the generator returns is the operation's answer.
 Steps = Generator[Ask, Any, T]
+
+#: What the last Ask came to: (its reply, None), or (None, what making it raised).
+Outcome = tuple[Any, Optional[BaseException]]  # noqa: UP045 (a runtime alias on Python 3.10)
+
+
+def next_call(steps: Steps[T], outcome: Outcome) -> Ask:
+    """The next call `steps` ask for, once given the outcome of the last (StopIteration with the operation's
+    answer when they are done)."""
+    reply, failure = outcome
+    return steps.send(reply) if failure is None else steps.throw(failure)

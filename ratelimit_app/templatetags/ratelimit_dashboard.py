@@ -11,7 +11,6 @@ register = template.Library()
 
 
 def _shown(value: Any, format_number: Callable[[Any], str]) -> str:
-    """`value` formatted as a number, or as it is when it is not one."""
     try:
         return format_number(value)
     except (TypeError, ValueError):

@@ -21,13 +21,8 @@ _DELETE_BATCH = 500
 
 
 class IsolatedRateLimit:
-    """The limiter as one test sees it, from `start()` to `stop()` (or `with IsolatedRateLimit() as ...:`).
-
-    `prefix` is the test's key prefix. `advance(seconds)` moves the limiter's clock for this test
-    (windows pass, buckets refill, leases run out and calendar months end without waiting), `reset()`
-    forgets every counter of the test, `disable()` turns every limit of ours off (as
-    RATELIMIT['ENABLED'] = False does) and `enable()` undoes it.
-    """
+    """The limiter as one test sees it, under the test's own key `prefix`, from `start()` to `stop()` (or
+    `with IsolatedRateLimit() as ...:`)."""
 
     def __init__(self) -> None:
         self.prefix = f"rltest-{uuid.uuid4().hex[:16]}"
@@ -64,9 +59,9 @@ class IsolatedRateLimit:
 
     # -- what a test does with it ------------------------------------------------------------------
     def advance(self, seconds: float) -> None:
-        """Move the limiter's clock `seconds` forward (>= 0) for the rest of this test: every decision
-        from now on is made as if that much more time had passed (in Redis, by a shift of Redis TIME
-        passed with each decision; in the memory backend likewise). Nothing sleeps."""
+        """Move the limiter's clock `seconds` forward (>= 0) for the rest of this test: windows pass,
+        buckets refill, leases run out and calendar months end without waiting (a shift of Redis TIME
+        passed with each decision; in the memory backend likewise)."""
         self._require_started()
         clock.advance(seconds)
 

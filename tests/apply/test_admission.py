@@ -14,7 +14,9 @@ from django.test import RequestFactory
 from devtools.embedded import free_port
 from ratelimit_app import Policy
 from ratelimit_app.apply.admission import (
+    REFUSED_OUTRIGHT,
     RequestState,
+    Throttles,
     admit,
     end,
     finish,
@@ -25,7 +27,7 @@ from ratelimit_app.apply.admission import (
     state_of,
 )
 from ratelimit_app.apply.limitcheck import LimitCheck
-from ratelimit_app.apply.outcome import ALLOWED, NOT_LIMITED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
+from ratelimit_app.apply.outcome import ALLOWED, DENIED, NOT_LIMITED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
 from tests.apply.test_concurrency import closed_by_the_server, free, take
 from tests.support.limits_support import make_key, make_tier
 
@@ -61,6 +63,40 @@ def test_an_admitted_request_has_its_outcome_and_its_headers() -> None:
     assert outcome.status == ALLOWED and outcome.decision is not None and outcome.decision.remaining == 4
     response = finish(request, HttpResponse("ok"))
     assert response["X-RateLimit-Remaining"] == "4" and response["X-RateLimit-Limit"] == "5"
+
+
+def test_throttles_are_asked_first_and_may_refuse_outright_asking_nothing() -> None:
+    asked: list[str] = []
+    answered: list[LimitOutcome] = []
+
+    def kept(request: Any, outcome: LimitOutcome, cost: int) -> None:
+        answered.append(outcome)
+
+    def extra() -> list[LimitCheck]:
+        asked.append("extra")
+        return []
+
+    request = factory.get("/api/things", REMOTE_ADDR="192.0.2.90")  # no key: the request's limits refuse
+    assert admit(request, throttles=Throttles(lambda: None, True), extra=extra, answer=kept) is None
+    assert answered == [REFUSED_OUTRIGHT] and asked == [] and outcome_of(request) is None
+
+
+def test_throttles_alone_decide_their_checks_only_shown_by_label_else_a_digest() -> None:
+    tight = Policy("alone", "fixed_window", limit=1, period=60)
+    labelled = LimitCheck("throttle:alone-192.0.2.91", (tight,), "o", "ip:192.0.2.91")
+    request = factory.get("/api/things", REMOTE_ADDR="192.0.2.91")  # no key: not asked for alone
+    assert admit(request, throttles=Throttles(lambda: ([labelled], "throttle.alone"), False)) is None
+    assert decided(request).identity == "ip:192.0.2.91" and decided(request).status == ALLOWED
+    secret = LimitCheck("throttle:account-secret-42", (tight,), "o")
+    again = factory.get("/api/things", REMOTE_ADDR="192.0.2.91")
+    assert admit(again, throttles=Throttles(lambda: ([secret], "throttle.alone"), False)) is None
+    shown = decided(again).identity
+    assert shown.startswith("throttle:#") and len(shown) == len("throttle:#") + 12 and "secret" not in shown
+    assert admit(again, throttles=Throttles(lambda: ([secret], "x"), False)) is not None
+    assert decided(again).status == DENIED
+    nothing = factory.get("/api/things", REMOTE_ADDR="192.0.2.91")
+    assert admit(nothing, throttles=Throttles(lambda: ([], "x"), False)) is None
+    assert decided(nothing).decision is None
 
 
 def test_a_refused_request_gets_the_answer_to_send() -> None:

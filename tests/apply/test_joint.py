@@ -1,8 +1,8 @@
-"""ratelimit_app.apply.joint: the joint decision of our throttles whatever the framework. `JointCall`
+"""ratelimit_app.apply.joint: the joint decision of our throttles whatever the framework. `decide_jointly`
 (its carrier, one call over every member's checks and the view's own, members refused outright),
 `Joint.verdict` (what each member answers for), `decide_jointly` (slots held, the outcome left for the
 headers, the fail mode when the limiter fails), `joint_of`, `request_charge`, `ThrottleHooks`,
-`_throttle_policy`, `_display_identity`; against the real Redis and database."""
+`_throttle_policy`; against the real Redis and database."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from django.test import RequestFactory
 from ratelimit_app import Decision, Policy, PolicyResult
 from ratelimit_app.apply.admission import end, state_of
 from ratelimit_app.apply.joint import (
-    JointCall,
+    Joint,
     ThrottleHooks,
-    _display_identity,
     _throttle_label,
     _throttle_policy,
     decide_jointly,
@@ -29,6 +28,7 @@ from ratelimit_app.apply.joint import (
 )
 from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.outcome import ALLOWED, DENIED, UNAUTHORIZED
+from ratelimit_app.apply.planning import FROM_REQUEST
 from ratelimit_app.decorators import limit_cost
 from ratelimit_app.service.limiter import get_limiter
 from tests.support.limits_support import make_key, make_tier
@@ -56,22 +56,24 @@ class _Member:
                                                              period=60),), self.owner)]
 
 
-def call(*members: _Member, request: Any = None, with_request_limits: bool = False, extra: Any = None) -> JointCall:
-    return JointCall(request or factory.get("/api/things", REMOTE_ADDR="192.0.2.44"), "handler", members,
-                     lambda member: member.checks(), 1, "", None, with_request_limits,
-                     extra or (lambda: ()))
+def decide(*members: _Member, request: Any = None, with_request_limits: bool = False, extra: Any = (),
+           checks_of: Any = None) -> Joint:
+    throttles: Any = members  # (stands for throttles: the joint decision reads what _Member has)
+    return decide_jointly(request or factory.get("/api/things", REMOTE_ADDR="192.0.2.44"), "handler", throttles,
+                          checks_of or (lambda member: member.checks()), cost=1, scope="", user=FROM_REQUEST,
+                          request_limits=with_request_limits, where="test", extra=extra)
 
 
 def test_the_carrier_is_the_member_carrying_the_requests_limits_else_the_first() -> None:
-    first, tier = _Member("first"), _Member("tier", carries_request_limits=True)
-    assert call(first, tier).carrier is tier
-    assert call(first, _Member("second")).carrier is first
+    first, tier = _Member("first", -1), _Member("tier", -1, carries_request_limits=True)
+    assert decide(first, tier).carrier == "tier"
+    assert decide(first, _Member("second", -1)).carrier == "first"
 
 
 def test_one_call_charges_every_member_or_none_and_each_answers_for_its_own_limits() -> None:
     roomy, tight = _Member("roomy", 5), _Member("tight", 1)
-    assert decide_jointly(call(roomy, tight), where="test").outcome.allowed
-    joint = decide_jointly(call(roomy, tight), where="test")
+    assert decide(roomy, tight).outcome.allowed
+    joint = decide(roomy, tight)
     assert joint.outcome.status == DENIED
     assert joint.verdict("tight")[0] is True
     refused, roomy_decision = joint.verdict("roomy")
@@ -80,28 +82,28 @@ def test_one_call_charges_every_member_or_none_and_each_answers_for_its_own_limi
 
 
 def test_a_member_refused_outright_stops_the_call_and_one_that_does_not_limit_has_no_decision() -> None:
-    joint = decide_jointly(call(_Member("open", -1), _Member("zero", None), _Member("roomy")), where="test")
+    joint = decide(_Member("open", -1), _Member("zero", None), _Member("roomy"))
     assert (joint.outcome.status, joint.outcome.decision, joint.denied_outright) == (DENIED, None, {"zero"})
     assert joint.verdict("zero") == (True, None) and joint.verdict("open") == (False, None)
-    nothing = decide_jointly(call(_Member("open", -1)), where="test")
+    nothing = decide(_Member("open", -1))
     assert nothing.outcome.status == ALLOWED and nothing.verdict("open") == (False, None)
 
 
 def test_refused_says_whether_any_member_refuses_and_not_when_only_the_views_own_limit_did() -> None:
     roomy, tight = _Member("roomy", 5), _Member("tight", 1)
-    assert not decide_jointly(call(roomy, tight), where="test").refused
-    assert decide_jointly(call(roomy, tight), where="test").refused
-    assert decide_jointly(call(_Member("zero", None)), where="test").refused
+    assert not decide(roomy, tight).refused
+    assert decide(roomy, tight).refused
+    assert decide(_Member("zero", None)).refused
     own = LimitCheck("view:refused", (Policy("own", "fixed_window", limit=1, period=60),), "view")
-    assert not decide_jointly(call(_Member("open", -1), extra=lambda: [own]), where="test").refused
-    by_the_view = decide_jointly(call(_Member("open", -1), extra=lambda: [own]), where="test")
+    assert not decide(_Member("open", -1), extra=lambda: [own]).refused
+    by_the_view = decide(_Member("open", -1), extra=lambda: [own])
     assert by_the_view.outcome.status == DENIED and not by_the_view.refused  # no throttle of ours refused
 
 
 def test_the_joint_is_kept_on_the_request_for_its_handler() -> None:
     request = factory.get("/api/things", REMOTE_ADDR="192.0.2.47")
     assert joint_of(request) is None
-    joint = decide_jointly(call(_Member("roomy"), request=request), where="test")
+    joint = decide(_Member("roomy"), request=request)
     assert joint_of(request) is joint and joint_of(request, "handler") is joint
     assert joint_of(request, "another handler") is None  # dispatched again: decided again
     assert (joint.cost, joint.owners, joint.carrier) == (1, ("roomy",), "roomy")
@@ -128,10 +130,10 @@ def test_the_views_own_checks_are_asked_for_during_the_call_and_decided_with_it(
         asked.append(1)
         return [own]
 
-    assert decide_jointly(call(_Member("roomy"), extra=extra), where="test").outcome.allowed
-    refused = decide_jointly(call(_Member("roomy"), extra=extra), where="test")
+    assert decide(_Member("roomy"), extra=extra).outcome.allowed
+    refused = decide(_Member("roomy"), extra=extra)
     assert asked == [1, 1] and refused.outcome.status == DENIED and refused.verdict("roomy")[0] is False
-    assert decide_jointly(call(_Member("zero", None), extra=extra), where="test").outcome.decision is None
+    assert decide(_Member("zero", None), extra=extra).outcome.decision is None
     assert asked == [1, 1]  # refused outright: nothing else asked
 
 
@@ -140,22 +142,20 @@ def test_the_carrier_answers_for_the_requests_own_limits() -> None:
     key = make_key(make_tier("jointtier", [("minute", "fixed_window", 1, 60, None, "")]))
     request = factory.get("/api/things", REMOTE_ADDR="192.0.2.45", HTTP_X_API_KEY=key)
     carrier, other = _Member("tier", -1, carries_request_limits=True), _Member("roomy")
-    assert decide_jointly(call(carrier, other, request=request, with_request_limits=True), where="test").outcome.allowed
-    joint = decide_jointly(call(carrier, other, request=request, with_request_limits=True), where="test")
+    assert decide(carrier, other, request=request, with_request_limits=True).outcome.allowed
+    joint = decide(carrier, other, request=request, with_request_limits=True)
     refused, base = joint.verdict("tier")
     assert refused and base is not None and base.policy == "minute"
     assert joint.verdict("roomy")[0] is False  # its own limit allowed
     unusable = factory.get("/api/things", REMOTE_ADDR="192.0.2.45", HTTP_X_API_KEY="nope")
-    assert decide_jointly(call(carrier, request=unusable, with_request_limits=True),
-                          where="test").outcome.status == UNAUTHORIZED
+    assert decide(carrier, request=unusable, with_request_limits=True).outcome.status == UNAUTHORIZED
 
 
 def test_the_slots_taken_are_held_on_the_request_and_the_outcome_left_for_the_headers() -> None:
     slot = Policy("inflight", "concurrency", limit=1, period=30)
     request = factory.get("/api/things", REMOTE_ADDR="192.0.2.46")
-    joint = JointCall(request, "handler", (_Member("slots"),),
-                      lambda member: [LimitCheck("throttle:slots", (slot,), member.owner)], 1, "", None, False)
-    outcome = decide_jointly(joint, where="test").outcome
+    outcome = decide(_Member("slots"), request=request,
+                     checks_of=lambda member: [LimitCheck("throttle:slots", (slot,), member.owner)]).outcome
     assert outcome.allowed and state_of(request).outcome is outcome
     assert len(state_of(request).slots) == 1
     assert get_limiter().peek("throttle:slots", (slot,)).remaining == 0
@@ -167,10 +167,9 @@ def test_a_limiter_that_fails_follows_the_fail_mode(settings: Any) -> None:
     def broken(member: _Member) -> list[LimitCheck] | None:
         raise RuntimeError("a bug in a throttle")
 
-    failing = JointCall(factory.get("/api/things"), "handler", (_Member("x"),), broken, 1, "", None, False)
-    assert decide_jointly(failing, where="test").outcome.status == ALLOWED
+    assert decide(_Member("x"), checks_of=broken).outcome.status == ALLOWED
     settings.RATELIMIT = {**settings.RATELIMIT, "FAIL_MODE": "closed"}
-    assert not decide_jointly(failing, where="test").outcome.allowed
+    assert not decide(_Member("x"), checks_of=broken).outcome.allowed
 
 
 def test_a_throttle_class_that_sets_a_cache_is_refused_when_it_is_defined() -> None:
@@ -192,14 +191,6 @@ def test_throttle_policy_names_each_scope_safely_and_apart() -> None:
     long = _throttle_policy("é" * 200, 5, 60, "gcra")
     assert long is not None and len(long.name) <= 64
     assert _throttle_policy("uploads", 5, 60, "gcra") is _throttle_policy("uploads", 5, 60, "gcra")
-
-
-def test_display_identity_is_the_throttles_label_else_a_short_digest_never_the_identity() -> None:
-    assert _display_identity(LimitCheck("throttle:throttle_anon_192.0.2.1", (), "o", "ip:192.0.2.1")) == "ip:192.0.2.1"
-    label = _display_identity(LimitCheck("throttle:account-secret-42", ()))
-    assert label.startswith("throttle:#") and len(label) == len("throttle:#") + 12 and "secret" not in label
-    assert label == _display_identity(LimitCheck("throttle:account-secret-42", ()))
-    assert label != _display_identity(LimitCheck("throttle:account-secret-43", ()))
 
 
 def test_throttle_label_names_a_user_or_an_address_else_the_scope_and_a_digest() -> None:

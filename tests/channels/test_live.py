@@ -2,7 +2,7 @@
 test's own, watched with MONITOR), a real WebSocket client (the `websockets` package), counted exactly.
 
 The free tier allows 5 connects a minute, 2 connections at once (each slot a 15-second lease, renewed while
-its connection lives) and 10 messages per 10 seconds (ratelimit_app/migrations/0005_websocket_limits.py).
+its connection lives) and 10 messages per 10 seconds (as `migrate` seeds it).
 """
 
 from __future__ import annotations

@@ -114,7 +114,7 @@ def test_every_registered_algorithm_has_its_lua_function_and_its_fallback_model(
         assert re.search(rf"^local function {algorithm.name}\(", read_lua(algorithm.lua_file), re.M), \
             f"core/lua/{algorithm.lua_file} must end with local function {algorithm.name}{ALGORITHM_PARAMETERS}"
         assert algorithm.name in MODELS, \
-            f"service/fallback_models.py has no model of {algorithm.name}: add one under @model({algorithm.name!r})"
+            f"service/fallback_models.py has no model of {algorithm.name}: add a function {algorithm.name} to MODELS"
     assert set(MODELS) <= {algorithm.name for algorithm in SCRIPTED}, "a fallback model of no registered algorithm"
     codes = [algorithm.code for algorithm in SCRIPTED]
     letters = [algorithm.letter for algorithm in SCRIPTED]

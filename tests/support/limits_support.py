@@ -26,10 +26,7 @@ LimitSpec = tuple[str, str, int, int, "int | None", str]
 
 def seed_tiers() -> None:
     """Restore the tiers the data migration seeds (transactional tests flush the tables)."""
-    importlib.import_module("ratelimit_app.migrations.0002_seed_tiers").seed_tiers(django_apps)
-    importlib.import_module("ratelimit_app.migrations.0003_tier_ip_rate").seed_ip_rates(django_apps)
-    importlib.import_module("ratelimit_app.migrations.0004_usage_units").seed_usage_limits(django_apps)
-    importlib.import_module("ratelimit_app.migrations.0005_websocket_limits").seed_websocket_limits(django_apps)
+    importlib.import_module("ratelimit_app.migrations.0001_initial").seed_tiers(django_apps)
 
 
 def set_ip_rate(tier: Tier | str, rate: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
@@ -94,9 +95,7 @@ def _user_target(text: str) -> Target:
         where = "RATELIMIT['DEFAULT_USER_TIER']"
         if slug is None:
             raise CommandError(f"user:{user.pk} has no tier and RATELIMIT['DEFAULT_USER_TIER'] is None")
-    identity = f"user:{user.pk}"
-    tier = get_lookups().with_overrides(identity, _tier(slug, where), overrides)
-    return Target(f"user {user.pk} ({user})", tier, (TargetLimits(identity, tier.every_policy(), f"tier {tier.slug}"),))
+    return _client_target(f"user {user.pk} ({user})", f"user:{user.pk}", _tier(slug, where), overrides)
 
 
 def _key_target(prefix: str) -> Target:
@@ -105,18 +104,20 @@ def _key_target(prefix: str) -> Target:
     api_key = ApiKey.objects.select_related("tier").filter(prefix=prefix).first()
     if api_key is None:
         raise CommandError(f"no API key with prefix {prefix!r}")
-    identity = f"key:{prefix}"
     info = get_lookups().key(prefix)
-    tier = _tier(api_key.tier.slug, f"API key {prefix}")
-    if info is not None:
-        tier = get_lookups().with_overrides(identity, tier, info.overrides)
     state = "revoked" if api_key.revoked else ("expired" if api_key.is_expired else "active")
-    return Target(f"API key {prefix} ({api_key.name}, {state})", tier,
-                  (TargetLimits(identity, tier.every_policy(), f"tier {tier.slug}"),))
+    return _client_target(f"API key {prefix} ({api_key.name}, {state})", f"key:{prefix}",
+                          _tier(api_key.tier.slug, f"API key {prefix}"), info.overrides if info is not None else ())
+
+
+def _client_target(description: str, identity: str, tier: TierInfo, overrides: tuple[tuple[Any, ...], ...]) -> Target:
+    """A key or user limited by its tier, with its overrides applied."""
+    tier = get_lookups().with_overrides(identity, tier, overrides)
+    return Target(description, tier, (TargetLimits(identity, tier.every_policy(), f"tier {tier.slug}"),))
 
 
 def resolve(text: str) -> Target:
-    """The target an operator named (see the module docstring); CommandError names what is wrong."""
+    """The target an operator named; CommandError names what is wrong."""
     value = text.strip()
     scheme, colon, rest = value.partition(":")
     if colon and scheme == "ip":

@@ -17,5 +17,5 @@ def create_plans(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-    dependencies = [("ratelimit_app", "0002_seed_tiers")]
+    dependencies = [("ratelimit_app", "0001_initial")]
     operations = [migrations.RunPython(create_plans, migrations.RunPython.noop)]
