@@ -20,7 +20,7 @@ from .apply.concurrency import middleware_installed
 from .apply.identity import authenticated_user, request_ip_identity, user_identity
 from .apply.limitcheck import LimitCheck, identity_digest
 from .apply.limiting import safely
-from .apply.outcome import ALLOWED, DENIED, UNAVAILABLE, LimitOutcome
+from .apply.outcome import ALLOWED, DENIED, NOT_LIMITED, UNAVAILABLE, LimitOutcome
 from .apply.responses import refusal
 from .apply.routes import VIEW_LIMIT_ATTRIBUTE, ViewT
 from .conf.snapshot import request_settings
@@ -87,10 +87,10 @@ class DecoratorLimit:
 
     def __init__(self, policy: Policy, namespace: str, key_function: KeyFunction,
                  label_of: Callable[[str], str], block: bool, cost: int, count_if: CountIf | None = None) -> None:
-        self.policy = policy
         self.policies = (policy,)
         self.namespace = namespace
         self.owner = f"decorator:{namespace}"
+        self.where = f"@ratelimit ({namespace})"  # where a failure of this limit is logged from
         self.key_function = key_function
         self.label_of = label_of
         self.block = block
@@ -155,74 +155,67 @@ class DecoratorLimit:
     def _reserves(self) -> bool:
         return bool(self.reserving) and request_settings().values.get("BACKEND") != "memory"
 
-    def check_before(self, check: LimitCheck, label: str, held: list[Reservation]) -> LimitOutcome:
+    def check_before(self, check: LimitCheck, held: list[Reservation]) -> LimitOutcome:
         """Counted by outcome, before the view: reserve the request's cost (held in `held`), or, where it
         cannot be settled, peek whether one more matching response fits."""
         if self._reserves():
             decisions, reservation = get_limiter().reserve_many([(check.identity, self.reserving)], 1,
                                                                 ((OUTCOME_UNIT, self.cost),))
             held.append(reservation)
-            return self._before(decisions[0], label)
-        return self._before(get_limiter().peek(check.identity, self.policies, self.cost, fresh=True), label)
+            return self._before(decisions[0], check.label)
+        return self._before(get_limiter().peek(check.identity, self.policies, self.cost, fresh=True), check.label)
 
-    async def acheck_before(self, check: LimitCheck, label: str, held: list[Reservation]) -> LimitOutcome:
+    async def acheck_before(self, check: LimitCheck, held: list[Reservation]) -> LimitOutcome:
         """`check_before` on the event loop."""
         if self._reserves():
             decisions, reservation = await get_async_limiter().reserve_many(
                 [(check.identity, self.reserving)], 1, ((OUTCOME_UNIT, self.cost),))
             held.append(reservation)
-            return self._before(decisions[0], label)
+            return self._before(decisions[0], check.label)
         decision = await get_async_limiter().peek(check.identity, self.policies, self.cost, fresh=True)
-        return self._before(decision, label)
+        return self._before(decision, check.label)
 
-    def _count_after(self, label: str) -> None:
-        events.record_decision(allowed=True, tier=_DECORATOR_TIER, policy=None, degraded=False, identity=label)
-
-    def charge_after(self, check: LimitCheck, label: str, counted: bool, held: list[Reservation]) -> LimitOutcome:
+    def charge_after(self, check: LimitCheck, counted: bool, held: list[Reservation]) -> LimitOutcome:
         """Counted by outcome, after the view: settle what it reserved (at its cost when it `counted`, else
-        0), or charge it when it counted."""
-        self._count_after(label)
+        0), or charge it when it counted (NOT_LIMITED: no decision of its own)."""
+        events.record_decision(allowed=True, tier=_DECORATOR_TIER, policy=None, degraded=False, identity=check.label)
         if held:
             get_limiter().settle(held.pop(), {OUTCOME_UNIT: self.cost if counted else 0})
-            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=counted)
-        if not counted:
-            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
-        # A charge that no longer fits (requests in flight passed the check together) is refused by the
-        # script and charges nothing: the counter never goes over the limit.
-        decision = get_limiter().hit(check.identity, self.policies, self.cost)
-        return LimitOutcome(ALLOWED, decision, self.policies, None, label)
+        elif counted:
+            # A charge that no longer fits (requests in flight passed the check together) is refused by the
+            # script and charges nothing: the counter never goes over the limit.
+            decision = get_limiter().hit(check.identity, self.policies, self.cost)
+            return LimitOutcome(ALLOWED, decision, self.policies, None, check.label)
+        return NOT_LIMITED
 
-    async def acharge_after(self, check: LimitCheck, label: str, counted: bool,
-                            held: list[Reservation]) -> LimitOutcome:
+    async def acharge_after(self, check: LimitCheck, counted: bool, held: list[Reservation]) -> LimitOutcome:
         """`charge_after` on the event loop."""
-        self._count_after(label)
+        events.record_decision(allowed=True, tier=_DECORATOR_TIER, policy=None, degraded=False, identity=check.label)
         if held:
             await get_async_limiter().settle(held.pop(), {OUTCOME_UNIT: self.cost if counted else 0})
-            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=counted)
-        if not counted:
-            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
-        decision = await get_async_limiter().hit(check.identity, self.policies, self.cost)
-        return LimitOutcome(ALLOWED, decision, self.policies, None, label)
+        elif counted:
+            decision = await get_async_limiter().hit(check.identity, self.policies, self.cost)
+            return LimitOutcome(ALLOWED, decision, self.policies, None, check.label)
+        return NOT_LIMITED
 
     def answer_counted(self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """`count_if`: check before the view, run it, charge after it when the response matches."""
         check = self._labelled_check(request)
         if check is None:
             return view(request, *args, **kwargs)
-        label = check.label
         held: list[Reservation] = []
-        before = safely(lambda: self.check_before(check, label, held), where=self.where)
+        before = safely(lambda: self.check_before(check, held), where=self.where)
         refused = self._limited(request, self._keep(request, before, self.cost))
         if refused is not None:
             return refused
         try:
             response = view(request, *args, **kwargs)
         except BaseException:
-            safely(lambda: self.charge_after(check, label, False, held), where=self.where)  # no outcome: free
+            safely(lambda: self.charge_after(check, False, held), where=self.where)  # no outcome: free
             raise
         matched = self._matches(response)
         return self._charged(request, response,
-                             safely(lambda: self.charge_after(check, label, matched, held), where=self.where))
+                             safely(lambda: self.charge_after(check, matched, held), where=self.where))
 
     async def aanswer_counted(self, request: HttpRequest, view: Callable[..., Any], args: Any,
                               kwargs: Any) -> Any:
@@ -231,19 +224,18 @@ class DecoratorLimit:
         check = self._labelled_check(request)
         if check is None:
             return await view(request, *args, **kwargs)
-        label = check.label
         held: list[Reservation] = []
-        before = await limiting_async.safely(lambda: self.acheck_before(check, label, held), where=self.where)
+        before = await limiting_async.safely(lambda: self.acheck_before(check, held), where=self.where)
         refused = self._limited(request, self._keep(request, before, self.cost))
         if refused is not None:
             return refused
         try:
             response = await view(request, *args, **kwargs)
         except BaseException:
-            await limiting_async.safely(lambda: self.acharge_after(check, label, False, held), where=self.where)
+            await limiting_async.safely(lambda: self.acharge_after(check, False, held), where=self.where)
             raise
         matched = self._matches(response)
-        after = await limiting_async.safely(lambda: self.acharge_after(check, label, matched, held),
+        after = await limiting_async.safely(lambda: self.acharge_after(check, matched, held),
                                             where=self.where)
         return self._charged(request, response, after)
 
@@ -321,10 +313,6 @@ class DecoratorLimit:
         if not middleware_installed():
             await aend(request)  # a Ninja operation's data: the view's own work is over
         return result
-
-    @property
-    def where(self) -> str:  # where a failure of this limit is logged from
-        return f"@ratelimit ({self.namespace})"
 
 
 def wrap_view(view: ViewT, limit: DecoratorLimit) -> ViewT:
