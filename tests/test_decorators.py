@@ -4,16 +4,20 @@ one by the limiter, never with a 500), against the real Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
 import pytest
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import RequestFactory
 from django.urls import path
 from ninja import NinjaAPI, Schema
 from ninja.responses import Status
 
 from ratelimit_app import InvalidPolicy
+from ratelimit_app.apply.admission import outcome_of
+from ratelimit_app.apply.outcome import ALLOWED, DENIED
 from ratelimit_app.decorators import limit_concurrency, limit_cost, ratelimit
 from tests.support.limits_support import parse_ietf
 
@@ -247,3 +251,27 @@ def test_without_the_middleware_the_slot_is_given_back_when_the_operation_return
         client: Any, settings: Any, url: str) -> None:
     settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
     assert [client.get(url).status_code for _ in range(3)] == [200, 200, 200]
+
+
+@ratelimit(rate="1/m", key="ip", group="recorded")
+def recorded(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+@ratelimit(rate="1/m", key="ip", group="arecorded")
+async def arecorded(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+@pytest.mark.parametrize("view", [recorded, arecorded])
+def test_alone_the_decision_is_recorded_on_the_request_like_every_entry_points(settings: Any, view: Any) -> None:
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
+    statuses = []
+    for _ in range(2):
+        request = RequestFactory().get("/recorded", REMOTE_ADDR="192.0.2.61")
+        response = asyncio.run(view(request)) if asyncio.iscoroutinefunction(view) else view(request)
+        outcome = outcome_of(request)
+        assert outcome is not None and outcome.owns(f"decorator:{'arecorded' if view is arecorded else 'recorded'}")
+        assert outcome.identity == "ip:192.0.2.61" and "RateLimit-Policy" in response
+        statuses.append((response.status_code, outcome.status))
+    assert statuses == [(200, ALLOWED), (429, DENIED)]
