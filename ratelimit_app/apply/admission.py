@@ -36,11 +36,11 @@ Answer = Callable[[HttpRequest, LimitOutcome, int], HttpResponseBase | None]
 
 
 class Throttles(NamedTuple):
-    """`admit`'s mode for throttles of ours (DRF's, Ninja's). `checks()` gives their checks and the metrics
-    label of the throttle leading them; it is asked before anything else, and None (one of them has a
-    rate of 0) refuses the request outright, asking nothing. With `request_limits` False, their checks and
-    `extra` are decided alone: not the per-IP and tier limits (the middleware decided them, or the path
-    is not limited)."""
+    """`admit`'s mode for throttles of ours (DRF's, Ninja's, a decorated view's limit). `checks()` gives
+    their checks and the metrics label of the throttle leading them; it is asked before anything else, and
+    None (one of them has a rate of 0) refuses the request outright, asking nothing. With `request_limits`
+    False, their checks and `extra` are decided alone: not the per-IP and tier limits (the middleware
+    decided them, or the path is not limited)."""
 
     checks: Callable[[], tuple[Sequence[LimitCheck], str] | None]
     request_limits: bool
