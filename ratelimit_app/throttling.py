@@ -203,9 +203,9 @@ class ConcurrencyThrottle(JointThrottle):
 
 
 class RateLimitHeadersMixin:
-    """Add the headers of the throttles' decision to a DRF view's responses, and give back the slots
-    they took when the response is closed, or at once when the view raises an exception DRF does not
-    answer. Not needed with RateLimitMiddleware installed (it does both)."""
+    """Add the headers of the throttles' decision to a DRF view's responses, and give back the slots they
+    took (and settle the usage they reserved) when the response is closed, or at once when the view raises
+    an exception DRF does not answer. Not needed with RateLimitMiddleware installed (it does both)."""
 
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
