@@ -19,7 +19,7 @@ from ratelimit_app import InvalidPolicy
 from ratelimit_app.apply.admission import outcome_of
 from ratelimit_app.apply.outcome import ALLOWED, DENIED
 from ratelimit_app.decorators import limit_concurrency, limit_cost, ratelimit
-from tests.support.limits_support import parse_ietf
+from tests.support.limits_support import make_key, make_tier, parse_ietf
 
 pytestmark = pytest.mark.urls(__name__)
 
@@ -121,7 +121,7 @@ async def async_slot(request: HttpRequest) -> dict[str, bool]:
 urlpatterns = [
     path("shared1", shared_one), path("shared2", shared_two),
     path("ip", by_ip), path("ip2", by_ip_too), path("user", by_user), path("header", by_header),
-    path("callable", by_callable), path("flagged", flagged), path("smooth", smooth),
+    path("callable", by_callable), path("flagged", flagged), path("smooth", smooth), path("api/flagged", flagged),
     path("ninja/", api.urls),
 ]
 
@@ -275,3 +275,15 @@ def test_alone_the_decision_is_recorded_on_the_request_like_every_entry_points(s
         assert outcome.identity == "ip:192.0.2.61" and "RateLimit-Policy" in response
         statuses.append((response.status_code, outcome.status))
     assert statuses == [(200, ALLOWED), (429, DENIED)]
+
+
+@pytest.mark.django_db
+def test_block_false_under_the_middleware_flags_the_request_and_the_middlewares_decision_stands(client: Any) -> None:
+    """With block=False the view's limit is decided apart from the middleware's call: the view runs, flagged,
+    and the response carries the middleware's decision (the per-IP limit and the tier)."""
+    key = make_key(make_tier("flagged", [("minute", "fixed_window", 10, 60, None, "")]))
+    responses = [client.get("/api/flagged", headers={"X-API-Key": key}) for _ in range(3)]
+    assert [(r.status_code, r.json()["limited"]) for r in responses] == [(200, False), (200, True), (200, True)]
+    shown = [parse_ietf(r["RateLimit-Policy"]) for r in responses]
+    assert [list(policies) for policies in shown] == [["ip", "minute"]] * 3
+    assert [r["X-RateLimit-Remaining"] for r in responses] == ["9", "8", "7"]
