@@ -18,8 +18,7 @@ from rest_framework import throttling as drf_throttling
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
-from .apply.admission import end, finish, state_if_any
-from .apply.concurrency import release_later
+from .apply.admission import end, finish
 from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity, throttle_ident
 from .apply.joint import rate_check, scope_rate
 from .apply.limitcheck import LimitCheck
@@ -204,9 +203,9 @@ class ConcurrencyThrottle(JointThrottle):
 
 
 class RateLimitHeadersMixin:
-    """Add the headers of the throttles' decision to a DRF view's responses, and give back the slots
-    they took when the response is closed, or at once when the view raises an exception DRF does not
-    answer. Not needed with RateLimitMiddleware installed (it does both)."""
+    """Add the headers of the throttles' decision to a DRF view's responses, and give back the slots they
+    took (and settle the usage they reserved) when the response is closed, or at once when the view raises
+    an exception DRF does not answer. Not needed with RateLimitMiddleware installed (it does both)."""
 
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
@@ -219,13 +218,11 @@ class RateLimitHeadersMixin:
 
 
 def _end(request: HttpRequest) -> None:
-    """`end`; on an event loop (adrf answers an async view's exception there), its slots go back from the
-    releasing thread."""
+    """`end`; on an event loop (adrf answers an async view's exception there), in a worker thread: giving
+    back slots and settling usage ask Redis, which must not block the loop."""
     try:
-        asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
     except RuntimeError:
         end(request)
         return
-    state = state_if_any(request)
-    for slots in state.take_slots() if state is not None else ():
-        release_later(slots)
+    loop.run_in_executor(None, end, request)

@@ -1,6 +1,7 @@
 """How a view decorated with `@ratelimit` or `@limit_concurrency` (ratelimit_app.decorators) decides: its
 check, decided with the request's own limits by the middleware when it can
-(`DecoratorLimit.joins_request_limits`), else by the view alone, sync or `async def`."""
+(`DecoratorLimit.joins_request_limits`), else admitted alone (`admission.admit`, `aadmit` for an
+`async def` view), its response finished by the admission path."""
 
 from __future__ import annotations
 
@@ -13,15 +14,14 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponseBase
 
 from .apply import limiting_async, planning_async
-from .apply.admission import outcome_of, release_after
-from .apply.admission_async import arelease_after
-from .apply.headers import apply_headers
+from .apply.admission import Throttles, admit, end, finish, outcome_of, record, state_of
+from .apply.admission_async import aadmit, aend, afinish
+from .apply.concurrency import middleware_installed
 from .apply.identity import authenticated_user, request_ip_identity, user_identity
 from .apply.limitcheck import LimitCheck, identity_digest
-from .apply.limiting import decide, limit_config, safely
+from .apply.limiting import safely
 from .apply.outcome import ALLOWED, DENIED, NOT_LIMITED, UNAVAILABLE, LimitOutcome
-from .apply.planning import RequestPlan
-from .apply.responses import limiter_unavailable, too_many_requests
+from .apply.responses import refusal
 from .apply.routes import VIEW_LIMIT_ATTRIBUTE, ViewT
 from .conf.snapshot import request_settings
 from .core.decision import Decision
@@ -87,10 +87,10 @@ class DecoratorLimit:
 
     def __init__(self, policy: Policy, namespace: str, key_function: KeyFunction,
                  label_of: Callable[[str], str], block: bool, cost: int, count_if: CountIf | None = None) -> None:
-        self.policy = policy
         self.policies = (policy,)
         self.namespace = namespace
         self.owner = f"decorator:{namespace}"
+        self.where = f"@ratelimit ({namespace})"  # where a failure of this limit is logged from
         self.key_function = key_function
         self.label_of = label_of
         self.block = block
@@ -115,29 +115,34 @@ class DecoratorLimit:
             return None
         return LimitCheck(f"view:{self.namespace}|{client}", self.policies, self.owner)
 
-    def _plan_alone(self, request: HttpRequest) -> RequestPlan | None:
-        """The plan of this view's limit decided alone (None: not limited)."""
+    def _labelled_check(self, request: HttpRequest) -> LimitCheck | None:
+        """`check_for`, labelled for operators (the metrics, the denial log) by the client it limits."""
         check = self.check_for(request)
-        if check is None:
-            return None
-        client = check.identity.partition("|")[2]
-        return RequestPlan((check,), None, self.label_of(client), limit_config().fail_mode, label=_DECORATOR_TIER)
+        return None if check is None else check._replace(label=self.label_of(check.identity.partition("|")[2]))
 
-    def decide_alone(self, request: HttpRequest) -> LimitOutcome:
-        """Charge this view's limit alone (NOT_LIMITED: its key function says this request is not limited)."""
-        plan = self._plan_alone(request)
-        return NOT_LIMITED if plan is None else decide(plan, self.cost)
+    def _alone(self, request: HttpRequest) -> Throttles:
+        """This view's check decided alone (`admit`'s throttles mode), led in the metrics by the decorator."""
+        def checks() -> tuple[tuple[LimitCheck, ...], str]:
+            check = self._labelled_check(request)
+            return ((check,) if check is not None else ()), _DECORATOR_TIER
+        return Throttles(checks, request_limits=False)
 
-    async def adecide_alone(self, request: HttpRequest) -> LimitOutcome:
-        """`decide_alone` on the event loop (the session user read without blocking it)."""
-        await planning_async.request_user(request)
-        plan = self._plan_alone(request)
-        return NOT_LIMITED if plan is None else await limiting_async.decide(plan, self.cost)
+    def _keep(self, request: HttpRequest, outcome: LimitOutcome, cost: int) -> HttpResponseBase | None:
+        """Keep this limit's `outcome` (`entry[owner]`), and record it unless another entry point's is
+        recorded (the middleware's, decided first, stands; so do request limits left to throttles, which
+        the middleware charges late when nothing was recorded): the refusal to send, or None."""
+        state = state_of(request)
+        mine = state.entry.get(self.owner)
+        state.entry[self.owner] = outcome
+        if state.deferred is None and (state.outcome is None or state.outcome is mine):
+            return record(request, outcome, cost)
+        state.hold(outcome.slots)
+        return None if outcome.status == ALLOWED else refusal(outcome, cost)
 
-    def _counted_check(self, request: HttpRequest) -> tuple[LimitCheck, str] | None:
-        """Counted by outcome: this request's check and its label (None: not limited)."""
-        check = self.check_for(request)
-        return None if check is None else (check, self.label_of(check.identity.partition("|")[2]))
+    def _refusing(self, decision: Decision, label: str, charged: bool = True) -> LimitOutcome:
+        """The outcome of this limit refusing with `decision` (503 when it was made without Redis)."""
+        return LimitOutcome(UNAVAILABLE if decision.degraded else DENIED, decision, self.policies, None, label,
+                            charged=charged)
 
     def _before(self, decision: Decision, label: str) -> LimitOutcome:
         """Counted by outcome, before the view: the outcome of the peek (a refusal is counted)."""
@@ -145,180 +150,169 @@ class DecoratorLimit:
             return LimitOutcome(ALLOWED, decision, self.policies, None, label, charged=False)
         events.record_decision(allowed=False, tier=_DECORATOR_TIER, policy=decision.policy,
                                 degraded=decision.degraded, identity=label)
-        return LimitOutcome(UNAVAILABLE if decision.degraded else DENIED, decision, self.policies, None, label,
-                            charged=False)
+        return self._refusing(decision, label, charged=False)
 
     def _reserves(self) -> bool:
         return bool(self.reserving) and request_settings().values.get("BACKEND") != "memory"
 
-    def check_before(self, check: LimitCheck, label: str, held: list[Reservation]) -> LimitOutcome:
+    def check_before(self, check: LimitCheck, held: list[Reservation]) -> LimitOutcome:
         """Counted by outcome, before the view: reserve the request's cost (held in `held`), or, where it
         cannot be settled, peek whether one more matching response fits."""
         if self._reserves():
             decisions, reservation = get_limiter().reserve_many([(check.identity, self.reserving)], 1,
                                                                 ((OUTCOME_UNIT, self.cost),))
             held.append(reservation)
-            return self._before(decisions[0], label)
-        return self._before(get_limiter().peek(check.identity, self.policies, self.cost, fresh=True), label)
+            return self._before(decisions[0], check.label)
+        return self._before(get_limiter().peek(check.identity, self.policies, self.cost, fresh=True), check.label)
 
-    async def acheck_before(self, check: LimitCheck, label: str, held: list[Reservation]) -> LimitOutcome:
+    async def acheck_before(self, check: LimitCheck, held: list[Reservation]) -> LimitOutcome:
         """`check_before` on the event loop."""
         if self._reserves():
             decisions, reservation = await get_async_limiter().reserve_many(
                 [(check.identity, self.reserving)], 1, ((OUTCOME_UNIT, self.cost),))
             held.append(reservation)
-            return self._before(decisions[0], label)
+            return self._before(decisions[0], check.label)
         decision = await get_async_limiter().peek(check.identity, self.policies, self.cost, fresh=True)
-        return self._before(decision, label)
+        return self._before(decision, check.label)
 
-    def _count_after(self, label: str) -> None:
-        events.record_decision(allowed=True, tier=_DECORATOR_TIER, policy=None, degraded=False, identity=label)
-
-    def charge_after(self, check: LimitCheck, label: str, counted: bool, held: list[Reservation]) -> LimitOutcome:
+    def charge_after(self, check: LimitCheck, counted: bool, held: list[Reservation]) -> LimitOutcome:
         """Counted by outcome, after the view: settle what it reserved (at its cost when it `counted`, else
-        0), or charge it when it counted."""
-        self._count_after(label)
+        0), or charge it when it counted (NOT_LIMITED: no decision of its own)."""
+        events.record_decision(allowed=True, tier=_DECORATOR_TIER, policy=None, degraded=False, identity=check.label)
         if held:
             get_limiter().settle(held.pop(), {OUTCOME_UNIT: self.cost if counted else 0})
-            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=counted)
-        if not counted:
-            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
-        # A charge that no longer fits (requests in flight passed the check together) is refused by the
-        # script and charges nothing: the counter never goes over the limit.
-        decision = get_limiter().hit(check.identity, self.policies, self.cost)
-        return LimitOutcome(ALLOWED, decision, self.policies, None, label)
+        elif counted:
+            # A charge that no longer fits (requests in flight passed the check together) is refused by the
+            # script and charges nothing: the counter never goes over the limit.
+            decision = get_limiter().hit(check.identity, self.policies, self.cost)
+            return LimitOutcome(ALLOWED, decision, self.policies, None, check.label)
+        return NOT_LIMITED
 
-    async def acharge_after(self, check: LimitCheck, label: str, counted: bool,
-                            held: list[Reservation]) -> LimitOutcome:
+    async def acharge_after(self, check: LimitCheck, counted: bool, held: list[Reservation]) -> LimitOutcome:
         """`charge_after` on the event loop."""
-        self._count_after(label)
+        events.record_decision(allowed=True, tier=_DECORATOR_TIER, policy=None, degraded=False, identity=check.label)
         if held:
             await get_async_limiter().settle(held.pop(), {OUTCOME_UNIT: self.cost if counted else 0})
-            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=counted)
-        if not counted:
-            return LimitOutcome(ALLOWED, None, self.policies, None, label, charged=False)
-        decision = await get_async_limiter().hit(check.identity, self.policies, self.cost)
-        return LimitOutcome(ALLOWED, decision, self.policies, None, label)
+        elif counted:
+            decision = await get_async_limiter().hit(check.identity, self.policies, self.cost)
+            return LimitOutcome(ALLOWED, decision, self.policies, None, check.label)
+        return NOT_LIMITED
 
     def answer_counted(self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """`count_if`: check before the view, run it, charge after it when the response matches."""
-        counted = self._counted_check(request)
-        if counted is None:
+        check = self._labelled_check(request)
+        if check is None:
             return view(request, *args, **kwargs)
-        check, label = counted
         held: list[Reservation] = []
-        before = safely(lambda: self.check_before(check, label, held), where=self.where)
-        decision = before.decision
-        request.limited = not before.allowed  # type: ignore[attr-defined]
-        if not (before.allowed or not self.block):
-            return self._refused(decision)
+        before = safely(lambda: self.check_before(check, held), where=self.where)
+        refused = self._limited(request, self._keep(request, before, self.cost))
+        if refused is not None:
+            return refused
         try:
             response = view(request, *args, **kwargs)
         except BaseException:
-            safely(lambda: self.charge_after(check, label, False, held), where=self.where)  # no outcome: free
+            safely(lambda: self.charge_after(check, False, held), where=self.where)  # no outcome: free
             raise
         matched = self._matches(response)
-        after = safely(lambda: self.charge_after(check, label, matched, held), where=self.where)
-        return self._with_headers(response, after.decision or decision)
+        return self._charged(request, response,
+                             safely(lambda: self.charge_after(check, matched, held), where=self.where))
 
     async def aanswer_counted(self, request: HttpRequest, view: Callable[..., Any], args: Any,
                               kwargs: Any) -> Any:
         """`answer_counted` for an `async def` view."""
         await planning_async.request_user(request)
-        counted = self._counted_check(request)
-        if counted is None:
+        check = self._labelled_check(request)
+        if check is None:
             return await view(request, *args, **kwargs)
-        check, label = counted
         held: list[Reservation] = []
-        before = await limiting_async.safely(lambda: self.acheck_before(check, label, held), where=self.where)
-        decision = before.decision
-        request.limited = not before.allowed  # type: ignore[attr-defined]
-        if not (before.allowed or not self.block):
-            return self._refused(decision)
+        before = await limiting_async.safely(lambda: self.acheck_before(check, held), where=self.where)
+        refused = self._limited(request, self._keep(request, before, self.cost))
+        if refused is not None:
+            return refused
         try:
             response = await view(request, *args, **kwargs)
         except BaseException:
-            await limiting_async.safely(lambda: self.acharge_after(check, label, False, held), where=self.where)
+            await limiting_async.safely(lambda: self.acharge_after(check, False, held), where=self.where)
             raise
         matched = self._matches(response)
-        after = await limiting_async.safely(lambda: self.acharge_after(check, label, matched, held),
+        after = await limiting_async.safely(lambda: self.acharge_after(check, matched, held),
                                             where=self.where)
-        return self._with_headers(response, after.decision or decision)
+        return self._charged(request, response, after)
+
+    def _charged(self, request: HttpRequest, result: Any, after: LimitOutcome) -> Any:
+        """Counted by outcome: a response finished with the charge after the view (or, when that settled a
+        reservation and so has no decision of its own, with the outcome before it)."""
+        if after.decision is not None:
+            self._keep(request, after, self.cost)
+        return finish(request, result) if isinstance(result, HttpResponseBase) else result
 
     def _matches(self, response: Any) -> bool:
         return self.count_if is not None and bool(self.count_if(response))
 
-    def _joint_decision(self, request: HttpRequest) -> tuple[bool, Decision | None]:
-        """(True, the decision) when the middleware decided this view's limit; else (False, None)."""
+    def _decided(self, request: HttpRequest) -> HttpResponseBase | None:
+        """The refusal to send (None: the view runs), decided with the middleware's limits when they owned
+        this view's check, else alone (`admit`)."""
         joint = outcome_of(request)
         if joint is not None and joint.owns(self.owner):
-            return True, joint.decision_for(self.owner)
-        return False, None
+            return self._joined(request, joint)
+        return self._limited(request, admit(request, cost=self.cost, where=self.where, throttles=self._alone(request),
+                                            answer=self._keep))
 
-    def _runs(self, request: HttpRequest, decision: Decision | None) -> bool:
-        """Leave `request.limited`; True when the view runs for this decision."""
-        request.limited = decision is not None and not decision.allowed  # type: ignore[attr-defined]
-        return decision is None or decision.allowed or not self.block
+    async def _adecided(self, request: HttpRequest) -> HttpResponseBase | None:
+        """`_decided` on the event loop."""
+        joint = outcome_of(request)
+        if joint is not None and joint.owns(self.owner):
+            return self._joined(request, joint)
+        return self._limited(request, await aadmit(request, cost=self.cost, where=self.where,
+                                                   throttles=self._alone(request), answer=self._keep))
+
+    def _joined(self, request: HttpRequest, joint: LimitOutcome) -> HttpResponseBase | None:
+        """Decided with the middleware's limits: refused over this limit's own decision."""
+        decision = joint.decision_for(self.owner)
+        if decision is None or decision.allowed:
+            return self._limited(request, None)
+        return self._limited(request, refusal(self._refusing(decision, ""), self.cost))
+
+    def _limited(self, request: HttpRequest, refused: HttpResponseBase | None) -> HttpResponseBase | None:
+        """Leave `request.limited`; the refusal to send (None: the view runs, always with block=False)."""
+        request.limited = refused is not None  # type: ignore[attr-defined]
+        return refused if self.block else None
 
     def answer(self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Decide, then run the view (its result: a response, or a Ninja operation's data) or refuse."""
         if self.count_if is not None:
             return self.answer_counted(request, view, args, kwargs)
-        joined, decision = self._joint_decision(request)
-        slots = None
-        if not joined:
-            alone = safely(lambda: self.decide_alone(request), where=self.where)
-            decision, slots = alone.decision, alone.slots
-        if not self._runs(request, decision):
-            return self._refused(decision)
+        refused = self._decided(request)
+        if refused is not None:
+            return refused
         try:
-            response = view(request, *args, **kwargs)
+            result = view(request, *args, **kwargs)
         except BaseException:
-            if slots is not None:
-                slots.release()  # no response will be closed
+            end(request)  # no response will be closed
             raise
-        release_after(request, response, slots)
-        return self._with_headers(response, decision)
+        if isinstance(result, HttpResponseBase):
+            return finish(request, result)
+        if not middleware_installed():
+            end(request)  # a Ninja operation's data: the view's own work is over
+        return result
 
     async def aanswer(self, request: HttpRequest, view: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """`answer` for an `async def` view, on the event loop."""
         if self.count_if is not None:
             return await self.aanswer_counted(request, view, args, kwargs)
-        joined, decision = self._joint_decision(request)
-        slots = None
-        if not joined:
-            alone = await limiting_async.safely(lambda: self.adecide_alone(request), where=self.where)
-            decision, slots = alone.decision, alone.slots
-        if not self._runs(request, decision):
-            return self._refused(decision)
+        refused = await self._adecided(request)
+        if refused is not None:
+            return refused
         try:
-            response = await view(request, *args, **kwargs)
+            result = await view(request, *args, **kwargs)
         except BaseException:
-            if slots is not None:
-                await slots.arelease()  # no response will be closed
+            await aend(request)  # no response will be closed
             raise
-        await arelease_after(request, response, slots)
-        return self._with_headers(response, decision)
-
-    def _refused(self, decision: Decision | None) -> HttpResponseBase:
-        """The 429 (503: the limiter could not decide), with headers."""
-        if decision is None:
-            return limiter_unavailable(None, None)
-        if decision.degraded:
-            response = limiter_unavailable(decision, None)
-        else:
-            response = too_many_requests(decision, None, self.cost)
-        return self._with_headers(response, decision)
-
-    def _with_headers(self, response: Any, decision: Decision | None) -> Any:
-        """`response` with this limit's headers (a Ninja operation's data is returned as it is)."""
-        if decision is not None and decision.results and isinstance(response, HttpResponseBase):
-            apply_headers(response, decision, self.policies, None, limit_config().headers)
-        return response
-
-    @property
-    def where(self) -> str:  # where a failure of this limit is logged from
-        return f"@ratelimit ({self.namespace})"
+        if isinstance(result, HttpResponseBase):
+            return await afinish(request, result)
+        if not middleware_installed():
+            await aend(request)  # a Ninja operation's data: the view's own work is over
+        return result
 
 
 def wrap_view(view: ViewT, limit: DecoratorLimit) -> ViewT:

@@ -268,7 +268,16 @@ def test_request_threads_of_their_own_reuse_one_connection(
         assert proxy.connections == (1 if connections == "pool" else 2)
 
 
-def test_an_async_view_that_raises_gives_its_slot_back_without_blocking_the_loop() -> None:
+@pytest.fixture(params=["middleware", "alone"])
+def middleware(request: pytest.FixtureRequest, settings: Any) -> str:
+    """Each test twice: under RateLimitMiddleware (which ends a request whose view raised), and without it
+    (RateLimitHeadersMixin ends it)."""
+    if request.param == "alone":
+        settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
+    return str(request.param)
+
+
+def test_an_async_view_that_raises_gives_its_slot_back_without_blocking_the_loop(middleware: str) -> None:
     slot = Policy("adrf-one-slot", CONCURRENCY, limit=1, period=OneSlot.lease)
     for _ in range(2):  # the slot of the first is given back: the second is admitted, and raises too
         with pytest.raises(Broken):
@@ -278,7 +287,7 @@ def test_an_async_view_that_raises_gives_its_slot_back_without_blocking_the_loop
                     10.0)
 
 
-def test_an_async_view_that_raises_settles_the_usage_it_reported_without_blocking_the_loop() -> None:
+def test_an_async_view_that_raises_settles_the_usage_it_reported_without_blocking_the_loop(middleware: str) -> None:
     tier = make_tier("adrftokens", [("minute", "fixed_window", 100, 60, None, "")])
     TierLimit.objects.create(tier=tier, name="tokens", algorithm="sliding_window", limit=1000, period=60,
                              unit="tokens")

@@ -4,18 +4,22 @@ one by the limiter, never with a 500), against the real Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
 import pytest
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import RequestFactory
 from django.urls import path
 from ninja import NinjaAPI, Schema
 from ninja.responses import Status
 
 from ratelimit_app import InvalidPolicy
+from ratelimit_app.apply.admission import outcome_of
+from ratelimit_app.apply.outcome import ALLOWED, DENIED
 from ratelimit_app.decorators import limit_concurrency, limit_cost, ratelimit
-from tests.support.limits_support import parse_ietf
+from tests.support.limits_support import make_key, make_tier, parse_ietf
 
 pytestmark = pytest.mark.urls(__name__)
 
@@ -117,7 +121,7 @@ async def async_slot(request: HttpRequest) -> dict[str, bool]:
 urlpatterns = [
     path("shared1", shared_one), path("shared2", shared_two),
     path("ip", by_ip), path("ip2", by_ip_too), path("user", by_user), path("header", by_header),
-    path("callable", by_callable), path("flagged", flagged), path("smooth", smooth),
+    path("callable", by_callable), path("flagged", flagged), path("smooth", smooth), path("api/flagged", flagged),
     path("ninja/", api.urls),
 ]
 
@@ -247,3 +251,39 @@ def test_without_the_middleware_the_slot_is_given_back_when_the_operation_return
         client: Any, settings: Any, url: str) -> None:
     settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
     assert [client.get(url).status_code for _ in range(3)] == [200, 200, 200]
+
+
+@ratelimit(rate="1/m", key="ip", group="recorded")
+def recorded(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+@ratelimit(rate="1/m", key="ip", group="arecorded")
+async def arecorded(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+@pytest.mark.parametrize("view", [recorded, arecorded])
+def test_alone_the_decision_is_recorded_on_the_request_like_every_entry_points(settings: Any, view: Any) -> None:
+    settings.MIDDLEWARE = [m for m in settings.MIDDLEWARE if "RateLimitMiddleware" not in m]
+    statuses = []
+    for _ in range(2):
+        request = RequestFactory().get("/recorded", REMOTE_ADDR="192.0.2.61")
+        response = asyncio.run(view(request)) if asyncio.iscoroutinefunction(view) else view(request)
+        outcome = outcome_of(request)
+        assert outcome is not None and outcome.owns(f"decorator:{'arecorded' if view is arecorded else 'recorded'}")
+        assert outcome.identity == "ip:192.0.2.61" and "RateLimit-Policy" in response
+        statuses.append((response.status_code, outcome.status))
+    assert statuses == [(200, ALLOWED), (429, DENIED)]
+
+
+@pytest.mark.django_db
+def test_block_false_under_the_middleware_flags_the_request_and_the_middlewares_decision_stands(client: Any) -> None:
+    """With block=False the view's limit is decided apart from the middleware's call: the view runs, flagged,
+    and the response carries the middleware's decision (the per-IP limit and the tier)."""
+    key = make_key(make_tier("flagged", [("minute", "fixed_window", 10, 60, None, "")]))
+    responses = [client.get("/api/flagged", headers={"X-API-Key": key}) for _ in range(3)]
+    assert [(r.status_code, r.json()["limited"]) for r in responses] == [(200, False), (200, True), (200, True)]
+    shown = [parse_ietf(r["RateLimit-Policy"]) for r in responses]
+    assert [list(policies) for policies in shown] == [["ip", "minute"]] * 3
+    assert [r["X-RateLimit-Remaining"] for r in responses] == ["9", "8", "7"]

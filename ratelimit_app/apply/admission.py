@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponseBase
 from ..conf.snapshot import Snapshot, request_settings
 from ..core.engine import Usage
 from . import usage as usage_limits
-from .concurrency import HeldSlots, middleware_installed, release_with
+from .concurrency import HeldSlots, release_with
 from .limitcheck import LimitCheck, identity_digest
 from .limiting import decide, failure_outcome, limit_config, limit_request
 from .outcome import ALLOWED, DENIED, NOT_LIMITED, LimitOutcome
@@ -36,11 +36,11 @@ Answer = Callable[[HttpRequest, LimitOutcome, int], HttpResponseBase | None]
 
 
 class Throttles(NamedTuple):
-    """`admit`'s mode for throttles of ours (DRF's, Ninja's). `checks()` gives their checks and the metrics
-    label of the throttle leading them; it is asked before anything else, and None (one of them has a
-    rate of 0) refuses the request outright, asking nothing. With `request_limits` False, their checks and
-    `extra` are decided alone: not the per-IP and tier limits (the middleware decided them, or the path
-    is not limited)."""
+    """`admit`'s mode for throttles of ours (DRF's, Ninja's, a decorated view's limit). `checks()` gives
+    their checks and the metrics label of the throttle leading them; it is asked before anything else, and
+    None (one of them has a rate of 0) refuses the request outright, asking nothing. With `request_limits`
+    False, their checks and `extra` are decided alone: not the per-IP and tier limits (the middleware
+    decided them, or the path is not limited)."""
 
     checks: Callable[[], tuple[Sequence[LimitCheck], str] | None]
     request_limits: bool
@@ -167,13 +167,12 @@ def admit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra 
 def _decide(request: HttpRequest, cost: int, scope: str, extra: Extra, path: str | None, usage: Usage, user: Any,
             throttles: Throttles | None, settings: Snapshot) -> LimitOutcome:
     if throttles is not None:
-        found = throttles.checks()
-        if found is None:
-            return REFUSED_OUTRIGHT
-        checks, label = found
-        extra = (*checks, *(extra() if callable(extra) else extra))
-        if not throttles.request_limits:
-            return _decide_alone(extra, label, cost)
+        throttled = throttled_plan(throttles, extra)
+        if isinstance(throttled, LimitOutcome):
+            return throttled
+        if isinstance(throttled, RequestPlan):
+            return decide(throttled, cost)
+        extra = throttled
     if usage:
         outcome, meter = usage_limits.limit_request(request, cost=cost, scope=scope, usage=usage, extra=extra,
                                                     path=path, settings=settings, user=user)
@@ -183,13 +182,22 @@ def _decide(request: HttpRequest, cost: int, scope: str, extra: Extra, path: str
                          path=path, settings=settings)
 
 
-def _decide_alone(checks: Sequence[LimitCheck], label: str, cost: int) -> LimitOutcome:
-    """`checks` alone in one call, led in the metrics by `label`; shown to operators by the first one's
-    label, else by a digest of its identity (a throttle's identity may hold anything)."""
+def throttled_plan(throttles: Throttles, extra: Extra) -> LimitOutcome | RequestPlan | Sequence[LimitCheck]:
+    """What `throttles` leave to decide (`admit`'s and `aadmit`'s): an outcome without asking anything, the
+    plan of their checks and `extra` decided alone, or those checks, to decide with the request's own limits.
+    Alone, the plan is shown to operators by the first check's label, else by a digest of its identity (a
+    throttle's identity may hold anything)."""
+    found = throttles.checks()
+    if found is None:
+        return REFUSED_OUTRIGHT
+    checks, label = found
+    checks = (*checks, *(extra() if callable(extra) else extra))
+    if throttles.request_limits:
+        return checks
     if not checks:
         return _NOTHING_DECIDED
     identity = checks[0].label or f"throttle:#{identity_digest(checks[0].identity)}"
-    return decide(RequestPlan(tuple(checks), None, identity, limit_config().fail_mode, label=label), cost)
+    return RequestPlan(tuple(checks), None, identity, limit_config().fail_mode, label=label)
 
 
 def hold_usage(request: HttpRequest, meter: usage_limits.UsageMeter | None) -> None:
@@ -237,17 +245,3 @@ def end(request: HttpRequest) -> None:
         slots.release()
     for closer in state.take_closers():
         closer()
-
-
-def release_after(request: HttpRequest, result: Any, slots: HeldSlots | None) -> None:
-    """Give back `slots` once the view's `result` is done with: with the response when it is one; when it
-    is data a framework turns into one later (a Ninja operation's), with the response RateLimitMiddleware
-    finishes, or at once without the middleware (the view's own work is over)."""
-    if slots is None:
-        return
-    if isinstance(result, HttpResponseBase):
-        release_with(result, slots)
-    elif middleware_installed():
-        state_of(request).hold(slots)
-    else:
-        slots.release()

@@ -1,6 +1,5 @@
-"""The async twins of ratelimit_app.apply.admission (`aadmit`, `afinish`, `aend`, `arelease_after`): the
-same contract on the event loop, over the same `RequestState`. Throttles (admit's `throttles=` mode) are
-asked synchronously by every framework, so it has no twin here."""
+"""The async twins of ratelimit_app.apply.admission (`aadmit`, `afinish`, `aend`): the same contract on the
+event loop, over the same `RequestState`."""
 
 from __future__ import annotations
 
@@ -8,32 +7,61 @@ from typing import Any
 
 from django.http import HttpRequest, HttpResponseBase
 
+from ..conf.snapshot import Snapshot
 from ..core.engine import Usage
-from . import limiting_async, usage_async
-from .admission import USAGE_ENTRY, Extra, finish, hold_usage, record, release_after, settings_of, state_if_any
-from .concurrency import HeldSlots, middleware_installed
+from . import limiting_async, planning_async, usage_async
+from .admission import (
+    USAGE_ENTRY,
+    Answer,
+    Extra,
+    Throttles,
+    finish,
+    hold_usage,
+    record,
+    settings_of,
+    state_if_any,
+    throttled_plan,
+)
 from .limiting import failure_outcome
-from .outcome import NOT_LIMITED
+from .outcome import NOT_LIMITED, LimitOutcome
+from .planning import FROM_REQUEST, RequestPlan
 
 
 async def aadmit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra = (),
-                 path: str | None = None, where: str = "middleware", usage: Usage = ()) -> HttpResponseBase | None:
-    """`admission.admit` on the event loop (`extra`, when a callable, is called once the request's user
-    is known)."""
+                 path: str | None = None, where: str = "middleware", usage: Usage = (), user: Any = FROM_REQUEST,
+                 throttles: Throttles | None = None, answer: Answer = record) -> HttpResponseBase | None:
+    """`admission.admit` on the event loop (`extra`, when a callable, and `throttles.checks` are called
+    once the request's user is known; a `user` given is not passed on with `usage`)."""
     settings = settings_of(request)
     try:  # RATELIMIT['ENABLED'] always has a reading (an invalid one reads as True)
         if not settings.enabled:
             outcome = NOT_LIMITED
-        elif usage:
-            outcome, meter = await usage_async.limit_request(request, cost=cost, scope=scope, usage=usage,
-                                                             extra=extra, path=path, settings=settings)
-            hold_usage(request, meter)
         else:
-            outcome = await limiting_async.limit_request(request, cost=cost, scope=scope, extra=extra, path=path,
-                                                         settings=settings)
+            outcome = await _adecide(request, cost, scope, extra, path, usage, user, throttles, settings)
     except Exception as exc:
         outcome = failure_outcome(exc, where, "")
-    return record(request, outcome, cost)
+    return answer(request, outcome, cost)
+
+
+async def _adecide(request: HttpRequest, cost: int, scope: str, extra: Extra, path: str | None, usage: Usage,
+                   user: Any, throttles: Throttles | None, settings: Snapshot) -> LimitOutcome:
+    """`admission._decide`, awaited."""
+    if throttles is not None:
+        if user is FROM_REQUEST:
+            await planning_async.request_user(request)  # the checks may read request.user
+        throttled = throttled_plan(throttles, extra)
+        if isinstance(throttled, LimitOutcome):
+            return throttled
+        if isinstance(throttled, RequestPlan):
+            return await limiting_async.decide(throttled, cost)
+        extra = throttled
+    if usage:
+        outcome, meter = await usage_async.limit_request(request, cost=cost, scope=scope, usage=usage, extra=extra,
+                                                         path=path, settings=settings)
+        hold_usage(request, meter)
+        return outcome
+    return await limiting_async.limit_request(request, cost=cost, scope=scope, user=user, extra=extra, path=path,
+                                              settings=settings)
 
 
 async def afinish(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
@@ -53,13 +81,3 @@ async def aend(request: HttpRequest) -> None:
         await meter.asettle()  # on the event loop; its closer below then finds it settled
     for closer in state.take_closers():
         closer()
-
-
-async def arelease_after(request: HttpRequest, result: Any, slots: HeldSlots | None) -> None:
-    """`admission.release_after` on the event loop."""
-    if slots is None:
-        return
-    if isinstance(result, HttpResponseBase) or middleware_installed():
-        release_after(request, result, slots)
-    else:
-        await slots.arelease()

@@ -1,10 +1,11 @@
 """ratelimit_app.apply.admission: `admit` (plan, one decision, the slots held, the outcome recorded, the
 refusal to send; never raising because of the limiter), `finish` (headers, slots and what waits for the
-end tied to the response), `end` and `release_after`, over the one `RequestState` in `request.ratelimit`,
+end tied to the response), and `end`, over the one `RequestState` in `request.ratelimit`,
 against the real Redis and database."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -22,10 +23,10 @@ from ratelimit_app.apply.admission import (
     finish,
     outcome_of,
     record,
-    release_after,
     state_if_any,
     state_of,
 )
+from ratelimit_app.apply.admission_async import aadmit
 from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.outcome import ALLOWED, DENIED, NOT_LIMITED, UNAUTHORIZED, UNAVAILABLE, LimitOutcome
 from tests.apply.test_concurrency import closed_by_the_server, free, take
@@ -65,7 +66,8 @@ def test_an_admitted_request_has_its_outcome_and_its_headers() -> None:
     assert response["X-RateLimit-Remaining"] == "4" and response["X-RateLimit-Limit"] == "5"
 
 
-def test_throttles_are_asked_first_and_may_refuse_outright_asking_nothing() -> None:
+@pytest.mark.parametrize("awaited", [False, True])
+def test_throttles_are_asked_first_and_may_refuse_outright_asking_nothing(awaited: bool) -> None:
     asked: list[str] = []
     answered: list[LimitOutcome] = []
 
@@ -77,25 +79,34 @@ def test_throttles_are_asked_first_and_may_refuse_outright_asking_nothing() -> N
         return []
 
     request = factory.get("/api/things", REMOTE_ADDR="192.0.2.90")  # no key: the request's limits refuse
-    assert admit(request, throttles=Throttles(lambda: None, True), extra=extra, answer=kept) is None
+    throttles = Throttles(lambda: None, True)
+    if awaited:
+        assert asyncio.run(aadmit(request, throttles=throttles, extra=extra, answer=kept)) is None
+    else:
+        assert admit(request, throttles=throttles, extra=extra, answer=kept) is None
     assert answered == [REFUSED_OUTRIGHT] and asked == [] and outcome_of(request) is None
 
 
-def test_throttles_alone_decide_their_checks_only_shown_by_label_else_a_digest() -> None:
+@pytest.mark.parametrize("awaited", [False, True])
+def test_throttles_alone_decide_their_checks_only_shown_by_label_else_a_digest(awaited: bool) -> None:
+    def admitted(request: Any, checks: list[LimitCheck], label: str) -> Any:
+        throttles = Throttles(lambda: (checks, label), False)
+        return asyncio.run(aadmit(request, throttles=throttles)) if awaited else admit(request, throttles=throttles)
+
     tight = Policy("alone", "fixed_window", limit=1, period=60)
-    labelled = LimitCheck("throttle:alone-192.0.2.91", (tight,), "o", "ip:192.0.2.91")
+    labelled = LimitCheck(f"throttle:alone-192.0.2.91-{awaited}", (tight,), "o", "ip:192.0.2.91")
     request = factory.get("/api/things", REMOTE_ADDR="192.0.2.91")  # no key: not asked for alone
-    assert admit(request, throttles=Throttles(lambda: ([labelled], "throttle.alone"), False)) is None
+    assert admitted(request, [labelled], "throttle.alone") is None
     assert decided(request).identity == "ip:192.0.2.91" and decided(request).status == ALLOWED
-    secret = LimitCheck("throttle:account-secret-42", (tight,), "o")
+    secret = LimitCheck(f"throttle:account-secret-42-{awaited}", (tight,), "o")
     again = factory.get("/api/things", REMOTE_ADDR="192.0.2.91")
-    assert admit(again, throttles=Throttles(lambda: ([secret], "throttle.alone"), False)) is None
+    assert admitted(again, [secret], "throttle.alone") is None
     shown = decided(again).identity
     assert shown.startswith("throttle:#") and len(shown) == len("throttle:#") + 12 and "secret" not in shown
-    assert admit(again, throttles=Throttles(lambda: ([secret], "x"), False)) is not None
+    assert admitted(again, [secret], "x") is not None
     assert decided(again).status == DENIED
     nothing = factory.get("/api/things", REMOTE_ADDR="192.0.2.91")
-    assert admit(nothing, throttles=Throttles(lambda: ([], "x"), False)) is None
+    assert admitted(nothing, [], "x") is None
     assert decided(nothing).decision is None
 
 
@@ -177,23 +188,3 @@ def test_record_holds_the_slots_of_an_outcome_decided_elsewhere() -> None:
     assert refused is not None and refused.status_code == 503
 
 
-@pytest.mark.parametrize("middleware", [True, False])
-def test_release_after_data_waits_for_the_middleware_or_gives_back_at_once(settings: Any, middleware: bool) -> None:
-    """An operation's data (a dict) becomes a response later: the middleware, when installed, gives the slot
-    back with that response; without it the view's work is over and the slot goes back at once."""
-    settings.MIDDLEWARE = ["ratelimit_app.middleware.RateLimitMiddleware"] if middleware else []
-    request = factory.get("/api/users")
-    release_after(request, {"data": 1}, take("a"))
-    assert free("a") == (0 if middleware else 1)
-    state = state_if_any(request)
-    assert bool(state is not None and state.slots) is middleware
-    end(request)
-
-
-def test_release_after_a_response_ties_the_slot_to_it() -> None:
-    request = factory.get("/api/users")
-    response = HttpResponse("ok")
-    release_after(request, response, take("a"))
-    assert free("a") == 0
-    closed_by_the_server(response)
-    assert free("a") == 1

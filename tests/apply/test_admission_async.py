@@ -1,5 +1,5 @@
-"""ratelimit_app.apply.admission_async, the async twins of ratelimit_app.apply.admission: `aadmit`, `afinish`,
-`aend` and `arelease_after`, awaited on the event loop, against the real Redis and database."""
+"""ratelimit_app.apply.admission_async, the async twins of ratelimit_app.apply.admission: `aadmit`, `afinish`
+and `aend`, awaited on the event loop, against the real Redis and database."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from django.http import HttpResponse
 from django.test import RequestFactory
 
-from ratelimit_app.apply.admission import state_if_any, state_of
-from ratelimit_app.apply.admission_async import aadmit, aend, afinish, arelease_after
+from ratelimit_app.apply.admission import state_of
+from ratelimit_app.apply.admission_async import aadmit, aend, afinish
 from ratelimit_app.apply.limitcheck import LimitCheck
 from ratelimit_app.apply.outcome import ALLOWED, UNAUTHORIZED
 from tests.apply.test_admission import SLOT, decided
@@ -56,22 +56,3 @@ def test_aend_gives_every_held_slot_back_at_once() -> None:
     asyncio.run(aend(factory.get("/api/users")))  # no state at all
 
 
-@pytest.mark.parametrize("middleware", [True, False])
-def test_arelease_after_data_waits_for_the_middleware_or_gives_back_at_once(settings: Any, middleware: bool) -> None:
-    settings.MIDDLEWARE = ["ratelimit_app.middleware.RateLimitMiddleware"] if middleware else []
-    request = factory.get("/api/users")
-    asyncio.run(arelease_after(request, {"data": 1}, take("a")))
-    assert free("a") == (0 if middleware else 1)
-    state = state_if_any(request)
-    assert bool(state is not None and state.slots) is middleware
-    asyncio.run(aend(request))
-
-
-def test_arelease_after_a_response_ties_the_slot_to_it() -> None:
-    request = factory.get("/api/users")
-    response = HttpResponse("ok")
-    asyncio.run(arelease_after(request, response, take("a")))
-    assert free("a") == 0
-    closed_by_the_server(response)
-    assert free("a") == 1
-    asyncio.run(arelease_after(request, response, None))  # nothing taken: nothing to do
