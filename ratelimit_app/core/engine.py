@@ -193,13 +193,6 @@ def peek_steps(prefix: str, identity: str, policies: Sequence[Policy], cost: int
     return _first(decision_steps(prefix, ((identity, policies),), cost, charge=False, shift=shift))
 
 
-def hit_many_steps(prefix: str, checks: Sequence[Check], cost: int, lease: str | None,
-                   cluster: bool, shift: int = 0, usage: Usage = ()) -> Steps[list[Decision]]:
-    """`hit_many`: several identities in one call, all-or-nothing; one call per identity on a `cluster`."""
-    return decision_steps(prefix, checks, cost, charge=True, one_slot_per_call=cluster, lease=lease, shift=shift,
-                          usage=usage)
-
-
 def reset_steps(prefix: str, identity: str, policies: Sequence[Policy]) -> Steps[None]:
     """`reset`: forget the state of `identity` for these policies (its other policies keep theirs)."""
     return _first(decision_steps(prefix, ((identity, policies),), 1, charge=False, reset=True), keep=False)

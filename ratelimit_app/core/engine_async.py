@@ -89,8 +89,9 @@ class AsyncRateLimiter:
                        clock_shift_ms: int = 0, usage: engine.Usage = ()) -> list[Decision]:
         """Decide several identities together; all-or-nothing on a single Redis, one after another on
         Redis Cluster (see `RateLimiter.hit_many`). `lease` and `clock_shift_ms` as in `hit`."""
-        return await self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster,
-                                                     clock_shift_ms, usage))
+        steps = engine.decision_steps(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
+                                      lease=lease, shift=clock_shift_ms, usage=usage)
+        return await self._run(steps)
 
     async def reserve(self, identity: str, policies: Sequence[Policy], usage: Mapping[str, int], cost: int = 1, *,
                       lease: str | None = None, clock_shift_ms: int = 0) -> tuple[Decision, Reservation]:

@@ -164,7 +164,9 @@ class RateLimiter:
         the first denial stops the rest (identities already charged stay charged; the list is then
         shorter than `checks`). `lease` and `clock_shift_ms` as in `hit`.
         """
-        return self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster, clock_shift_ms, usage))
+        steps = engine.decision_steps(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
+                                      lease=lease, shift=clock_shift_ms, usage=usage)
+        return self._run(steps)
 
     def reserve(self, identity: str, policies: Sequence[Policy], usage: Mapping[str, int], cost: int = 1, *,
                 lease: str | None = None, clock_shift_ms: int = 0) -> tuple[Decision, Reservation]:
@@ -283,18 +285,6 @@ class RateLimiter:
             raise engine.unreachable(exc) from exc
         return self._write_and_read(connection, call)
 
-    def _connected_own(self) -> Any:
-        """This thread's own connection, connected (a connection that fails to connect is closed, and
-        redis-py's error raised)."""
-        connection = self._connection()
-        try:
-            if not connected(connection):
-                connection.connect()
-        except REDIS_CLIENT_ERRORS:
-            connection.disconnect()
-            raise
-        return connection
-
     def _write_and_read(self, connection: Any, call: PreparedCall, packed: bool = True) -> Any:
         """Write the call once on `connection` and read its reply; a connection whose state is unknown
         after a failure is closed (made again on next use)."""
@@ -342,8 +332,9 @@ class RateLimiter:
         _zrem_each(connection, keys, lease)
 
     # -- the per-thread connections of the speed path ---------------------------------------------------
-    def _connection(self) -> Any:
-        """This thread's connection, made on first use (and again after a fork or a failure)."""
+    def _connected_own(self) -> Any:
+        """This thread's connection, made on first use (and again after a fork or a failure), connected (a
+        connection that fails to connect is closed, and redis-py's error raised)."""
         thread = self._thread
         owned = thread.owned
         now = time.monotonic()
@@ -357,6 +348,12 @@ class RateLimiter:
             if now - thread.last_used > IDLE_CHECK_AFTER and connected(connection) and stale(connection):
                 connection.disconnect()  # connected again before anything is sent
         thread.last_used = now
+        try:
+            if not connected(connection):
+                connection.connect()
+        except REDIS_CLIENT_ERRORS:
+            connection.disconnect()
+            raise
         return connection
 
     def _new_thread_connection(self) -> Any:
