@@ -142,15 +142,10 @@ def _late_charge(request: HttpRequest) -> tuple[int, str] | None:
 
 
 async def _after_the_work(request: HttpRequest) -> None:
-    """Give back the slots of a cancelled request, and take it out of this process' count, once the
-    work it was admitted for has ended.
-
-    Django cancels a request whose client disconnected; asgiref then raises CancelledError at once,
-    while a sync view goes on in the request's thread. A call queued on that same thread
-    (thread-sensitive: one thread per request, first come first served) runs only once the view has
-    returned: the slots are held until then. If this task is cancelled again meanwhile, the slots go
-    back from the releasing thread when that call has run.
-    """
+    """Give back what a cancelled request holds once the work it was admitted for has ended: asgiref raises
+    CancelledError at once while a sync view goes on in the request's thread, so a call queued on that
+    thread (thread-sensitive) runs only once the view has returned. Cancelled again meanwhile, the slots go
+    back from the releasing thread when that call has run."""
     ended = asyncio.ensure_future(sync_to_async(_nothing, thread_sensitive=True)())
     try:
         await asyncio.shield(ended)

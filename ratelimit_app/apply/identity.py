@@ -1,10 +1,7 @@
 """Who is calling: the API key of ours a request carries (a credential of another format is not ours), the
-client IP (behind trusted proxies only), and the identity strings limits are counted under.
-
-Identity strings: `key:<api key prefix>`, `user:<user pk>`, `ip:<address>` for IPv4 and
-`ip:<network>/<len>` for IPv6 (grouped by RATELIMIT['IPV6_PREFIX'], default /64, because one IPv6
-client usually owns a whole /64). The engine hashes identities into fixed-length Redis keys, so no
-header value ever becomes a Redis key name.
+client IP (behind trusted proxies only), and the identity strings limits are counted under: `key:<prefix>`,
+`user:<pk>`, `ip:<IPv4>` or `ip:<IPv6 network>/<RATELIMIT['IPV6_PREFIX']>`. The engine hashes identities
+into fixed-length Redis keys, so no header value ever becomes a Redis key name.
 """
 
 from __future__ import annotations

@@ -216,14 +216,9 @@ _MAX_LOGGED_CAUSES = 1000
 
 
 def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "") -> LimitOutcome:
-    """`limit()`, or, if it raises anything (a bug, an invalid setting met at run time), the answer of
-    the fail mode: the limiter degrades, the request never fails because of it. The error is logged
-    on "ratelimit_app" at ERROR with its traceback once per cause, then at DEBUG.
-
-    Every entry point (the middleware, the throttles, the decorators) asks for its decisions through
-    here (or its async twin, `limiting_async.safely`), so this is where RATELIMIT['ENABLED'] = False
-    turns every limit of ours off: `limit` is not called, nothing is planned, looked up or sent to
-    Redis, and the request is NOT_LIMITED (no headers)."""
+    """`limit()`, or, if it raises anything, the answer of the fail mode (logged at ERROR with its traceback
+    once per cause, then at DEBUG): the request never fails because of the limiter. With
+    RATELIMIT['ENABLED'] = False, `limit` is not called and the request is NOT_LIMITED (no headers)."""
     try:
         if not request_settings().enabled:  # always readable (an invalid one reads as True)
             return NOT_LIMITED

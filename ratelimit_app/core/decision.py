@@ -1,10 +1,5 @@
-"""The answer to one rate-limit question: allowed or not, and where the caller stands.
-
-Both values are `NamedTuple`s: immutable, compared, hashed and pickled by value, `_replace` makes a
-changed copy. A request makes several of them (one `PolicyResult` per policy, one `Decision` per
-identity and one over all of them), and a NamedTuple is built in about a third of the instructions of a
-frozen dataclass, whose `__init__` sets every field through `object.__setattr__`.
-"""
+"""The answer to one rate-limit question: allowed or not, and where the caller stands. NamedTuples, not
+frozen dataclasses: a request builds several, and a NamedTuple costs about a third of the instructions."""
 
 from __future__ import annotations
 

@@ -287,13 +287,9 @@ def get_lookups() -> Lookups:
 
 
 def invalidate(using: str = DEFAULT_DB_ALIAS) -> None:
-    """Apply a change of tiers, limits, keys, user tiers, overrides or client rules on every app server.
-
-    Saves and deletes through the ORM call it (signals); call it yourself after changes that bypass
-    them (`QuerySet.update()`, `bulk_create`, raw SQL). Outside a transaction, every app server applies
-    the change within about a second (see ratelimit_app.plans.edits); inside one (of database `using`),
-    this process right away and every app server once it commits.
-    """
+    """Apply a change of tiers, limits, keys, user tiers, overrides or client rules on every app server
+    (within about a second; inside a transaction of database `using`, once it commits). ORM saves and
+    deletes call it; call it yourself after changes that bypass signals (`QuerySet.update()`, raw SQL)."""
     lookups = get_lookups()
     if transaction.get_connection(using).in_atomic_block:
         # now for this process; again after commit: a server that reloaded between now and the commit
