@@ -115,12 +115,13 @@ def _charge_of(request: HttpRequest, view_func: Callable[..., Any]) -> _Charge |
     if found.deferred:
         state.deferred = (found.cost, found.route.scope)
         return None
-    usage: Usage | HttpResponseBase = ()
+    usage: Usage = ()
     estimators = usage_limits.estimators_of(view_func)
     if estimators is not None and settings_of(request).enabled:
-        usage = usage_limits.estimate(request, estimators)
-        if not isinstance(usage, tuple):
-            return usage
+        estimated = usage_limits.estimate(request, estimators)
+        if not isinstance(estimated, tuple):
+            return estimated  # the estimate could not be made: 400
+        usage = estimated
     # the view's checks are given once the request's user is known (a key function may read it)
     extra = () if found.view_limit is None else functools.partial(joined_checks, found.view_limit, request,
                                                                   found.cost)
