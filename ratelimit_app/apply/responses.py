@@ -7,7 +7,6 @@ echo the key.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -127,9 +126,11 @@ def add_headers(response: HttpResponseBase, outcome: LimitOutcome, settings: Sna
     if outcome.decision is not None and outcome.policies and outcome.status != SHED:
         settings = settings or request_settings()
         if settings.headers is not None:
-            with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
+            try:
                 apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, settings.headers,
                               settings.header_draft)
+            except Exception:  # noqa: S110 (headers are informative; never fail a response for them)
+                pass
 
 
 def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:
