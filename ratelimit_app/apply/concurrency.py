@@ -26,11 +26,8 @@ from ..core.policies import CONCURRENCY, Policy
 
 
 class HeldSlots:
-    """The concurrency slots one request holds: (identity, policy) pairs under one lease token.
-
-    `local` is True when the local fail mode took them (they live in this process). `release()` gives
-    them back once; later calls do nothing.
-    """
+    """The concurrency slots one request holds: (identity, policy) pairs under one lease token; `local` when
+    the local fail mode took them (they live in this process). `release()` gives them back once."""
 
     __slots__ = ("__weakref__", "_lock", "held", "local", "released", "token")
 

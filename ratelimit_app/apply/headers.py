@@ -60,12 +60,9 @@ IETF_DRAFTS = {"draft-11": (policy_field, ratelimit_field)}
 
 def apply_headers(response: HttpResponseBase, decision: Decision, policies: tuple[Policy, ...],
                   tier: str | None, mode: str, draft: str | None = None) -> None:
-    """Add the headers chosen by `mode` ("legacy", "ietf" or "both") describing `decision`.
-
-    `decision.results` are the results of `policies`, in order. A degraded decision (made without
-    Redis) carries no real counts, so only the static fields (tier, policy) are sent for it. `draft`:
-    the IETF draft the RateLimit fields follow (default: RATELIMIT['HEADER_DRAFT']).
-    """
+    """Add the headers chosen by `mode` ("legacy", "ietf" or "both") describing `decision`, whose results are
+    those of `policies`, in order; only the static fields (tier, policy) for a degraded decision (no real
+    counts). `draft`: the IETF draft of the RateLimit fields (default: RATELIMIT['HEADER_DRAFT'])."""
     headers = response.headers
     live = not decision.degraded and bool(decision.results)
     legacy = decision
