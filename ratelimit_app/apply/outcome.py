@@ -91,16 +91,25 @@ def summarize(decisions: Sequence[Decision], expected: int) -> Decision:
     shadow: tuple[PolicyResult, ...] = ()
     degraded = False
     denied: list[Decision] = []
+    # the allowed decision nearest to refusing: each one describes its own tightest result (the rule of
+    # Decision.from_results), so the rule over them gives that of every result, with no second pass
+    tightest: Decision | None = None
     for decision in decisions:  # one pass: this runs on every request
         results += decision.results
         shadow += decision.shadow
         degraded = degraded or decision.degraded
         if not decision.allowed:
             denied.append(decision)
+        elif decision.results and (tightest is None or decision.remaining < tightest.remaining or (
+                decision.remaining == tightest.remaining and decision.reset_after > tightest.reset_after)):
+            tightest = decision
     if not denied and len(decisions) == expected:
         if len(decisions) == 1 and not degraded:
             return decisions[0]
-        return Decision.from_results(results, degraded=degraded, shadow=shadow)
+        if tightest is None:
+            return Decision.from_results(results, degraded=degraded, shadow=shadow)
+        return Decision(True, tightest.limit, tightest.remaining, tightest.reset_after, None, tightest.policy,
+                        results, degraded, shadow)
     worst = max(denied, key=lambda d: d.retry_after if d.retry_after is not None else 0.0) if denied else None
     if worst is None:
         return Decision(False, 0, 0, 0.0, None, "", results, degraded, shadow)
