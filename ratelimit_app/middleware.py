@@ -1,11 +1,7 @@
 """`RateLimitMiddleware`: the admission path (ratelimit_app.apply.admission) for every request under
-RATELIMIT['PATH_PREFIXES'], WSGI and ASGI.
-
-It admits a request in `process_view`, once the view and its declarations are known (a view whose
-throttles of ours decide is left to them), charges on the way out a limited request no view decided
-(a 404, an earlier middleware's answer), and finishes every response (headers; slots given back when
-it is closed, or at once when the view raised). The process shedder counts requests in flight here.
-What a project sees of it is in docs/usage.md (sections 3, 4 and 10).
+RATELIMIT['PATH_PREFIXES'], WSGI and ASGI: admitted in `process_view`, once the view is known; charged on
+the way out when no view decided; every response finished (headers, slots given back when it is closed).
+The process shedder counts requests in flight here. What a project sees of it: docs/usage.md.
 """
 
 from __future__ import annotations
@@ -30,16 +26,13 @@ from .apply.responses import overloaded
 from .apply.routes import ViewRoute, joined_checks, route_of
 from .conf.settings import InvalidSetting
 from .conf.snapshot import request_settings
+from .core.engine import Usage
 from .service import events
 
 
 class RateLimitMiddleware:
-    """Identify, limit and annotate API requests over the admission path (see the module docstring).
-
-    Sync and async capable: under WSGI it runs as a sync middleware; under ASGI it is a coroutine,
-    and its `process_view` is one too, so Django runs both on the event loop and the decision is
-    awaited there (`limiting_async.limit_request`), with no thread hop for a warm request.
-    """
+    """Identify, limit and annotate API requests. Under ASGI it is a coroutine and so is its
+    `process_view`: Django runs both on the event loop, where the decision is awaited."""
 
     sync_capable = True
     async_capable = True
@@ -83,66 +76,56 @@ class RateLimitMiddleware:
 
     def process_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
                      view_kwargs: Any) -> HttpResponseBase | None:
-        limits = _view_limits(request, view_func)
-        if not isinstance(limits, _ViewLimits):
-            return limits
-        usage = limits.usage_of(request)
-        if not isinstance(usage, tuple):
-            return usage  # the estimate could not be made: 400
-        return admit(request, cost=limits.cost, scope=limits.scope, extra=limits.checks_for(request), usage=usage)
+        charge = _charge_of(request, view_func)
+        if not isinstance(charge, _Charge):
+            return charge
+        return admit(request, cost=charge.cost, scope=charge.scope, extra=charge.extra, usage=charge.usage)
 
     async def aprocess_view(self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any,
                             view_kwargs: Any) -> HttpResponseBase | None:
-        """`process_view` under ASGI (the decision awaited on the event loop)."""
-        limits = _view_limits(request, view_func)
-        if not isinstance(limits, _ViewLimits):
-            return limits
-        usage = limits.usage_of(request)
-        if not isinstance(usage, tuple):
-            return usage
-        return await aadmit(request, cost=limits.cost, scope=limits.scope, extra=limits.checks_for(request),
-                            usage=usage)
+        charge = _charge_of(request, view_func)
+        if not isinstance(charge, _Charge):
+            return charge
+        return await aadmit(request, cost=charge.cost, scope=charge.scope, extra=charge.extra, usage=charge.usage)
 
 
-class _ViewLimits(NamedTuple):
-    """What the middleware charges a request once its view is known: the route's cost and scope, and
-    the view's own limit (`@ratelimit`, `@limit_concurrency`) when it is decided in the same call."""
+class _Charge(NamedTuple):
+    """What the middleware charges a request once its view is known: the route's cost and scope, the view's
+    own checks decided in the same call (`@ratelimit`, `@limit_concurrency`) and the usage it reserves."""
 
     cost: int
     scope: str
-    view_limit: Any
-    estimators: Any = None
-
-    def usage_of(self, request: HttpRequest) -> tuple[tuple[str, int], ...] | HttpResponseBase:
-        """The usage the view estimates for `request` (ratelimit_app.apply.usage), or its 400."""
-        if self.estimators is None or not settings_of(request).enabled:
-            return ()
-        return usage_limits.estimate(request, self.estimators)
-
-    def checks_for(self, request: HttpRequest) -> Extra:
-        """The view's own checks for `request`, given once the request's user is known (a key function
-        may read it), when the view's limit joins the request's limits at this cost."""
-        if self.view_limit is None:
-            return ()
-        return functools.partial(joined_checks, self.view_limit, request, self.cost)
+    extra: Extra
+    usage: Usage
 
 
-def _view_limits(request: HttpRequest, view_func: Callable[..., Any]) -> _ViewLimits | HttpResponseBase | None:
-    """What to charge before the view runs; or the process shedder's 503; or None when the middleware
-    decides nothing here (a path it does not limit, or a view whose throttles of ours decide). The
-    declarations read are those of the handler the request reaches (`resolve_view`)."""
+def _charge_of(request: HttpRequest, view_func: Callable[..., Any]) -> _Charge | HttpResponseBase | None:
+    """What to charge before the view runs; or the process shedder's 503, or the 400 of a usage estimate
+    that could not be made; or None when the middleware decides nothing here (a path it does not limit,
+    or a view whose throttles of ours decide). The declarations read are those of the handler the
+    request reaches (`resolve_view`)."""
     state = state_of(request)
     if state.in_flight is not None:  # the process shedder counts this request
         shed = _process_shed(request, route_of(view_func, request), state.in_flight)
         if shed is not None:
             return shed
-    if not _applies(request):
+    if not path_scope(state.settings).applies(request.path_info):
         return None
     found = route_of(view_func, request)
     if found.deferred:
-        state_of(request).deferred = (found.cost, found.route.scope)
+        state.deferred = (found.cost, found.route.scope)
         return None
-    return _ViewLimits(found.cost, found.route.scope, found.view_limit, usage_limits.estimators_of(view_func))
+    usage: Usage = ()
+    estimators = usage_limits.estimators_of(view_func)
+    if estimators is not None and settings_of(request).enabled:
+        estimated = usage_limits.estimate(request, estimators)
+        if not isinstance(estimated, tuple):
+            return estimated  # the estimate could not be made: 400
+        usage = estimated
+    # the view's checks are given once the request's user is known (a key function may read it)
+    extra = () if found.view_limit is None else functools.partial(joined_checks, found.view_limit, request,
+                                                                  found.cost)
+    return _Charge(found.cost, found.route.scope, extra, usage)
 
 
 def _late_charge(request: HttpRequest) -> tuple[int, str] | None:
@@ -156,19 +139,14 @@ def _late_charge(request: HttpRequest) -> tuple[int, str] | None:
         deferred = state.take_deferred()
         if deferred is not None:
             return max(deferred[0], 1), deferred[1]
-    return (1, "") if _applies(request) else None
+    return (1, "") if path_scope(state_of(request).settings).applies(request.path_info) else None
 
 
 async def _after_the_work(request: HttpRequest) -> None:
-    """Give back the slots of a cancelled request, and take it out of this process' count, once the
-    work it was admitted for has ended.
-
-    Django cancels a request whose client disconnected; asgiref then raises CancelledError at once,
-    while a sync view goes on in the request's thread. A call queued on that same thread
-    (thread-sensitive: one thread per request, first come first served) runs only once the view has
-    returned: the slots are held until then. If this task is cancelled again meanwhile, the slots go
-    back from the releasing thread when that call has run.
-    """
+    """Give back what a cancelled request holds once the work it was admitted for has ended: asgiref raises
+    CancelledError at once while a sync view goes on in the request's thread, so a call queued on that
+    thread (thread-sensitive) runs only once the view has returned. Cancelled again meanwhile, the slots go
+    back from the releasing thread when that call has run."""
     ended = asyncio.ensure_future(sync_to_async(_nothing, thread_sensitive=True)())
     try:
         await asyncio.shield(ended)
@@ -179,7 +157,7 @@ async def _after_the_work(request: HttpRequest) -> None:
 
 
 def _nothing() -> None:
-    """Run in a request's thread: returns once the work queued there before it has ended."""
+    """Returns, in a request's thread, once the work queued there before it has ended."""
 
 
 def _leave(request: HttpRequest) -> None:
@@ -230,7 +208,3 @@ def _process_shed(request: HttpRequest, found: ViewRoute, count: int) -> HttpRes
     except Exception:  # the shedder never fails a request
         return None
 
-
-def _applies(request: HttpRequest) -> bool:
-    """True when the middleware limits this request's path (see `planning.path_scope`)."""
-    return path_scope(state_of(request).settings).applies(request.path_info)

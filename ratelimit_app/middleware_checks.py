@@ -1,16 +1,6 @@
-"""`manage.py check` for RateLimitMiddleware and the path settings: listed once in MIDDLEWARE, limiting
-paths the site has, with prefixes written as paths are matched (ratelimit_app.conf.paths).
-
-- ratelimit.E022: RateLimitMiddleware (or a subclass) is listed more than once (every request would be
-  charged twice);
-- ratelimit.W021: with the middleware installed, RATELIMIT['PATH_PREFIXES'] is empty, or an entry the
-  project wrote matches no URL of the URLconf (paths are case-sensitive): the middleware limits nothing
-  there. The default (['/api/']) is not checked against the URLs: a project may add its API later, and a
-  request under /api/ is charged even before its view exists;
-- ratelimit.W022: a prefix of PATH_PREFIXES, EXEMPT_PATHS or SHED_PRIORITIES (which the gateway endpoint
-  reads too) looks like a typo (a query string, whitespace, a percent-escape, '//', '.' or '..'), or
-  SHED_PRIORITIES gives one prefix ('/api' and '/api/') two priorities.
-"""
+"""`manage.py check` for RateLimitMiddleware and the path settings (ratelimit.E022, W021, W022: see
+docs/settings.md): listed once in MIDDLEWARE, limiting paths the site has, with prefixes written as paths
+are matched (ratelimit_app.conf.paths)."""
 
 from __future__ import annotations
 

@@ -1,30 +1,12 @@
 """Concurrency slots of a request: taken in the request's one decision, given back when its response is done.
 
-A tier limit with `algorithm = "concurrency"` (or `@limit_concurrency`, or `ConcurrencyThrottle`) makes
-each admitted request hold one slot, a lease in Redis (ratelimit_app/core/lua/concurrency.lua), taken in the
-same all-or-nothing call as the request's rate limits. `limiting.decide` returns the slots it took as
-`LimitOutcome.slots` (a `HeldSlots`); the admission path (ratelimit_app.apply.admission) holds them on
-the request's state and makes sure they are given back:
-
-- when the response is closed, which the server does once the client has read all of it or has gone
-  away (WSGI servers call `close()` after the last chunk, also on a disconnect; Django's ASGI handler
-  likewise), so a streaming response holds its slots until its stream is closed;
-- at once, when the view raised instead of answering;
-- under ASGI, when the request was cancelled (its client went away), once its sync view has returned:
-  asgiref raises CancelledError at once while the view's thread goes on, and the slot is held until
-  the work it admitted has ended (see RateLimitMiddleware);
-- when the response object is dropped without being closed (a server or a wrapper that never closes
-  it): a safety net, run when Python frees the response (by a thread of its
-  own, since a garbage collection may free it inside any lock);
-- and in any case when the lease runs out (the slot's `period`): a worker killed by SIGKILL loses its
-  slots for at most that long.
-
-A gateway's request (ratelimit_app.gateway) is held differently: its slots go to the gateway in a signed
-lease, held for a short first lease until the service confirms the request (`HeldSlots.renew`: each slot's
-end moved in Redis, lua/renew.lua), then given back by whoever sees its end.
-
-Giving back is one Redis round trip (a ZREM per slot, pipelined), made after the response is sent; it
-follows the circuit breaker and the time budget, and never fails a response.
+A concurrency policy (a tier limit, `@limit_concurrency`, `ConcurrencyThrottle`) makes each admitted
+request hold one slot, a lease in Redis (core/lua/concurrency.lua). `limiting.decide` returns the slots
+taken as `LimitOutcome.slots`; the admission path holds them and gives them back when the response is
+closed, at once when the view raised, under ASGI once a cancelled request's sync view has returned, when
+the response is dropped unclosed (a safety net, by a thread of its own), and in any case when the lease
+runs out. A gateway's slots go to the gateway in a signed lease (`HeldSlots.renew`). Giving back is one
+pipelined round trip after the response is sent, and never fails a response (docs/protection.md).
 """
 
 from __future__ import annotations
@@ -44,11 +26,8 @@ from ..core.policies import CONCURRENCY, Policy
 
 
 class HeldSlots:
-    """The concurrency slots one request holds: (identity, policy) pairs under one lease token.
-
-    `local` is True when the local fail mode took them (they live in this process). `release()` gives
-    them back once; later calls do nothing.
-    """
+    """The concurrency slots one request holds: (identity, policy) pairs under one lease token; `local` when
+    the local fail mode took them (they live in this process). `release()` gives them back once."""
 
     __slots__ = ("__weakref__", "_lock", "held", "local", "released", "token")
 

@@ -1,27 +1,6 @@
-"""Rate limit response headers: legacy `X-RateLimit-*` and the IETF draft `RateLimit-Policy` / `RateLimit`.
-
-RATELIMIT['HEADERS'] chooses "legacy", "ietf" or "both" (default). For one request:
-
-    X-RateLimit-Limit: 10          capacity of the policy that matters most (see Decision)
-    X-RateLimit-Remaining: 9       units left in it
-    X-RateLimit-Reset: 3           seconds until it is back to its full allowance (delta, not a timestamp)
-    X-RateLimit-Tier: free         the tier that applied (absent when none did)
-    RateLimit-Policy: "ip";q=100;w=60, "burst";q=10;w=30, "minute";q=20;w=60, "day";q=1000;w=86400
-    RateLimit: "ip";r=99;t=118, "burst";r=9;t=3, "minute";r=19;t=60, "day";r=999;t=38698
-
-(a client's first request at 13:15:02 UTC; docs/usage.md shows one checked against a real response)
-
-The IETF fields follow the revision of draft-ietf-httpapi-ratelimit-headers that RATELIMIT['HEADER_DRAFT']
-names (only "draft-11" today; a later draft becomes a new entry of IETF_DRAFTS, chosen by that setting,
-so a project moves when it chooses to): Structured Field lists whose
-members are policy names (sf-strings) with parameters q (quota), w (window, seconds), r (remaining) and
-t (seconds until the quota resets). For token_bucket and gcra, q is the burst and w the time the burst
-takes to refill at the sustained rate, so q/w is the sustained rate. A concurrency policy is
-`"concurrency";q=2;qu="concurrent-requests"` (q slots, no window); in `RateLimit` its r is the free
-slots and t the time until the last lease held runs out (an upper bound: slots are usually given back
-sooner). A usage limit carries its unit: `"llm.tokens";q=2000;w=60;qu="tokens"`. The legacy trio of an
-allowed request describes the rate limits, not the slots.
-"""
+"""Rate limit response headers: legacy `X-RateLimit-*` and the IETF draft `RateLimit-Policy` / `RateLimit`
+(RATELIMIT['HEADERS']: "legacy", "ietf" or "both"; RATELIMIT['HEADER_DRAFT'] picks the IETF revision).
+What each field means, for every algorithm, is in docs/usage.md."""
 
 from __future__ import annotations
 
@@ -41,12 +20,8 @@ IETF = "ietf"
 
 
 def _seconds(value: float) -> int:
-    """Whole seconds, rounded up (a client that waits this long is never early)."""
-    if value <= 0:
-        return 0
-    if math.isinf(value):
-        return 0
-    return math.ceil(value)
+    """Whole seconds, rounded up (a client that waits this long is never early); 0 for none or infinity."""
+    return 0 if value <= 0 or math.isinf(value) else math.ceil(value)
 
 
 def window_seconds(policy: Policy) -> int:
@@ -73,23 +48,21 @@ def policy_field(policies: tuple[Policy, ...]) -> str:
 
 def ratelimit_field(results: Sequence[PolicyResult]) -> str:
     """The `RateLimit` value: remaining units and seconds to reset, per policy."""
-    return ", ".join(f"{_sf_string(r.policy)};r={r.remaining};t={_seconds(r.reset_after)}" for r in results)
+    # one comprehension with `_seconds` written out: this runs on every response
+    return ", ".join([f"{_sf_string(r.policy)};r={r.remaining};t="
+                      f"{0 if r.reset_after <= 0 or math.isinf(r.reset_after) else math.ceil(r.reset_after)}"
+                      for r in results])
 
 
 #: RATELIMIT['HEADER_DRAFT'] -> the functions that format `RateLimit-Policy` and `RateLimit`.
 IETF_DRAFTS = {"draft-11": (policy_field, ratelimit_field)}
 
 
-
-
 def apply_headers(response: HttpResponseBase, decision: Decision, policies: tuple[Policy, ...],
                   tier: str | None, mode: str, draft: str | None = None) -> None:
-    """Add the headers chosen by `mode` ("legacy", "ietf" or "both") describing `decision`.
-
-    `decision.results` are the results of `policies`, in order. A degraded decision (made without
-    Redis) carries no real counts, so only the static fields (tier, policy) are sent for it. `draft`:
-    the IETF draft the RateLimit fields follow (default: RATELIMIT['HEADER_DRAFT']).
-    """
+    """Add the headers chosen by `mode` ("legacy", "ietf" or "both") describing `decision`, whose results are
+    those of `policies`, in order; only the static fields (tier, policy) for a degraded decision (no real
+    counts). `draft`: the IETF draft of the RateLimit fields (default: RATELIMIT['HEADER_DRAFT'])."""
     headers = response.headers
     live = not decision.degraded and bool(decision.results)
     legacy = decision

@@ -1,10 +1,7 @@
 """Who is calling: the API key of ours a request carries (a credential of another format is not ours), the
-client IP (behind trusted proxies only), and the identity strings limits are counted under.
-
-Identity strings: `key:<api key prefix>`, `user:<user pk>`, `ip:<address>` for IPv4 and
-`ip:<network>/<len>` for IPv6 (grouped by RATELIMIT['IPV6_PREFIX'], default /64, because one IPv6
-client usually owns a whole /64). The engine hashes identities into fixed-length Redis keys, so no
-header value ever becomes a Redis key name.
+client IP (behind trusted proxies only), and the identity strings limits are counted under: `key:<prefix>`,
+`user:<pk>`, `ip:<IPv4>` or `ip:<IPv6 network>/<RATELIMIT['IPV6_PREFIX']>`. The engine hashes identities
+into fixed-length Redis keys, so no header value ever becomes a Redis key name.
 """
 
 from __future__ import annotations
@@ -69,14 +66,10 @@ class PresentedKey(NamedTuple):
 
 
 def api_key_from_request(request: HttpRequest, config: IdentityConfig | None = None) -> PresentedKey | None:
-    """The API key of ours the request carries, or None.
-
-    Read from the API key header (RATELIMIT['API_KEY_HEADER']), else from `Authorization: Bearer`. A
-    value is ours when it has the shape of our keys (`apikeys.parse_key`: `<8 letters or digits>.<secret>`,
-    at most 128 characters, checked before anything else); any other value (a JWT, an OAuth token, a key
-    of the project's own in X-API-Key) is not ours: it is left untouched to the project's authentication,
-    and the request is one without a key of ours. `config`: the identity settings (default: of now).
-    """
+    """The API key of ours the request carries (RATELIMIT['API_KEY_HEADER'], else `Authorization: Bearer`),
+    or None. A value is ours when it has the shape of our keys (`apikeys.parse_key`); any other (a JWT, a
+    key of the project's own) is left to the project's authentication. `config`: the identity settings
+    (default: of now)."""
     meta = request.META
     value = meta.get((config or identity_config()).api_key_meta)
     if value is not None:
@@ -126,14 +119,10 @@ def _parse_ip(text: str) -> IPAddress | None:
 
 
 def client_ip(request: HttpRequest, config: IdentityConfig | None = None) -> str:
-    """The client's address: REMOTE_ADDR, unless trusted proxies are configured.
-
-    With a hop count N, the N-th X-Forwarded-For entry from the right (what the outermost trusted proxy
-    saw). With a CIDR list, X-Forwarded-For is walked from the right while the hops are trusted proxies;
-    the first untrusted address is the client. Without trusted proxies the header is ignored entirely,
-    so a client cannot choose its own address. Returns "unknown" when no address can be read. `config`:
-    the identity settings (default: of now).
-    """
+    """The client's address: REMOTE_ADDR, unless trusted proxies are configured: with a hop count N, the
+    N-th X-Forwarded-For entry from the right; with a CIDR list, the first untrusted address walking it
+    from the right. Without trusted proxies the header is ignored (a client cannot choose its address).
+    "unknown" when no address can be read. `config`: the identity settings (default: of now)."""
     meta = request.META
     remote = str(meta.get("REMOTE_ADDR") or "")
     config = config or identity_config()

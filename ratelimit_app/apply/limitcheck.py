@@ -1,9 +1,5 @@
-"""`LimitCheck`: one identity's policies in a request's decision, and who asked for them.
-
-Request handling (ratelimit_app.apply.limiting) decides every check of a request in one call; the views'
-own limits (ratelimit_app.apply.routes), the load shedder (ratelimit_app.apply.shedding), the DRF throttles and
-`@ratelimit` each add theirs.
-"""
+"""`LimitCheck`: one identity's policies in a request's decision, and who asked for them (the request's own
+limits, a view's, the load shedder, a DRF throttle, `@ratelimit`)."""
 
 from __future__ import annotations
 
@@ -17,13 +13,9 @@ REQUEST_LIMITS = ""
 
 
 class LimitCheck(NamedTuple):
-    """One identity's policies in a request's decision, and who asked for them.
-
-    `owner` is REQUEST_LIMITS for the per-IP limit and the tier, else the label of the throttle or
-    decorator that added the check (it finds its own result with `LimitOutcome.decision_for`). `label`
-    is what operators read for the identity when a throttle leads the decision (the dashboard,
-    ratelimit_metrics, the denial log): set by the throttle, which knows what its identity is.
-    """
+    """One identity's policies in a request's decision. `owner`: REQUEST_LIMITS, or the label of the
+    throttle or decorator that added the check (`LimitOutcome.decision_for` finds its result). `label`: what
+    operators read for the identity when a throttle leads the decision, set by that throttle."""
 
     identity: str
     policies: tuple[Policy, ...]

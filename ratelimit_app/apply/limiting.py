@@ -1,23 +1,10 @@
-"""Limit one request: plan it (ratelimit_app.apply.planning: who is the client, which limits apply), then
-one all-or-nothing Redis call over every limit of ours that applies (`decide`).
-
-This is the shared core of `RateLimitMiddleware`, the DRF throttles and `@ratelimit`; it returns a
-`LimitOutcome` (ratelimit_app.apply.outcome) and leaves the HTTP answer to them.
-
-`decide` makes one call `hit_many([per-IP check, tier check, fleet check, *extra checks], cost)`
-(the fleet check is the load shedder's count of requests in flight, when RATELIMIT['SHED_CAPACITY']
-is set: see ratelimit_app.apply.shedding); the extra checks are those of our DRF throttles and of
-`@ratelimit` on the same view, so every limit of ours on one request is charged at most once, and
-only if all of them allow.
-
-Whatever goes wrong inside the limiter at request time (a bug, a setting changed at run time, a tier
-deleted while a setting names it) never fails the request: `safely` answers with the fail mode and
-logs the error, with its traceback, once per cause.
-
-Async code (the middleware under ASGI, `@ratelimit` on `async def` views) uses the twin module
-ratelimit_app.apply.limiting_async: the same names (`limit_request`, `decide`, `safely`), awaitable,
-over the same plan and the same reading of Redis' reply (`planned_call` before the call, `conclude`
-after it), with the call made through the async service on the event loop.
+"""Limit one request: plan it (ratelimit_app.apply.planning), then decide every limit of ours that applies
+(the per-IP and tier checks, the load shedder's fleet count, the DRF throttles' and `@ratelimit`'s checks)
+in one all-or-nothing Redis call (`decide`), so each is charged at most once and only if all allow. The
+shared core of the middleware, the throttles and `@ratelimit`: it returns a `LimitOutcome` and leaves the
+HTTP answer to them. `safely` answers with the fail mode, and logs once per cause, whatever goes wrong
+inside the limiter. The async twin, ratelimit_app.apply.limiting_async, reads the same plan and reply
+(`planned_call`, `conclude`) around the call made on the event loop.
 """
 
 from __future__ import annotations
@@ -75,9 +62,11 @@ def planned_call(plan: RequestPlan, cost: int) -> PlannedCall | LimitOutcome:
         return LimitOutcome(status, None, (), plan.tier, plan.identity, plan.refusal, cost > 0)
     if plan.refusal:
         cost = max(cost, 1)  # an unusable key is charged to the per-IP limit even on report-only routes
-    pairs = [(check.identity, check.policies) for check in plan.checks]
-    # a concurrency limit among them: the request's slot is taken in this same call, under a token
-    taking = cost > 0 and any(needs_lease(check.policies) for check in plan.checks)
+    pairs = []
+    taking = False  # a concurrency limit among them: the request's slot is taken in this same call, under a token
+    for check in plan.checks:
+        pairs.append((check.identity, check.policies))
+        taking = taking or (cost > 0 and needs_lease(check.policies))
     return PlannedCall(plan, pairs, cost, new_lease_token() if taking else None)
 
 
@@ -89,28 +78,33 @@ def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
     if isinstance(call, LimitOutcome):
         return call
     service = get_limiter()
-    if call.cost == 0:
-        decisions = []
-        if reports_ip(plan):  # one unit of the per-IP limit, like any request (the deny cache answers)
-            identity, policies = call.pairs[0]
-            decisions = [service.hit(identity, policies, 1, fail_mode=plan.tier_fail_mode)]
-        if not over_ip_limit(plan, decisions):
-            # one peek per other identity (the service applies the fail mode); fresh: a report shows
-            # the counts of now, not those a cached denial remembers
-            decisions += [service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
-                          for identity, policies in call.pairs[len(decisions):]]
-    else:
+    if call.cost:
         decisions = service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
+    else:
+        charged = report_charge(call)
+        decisions = [service.hit(*charged, 1, fail_mode=plan.tier_fail_mode)] if charged else []
+        decisions += [service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
+                      for identity, policies in report_peeks(call, decisions)]
     outcome, unwanted = conclude(call, decisions)
     if unwanted is not None:
         unwanted.release()
     return outcome
 
 
+def report_charge(call: PlannedCall) -> tuple[str, tuple[Policy, ...]] | None:
+    """What a report (cost 0) charges one unit: the per-IP limit when the plan starts with it, so a flood
+    of status calls is limited (and answered from the deny cache) like any request; else nothing."""
+    return call.pairs[0] if reports_ip(call.plan) else None
+
+
+def report_peeks(call: PlannedCall, decisions: list[Decision]) -> list[tuple[str, tuple[Policy, ...]]]:
+    """What a report reads after its charge (`decisions`): the other checks, each with a fresh peek (the
+    counts of now, not those a cached denial remembers); none when the per-IP charge was refused."""
+    return [] if over_ip_limit(call.plan, decisions) else call.pairs[len(decisions):]
+
+
 def reports_ip(plan: RequestPlan) -> bool:
-    """True when `plan` starts with the per-IP limit, which a report (cost 0) charges one unit: a
-    status call counts like any request there, so a flood of them is limited (and answered from the
-    deny cache) instead of making fresh Redis reads."""
+    """True when `plan` starts with the per-IP limit, which a report (cost 0) charges one unit."""
     checks = plan.checks
     return bool(checks) and checks[0].owner == REQUEST_LIMITS and checks[0].policies[:1] != () \
         and checks[0].policies[0].name == IP_POLICY_NAME
@@ -127,7 +121,7 @@ def conclude(call: PlannedCall, decisions: list[Decision]) -> tuple[LimitOutcome
     back at once (taken by a request that was refused after all), or None."""
     plan, cost, checks, pairs = call.plan, call.cost, call.plan.checks, call.pairs
     policies, fleet = _shown_policies(checks)
-    slots = slots_taken(pairs, decisions, call.lease)
+    slots = slots_taken(pairs, decisions, call.lease) if call.lease is not None else None
     summary = summarize(decisions, len(pairs))
     shed_priority: str | None = None
     if fleet is not None:
@@ -157,16 +151,15 @@ def conclude(call: PlannedCall, decisions: list[Decision]) -> tuple[LimitOutcome
 
 
 def _shown_policies(checks: tuple[LimitCheck, ...]) -> tuple[tuple[Policy, ...], int | None]:
-    """The policies the headers show, and the index of the load shedder's fleet check (None: none).
-
-    Shadow policies never show in headers: they are reported apart (Decision.shadow); nor does the fleet
-    count, which is not a limit of the client's.
-    """
+    """The policies the headers show (not the shadow ones, reported apart in Decision.shadow), and the
+    index of the load shedder's fleet check (None: none), which is no limit of the client's."""
     shown: list[Policy] = []
     fleet = None
-    for index, check in enumerate(checks):  # one pass: this runs on every request
+    for index, check in enumerate(checks):  # one pass, no comprehension: this runs on every request
         if not check.owner.startswith(shedding.OWNER_PREFIX):
-            shown += [policy for policy in check.policies if not policy.shadow]
+            for policy in check.policies:
+                if not policy.shadow:
+                    shown.append(policy)
         elif fleet is None:
             fleet = index
     return tuple(shown), fleet
@@ -223,14 +216,9 @@ _MAX_LOGGED_CAUSES = 1000
 
 
 def safely(limit: Callable[[], LimitOutcome], *, where: str, identity: str = "") -> LimitOutcome:
-    """`limit()`, or, if it raises anything (a bug, an invalid setting met at run time), the answer of
-    the fail mode: the limiter degrades, the request never fails because of it. The error is logged
-    on "ratelimit_app" at ERROR with its traceback once per cause, then at DEBUG.
-
-    Every entry point (the middleware, the throttles, the decorators) asks for its decisions through
-    here (or its async twin, `limiting_async.safely`), so this is where RATELIMIT['ENABLED'] = False
-    turns every limit of ours off: `limit` is not called, nothing is planned, looked up or sent to
-    Redis, and the request is NOT_LIMITED (no headers)."""
+    """`limit()`, or, if it raises anything, the answer of the fail mode (logged at ERROR with its traceback
+    once per cause, then at DEBUG): the request never fails because of the limiter. With
+    RATELIMIT['ENABLED'] = False, `limit` is not called and the request is NOT_LIMITED (no headers)."""
     try:
         if not request_settings().enabled:  # always readable (an invalid one reads as True)
             return NOT_LIMITED

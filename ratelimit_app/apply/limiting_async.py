@@ -1,11 +1,6 @@
-"""The async twin of ratelimit_app.apply.limiting: `limit_request`, `decide` and `safely`, the same names
-awaited on the event loop (the middleware under ASGI, `@ratelimit` on `async def` views, the gateway's
-async views).
-
-The plan is made by ratelimit_app.apply.planning_async and read by the same functions as the sync path
-(`planned_call` before the call, `conclude` after it); only the call itself differs: it goes through the
-async service (`get_async_limiter`). A warm request does no blocking work and no thread hop.
-"""
+"""The async twin of ratelimit_app.apply.limiting (`limit_request`, `decide`, `safely`, awaited on the event
+loop): the same plan and reading of the reply, the call made through the async service, with no blocking
+work and no thread hop for a warm request."""
 
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ from ..conf.snapshot import Snapshot, request_settings
 from ..service.limiter_async import get_async_limiter
 from . import planning_async
 from .limitcheck import LimitCheck
-from .limiting import conclude, failure_outcome, over_ip_limit, planned_call, reports_ip
+from .limiting import conclude, failure_outcome, planned_call, report_charge, report_peeks
 from .outcome import NOT_LIMITED, LimitOutcome
 from .planning import FROM_REQUEST, RequestPlan
 
@@ -29,16 +24,13 @@ async def decide(plan: RequestPlan, cost: int) -> LimitOutcome:
     if isinstance(call, LimitOutcome):
         return call
     service = get_async_limiter()
-    if call.cost == 0:
-        decisions = []
-        if reports_ip(plan):
-            identity, policies = call.pairs[0]
-            decisions = [await service.hit(identity, policies, 1, fail_mode=plan.tier_fail_mode)]
-        if not over_ip_limit(plan, decisions):
-            decisions += [await service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
-                          for identity, policies in call.pairs[len(decisions):]]
-    else:
+    if call.cost:
         decisions = await service.hit_many(call.pairs, call.cost, fail_mode=plan.tier_fail_mode, lease=call.lease)
+    else:
+        charged = report_charge(call)
+        decisions = [await service.hit(*charged, 1, fail_mode=plan.tier_fail_mode)] if charged else []
+        decisions += [await service.peek(identity, policies, fail_mode=plan.fail_mode, fresh=True)
+                      for identity, policies in report_peeks(call, decisions)]
     outcome, unwanted = conclude(call, decisions)
     if unwanted is not None:
         await unwanted.arelease()

@@ -26,17 +26,13 @@ IP_ONLY_TIER = "ip"
 class LimitOutcome(NamedTuple):
     """What limiting decided for one request.
 
-    `status` is "allowed", "denied" (429), "unavailable" (503: the limiter is down and the fail mode
-    refuses), "shed" (503: the load shedder refused; `message` is the request's priority) or
-    "unauthorized" (401, `message` says why). `decision` summarises every policy checked
-    (when denied: the policy that refused, so headers describe it; None when nothing was decided);
-    `policies` are all the policies that applied, for the `RateLimit-Policy` header. `tier` is the
-    client's tier when one was established; `identity` a display label ("key:<prefix>", "user:<pk>",
-    "ip:<addr>"), never a full key. `charged` is False for report-only routes (cost 0), which charge
-    one unit of the per-IP limit and read the rest with `peek`. `checks` and `decisions` (same order;
-    None where Redis Cluster stopped at the first denial) let each throttle or decorator read its own
-    part. `slots` are the concurrency slots the request took (None: none); the caller gives them back
-    when the response is finished (ratelimit_app.apply.concurrency).
+    `status`: one of the values above; `message` says why for "unauthorized", and is the request's priority
+    for "shed". `decision` summarises every policy checked (when denied: the policy that refused; None when
+    nothing was decided); `policies` are those the `RateLimit-Policy` header shows. `identity` is a display
+    label, never a full key. `charged` is False for report-only routes (cost 0). `checks` and `decisions`
+    (same order; None where Redis Cluster stopped at the first denial) let each throttle or decorator read
+    its own part. `slots`: the concurrency slots the request took (None: none), given back when its
+    response is finished.
     """
 
     status: str
@@ -95,16 +91,25 @@ def summarize(decisions: Sequence[Decision], expected: int) -> Decision:
     shadow: tuple[PolicyResult, ...] = ()
     degraded = False
     denied: list[Decision] = []
+    # the allowed decision nearest to refusing: each one describes its own tightest result (the rule of
+    # Decision.from_results), so the rule over them gives that of every result, with no second pass
+    tightest: Decision | None = None
     for decision in decisions:  # one pass: this runs on every request
         results += decision.results
         shadow += decision.shadow
         degraded = degraded or decision.degraded
         if not decision.allowed:
             denied.append(decision)
+        elif decision.results and (tightest is None or decision.remaining < tightest.remaining or (
+                decision.remaining == tightest.remaining and decision.reset_after > tightest.reset_after)):
+            tightest = decision
     if not denied and len(decisions) == expected:
         if len(decisions) == 1 and not degraded:
             return decisions[0]
-        return Decision.from_results(results, degraded=degraded, shadow=shadow)
+        if tightest is None:
+            return Decision.from_results(results, degraded=degraded, shadow=shadow)
+        return Decision(True, tightest.limit, tightest.remaining, tightest.reset_after, None, tightest.policy,
+                        results, degraded, shadow)
     worst = max(denied, key=lambda d: d.retry_after if d.retry_after is not None else 0.0) if denied else None
     if worst is None:
         return Decision(False, 0, 0, 0.0, None, "", results, degraded, shadow)

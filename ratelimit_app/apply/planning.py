@@ -1,25 +1,9 @@
-"""Who is the client of a request, and which limits apply: `plan_request` (and its async twin in
-ratelimit_app.apply.planning_async) turn a request into a `RequestPlan`, every check of which
-ratelimit_app.apply.limiting then decides in one Redis call.
-
-`plan_request` checks, in order:
-
-1. the client IP (trusted proxies only) -> identity `ip:<addr or IPv6 network>`; an allow or deny
-   rule (ClientRule) on its network;
-2. an API key of ours (X-API-Key / Authorization: Bearer, a value of our keys' shape: see
-   `identity.api_key_from_request`; a credential of any other format is the project's, not ours); else
-   the authenticated user; else, with RATELIMIT['REQUIRE_API_KEY'], 401; else the anonymous tier
-   (RATELIMIT['ANONYMOUS_TIER']) per IP; else the per-IP limit alone.
-
-The per-IP limit of a key's or user's request is its tier's own (Tier.ip_rate), counted per address
-and tier, or the default (RATELIMIT['IP_RATE']), counted per address, for a tier that sets none, for
-the anonymous tier and for a request without a usable key: one whose key of ours is unknown, revoked
-or expired (or, under REQUIRE_API_KEY, missing or malformed) is still charged to it, so floods of
-invalid keys are limited. A key not yet cached in this process is looked up only after a `peek` at
-the default per-IP limit allows it, so an IP over it causes no database query at all.
-
-On an event loop, the async twin ratelimit_app.apply.planning_async plans from this process' lookup
-cache without I/O; a cold cache is read in one `sync_to_async` call.
+"""Who is the client of a request, and which limits apply: `plan_request` (its async twin is in
+ratelimit_app.apply.planning_async) turns a request into a `RequestPlan`, every check of which
+ratelimit_app.apply.limiting decides in one Redis call. The order of the checks (client rules, API key,
+user, REQUIRE_API_KEY, anonymous tier, per-IP limit) and which per-IP limit applies are in docs/usage.md.
+A key this process has not cached is looked up only after a `peek` at the default per-IP limit allows
+the address, so an address over it causes no database query at all.
 """
 
 from __future__ import annotations
@@ -46,6 +30,7 @@ from ..service import events
 from ..service.limiter import get_limiter
 from . import shedding
 from .identity import (
+    IdentityConfig,
     PresentedKey,
     api_key_from_request,
     authenticated_user,
@@ -63,8 +48,7 @@ from .routes import route_of
 
 @dataclass(frozen=True, slots=True)
 class PathScope:
-    """Which paths the middleware limits: ENABLED, PATH_PREFIXES and EXEMPT_PATHS, parsed once per
-    settings change."""
+    """Which paths the middleware limits: ENABLED, PATH_PREFIXES and EXEMPT_PATHS, parsed."""
 
     enabled: bool
     path_prefixes: PathPrefixes
@@ -131,14 +115,11 @@ def limit_config(snapshot: Snapshot | None = None) -> LimitConfig:
 class RequestPlan(NamedTuple):
     """Who the client is and which limits apply: everything known before Redis is asked.
 
-    `checks` are the per-IP limit first, then the tier's (or, for a plan without a tier, what the
-    throttles and decorator add). `refusal` is not "" when the request has no usable key or tier:
-    it is then charged to the per-IP limit alone and answered 401 with that message if the IP may
-    send. A plan without a tier and without a refusal is that of a client with neither a key of ours
-    nor a user nor an anonymous tier: the per-IP limit alone. `tier_fail_mode` is the tier's own fail
-    mode (None: RATELIMIT['FAIL_MODE']), `fail_mode` the one that applies. `label` names the decision
-    in the metrics (the tier slug, "ip", "decorator"...). `listed` is "allow" when an allow rule
-    (ClientRule) matched: the plan then has no checks, and none are added to it.
+    `checks`: the per-IP limit first, then the tier's (and what throttles and decorators add). `refusal`:
+    not "" when the request has no usable key or tier (charged to the per-IP limit alone, answered 401
+    with it). `tier_fail_mode`: the tier's own (None: RATELIMIT['FAIL_MODE']); `fail_mode`: the one that
+    applies. `label` names the decision in the metrics. `listed` is "allow" when an allow rule matched:
+    the plan then has no checks, and none are added to it.
     """
 
     checks: tuple[LimitCheck, ...]
@@ -161,28 +142,27 @@ FROM_REQUEST: Any = object()
 
 def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
                  path: str | None = None, settings: Snapshot | None = None) -> RequestPlan | LimitOutcome:
-    """Identify the client of `request` and the policies of its tier for `scope`.
+    """Identify the client of `request` and the policies of its tier (overrides applied) for `scope`.
 
-    Returns a LimitOutcome instead when a per-IP peek already refuses a request with a key this
-    process has not looked up yet (nothing is charged), or when a deny rule (ClientRule) matches the
-    client (403, decided before any Redis call). An allow rule gives a plan without checks. `user` is
-    the authenticated user to use instead of `request.user` (DRF authenticates on its own Request
-    object). The tier's policies include the key's or user's own limits (overrides). `path` is the
-    path of the request when it is not `request`'s own: a gateway's authorization request describes
-    another one (ratelimit_app.gateway), whose path picks the load shedder's priority; the client is
-    still read from `request` (its API key header, its address through TRUSTED_PROXIES, its user).
-    Raises ImproperlyConfigured when a tier named in the settings or by a key does not exist. `settings`:
-    the snapshot the request is planned under (default: the current one).
+    A LimitOutcome instead when a per-IP peek already refuses a key this process has not looked up yet
+    (nothing charged), or a deny rule matches the client (403, no Redis call). `user`: the authenticated
+    user to use instead of `request.user` (DRF authenticates on its own Request). `path`: the path the
+    load shedder's priority is read from when it is not `request`'s own (a gateway's described request).
+    `settings`: the snapshot planned under (default: the current one). Raises ImproperlyConfigured when
+    a tier named in the settings or by a key does not exist.
     """
-    return plan_with_key(request, api_key_from_request(request, identity_config(settings)), cost, scope, user, path,
-                         settings)
+    identities = identity_config(settings)
+    return plan_with_key(request, api_key_from_request(request, identities), cost, scope, user, path, settings,
+                         identities)
 
 
 def plan_with_key(request: HttpRequest, key: PresentedKey | None, cost: int, scope: str, user: Any,
-                  path: str | None, settings: Snapshot | None = None) -> RequestPlan | LimitOutcome:
-    """`plan_request` for the API key of ours `key` the request carries (None: none), read once by the caller."""
+                  path: str | None, settings: Snapshot | None = None,
+                  identities: IdentityConfig | None = None) -> RequestPlan | LimitOutcome:
+    """`plan_request` for the API key of ours `key` the request carries (None: none), read once by the caller
+    (under `identities`, the identity settings of `settings`, when it read them)."""
     config = limit_config(settings)
-    identities = identity_config(settings)
+    identities = identities or identity_config(settings)
     ip_id = request_ip_identity(request, identities)
     lookups = get_lookups()
     rules = lookups.client_rules()
@@ -235,7 +215,7 @@ def _key_client(known: _Known, key: PresentedKey, cost: int) -> _Client | Reques
     prefix = key.prefix
     if prefix in rules.deny_keys:
         return _denied_by_list(key_identity(prefix), "API key")
-    info = lookups.cached_key(prefix)
+    info = lookups.cached_key(prefix, fresh=False)  # plan_with_key read the rules: the cache is fresh
     if info is MISS:
         require_io()  # the lookup (and the peek before it) is I/O: an event loop makes it in a thread
         if known.ip_checks and prefix not in rules.allow_keys:
@@ -250,7 +230,7 @@ def _key_client(known: _Known, key: PresentedKey, cost: int) -> _Client | Reques
     refusal = info.refusal(time.time())
     if refusal is not None:
         return known.refused(f"API key {refusal}")
-    tier = lookups.tier(info.tier_slug)
+    tier = lookups.tier(info.tier_slug, fresh=False)
     if tier is None:
         raise ImproperlyConfigured(f"API key {prefix} names tier {info.tier_slug!r}, which does not exist")
     identity = key_identity(prefix)
@@ -280,7 +260,7 @@ def _user_client(request: HttpRequest, known: _Known, user: Any) -> _Client | Re
         slug, setting, identity = config.anonymous_tier, "ANONYMOUS_TIER", known.ip_id
     else:
         return None, known.ip_id, known.listed
-    tier = lookups.tier(slug)
+    tier = lookups.tier(slug, fresh=False)
     if tier is None:
         where = f"RATELIMIT['{setting}']" if setting else f"the user tier of user {user.pk}"
         raise ImproperlyConfigured(f"{where} names tier {slug!r}, which does not exist")

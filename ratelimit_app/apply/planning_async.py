@@ -19,13 +19,8 @@ from .planning import FROM_REQUEST, RequestPlan
 
 async def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", user: Any = FROM_REQUEST,
                        path: str | None = None, settings: Snapshot | None = None) -> RequestPlan | LimitOutcome:
-    """`planning.plan_request` on the event loop, without blocking it.
-
-    With this process' lookup cache warm (the tier, the key, the allow/deny rules), planning does no
-    I/O and runs right here. When it would need the shared cache or the database (a cold cache, or a
-    key this process has not seen, whose per-IP peek comes first), the whole plan is made in one
-    `sync_to_async` call instead. A session user is read with Django's `request.auser()` (5.0+).
-    """
+    """`planning.plan_request` on the event loop: right here from this process' warm lookup cache, else (a
+    cold cache, a key not seen yet) the whole plan in one `sync_to_async` call."""
     key = api_key_from_request(request)
     if user is FROM_REQUEST and key is None:
         user = await request_user(request)
@@ -37,13 +32,9 @@ async def plan_request(request: HttpRequest, *, cost: int = 1, scope: str = "", 
 
 
 async def request_user(request: HttpRequest) -> Any:
-    """The authenticated user of `request` (None when anonymous), read without blocking the loop.
-
-    AuthenticationMiddleware leaves `request.user` lazy; reading it loads the session, which is I/O
-    when the request carries a session cookie. That read is made with `request.auser()` (Django 5.0+)
-    or one `sync_to_async` call, and `request.user` is set to the user found, so key functions and
-    the view read it without I/O.
-    """
+    """The authenticated user of `request` (None when anonymous), read without blocking the loop: a lazy
+    `request.user` whose session must be loaded is read with `request.auser()` (Django 5.0+) or one
+    `sync_to_async` call, and set, so key functions and the view read it without I/O."""
     lazy = request.__dict__.get("user")
     if isinstance(lazy, SimpleLazyObject) and lazy._wrapped is empty:
         session = getattr(request, "session", None)

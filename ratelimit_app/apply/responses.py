@@ -1,32 +1,12 @@
-"""The JSON answers to refused requests: 429 (over a limit), 503 (limiter unavailable), 401 (no usable key),
-403 (a deny rule), 400 (a gateway's description that cannot be read).
-
-RATELIMIT['ERROR_FORMAT'] chooses the body: "json" (default, shown below) or "problem": RFC 9457
-`application/problem+json` with the problem types of draft-ietf-httpapi-ratelimit-headers
-(`quota-exceeded` for 429 with a `violated-policies` member, `temporary-reduced-capacity` for 503;
-`about:blank` for 400, 401 and 403), keeping `tier` and `retry_after` as extension members:
-
-    429 {"type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
-         "title": "Request cannot be satisfied as assigned quota has been exceeded", "status": 429,
-         "detail": "rate limit exceeded", "violated-policies": ["burst"], "tier": "free", "retry_after": 2.85}
-
-    429 {"error": "rate limit exceeded", "tier": "free", "policy": "burst", "retry_after": 2.85}
-        Retry-After: 3
-    429 {"error": "request cost 50 exceeds what policy 'burst' can ever allow (10) ...",
-         "tier": "free", "policy": "burst", "retry_after": null}                  (no Retry-After)
-    503 {"error": "rate limiter unavailable", "tier": "free", "policy": "", "retry_after": 1.0}
-        Retry-After: 1
-    401 {"error": "unknown API key"}
-    503 {"error": "service overloaded: request shed", "priority": "low", "retry_after": 1.0}
-        Retry-After: 1                                        (the load shedder: no rate limit headers)
-
-`retry_after` in the body is the limiter's wait in seconds (float, millisecond precision);
-`Retry-After` is the same rounded up to whole seconds, at least 1. Bodies never echo the key.
+"""The JSON answers to refused requests: 429 (over a limit), 503 (limiter unavailable or load shed), 401
+(no usable key), 403 (a deny rule), 400 (a gateway's description that cannot be read). RATELIMIT['ERROR_FORMAT']
+chooses plain JSON or RFC 9457 problem details (both shown in docs/plans.md). `retry_after`
+in a body is the limiter's wait in seconds; `Retry-After` the same rounded up, at least 1. Bodies never
+echo the key.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -146,9 +126,11 @@ def add_headers(response: HttpResponseBase, outcome: LimitOutcome, settings: Sna
     if outcome.decision is not None and outcome.policies and outcome.status != SHED:
         settings = settings or request_settings()
         if settings.headers is not None:
-            with contextlib.suppress(Exception):  # headers are informative; never fail a response for them
+            try:
                 apply_headers(response, outcome.decision, outcome.policies, outcome.tier_slug, settings.headers,
                               settings.header_draft)
+            except Exception:  # noqa: S110 (headers are informative; never fail a response for them)
+                pass
 
 
 def refusal(outcome: LimitOutcome, cost: int = 1) -> HttpResponseBase:

@@ -1,16 +1,8 @@
-"""Per-route declarations the middleware reads: what a request to a view costs, and which scope it is in.
-
-    @limit_cost(5)                          # every request to this view costs 5 units
-    @limit_cost(5, methods=["POST"])        # POST costs 5, other methods 1
-    @limit_cost(1, scope="search")          # adds the tier's limits with scope "search"
-    @limit_cost(0)                          # identify and report (status endpoints): per-IP limit only
-    @limit_cost(priority="low")             # shed first when the fleet is overloaded (ratelimit_app.apply.shedding)
-
-Class-based views may set the same on the class (`@limit_cost(...)` on a View or APIView class); a DRF
-view's `throttle_scope` is used as the scope when nothing else is declared. A framework registers a
-`ViewFinder` to say which handler a request reaches (Django Ninja: one view per path, one operation per
-method), so its declarations are read, and whether its throttles of ours decide the request's own
-limits (`resolve_view`).
+"""Per-route declarations the middleware reads: what a request to a view costs (`@limit_cost`), its scope
+and its load-shedding priority (docs/usage.md), on a view or a class-based view's class; a DRF view's
+`throttle_scope` is its scope when nothing else is declared. A framework registers a `ViewFinder` to say
+which handler a request reaches, so its declarations are read, and whether its throttles of ours decide
+the request's own limits (`resolve_view`).
 """
 
 from __future__ import annotations

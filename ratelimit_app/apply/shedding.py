@@ -1,30 +1,8 @@
-"""Priority load shedding: when the fleet (or this process) is full, refuse the least important requests first.
-
-Every route has a priority: "critical", "normal" (the default) or "low", declared with
-`@limit_cost(priority="low")` on the view, else by path prefix in RATELIMIT['SHED_PRIORITIES']
-(the longest matching prefix wins, matched by segment; a path read as sent and normalised gets the
-lower of the two priorities: ratelimit_app.conf.paths).
-
-Fleet shedder (RATELIMIT['SHED_CAPACITY'] set): each request the middleware limits also holds a slot
-of one fleet-wide concurrency count in Redis (a lease of RATELIMIT['SHED_LEASE'] seconds, like a
-concurrency slot), taken in the request's one all-or-nothing decision and given back with its
-response. A low-priority request is refused when SHED_LOW_AT x capacity requests are already in
-flight, a normal one at SHED_NORMAL_AT x capacity; a critical one is counted but never refused by the
-shedder. So requests other than critical ones never bring the count above floor(SHED_NORMAL_AT x
-capacity): in flight exceeds the capacity only by critical requests. Refused: 503 with Retry-After
-(RATELIMIT['SHED_RETRY_AFTER']). When Redis is unavailable the whole decision follows the fail mode
-("open": nothing is shed by the fleet shedder; "closed": 503; "local": each process sheds against its
-share, capacity / APP_SERVERS).
-
-Process shedder (RATELIMIT['SHED_PROCESS_LIMIT'] set): needs no Redis. When this process already has
-that many requests in flight (threads, or requests under ASGI), a low-priority request is refused at
-once, before any Redis call.
-
-Every shed request is counted in the metrics as blocked by policy `shed.<priority>` (fleet) or
-`process-shed.<priority>` (process), so the dashboard and Prometheus show them per priority; each
-shedding episode is logged once when it starts (WARNING `ratelimit.shed_started`) and once when
-requests have been admitted for EPISODE_QUIET seconds without a shed (INFO `ratelimit.shed_ended`,
-with the number shed).
+"""Priority load shedding: when the fleet (or this process) is full, refuse the least important requests
+first. The fleet shedder (RATELIMIT['SHED_CAPACITY']) holds a slot of one fleet-wide count in Redis in each
+request's one decision; the process shedder (RATELIMIT['SHED_PROCESS_LIMIT']) counts this process'
+requests in flight, with no Redis call. Priorities, thresholds, fail modes, metrics and the episode logs
+are in docs/protection.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""The answer to one rate-limit question: allowed or not, and where the caller stands.
-
-Both values are `NamedTuple`s: immutable, compared, hashed and pickled by value, `_replace` makes a
-changed copy. A request makes several of them (one `PolicyResult` per policy, one `Decision` per
-identity and one over all of them), and a NamedTuple is built in about a third of the instructions of a
-frozen dataclass, whose `__init__` sets every field through `object.__setattr__`.
-"""
+"""The answer to one rate-limit question: allowed or not, and where the caller stands. NamedTuples, not
+frozen dataclasses: a request builds several, and a NamedTuple costs about a third of the instructions."""
 
 from __future__ import annotations
 
@@ -12,14 +7,10 @@ from typing import NamedTuple
 
 
 class PolicyResult(NamedTuple):
-    """Where one policy stands after a decision.
-
-    `limit` is the most units the policy can grant at once: its limit, or for token_bucket and gcra
-    its burst. `remaining` is what is left after this request when it was charged, else what is left now.
-    `reset_after` is seconds until the policy is back to its full allowance. `retry_after` is None
-    when this policy allows, else seconds until the same request would be allowed by it
-    (math.inf when the request costs more than the policy can ever grant).
-    """
+    """Where one policy stands after a decision. `limit`: the most units it can grant at once (its limit,
+    or burst). `remaining`: what is left after this request when charged, else now. `reset_after`: seconds
+    until its full allowance is back. `retry_after`: None when it allows, else seconds until the same
+    request would be allowed (math.inf when the request costs more than the policy can ever grant)."""
 
     policy: str
     allowed: bool
@@ -30,14 +21,11 @@ class PolicyResult(NamedTuple):
 
 
 class Decision(NamedTuple):
-    """The outcome of `RateLimiter.hit` or `peek` over several policies.
-
-    The scalar fields describe the policy that matters most: when denied, the one that denied with
-    the longest wait; when allowed, the one with the fewest remaining. `results` holds every policy.
-    `degraded` is True when the decision was made without Redis (see the fail modes). `shadow` holds
-    the results of shadow (dry-run) policies, which never refuse and are not in `results`: a result
-    there with `allowed=False` is a request the policy would have refused.
-    """
+    """The outcome of `RateLimiter.hit` or `peek` over several policies. The scalar fields describe the
+    policy that matters most: when denied, the one with the longest wait; when allowed, the one with the
+    fewest remaining. `results` holds every policy; `degraded` is True when decided without Redis (a fail
+    mode); `shadow` holds the results of dry-run policies, which never refuse (allowed=False there: a
+    request the policy would have refused)."""
 
     allowed: bool
     limit: int

@@ -1,10 +1,7 @@
-"""The rate limiter engine, sans I/O: everything `RateLimiter` and `AsyncRateLimiter` do but the I/O.
-
-The call of decide.lua for a set of checks (`prepare_call`, packed by wire.py) and its reply
-(`parse_reply`); each operation of the limiters as the steps of an exchange with Redis that both
-transports carry out (`hit_steps`, ...: docs/architecture.md, "Sync and async"); the arguments' checks
-and the wording of Redis failures, so that the two transports decide and fail alike.
-"""
+"""The rate limiter engine, sans I/O: the call of decide.lua for a set of checks (`prepare_call`) and its
+reply (`parse_reply`), each operation as the steps of an exchange with Redis that both transports carry
+out (docs/architecture.md, "Sync and async"), and the checks of arguments and the wording of failures,
+so that the two transports decide and fail alike."""
 
 from __future__ import annotations
 
@@ -193,13 +190,6 @@ def peek_steps(prefix: str, identity: str, policies: Sequence[Policy], cost: int
     return _first(decision_steps(prefix, ((identity, policies),), cost, charge=False, shift=shift))
 
 
-def hit_many_steps(prefix: str, checks: Sequence[Check], cost: int, lease: str | None,
-                   cluster: bool, shift: int = 0, usage: Usage = ()) -> Steps[list[Decision]]:
-    """`hit_many`: several identities in one call, all-or-nothing; one call per identity on a `cluster`."""
-    return decision_steps(prefix, checks, cost, charge=True, one_slot_per_call=cluster, lease=lease, shift=shift,
-                          usage=usage)
-
-
 def reset_steps(prefix: str, identity: str, policies: Sequence[Policy]) -> Steps[None]:
     """`reset`: forget the state of `identity` for these policies (its other policies keep theirs)."""
     return _first(decision_steps(prefix, ((identity, policies),), 1, charge=False, reset=True), keep=False)
@@ -220,14 +210,10 @@ def _first(steps: Steps[list[Decision]], keep: bool = True) -> Steps[Any]:
 def decision_steps(prefix: str, checks: Sequence[Check], cost: int, *, charge: bool, one_slot_per_call: bool = False,
                    lease: str | None = None, reset: bool = False, shift: int = 0,
                    usage: Usage = ()) -> Steps[list[Decision]]:
-    """The steps of one decision over `checks`.
-
-    Normally one call decides every check, all-or-nothing. With `one_slot_per_call` (Redis Cluster,
-    where the identities live on different slots) each check is its own call, in order, and the
-    first denial stops the rest: checks already charged stay charged and the list is shorter than
-    `checks`. Every call is built, and every argument validated (ValueError, TypeError), here, before
-    anything is sent. `lease`, `reset` and `shift` (the clock shift of every `*_steps`) as in `prepare_call`.
-    """
+    """The steps of one decision over `checks`: one all-or-nothing call, or with `one_slot_per_call` (Redis
+    Cluster) one call per check, in order, the first denial stopping the rest. Every call is built, and
+    every argument validated (ValueError, TypeError), before anything is sent. `lease`, `reset` and
+    `shift` (the clock shift of every `*_steps`) as in `prepare_call`."""
     if one_slot_per_call and len(checks) > 1:
         return _one_by_one([prepare_call(prefix, (check,), cost, charge=charge, lease=lease, reset=reset,
                                          shift=shift, usage=usage) for check in checks])

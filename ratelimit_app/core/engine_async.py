@@ -31,26 +31,14 @@ T = TypeVar("T")
 
 
 class AsyncRateLimiter:
-    """Decides requests against policies, like `RateLimiter`, from asyncio code.
-
-    `client` is a `redis.asyncio.Redis` or a `redis.asyncio.cluster.RedisCluster`, used from the event
-    loop it belongs to. Each call makes one round trip (EVALSHA of the decision script, plus a SCRIPT
-    LOAD when Redis has lost the script). Redis failures raise `BackendError`; a call whose reply is
-    lost after it was sent is never resent, because Redis may already have charged it: the client's
-    own retries are bypassed (the EVALSHA is written on one connection exactly once, or sent to one
-    named cluster node). A call cancelled while it waits for Redis (a timeout around it) closes the
-    connection it used, so no later call reads its reply.
-
-    `connections` chooses how a standalone Redis (or Sentinel master) is reached. "own" (what "auto",
-    the default, takes; the speed path): the limiter keeps connections of its own, made with the client's connection
-    class and options but not taken from its pool, one per decision in flight and at most the pool's
-    `max_connections`; a decision is one write of the packed command and one read, with no pool
-    checkout. A connection the server closed (a restart, an idle timeout) is replaced before use.
-    "pool" (the reference path): each decision checks a connection out of the client's pool and
-    sends the EVALSHA with redis-py's `send_command`. On Redis Cluster both use the client's node
-    pools. Releases of slots go through the client's pool (or its node pools) in both modes. `aclose()`
-    closes the limiter's own connections (not the client).
+    """Decides requests against policies, like `RateLimiter` (the same calls, failures and `connections`
+    modes), from asyncio code, on the event loop `client` (a `redis.asyncio.Redis` or `RedisCluster`)
+    belongs to. A call cancelled while it waits for Redis closes the connection it used, so no later call
+    reads its reply. With "own" (what "auto" takes) the limiter keeps connections of its own, one per
+    decision in flight and at most the pool's `max_connections`; releases of slots go through the
+    client's pool in both modes. `aclose()` closes the limiter's own connections (not the client).
     """
+
 
     def __init__(self, client: AsyncRedisClient, prefix: str = "rl", *, connections: str = "auto") -> None:
         self.client = engine.check_client(client, (redis.asyncio.Redis, AsyncRedisCluster),
@@ -89,8 +77,9 @@ class AsyncRateLimiter:
                        clock_shift_ms: int = 0, usage: engine.Usage = ()) -> list[Decision]:
         """Decide several identities together; all-or-nothing on a single Redis, one after another on
         Redis Cluster (see `RateLimiter.hit_many`). `lease` and `clock_shift_ms` as in `hit`."""
-        return await self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster,
-                                                     clock_shift_ms, usage))
+        steps = engine.decision_steps(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
+                                      lease=lease, shift=clock_shift_ms, usage=usage)
+        return await self._run(steps)
 
     async def reserve(self, identity: str, policies: Sequence[Policy], usage: Mapping[str, int], cost: int = 1, *,
                       lease: str | None = None, clock_shift_ms: int = 0) -> tuple[Decision, Reservation]:

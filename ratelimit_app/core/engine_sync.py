@@ -1,12 +1,8 @@
 """The synchronous transport of the engine: `RateLimiter` carries out the steps of ratelimit_app.core.engine over
-a redis-py client (the twin of engine_async.AsyncRateLimiter: the same methods in the same order).
-
-It reaches a standalone Redis (or a Sentinel master) one of two ways, chosen by `connections`: "own", the
-speed path (each thread writes the packed command on a connection of its own: one write and one read, no
-pool checkout), or "pool", the reference path (a connection of the client's pool per call, which keeps
-connections within `max_connections` under gevent or eventlet, whose thread-locals are per greenlet).
-"auto" is "pool" when gevent or eventlet has patched threading, "own" otherwise.
-"""
+a redis-py client (the twin of engine_async.AsyncRateLimiter). A standalone Redis is reached over "own"
+connections (the speed path: one per thread, one write and one read, no pool checkout) or the client's
+"pool" (connections within `max_connections` under gevent or eventlet, whose thread-locals are per
+greenlet); "auto" picks "pool" when gevent or eventlet has patched threading, "own" otherwise."""
 
 from __future__ import annotations
 
@@ -119,14 +115,11 @@ class RateLimiter:
 
     `client` is a `redis.Redis` or a `redis.cluster.RedisCluster`. Each call makes one round trip (EVALSHA
     of the decision script, plus a SCRIPT LOAD when Redis lost it). Redis failures raise `BackendError`; a
-    call whose reply is lost after it was sent is never resent, as Redis may have charged it (the client's
-    retries are bypassed: the EVALSHA is written on one connection, or sent to one cluster node, once).
-
-    `connections`: "own", "pool" or "auto" (see the module docstring). With "own" each thread that decides
-    keeps one connection of its own, made from the client's connection settings and not counted by its
-    pool; one idle for more than IDLE_CHECK_AFTER seconds is checked for a server-side close before use,
-    as a pool checkout does; one that failed is closed and made again on next use.
+    call whose reply is lost after it was sent is never resent, as Redis may have charged it. With "own"
+    `connections`, a thread's connection idle for over IDLE_CHECK_AFTER seconds is checked for a
+    server-side close before use; one that failed is closed and made again on next use.
     """
+
 
     def __init__(self, client: RedisClient, prefix: str = "rl", *, connections: str = "auto") -> None:
         self.client = engine.check_client(client, (redis.Redis, RedisCluster),
@@ -157,14 +150,12 @@ class RateLimiter:
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None,
                  clock_shift_ms: int = 0, usage: engine.Usage = ()) -> list[Decision]:
-        """Decide several identities together (for example a client IP and its API key).
-
-        On a single Redis this is one round trip and all-or-nothing across every identity. On Redis
-        Cluster the identities live on different slots, so they are decided one after another and
-        the first denial stops the rest (identities already charged stay charged; the list is then
-        shorter than `checks`). `lease` and `clock_shift_ms` as in `hit`.
-        """
-        return self._run(engine.hit_many_steps(self.prefix, checks, cost, lease, self._cluster, clock_shift_ms, usage))
+        """Decide several identities together (a client IP and its API key): one all-or-nothing round trip on
+        a single Redis; on Redis Cluster one call per identity, in order, the first denial stopping the rest
+        (those already charged stay charged, the list is shorter). `lease`, `clock_shift_ms` as in `hit`."""
+        steps = engine.decision_steps(self.prefix, checks, cost, charge=True, one_slot_per_call=self._cluster,
+                                      lease=lease, shift=clock_shift_ms, usage=usage)
+        return self._run(steps)
 
     def reserve(self, identity: str, policies: Sequence[Policy], usage: Mapping[str, int], cost: int = 1, *,
                 lease: str | None = None, clock_shift_ms: int = 0) -> tuple[Decision, Reservation]:
@@ -283,18 +274,6 @@ class RateLimiter:
             raise engine.unreachable(exc) from exc
         return self._write_and_read(connection, call)
 
-    def _connected_own(self) -> Any:
-        """This thread's own connection, connected (a connection that fails to connect is closed, and
-        redis-py's error raised)."""
-        connection = self._connection()
-        try:
-            if not connected(connection):
-                connection.connect()
-        except REDIS_CLIENT_ERRORS:
-            connection.disconnect()
-            raise
-        return connection
-
     def _write_and_read(self, connection: Any, call: PreparedCall, packed: bool = True) -> Any:
         """Write the call once on `connection` and read its reply; a connection whose state is unknown
         after a failure is closed (made again on next use)."""
@@ -342,8 +321,9 @@ class RateLimiter:
         _zrem_each(connection, keys, lease)
 
     # -- the per-thread connections of the speed path ---------------------------------------------------
-    def _connection(self) -> Any:
-        """This thread's connection, made on first use (and again after a fork or a failure)."""
+    def _connected_own(self) -> Any:
+        """This thread's connection, made on first use (and again after a fork or a failure), connected (a
+        connection that fails to connect is closed, and redis-py's error raised)."""
         thread = self._thread
         owned = thread.owned
         now = time.monotonic()
@@ -357,6 +337,12 @@ class RateLimiter:
             if now - thread.last_used > IDLE_CHECK_AFTER and connected(connection) and stale(connection):
                 connection.disconnect()  # connected again before anything is sent
         thread.last_used = now
+        try:
+            if not connected(connection):
+                connection.connect()
+        except REDIS_CLIENT_ERRORS:
+            connection.disconnect()
+            raise
         return connection
 
     def _new_thread_connection(self) -> Any:

@@ -117,10 +117,7 @@ class Policy:
                 f"algorithm: {self.algorithm!r} for policy {self.name!r} is not one of "
                 f"{', '.join(ALL_ALGORITHMS)}"
             )
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= MAX_LIMIT:
-            raise InvalidPolicy(
-                f"limit: {self.limit!r} for policy {self.name!r} must be an integer from 1 to {MAX_LIMIT}"
-            )
+        self._check_count("limit", self.limit)
         if isinstance(self.period, bool) or not isinstance(self.period, (int, float)):
             raise InvalidPolicy(f"period: {self.period!r} for policy {self.name!r} must be a number of seconds")
         period_ms = round(self.period * 1000)
@@ -145,16 +142,18 @@ class Policy:
                     f"burst: policy {self.name!r} uses {self.algorithm}, which has no burst "
                     f"(only {' and '.join(sorted(BURST_ALGORITHMS))} do)"
                 )
-            if isinstance(self.burst, bool) or not isinstance(self.burst, int) or not 1 <= self.burst <= MAX_LIMIT:
-                raise InvalidPolicy(
-                    f"burst: {self.burst!r} for policy {self.name!r} must be an integer from 1 to {MAX_LIMIT}"
-                )
+            self._check_count("burst", self.burst)
         if BY_NAME[self.algorithm].largest_state(self.capacity, self.limit, self.period_ms) >= _MAX_EXACT:
             field_name = "burst" if self.burst is not None else "limit"
             raise InvalidPolicy(
                 f"{field_name}: policy {self.name!r} allows {self.capacity} units over {self.period}s, too "
                 "large to count exactly in Redis; use a shorter period or a smaller burst"
             )
+
+    def _check_count(self, field_name: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+            raise InvalidPolicy(f"{field_name}: {value!r} for policy {self.name!r} must be an integer from 1 to "
+                                f"{MAX_LIMIT}")
 
     def _check_calendar(self) -> None:
         if self.calendar not in CALENDARS:

@@ -112,20 +112,39 @@ def decisions(plan: CallPlan, reply: object) -> list[Decision] | None:
         return None
     triples = _REPLY_NUMBERS.iter_unpack(reply)  # (remaining, reset_ms, retry_ms) per policy, in order
     # retry_ms is 0 exactly when the policy allows. A shadow policy's refusal refuses nothing (decide.lua let
-    # the call through): its result goes apart, to Decision.shadow, and does not make the call a refusal
+    # the call through): its result goes apart, to Decision.shadow, and does not make the call a refusal.
+    # Each check's Decision follows the rule of `Decision.from_results`, applied in the same pass (this runs
+    # on every request): the refusal with the longest wait, else the fewest remaining, then the latest reset.
     refusing = False
     found = []
     for policies in plan.named_capacities:
         results: list[PolicyResult] = []
         shadow: list[PolicyResult] = []
+        worst: PolicyResult | None = None
+        tightest: PolicyResult | None = None
+        longest = 0.0
         for (name, capacity, is_shadow), (remaining, reset_ms, retry_ms) in zip(policies, triples, strict=False):
+            remaining = remaining if remaining > 0 else 0
             if retry_ms:
                 refusing = refusing or not is_shadow
-                result = PolicyResult(name, False, capacity, remaining if remaining > 0 else 0, reset_ms / 1000,
-                                      math.inf if retry_ms < 0 else retry_ms / 1000)
+                retry = math.inf if retry_ms < 0 else retry_ms / 1000
+                result = PolicyResult(name, False, capacity, remaining, reset_ms / 1000, retry)
             else:
-                result = PolicyResult(name, True, capacity, remaining if remaining > 0 else 0, reset_ms / 1000, None)
-            (shadow if is_shadow else results).append(result)
-        found.append(Decision.from_results(tuple(results), shadow=tuple(shadow)) if shadow else
-                     Decision.from_results(tuple(results)))
+                result = PolicyResult(name, True, capacity, remaining, reset_ms / 1000, None)
+            if is_shadow:
+                shadow.append(result)
+                continue
+            results.append(result)
+            if retry_ms:
+                if worst is None or retry > longest:
+                    worst, longest = result, retry
+            elif tightest is None or remaining < tightest.remaining or (
+                    remaining == tightest.remaining and result.reset_after > tightest.reset_after):
+                tightest = result
+        decided = worst or tightest
+        if decided is None:  # no policy but shadow ones
+            found.append(Decision(True, 0, 0, 0.0, None, "", (), False, tuple(shadow)))
+        else:
+            found.append(Decision(worst is None, decided.limit, decided.remaining, decided.reset_after,
+                                  decided.retry_after, decided.policy, tuple(results), False, tuple(shadow)))
     return all_or_nothing(found) if refusing else found

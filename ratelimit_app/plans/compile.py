@@ -18,14 +18,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class TierInfo:
-    """A tier as request handling sees it, with its enabled limits compiled into policies.
-
-    `policies` are the limits without a scope; `scoped[scope]` are those plus the limits of `scope`.
-    `fail_mode` is None when the tier follows RATELIMIT['FAIL_MODE']. `time_zone` is where the tier's
-    calendar quotas start their days, weeks and months. `ip_policies` is the tier's own per-IP limit
-    (Tier.ip_rate), counted per client address and tier; None when the tier sets none (the default,
-    RATELIMIT['IP_RATE'], applies, counted per address with requests without a key); () for a client
-    whose overrides replace or remove a limit of its tier, which no per-IP limit caps.
+    """A tier as request handling sees it, with its enabled limits compiled into policies: `policies` without
+    a scope, `scoped[scope]` those plus the limits of `scope`. `fail_mode` is None when the tier follows
+    RATELIMIT['FAIL_MODE']. `ip_policies`: the tier's own per-IP limit (Tier.ip_rate); None when it sets
+    none (RATELIMIT['IP_RATE'] applies); () for a client whose overrides replace or remove a tier limit,
+    which no per-IP limit caps.
     """
 
     slug: str

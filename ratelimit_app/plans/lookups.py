@@ -97,16 +97,18 @@ class Lookups:
         self._edits_applied = 0
 
     # -- public ----------------------------------------------------------------------------------
-    def tier(self, slug: str) -> TierInfo | None:
+    # `fresh=False`: the caller has checked for edits during this request already (`client_rules`, the first
+    # lookup of every plan, does): the edit epoch is read once per request, not once per lookup.
+    def tier(self, slug: str, *, fresh: bool = True) -> TierInfo | None:
         """The tier named `slug`, or None when no such tier exists."""
-        return self._cached("tier", slug, load_tier_row, lambda row: build_tier(row) if row is not None else None)
+        return self._cached("tier", slug, load_tier_row, lambda row: build_tier(row) if row is not None else None,
+                            fresh)
 
-    def cached_key(self, prefix: str) -> Any:
-        """The key with `prefix` if this process has it cached (KeyInfo, or None for unknown), else MISS.
-
-        Never does I/O: the middleware uses it to decide whether a lookup is needed at all.
-        """
-        self._fresh()
+    def cached_key(self, prefix: str, *, fresh: bool = True) -> Any:
+        """The key with `prefix` if this process has it cached (KeyInfo, or None for unknown), else MISS;
+        never does I/O."""
+        if fresh:
+            self._fresh()
         value = self.local.get(("key", prefix))
         if value is MISS and self.negative.get(prefix) is not MISS:
             return None
@@ -174,9 +176,11 @@ class Lookups:
         self.edits.announce()
 
     # -- internals -------------------------------------------------------------------------------
-    def _cached(self, kind: str, name: str, load: Callable[[str], Any], build: Callable[[Any], Any]) -> Any:
+    def _cached(self, kind: str, name: str, load: Callable[[str], Any], build: Callable[[Any], Any],
+                fresh: bool = True) -> Any:
         """`kind:name` from this process' cache, else `build` of its row (`_shared`), cached."""
-        self._fresh()
+        if fresh:
+            self._fresh()
         value = self.local.get((kind, name))
         if value is MISS:
             generation = self.local.generation
@@ -283,13 +287,9 @@ def get_lookups() -> Lookups:
 
 
 def invalidate(using: str = DEFAULT_DB_ALIAS) -> None:
-    """Apply a change of tiers, limits, keys, user tiers, overrides or client rules on every app server.
-
-    Saves and deletes through the ORM call it (signals); call it yourself after changes that bypass
-    them (`QuerySet.update()`, `bulk_create`, raw SQL). Outside a transaction, every app server applies
-    the change within about a second (see ratelimit_app.plans.edits); inside one (of database `using`),
-    this process right away and every app server once it commits.
-    """
+    """Apply a change of tiers, limits, keys, user tiers, overrides or client rules on every app server
+    (within about a second; inside a transaction of database `using`, once it commits). ORM saves and
+    deletes call it; call it yourself after changes that bypass signals (`QuerySet.update()`, raw SQL)."""
     lookups = get_lookups()
     if transaction.get_connection(using).in_atomic_block:
         # now for this process; again after commit: a server that reloaded between now and the commit
