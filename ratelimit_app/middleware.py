@@ -18,7 +18,7 @@ from .apply import shedding
 from .apply import usage as usage_limits
 from .apply.admission import Extra, admit, end, finish, settings_of, state_if_any, state_of
 from .apply.admission_async import aadmit, aend, afinish
-from .apply.concurrency import release_later
+from .apply.concurrency import call_later
 from .apply.identity import request_ip_identity
 from .apply.outcome import SHED, LimitOutcome
 from .apply.planning import path_scope
@@ -161,14 +161,15 @@ def _nothing() -> None:
 
 
 def _leave(request: HttpRequest) -> None:
-    """`end` from a callback on the event loop: the slots go back from the releasing thread."""
+    """`end` from a callback on the event loop: the slots go back, and the closers run (a usage settlement
+    is a blocking Redis call), from the releasing thread."""
     state = state_if_any(request)
     if state is None:
         return
     for slots in state.take_slots():
-        release_later(slots)
+        call_later(slots.release)
     for closer in state.take_closers():
-        closer()
+        call_later(closer)
 
 
 def _arrive(request: HttpRequest) -> None:

@@ -25,10 +25,12 @@ import pytest
 from asgiref.sync import SyncToAsync, sync_to_async
 from django.contrib.auth import get_user_model
 from django.db import connections
+from django.http import HttpRequest
 from django.test import AsyncClient
 
 from devtools.embedded import RedisProcess
-from ratelimit_app.middleware import RateLimitMiddleware
+from ratelimit_app.apply.admission import state_of
+from ratelimit_app.middleware import RateLimitMiddleware, _leave
 from ratelimit_app.service.limiter_async import get_async_limiter
 from tests.service.test_limiter_async import assert_answered_within_the_budget, ticker
 from tests.support.limits_support import make_key, parse_ietf, record_planning_threads, seed_tiers, set_ip_rate
@@ -214,3 +216,19 @@ def test_a_hung_redis_under_asgi_is_answered_within_the_budget_and_the_loop_keep
     assert [answered for answered, _ in results] == [status] * 8
     assert_answered_within_the_budget([duration for _, duration in results], lags, budget_ms)
     assert min(duration for _, duration in results) >= budget_ms / 1000 * 0.9  # they did wait on Redis
+
+
+def test_a_request_cancelled_twice_runs_its_closers_in_the_releasing_thread_not_on_the_loop() -> None:
+    """`_leave` is a callback on the event loop: a closer (a usage settlement makes a blocking Redis call)
+    is handed to the releasing thread, like the request's slots."""
+    request = HttpRequest()
+    ran_in, done = list[str](), threading.Event()
+
+    def closer() -> None:
+        ran_in.append(threading.current_thread().name)
+        done.set()
+
+    state_of(request).at_end(closer)
+    _leave(request)
+    assert done.wait(timeout=10) and ran_in == ["ratelimit-slot-releaser"]
+    assert state_of(request).take_closers() == []  # taken: not run again when the request ends

@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from django.http import HttpResponseBase
@@ -132,15 +132,15 @@ def release_with(response: HttpResponseBase, slots: HeldSlots | None) -> None:
     # A response dropped unclosed may be collected anywhere, even inside a lock the release would take
     # (a garbage collection runs in whatever code allocates): the finalizer only queues the slots
     # (SimpleQueue.put is safe there) and the releasing thread gives them back.
-    weakref.finalize(response, _releaser.queue.put, slots)
+    weakref.finalize(response, _releaser.queue.put, slots.release)
 
 
 class _Releaser:
-    """A daemon thread that gives back the slots of responses dropped unclosed (see `release_with`);
-    started on first use in each process (a forked child starts its own)."""
+    """A daemon thread that gives back the slots of responses dropped unclosed (see `release_with`), and
+    runs what `call_later` gives it; started on first use in each process (a forked child starts its own)."""
 
     def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[HeldSlots] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._pid = 0
         self._lock = threading.Lock()
 
@@ -155,9 +155,9 @@ class _Releaser:
                 self._pid = os.getpid()
 
     @staticmethod
-    def _run(slots_queue: queue.SimpleQueue[HeldSlots]) -> None:
+    def _run(work_queue: queue.SimpleQueue[Callable[[], None]]) -> None:
         while True:
-            slots_queue.get().release()  # never raises
+            work_queue.get()()  # never raises (a release, a request's closer)
 
 
 _releaser = _Releaser()
@@ -168,8 +168,8 @@ def middleware_installed() -> bool:
     return request_settings().middleware_installed
 
 
-def release_later(slots: HeldSlots) -> None:
-    """Have the releasing thread give `slots` back (from code that must not block, such as a callback
-    on the event loop)."""
+def call_later(work: Callable[[], None]) -> None:
+    """Have the releasing thread call `work` (which never raises: a release of slots, a request's closer),
+    from code that must not block, such as a callback on the event loop."""
     _releaser.start()
-    _releaser.queue.put(slots)
+    _releaser.queue.put(work)

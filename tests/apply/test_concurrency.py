@@ -1,6 +1,6 @@
 """ratelimit_app.apply.concurrency: `HeldSlots` (given back once, never raising), `slots_taken` (which
 decisions took slots), `needs_lease`, and how slots are given back with a response (`release_with`) or
-by the releasing thread (`release_later`), against the real Redis through the process' limiter service."""
+by the releasing thread (`call_later`), against the real Redis through the process' limiter service."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from django.http import HttpResponse
 
 from devtools.embedded import free_port
 from ratelimit_app import Decision, Policy, PolicyResult, new_lease_token
-from ratelimit_app.apply.concurrency import HeldSlots, needs_lease, release_later, slots_taken
+from ratelimit_app.apply.concurrency import HeldSlots, call_later, needs_lease, slots_taken
 from ratelimit_app.core.decision import degraded_decision
 from ratelimit_app.service.limiter import get_limiter
 
@@ -118,7 +118,7 @@ def test_needs_lease_whatever_sequence_holds_the_policies() -> None:
 
 def test_slots_given_to_the_releasing_thread_go_back_without_blocking_the_caller() -> None:
     slots = take("a")
-    release_later(slots)
+    call_later(slots.release)
     deadline = time.monotonic() + 10
     while free("a") == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
