@@ -67,11 +67,12 @@ def send_requests(base_url: str, key: str, count: int) -> dict[int, int]:
 
 
 def seed_history(client: redis.Redis, prefix: str) -> int:
-    """Earlier hours of traffic (2 to 47 hours ago) written as the flusher would, so the chart has a shape;
-    returns how many requests they hold."""
+    """Earlier hours of traffic (2 to 46 hours ago) written as the flusher would, so the chart has a shape;
+    returns how many requests they hold. The chart shows 48 hours: should the hour turn before the page is
+    drawn, the oldest of them is still on it."""
     now = int(time.time()) // 3600
     total = 0
-    for back in range(2, 48):
+    for back in range(2, 47):
         allowed = 40 + (back * 37) % 90
         blocked = (back * 13) % 25 if back % 3 else 0
         client.hset(hour_key(prefix, now - back), mapping={
