@@ -198,9 +198,10 @@ def test_a_clock_shift_decides_as_if_redis_time_were_that_much_later(limiter: Ra
     policy = Policy("p", algorithm, limit=2, period=3600)
     assert [limiter.hit("c", [policy]).allowed for _ in range(3)] == [True, True, False]
     refused = limiter.peek("c", [policy])
-    assert refused.retry_after is not None and refused.retry_after > 60
+    # a fixed window ends on the hour: in a run at 02:59:22 only 37.5 s of it were left
+    assert refused.retry_after is not None and refused.retry_after > 0
     shift = math.ceil(refused.retry_after * 1000)
-    assert not limiter.peek("c", [policy], clock_shift_ms=shift - 30_000).allowed  # not yet
+    assert not limiter.peek("c", [policy], clock_shift_ms=shift // 2).allowed  # not yet
     assert limiter.peek("c", [policy], clock_shift_ms=shift).allowed
     assert not limiter.hit("c", [policy]).allowed  # Redis' own clock: still refused, nothing was charged
     assert limiter.hit("c", [policy], clock_shift_ms=shift).allowed
