@@ -9,6 +9,7 @@ from a worker thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 from functools import lru_cache
 from typing import Any, ClassVar, NoReturn
 
@@ -19,6 +20,7 @@ from rest_framework.request import Request
 from rest_framework.settings import api_settings
 
 from .apply.admission import end, finish
+from .apply.concurrency import call_later
 from .apply.identity import UNKNOWN_IP, authenticated_user, client_ip, identity_config, ip_identity, throttle_ident
 from .apply.joint import rate_check, scope_rate
 from .apply.limitcheck import LimitCheck
@@ -218,11 +220,11 @@ class RateLimitHeadersMixin:
 
 
 def _end(request: HttpRequest) -> None:
-    """`end`; on an event loop (adrf answers an async view's exception there), in a worker thread: giving
-    back slots and settling usage ask Redis, which must not block the loop."""
+    """`end`; on an event loop (adrf answers an async view's exception there), in the releasing thread:
+    giving back slots and settling usage ask Redis, which must not block the loop."""
     try:
-        loop = asyncio.get_running_loop()
+        asyncio.get_running_loop()
     except RuntimeError:
         end(request)
         return
-    loop.run_in_executor(None, end, request)
+    call_later(functools.partial(end, request))
