@@ -151,6 +151,7 @@ def admit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra: Extra 
     authenticated user (default the request's). `throttles`: see `Throttles`. `run(decide_now)` runs the
     decision, and sees its errors before the fail mode does (Ninja's, which may be on an event loop).
     """
+    check_mode(usage, throttles)
     settings = settings_of(request)
     try:  # RATELIMIT['ENABLED'] always has a reading (an invalid one reads as True)
         if not settings.enabled:
@@ -180,6 +181,14 @@ def _decide(request: HttpRequest, cost: int, scope: str, extra: Extra, path: str
         return outcome
     return limit_request(request, cost=cost, scope=scope, user=user, extra=extra() if callable(extra) else extra,
                          path=path, settings=settings)
+
+
+def check_mode(usage: Usage, throttles: Throttles | None) -> None:
+    """Raise ValueError for `usage` with throttles decided alone: the estimates reserve the tier's usage
+    limits, which such a decision never asks (a caller's mistake, not the limiter's failure)."""
+    if usage and throttles is not None and not throttles.request_limits:
+        raise ValueError("admit: usage reserves the tier's usage limits; throttles with request_limits=False "
+                         "decide without them (pass usage only with the request's limits)")
 
 
 def throttled_plan(throttles: Throttles, extra: Extra) -> LimitOutcome | RequestPlan | Sequence[LimitCheck]:

@@ -15,6 +15,7 @@ from .admission import (
     Answer,
     Extra,
     Throttles,
+    check_mode,
     finish,
     hold_usage,
     record,
@@ -31,7 +32,8 @@ async def aadmit(request: HttpRequest, *, cost: int = 1, scope: str = "", extra:
                  path: str | None = None, where: str = "middleware", usage: Usage = (), user: Any = FROM_REQUEST,
                  throttles: Throttles | None = None, answer: Answer = record) -> HttpResponseBase | None:
     """`admission.admit` on the event loop (`extra`, when a callable, and `throttles.checks` are called
-    once the request's user is known; a `user` given is not passed on with `usage`)."""
+    once the request's user is known)."""
+    check_mode(usage, throttles)
     settings = settings_of(request)
     try:  # RATELIMIT['ENABLED'] always has a reading (an invalid one reads as True)
         if not settings.enabled:
@@ -57,7 +59,7 @@ async def _adecide(request: HttpRequest, cost: int, scope: str, extra: Extra, pa
         extra = throttled
     if usage:
         outcome, meter = await usage_async.limit_request(request, cost=cost, scope=scope, usage=usage, extra=extra,
-                                                         path=path, settings=settings)
+                                                         path=path, settings=settings, user=user)
         hold_usage(request, meter)
         return outcome
     return await limiting_async.limit_request(request, cost=cost, scope=scope, user=user, extra=extra, path=path,

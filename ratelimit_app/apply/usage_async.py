@@ -17,10 +17,10 @@ from .usage import UsageMeter, metered, reserving, reserving_call
 
 
 async def limit_request(request: HttpRequest, *, cost: int, scope: str, usage: Usage, extra: Any = (),
-                        path: str | None = None,
-                        settings: Snapshot | None = None) -> tuple[LimitOutcome, UsageMeter | None]:
+                        path: str | None = None, settings: Snapshot | None = None,
+                        user: Any = FROM_REQUEST) -> tuple[LimitOutcome, UsageMeter | None]:
     """`usage.limit_request` on the event loop."""
-    planned = await planning_async.plan_request(request, cost=cost, scope=scope, user=FROM_REQUEST, path=path,
+    planned = await planning_async.plan_request(request, cost=cost, scope=scope, user=user, path=path,
                                                 settings=settings)
     if isinstance(planned, LimitOutcome):
         return planned, None

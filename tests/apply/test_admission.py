@@ -188,3 +188,37 @@ def test_record_holds_the_slots_of_an_outcome_decided_elsewhere() -> None:
     assert refused is not None and refused.status_code == 503
 
 
+
+
+@pytest.mark.parametrize("awaited", [False, True])
+def test_usage_with_throttles_decided_alone_is_a_mistake_named_at_the_call(awaited: bool) -> None:
+    # the estimates reserve the tier's usage limits, which throttles decided alone never ask
+    request = factory.get("/api/things", REMOTE_ADDR="192.0.2.92")
+    throttles = Throttles(lambda: ([], "x"), False)
+    with pytest.raises(ValueError, match="usage"):
+        if awaited:
+            asyncio.run(aadmit(request, throttles=throttles, usage=(("tokens", 100),)))
+        else:
+            admit(request, throttles=throttles, usage=(("tokens", 100),))
+    assert outcome_of(request) is None
+
+
+@pytest.mark.django_db(transaction=True)  # the async planning reads the tier in a thread of its own
+@pytest.mark.parametrize("awaited", [False, True])
+def test_a_user_given_plans_the_request_that_reserves_usage(awaited: bool, django_user_model: Any) -> None:
+    from ratelimit_app.models import TierLimit, UserTier
+
+    tier = make_tier(f"metered-{awaited}", [("minute", "fixed_window", 5, 60, None, "")])
+    TierLimit.objects.create(tier=tier, name="tokens", algorithm="fixed_window", limit=1000, period=60,
+                             unit="tokens")
+    carol = django_user_model.objects.create_user(f"carol-{awaited}", password="pw-carol-123")
+    UserTier.objects.create(user=carol, tier=tier)
+    request = factory.get("/api/things", REMOTE_ADDR="192.0.2.93")  # not logged in: DRF authenticated carol
+    usage = (("tokens", 100),)
+    if awaited:
+        assert asyncio.run(aadmit(request, usage=usage, user=carol)) is None
+    else:
+        assert admit(request, usage=usage, user=carol) is None
+    outcome = decided(request)
+    assert outcome.status == ALLOWED and outcome.identity == f"user:{carol.pk}"
+    assert [policy.name for policy in outcome.policies] == ["ip", "minute", "tokens"]
