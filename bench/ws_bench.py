@@ -114,11 +114,13 @@ async def _client(url: str, until: float) -> int:
     return sent
 
 
-async def _round(url: str, connections: int, duration: float) -> float:
+async def _round(url: str, connections: int, duration: float) -> tuple[int, float]:
+    """The messages echoed by `connections` clients sending for `duration` seconds, and the seconds it took
+    (connecting included)."""
     until = time.monotonic() + duration
     started = time.monotonic()
     counts = await asyncio.gather(*(_client(url, until) for _ in range(connections)))
-    return sum(counts) / (time.monotonic() - started)
+    return sum(counts), time.monotonic() - started
 
 
 def _evalsha_calls(client: Any) -> int:
@@ -148,10 +150,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             order = VARIANTS[number % 3:] + VARIANTS[:number % 3]  # each variant first in turn
             for label, route in order:
                 before = _evalsha_calls(stats)
-                rate = asyncio.run(_round(f"ws://127.0.0.1:{port}/{route}/?key={key}", args.connections,
-                                          args.duration))
-                rates[label].append(rate)
-                evalsha[label].append((_evalsha_calls(stats) - before) / max(rate * args.duration, 1))
+                messages, seconds = asyncio.run(_round(f"ws://127.0.0.1:{port}/{route}/?key={key}",
+                                                       args.connections, args.duration))
+                rates[label].append(messages / seconds)
+                evalsha[label].append((_evalsha_calls(stats) - before) / max(messages, 1))
     finally:
         stop_server(server)
         stats.close()
