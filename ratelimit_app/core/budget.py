@@ -4,7 +4,7 @@ and read by what waits for Redis (`time_left`, `reply_wait`)."""
 from __future__ import annotations
 
 import time
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 
 # The monotonic time (time.monotonic()) by which the running limiter call must be answered, or None
 # outside a budget.
@@ -14,7 +14,8 @@ _deadline: ContextVar[float | None] = ContextVar("ratelimit_budget_deadline", de
 class within_budget:
     """`with within_budget(seconds):` every Redis connect and reply wait inside waits at most for what is
     left of `seconds` (from `start`, a time.monotonic() value, default now). Nested budgets are not
-    combined: the inner one applies until it ends."""
+    combined: the inner one applies until it ends. `start_budget` and `end_budget` do the same without a
+    context manager (the services, around each Redis call of theirs)."""
 
     __slots__ = ("_deadline", "_token")
 
@@ -26,6 +27,15 @@ class within_budget:
 
     def __exit__(self, *exc: object) -> None:
         _deadline.reset(self._token)
+
+
+def start_budget(seconds: float, start: float | None = None) -> Token[float | None]:
+    """Start the budget `within_budget(seconds, start)` sets; `end_budget(token)` ends it."""
+    return _deadline.set((time.monotonic() if start is None else start) + seconds)
+
+
+def end_budget(token: Token[float | None]) -> None:
+    _deadline.reset(token)
 
 
 def time_left() -> float | None:
