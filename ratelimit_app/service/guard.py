@@ -121,13 +121,9 @@ class RedisGuard:
             return self.degraded(mode, checks, cost, charge, lease)
         started, shift = time.monotonic(), clock.offset_ms()
         try:
-            if charge and usage:
-                decisions = yield (lambda engine: engine.hit_many(
-                    checks, cost, lease=lease, clock_shift_ms=shift,
-                    **({"usage": usage} if _client(engine) is not None else {}))), started
-            elif charge:
-                decisions = yield (lambda engine: engine.hit_many(checks, cost, lease=lease,
-                                                                  clock_shift_ms=shift)), started
+            if charge:
+                decisions = yield (lambda engine: engine.hit_many(checks, cost, lease=lease, clock_shift_ms=shift,
+                                                                  usage=usage)), started
             else:
                 identity, policies = checks[0]
                 decisions = [(yield (lambda engine: engine.peek(identity, policies, cost, clock_shift_ms=shift)),
