@@ -197,10 +197,8 @@ class _Known(NamedTuple):
     listed: str
 
     def ip_checks(self) -> tuple[LimitCheck, ...]:
-        """The default per-IP limit (RATELIMIT['IP_RATE']) of the client's address (none without one, or
-        when an allow rule matched the address); made when asked: a tier of its own per-IP rate needs none."""
-        policies = self.config.ip_policies
-        return (LimitCheck(self.ip_id, policies),) if policies and not self.listed else ()
+        """The default per-IP check (IP_RATE) of the address, unless an allow rule matched it; made when asked."""
+        return (LimitCheck(self.ip_id, self.config.ip_policies),) if self.config.ip_policies and not self.listed else ()
 
     def refused(self, message: str, *, listed: bool = True) -> RequestPlan:
         """A plan charging the per-IP limit alone, answered 401 with `message` if the IP may send."""
@@ -215,8 +213,7 @@ _Client = tuple[TierInfo | None, str, str]
 
 def _key_client(known: _Known, key: PresentedKey, cost: int) -> _Client | RequestPlan | LimitOutcome:
     """The client of an API key of ours, or the plan (a 401) or outcome (a 403, or a per-IP 429) refusing it."""
-    lookups, rules = known.lookups, known.rules
-    prefix = key.prefix
+    lookups, rules, prefix = known.lookups, known.rules, key.prefix
     if prefix in rules.deny_keys:
         return _denied_by_list(key_identity(prefix), "API key")
     info = lookups.cached_key(prefix, fresh=False)  # plan_with_key read the rules: the cache is fresh

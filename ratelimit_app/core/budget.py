@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 
@@ -19,8 +19,8 @@ def start_budget(seconds: float, start: float | None = None) -> Token[float | No
     return _deadline.set((time.monotonic() if start is None else start) + seconds)
 
 
-def end_budget(token: Token[float | None]) -> None:
-    _deadline.reset(token)
+#: End the budget `start_budget` started, given the token it returned.
+end_budget: Callable[[Token[float | None]], None] = _deadline.reset
 
 
 @contextmanager

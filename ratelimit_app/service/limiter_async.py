@@ -138,8 +138,7 @@ class AsyncLimiterService(ServiceBase[_AsyncEngine]):
             while True:
                 run, started = steps.send(reply) if failure is None else steps.throw(failure)
                 left = budget if started is None else started + budget - time.monotonic()
-                # the engine's own connections wait for a reply without a timer of their own when
-                # this one ends first (see ratelimit_app.core.budget.reply_wait)
+                # the engine's own connections wait with no timer of theirs when this one ends first (reply_wait)
                 deadline = start_budget(budget, started)
                 try:
                     async with _budget(left):
