@@ -171,8 +171,7 @@ def plan_with_key(request: HttpRequest, key: PresentedKey | None, cost: int, sco
         listed = rules.for_address(client_ip(request, identities)) or ""
         if listed == DENY:
             return _denied_by_list(ip_id, "client network")
-    ip_checks = (LimitCheck(ip_id, config.ip_policies),) if config.ip_policies and not listed else ()
-    known = _Known(config, lookups, rules, ip_id, ip_checks, listed)
+    known = _Known(config, lookups, rules, ip_id, listed)
     client = _key_client(known, key, cost) if key is not None else _user_client(request, known, user)
     if isinstance(client, (RequestPlan, LimitOutcome)):
         return client
@@ -180,7 +179,7 @@ def plan_with_key(request: HttpRequest, key: PresentedKey | None, cost: int, sco
     tier_mode, label = (tier.fail_mode, tier.slug) if tier is not None else (None, IP_ONLY_TIER)
     if listed:
         return RequestPlan((), tier, identity, tier_mode or config.fail_mode, tier_mode, label=label, listed=ALLOW)
-    checks = ip_checks if tier is None else (
+    checks = known.ip_checks() if tier is None else (
         *_ip_checks_of(tier, identity, known), LimitCheck(identity, tier.policies_for(scope)))
     fleet = shedding.fleet_check(request, _declared_priority, path, shedding.shed_config(settings))
     if fleet is not None:
@@ -195,12 +194,15 @@ class _Known(NamedTuple):
     lookups: Lookups
     rules: ClientRules
     ip_id: str
-    ip_checks: tuple[LimitCheck, ...]
     listed: str
+
+    def ip_checks(self) -> tuple[LimitCheck, ...]:
+        """The default per-IP check (IP_RATE) of the address, unless an allow rule matched it; made when asked."""
+        return (LimitCheck(self.ip_id, self.config.ip_policies),) if self.config.ip_policies and not self.listed else ()
 
     def refused(self, message: str, *, listed: bool = True) -> RequestPlan:
         """A plan charging the per-IP limit alone, answered 401 with `message` if the IP may send."""
-        return RequestPlan(self.ip_checks, None, self.ip_id, self.config.fail_mode, refusal=message,
+        return RequestPlan(self.ip_checks(), None, self.ip_id, self.config.fail_mode, refusal=message,
                            listed=self.listed if listed else "")
 
 
@@ -211,14 +213,13 @@ _Client = tuple[TierInfo | None, str, str]
 
 def _key_client(known: _Known, key: PresentedKey, cost: int) -> _Client | RequestPlan | LimitOutcome:
     """The client of an API key of ours, or the plan (a 401) or outcome (a 403, or a per-IP 429) refusing it."""
-    lookups, rules = known.lookups, known.rules
-    prefix = key.prefix
+    lookups, rules, prefix = known.lookups, known.rules, key.prefix
     if prefix in rules.deny_keys:
         return _denied_by_list(key_identity(prefix), "API key")
     info = lookups.cached_key(prefix, fresh=False)  # plan_with_key read the rules: the cache is fresh
     if info is MISS:
         require_io()  # the lookup (and the peek before it) is I/O: an event loop makes it in a thread
-        if known.ip_checks and prefix not in rules.allow_keys:
+        if known.config.ip_policies and not known.listed and prefix not in rules.allow_keys:
             # A key this process has not seen: make sure the IP may send at all before the lookup, so a
             # flood of random keys from one client costs no more than its per-IP limit.
             early = _ip_precheck(known.config, known.ip_id, cost)
@@ -275,7 +276,7 @@ def _ip_checks_of(tier: TierInfo, identity: str, known: _Known) -> tuple[LimitCh
     address alone); none for a client whose overrides are its cap (TierInfo.ip_policies)."""
     own = tier.ip_policies
     if own is None or identity == known.ip_id:
-        return known.ip_checks
+        return known.ip_checks()
     return (LimitCheck(tier_ip_identity(known.ip_id, tier.slug), own),) if own else ()
 
 

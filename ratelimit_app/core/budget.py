@@ -1,31 +1,36 @@
-"""The limiter's time budget: the deadline of the running limiter call, set around each call (`within_budget`)
-and read by what waits for Redis (`time_left`, `reply_wait`)."""
+"""The limiter's time budget: the deadline of the running limiter call, set around each call (`start_budget`,
+`within_budget`) and read by what waits for Redis (`time_left`, `reply_wait`)."""
 
 from __future__ import annotations
 
 import time
-from contextvars import ContextVar
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
 
 # The monotonic time (time.monotonic()) by which the running limiter call must be answered, or None
 # outside a budget.
 _deadline: ContextVar[float | None] = ContextVar("ratelimit_budget_deadline", default=None)
 
 
-class within_budget:
-    """`with within_budget(seconds):` every Redis connect and reply wait inside waits at most for what is
-    left of `seconds` (from `start`, a time.monotonic() value, default now). Nested budgets are not
-    combined: the inner one applies until it ends."""
+def start_budget(seconds: float, start: float | None = None) -> Token[float | None]:
+    """Every Redis connect and reply wait from now on waits at most for what is left of `seconds` (from `start`,
+    a time.monotonic() value, default now), until `end_budget(token)`. Nested budgets are not combined."""
+    return _deadline.set((time.monotonic() if start is None else start) + seconds)
 
-    __slots__ = ("_deadline", "_token")
 
-    def __init__(self, seconds: float, start: float | None = None) -> None:
-        self._deadline = (time.monotonic() if start is None else start) + seconds
+#: End the budget `start_budget` started, given the token it returned.
+end_budget: Callable[[Token[float | None]], None] = _deadline.reset
 
-    def __enter__(self) -> None:
-        self._token = _deadline.set(self._deadline)
 
-    def __exit__(self, *exc: object) -> None:
-        _deadline.reset(self._token)
+@contextmanager
+def within_budget(seconds: float, start: float | None = None) -> Iterator[None]:
+    """`with within_budget(seconds):` the budget of `start_budget(seconds, start)`, over the block."""
+    token = start_budget(seconds, start)
+    try:
+        yield
+    finally:
+        end_budget(token)
 
 
 def time_left() -> float | None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from ..core.algorithms import CALENDAR_WINDOW
 from ..core.decision import Decision, PolicyResult, all_or_nothing
-from ..core.engine import Check
+from ..core.engine import Check, Usage
 from ..core.keys import identity_digest
 from ..core.policies import BURST_ALGORITHMS, CONCURRENCY, Policy
 from .fallback_models import MODELS, Store
@@ -71,9 +71,9 @@ class LocalLimiter:
         return self.decide([(identity, policies)], cost, charge=False, clock_shift_ms=clock_shift_ms)[0]
 
     def hit_many(self, checks: Sequence[Check], cost: int = 1, *, lease: str | None = None,
-                 clock_shift_ms: int = 0) -> list[Decision]:
+                 clock_shift_ms: int = 0, usage: Usage = ()) -> list[Decision]:
         """Decide several identities together, all-or-nothing across all of them (`lease`: the token
-        concurrency slots are held under)."""
+        concurrency slots are held under). `usage` is not reserved: a usage limit counts the cost here."""
         return self.decide(checks, cost, charge=True, lease=lease, clock_shift_ms=clock_shift_ms)
 
     def release(self, held: Sequence[tuple[str, Policy]], lease: str) -> None:

@@ -122,9 +122,8 @@ class RedisGuard:
         started, shift = time.monotonic(), clock.offset_ms()
         try:
             if charge:
-                decisions = yield (lambda engine: engine.hit_many(
-                    checks, cost, lease=lease, clock_shift_ms=shift,
-                    **({"usage": usage} if usage and _client(engine) is not None else {}))), started
+                decisions = yield (lambda engine: engine.hit_many(checks, cost, lease=lease, clock_shift_ms=shift,
+                                                                  usage=usage)), started
             else:
                 identity, policies = checks[0]
                 decisions = [(yield (lambda engine: engine.peek(identity, policies, cost, clock_shift_ms=shift)),

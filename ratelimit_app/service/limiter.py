@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 from ..conf.settings import SettingsCached, ratelimit_settings
-from ..core.budget import within_budget
+from ..core.budget import end_budget, start_budget
 from ..core.decision import Decision
 from ..core.engine import Check, Usage
 from ..core.engine_sync import RateLimiter
@@ -20,7 +20,7 @@ from . import clock
 from .connection import get_redis
 from .guard import RedisGuard
 from .memory import MemoryLimiter, memory_limiter
-from .servicecall import Outcome, ServiceStats, Steps, T, next_call
+from .servicecall import ServiceStats, Steps, T
 
 #: What decides: the engine over Redis, or this process' own limiter (RATELIMIT['BACKEND'] = "memory").
 _Engine = RateLimiter | MemoryLimiter
@@ -159,15 +159,18 @@ class LimiterService(ServiceBase[_Engine]):
 
     def _drive(self, steps: Steps[T]) -> T:
         """Carry out the guard's steps: each Redis call they ask for, within the time budget."""
-        outcome: Outcome = (None, None)
+        reply: Any = None
+        failure: BaseException | None = None
         try:
             while True:
-                run, started = next_call(steps, outcome)
+                run, started = steps.send(reply) if failure is None else steps.throw(failure)
+                budget = start_budget(self.guard.budget, started)
                 try:
-                    with within_budget(self.guard.budget, started):
-                        outcome = (run(self.limiter()), None)
+                    reply, failure = run(self.limiter()), None
                 except BaseException as exc:  # the steps decide what it means
-                    outcome = (None, exc)
+                    reply, failure = None, exc
+                finally:
+                    end_budget(budget)
         except StopIteration as done:
             return done.value
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
 from ..conf.settings import SettingsCached, ratelimit_settings
-from ..core.budget import within_budget
+from ..core.budget import end_budget, start_budget
 from ..core.decision import Decision
 from ..core.engine import Check, Usage
 from ..core.engine_async import AsyncRateLimiter
@@ -24,7 +24,7 @@ from .connection import get_async_redis
 from .guard import RedisGuard
 from .limiter import ServiceBase, get_limiter
 from .memory import MemoryLimiter, memory_limiter
-from .servicecall import Outcome, Steps, T, next_call
+from .servicecall import Steps, T
 
 #: What decides: the async engine over Redis, or this process' own limiter (the memory backend, whose calls do
 #: no I/O: their replies are not awaited).
@@ -132,20 +132,22 @@ class AsyncLimiterService(ServiceBase[_AsyncEngine]):
         under one asyncio timeout of the time left in the budget, so the event loop is never blocked; a
         call cancelled from outside is thrown into the steps like a failure, which they let go on up."""
         budget = self.guard.budget
-        outcome: Outcome = (None, None)
+        reply: Any = None
+        failure: BaseException | None = None
         try:
             while True:
-                run, started = next_call(steps, outcome)
+                run, started = steps.send(reply) if failure is None else steps.throw(failure)
                 left = budget if started is None else started + budget - time.monotonic()
+                # the engine's own connections wait with no timer of theirs when this one ends first (reply_wait)
+                deadline = start_budget(budget, started)
                 try:
-                    # the engine's own connections wait for a reply without a timer of their own when
-                    # this one ends first (see ratelimit_app.core.budget.reply_wait)
-                    with within_budget(budget, started):
-                        async with _budget(left):
-                            reply = run(self.limiter())
-                            outcome = (await reply if inspect.isawaitable(reply) else reply, None)
+                    async with _budget(left):
+                        reply = run(self.limiter())
+                        reply, failure = await reply if inspect.isawaitable(reply) else reply, None
                 except BaseException as exc:  # the steps decide what it means
-                    outcome = (None, exc)
+                    reply, failure = None, exc
+                finally:
+                    end_budget(deadline)
         except StopIteration as done:
             return done.value
 

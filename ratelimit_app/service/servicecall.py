@@ -1,5 +1,5 @@
 """What the limiter services share besides their guard: the counters (`ServiceStats`), the deny-cache key of a
-request (`request_key`), and the guard's steps (`Steps`, carried on by `next_call`)."""
+request (`request_key`), and the guard's steps (`Steps`, which each service drives)."""
 
 from __future__ import annotations
 
@@ -54,13 +54,3 @@ Ask = tuple[Callable[[Any], Any], Optional[float]]  # noqa: UP045 (a runtime ali
 #: The steps of one operation through the guard (sans-IO): each yields an Ask and is sent its reply, or
 #: thrown what making it raised; what the generator returns is the operation's answer.
 Steps = Generator[Ask, Any, T]
-
-#: What the last Ask came to: (its reply, None), or (None, what making it raised).
-Outcome = tuple[Any, Optional[BaseException]]  # noqa: UP045 (a runtime alias on Python 3.10)
-
-
-def next_call(steps: Steps[T], outcome: Outcome) -> Ask:
-    """The next call `steps` ask for, once given the outcome of the last (StopIteration with the operation's
-    answer when they are done)."""
-    reply, failure = outcome
-    return steps.send(reply) if failure is None else steps.throw(failure)
