@@ -9,8 +9,7 @@ from a worker thread.
 from __future__ import annotations
 
 import asyncio
-import functools
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, ClassVar, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
@@ -227,4 +226,4 @@ def _end(request: HttpRequest) -> None:
     except RuntimeError:
         end(request)
         return
-    call_later(functools.partial(end, request))
+    call_later(partial(end, request))

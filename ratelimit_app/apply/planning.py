@@ -219,7 +219,7 @@ def _key_client(known: _Known, key: PresentedKey, cost: int) -> _Client | Reques
     info = lookups.cached_key(prefix, fresh=False)  # plan_with_key read the rules: the cache is fresh
     if info is MISS:
         require_io()  # the lookup (and the peek before it) is I/O: an event loop makes it in a thread
-        if known.config.ip_policies and not known.listed and prefix not in rules.allow_keys:
+        if known.ip_checks() and prefix not in rules.allow_keys:
             # A key this process has not seen: make sure the IP may send at all before the lookup, so a
             # flood of random keys from one client costs no more than its per-IP limit.
             early = _ip_precheck(known.config, known.ip_id, cost)

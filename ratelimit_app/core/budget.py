@@ -1,11 +1,10 @@
 """The limiter's time budget: the deadline of the running limiter call, set around each call (`start_budget`,
-`within_budget`) and read by what waits for Redis (`time_left`, `reply_wait`)."""
+`end_budget`) and read by what waits for Redis (`time_left`, `reply_wait`)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from contextvars import ContextVar, Token
 
 # The monotonic time (time.monotonic()) by which the running limiter call must be answered, or None
@@ -21,16 +20,6 @@ def start_budget(seconds: float, start: float | None = None) -> Token[float | No
 
 #: End the budget `start_budget` started, given the token it returned.
 end_budget: Callable[[Token[float | None]], None] = _deadline.reset
-
-
-@contextmanager
-def within_budget(seconds: float, start: float | None = None) -> Iterator[None]:
-    """`with within_budget(seconds):` the budget of `start_budget(seconds, start)`, over the block."""
-    token = start_budget(seconds, start)
-    try:
-        yield
-    finally:
-        end_budget(token)
 
 
 def time_left() -> float | None:

@@ -1,11 +1,12 @@
-"""ratelimit_app.core.budget: `within_budget`, `time_left` and `reply_wait` (the connections that read them are
-tested in test_redispy.py)."""
+"""ratelimit_app.core.budget: `start_budget` / `end_budget` (through tests.support.budget), `time_left` and
+`reply_wait` (the connections that read them are tested in test_redispy.py)."""
 
 from __future__ import annotations
 
 import time
 
-from ratelimit_app.core.budget import reply_wait, time_left, within_budget
+from ratelimit_app.core.budget import reply_wait, time_left
+from tests.support.budget import within_budget
 
 
 def test_time_left_is_none_outside_a_budget_and_counts_down_inside() -> None:

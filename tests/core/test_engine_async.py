@@ -19,9 +19,10 @@ import redis.asyncio
 
 from devtools.embedded import RedisProcess, free_port
 from ratelimit_app import AsyncRateLimiter, BackendError, Policy, RateLimiter
-from ratelimit_app.core.budget import reply_wait, within_budget
+from ratelimit_app.core.budget import reply_wait
 from ratelimit_app.core.policies import ALGORITHMS
 from ratelimit_app.core.redispy import close_client
+from tests.support.budget import within_budget
 from tests.support.tcp_proxy import tcp_proxy
 from tests.support.topology import wait_for
 
@@ -349,7 +350,7 @@ def test_concurrency_slots_are_taken_and_given_back_like_the_sync_engine(
 
 def test_own_connections_wait_for_a_reply_with_one_timer_when_a_budget_ends_first(redis_url: str) -> None:
     """Alone, the limiter's own connections wait for a reply at most the client's socket timeout; under a
-    time budget that ends first (the async service's, `within_budget`), the budget's timer is the only
+    time budget that ends first (the async service's, `start_budget`), the budget's timer is the only
     one, and the socket timeout is kept when the budget is the longer of the two."""
     async def scenario(client: redis.asyncio.Redis) -> list[float | None]:
         limiter = AsyncRateLimiter(client, prefix="test-reply-timer")

@@ -18,7 +18,6 @@ from redis.exceptions import TimeoutError as RedisTimeout
 
 from devtools.embedded import RedisProcess
 from ratelimit_app.core import redispy
-from ratelimit_app.core.budget import within_budget
 from ratelimit_app.core.redispy import (
     BudgetConnection,
     BudgetSSLConnection,
@@ -31,6 +30,7 @@ from ratelimit_app.core.redispy import (
     connected,
     stale,
 )
+from tests.support.budget import within_budget
 
 
 @pytest.fixture
